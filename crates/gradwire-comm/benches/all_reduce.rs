@@ -1,0 +1,2 @@
+//! all-reduce benchmark (being written).
+fn main() {}

@@ -1,0 +1,256 @@
+//! The `Communicator` trait: the one interface every backend implements.
+//!
+//! The required methods work on plain slices of any [`Element`]; the `_tensor`
+//! methods are provided on top and dispatch on the tensor's dtype, so a backend
+//! implements each collective once. Every call is collective unless it says
+//! otherwise: all ranks of the communicator must make the same calls in the
+//! same order, as with MPI and NCCL. What a rank gets back when they do not is
+//! an error on every rank ([`CommError::Mismatch`]), never a hang.
+
+use crate::element::Element;
+use crate::error::{CommError, Result};
+use crate::op::ReduceOp;
+use crate::pending::Pending;
+use gradwire_tensor::{DType, Tensor};
+use std::ops::Range;
+
+/// Data gathered from every rank when ranks contribute different lengths.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gathered<T> {
+    data: Vec<T>,
+    offsets: Vec<usize>,
+}
+
+impl<T> Gathered<T> {
+    /// Builds a gathered set from the concatenated data and the per-rank
+    /// counts (for backends). Errors if the counts do not add up.
+    pub fn new(data: Vec<T>, counts: &[usize]) -> Result<Self> {
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        let mut total = 0usize;
+        offsets.push(0);
+        for &c in counts {
+            total = total
+                .checked_add(c)
+                .ok_or_else(|| CommError::InvalidArgument("gathered counts overflow".into()))?;
+            offsets.push(total);
+        }
+        if total != data.len() {
+            return Err(CommError::InvalidArgument(format!(
+                "gathered counts add up to {total}, data holds {}",
+                data.len()
+            )));
+        }
+        Ok(Gathered { data, offsets })
+    }
+
+    /// Number of ranks that contributed.
+    pub fn world_size(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// What `rank` contributed (empty for a rank out of range).
+    pub fn part(&self, rank: usize) -> &[T] {
+        match self.range(rank) {
+            Some(r) => &self.data[r],
+            None => &[],
+        }
+    }
+
+    /// Where `rank`'s contribution lies in [`Gathered::data`].
+    pub fn range(&self, rank: usize) -> Option<Range<usize>> {
+        Some(*self.offsets.get(rank)?..*self.offsets.get(rank + 1)?)
+    }
+
+    /// How many elements each rank contributed.
+    pub fn counts(&self) -> Vec<usize> {
+        self.offsets.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    /// All contributions, concatenated in rank order.
+    pub fn data(&self) -> &[T] {
+        &self.data
+    }
+
+    /// The concatenated data.
+    pub fn into_data(self) -> Vec<T> {
+        self.data
+    }
+}
+
+/// The range of elements that part `index` of `parts` covers when `len`
+/// elements are split as evenly as possible (the first `len % parts` parts
+/// get one more). This is how [`Communicator::reduce_scatter`] assigns chunks.
+/// An `index` out of range (or `parts == 0`) gives an empty range.
+pub fn chunk_range(len: usize, parts: usize, index: usize) -> Range<usize> {
+    if parts == 0 || index >= parts {
+        return len..len;
+    }
+    let base = len / parts;
+    let extra = len % parts;
+    let start = index * base + index.min(extra);
+    let size = base + usize::from(index < extra);
+    start..start + size
+}
+
+/// A group of ranks that exchange data: the trait every backend implements.
+pub trait Communicator: Send + Sized {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Reduces `buf` across all ranks in place; every rank receives the result.
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()>;
+
+    /// Copies `root`'s `buf` into every other rank's `buf`.
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()>;
+
+    /// Gathers equal-length contributions: `recv` (of `world_size() *
+    /// send.len()` elements) receives rank r's `send` at `r * send.len()`.
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()>;
+
+    /// Gathers contributions of different lengths (sparse payloads).
+    fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>>;
+
+    /// Reduces `send` across ranks and leaves this rank's chunk of the result
+    /// in `recv`: chunk `r` is [`chunk_range`]`(send.len(), world_size(), r)`.
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()>;
+
+    /// Sends `buf` to rank `dest` (point to point; returns once the data is
+    /// buffered or delivered). Messages between two ranks arrive in order.
+    fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()>;
+
+    /// Receives the next message from rank `src` into `buf`, whose element
+    /// type and length must match the message's.
+    fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()>;
+
+    /// Sends `send` to `dest` and receives from `src` into `recv` without
+    /// deadlocking when every rank does the same (a ring shift, a pairwise
+    /// exchange).
+    fn sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> Result<()>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()>;
+
+    /// Splits into sub-groups (MPI_Comm_split): ranks with the same `color`
+    /// form a new communicator, ordered by `(key, old rank)`; `None` takes no
+    /// part and receives `None`. Sub-groups are isolated from each other and
+    /// from the parent.
+    fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>>;
+
+    /// Runs `job` on this rank's communication thread, against a duplicate of
+    /// this communicator, and returns a handle to its result. Jobs run one at a
+    /// time in the order they were submitted, so ranks must submit
+    /// asynchronous collectives in the same order, as with any collective.
+    /// The asynchronous forms below are built on this.
+    fn run_async<R, F>(&self, job: F) -> Result<Pending<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Self) -> Result<R> + Send + 'static;
+
+    /// [`Communicator::all_reduce`] on the communication thread.
+    fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Pending<Vec<T>>> {
+        self.run_async(move |comm| comm.all_reduce(&mut buf, op).map(|()| buf))
+    }
+
+    /// [`Communicator::all_gather`] on the communication thread; the result
+    /// holds every rank's `send` in rank order.
+    fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Result<Pending<Vec<T>>> {
+        self.run_async(move |comm| {
+            let mut recv = vec![T::zeroed(); send.len() * comm.world_size()];
+            comm.all_gather(&send, &mut recv).map(|()| recv)
+        })
+    }
+
+    /// [`Communicator::all_gather_varied`] on the communication thread.
+    fn all_gather_varied_async<T: Element>(&self, send: Vec<T>) -> Result<Pending<Gathered<T>>> {
+        self.run_async(move |comm| comm.all_gather_varied(&send))
+    }
+
+    /// [`Communicator::all_reduce`] of a tensor.
+    fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        match tensor.dtype() {
+            DType::F32 => self.all_reduce(tensor.as_mut_slice::<f32>()?, op),
+            DType::F16 => self.all_reduce(tensor.as_mut_slice::<half::f16>()?, op),
+            DType::BF16 => self.all_reduce(tensor.as_mut_slice::<half::bf16>()?, op),
+        }
+    }
+
+    /// [`Communicator::all_reduce`] of a tensor on the communication thread.
+    fn all_reduce_tensor_async(&self, mut tensor: Tensor, op: ReduceOp) -> Result<Pending<Tensor>> {
+        self.run_async(move |comm| comm.all_reduce_tensor(&mut tensor, op).map(|()| tensor))
+    }
+
+    /// [`Communicator::broadcast`] of a tensor.
+    fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        match tensor.dtype() {
+            DType::F32 => self.broadcast(tensor.as_mut_slice::<f32>()?, root),
+            DType::F16 => self.broadcast(tensor.as_mut_slice::<half::f16>()?, root),
+            DType::BF16 => self.broadcast(tensor.as_mut_slice::<half::bf16>()?, root),
+        }
+    }
+
+    /// [`Communicator::all_gather`] of tensors: `recv` must have the same
+    /// dtype as `send` and `world_size()` times its elements.
+    fn all_gather_tensor(&self, send: &Tensor, recv: &mut Tensor) -> Result<()> {
+        check_same_dtype("all_gather_tensor", send, recv)?;
+        match send.dtype() {
+            DType::F32 => self.all_gather(send.as_slice::<f32>()?, recv.as_mut_slice::<f32>()?),
+            DType::F16 => self.all_gather(send.as_slice::<half::f16>()?, recv.as_mut_slice()?),
+            DType::BF16 => self.all_gather(send.as_slice::<half::bf16>()?, recv.as_mut_slice()?),
+        }
+    }
+
+    /// [`Communicator::reduce_scatter`] of tensors.
+    fn reduce_scatter_tensor(&self, send: &Tensor, recv: &mut Tensor, op: ReduceOp) -> Result<()> {
+        check_same_dtype("reduce_scatter_tensor", send, recv)?;
+        match send.dtype() {
+            DType::F32 => {
+                self.reduce_scatter(send.as_slice::<f32>()?, recv.as_mut_slice::<f32>()?, op)
+            }
+            DType::F16 => {
+                self.reduce_scatter(send.as_slice::<half::f16>()?, recv.as_mut_slice()?, op)
+            }
+            DType::BF16 => {
+                self.reduce_scatter(send.as_slice::<half::bf16>()?, recv.as_mut_slice()?, op)
+            }
+        }
+    }
+
+    /// [`Communicator::send`] of a tensor's elements.
+    fn send_tensor(&self, tensor: &Tensor, dest: usize) -> Result<()> {
+        match tensor.dtype() {
+            DType::F32 => self.send(tensor.as_slice::<f32>()?, dest),
+            DType::F16 => self.send(tensor.as_slice::<half::f16>()?, dest),
+            DType::BF16 => self.send(tensor.as_slice::<half::bf16>()?, dest),
+        }
+    }
+
+    /// [`Communicator::recv`] into a tensor.
+    fn recv_tensor(&self, tensor: &mut Tensor, src: usize) -> Result<()> {
+        match tensor.dtype() {
+            DType::F32 => self.recv(tensor.as_mut_slice::<f32>()?, src),
+            DType::F16 => self.recv(tensor.as_mut_slice::<half::f16>()?, src),
+            DType::BF16 => self.recv(tensor.as_mut_slice::<half::bf16>()?, src),
+        }
+    }
+}
+
+fn check_same_dtype(op: &'static str, send: &Tensor, recv: &Tensor) -> Result<()> {
+    if send.dtype() == recv.dtype() {
+        Ok(())
+    } else {
+        Err(CommError::InvalidArgument(format!(
+            "{op}: send is {} but recv is {}",
+            send.dtype(),
+            recv.dtype()
+        )))
+    }
+}

@@ -1,0 +1,282 @@
+//! The element types a communicator moves, and the reduction kernels behind them.
+//!
+//! Collectives take plain slices of any [`Element`]: the three tensor dtypes
+//! (f32, f16, bf16) plus f64 (AdaSum's partial dot products), bytes (encoded
+//! sparse payloads) and integers (indices, counts, votes). The trait is
+//! sealed: a backend must know how to reduce every element type it is given.
+//!
+//! f16 and bf16 are reduced in f32 and rounded once at the end, so a sum of W
+//! half-precision buffers is as exact as the f32 sum of them rounded once;
+//! summing in half precision (SINGA's fp16 all-reduce) loses bits at every
+//! rank and overflows past 65504 on the way even when the final value fits.
+
+use crate::op::ReduceOp;
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+use std::fmt;
+
+/// The element type of a buffer, as validated across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+    /// Bytes.
+    U8,
+    /// Unsigned 32-bit integers.
+    U32,
+    /// Unsigned 64-bit integers.
+    U64,
+    /// Signed 32-bit integers.
+    I32,
+    /// Signed 64-bit integers.
+    I64,
+}
+
+impl ElemType {
+    /// Every element type.
+    pub const ALL: [ElemType; 9] = [
+        ElemType::F16,
+        ElemType::BF16,
+        ElemType::F32,
+        ElemType::F64,
+        ElemType::U8,
+        ElemType::U32,
+        ElemType::U64,
+        ElemType::I32,
+        ElemType::I64,
+    ];
+
+    /// Size of one element in bytes.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            ElemType::U8 => 1,
+            ElemType::F16 | ElemType::BF16 => 2,
+            ElemType::F32 | ElemType::U32 | ElemType::I32 => 4,
+            ElemType::F64 | ElemType::U64 | ElemType::I64 => 8,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64)
+    }
+
+    /// The lowercase name ("f32", "u8", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElemType::F16 => "f16",
+            ElemType::BF16 => "bf16",
+            ElemType::F32 => "f32",
+            ElemType::F64 => "f64",
+            ElemType::U8 => "u8",
+            ElemType::U32 => "u32",
+            ElemType::U64 => "u64",
+            ElemType::I32 => "i32",
+            ElemType::I64 => "i64",
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<gradwire_tensor::DType> for ElemType {
+    fn from(dtype: gradwire_tensor::DType) -> Self {
+        match dtype {
+            gradwire_tensor::DType::F32 => ElemType::F32,
+            gradwire_tensor::DType::F16 => ElemType::F16,
+            gradwire_tensor::DType::BF16 => ElemType::BF16,
+        }
+    }
+}
+
+/// A type a communicator can move and reduce. Sealed.
+pub trait Element:
+    kernel::Kernel + bytemuck::Pod + Send + Sync + fmt::Debug + PartialEq + 'static
+{
+    /// The runtime tag of this type.
+    const TYPE: ElemType;
+}
+
+/// Elements reduced per block. A block of every rank's buffer is combined in an
+/// accumulator that stays in L1 (8 KiB of f32), then written back, so each
+/// byte of each buffer is read once and written once.
+pub(crate) const BLOCK: usize = 2048;
+
+pub(crate) mod kernel {
+    //! Block reduction kernels, one implementation per element type.
+    //!
+    //! The caller loads the first rank's block into the accumulator, combines
+    //! the other ranks' blocks in rank order, optionally averages, and stores
+    //! the accumulator into every destination: a fixed order, hence bitwise
+    //! reproducible results.
+
+    use super::*;
+
+    /// How one element type is reduced. Not part of the public API.
+    pub trait Kernel: Copy + Sized {
+        /// The accumulator element (f32 for the half types).
+        type Acc: Copy + Default + Send + Sync + 'static;
+        /// `acc = src` (converted).
+        fn load(src: &[Self], acc: &mut [Self::Acc]);
+        /// `acc = op(acc, src)` element-wise.
+        fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp);
+        /// `acc /= world` (only called for `ReduceOp::Avg`, which validation
+        /// allows for floating-point types alone).
+        fn average(acc: &mut [Self::Acc], world: usize);
+        /// `dst = acc` (converted, rounding to nearest even).
+        fn store(acc: &[Self::Acc], dst: &mut [Self]);
+    }
+
+    macro_rules! float_combine {
+        ($acc:expr, $src:expr, $op:expr) => {
+            match $op {
+                ReduceOp::Sum | ReduceOp::Avg => {
+                    for (a, &x) in $acc.iter_mut().zip($src) {
+                        *a += x;
+                    }
+                }
+                ReduceOp::Max => {
+                    for (a, &x) in $acc.iter_mut().zip($src) {
+                        // NaN-propagating: a NaN already in `a` is kept, a NaN in `x` replaces.
+                        if x > *a || x.is_nan() {
+                            *a = x;
+                        }
+                    }
+                }
+                ReduceOp::Min => {
+                    for (a, &x) in $acc.iter_mut().zip($src) {
+                        if x < *a || x.is_nan() {
+                            *a = x;
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    macro_rules! impl_float {
+        ($t:ty) => {
+            impl Kernel for $t {
+                type Acc = $t;
+                fn load(src: &[Self], acc: &mut [Self::Acc]) {
+                    acc.copy_from_slice(src);
+                }
+                fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
+                    float_combine!(acc, src, op);
+                }
+                fn average(acc: &mut [Self::Acc], world: usize) {
+                    let w = world as $t;
+                    for a in acc {
+                        *a /= w;
+                    }
+                }
+                fn store(acc: &[Self::Acc], dst: &mut [Self]) {
+                    dst.copy_from_slice(acc);
+                }
+            }
+        };
+    }
+    impl_float!(f32);
+    impl_float!(f64);
+
+    macro_rules! impl_half {
+        ($t:ty) => {
+            impl Kernel for $t {
+                type Acc = f32;
+                fn load(src: &[Self], acc: &mut [Self::Acc]) {
+                    src.convert_to_f32_slice(acc);
+                }
+                fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
+                    let mut wide = [0f32; BLOCK];
+                    for (src, acc) in src.chunks(BLOCK).zip(acc.chunks_mut(BLOCK)) {
+                        let wide = &mut wide[..src.len()];
+                        src.convert_to_f32_slice(wide);
+                        float_combine!(acc, &*wide, op);
+                    }
+                }
+                fn average(acc: &mut [Self::Acc], world: usize) {
+                    <f32 as Kernel>::average(acc, world);
+                }
+                fn store(acc: &[Self::Acc], dst: &mut [Self]) {
+                    dst.convert_from_f32_slice(acc);
+                }
+            }
+        };
+    }
+    impl_half!(f16);
+    impl_half!(bf16);
+
+    macro_rules! impl_int {
+        ($t:ty) => {
+            impl Kernel for $t {
+                type Acc = $t;
+                fn load(src: &[Self], acc: &mut [Self::Acc]) {
+                    acc.copy_from_slice(src);
+                }
+                fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => {
+                            for (a, &x) in acc.iter_mut().zip(src) {
+                                *a = a.wrapping_add(x);
+                            }
+                        }
+                        ReduceOp::Max => {
+                            for (a, &x) in acc.iter_mut().zip(src) {
+                                *a = (*a).max(x);
+                            }
+                        }
+                        ReduceOp::Min => {
+                            for (a, &x) in acc.iter_mut().zip(src) {
+                                *a = (*a).min(x);
+                            }
+                        }
+                    }
+                }
+                fn average(acc: &mut [Self::Acc], world: usize) {
+                    // Unreachable through the public API (validation rejects
+                    // Avg on integers); defined anyway so nothing can panic.
+                    let w = <$t>::try_from(world).unwrap_or(<$t>::MAX).max(1);
+                    for a in acc {
+                        *a /= w;
+                    }
+                }
+                fn store(acc: &[Self::Acc], dst: &mut [Self]) {
+                    dst.copy_from_slice(acc);
+                }
+            }
+        };
+    }
+    impl_int!(u8);
+    impl_int!(u32);
+    impl_int!(u64);
+    impl_int!(i32);
+    impl_int!(i64);
+}
+
+macro_rules! impl_element {
+    ($($t:ty => $tag:ident),* $(,)?) => {
+        $(impl Element for $t {
+            const TYPE: ElemType = ElemType::$tag;
+        })*
+    };
+}
+impl_element!(
+    f16 => F16,
+    bf16 => BF16,
+    f32 => F32,
+    f64 => F64,
+    u8 => U8,
+    u32 => U32,
+    u64 => U64,
+    i32 => I32,
+    i64 => I64,
+);

@@ -1,0 +1,74 @@
+//! The one error type of every communicator.
+//!
+//! Errors that concern a collective as a whole (`Mismatch`, `PeerLost`,
+//! `Timeout`, and `InvalidArgument` found while validating a collective) are
+//! decided once per collective and returned to *every* rank that took part, so
+//! that no rank continues while another gives up.
+
+use std::time::Duration;
+
+/// What can go wrong in a communicator call.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommError {
+    /// Ranks called the same collective with different arguments (kind,
+    /// element type, length, reduction op or root). Detected before any data
+    /// moves; every rank receives this error and the communicator stays usable.
+    #[error("collective mismatch: {detail}")]
+    Mismatch {
+        /// Which ranks disagreed, and on what.
+        detail: String,
+    },
+    /// A peer left (its communicator was dropped, or its thread panicked)
+    /// before the operation could complete. The communicator is unusable
+    /// afterwards.
+    #[error("peer rank(s) {ranks:?} lost during {op}")]
+    PeerLost {
+        /// The operation that was under way.
+        op: &'static str,
+        /// The ranks that left.
+        ranks: Vec<usize>,
+    },
+    /// The deadline passed before every rank arrived. The communicator is
+    /// unusable afterwards (every later call returns this error again).
+    #[error("{op} timed out after {waited:?}: rank(s) {missing:?} did not arrive")]
+    Timeout {
+        /// The operation that timed out.
+        op: &'static str,
+        /// The configured deadline.
+        waited: Duration,
+        /// The ranks that had not arrived.
+        missing: Vec<usize>,
+    },
+    /// An argument is invalid on its own (a root or peer rank out of range, a
+    /// receive buffer of the wrong length, an op the element type does not
+    /// support). For a collective, every rank receives it.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A rank out of range for this communicator.
+    #[error("rank {rank} is out of range for a world of {world_size}")]
+    InvalidRank {
+        /// The rank asked for.
+        rank: usize,
+        /// The size of the communicator.
+        world_size: usize,
+    },
+    /// A rank's closure panicked (reported by [`crate::local::run`]).
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank whose thread panicked.
+        rank: usize,
+        /// The panic message, when it was a string.
+        message: String,
+    },
+    /// The communicator's background thread for asynchronous operations is
+    /// gone (it can only stop when its communicator is dropped).
+    #[error("the asynchronous communication thread has stopped")]
+    WorkerStopped,
+    /// A tensor could not be used (wrong device, dtype accessor...).
+    #[error(transparent)]
+    Tensor(#[from] gradwire_tensor::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = CommError> = std::result::Result<T, E>;

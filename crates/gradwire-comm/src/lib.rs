@@ -1,0 +1,30 @@
+//! gradwire-comm: how gradwire ranks exchange data.
+//!
+//! One small trait, [`Communicator`], with the collectives data-parallel
+//! training needs (all-reduce, broadcast, all-gather of equal and of varied
+//! lengths, reduce-scatter, point-to-point, barrier, split) and asynchronous
+//! forms that return a [`Pending`] handle, so communication overlaps compute.
+//! Backends:
+//!
+//! - [`local::LocalComm`]: ranks as threads of one process over shared memory.
+//!   Always built; the embedded default and what tests run on.
+//! - MPI (feature `mpi`) and NCCL (feature `nccl`) arrive with their issues.
+//!
+//! This crate knows nothing of compression or optimizers: it moves and reduces
+//! buffers of [`Element`]s, and tensors through the provided `_tensor` methods.
+
+#![deny(missing_docs)]
+
+mod communicator;
+mod element;
+mod error;
+pub mod local;
+mod op;
+mod pending;
+
+pub use communicator::{Communicator, Gathered, chunk_range};
+pub use element::{ElemType, Element};
+pub use error::{CommError, Result};
+pub use local::{LocalComm, LocalConfig};
+pub use op::ReduceOp;
+pub use pending::{Completion, Pending};

@@ -1,0 +1,519 @@
+//! The shared state of one group of in-process ranks, and its rendezvous.
+//!
+//! Every collective is a *round*. Each rank posts a description of its call
+//! (kind, element type, length, op, root, and pointers to its buffers); the
+//! last rank to arrive validates all W posts and *resolves* the round: either
+//! every rank goes on to the data phase, or every rank gets the same error.
+//! Because the resolution is decided once, under one lock, no two ranks can
+//! disagree on the outcome of a collective.
+//!
+//! A round that moves data ends with a completion barrier: a rank returns
+//! (and its buffer borrow ends) only once every rank has finished reading and
+//! writing the shared buffers. That barrier has no deadline on purpose: the
+//! data phase runs only this crate's code over buffers that are all present,
+//! so it is bounded, and returning early would free memory a peer may still
+//! be writing into.
+//!
+//! Waiting spins briefly when there are at most as many ranks as cores (the
+//! common case on a GPU node: a wake-up through the kernel costs more than the
+//! whole of a small all-reduce), yields, then sleeps on a condition variable
+//! until the round resolves, a peer leaves, or the deadline passes.
+
+use super::mailbox::Mailboxes;
+use crate::element::ElemType;
+use crate::error::{CommError, Result};
+use crate::op::ReduceOp;
+use crossbeam_utils::CachePadded;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Which collective a rank called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    AllReduce,
+    Broadcast,
+    AllGather,
+    AllGatherVaried,
+    ReduceScatter,
+    Barrier,
+    Split,
+}
+
+impl Kind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::Broadcast => "broadcast",
+            Kind::AllGather => "all_gather",
+            Kind::AllGatherVaried => "all_gather_varied",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Barrier => "barrier",
+            Kind::Split => "split",
+        }
+    }
+
+    /// Whether every rank must pass the same length.
+    fn same_len(self) -> bool {
+        matches!(self, Kind::AllReduce | Kind::Broadcast | Kind::AllGather | Kind::ReduceScatter)
+    }
+
+    /// Whether the round has a data phase (and so a completion barrier).
+    pub(crate) fn moves_data(self) -> bool {
+        !matches!(self, Kind::Barrier | Kind::Split)
+    }
+}
+
+/// A buffer address shared with the other ranks of a round.
+///
+/// It is only dereferenced during the data phase of a resolved round, while
+/// the owning rank is blocked inside the same collective (it cannot return
+/// before the completion barrier), and only with the element type and length
+/// that the round validated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBuf(pub(crate) *mut u8);
+
+// SAFETY: a RawBuf is an address, not access; see the type's documentation for
+// when it is dereferenced.
+unsafe impl Send for RawBuf {}
+// SAFETY: as above.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    pub(crate) const NULL: RawBuf = RawBuf(std::ptr::null_mut());
+}
+
+/// One rank's description of its call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Post {
+    pub(crate) kind: Kind,
+    pub(crate) elem: Option<ElemType>,
+    pub(crate) op: Option<ReduceOp>,
+    pub(crate) len: usize,
+    pub(crate) recv_len: usize,
+    pub(crate) root: usize,
+    pub(crate) color: Option<u32>,
+    pub(crate) key: i64,
+    pub(crate) send: RawBuf,
+    pub(crate) recv: RawBuf,
+}
+
+impl Post {
+    pub(crate) fn new(kind: Kind) -> Post {
+        Post {
+            kind,
+            elem: None,
+            op: None,
+            len: 0,
+            recv_len: 0,
+            root: 0,
+            color: None,
+            key: 0,
+            send: RawBuf::NULL,
+            recv: RawBuf::NULL,
+        }
+    }
+}
+
+/// What a resolved round means for the ranks that took part.
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// Not resolved (only ever seen in an unused slot).
+    Open,
+    /// Go on; the posts of every rank, in rank order.
+    Go(Arc<[Post]>),
+    /// The split is done: for each old rank, its new group and rank.
+    Split(Arc<[Option<(Arc<Group>, usize)>]>),
+    /// Every rank returns this error.
+    Failed(CommError),
+}
+
+struct State {
+    /// The open round (every earlier round is resolved).
+    round: u64,
+    arrived: usize,
+    posts: Vec<Option<Post>>,
+    /// The outcome of round r is kept at `r % 2`: round r + 2 cannot resolve
+    /// before every rank has arrived at it, and so has read round r's.
+    outcomes: [Outcome; 2],
+    /// Set by a timeout or a lost peer: every later call fails with it.
+    poison: Option<CommError>,
+    sleepers: usize,
+}
+
+/// One group of ranks: the world, a sub-group from `split`, or the duplicate
+/// that runs a group's asynchronous jobs.
+pub(crate) struct Group {
+    pub(crate) size: usize,
+    pub(crate) timeout: Option<Duration>,
+    /// Spin before sleeping (there are at least as many cores as ranks).
+    spin: bool,
+    state: Mutex<State>,
+    cv: Condvar,
+    /// Mirrors `state.round` for lock-free spinning.
+    resolved: CachePadded<AtomicU64>,
+    /// Ranks done with the data phase of the round of that parity.
+    done: [CachePadded<AtomicUsize>; 2],
+    /// A rank failed (panicked) in the data phase of the round of that parity.
+    data_failed: [AtomicBool; 2],
+    /// Ranks whose communicator was dropped.
+    gone: Box<[AtomicBool]>,
+    poisoned: AtomicBool,
+    pub(crate) mail: Mailboxes,
+    /// The duplicate group on which asynchronous jobs run (none for a duplicate).
+    pub(crate) shadow: Option<Arc<Group>>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("size", &self.size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a waiter spins before yielding, when spinning is worth it.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How many times a waiter yields before it sleeps.
+const YIELDS: usize = 16;
+
+impl Group {
+    /// A group of `size` ranks with its duplicate for asynchronous jobs.
+    pub(crate) fn new(size: usize, timeout: Option<Duration>) -> Arc<Group> {
+        let shadow = Group::single(size, timeout, None);
+        Group::single(size, timeout, Some(shadow))
+    }
+
+    fn single(size: usize, timeout: Option<Duration>, shadow: Option<Arc<Group>>) -> Arc<Group> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Arc::new(Group {
+            size,
+            timeout,
+            spin: size <= cores,
+            state: Mutex::new(State {
+                round: 0,
+                arrived: 0,
+                posts: vec![None; size],
+                outcomes: [Outcome::Open, Outcome::Open],
+                poison: None,
+                sleepers: 0,
+            }),
+            cv: Condvar::new(),
+            resolved: CachePadded::new(AtomicU64::new(0)),
+            done: [CachePadded::new(AtomicUsize::new(0)), CachePadded::new(AtomicUsize::new(0))],
+            data_failed: [AtomicBool::new(false), AtomicBool::new(false)],
+            gone: (0..size).map(|_| AtomicBool::new(false)).collect(),
+            poisoned: AtomicBool::new(false),
+            mail: Mailboxes::new(size),
+            shadow,
+        })
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.timeout.and_then(|t| Instant::now().checked_add(t))
+    }
+
+    /// Spins (when worth it), then yields, until `cond` holds; false if it
+    /// still does not.
+    pub(crate) fn spin_until(&self, cond: impl Fn() -> bool) -> bool {
+        if cond() {
+            return true;
+        }
+        if self.spin {
+            let start = Instant::now();
+            loop {
+                for _ in 0..64 {
+                    if cond() {
+                        return true;
+                    }
+                    std::hint::spin_loop();
+                }
+                if start.elapsed() > SPIN_FOR {
+                    break;
+                }
+            }
+        }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if cond() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether rank `r` has left the group.
+    pub(crate) fn is_gone(&self, r: usize) -> bool {
+        self.gone.get(r).is_some_and(|g| g.load(Ordering::Acquire))
+    }
+
+    /// The error every call returns once the group is poisoned.
+    pub(crate) fn poison_error(&self) -> Option<CommError> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        self.state.lock().poison.clone()
+    }
+
+    /// Poisons the group (a timeout, a lost peer): the open round, if any
+    /// rank waits in it, fails with `err`, and so does every later call.
+    pub(crate) fn poison(&self, err: CommError) {
+        let mut st = self.state.lock();
+        if st.poison.is_some() {
+            return;
+        }
+        if st.arrived > 0 {
+            self.fail_round(&mut st, err);
+        } else {
+            st.poison = Some(err);
+            self.poisoned.store(true, Ordering::Release);
+            self.cv.notify_all();
+        }
+        drop(st);
+        self.mail.wake_all();
+    }
+
+    /// Marks `rank` as gone (its communicator was dropped) and wakes every
+    /// waiter so that it can tell.
+    pub(crate) fn depart(&self, rank: usize) {
+        if let Some(g) = self.gone.get(rank) {
+            g.store(true, Ordering::Release);
+        }
+        let st = self.state.lock();
+        self.cv.notify_all();
+        drop(st);
+        self.mail.wake_all();
+    }
+
+    /// Posts rank `rank`'s call for its round `seq` and waits until the round
+    /// is resolved. Returns the outcome, or the round's error.
+    pub(crate) fn rendezvous(&self, rank: usize, seq: u64, post: Post) -> Result<Outcome> {
+        let deadline = self.deadline();
+        let mut st = self.state.lock();
+        if let Some(err) = &st.poison {
+            return Err(err.clone());
+        }
+        if st.round != seq || st.posts[rank].is_some() {
+            // Unreachable while each rank's sequence numbers are its own and the
+            // group is not poisoned; reported rather than trusted.
+            return Err(CommError::Mismatch {
+                detail: format!(
+                    "rank {rank} is at collective #{seq} but the group is at #{}",
+                    st.round
+                ),
+            });
+        }
+        st.posts[rank] = Some(post);
+        st.arrived += 1;
+        if st.arrived == self.size {
+            self.resolve(&mut st);
+            return outcome_of(&st, seq);
+        }
+        drop(st);
+
+        self.spin_until(|| self.resolved.load(Ordering::Acquire) > seq);
+        let mut st = self.state.lock();
+        loop {
+            if st.round > seq {
+                return outcome_of(&st, seq);
+            }
+            let lost: Vec<usize> = (0..self.size)
+                .filter(|&r| st.posts[r].is_none() && self.is_gone(r))
+                .collect();
+            if !lost.is_empty() {
+                self.fail_round(&mut st, CommError::PeerLost { op: post.kind.name(), ranks: lost });
+                continue;
+            }
+            if let (Some(deadline), Some(timeout)) = (deadline, self.timeout) {
+                if Instant::now() >= deadline {
+                    let missing = (0..self.size).filter(|&r| st.posts[r].is_none()).collect();
+                    let err = CommError::Timeout { op: post.kind.name(), waited: timeout, missing };
+                    self.fail_round(&mut st, err);
+                    continue;
+                }
+            }
+            st.sleepers += 1;
+            match deadline {
+                Some(d) => {
+                    self.cv.wait_until(&mut st, d);
+                }
+                None => self.cv.wait(&mut st),
+            }
+            st.sleepers -= 1;
+        }
+    }
+
+    /// Ends the open round with `err` for every rank and poisons the group.
+    fn fail_round(&self, st: &mut MutexGuard<'_, State>, err: CommError) {
+        let slot = (st.round % 2) as usize;
+        st.outcomes[slot] = Outcome::Failed(err.clone());
+        st.poison = Some(err);
+        self.poisoned.store(true, Ordering::Release);
+        self.advance(st);
+    }
+
+    /// Closes the open round (its outcome already stored) and wakes everyone.
+    fn advance(&self, st: &mut MutexGuard<'_, State>) {
+        st.round += 1;
+        st.arrived = 0;
+        st.posts.iter_mut().for_each(|p| *p = None);
+        self.resolved.store(st.round, Ordering::Release);
+        if st.sleepers > 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Validates the posts of a full round and stores its outcome.
+    fn resolve(&self, st: &mut MutexGuard<'_, State>) {
+        let posts: Vec<Post> = st.posts.iter().flatten().copied().collect();
+        let slot = (st.round % 2) as usize;
+        let outcome = match validate(&posts) {
+            Err(err) => Outcome::Failed(err),
+            Ok(()) => match posts[0].kind {
+                Kind::Split => Outcome::Split(self.split_groups(&posts)),
+                kind => {
+                    if kind.moves_data() {
+                        self.done[slot].store(0, Ordering::Relaxed);
+                        self.data_failed[slot].store(false, Ordering::Relaxed);
+                    }
+                    Outcome::Go(posts.into())
+                }
+            },
+        };
+        st.outcomes[slot] = outcome;
+        self.advance(st);
+    }
+
+    /// Forms the sub-groups of a split: one per color, ranks ordered by
+    /// (key, old rank), each with this group's deadline.
+    fn split_groups(&self, posts: &[Post]) -> Arc<[Option<(Arc<Group>, usize)>]> {
+        let mut by_color: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
+        for (rank, p) in posts.iter().enumerate() {
+            if let Some(color) = p.color {
+                by_color.entry(color).or_default().push((p.key, rank));
+            }
+        }
+        let mut result = vec![None; posts.len()];
+        for (_, mut members) in by_color {
+            members.sort_unstable();
+            let group = Group::new(members.len(), self.timeout);
+            for (new_rank, &(_, old_rank)) in members.iter().enumerate() {
+                result[old_rank] = Some((Arc::clone(&group), new_rank));
+            }
+        }
+        result.into()
+    }
+
+    /// The completion barrier of round `seq`, after this rank's data phase.
+    pub(crate) fn complete(&self, seq: u64, op: &'static str) -> Result<()> {
+        let slot = (seq % 2) as usize;
+        let done = &self.done[slot];
+        if done.fetch_add(1, Ordering::AcqRel) + 1 == self.size {
+            let st = self.state.lock();
+            if st.sleepers > 0 {
+                self.cv.notify_all();
+            }
+        } else if !self.spin_until(|| done.load(Ordering::Acquire) >= self.size) {
+            let mut st = self.state.lock();
+            while done.load(Ordering::Acquire) < self.size {
+                st.sleepers += 1;
+                self.cv.wait(&mut st);
+                st.sleepers -= 1;
+            }
+        }
+        if self.data_failed[slot].load(Ordering::Acquire) {
+            let ranks = (0..self.size).filter(|&r| self.is_gone(r)).collect();
+            return Err(CommError::PeerLost { op, ranks });
+        }
+        Ok(())
+    }
+
+    /// Called instead of [`Group::complete`] by a rank unwinding out of its
+    /// data phase: the round fails for everyone, and this rank still waits
+    /// for the others to stop touching its buffers before it lets them go.
+    pub(crate) fn abandon_data_phase(&self, seq: u64, op: &'static str) {
+        self.data_failed[(seq % 2) as usize].store(true, Ordering::Release);
+        // The error is the point here; the others get it from `complete`.
+        let _ = self.complete(seq, op);
+    }
+}
+
+fn outcome_of(st: &State, seq: u64) -> Result<Outcome> {
+    match &st.outcomes[(seq % 2) as usize] {
+        Outcome::Failed(err) => Err(err.clone()),
+        other => Ok(other.clone()),
+    }
+}
+
+/// Checks that every rank called the same collective with compatible
+/// arguments. The first difference found is reported, naming the ranks.
+fn validate(posts: &[Post]) -> Result<()> {
+    let world = posts.len();
+    let first = &posts[0];
+    let name = first.kind.name();
+    for (r, p) in posts.iter().enumerate().skip(1) {
+        let differs = |what: &str, a: String, b: String| CommError::Mismatch {
+            detail: format!("rank 0 {what} {a}, rank {r} {what} {b}"),
+        };
+        if p.kind != first.kind {
+            return Err(differs("called", name.into(), p.kind.name().into()));
+        }
+        if p.elem != first.elem {
+            return Err(differs(&format!("passed to {name}"), fmt_opt(first.elem), fmt_opt(p.elem)));
+        }
+        if p.op != first.op {
+            return Err(differs(&format!("reduced {name} with"), fmt_opt(first.op), fmt_opt(p.op)));
+        }
+        if first.kind.same_len() && p.len != first.len {
+            return Err(differs(
+                &format!("passed {name} a length of"),
+                first.len.to_string(),
+                p.len.to_string(),
+            ));
+        }
+        if first.kind == Kind::Broadcast && p.root != first.root {
+            return Err(differs("broadcast from root", first.root.to_string(), p.root.to_string()));
+        }
+    }
+    if let (Some(op), Some(elem)) = (first.op, first.elem) {
+        if !op.supports(elem) {
+            return Err(CommError::InvalidArgument(format!("{name}: {op} is not defined for {elem}")));
+        }
+    }
+    match first.kind {
+        Kind::Broadcast if first.root >= world => Err(CommError::InvalidArgument(format!(
+            "broadcast root {} is out of range for a world of {world}",
+            first.root
+        ))),
+        Kind::AllGather => check_recv_lens(posts, name, |p, _| p.len.checked_mul(world)),
+        Kind::ReduceScatter => check_recv_lens(posts, name, |p, r| {
+            Some(crate::communicator::chunk_range(p.len, world, r).len())
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn check_recv_lens(
+    posts: &[Post],
+    name: &str,
+    expected: impl Fn(&Post, usize) -> Option<usize>,
+) -> Result<()> {
+    for (r, p) in posts.iter().enumerate() {
+        if expected(p, r) != Some(p.recv_len) {
+            return Err(CommError::InvalidArgument(format!(
+                "{name}: rank {r} passed a receive buffer of {} elements for {} sent by each of {} ranks",
+                p.recv_len,
+                p.len,
+                posts.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "nothing".into(), |v| v.to_string())
+}

@@ -1,0 +1,505 @@
+//! `LocalComm`: W ranks as threads of one process, sharing memory.
+//!
+//! The embedded default backend and the one the test suites run on. Ranks
+//! meet in a rendezvous per collective ([`group`]), then work on each other's
+//! buffers directly: an all-reduce has each rank reduce its own chunk of all W
+//! buffers in cache-sized blocks and write the result straight back into all
+//! of them, so every byte is read once and written once and all ranks work in
+//! parallel. There is no per-element channel traffic and no copy into a
+//! staging buffer.
+//!
+//! Guarantees:
+//! - Deterministic: sums are taken in rank order; every rank receives the same
+//!   bits, run after run.
+//! - Safe: a collective whose kind, element type, length, op or root differs
+//!   across ranks returns [`CommError::Mismatch`] on every rank, and the
+//!   communicator stays usable. A rank that panics or drops its communicator
+//!   makes the others' pending and later calls return [`CommError::PeerLost`];
+//!   a rank that does not arrive within the deadline makes them return
+//!   [`CommError::Timeout`] naming it. After a timeout or a lost peer every
+//!   call on that group fails with the same error.
+//! - Isolated: sub-groups from [`Communicator::split`] and the duplicate group
+//!   used by asynchronous jobs have their own rendezvous and mailboxes.
+//!
+//! ```
+//! use gradwire_comm::{Communicator, ReduceOp, local};
+//!
+//! let sums = local::run(4, |comm| {
+//!     let mut grad = vec![comm.rank() as f32; 3];
+//!     comm.all_reduce(&mut grad, ReduceOp::Sum).map(|()| grad)
+//! })
+//! .unwrap();
+//! for grad in sums {
+//!     assert_eq!(grad.unwrap(), vec![6.0; 3]);
+//! }
+//! ```
+
+mod data;
+mod group;
+mod mailbox;
+
+use crate::communicator::{Communicator, Gathered};
+use crate::element::Element;
+use crate::error::{CommError, Result};
+use crate::op::ReduceOp;
+use crate::pending::Pending;
+use group::{Group, Kind, Outcome, Post, RawBuf};
+use mailbox::Message;
+use std::cell::{Cell, OnceCell};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Settings of a local world.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalConfig {
+    /// How long a rank waits for the others to arrive at a collective (or for
+    /// a message in `recv`) before the call fails with
+    /// [`CommError::Timeout`]. `None` waits forever. Default: 10 minutes, as
+    /// PyTorch's NCCL process groups.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig { timeout: Some(Duration::from_secs(600)) }
+    }
+}
+
+impl LocalConfig {
+    /// The default settings with another deadline.
+    pub fn with_timeout(timeout: Option<Duration>) -> Self {
+        LocalConfig { timeout }
+    }
+}
+
+/// One rank of an in-process group. `Send` (move it to the rank's thread) but
+/// not `Sync`: one rank's calls must happen in order, from one thread.
+pub struct LocalComm {
+    group: Arc<Group>,
+    rank: usize,
+    /// Number of collectives this rank has started on `group`.
+    seq: Cell<u64>,
+    /// The communication thread for asynchronous jobs, started on first use.
+    worker: OnceCell<Worker>,
+}
+
+impl std::fmt::Debug for LocalComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalComm")
+            .field("rank", &self.rank)
+            .field("world_size", &self.group.size)
+            .field("timeout", &self.group.timeout)
+            .finish()
+    }
+}
+
+/// Runs `f` on `world_size` ranks, each on its own thread with its own
+/// [`LocalComm`], and returns what each rank returned, in rank order.
+///
+/// A rank that panics becomes [`CommError::RankPanicked`] (the first one, by
+/// rank); the other ranks see [`CommError::PeerLost`] in their collectives.
+pub fn run<R, F>(world_size: usize, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(LocalComm) -> R + Sync,
+{
+    run_with(world_size, &LocalConfig::default(), f)?.into_iter().collect()
+}
+
+/// [`run`] with settings, returning each rank's outcome separately: a rank
+/// that panicked is `Err(CommError::RankPanicked)` and the others' results
+/// are still there (fault tests need both).
+pub fn run_with<R, F>(world_size: usize, config: &LocalConfig, f: F) -> Result<Vec<Result<R>>>
+where
+    R: Send,
+    F: Fn(LocalComm) -> R + Sync,
+{
+    let comms = LocalComm::create_with(world_size, config)?;
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles = comms
+            .into_iter()
+            .map(|comm| {
+                let rank = comm.rank;
+                std::thread::Builder::new()
+                    .name(format!("gradwire-rank-{rank}"))
+                    .spawn_scoped(scope, move || f(comm))
+                    .map_err(|e| {
+                        CommError::InvalidArgument(format!("cannot spawn rank {rank}: {e}"))
+                    })
+            })
+            .collect::<Vec<_>>();
+        // Spawn errors are reported after joining what did start: a scope
+        // joins every thread anyway, and the started ranks see PeerLost.
+        let mut results = Vec::with_capacity(world_size);
+        let mut spawn_error = None;
+        for (rank, handle) in handles.into_iter().enumerate() {
+            match handle {
+                Ok(h) => results.push(h.join().map_err(|payload| CommError::RankPanicked {
+                    rank,
+                    message: panic_message(payload.as_ref()),
+                })),
+                Err(e) => spawn_error = spawn_error.or(Some(e)),
+            }
+        }
+        match spawn_error {
+            Some(e) => Err(e),
+            None => Ok(results),
+        }
+    })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+impl LocalComm {
+    /// The `world_size` communicators of a new group with default settings,
+    /// for callers that run the ranks on threads of their own.
+    pub fn create(world_size: usize) -> Result<Vec<LocalComm>> {
+        LocalComm::create_with(world_size, &LocalConfig::default())
+    }
+
+    /// [`LocalComm::create`] with settings.
+    pub fn create_with(world_size: usize, config: &LocalConfig) -> Result<Vec<LocalComm>> {
+        if world_size == 0 {
+            return Err(CommError::InvalidArgument("a world needs at least one rank".into()));
+        }
+        let group = Group::new(world_size, config.timeout);
+        Ok((0..world_size).map(|rank| LocalComm::member(Arc::clone(&group), rank)).collect())
+    }
+
+    fn member(group: Arc<Group>, rank: usize) -> LocalComm {
+        LocalComm { group, rank, seq: Cell::new(0), worker: OnceCell::new() }
+    }
+
+    /// The deadline of this group's calls.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.group.timeout
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank < self.group.size {
+            Ok(())
+        } else {
+            Err(CommError::InvalidRank { rank, world_size: self.group.size })
+        }
+    }
+
+    /// Starts a collective: posts this rank's call and waits for the round's
+    /// outcome. Returns the round number (for the completion barrier).
+    fn start(&self, post: Post) -> Result<(u64, Outcome)> {
+        let seq = self.seq.get();
+        self.seq.set(seq + 1);
+        let outcome = self.group.rendezvous(self.rank, seq, post)?;
+        Ok((seq, outcome))
+    }
+
+    /// Runs a data phase: `work` gets every rank's post; the completion
+    /// barrier follows, also when `work` unwinds.
+    fn data_round<R>(&self, post: Post, work: impl FnOnce(&[Post]) -> R) -> Result<R> {
+        let kind = post.kind;
+        let (seq, outcome) = self.start(post)?;
+        let Outcome::Go(posts) = outcome else {
+            return Err(CommError::Mismatch {
+                detail: format!("{} resolved without a data phase", kind.name()),
+            });
+        };
+        let guard = DataPhase { group: &self.group, seq, op: kind.name(), armed: true };
+        let value = work(&posts);
+        guard.finish()?;
+        Ok(value)
+    }
+}
+
+/// Keeps a rank that unwinds out of a data phase from letting its buffers go
+/// while peers still use them (see [`Group::abandon_data_phase`]).
+struct DataPhase<'a> {
+    group: &'a Group,
+    seq: u64,
+    op: &'static str,
+    armed: bool,
+}
+
+impl DataPhase<'_> {
+    fn finish(mut self) -> Result<()> {
+        self.armed = false;
+        self.group.complete(self.seq, self.op)
+    }
+}
+
+impl Drop for DataPhase<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.group.abandon_data_phase(self.seq, self.op);
+        }
+    }
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.group.size
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let post = Post {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: buf.len(),
+            recv: RawBuf(buf.as_mut_ptr().cast()),
+            ..Post::new(Kind::AllReduce)
+        };
+        // SAFETY: the round validated that every rank posted a live buffer of
+        // `len` elements of T; `data_round` holds them until all are done.
+        self.data_round(post, |posts| unsafe { data::all_reduce::<T>(posts, self.rank, op) })
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let post = Post {
+            elem: Some(T::TYPE),
+            len: buf.len(),
+            root,
+            recv: RawBuf(buf.as_mut_ptr().cast()),
+            ..Post::new(Kind::Broadcast)
+        };
+        let rank = self.rank;
+        self.data_round(post, |posts| {
+            if rank != root {
+                // SAFETY: validated round; the root's buffer is only read, and
+                // this rank's buffer is written only by this rank.
+                unsafe { data::broadcast(posts, root, buf) }
+            }
+        })
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let post = Post {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            recv_len: recv.len(),
+            send: RawBuf(send.as_ptr().cast_mut().cast()),
+            ..Post::new(Kind::AllGather)
+        };
+        // SAFETY: validated round (recv holds world * len elements).
+        self.data_round(post, |posts| unsafe { data::all_gather(posts, recv) })
+    }
+
+    fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        let post = Post {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            send: RawBuf(send.as_ptr().cast_mut().cast()),
+            ..Post::new(Kind::AllGatherVaried)
+        };
+        let (data, counts) = self.data_round(post, |posts| {
+            // SAFETY: validated round; send buffers are only read.
+            let data = unsafe { data::all_gather_varied::<T>(posts) };
+            (data, posts.iter().map(|p| p.len).collect::<Vec<_>>())
+        })?;
+        Gathered::new(data, &counts)
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let post = Post {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: send.len(),
+            recv_len: recv.len(),
+            send: RawBuf(send.as_ptr().cast_mut().cast()),
+            ..Post::new(Kind::ReduceScatter)
+        };
+        let rank = self.rank;
+        // SAFETY: validated round (recv holds this rank's chunk).
+        self.data_round(post, |posts| unsafe { data::reduce_scatter(posts, rank, op, recv) })
+    }
+
+    fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+        self.check_rank(dest)?;
+        if let Some(err) = self.group.poison_error() {
+            return Err(err);
+        }
+        if self.group.is_gone(dest) {
+            return Err(CommError::PeerLost { op: "send", ranks: vec![dest] });
+        }
+        let message = Message {
+            elem: T::TYPE,
+            len: buf.len(),
+            bytes: bytemuck::cast_slice(buf).to_vec(),
+        };
+        let Some(mailbox) = self.group.mail.of(dest) else {
+            return Err(CommError::InvalidRank { rank: dest, world_size: self.group.size });
+        };
+        let mut queues = mailbox.queues.lock();
+        queues[self.rank].push_back(message);
+        mailbox.arrived.notify_all();
+        Ok(())
+    }
+
+    fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+        self.check_rank(src)?;
+        let Some(mailbox) = self.group.mail.of(self.rank) else {
+            return Err(CommError::InvalidRank { rank: self.rank, world_size: self.group.size });
+        };
+        let deadline = self.group.timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut queues = mailbox.queues.lock();
+        loop {
+            if let Some(message) = queues[src].pop_front() {
+                drop(queues);
+                if message.elem != T::TYPE || message.len != buf.len() {
+                    return Err(CommError::Mismatch {
+                        detail: format!(
+                            "rank {} sent {} elements of {} to rank {}, which receives {} of {}",
+                            src,
+                            message.len,
+                            message.elem,
+                            self.rank,
+                            buf.len(),
+                            T::TYPE
+                        ),
+                    });
+                }
+                bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&message.bytes);
+                return Ok(());
+            }
+            if self.group.is_gone(src) {
+                return Err(CommError::PeerLost { op: "recv", ranks: vec![src] });
+            }
+            if let Some(err) = self.group.poison_error() {
+                return Err(err);
+            }
+            match (deadline, self.group.timeout) {
+                (Some(deadline), Some(waited)) => {
+                    if mailbox.arrived.wait_until(&mut queues, deadline).timed_out()
+                        && queues[src].is_empty()
+                    {
+                        drop(queues);
+                        let err = CommError::Timeout { op: "recv", waited, missing: vec![src] };
+                        // A message arriving after its receiver gave up would be
+                        // taken by the next recv: the group cannot be trusted.
+                        self.group.poison(err.clone());
+                        return Err(err);
+                    }
+                }
+                _ => mailbox.arrived.wait(&mut queues),
+            }
+        }
+    }
+
+    fn sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> Result<()> {
+        self.check_rank(src)?;
+        self.send(send, dest)?;
+        self.recv(recv, src)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.start(Post::new(Kind::Barrier)).map(|_| ())
+    }
+
+    fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
+        let post = Post { color, key, ..Post::new(Kind::Split) };
+        match self.start(post)?.1 {
+            Outcome::Split(groups) => Ok(groups
+                .get(self.rank)
+                .cloned()
+                .flatten()
+                .map(|(group, rank)| LocalComm::member(group, rank))),
+            _ => Err(CommError::Mismatch { detail: "split resolved without groups".into() }),
+        }
+    }
+
+    fn run_async<R, F>(&self, job: F) -> Result<Pending<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Self) -> Result<R> + Send + 'static,
+    {
+        let worker = match self.worker.get() {
+            Some(worker) => worker,
+            None => {
+                let worker = Worker::start(&self.group, self.rank)?;
+                self.worker.get_or_init(|| worker)
+            }
+        };
+        let (completion, pending) = Pending::channel();
+        let job: Job = Box::new(move |comm: &LocalComm| completion.complete(job(comm)));
+        worker.jobs.as_ref().ok_or(CommError::WorkerStopped)?.send(job).map_err(|_| {
+            // The worker only stops when this communicator is dropped, or if
+            // a job panicked: then the job is lost, and so is the group.
+            CommError::WorkerStopped
+        })?;
+        Ok(pending)
+    }
+}
+
+impl Drop for LocalComm {
+    fn drop(&mut self) {
+        // Leave the group first: peers blocked on this rank fail now rather
+        // than after this rank's queued asynchronous jobs.
+        self.group.depart(self.rank);
+        if let Some(mut worker) = self.worker.take() {
+            if std::thread::panicking() {
+                if let Some(shadow) = &self.group.shadow {
+                    shadow.poison(CommError::PeerLost { op: "async job", ranks: vec![self.rank] });
+                }
+            }
+            worker.stop();
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce(&LocalComm) + Send>;
+
+/// A rank's communication thread: runs asynchronous jobs in order on the
+/// duplicate group, so they never interleave with the rank's blocking calls.
+struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start(group: &Arc<Group>, rank: usize) -> Result<Worker> {
+        let shadow = group.shadow.clone().ok_or_else(|| {
+            CommError::InvalidArgument(
+                "asynchronous jobs cannot start further asynchronous jobs".into(),
+            )
+        })?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(format!("gradwire-comm-{rank}"))
+            .spawn(move || {
+                let comm = LocalComm::member(shadow, rank);
+                for job in queue {
+                    job(&comm);
+                }
+            })
+            .map_err(|e| CommError::InvalidArgument(format!("cannot start comm thread: {e}")))?;
+        Ok(Worker { jobs: Some(jobs), thread: Some(thread) })
+    }
+
+    /// Lets the queued jobs finish, then joins the thread.
+    fn stop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            // A job that panicked already failed its handle (WorkerStopped);
+            // nothing more to report from a destructor.
+            let _ = thread.join();
+        }
+    }
+}
