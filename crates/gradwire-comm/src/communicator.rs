@@ -156,7 +156,11 @@ pub trait Communicator: Send + Sized {
         F: FnOnce(&Self) -> Result<R> + Send + 'static;
 
     /// [`Communicator::all_reduce`] on the communication thread.
-    fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Pending<Vec<T>>> {
+    fn all_reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Pending<Vec<T>>> {
         self.run_async(move |comm| comm.all_reduce(&mut buf, op).map(|()| buf))
     }
 

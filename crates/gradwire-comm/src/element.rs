@@ -63,7 +63,10 @@ impl ElemType {
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        matches!(self, ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64)
+        matches!(
+            self,
+            ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64
+        )
     }
 
     /// The lowercase name ("f32", "u8", ...).

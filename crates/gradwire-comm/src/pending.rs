@@ -38,12 +38,19 @@ impl<T> Pending<T> {
     /// A handle and the completion that fulfils it (for backends).
     pub fn channel() -> (Completion<T>, Pending<T>) {
         let (tx, rx) = mpsc::sync_channel(1);
-        (Completion { tx }, Pending { state: State::Waiting(rx) })
+        (
+            Completion { tx },
+            Pending {
+                state: State::Waiting(rx),
+            },
+        )
     }
 
     /// A handle that is already complete.
     pub fn ready(result: Result<T>) -> Pending<T> {
-        Pending { state: State::Done(result) }
+        Pending {
+            state: State::Done(result),
+        }
     }
 
     /// Whether the operation has completed (never blocks).

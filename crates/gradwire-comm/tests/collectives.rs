@@ -76,15 +76,20 @@ where
 {
     let inputs: Vec<Vec<f64>> = (0..world).map(|r| input(seed, r, len)).collect();
     // The reference sees the inputs as the ranks hold them (already rounded to T).
-    let held: Vec<Vec<f64>> =
-        inputs.iter().map(|x| x.iter().map(|&v| to(from(v))).collect()).collect();
+    let held: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|x| x.iter().map(|&v| to(from(v))).collect())
+        .collect();
     let expected = reference(&held, op);
     let results = local::run(world, |comm| {
         let mut buf: Vec<T> = held[comm.rank()].iter().map(|&v| from(v)).collect();
         comm.all_reduce(&mut buf, op).map(|()| buf)
     })
     .expect("run");
-    let results: Vec<Vec<T>> = results.into_iter().map(|r| r.expect("all_reduce")).collect();
+    let results: Vec<Vec<T>> = results
+        .into_iter()
+        .map(|r| r.expect("all_reduce"))
+        .collect();
     for (r, got) in results.iter().enumerate() {
         assert_eq!(got.len(), len);
         assert!(
@@ -93,7 +98,11 @@ where
         );
     }
     // f32 accumulation for every float type but f64.
-    let u_acc = if T::TYPE == ElemType::F64 { f64::EPSILON / 2.0 } else { f32::EPSILON as f64 / 2.0 };
+    let u_acc = if T::TYPE == ElemType::F64 {
+        f64::EPSILON / 2.0
+    } else {
+        f32::EPSILON as f64 / 2.0
+    };
     for (i, (&want, &got)) in expected.iter().zip(&results[0]).enumerate() {
         let got = to(got);
         let err = (got - want).abs();
@@ -365,7 +374,10 @@ fn a_lazily_zeroed_gradient_contributes_zeros() {
     .unwrap();
     for r in results {
         let (zeroed, values) = r.unwrap();
-        assert!(!zeroed, "the all-reduce wrote the tensor, so it is no longer zeroed");
+        assert!(
+            !zeroed,
+            "the all-reduce wrote the tensor, so it is no longer zeroed"
+        );
         assert_eq!(values, vec![4.0; 5]); // 1 + 3
     }
 }
@@ -386,7 +398,10 @@ fn the_world_shares_nothing_with_a_second_world() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect::<Vec<_>>()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect::<Vec<_>>()
     });
     assert_eq!(out, vec![1.0, 1.0, 5.0, 5.0]);
 }

@@ -57,7 +57,10 @@ impl Kind {
 
     /// Whether every rank must pass the same length.
     fn same_len(self) -> bool {
-        matches!(self, Kind::AllReduce | Kind::Broadcast | Kind::AllGather | Kind::ReduceScatter)
+        matches!(
+            self,
+            Kind::AllReduce | Kind::Broadcast | Kind::AllGather | Kind::ReduceScatter
+        )
     }
 
     /// Whether the round has a data phase (and so a completion barrier).
@@ -203,7 +206,10 @@ impl Group {
             }),
             cv: Condvar::new(),
             resolved: CachePadded::new(AtomicU64::new(0)),
-            done: [CachePadded::new(AtomicUsize::new(0)), CachePadded::new(AtomicUsize::new(0))],
+            done: [
+                CachePadded::new(AtomicUsize::new(0)),
+                CachePadded::new(AtomicUsize::new(0)),
+            ],
             data_failed: [AtomicBool::new(false), AtomicBool::new(false)],
             gone: (0..size).map(|_| AtomicBool::new(false)).collect(),
             poisoned: AtomicBool::new(false),
@@ -324,13 +330,23 @@ impl Group {
                 .filter(|&r| st.posts[r].is_none() && self.is_gone(r))
                 .collect();
             if !lost.is_empty() {
-                self.fail_round(&mut st, CommError::PeerLost { op: post.kind.name(), ranks: lost });
+                self.fail_round(
+                    &mut st,
+                    CommError::PeerLost {
+                        op: post.kind.name(),
+                        ranks: lost,
+                    },
+                );
                 continue;
             }
             if let (Some(deadline), Some(timeout)) = (deadline, self.timeout) {
                 if Instant::now() >= deadline {
                     let missing = (0..self.size).filter(|&r| st.posts[r].is_none()).collect();
-                    let err = CommError::Timeout { op: post.kind.name(), waited: timeout, missing };
+                    let err = CommError::Timeout {
+                        op: post.kind.name(),
+                        waited: timeout,
+                        missing,
+                    };
                     self.fail_round(&mut st, err);
                     continue;
                 }
@@ -462,10 +478,18 @@ fn validate(posts: &[Post]) -> Result<()> {
             return Err(differs("called", name.into(), p.kind.name().into()));
         }
         if p.elem != first.elem {
-            return Err(differs(&format!("passed to {name}"), fmt_opt(first.elem), fmt_opt(p.elem)));
+            return Err(differs(
+                &format!("passed to {name}"),
+                fmt_opt(first.elem),
+                fmt_opt(p.elem),
+            ));
         }
         if p.op != first.op {
-            return Err(differs(&format!("reduced {name} with"), fmt_opt(first.op), fmt_opt(p.op)));
+            return Err(differs(
+                &format!("reduced {name} with"),
+                fmt_opt(first.op),
+                fmt_opt(p.op),
+            ));
         }
         if first.kind.same_len() && p.len != first.len {
             return Err(differs(
@@ -475,12 +499,18 @@ fn validate(posts: &[Post]) -> Result<()> {
             ));
         }
         if first.kind == Kind::Broadcast && p.root != first.root {
-            return Err(differs("broadcast from root", first.root.to_string(), p.root.to_string()));
+            return Err(differs(
+                "broadcast from root",
+                first.root.to_string(),
+                p.root.to_string(),
+            ));
         }
     }
     if let (Some(op), Some(elem)) = (first.op, first.elem) {
         if !op.supports(elem) {
-            return Err(CommError::InvalidArgument(format!("{name}: {op} is not defined for {elem}")));
+            return Err(CommError::InvalidArgument(format!(
+                "{name}: {op} is not defined for {elem}"
+            )));
         }
     }
     match first.kind {

@@ -63,7 +63,9 @@ pub struct LocalConfig {
 
 impl Default for LocalConfig {
     fn default() -> Self {
-        LocalConfig { timeout: Some(Duration::from_secs(600)) }
+        LocalConfig {
+            timeout: Some(Duration::from_secs(600)),
+        }
     }
 }
 
@@ -105,7 +107,9 @@ where
     R: Send,
     F: Fn(LocalComm) -> R + Sync,
 {
-    run_with(world_size, &LocalConfig::default(), f)?.into_iter().collect()
+    run_with(world_size, &LocalConfig::default(), f)?
+        .into_iter()
+        .collect()
 }
 
 /// [`run`] with settings, returning each rank's outcome separately: a rank
@@ -171,14 +175,23 @@ impl LocalComm {
     /// [`LocalComm::create`] with settings.
     pub fn create_with(world_size: usize, config: &LocalConfig) -> Result<Vec<LocalComm>> {
         if world_size == 0 {
-            return Err(CommError::InvalidArgument("a world needs at least one rank".into()));
+            return Err(CommError::InvalidArgument(
+                "a world needs at least one rank".into(),
+            ));
         }
         let group = Group::new(world_size, config.timeout);
-        Ok((0..world_size).map(|rank| LocalComm::member(Arc::clone(&group), rank)).collect())
+        Ok((0..world_size)
+            .map(|rank| LocalComm::member(Arc::clone(&group), rank))
+            .collect())
     }
 
     fn member(group: Arc<Group>, rank: usize) -> LocalComm {
-        LocalComm { group, rank, seq: Cell::new(0), worker: OnceCell::new() }
+        LocalComm {
+            group,
+            rank,
+            seq: Cell::new(0),
+            worker: OnceCell::new(),
+        }
     }
 
     /// The deadline of this group's calls.
@@ -190,7 +203,10 @@ impl LocalComm {
         if rank < self.group.size {
             Ok(())
         } else {
-            Err(CommError::InvalidRank { rank, world_size: self.group.size })
+            Err(CommError::InvalidRank {
+                rank,
+                world_size: self.group.size,
+            })
         }
     }
 
@@ -213,7 +229,12 @@ impl LocalComm {
                 detail: format!("{} resolved without a data phase", kind.name()),
             });
         };
-        let guard = DataPhase { group: &self.group, seq, op: kind.name(), armed: true };
+        let guard = DataPhase {
+            group: &self.group,
+            seq,
+            op: kind.name(),
+            armed: true,
+        };
         let value = work(&posts);
         guard.finish()?;
         Ok(value)
@@ -263,7 +284,9 @@ impl Communicator for LocalComm {
         };
         // SAFETY: the round validated that every rank posted a live buffer of
         // `len` elements of T; `data_round` holds them until all are done.
-        self.data_round(post, |posts| unsafe { data::all_reduce::<T>(posts, self.rank, op) })
+        self.data_round(post, |posts| unsafe {
+            data::all_reduce::<T>(posts, self.rank, op)
+        })
     }
 
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
@@ -322,7 +345,9 @@ impl Communicator for LocalComm {
         };
         let rank = self.rank;
         // SAFETY: validated round (recv holds this rank's chunk).
-        self.data_round(post, |posts| unsafe { data::reduce_scatter(posts, rank, op, recv) })
+        self.data_round(post, |posts| unsafe {
+            data::reduce_scatter(posts, rank, op, recv)
+        })
     }
 
     fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
@@ -331,7 +356,10 @@ impl Communicator for LocalComm {
             return Err(err);
         }
         if self.group.is_gone(dest) {
-            return Err(CommError::PeerLost { op: "send", ranks: vec![dest] });
+            return Err(CommError::PeerLost {
+                op: "send",
+                ranks: vec![dest],
+            });
         }
         let message = Message {
             elem: T::TYPE,
@@ -339,7 +367,10 @@ impl Communicator for LocalComm {
             bytes: bytemuck::cast_slice(buf).to_vec(),
         };
         let Some(mailbox) = self.group.mail.of(dest) else {
-            return Err(CommError::InvalidRank { rank: dest, world_size: self.group.size });
+            return Err(CommError::InvalidRank {
+                rank: dest,
+                world_size: self.group.size,
+            });
         };
         let mut queues = mailbox.queues.lock();
         queues[self.rank].push_back(message);
@@ -350,9 +381,15 @@ impl Communicator for LocalComm {
     fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
         self.check_rank(src)?;
         let Some(mailbox) = self.group.mail.of(self.rank) else {
-            return Err(CommError::InvalidRank { rank: self.rank, world_size: self.group.size });
+            return Err(CommError::InvalidRank {
+                rank: self.rank,
+                world_size: self.group.size,
+            });
         };
-        let deadline = self.group.timeout.and_then(|t| Instant::now().checked_add(t));
+        let deadline = self
+            .group
+            .timeout
+            .and_then(|t| Instant::now().checked_add(t));
         let mut queues = mailbox.queues.lock();
         loop {
             if let Some(message) = queues[src].pop_front() {
@@ -374,18 +411,28 @@ impl Communicator for LocalComm {
                 return Ok(());
             }
             if self.group.is_gone(src) {
-                return Err(CommError::PeerLost { op: "recv", ranks: vec![src] });
+                return Err(CommError::PeerLost {
+                    op: "recv",
+                    ranks: vec![src],
+                });
             }
             if let Some(err) = self.group.poison_error() {
                 return Err(err);
             }
             match (deadline, self.group.timeout) {
                 (Some(deadline), Some(waited)) => {
-                    if mailbox.arrived.wait_until(&mut queues, deadline).timed_out()
+                    if mailbox
+                        .arrived
+                        .wait_until(&mut queues, deadline)
+                        .timed_out()
                         && queues[src].is_empty()
                     {
                         drop(queues);
-                        let err = CommError::Timeout { op: "recv", waited, missing: vec![src] };
+                        let err = CommError::Timeout {
+                            op: "recv",
+                            waited,
+                            missing: vec![src],
+                        };
                         // A message arriving after its receiver gave up would be
                         // taken by the next recv: the group cannot be trusted.
                         self.group.poison(err.clone());
@@ -414,14 +461,20 @@ impl Communicator for LocalComm {
     }
 
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
-        let post = Post { color, key, ..Post::new(Kind::Split) };
+        let post = Post {
+            color,
+            key,
+            ..Post::new(Kind::Split)
+        };
         match self.start(post)?.1 {
             Outcome::Split(groups) => Ok(groups
                 .get(self.rank)
                 .cloned()
                 .flatten()
                 .map(|(group, rank)| LocalComm::member(group, rank))),
-            _ => Err(CommError::Mismatch { detail: "split resolved without groups".into() }),
+            _ => Err(CommError::Mismatch {
+                detail: "split resolved without groups".into(),
+            }),
         }
     }
 
@@ -439,11 +492,16 @@ impl Communicator for LocalComm {
         };
         let (completion, pending) = Pending::channel();
         let job: Job = Box::new(move |comm: &LocalComm| completion.complete(job(comm)));
-        worker.jobs.as_ref().ok_or(CommError::WorkerStopped)?.send(job).map_err(|_| {
-            // The worker only stops when this communicator is dropped, or if
-            // a job panicked: then the job is lost, and so is the group.
-            CommError::WorkerStopped
-        })?;
+        worker
+            .jobs
+            .as_ref()
+            .ok_or(CommError::WorkerStopped)?
+            .send(job)
+            .map_err(|_| {
+                // The worker only stops when this communicator is dropped, or if
+                // a job panicked: then the job is lost, and so is the group.
+                CommError::WorkerStopped
+            })?;
         Ok(pending)
     }
 }
@@ -453,13 +511,23 @@ impl Drop for LocalComm {
         // Leave the group first: peers blocked on this rank fail now rather
         // than after this rank's queued asynchronous jobs.
         self.group.depart(self.rank);
-        if let Some(mut worker) = self.worker.take() {
-            if std::thread::panicking() {
-                if let Some(shadow) = &self.group.shadow {
-                    shadow.poison(CommError::PeerLost { op: "async job", ranks: vec![self.rank] });
+        match (self.worker.take(), &self.group.shadow) {
+            // The worker's own communicator leaves the duplicate group when the
+            // worker has run the jobs already queued; a panicking rank does not
+            // make its peers wait for those.
+            (Some(mut worker), shadow) => {
+                if let (true, Some(shadow)) = (std::thread::panicking(), shadow) {
+                    shadow.poison(CommError::PeerLost {
+                        op: "async job",
+                        ranks: vec![self.rank],
+                    });
                 }
+                worker.stop();
             }
-            worker.stop();
+            // No worker ever started: leave the duplicate group directly, so
+            // peers waiting there for this rank's jobs learn it never comes.
+            (None, Some(shadow)) => shadow.depart(self.rank),
+            (None, None) => {}
         }
     }
 }
@@ -490,7 +558,10 @@ impl Worker {
                 }
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start comm thread: {e}")))?;
-        Ok(Worker { jobs: Some(jobs), thread: Some(thread) })
+        Ok(Worker {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
     }
 
     /// Lets the queued jobs finish, then joins the thread.

@@ -1,0 +1,78 @@
+//! Tensors for gradwire: owned, contiguous `f32` / `f16` / `bf16` buffers on
+//! the CPU (CUDA behind the `cuda` feature, currently a stub), with a lazy
+//! *zeroed* flag for gradients.
+//!
+//! This is the bottom layer of the workspace. The communication, compression
+//! and optimizer crates build on four things from here:
+//!
+//! * [`Tensor`]: shape + dtype + storage, with O(1) [`Tensor::zero_`] whose
+//!   flag lets the upper layers skip gradients that backward never wrote
+//!   (nnabla's "zeroing", see `SPEC.md` §3 and the [`tensor`] module docs);
+//! * [`WithDType`]: the sealed trait naming the element types in generic
+//!   code, with exact widening to f32 and nearest-even rounding back;
+//! * [`ops`]: elementwise kernels and f64-accumulated, deterministic
+//!   reductions, on plain slices and on tensors;
+//! * [`flat`]: packing many tensors into one fusion buffer and back.
+//!
+//! ```
+//! use gradwire_tensor::{DType, Device, Tensor};
+//!
+//! # fn main() -> gradwire_tensor::Result<()> {
+//! let mut g = Tensor::from_vec(vec![1.0f32, -2.0, 3.0], 3)?;
+//! g.zero_(); // O(1): nothing written
+//! assert!(g.is_zeroed());
+//! assert_eq!(g.as_slice::<f32>()?, &[0.0, 0.0, 0.0]); // reads see zeros
+//! g.axpy(2.0, &Tensor::full(1.0, 3, DType::F32, Device::Cpu)?)?; // a write
+//! assert!(!g.is_zeroed());
+//! assert_eq!(g.to_vec::<f32>()?, vec![2.0, 2.0, 2.0]);
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+/// Runs `$body` with the type alias `$T` bound to the Rust type of the
+/// runtime dtype `$dtype`: the one place where runtime dtypes become
+/// monomorphised kernels.
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                #[allow(unused)]
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F16 => {
+                #[allow(unused)]
+                type $T = ::half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                #[allow(unused)]
+                type $T = ::half::bf16;
+                $body
+            }
+        }
+    };
+}
+
+pub mod cuda_backend;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod flat;
+pub mod ops;
+pub mod shape;
+pub mod storage;
+pub mod tensor;
+
+pub use cuda_backend::CudaStorage;
+pub use device::Device;
+pub use dtype::{DType, WithDType};
+pub use error::{Error, Result};
+pub use flat::{FlatEntry, FlatLayout, pack, pack_new, unpack};
+pub use half::{bf16, f16};
+pub use shape::Shape;
+pub use storage::{CpuStorage, Storage};
+pub use tensor::Tensor;

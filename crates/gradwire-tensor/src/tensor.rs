@@ -1,0 +1,480 @@
+//! [`Tensor`]: an owned, contiguous, typed buffer with a shape, plus the lazy
+//! *zeroed* flag that lets gradwire skip gradients nobody wrote.
+//!
+//! # The zeroed flag (nnabla's "zeroing", SPEC §3)
+//!
+//! Before every backward pass each gradient is reset to zero. Writing zeros
+//! into every gradient costs a full pass over model-sized memory, and worse,
+//! a parameter that backward never touches (a frozen layer, an unused
+//! embedding row block, a branch not taken) would then be indistinguishable
+//! from one whose gradient happens to be zero. So [`Tensor::zero_`] only sets
+//! a flag, in O(1):
+//!
+//! * a new tensor (from any constructor, [`Tensor::zeros`] included) is *not*
+//!   zeroed: it holds real values somebody produced;
+//! * **reads** leave the flag alone and see zeros, never the stale memory:
+//!   [`Tensor::as_slice`] then returns a slice of a separate, lazily
+//!   allocated zero buffer (`calloc`, so cheap), and [`Tensor::to_vec`],
+//!   [`Tensor::to_f32_vec`], the reductions and [`crate::flat::pack`] treat
+//!   the tensor as zeros without touching its memory;
+//! * **writes** clear the flag: [`Tensor::as_mut_slice`] first overwrites the
+//!   stale memory with zeros, so every read-modify-write op (axpy, scale, ...)
+//!   starts from zeros. Ops that overwrite every element (fill, copy_from,
+//!   unpack) skip that memset because it would be overwritten anyway.
+//!
+//! The optimizer and the collectives then test [`Tensor::is_zeroed`] to skip
+//! work for gradients nobody wrote since the last reset.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use crate::cuda_backend::CudaStorage;
+use crate::device::Device;
+use crate::dtype::{DType, WithDType};
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::shape::Shape;
+use crate::storage::{CpuStorage, Storage};
+
+/// An owned, contiguous, row-major tensor of `f32`, `f16` or `bf16`.
+///
+/// See the [module documentation](self) for the zeroed-flag rules.
+pub struct Tensor {
+    storage: Storage,
+    shape: Shape,
+    zeroed: bool,
+    /// Zeros handed out by reads while `zeroed` is set; dropped on the first
+    /// write. Always the same dtype and length as `storage` when filled.
+    zero_view: OnceLock<CpuStorage>,
+}
+
+/// The element count of `shape`, checked so that neither the count nor the
+/// byte size of a `dtype` buffer overflows (`Vec` would panic on the latter).
+fn checked_len(shape: &Shape, dtype: DType) -> Result<usize> {
+    let n = shape.checked_elem_count()?;
+    match n.checked_mul(dtype.size_in_bytes()) {
+        Some(bytes) if isize::try_from(bytes).is_ok() => Ok(n),
+        _ => Err(Error::ShapeOverflow),
+    }
+}
+
+impl Tensor {
+    fn from_parts(storage: Storage, shape: Shape) -> Tensor {
+        Tensor {
+            storage,
+            shape,
+            zeroed: false,
+            zero_view: OnceLock::new(),
+        }
+    }
+
+    /// A tensor of zeros. On the CPU the buffer comes from the allocator's
+    /// zeroed path (calloc), so large buffers cost nothing until touched.
+    ///
+    /// The result is *not* flagged zeroed (it holds real zeros; see the module
+    /// docs). A CUDA device gives [`Error::NotCompiledWithCuda`] in this
+    /// build; an overflowing shape gives [`Error::ShapeOverflow`].
+    pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = checked_len(&shape, dtype)?;
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(CpuStorage::zeros(dtype, n)),
+            Device::Cuda(ordinal) => Storage::Cuda(CudaStorage::alloc_zeros(n, dtype, ordinal)?),
+        };
+        Ok(Tensor::from_parts(storage, shape))
+    }
+
+    /// A CPU tensor owning `data` (no copy). `data.len()` must equal the
+    /// shape's element count, else [`Error::LengthMismatch`].
+    pub fn from_vec<T: WithDType>(data: Vec<T>, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = checked_len(&shape, T::DTYPE)?;
+        if data.len() != n {
+            return Err(Error::LengthMismatch {
+                op: "from_vec",
+                expected: n,
+                got: data.len(),
+            });
+        }
+        Ok(Tensor::from_parts(
+            Storage::Cpu(T::into_storage(data)),
+            shape,
+        ))
+    }
+
+    /// A CPU tensor copying `data`; same rules as [`Tensor::from_vec`].
+    pub fn from_slice<T: WithDType>(data: &[T], shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = checked_len(&shape, T::DTYPE)?;
+        if data.len() != n {
+            return Err(Error::LengthMismatch {
+                op: "from_slice",
+                expected: n,
+                got: data.len(),
+            });
+        }
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A CPU tensor of `dtype` from f32 values, each rounded once to
+    /// `dtype` (nearest, ties to even). Length rules as [`Tensor::from_vec`].
+    pub fn from_f32(data: &[f32], shape: impl Into<Shape>, dtype: DType) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = checked_len(&shape, dtype)?;
+        if data.len() != n {
+            return Err(Error::LengthMismatch {
+                op: "from_f32",
+                expected: n,
+                got: data.len(),
+            });
+        }
+        let mut storage = CpuStorage::zeros(dtype, n);
+        with_dtype!(dtype, T => {
+            if let Some(dst) = T::cpu_slice_mut(&mut storage) {
+                ops::cast(data, dst)?;
+            }
+        });
+        Ok(Tensor::from_parts(Storage::Cpu(storage), shape))
+    }
+
+    /// A tensor with every element equal to `value` rounded to `dtype`.
+    pub fn full(
+        value: f32,
+        shape: impl Into<Shape>,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let mut t = Tensor::zeros(shape, dtype, device)?;
+        if value.to_bits() != 0 {
+            t.fill(value)?;
+        }
+        Ok(t)
+    }
+
+    /// A CPU tensor owning `storage`; its length must equal the shape's
+    /// element count, else [`Error::LengthMismatch`].
+    pub fn from_storage(storage: CpuStorage, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        let n = checked_len(&shape, storage.dtype())?;
+        if storage.len() != n {
+            return Err(Error::LengthMismatch {
+                op: "from_storage",
+                expected: n,
+                got: storage.len(),
+            });
+        }
+        Ok(Tensor::from_parts(Storage::Cpu(storage), shape))
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// The dimensions, outermost first.
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// Where the memory lives.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.storage.len()
+    }
+
+    /// Whether the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The raw storage.
+    ///
+    /// This ignores the zeroed flag: while [`Tensor::is_zeroed`] is set it
+    /// shows stale values. Use [`Tensor::as_slice`] to read values.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// Marks the tensor as all zeros in O(1), writing no memory.
+    pub fn zero_(&mut self) {
+        self.zeroed = true;
+    }
+
+    /// Whether the tensor has been [`zero_`](Tensor::zero_)ed and not written
+    /// since.
+    pub fn is_zeroed(&self) -> bool {
+        self.zeroed
+    }
+
+    fn cpu(&self, op: &'static str) -> Result<&CpuStorage> {
+        match &self.storage {
+            Storage::Cpu(s) => Ok(s),
+            Storage::Cuda(s) => Err(Error::DeviceMismatch {
+                op,
+                expected: Device::Cpu,
+                got: Device::Cuda(s.ordinal()),
+            }),
+        }
+    }
+
+    fn cpu_mut(&mut self, op: &'static str) -> Result<&mut CpuStorage> {
+        match &mut self.storage {
+            Storage::Cpu(s) => Ok(s),
+            Storage::Cuda(s) => Err(Error::DeviceMismatch {
+                op,
+                expected: Device::Cpu,
+                got: Device::Cuda(s.ordinal()),
+            }),
+        }
+    }
+
+    pub(crate) fn check_dtype<T: WithDType>(&self, op: &'static str) -> Result<()> {
+        if T::DTYPE == self.dtype() {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch {
+                op,
+                expected: self.dtype(),
+                got: T::DTYPE,
+            })
+        }
+    }
+
+    /// Checks the preconditions of `op` on the CPU (device then dtype)
+    /// without side effects, so a failing call leaves the flag untouched.
+    pub(crate) fn check_cpu<T: WithDType>(&self, op: &'static str) -> Result<()> {
+        self.cpu(op)?;
+        self.check_dtype::<T>(op)
+    }
+
+    fn dtype_err<T: WithDType>(&self, op: &'static str) -> Error {
+        Error::DTypeMismatch {
+            op,
+            expected: self.dtype(),
+            got: T::DTYPE,
+        }
+    }
+
+    /// The elements as `T`. While the tensor is zeroed this is a slice of
+    /// zeros (allocated once, lazily, with calloc) and the flag stays set.
+    ///
+    /// [`Error::DTypeMismatch`] if `T` is not the tensor's dtype,
+    /// [`Error::DeviceMismatch`] for device memory.
+    pub fn as_slice<T: WithDType>(&self) -> Result<&[T]> {
+        self.check_cpu::<T>("as_slice")?;
+        let storage = if self.zeroed {
+            self.zero_view
+                .get_or_init(|| CpuStorage::zeros(self.dtype(), self.len()))
+        } else {
+            self.cpu("as_slice")?
+        };
+        T::cpu_slice(storage).ok_or_else(|| self.dtype_err::<T>("as_slice"))
+    }
+
+    /// The elements as mutable `T`. This is a write: if the tensor is zeroed
+    /// its memory is first overwritten with zeros and the flag cleared.
+    ///
+    /// Errors as [`Tensor::as_slice`]; on error nothing changes.
+    pub fn as_mut_slice<T: WithDType>(&mut self) -> Result<&mut [T]> {
+        self.check_cpu::<T>("as_mut_slice")?;
+        if self.zeroed {
+            self.cpu_mut("as_mut_slice")?.fill_zero();
+            self.clear_zeroed();
+        }
+        let err = self.dtype_err::<T>("as_mut_slice");
+        T::cpu_slice_mut(self.cpu_mut("as_mut_slice")?).ok_or(err)
+    }
+
+    /// Mutable access for an op that overwrites *every* element: clears the
+    /// flag without the zero memset (the stale values are never observed).
+    pub(crate) fn overwrite_slice<T: WithDType>(&mut self, op: &'static str) -> Result<&mut [T]> {
+        self.check_cpu::<T>(op)?;
+        self.clear_zeroed();
+        let err = self.dtype_err::<T>(op);
+        T::cpu_slice_mut(self.cpu_mut(op)?).ok_or(err)
+    }
+
+    fn clear_zeroed(&mut self) {
+        self.zeroed = false;
+        drop(self.zero_view.take());
+    }
+
+    /// The elements of `range` (element indices into the flat buffer), for
+    /// reading one tensor's part of a fusion buffer.
+    ///
+    /// [`Error::InvalidArgument`] if the range is reversed or past the end;
+    /// other errors as [`Tensor::as_slice`].
+    pub fn flat_view<T: WithDType>(&self, range: Range<usize>) -> Result<&[T]> {
+        self.check_range("flat_view", &range)?;
+        let all = self.as_slice::<T>()?;
+        all.get(range)
+            .ok_or_else(|| Error::InvalidArgument("flat_view: range out of bounds".into()))
+    }
+
+    /// The elements of `range`, mutably. This is a write to the whole tensor
+    /// as far as the flag is concerned (zeros materialised, flag cleared),
+    /// but only after the range has been validated: a bad range changes
+    /// nothing.
+    pub fn flat_view_mut<T: WithDType>(&mut self, range: Range<usize>) -> Result<&mut [T]> {
+        self.check_range("flat_view_mut", &range)?;
+        let all = self.as_mut_slice::<T>()?;
+        all.get_mut(range)
+            .ok_or_else(|| Error::InvalidArgument("flat_view_mut: range out of bounds".into()))
+    }
+
+    fn check_range(&self, op: &str, range: &Range<usize>) -> Result<()> {
+        if range.start <= range.end && range.end <= self.len() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{op}: range {}..{} out of bounds for {} elements",
+                range.start,
+                range.end,
+                self.len()
+            )))
+        }
+    }
+
+    /// A copy of the elements as `T` (zeros while zeroed; flag unchanged).
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        self.check_cpu::<T>("to_vec")?;
+        if self.zeroed {
+            return Ok(T::zeros_vec(self.len()));
+        }
+        Ok(self.as_slice::<T>()?.to_vec())
+    }
+
+    /// A copy of the elements widened to f32 (exact for every dtype; zeros
+    /// while zeroed; flag unchanged).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        self.cpu("to_f32_vec")?;
+        let mut out = vec![0.0f32; self.len()];
+        if !self.zeroed {
+            with_dtype!(self.dtype(), T => ops::cast(self.as_slice::<T>()?, &mut out)?);
+        }
+        Ok(out)
+    }
+
+    /// Consumes the tensor, returning its elements (zeros if zeroed) without
+    /// a copy when possible.
+    pub fn into_vec<T: WithDType>(self) -> Result<Vec<T>> {
+        self.check_cpu::<T>("into_vec")?;
+        let err = self.dtype_err::<T>("into_vec");
+        let n = self.len();
+        let source = if self.zeroed {
+            match self.zero_view.into_inner() {
+                Some(z) => z,
+                None => return Ok(T::zeros_vec(n)),
+            }
+        } else {
+            match self.storage {
+                Storage::Cpu(s) => s,
+                Storage::Cuda(_) => return Err(err),
+            }
+        };
+        T::take_storage(source).map_err(|_| err)
+    }
+
+    /// The same elements under another shape with the same element count
+    /// (else [`Error::ShapeMismatch`]). No copy; the flag is kept.
+    pub fn reshape(mut self, shape: impl Into<Shape>) -> Result<Tensor> {
+        let shape = shape.into();
+        if shape.checked_elem_count()? != self.len() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                lhs: self.shape,
+                rhs: shape,
+            });
+        }
+        self.shape = shape;
+        Ok(self)
+    }
+
+    /// A new tensor of `dtype` holding these values, converted through f32:
+    /// widening is exact and narrowing rounds once (nearest, ties to even),
+    /// keeping NaN and ±inf, overflowing to ±inf and producing subnormals
+    /// where the target has them. f16 <-> bf16 therefore rounds exactly once.
+    ///
+    /// Like every constructor the result is not flagged zeroed; a zeroed
+    /// source converts to real zeros.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let src = self.cpu("to_dtype")?;
+        if self.zeroed {
+            return Tensor::zeros(self.shape.clone(), dtype, Device::Cpu);
+        }
+        let mut dst = CpuStorage::zeros(dtype, self.len());
+        with_dtype!(self.dtype(), S => {
+            let s = S::cpu_slice(src).ok_or_else(|| self.dtype_err::<S>("to_dtype"))?;
+            with_dtype!(dtype, D => {
+                if let Some(d) = D::cpu_slice_mut(&mut dst) {
+                    ops::cast(s, d)?;
+                }
+            })
+        });
+        Ok(Tensor::from_parts(Storage::Cpu(dst), self.shape.clone()))
+    }
+
+    /// A copy on `device`. CPU to CPU is a clone (flag kept); any CUDA
+    /// device gives [`Error::NotCompiledWithCuda`] in this build.
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        match device {
+            Device::Cpu => {
+                self.cpu("to_device")?;
+                Ok(self.clone())
+            }
+            Device::Cuda(ordinal) => {
+                let storage = CudaStorage::from_cpu(self.cpu("to_device")?, ordinal)?;
+                Ok(Tensor::from_parts(
+                    Storage::Cuda(storage),
+                    self.shape.clone(),
+                ))
+            }
+        }
+    }
+}
+
+impl Clone for Tensor {
+    /// Clones values *and* the zeroed flag. A zeroed tensor's stale memory
+    /// is not copied: the clone gets a fresh calloc'd buffer instead.
+    fn clone(&self) -> Self {
+        let storage = match &self.storage {
+            Storage::Cpu(s) if self.zeroed => Storage::Cpu(CpuStorage::zeros(s.dtype(), s.len())),
+            other => other.clone(),
+        };
+        Tensor {
+            storage,
+            shape: self.shape.clone(),
+            zeroed: self.zeroed,
+            zero_view: OnceLock::new(),
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    /// Metadata only: a gradient can have millions of elements.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype())
+            .field("device", &self.device())
+            .field("zeroed", &self.zeroed)
+            .finish()
+    }
+}
+
+/// Tensors are handed to communication threads; keep them `Send + Sync`
+/// (the `OnceLock` zero view is what makes `&Tensor` reads thread-safe).
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tensor>();
+};

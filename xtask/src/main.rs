@@ -1,0 +1,237 @@
+//! Project automation for gradwire, run as `cargo xtask <task>`.
+//!
+//! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
+//! it makes sure the Debian packages the crates link against are installed,
+//! then runs fmt, clippy, the workspace tests and the feature checks, stopping
+//! at the first failing step.
+//!
+//! This crate deliberately uses only std, so it builds on a bare machine before
+//! any system package is installed.
+
+#![deny(missing_docs)]
+
+use std::env;
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+/// Debian packages the workspace needs to build and test. Add new ones here.
+const REQUIRED_DEBIAN_PACKAGES: &[&str] = &["pkg-config", "libopenblas-dev"];
+
+/// The command line help.
+const USAGE: &str = "\
+Usage: cargo xtask <task>
+
+Tasks:
+  test [-- <args>...]  the one test command (what CI runs): ensure system packages,
+                       check the toolchain, cargo fmt --check, cargo clippy -D warnings,
+                       cargo test --workspace, cargo check with the cuda feature.
+                       <args> go to the test binaries, e.g. `-- --nocapture`.
+  help                 print this help
+";
+
+/// What a step or task returns: its failure is a message for the user.
+type Result<T = ()> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        None | Some("help" | "--help" | "-h") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some("test") => match &args[1..] {
+            [] => test(&[]),
+            [dashes, rest @ ..] if dashes == "--" => test(rest),
+            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `test`")),
+        },
+        Some(other) => return usage_error(&format!("unknown task `{other}`")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reports a bad command line and returns exit code 2.
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}\n\n{USAGE}");
+    ExitCode::from(2)
+}
+
+/// `cargo xtask test`: every check CI runs, in order, stopping at the first failure.
+fn test(test_args: &[String]) -> Result {
+    step("system packages", ensure_debian_packages)?;
+    step("toolchain components", check_toolchain)?;
+    step("cargo fmt", || {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))
+    })?;
+    step("cargo clippy", || {
+        run(cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    step("cargo test", || {
+        run(cargo().args(["test", "--workspace", "--"]).args(test_args))
+    })?;
+    step("cargo check (feature cuda)", || {
+        run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
+    })
+}
+
+/// Runs one named step: prints a `==> name` header, runs `body`, prints how
+/// long it took, and names the step in the error if it failed.
+fn step(name: &str, body: impl FnOnce() -> Result) -> Result {
+    println!("==> {name}");
+    let start = Instant::now();
+    let result = body();
+    let outcome = if result.is_ok() { "ok" } else { "FAILED" };
+    println!(
+        "==> {name}: {outcome} in {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
+    result.map_err(|e| format!("step `{name}` failed: {e}"))
+}
+
+/// A `cargo` command (the one running this xtask) in the workspace root.
+fn cargo() -> Command {
+    let mut command = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in a directory of the workspace")
+}
+
+/// Prints `command`, runs it with inherited stdio, and fails unless it succeeds.
+fn run(command: &mut Command) -> Result {
+    let shown = describe(command);
+    println!("$ {shown}");
+    let status = command
+        .status()
+        .map_err(|e| format!("could not start `{shown}`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{shown}` exited with {status}"))
+    }
+}
+
+/// `command` as a shell-like line, for messages.
+fn describe(command: &Command) -> String {
+    let envs = command.get_envs().filter_map(|(key, value)| {
+        value.map(|value| format!("{}={}", key.display(), value.display()))
+    });
+    let words = [command.get_program()]
+        .into_iter()
+        .chain(command.get_args());
+    envs.chain(words.map(|word: &OsStr| word.display().to_string()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Makes sure every package of [`REQUIRED_DEBIAN_PACKAGES`] is installed:
+/// installs the missing ones with apt-get when running as root, otherwise
+/// prints the command to run. On a system without dpkg it only warns.
+fn ensure_debian_packages() -> Result {
+    let missing = match missing_debian_packages() {
+        Ok(missing) => missing,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            println!(
+                "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
+                REQUIRED_DEBIAN_PACKAGES.join(" ")
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(format!("could not run dpkg-query: {e}")),
+    };
+    if missing.is_empty() {
+        println!("installed: {}", REQUIRED_DEBIAN_PACKAGES.join(" "));
+        return Ok(());
+    }
+    let mut install = Command::new("apt-get");
+    install
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "--no-install-recommends"])
+        .args(&missing);
+    if !is_root() {
+        return Err(format!(
+            "missing Debian packages: {}; install them with:\n    sudo {}",
+            missing.join(" "),
+            describe(&install)
+        ));
+    }
+    run(Command::new("apt-get").arg("update"))?;
+    run(&mut install)?;
+    let still_missing = missing_debian_packages().map_err(|e| e.to_string())?;
+    if still_missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("still not installed: {}", still_missing.join(" ")))
+    }
+}
+
+/// The packages of [`REQUIRED_DEBIAN_PACKAGES`] that dpkg does not report as installed.
+fn missing_debian_packages() -> io::Result<Vec<&'static str>> {
+    let mut missing = Vec::new();
+    for &package in REQUIRED_DEBIAN_PACKAGES {
+        let output = Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}\n", package])
+            .output()?;
+        let status = String::from_utf8_lossy(&output.stdout);
+        if !(output.status.success() && status.lines().any(|s| s == "install ok installed")) {
+            missing.push(package);
+        }
+    }
+    Ok(missing)
+}
+
+/// Whether this process runs as root (effective uid 0).
+fn is_root() -> bool {
+    let from_proc = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let uids = status.lines().find_map(|line| line.strip_prefix("Uid:"))?;
+            // Real, effective, saved and filesystem uid: take the effective one.
+            Some(uids.split_whitespace().nth(1)? == "0")
+        });
+    from_proc.unwrap_or_else(|| {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|output| output.stdout.trim_ascii() == b"0")
+    })
+}
+
+/// Fails with a clear message unless rustfmt and clippy are installed.
+fn check_toolchain() -> Result {
+    for (tool, component) in [("fmt", "rustfmt"), ("clippy", "clippy")] {
+        let output = cargo()
+            .args([tool, "--version"])
+            .output()
+            .map_err(|e| format!("could not run cargo: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "`cargo {tool}` is not available ({}); install it with `rustup component add {component}`",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        print!("{}", String::from_utf8_lossy(&output.stdout));
+    }
+    Ok(())
+}
