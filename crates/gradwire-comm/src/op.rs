@@ -28,7 +28,7 @@ impl ReduceOp {
     /// Whether this operator is defined for the element type (`Avg` is not
     /// defined for integers: an integer mean would silently truncate).
     pub fn supports(self, elem: ElemType) -> bool {
-        !(self == ReduceOp::Avg && !elem.is_float())
+        self != ReduceOp::Avg || elem.is_float()
     }
 
     /// The lowercase name.

@@ -58,22 +58,28 @@ fn bound(inputs: &[Vec<f64>], i: usize, result: f64, u_acc: f64, u_out: f64, tin
     gamma * abs_sum + u_out * result + tiny
 }
 
-/// Runs an all-reduce of `T` (inputs converted with `from`) and checks every
-/// rank's result against the f64 reference within the bound, and all ranks
-/// bitwise equal. Returns rank 0's result bits for the determinism check.
-fn check_all_reduce<T>(
-    world: usize,
-    len: usize,
-    seed: u64,
-    op: ReduceOp,
+/// How a type is converted from and to f64 and how precisely it stores a
+/// result: unit roundoff `u_out`, and `tiny` for results in its subnormal range.
+struct Precision<T> {
     from: fn(f64) -> T,
     to: fn(T) -> f64,
     u_out: f64,
     tiny: f64,
-) -> Vec<T>
+}
+
+/// Runs an all-reduce of `T` and checks every rank's result against the f64
+/// reference within the bound, and all ranks bitwise equal. Returns rank 0's
+/// result for the determinism check.
+fn check_all_reduce<T>(world: usize, len: usize, seed: u64, op: ReduceOp, p: Precision<T>) -> Vec<T>
 where
     T: gradwire_comm::Element,
 {
+    let Precision {
+        from,
+        to,
+        u_out,
+        tiny,
+    } = p;
     let inputs: Vec<Vec<f64>> = (0..world).map(|r| input(seed, r, len)).collect();
     // The reference sees the inputs as the ranks hold them (already rounded to T).
     let held: Vec<Vec<f64>> = inputs
@@ -130,16 +136,16 @@ proptest! {
     fn all_reduce_f32_matches_f64_reference((world, len) in world_and_len(), seed: u64, op in op_strategy()) {
         let u = f32::EPSILON as f64 / 2.0;
         let tiny = f32::MIN_POSITIVE as f64;
-        let first = check_all_reduce::<f32>(world, len, seed, op, |v| v as f32, f64::from, u, tiny);
+        let first = check_all_reduce(world, len, seed, op, Precision { from: |v| v as f32, to: f64::from, u_out: u, tiny });
         // Deterministic: a second run gives the same bits.
-        let second = check_all_reduce::<f32>(world, len, seed, op, |v| v as f32, f64::from, u, tiny);
+        let second = check_all_reduce(world, len, seed, op, Precision { from: |v| v as f32, to: f64::from, u_out: u, tiny });
         prop_assert_eq!(bytemuck::cast_slice::<f32, u32>(&first), bytemuck::cast_slice::<f32, u32>(&second));
     }
 
     #[test]
     fn all_reduce_f64_matches_reference((world, len) in world_and_len(), seed: u64, op in op_strategy()) {
         let u = f64::EPSILON / 2.0;
-        check_all_reduce::<f64>(world, len, seed, op, |v| v, |v| v, u, f64::MIN_POSITIVE);
+        check_all_reduce(world, len, seed, op, Precision { from: |v| v, to: |v| v, u_out: u, tiny: f64::MIN_POSITIVE });
     }
 
     #[test]
@@ -147,8 +153,8 @@ proptest! {
         // One rounding to f16 at the end (unit roundoff 2^-11), none on the way.
         let u = 2f64.powi(-11);
         let tiny = 2f64.powi(-24); // f16's smallest subnormal
-        let first = check_all_reduce::<f16>(world, len, seed, op, f16::from_f64, f64::from, u, tiny);
-        let second = check_all_reduce::<f16>(world, len, seed, op, f16::from_f64, f64::from, u, tiny);
+        let first = check_all_reduce(world, len, seed, op, Precision { from: f16::from_f64, to: f64::from, u_out: u, tiny });
+        let second = check_all_reduce(world, len, seed, op, Precision { from: f16::from_f64, to: f64::from, u_out: u, tiny });
         prop_assert_eq!(bytemuck::cast_slice::<f16, u16>(&first), bytemuck::cast_slice::<f16, u16>(&second));
     }
 
@@ -156,7 +162,7 @@ proptest! {
     fn all_reduce_bf16_accumulates_in_f32((world, len) in world_and_len(), seed: u64, op in op_strategy()) {
         let u = 2f64.powi(-8);
         let tiny = f32::MIN_POSITIVE as f64;
-        check_all_reduce::<bf16>(world, len, seed, op, bf16::from_f64, f64::from, u, tiny);
+        check_all_reduce(world, len, seed, op, Precision { from: bf16::from_f64, to: f64::from, u_out: u, tiny });
     }
 
     #[test]
@@ -220,8 +226,8 @@ proptest! {
             let gathered = r.unwrap();
             prop_assert_eq!(gathered.world_size(), world);
             prop_assert_eq!(gathered.counts(), lens[..world].to_vec());
-            for src in 0..world {
-                let want: Vec<u32> = input(seed, src, lens[src]).iter().map(|v| v.to_bits() as u32).collect();
+            for (src, &len) in lens.iter().enumerate().take(world) {
+                let want: Vec<u32> = input(seed, src, len).iter().map(|v| v.to_bits() as u32).collect();
                 prop_assert_eq!(gathered.part(src), &want[..]);
             }
         }

@@ -88,6 +88,10 @@ impl RawBuf {
     pub(crate) const NULL: RawBuf = RawBuf(std::ptr::null_mut());
 }
 
+/// For each rank of a split group, its new group and rank in it (`None`
+/// for a rank that passed no color).
+pub(crate) type SplitGroups = Arc<[Option<(Arc<Group>, usize)>]>;
+
 /// One rank's description of its call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Post {
@@ -128,7 +132,7 @@ pub(crate) enum Outcome {
     /// Go on; the posts of every rank, in rank order.
     Go(Arc<[Post]>),
     /// The split is done: for each old rank, its new group and rank.
-    Split(Arc<[Option<(Arc<Group>, usize)>]>),
+    Split(SplitGroups),
     /// Every rank returns this error.
     Failed(CommError),
 }
@@ -339,17 +343,17 @@ impl Group {
                 );
                 continue;
             }
-            if let (Some(deadline), Some(timeout)) = (deadline, self.timeout) {
-                if Instant::now() >= deadline {
-                    let missing = (0..self.size).filter(|&r| st.posts[r].is_none()).collect();
-                    let err = CommError::Timeout {
-                        op: post.kind.name(),
-                        waited: timeout,
-                        missing,
-                    };
-                    self.fail_round(&mut st, err);
-                    continue;
-                }
+            if let (Some(deadline), Some(timeout)) = (deadline, self.timeout)
+                && Instant::now() >= deadline
+            {
+                let missing = (0..self.size).filter(|&r| st.posts[r].is_none()).collect();
+                let err = CommError::Timeout {
+                    op: post.kind.name(),
+                    waited: timeout,
+                    missing,
+                };
+                self.fail_round(&mut st, err);
+                continue;
             }
             st.sleepers += 1;
             match deadline {
@@ -405,7 +409,7 @@ impl Group {
 
     /// Forms the sub-groups of a split: one per color, ranks ordered by
     /// (key, old rank), each with this group's deadline.
-    fn split_groups(&self, posts: &[Post]) -> Arc<[Option<(Arc<Group>, usize)>]> {
+    fn split_groups(&self, posts: &[Post]) -> SplitGroups {
         let mut by_color: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
         for (rank, p) in posts.iter().enumerate() {
             if let Some(color) = p.color {
@@ -506,12 +510,12 @@ fn validate(posts: &[Post]) -> Result<()> {
             ));
         }
     }
-    if let (Some(op), Some(elem)) = (first.op, first.elem) {
-        if !op.supports(elem) {
-            return Err(CommError::InvalidArgument(format!(
-                "{name}: {op} is not defined for {elem}"
-            )));
-        }
+    if let (Some(op), Some(elem)) = (first.op, first.elem)
+        && !op.supports(elem)
+    {
+        return Err(CommError::InvalidArgument(format!(
+            "{name}: {op} is not defined for {elem}"
+        )));
     }
     match first.kind {
         Kind::Broadcast if first.root >= world => Err(CommError::InvalidArgument(format!(
