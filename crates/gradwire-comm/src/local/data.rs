@@ -8,10 +8,11 @@
 //! (the rest), so no two ranks write the same element and nobody reads an
 //! element while another writes it.
 
-use super::group::Post;
+use super::group::{Post, Progress};
 use crate::communicator::chunk_range;
 use crate::element::{BLOCK, Element};
 use crate::op::ReduceOp;
+use std::ops::Range;
 use std::slice;
 
 /// Reads `len` elements at `offset` of a posted buffer.
@@ -75,48 +76,111 @@ unsafe fn reduce_blocks<T: Element>(
     }
 }
 
-/// All-reduce: this rank reduces its chunk of every rank's buffer and writes
-/// the result back into all of them, so each byte is read once and written
-/// once across the group.
-///
-/// # Safety
-/// A resolved all-reduce round: every post's `recv` is a live `[T; len]`.
-pub(crate) unsafe fn all_reduce<T: Element>(posts: &[Post], rank: usize, op: ReduceOp) {
-    let world = posts.len();
-    if world == 1 {
-        return; // the identity for every op, Avg included (x / 1 == x)
+/// Elements per piece of a reduction at most: 8 reduction blocks, 64 KiB of
+/// each rank's f32 buffer. Small enough that the running ranks share the
+/// work evenly, large enough that claiming a piece (one atomic add) is free.
+const PIECE: usize = 8 * BLOCK;
+
+/// How a reduction of `len` elements over `world` ranks is cut into pieces:
+/// each rank's chunk ([`chunk_range`]) into pieces of at most [`PIECE`]
+/// elements, so that a piece never straddles two ranks' chunks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pieces {
+    len: usize,
+    world: usize,
+    piece: usize,
+}
+
+impl Pieces {
+    pub(crate) fn new(len: usize, world: usize) -> Pieces {
+        let piece = len.div_ceil(world.max(1)).clamp(1, PIECE);
+        Pieces { len, world, piece }
     }
-    let range = chunk_range(posts[0].len, world, rank);
-    let buffers: Vec<*const u8> = posts.iter().map(|p| p.recv.0.cast_const()).collect();
-    // SAFETY: each rank reads and writes only its own chunk `range`.
-    unsafe {
-        reduce_blocks::<T>(&buffers, range, op, |offset, acc| {
-            for p in posts {
-                T::store(acc, view_mut(p.recv.0, offset, acc.len()));
+
+    /// Number of pieces.
+    pub(crate) fn count(&self) -> usize {
+        (0..self.world)
+            .map(|r| {
+                chunk_range(self.len, self.world, r)
+                    .len()
+                    .div_ceil(self.piece)
+            })
+            .sum()
+    }
+
+    /// Piece `id`: the rank whose chunk it is in, and its element range.
+    pub(crate) fn get(&self, mut id: usize) -> Option<(usize, Range<usize>)> {
+        for owner in 0..self.world {
+            let chunk = chunk_range(self.len, self.world, owner);
+            let in_chunk = chunk.len().div_ceil(self.piece);
+            if id < in_chunk {
+                let start = chunk.start + id * self.piece;
+                return Some((owner, start..(start + self.piece).min(chunk.end)));
             }
-        });
+            id -= in_chunk;
+        }
+        None
     }
 }
 
-/// Reduce-scatter: this rank reduces its chunk of every rank's send buffer
-/// into its own receive buffer.
+/// All-reduce: the ranks claim pieces of the buffer; for each, the claimant
+/// reduces that range of every rank's buffer and writes the result back into
+/// all of them, so each byte is read once and written once across the group.
 ///
 /// # Safety
-/// A resolved reduce-scatter round: every post's `send` is a live `[T; len]`.
+/// A resolved all-reduce round: every post's `recv` is a live `[T; len]`, and
+/// `progress` counts `pieces.count()` units.
+pub(crate) unsafe fn all_reduce<T: Element>(
+    posts: &[Post],
+    pieces: &Pieces,
+    op: ReduceOp,
+    progress: &Progress<'_>,
+) {
+    let buffers: Vec<*const u8> = posts.iter().map(|p| p.recv.0.cast_const()).collect();
+    while let Some(id) = progress.claim() {
+        if let Some((_, range)) = pieces.get(id) {
+            // SAFETY: a claimed piece is read and written by its claimant only.
+            unsafe {
+                reduce_blocks::<T>(&buffers, range, op, |offset, acc| {
+                    for p in posts {
+                        T::store(acc, view_mut(p.recv.0, offset, acc.len()));
+                    }
+                });
+            }
+        }
+        progress.finish();
+    }
+}
+
+/// Reduce-scatter: the ranks claim pieces; for each, the claimant reduces that
+/// range of every rank's send buffer into the receive buffer of the rank
+/// whose chunk it is in.
+///
+/// # Safety
+/// A resolved reduce-scatter round: every post's `send` is a live `[T; len]`
+/// and its `recv` a live buffer of its chunk's length; `progress` counts
+/// `pieces.count()` units.
 pub(crate) unsafe fn reduce_scatter<T: Element>(
     posts: &[Post],
-    rank: usize,
+    pieces: &Pieces,
     op: ReduceOp,
-    recv: &mut [T],
+    progress: &Progress<'_>,
 ) {
-    let range = chunk_range(posts[0].len, posts.len(), rank);
-    let base = range.start;
+    let world = posts.len();
     let sources: Vec<*const u8> = posts.iter().map(|p| p.send.0.cast_const()).collect();
-    // SAFETY: send buffers are only read during the round.
-    unsafe {
-        reduce_blocks::<T>(&sources, range, op, |offset, acc| {
-            T::store(acc, &mut recv[offset - base..offset - base + acc.len()]);
-        });
+    while let Some(id) = progress.claim() {
+        if let Some((owner, range)) = pieces.get(id) {
+            let base = chunk_range(posts[0].len, world, owner).start;
+            let recv = posts[owner].recv.0;
+            // SAFETY: a claimed piece of the owner's chunk is written by its
+            // claimant only; send buffers are only read.
+            unsafe {
+                reduce_blocks::<T>(&sources, range, op, |offset, acc| {
+                    T::store(acc, view_mut(recv, offset - base, acc.len()));
+                });
+            }
+        }
+        progress.finish();
     }
 }
 

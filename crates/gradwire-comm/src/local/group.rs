@@ -25,6 +25,7 @@ use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -161,10 +162,14 @@ pub(crate) struct Group {
     cv: Condvar,
     /// Mirrors `state.round` for lock-free spinning.
     resolved: CachePadded<AtomicU64>,
-    /// Ranks done with the data phase of the round of that parity.
-    done: [CachePadded<AtomicUsize>; 2],
-    /// A rank failed (panicked) in the data phase of the round of that parity.
-    data_failed: [AtomicBool; 2],
+    /// Units of work (pieces, or ranks' own copies) claimed in the data
+    /// phase of the round of that parity.
+    claimed: [CachePadded<AtomicUsize>; 2],
+    /// Units of work finished in the data phase of the round of that parity.
+    finished: [CachePadded<AtomicUsize>; 2],
+    /// 1 + the rank that failed (panicked) in the data phase of the round of
+    /// that parity; 0 if none did.
+    data_failed: [AtomicUsize; 2],
     /// Ranks whose communicator was dropped.
     gone: Box<[AtomicBool]>,
     poisoned: AtomicBool,
@@ -210,11 +215,15 @@ impl Group {
             }),
             cv: Condvar::new(),
             resolved: CachePadded::new(AtomicU64::new(0)),
-            done: [
+            claimed: [
                 CachePadded::new(AtomicUsize::new(0)),
                 CachePadded::new(AtomicUsize::new(0)),
             ],
-            data_failed: [AtomicBool::new(false), AtomicBool::new(false)],
+            finished: [
+                CachePadded::new(AtomicUsize::new(0)),
+                CachePadded::new(AtomicUsize::new(0)),
+            ],
+            data_failed: [AtomicUsize::new(0), AtomicUsize::new(0)],
             gone: (0..size).map(|_| AtomicBool::new(false)).collect(),
             poisoned: AtomicBool::new(false),
             mail: Mailboxes::new(size),
@@ -396,8 +405,9 @@ impl Group {
                 Kind::Split => Outcome::Split(self.split_groups(&posts)),
                 kind => {
                     if kind.moves_data() {
-                        self.done[slot].store(0, Ordering::Relaxed);
-                        self.data_failed[slot].store(false, Ordering::Relaxed);
+                        self.claimed[slot].store(0, Ordering::Relaxed);
+                        self.finished[slot].store(0, Ordering::Relaxed);
+                        self.data_failed[slot].store(0, Ordering::Relaxed);
                     }
                     Outcome::Go(posts.into())
                 }
@@ -427,37 +437,117 @@ impl Group {
         result.into()
     }
 
-    /// The completion barrier of round `seq`, after this rank's data phase.
-    pub(crate) fn complete(&self, seq: u64, op: &'static str) -> Result<()> {
+    /// The data phase of round `seq`, whose work is `target` units.
+    pub(crate) fn progress(
+        &self,
+        rank: usize,
+        seq: u64,
+        target: usize,
+        op: &'static str,
+    ) -> Progress<'_> {
         let slot = (seq % 2) as usize;
-        let done = &self.done[slot];
-        if done.fetch_add(1, Ordering::AcqRel) + 1 == self.size {
-            let st = self.state.lock();
+        Progress {
+            group: self,
+            slot,
+            target,
+            op,
+            rank,
+            held: Cell::new(0),
+            completed: false,
+        }
+    }
+}
+
+/// One rank's part in the data phase of a round.
+///
+/// The work is cut into `target` units. For a reduction the units are pieces
+/// of the buffer that any rank may claim, so the ranks that are running do
+/// all of it while descheduled ones sleep (W ranks on fewer cores would
+/// otherwise wait on the scheduler to rotate them); for the copies each rank
+/// finishes one unit, its own. Every rank then waits until all units are
+/// finished: only then may it return and let its buffers go.
+pub(crate) struct Progress<'a> {
+    group: &'a Group,
+    slot: usize,
+    target: usize,
+    op: &'static str,
+    rank: usize,
+    /// Units this rank claimed and has not finished.
+    held: Cell<usize>,
+    completed: bool,
+}
+
+impl Progress<'_> {
+    /// Claims the next unclaimed piece, if any.
+    pub(crate) fn claim(&self) -> Option<usize> {
+        let id = self.group.claimed[self.slot].fetch_add(1, Ordering::Relaxed);
+        (id < self.target).then(|| {
+            self.held.set(self.held.get() + 1);
+            id
+        })
+    }
+
+    /// Takes on one unit of work without claiming (a rank's own copy).
+    pub(crate) fn hold(&self) {
+        self.held.set(self.held.get() + 1);
+    }
+
+    /// Marks one held unit finished; its writes are visible to whoever sees
+    /// the count.
+    pub(crate) fn finish(&self) {
+        self.held.set(self.held.get().saturating_sub(1));
+        let finished = self.group.finished[self.slot].fetch_add(1, Ordering::Release) + 1;
+        if finished == self.target {
+            let st = self.group.state.lock();
             if st.sleepers > 0 {
-                self.cv.notify_all();
+                self.group.cv.notify_all();
             }
-        } else if !self.spin_until(|| done.load(Ordering::Acquire) >= self.size) {
-            let mut st = self.state.lock();
-            while done.load(Ordering::Acquire) < self.size {
+        }
+    }
+
+    /// Waits until every unit of the round is finished; fails if a rank
+    /// unwound out of the data phase (the buffers may be partly reduced).
+    pub(crate) fn complete(mut self) -> Result<()> {
+        self.wait_all();
+        self.completed = true;
+        match self.group.data_failed[self.slot].load(Ordering::Acquire) {
+            0 => Ok(()),
+            failed => Err(CommError::PeerLost {
+                op: self.op,
+                ranks: vec![failed - 1],
+            }),
+        }
+    }
+
+    fn wait_all(&self) {
+        let group = self.group;
+        let finished = &group.finished[self.slot];
+        let all = || finished.load(Ordering::Acquire) >= self.target;
+        if !group.spin_until(all) {
+            let mut st = group.state.lock();
+            while !all() {
                 st.sleepers += 1;
-                self.cv.wait(&mut st);
+                group.cv.wait(&mut st);
                 st.sleepers -= 1;
             }
         }
-        if self.data_failed[slot].load(Ordering::Acquire) {
-            let ranks = (0..self.size).filter(|&r| self.is_gone(r)).collect();
-            return Err(CommError::PeerLost { op, ranks });
-        }
-        Ok(())
     }
+}
 
-    /// Called instead of [`Group::complete`] by a rank unwinding out of its
-    /// data phase: the round fails for everyone, and this rank still waits
-    /// for the others to stop touching its buffers before it lets them go.
-    pub(crate) fn abandon_data_phase(&self, seq: u64, op: &'static str) {
-        self.data_failed[(seq % 2) as usize].store(true, Ordering::Release);
-        // The error is the point here; the others get it from `complete`.
-        let _ = self.complete(seq, op);
+impl Drop for Progress<'_> {
+    /// A rank unwinding out of its data phase (only a bug in this crate can
+    /// make it): the round fails for everyone, the units it held count as
+    /// finished so nobody waits for them, and it still waits for the others
+    /// to stop touching its buffers before it lets them go.
+    fn drop(&mut self) {
+        if self.completed {
+            return;
+        }
+        self.group.data_failed[self.slot].store(self.rank + 1, Ordering::Release);
+        for _ in 0..self.held.get() {
+            self.finish();
+        }
+        self.wait_all();
     }
 }
 

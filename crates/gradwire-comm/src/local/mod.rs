@@ -43,7 +43,8 @@ use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
-use group::{Group, Kind, Outcome, Post, RawBuf};
+use data::Pieces;
+use group::{Group, Kind, Outcome, Post, Progress, RawBuf};
 use mailbox::Message;
 use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
@@ -219,9 +220,15 @@ impl LocalComm {
         Ok((seq, outcome))
     }
 
-    /// Runs a data phase: `work` gets every rank's post; the completion
-    /// barrier follows, also when `work` unwinds.
-    fn data_round<R>(&self, post: Post, work: impl FnOnce(&[Post]) -> R) -> Result<R> {
+    /// Runs a round with a data phase of `units` units of work: `work` gets
+    /// every rank's post and this rank's [`Progress`]; the completion barrier
+    /// follows (also when `work` unwinds, through `Progress`'s drop).
+    fn data_round<R>(
+        &self,
+        post: Post,
+        units: usize,
+        work: impl FnOnce(&[Post], &Progress<'_>) -> R,
+    ) -> Result<R> {
         let kind = post.kind;
         let (seq, outcome) = self.start(post)?;
         let Outcome::Go(posts) = outcome else {
@@ -229,39 +236,21 @@ impl LocalComm {
                 detail: format!("{} resolved without a data phase", kind.name()),
             });
         };
-        let guard = DataPhase {
-            group: &self.group,
-            seq,
-            op: kind.name(),
-            armed: true,
-        };
-        let value = work(&posts);
-        guard.finish()?;
+        let progress = self.group.progress(self.rank, seq, units, kind.name());
+        let value = work(&posts, &progress);
+        progress.complete()?;
         Ok(value)
     }
-}
 
-/// Keeps a rank that unwinds out of a data phase from letting its buffers go
-/// while peers still use them (see [`Group::abandon_data_phase`]).
-struct DataPhase<'a> {
-    group: &'a Group,
-    seq: u64,
-    op: &'static str,
-    armed: bool,
-}
-
-impl DataPhase<'_> {
-    fn finish(mut self) -> Result<()> {
-        self.armed = false;
-        self.group.complete(self.seq, self.op)
-    }
-}
-
-impl Drop for DataPhase<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.group.abandon_data_phase(self.seq, self.op);
-        }
+    /// A round in which each rank does one unit of work, its own (the
+    /// copies: broadcast and the all-gathers).
+    fn own_data_round<R>(&self, post: Post, work: impl FnOnce(&[Post]) -> R) -> Result<R> {
+        self.data_round(post, self.group.size, |posts, progress| {
+            progress.hold();
+            let value = work(posts);
+            progress.finish();
+            value
+        })
     }
 }
 
@@ -282,10 +271,14 @@ impl Communicator for LocalComm {
             recv: RawBuf(buf.as_mut_ptr().cast()),
             ..Post::new(Kind::AllReduce)
         };
+        let world = self.group.size;
+        // One rank: the result is the input, for every op (Avg: x / 1 == x).
+        let pieces = Pieces::new(buf.len(), world);
+        let units = if world == 1 { 0 } else { pieces.count() };
         // SAFETY: the round validated that every rank posted a live buffer of
         // `len` elements of T; `data_round` holds them until all are done.
-        self.data_round(post, |posts| unsafe {
-            data::all_reduce::<T>(posts, self.rank, op)
+        self.data_round(post, units, |posts, progress| unsafe {
+            data::all_reduce::<T>(posts, &pieces, op, progress)
         })
     }
 
@@ -298,7 +291,7 @@ impl Communicator for LocalComm {
             ..Post::new(Kind::Broadcast)
         };
         let rank = self.rank;
-        self.data_round(post, |posts| {
+        self.own_data_round(post, |posts| {
             if rank != root {
                 // SAFETY: validated round; the root's buffer is only read, and
                 // this rank's buffer is written only by this rank.
@@ -316,7 +309,7 @@ impl Communicator for LocalComm {
             ..Post::new(Kind::AllGather)
         };
         // SAFETY: validated round (recv holds world * len elements).
-        self.data_round(post, |posts| unsafe { data::all_gather(posts, recv) })
+        self.own_data_round(post, |posts| unsafe { data::all_gather(posts, recv) })
     }
 
     fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
@@ -326,7 +319,7 @@ impl Communicator for LocalComm {
             send: RawBuf(send.as_ptr().cast_mut().cast()),
             ..Post::new(Kind::AllGatherVaried)
         };
-        let (data, counts) = self.data_round(post, |posts| {
+        let (data, counts) = self.own_data_round(post, |posts| {
             // SAFETY: validated round; send buffers are only read.
             let data = unsafe { data::all_gather_varied::<T>(posts) };
             (data, posts.iter().map(|p| p.len).collect::<Vec<_>>())
@@ -341,12 +334,14 @@ impl Communicator for LocalComm {
             len: send.len(),
             recv_len: recv.len(),
             send: RawBuf(send.as_ptr().cast_mut().cast()),
+            recv: RawBuf(recv.as_mut_ptr().cast()),
             ..Post::new(Kind::ReduceScatter)
         };
-        let rank = self.rank;
-        // SAFETY: validated round (recv holds this rank's chunk).
-        self.data_round(post, |posts| unsafe {
-            data::reduce_scatter(posts, rank, op, recv)
+        let pieces = Pieces::new(send.len(), self.group.size);
+        // SAFETY: validated round (every recv holds its rank's chunk); this
+        // rank's `recv` is only written through its post from here on.
+        self.data_round(post, pieces.count(), |posts, progress| unsafe {
+            data::reduce_scatter::<T>(posts, &pieces, op, progress)
         })
     }
 
