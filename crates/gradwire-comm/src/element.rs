@@ -170,18 +170,22 @@ pub(crate) mod kernel {
         ($t:ty) => {
             impl Kernel for $t {
                 type Acc = $t;
+                #[inline(always)]
                 fn load(src: &[Self], acc: &mut [Self::Acc]) {
                     acc.copy_from_slice(src);
                 }
+                #[inline(always)]
                 fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
                     float_combine!(acc, src, op);
                 }
+                #[inline(always)]
                 fn average(acc: &mut [Self::Acc], world: usize) {
                     let w = world as $t;
                     for a in acc {
                         *a /= w;
                     }
                 }
+                #[inline(always)]
                 fn store(acc: &[Self::Acc], dst: &mut [Self]) {
                     dst.copy_from_slice(acc);
                 }
@@ -191,26 +195,75 @@ pub(crate) mod kernel {
     impl_float!(f32);
     impl_float!(f64);
 
+    /// The half types' conversions to and from the f32 accumulator. f16 uses
+    /// half's slice conversions (F16C instructions where the CPU has them);
+    /// bf16 is the top half of an f32, so its loops are written here in a
+    /// form the compiler vectorises (half's bf16 slice conversions are scalar).
+    trait Widen: Copy {
+        fn widen(src: &[Self], dst: &mut [f32]);
+        fn narrow(src: &[f32], dst: &mut [Self]);
+    }
+
+    impl Widen for f16 {
+        #[inline(always)]
+        fn widen(src: &[Self], dst: &mut [f32]) {
+            src.convert_to_f32_slice(dst);
+        }
+        #[inline(always)]
+        fn narrow(src: &[f32], dst: &mut [Self]) {
+            dst.convert_from_f32_slice(src);
+        }
+    }
+
+    impl Widen for bf16 {
+        #[inline(always)]
+        fn widen(src: &[Self], dst: &mut [f32]) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+            }
+        }
+        #[inline(always)]
+        fn narrow(src: &[f32], dst: &mut [Self]) {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = bf16::from_bits(f32_to_bf16_bits(*s));
+            }
+        }
+    }
+
+    /// Rounds an f32 to bf16 bits, to nearest with ties to even; a NaN stays
+    /// a (quiet) NaN. Bit-identical to `half::bf16::from_f32`.
+    #[inline(always)]
+    fn f32_to_bf16_bits(x: f32) -> u16 {
+        let bits = x.to_bits();
+        let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+        let nan = ((bits >> 16) | 0x40) as u16;
+        if x.is_nan() { nan } else { rounded as u16 }
+    }
+
     macro_rules! impl_half {
         ($t:ty) => {
             impl Kernel for $t {
                 type Acc = f32;
+                #[inline(always)]
                 fn load(src: &[Self], acc: &mut [Self::Acc]) {
-                    src.convert_to_f32_slice(acc);
+                    <$t as Widen>::widen(src, acc);
                 }
+                #[inline(always)]
                 fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
                     let mut wide = [0f32; BLOCK];
                     for (src, acc) in src.chunks(BLOCK).zip(acc.chunks_mut(BLOCK)) {
                         let wide = &mut wide[..src.len()];
-                        src.convert_to_f32_slice(wide);
+                        <$t as Widen>::widen(src, wide);
                         float_combine!(acc, &*wide, op);
                     }
                 }
+                #[inline(always)]
                 fn average(acc: &mut [Self::Acc], world: usize) {
                     <f32 as Kernel>::average(acc, world);
                 }
+                #[inline(always)]
                 fn store(acc: &[Self::Acc], dst: &mut [Self]) {
-                    dst.convert_from_f32_slice(acc);
+                    <$t as Widen>::narrow(acc, dst);
                 }
             }
         };
@@ -222,9 +275,11 @@ pub(crate) mod kernel {
         ($t:ty) => {
             impl Kernel for $t {
                 type Acc = $t;
+                #[inline(always)]
                 fn load(src: &[Self], acc: &mut [Self::Acc]) {
                     acc.copy_from_slice(src);
                 }
+                #[inline(always)]
                 fn combine(src: &[Self], acc: &mut [Self::Acc], op: ReduceOp) {
                     match op {
                         ReduceOp::Sum | ReduceOp::Avg => {
@@ -244,6 +299,7 @@ pub(crate) mod kernel {
                         }
                     }
                 }
+                #[inline(always)]
                 fn average(acc: &mut [Self::Acc], world: usize) {
                     // Unreachable through the public API (validation rejects
                     // Avg on integers); defined anyway so nothing can panic.
@@ -252,6 +308,7 @@ pub(crate) mod kernel {
                         *a /= w;
                     }
                 }
+                #[inline(always)]
                 fn store(acc: &[Self::Acc], dst: &mut [Self]) {
                     dst.copy_from_slice(acc);
                 }
@@ -283,3 +340,42 @@ impl_element!(
     i32 => I32,
     i64 => I64,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::kernel::Kernel;
+    use half::bf16;
+
+    /// The hand-written bf16 conversions agree with half's, bit for bit, on
+    /// every bf16 value and on f32 values around every rounding boundary.
+    #[test]
+    fn bf16_conversions_match_half() {
+        let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        let mut wide = vec![0f32; all.len()];
+        <bf16 as Kernel>::load(&all, &mut wide);
+        for (b, w) in all.iter().zip(&wide) {
+            if b.is_nan() {
+                // half quiets a signalling NaN when widening; the shift keeps
+                // its payload. Either is a NaN, and a store quiets it.
+                assert!(w.is_nan());
+            } else {
+                assert_eq!(b.to_f32().to_bits(), w.to_bits());
+            }
+        }
+        let probes: Vec<f32> = (0..=u16::MAX as u32)
+            .flat_map(|hi| {
+                [0u32, 0x7fff, 0x8000, 0x8001, 0xffff].map(move |lo| f32::from_bits(hi << 16 | lo))
+            })
+            .collect();
+        let mut narrow = vec![bf16::ZERO; probes.len()];
+        <bf16 as Kernel>::store(&probes, &mut narrow);
+        for (p, n) in probes.iter().zip(&narrow) {
+            let want = bf16::from_f32(*p);
+            if p.is_nan() {
+                assert!(n.is_nan(), "{p:?}");
+            } else {
+                assert_eq!(want.to_bits(), n.to_bits(), "{p:?} ({:#010x})", p.to_bits());
+            }
+        }
+    }
+}

@@ -256,8 +256,10 @@ fn recv_reports_timeouts_lost_senders_and_mismatched_messages() {
     // A sender that is alive but silent: the deadline fires.
     let results = local::run_with(2, &config(Duration::from_millis(150)), |comm| {
         if comm.rank() == 1 {
-            comm.barrier()?; // waits until rank 0 gave up (the group is poisoned)
-            return Ok(());
+            // Alive, but busy until well after rank 0 gave up: then every call
+            // fails with the error that poisoned the group.
+            std::thread::sleep(Duration::from_millis(600));
+            return comm.barrier();
         }
         comm.recv(&mut [0f32; 1], 1)
     })
