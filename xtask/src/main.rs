@@ -28,7 +28,8 @@ Usage: cargo xtask <task>
 Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings,
-                       cargo test --workspace, cargo check with the cuda feature.
+                       cargo test --workspace, cargo check with the cuda feature,
+                       cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   help                 print this help
 ";
@@ -87,6 +88,12 @@ fn test(test_args: &[String]) -> Result {
     })?;
     step("cargo check (feature cuda)", || {
         run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
+    })?;
+    // Broken intra-doc links are documentation that is no longer true.
+    step("cargo doc", || {
+        run(cargo()
+            .args(["doc", "--workspace", "--no-deps", "--quiet"])
+            .env("RUSTDOCFLAGS", "-D warnings"))
     })
 }
 

@@ -1,7 +1,7 @@
 //! `LocalComm`: W ranks as threads of one process, sharing memory.
 //!
 //! The embedded default backend and the one the test suites run on. Ranks
-//! meet in a rendezvous per collective ([`group`]), then work on each other's
+//! meet in a rendezvous per collective (`group.rs`), then work on each other's
 //! buffers directly: an all-reduce has each rank reduce its own chunk of all W
 //! buffers in cache-sized blocks and write the result straight back into all
 //! of them, so every byte is read once and written once and all ranks work in
