@@ -1,0 +1,2 @@
+//! Codec benchmarks (being written).
+fn main() {}

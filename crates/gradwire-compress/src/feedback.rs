@@ -1,0 +1,272 @@
+//! Error feedback: what a codec did not send is remembered and sent later.
+//!
+//! SINGA's `corr` memory, one per partition: `acc = residual + g`; select
+//! from `acc`; `residual = acc - sent`. For the sparse codecs the sent values
+//! are `acc`'s own entries, so `residual` is `acc` with the sent entries set
+//! to zero and `sent + residual == acc` holds bitwise. For the casts,
+//! `residual = acc - widen(sent) / scale`, exact up to one rounding.
+//!
+//! With momentum correction (Deep Gradient Compression), the memory also holds
+//! a velocity `u`: `u = mu * u + g; v = v + u`; select from `v`; both `u` and
+//! `v` are zeroed where entries were sent, so momentum does not push stale
+//! directions into entries that were just applied.
+//!
+//! A gradient holding a NaN or an infinity is refused with
+//! [`CompressError::NonFinite`] before anything changes; if adding a finite
+//! gradient overflows the memory, the memory is reset to zero and the same
+//! error is returned: a non-finite value never stays in the residual.
+
+use crate::cast::{self, CastOptions};
+use crate::error::{CompressError, Result};
+use crate::select;
+use crate::sparse::SparseVec;
+use gradwire_tensor::WithDType;
+
+/// A sparse codec: which entries to send.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SparseCodec {
+    /// Every entry with `|x| >= threshold` ([`select::threshold`]).
+    Threshold(f32),
+    /// The `ceil(ratio * n)` largest magnitudes ([`select::top_k`]).
+    TopK(f64),
+    /// Between k and 1.3 k of the largest, estimated from a sample
+    /// ([`select::sampled_top_k`]).
+    SampledTopK(f64),
+    /// `ceil(ratio * n)` uniformly random entries ([`select::random_k`]),
+    /// drawn from `seed` mixed with the step number under error feedback.
+    RandomK {
+        /// Fraction of entries kept, in (0, 1].
+        ratio: f64,
+        /// The seed of the ChaCha8 generator.
+        seed: u64,
+    },
+}
+
+impl SparseCodec {
+    /// Selects from `x` (random-k unscaled, with the seed as given).
+    pub fn select(&self, x: &[f32]) -> Result<SparseVec> {
+        self.select_at_step(x, 0)
+    }
+
+    fn select_at_step(&self, x: &[f32], step: u64) -> Result<SparseVec> {
+        match *self {
+            SparseCodec::Threshold(t) => select::threshold(x, t),
+            SparseCodec::TopK(ratio) => select::top_k(x, ratio),
+            SparseCodec::SampledTopK(ratio) => select::sampled_top_k(x, ratio),
+            SparseCodec::RandomK { ratio, seed } => {
+                // A different draw every step, reproducible from (seed, step).
+                let seed = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                select::random_k(x, ratio, seed, false)
+            }
+        }
+    }
+}
+
+/// The error-feedback memory of one partition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorFeedback {
+    residual: Vec<f32>,
+    momentum: Option<Momentum>,
+    steps: u64,
+}
+
+/// DGC's momentum correction state.
+#[derive(Debug, Clone, PartialEq)]
+struct Momentum {
+    mu: f32,
+    velocity: Vec<f32>,
+}
+
+/// Everything an [`ErrorFeedback`] holds, for checkpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorFeedbackState {
+    /// The residual (with momentum correction: the accumulated velocity `v`).
+    pub residual: Vec<f32>,
+    /// The momentum coefficient and velocity `u`, if momentum correction is on.
+    pub momentum: Option<(f32, Vec<f32>)>,
+    /// Steps taken (it seeds random-k).
+    pub steps: u64,
+}
+
+impl ErrorFeedback {
+    /// A zeroed memory for a partition of `len` elements.
+    pub fn new(len: usize) -> ErrorFeedback {
+        ErrorFeedback { residual: vec![0.0; len], momentum: None, steps: 0 }
+    }
+
+    /// A zeroed memory with DGC momentum correction, `mu` in [0, 1).
+    pub fn with_momentum(len: usize, mu: f32) -> Result<ErrorFeedback> {
+        if !(0.0..1.0).contains(&mu) {
+            return Err(CompressError::InvalidArgument(format!("momentum {mu} is outside [0, 1)")));
+        }
+        Ok(ErrorFeedback {
+            residual: vec![0.0; len],
+            momentum: Some(Momentum { mu, velocity: vec![0.0; len] }),
+            steps: 0,
+        })
+    }
+
+    /// Number of elements of the partition.
+    pub fn len(&self) -> usize {
+        self.residual.len()
+    }
+
+    /// Whether the partition is empty.
+    pub fn is_empty(&self) -> bool {
+        self.residual.is_empty()
+    }
+
+    /// What has not been sent yet.
+    pub fn residual(&self) -> &[f32] {
+        &self.residual
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The state, for a checkpoint.
+    pub fn state(&self) -> ErrorFeedbackState {
+        ErrorFeedbackState {
+            residual: self.residual.clone(),
+            momentum: self.momentum.as_ref().map(|m| (m.mu, m.velocity.clone())),
+            steps: self.steps,
+        }
+    }
+
+    /// Restores a state saved by [`ErrorFeedback::state`]; errors on
+    /// inconsistent lengths, a momentum outside [0, 1) or non-finite values.
+    pub fn from_state(state: ErrorFeedbackState) -> Result<ErrorFeedback> {
+        let len = state.residual.len();
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        if !finite(&state.residual) {
+            return Err(CompressError::InvalidArgument("residual is not finite".into()));
+        }
+        let momentum = match state.momentum {
+            None => None,
+            Some((mu, velocity)) => {
+                if !(0.0..1.0).contains(&mu) {
+                    return Err(CompressError::InvalidArgument(format!(
+                        "momentum {mu} is outside [0, 1)"
+                    )));
+                }
+                if velocity.len() != len {
+                    return Err(CompressError::LengthMismatch {
+                        op: "ErrorFeedback::from_state",
+                        expected: len,
+                        got: velocity.len(),
+                    });
+                }
+                if !finite(&velocity) {
+                    return Err(CompressError::InvalidArgument("velocity is not finite".into()));
+                }
+                Some(Momentum { mu, velocity })
+            }
+        };
+        Ok(ErrorFeedback { residual: state.residual, momentum, steps: state.steps })
+    }
+
+    /// Adds `grad` into the memory (refusing non-finite input, resetting on
+    /// overflow). Afterwards `residual` holds the accumulator to select from.
+    fn accumulate(&mut self, grad: &[f32]) -> Result<()> {
+        if grad.len() != self.residual.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "ErrorFeedback",
+                expected: self.residual.len(),
+                got: grad.len(),
+            });
+        }
+        if let Some(index) = first_non_finite(grad) {
+            return Err(CompressError::NonFinite { index, value: grad[index] });
+        }
+        let finite = match &mut self.momentum {
+            None => add_checked(&mut self.residual, grad),
+            Some(m) => {
+                let mu = m.mu;
+                for (u, &g) in m.velocity.iter_mut().zip(grad) {
+                    *u = mu * *u + g;
+                }
+                add_checked(&mut self.residual, &m.velocity)
+            }
+        };
+        if !finite {
+            let index = first_non_finite(&self.residual).unwrap_or(0);
+            let value = self.residual.get(index).copied().unwrap_or(f32::INFINITY);
+            self.reset();
+            return Err(CompressError::NonFinite { index, value });
+        }
+        Ok(())
+    }
+
+    /// Zeroes the memory (residual and velocity).
+    pub fn reset(&mut self) {
+        self.residual.iter_mut().for_each(|r| *r = 0.0);
+        if let Some(m) = &mut self.momentum {
+            m.velocity.iter_mut().for_each(|u| *u = 0.0);
+        }
+    }
+
+    /// One step with a sparse codec: accumulates `grad`, selects, and keeps
+    /// what was not selected. Returns what to send.
+    pub fn compress(&mut self, grad: &[f32], codec: &SparseCodec) -> Result<SparseVec> {
+        self.accumulate(grad)?;
+        let sent = codec.select_at_step(&self.residual, self.steps)?;
+        for &i in sent.indices() {
+            let i = i as usize;
+            if let Some(r) = self.residual.get_mut(i) {
+                *r = 0.0;
+            }
+            if let Some(u) = self.momentum.as_mut().and_then(|m| m.velocity.get_mut(i)) {
+                *u = 0.0;
+            }
+        }
+        self.steps += 1;
+        Ok(sent)
+    }
+
+    /// One step with a cast: accumulates `grad`, rounds the accumulator into
+    /// `dst` (per `opts`), and keeps the rounding error (and what the clamp
+    /// cut off) for the next step.
+    pub fn compress_cast<H: WithDType>(
+        &mut self,
+        grad: &[f32],
+        dst: &mut [H],
+        opts: &CastOptions,
+    ) -> Result<()> {
+        if dst.len() != self.residual.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "ErrorFeedback::compress_cast",
+                expected: self.residual.len(),
+                got: dst.len(),
+            });
+        }
+        self.accumulate(grad)?;
+        cast::encode(&self.residual, dst, opts)?;
+        let inverse = 1.0 / opts.scale;
+        let mut wide = [0f32; 1024];
+        for (acc, sent) in self.residual.chunks_mut(1024).zip(dst.chunks(1024)) {
+            let wide = &mut wide[..acc.len()];
+            cast::decode(sent, wide)?;
+            for (a, &w) in acc.iter_mut().zip(wide.iter()) {
+                *a -= w * inverse;
+            }
+        }
+        self.steps += 1;
+        Ok(())
+    }
+}
+
+fn first_non_finite(x: &[f32]) -> Option<usize> {
+    x.iter().position(|v| !v.is_finite())
+}
+
+/// `acc += x`; whether every result is finite.
+fn add_checked(acc: &mut [f32], x: &[f32]) -> bool {
+    let mut finite = true;
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += v;
+        finite &= a.is_finite();
+    }
+    finite
+}

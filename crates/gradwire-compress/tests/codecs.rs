@@ -1,0 +1,255 @@
+//! Property tests of the codecs against plain references: exact top-k
+//! against a sort, threshold against a filter, sampled top-k's bounds,
+//! random-k's determinism, the casts' rounding, error feedback's
+//! conservation, and the refusal of non-finite input.
+
+use gradwire_compress::cast::{self, CastOptions};
+use gradwire_compress::select::{self, count_for_ratio};
+use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec};
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+const LENGTHS: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 127, 257, 1031, 5003];
+
+/// Gradients: random magnitudes over many binades, or values from a small set
+/// (many exact ties), with zeros, negatives and subnormals.
+fn gradient() -> impl Strategy<Value = Vec<f32>> {
+    prop::sample::select(LENGTHS).prop_flat_map(|n| {
+        prop_oneof![
+            prop::collection::vec(
+                prop_oneof![
+                    4 => (-1e3f32..1e3f32),
+                    2 => (-1e-3f32..1e-3f32),
+                    1 => Just(0.0f32),
+                    1 => Just(-0.0f32),
+                    1 => (1u32..0x007f_ffff).prop_map(f32::from_bits),
+                ],
+                n
+            ),
+            prop::collection::vec(prop::sample::select(vec![0.0f32, 0.5, -0.5, 1.0, -2.0, 2.0]), n),
+        ]
+    })
+}
+
+fn ratio() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(1.0), Just(0.5), Just(0.01), Just(0.001), 0.0001f64..=1.0]
+}
+
+/// The reference top-k: sort by (magnitude descending, index ascending).
+fn reference_top_k(x: &[f32], k: usize) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..x.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        x[b as usize].abs().total_cmp(&x[a as usize].abs()).then(a.cmp(&b))
+    });
+    let mut kept = order[..k].to_vec();
+    kept.sort_unstable();
+    kept
+}
+
+fn values_at(x: &[f32], idx: &[u32]) -> Vec<u32> {
+    idx.iter().map(|&i| x[i as usize].to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn top_k_keeps_exactly_the_k_largest(x in gradient(), r in ratio()) {
+        let k = count_for_ratio(r, x.len()).unwrap();
+        let got = select::top_k(&x, r).unwrap();
+        let want = reference_top_k(&x, k);
+        prop_assert_eq!(got.indices(), &want[..]);
+        prop_assert_eq!(got.values().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), values_at(&x, &want));
+    }
+
+    #[test]
+    fn threshold_keeps_exactly_the_large_magnitudes(x in gradient(), t in prop_oneof![Just(0.0f32), 0.0f32..2.0]) {
+        let got = select::threshold(&x, t).unwrap();
+        let want: Vec<u32> = (0..x.len() as u32).filter(|&i| x[i as usize].abs() >= t).collect();
+        prop_assert_eq!(got.indices(), &want[..]);
+        prop_assert_eq!(got.values().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), values_at(&x, &want));
+    }
+
+    #[test]
+    fn sampled_top_k_keeps_between_k_and_1_3_k_of_the_largest(
+        n in prop::sample::select(vec![10_000usize, 65_537, 200_003]),
+        seed: u64,
+        r in prop_oneof![Just(0.01), Just(0.001), 0.0005f64..0.2],
+    ) {
+        let mut s = seed | 1;
+        let x: Vec<f32> = (0..n).map(|_| {
+            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+            // Heavy tails, as gradients have.
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            u * u * u * 100.0
+        }).collect();
+        let k = count_for_ratio(r, n).unwrap();
+        let got = select::sampled_top_k(&x, r).unwrap();
+        prop_assert!(got.nnz() >= k && got.nnz() as f64 <= (k as f64 * select::SAMPLED_TOP_K_SLACK).ceil(),
+            "kept {} for k = {k}", got.nnz());
+        let kept_min = got.values().iter().map(|v| v.abs()).fold(f32::INFINITY, f32::min);
+        let mut is_kept = vec![false; n];
+        for &i in got.indices() { is_kept[i as usize] = true; }
+        let dropped_max = x.iter().zip(&is_kept).filter(|(_, k)| !**k).map(|(v, _)| v.abs()).fold(0.0, f32::max);
+        prop_assert!(kept_min >= dropped_max, "kept {kept_min} < dropped {dropped_max}");
+        prop_assert!(got.indices().windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn random_k_is_seeded_distinct_and_unbiased_when_asked(x in gradient(), r in ratio(), seed: u64) {
+        let k = count_for_ratio(r, x.len()).unwrap();
+        let a = select::random_k(&x, r, seed, true).unwrap();
+        let b = select::random_k(&x, r, seed, true).unwrap();
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a.nnz(), k);
+        prop_assert!(a.indices().windows(2).all(|w| w[0] < w[1]));
+        let scale = if k > 0 { x.len() as f32 / k as f32 } else { 1.0 };
+        for (&i, &v) in a.indices().iter().zip(a.values()) {
+            prop_assert_eq!(v.to_bits(), (x[i as usize] * scale).to_bits());
+        }
+        let plain = select::random_k(&x, r, seed, false).unwrap();
+        prop_assert_eq!(plain.indices(), a.indices());
+    }
+
+    #[test]
+    fn casts_round_to_nearest_even_and_back_exactly(bits in prop::collection::vec(any::<u32>(), 0..600)) {
+        let x: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut h = vec![f16::ZERO; x.len()];
+        let mut b = vec![bf16::ZERO; x.len()];
+        cast::encode(&x, &mut h, &CastOptions::default()).unwrap();
+        cast::encode(&x, &mut b, &CastOptions::default()).unwrap();
+        let mut back = vec![0f32; x.len()];
+        cast::decode(&h, &mut back).unwrap();
+        for ((&v, hv), &w) in x.iter().zip(&h).zip(&back) {
+            let want = f16::from_f32(v);
+            if v.is_nan() { prop_assert!(hv.is_nan() && w.is_nan()); continue; }
+            prop_assert_eq!(hv.to_bits(), want.to_bits());
+            prop_assert_eq!(w.to_bits(), want.to_f32().to_bits());
+            // Within half an ulp of f16 wherever f16 can represent v.
+            if w.is_finite() && v.abs() >= 6.103_515_6e-5 {
+                let ulp = f32::from_bits((w.abs().to_bits() & 0x7f80_0000).max(0x3880_0000)) * 2f32.powi(-10);
+                prop_assert!((w - v).abs() <= ulp / 2.0, "{v} -> {w}");
+            }
+        }
+        cast::decode(&b, &mut back).unwrap();
+        for (&v, &w) in x.iter().zip(&back) {
+            if v.is_nan() { prop_assert!(w.is_nan()); continue; }
+            prop_assert_eq!(w.to_bits(), bf16::from_f32(v).to_f32().to_bits());
+        }
+    }
+
+    #[test]
+    fn error_feedback_conserves_every_bit(steps in prop::collection::vec(gradient(), 1..4), r in ratio(), mu in prop_oneof![Just(None), Just(Some(0.9f32))]) {
+        let n = steps[0].len();
+        let steps: Vec<Vec<f32>> = steps.into_iter().map(|mut g| { g.resize(n, 0.25); g }).collect();
+        for codec in [SparseCodec::TopK(r), SparseCodec::Threshold(0.5), SparseCodec::SampledTopK(r), SparseCodec::RandomK { ratio: r, seed: 7 }] {
+            let mut memory = match mu {
+                None => ErrorFeedback::new(n),
+                Some(mu) => ErrorFeedback::with_momentum(n, mu).unwrap(),
+            };
+            let mut velocity = vec![0f32; n];
+            for g in &steps {
+                // The accumulator as the memory should compute it.
+                let acc: Vec<f32> = match mu {
+                    None => memory.residual().iter().zip(g).map(|(r, g)| r + g).collect(),
+                    Some(mu) => {
+                        for (u, g) in velocity.iter_mut().zip(g) { *u = mu * *u + g; }
+                        memory.residual().iter().zip(&velocity).map(|(r, u)| r + u).collect()
+                    }
+                };
+                let sent = memory.compress(g, &codec).unwrap();
+                for &i in sent.indices() { velocity[i as usize] = 0.0; }
+                let dense = sent.to_dense();
+                for i in 0..n {
+                    let sent_here = sent.indices().binary_search(&(i as u32)).is_ok();
+                    let (s, res) = (dense[i], memory.residual()[i]);
+                    // Exactly one of them holds acc, the other is zero.
+                    let (whole, zero) = if sent_here { (s, res) } else { (res, s) };
+                    prop_assert_eq!(whole.to_bits(), acc[i].to_bits(), "{:?} index {}", codec, i);
+                    prop_assert_eq!(zero, 0.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn error_feedback_of_a_cast_loses_at_most_one_rounding(g in gradient(), clip in prop_oneof![Just(None), Just(Some(1.0f32))]) {
+        let n = g.len();
+        let mut memory = ErrorFeedback::new(n);
+        let opts = CastOptions { clip, scale: 0.25 };
+        let mut sent = vec![f16::ZERO; n];
+        memory.compress_cast(&g, &mut sent, &opts).unwrap();
+        for i in 0..n {
+            let decoded = sent[i].to_f32() / 0.25;
+            let total = f64::from(decoded) + f64::from(memory.residual()[i]);
+            // acc - decoded is rounded once in f32.
+            prop_assert!((total - f64::from(g[i])).abs() <= f64::from(g[i].abs()) * f64::from(f32::EPSILON),
+                "{} + {} vs {}", decoded, memory.residual()[i], g[i]);
+        }
+    }
+}
+
+#[test]
+fn non_finite_input_is_refused_and_leaves_the_memory_alone() {
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = vec![0.5f32; 5000];
+        x[4321] = bad;
+        let is_refused = |r: Result<SparseVec, CompressError>| {
+            matches!(r, Err(CompressError::NonFinite { index: 4321, .. }))
+        };
+        assert!(is_refused(select::top_k(&x, 0.01)), "top_k {bad}");
+        assert!(is_refused(select::top_k_count(&x, 0)), "top_k 0 {bad}");
+        assert!(is_refused(select::threshold(&x, 0.1)), "threshold {bad}");
+        assert!(is_refused(select::threshold(&x, 1e30)), "threshold above {bad}");
+        assert!(is_refused(select::sampled_top_k(&x, 0.01)), "sampled {bad}");
+        assert!(is_refused(select::random_k(&x, 0.01, 1, false)), "random {bad}");
+
+        let mut memory = ErrorFeedback::new(5000);
+        memory.compress(&vec![0.25; 5000], &SparseCodec::TopK(0.001)).unwrap();
+        let before = memory.clone();
+        assert!(is_refused(memory.compress(&x, &SparseCodec::TopK(0.01))));
+        assert_eq!(memory, before, "a refused gradient changes nothing");
+    }
+    // Finite values that overflow the accumulator reset it instead of keeping inf.
+    let mut memory = ErrorFeedback::new(2);
+    memory.compress(&[f32::MAX, 0.0], &SparseCodec::Threshold(f32::MAX * 2.0 / 4.0 * 2.0)).ok();
+    let result = memory.compress(&[f32::MAX, 0.0], &SparseCodec::TopK(0.5));
+    assert!(matches!(result, Err(CompressError::NonFinite { .. })), "{result:?}");
+    assert!(memory.residual().iter().all(|r| *r == 0.0));
+}
+
+#[test]
+fn bad_parameters_are_errors() {
+    let x = [1.0f32, 2.0];
+    for r in [0.0, -0.1, 1.5, f64::NAN] {
+        assert!(matches!(select::top_k(&x, r), Err(CompressError::InvalidArgument(_))), "{r}");
+        assert!(matches!(select::sampled_top_k(&x, r), Err(CompressError::InvalidArgument(_))));
+        assert!(matches!(select::random_k(&x, r, 0, true), Err(CompressError::InvalidArgument(_))));
+    }
+    assert!(matches!(select::threshold(&x, -1.0), Err(CompressError::InvalidArgument(_))));
+    assert!(matches!(select::threshold(&x, f32::NAN), Err(CompressError::InvalidArgument(_))));
+    let mut out = [f16::ZERO; 2];
+    let bad_clip = CastOptions { clip: Some(-1.0), scale: 1.0 };
+    assert!(matches!(cast::encode(&x, &mut out, &bad_clip), Err(CompressError::InvalidArgument(_))));
+    let bad_scale = CastOptions { clip: None, scale: 0.0 };
+    assert!(matches!(cast::encode(&x, &mut out, &bad_scale), Err(CompressError::InvalidArgument(_))));
+    assert!(matches!(cast::encode(&x, &mut out[..1], &CastOptions::default()), Err(CompressError::LengthMismatch { .. })));
+    assert!(matches!(ErrorFeedback::with_momentum(2, 1.0), Err(CompressError::InvalidArgument(_))));
+    assert!(matches!(ErrorFeedback::new(3).compress(&x, &SparseCodec::TopK(0.5)), Err(CompressError::LengthMismatch { .. })));
+    assert!(matches!(SparseVec::new(3, vec![2, 1], vec![0.0, 0.0]), Err(CompressError::InvalidArgument(_))));
+    assert!(matches!(SparseVec::new(3, vec![3], vec![0.0]), Err(CompressError::InvalidArgument(_))));
+}
+
+#[test]
+fn the_clip_clamps_before_rounding_and_keeps_nan() {
+    let x = [70000.0f32, -70000.0, 3.0, f32::NAN];
+    let mut out = [f16::ZERO; 4];
+    cast::encode(&x, &mut out, &CastOptions { clip: Some(100.0), scale: 1.0 }).unwrap();
+    assert_eq!(out[0].to_f32(), 100.0);
+    assert_eq!(out[1].to_f32(), -100.0);
+    assert_eq!(out[2].to_f32(), 3.0);
+    assert!(out[3].is_nan());
+    // Without a clip, beyond f16's range is infinite (the documented overflow).
+    cast::encode(&x, &mut out, &CastOptions::default()).unwrap();
+    assert!(out[0].is_infinite());
+}
