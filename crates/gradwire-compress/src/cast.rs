@@ -26,18 +26,21 @@ pub struct CastOptions {
 
 impl Default for CastOptions {
     fn default() -> Self {
-        CastOptions { clip: None, scale: 1.0 }
+        CastOptions {
+            clip: None,
+            scale: 1.0,
+        }
     }
 }
 
 impl CastOptions {
     fn validate(&self) -> Result<()> {
-        if let Some(c) = self.clip {
-            if !(c >= 0.0 && c.is_finite()) {
-                return Err(CompressError::InvalidArgument(format!(
-                    "clip value {c} must be finite and non-negative"
-                )));
-            }
+        if let Some(c) = self.clip
+            && !(c >= 0.0 && c.is_finite())
+        {
+            return Err(CompressError::InvalidArgument(format!(
+                "clip value {c} must be finite and non-negative"
+            )));
         }
         if !(self.scale > 0.0 && self.scale.is_finite()) {
             return Err(CompressError::InvalidArgument(format!(

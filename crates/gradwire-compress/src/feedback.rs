@@ -91,17 +91,26 @@ pub struct ErrorFeedbackState {
 impl ErrorFeedback {
     /// A zeroed memory for a partition of `len` elements.
     pub fn new(len: usize) -> ErrorFeedback {
-        ErrorFeedback { residual: vec![0.0; len], momentum: None, steps: 0 }
+        ErrorFeedback {
+            residual: vec![0.0; len],
+            momentum: None,
+            steps: 0,
+        }
     }
 
     /// A zeroed memory with DGC momentum correction, `mu` in [0, 1).
     pub fn with_momentum(len: usize, mu: f32) -> Result<ErrorFeedback> {
         if !(0.0..1.0).contains(&mu) {
-            return Err(CompressError::InvalidArgument(format!("momentum {mu} is outside [0, 1)")));
+            return Err(CompressError::InvalidArgument(format!(
+                "momentum {mu} is outside [0, 1)"
+            )));
         }
         Ok(ErrorFeedback {
             residual: vec![0.0; len],
-            momentum: Some(Momentum { mu, velocity: vec![0.0; len] }),
+            momentum: Some(Momentum {
+                mu,
+                velocity: vec![0.0; len],
+            }),
             steps: 0,
         })
     }
@@ -141,7 +150,9 @@ impl ErrorFeedback {
         let len = state.residual.len();
         let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
         if !finite(&state.residual) {
-            return Err(CompressError::InvalidArgument("residual is not finite".into()));
+            return Err(CompressError::InvalidArgument(
+                "residual is not finite".into(),
+            ));
         }
         let momentum = match state.momentum {
             None => None,
@@ -159,12 +170,18 @@ impl ErrorFeedback {
                     });
                 }
                 if !finite(&velocity) {
-                    return Err(CompressError::InvalidArgument("velocity is not finite".into()));
+                    return Err(CompressError::InvalidArgument(
+                        "velocity is not finite".into(),
+                    ));
                 }
                 Some(Momentum { mu, velocity })
             }
         };
-        Ok(ErrorFeedback { residual: state.residual, momentum, steps: state.steps })
+        Ok(ErrorFeedback {
+            residual: state.residual,
+            momentum,
+            steps: state.steps,
+        })
     }
 
     /// Adds `grad` into the memory (refusing non-finite input, resetting on
@@ -178,7 +195,10 @@ impl ErrorFeedback {
             });
         }
         if let Some(index) = first_non_finite(grad) {
-            return Err(CompressError::NonFinite { index, value: grad[index] });
+            return Err(CompressError::NonFinite {
+                index,
+                value: grad[index],
+            });
         }
         let finite = match &mut self.momentum {
             None => add_checked(&mut self.residual, grad),

@@ -35,14 +35,18 @@ impl SparseVec {
                 indices[w + 1]
             )));
         }
-        if let Some(&last) = indices.last() {
-            if last as usize >= dense_len {
-                return Err(CompressError::InvalidArgument(format!(
-                    "index {last} out of range for a dense length of {dense_len}"
-                )));
-            }
+        if let Some(&last) = indices.last()
+            && last as usize >= dense_len
+        {
+            return Err(CompressError::InvalidArgument(format!(
+                "index {last} out of range for a dense length of {dense_len}"
+            )));
         }
-        Ok(SparseVec { dense_len, indices, values })
+        Ok(SparseVec {
+            dense_len,
+            indices,
+            values,
+        })
     }
 
     /// Builds without checking; the codecs use it for what they produce.
@@ -52,13 +56,21 @@ impl SparseVec {
         values: Vec<f32>,
     ) -> SparseVec {
         debug_assert!(SparseVec::new(dense_len, indices.clone(), values.clone()).is_ok());
-        SparseVec { dense_len, indices, values }
+        SparseVec {
+            dense_len,
+            indices,
+            values,
+        }
     }
 
     /// An empty selection of a dense buffer of `dense_len` elements.
     pub fn empty(dense_len: usize) -> Result<SparseVec> {
         check_dense_len(dense_len)?;
-        Ok(SparseVec { dense_len, indices: Vec::new(), values: Vec::new() })
+        Ok(SparseVec {
+            dense_len,
+            indices: Vec::new(),
+            values: Vec::new(),
+        })
     }
 
     /// Length of the dense vector this selects from.

@@ -18,28 +18,40 @@ fn gradient() -> impl Strategy<Value = Vec<f32>> {
         prop_oneof![
             prop::collection::vec(
                 prop_oneof![
-                    4 => (-1e3f32..1e3f32),
-                    2 => (-1e-3f32..1e-3f32),
+                    4 => -1e3f32..1e3f32,
+                    2 => -1e-3f32..1e-3f32,
                     1 => Just(0.0f32),
                     1 => Just(-0.0f32),
                     1 => (1u32..0x007f_ffff).prop_map(f32::from_bits),
                 ],
                 n
             ),
-            prop::collection::vec(prop::sample::select(vec![0.0f32, 0.5, -0.5, 1.0, -2.0, 2.0]), n),
+            prop::collection::vec(
+                prop::sample::select(vec![0.0f32, 0.5, -0.5, 1.0, -2.0, 2.0]),
+                n
+            ),
         ]
     })
 }
 
 fn ratio() -> impl Strategy<Value = f64> {
-    prop_oneof![Just(1.0), Just(0.5), Just(0.01), Just(0.001), 0.0001f64..=1.0]
+    prop_oneof![
+        Just(1.0),
+        Just(0.5),
+        Just(0.01),
+        Just(0.001),
+        0.0001f64..=1.0
+    ]
 }
 
 /// The reference top-k: sort by (magnitude descending, index ascending).
 fn reference_top_k(x: &[f32], k: usize) -> Vec<u32> {
     let mut order: Vec<u32> = (0..x.len() as u32).collect();
     order.sort_by(|&a, &b| {
-        x[b as usize].abs().total_cmp(&x[a as usize].abs()).then(a.cmp(&b))
+        x[b as usize]
+            .abs()
+            .total_cmp(&x[a as usize].abs())
+            .then(a.cmp(&b))
     });
     let mut kept = order[..k].to_vec();
     kept.sort_unstable();
@@ -200,21 +212,37 @@ fn non_finite_input_is_refused_and_leaves_the_memory_alone() {
         assert!(is_refused(select::top_k(&x, 0.01)), "top_k {bad}");
         assert!(is_refused(select::top_k_count(&x, 0)), "top_k 0 {bad}");
         assert!(is_refused(select::threshold(&x, 0.1)), "threshold {bad}");
-        assert!(is_refused(select::threshold(&x, 1e30)), "threshold above {bad}");
+        assert!(
+            is_refused(select::threshold(&x, 1e30)),
+            "threshold above {bad}"
+        );
         assert!(is_refused(select::sampled_top_k(&x, 0.01)), "sampled {bad}");
-        assert!(is_refused(select::random_k(&x, 0.01, 1, false)), "random {bad}");
+        assert!(
+            is_refused(select::random_k(&x, 0.01, 1, false)),
+            "random {bad}"
+        );
 
         let mut memory = ErrorFeedback::new(5000);
-        memory.compress(&vec![0.25; 5000], &SparseCodec::TopK(0.001)).unwrap();
+        memory
+            .compress(&vec![0.25; 5000], &SparseCodec::TopK(0.001))
+            .unwrap();
         let before = memory.clone();
         assert!(is_refused(memory.compress(&x, &SparseCodec::TopK(0.01))));
         assert_eq!(memory, before, "a refused gradient changes nothing");
     }
     // Finite values that overflow the accumulator reset it instead of keeping inf.
     let mut memory = ErrorFeedback::new(2);
-    memory.compress(&[f32::MAX, 0.0], &SparseCodec::Threshold(f32::MAX * 2.0 / 4.0 * 2.0)).ok();
+    memory
+        .compress(
+            &[f32::MAX, 0.0],
+            &SparseCodec::Threshold(f32::MAX * 2.0 / 4.0 * 2.0),
+        )
+        .ok();
     let result = memory.compress(&[f32::MAX, 0.0], &SparseCodec::TopK(0.5));
-    assert!(matches!(result, Err(CompressError::NonFinite { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(CompressError::NonFinite { .. })),
+        "{result:?}"
+    );
     assert!(memory.residual().iter().all(|r| *r == 0.0));
 }
 
@@ -222,29 +250,79 @@ fn non_finite_input_is_refused_and_leaves_the_memory_alone() {
 fn bad_parameters_are_errors() {
     let x = [1.0f32, 2.0];
     for r in [0.0, -0.1, 1.5, f64::NAN] {
-        assert!(matches!(select::top_k(&x, r), Err(CompressError::InvalidArgument(_))), "{r}");
-        assert!(matches!(select::sampled_top_k(&x, r), Err(CompressError::InvalidArgument(_))));
-        assert!(matches!(select::random_k(&x, r, 0, true), Err(CompressError::InvalidArgument(_))));
+        assert!(
+            matches!(select::top_k(&x, r), Err(CompressError::InvalidArgument(_))),
+            "{r}"
+        );
+        assert!(matches!(
+            select::sampled_top_k(&x, r),
+            Err(CompressError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            select::random_k(&x, r, 0, true),
+            Err(CompressError::InvalidArgument(_))
+        ));
     }
-    assert!(matches!(select::threshold(&x, -1.0), Err(CompressError::InvalidArgument(_))));
-    assert!(matches!(select::threshold(&x, f32::NAN), Err(CompressError::InvalidArgument(_))));
+    assert!(matches!(
+        select::threshold(&x, -1.0),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        select::threshold(&x, f32::NAN),
+        Err(CompressError::InvalidArgument(_))
+    ));
     let mut out = [f16::ZERO; 2];
-    let bad_clip = CastOptions { clip: Some(-1.0), scale: 1.0 };
-    assert!(matches!(cast::encode(&x, &mut out, &bad_clip), Err(CompressError::InvalidArgument(_))));
-    let bad_scale = CastOptions { clip: None, scale: 0.0 };
-    assert!(matches!(cast::encode(&x, &mut out, &bad_scale), Err(CompressError::InvalidArgument(_))));
-    assert!(matches!(cast::encode(&x, &mut out[..1], &CastOptions::default()), Err(CompressError::LengthMismatch { .. })));
-    assert!(matches!(ErrorFeedback::with_momentum(2, 1.0), Err(CompressError::InvalidArgument(_))));
-    assert!(matches!(ErrorFeedback::new(3).compress(&x, &SparseCodec::TopK(0.5)), Err(CompressError::LengthMismatch { .. })));
-    assert!(matches!(SparseVec::new(3, vec![2, 1], vec![0.0, 0.0]), Err(CompressError::InvalidArgument(_))));
-    assert!(matches!(SparseVec::new(3, vec![3], vec![0.0]), Err(CompressError::InvalidArgument(_))));
+    let bad_clip = CastOptions {
+        clip: Some(-1.0),
+        scale: 1.0,
+    };
+    assert!(matches!(
+        cast::encode(&x, &mut out, &bad_clip),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    let bad_scale = CastOptions {
+        clip: None,
+        scale: 0.0,
+    };
+    assert!(matches!(
+        cast::encode(&x, &mut out, &bad_scale),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        cast::encode(&x, &mut out[..1], &CastOptions::default()),
+        Err(CompressError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        ErrorFeedback::with_momentum(2, 1.0),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        ErrorFeedback::new(3).compress(&x, &SparseCodec::TopK(0.5)),
+        Err(CompressError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        SparseVec::new(3, vec![2, 1], vec![0.0, 0.0]),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        SparseVec::new(3, vec![3], vec![0.0]),
+        Err(CompressError::InvalidArgument(_))
+    ));
 }
 
 #[test]
 fn the_clip_clamps_before_rounding_and_keeps_nan() {
     let x = [70000.0f32, -70000.0, 3.0, f32::NAN];
     let mut out = [f16::ZERO; 4];
-    cast::encode(&x, &mut out, &CastOptions { clip: Some(100.0), scale: 1.0 }).unwrap();
+    cast::encode(
+        &x,
+        &mut out,
+        &CastOptions {
+            clip: Some(100.0),
+            scale: 1.0,
+        },
+    )
+    .unwrap();
     assert_eq!(out[0].to_f32(), 100.0);
     assert_eq!(out[1].to_f32(), -100.0);
     assert_eq!(out[2].to_f32(), 3.0);
@@ -252,4 +330,49 @@ fn the_clip_clamps_before_rounding_and_keeps_nan() {
     // Without a clip, beyond f16's range is infinite (the documented overflow).
     cast::encode(&x, &mut out, &CastOptions::default()).unwrap();
     assert!(out[0].is_infinite());
+}
+
+/// Large inputs take the one-pass path (a sample brackets the k-th
+/// magnitude); these check it against the sort, on smooth data, on data
+/// with massive ties, and on data built so that the strided sample misleads
+/// it (the exact radix path must then take over).
+#[test]
+fn top_k_is_exact_on_large_inputs_whatever_the_sample_says() {
+    let n = 131_072; // the sample stride is 2
+    let mut s = 0x1234_5678_9abc_def1u64;
+    let mut noise = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let smooth: Vec<f32> = (0..n).map(|_| noise() * 10.0).collect();
+    let ties: Vec<f32> = (0..n).map(|i| [0.0f32, 1.0, -1.0, 2.0][i % 4]).collect();
+    // Every sampled (even) index is tiny, every odd index large.
+    let misleading: Vec<f32> = (0..n)
+        .map(|i| {
+            if i % 2 == 0 {
+                noise() * 1e-6
+            } else {
+                1.0 + noise()
+            }
+        })
+        .collect();
+    let sorted: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    for (name, x) in [
+        ("smooth", &smooth),
+        ("ties", &ties),
+        ("misleading", &misleading),
+        ("sorted", &sorted),
+    ] {
+        for ratio in [0.0001, 0.001, 0.01, 0.1, 0.3, 0.5, 1.0] {
+            let k = count_for_ratio(ratio, n).unwrap();
+            let got = select::top_k(x, ratio).unwrap();
+            assert_eq!(
+                got.indices(),
+                &reference_top_k(x, k)[..],
+                "{name} at {ratio}"
+            );
+        }
+    }
 }
