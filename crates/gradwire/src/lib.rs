@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`tensor`] | gradwire-tensor | tensors (f32/f16/bf16) with the lazy zeroed flag |
 //! | [`comm`] | gradwire-comm (feature `comm`, default) | the `Communicator` trait and its backends |
+//! | [`compress`] | gradwire-compress (feature `compress`, default) | casts, sparsifiers, error feedback, the sparse wire format |
 //!
 //! ```
 //! use gradwire::{Communicator, ReduceOp, comm::local};
@@ -28,3 +29,6 @@ pub use gradwire_tensor::{DType, Device, Shape, Tensor};
 pub use gradwire_comm as comm;
 #[cfg(feature = "comm")]
 pub use gradwire_comm::{CommError, Communicator, LocalComm, ReduceOp};
+
+#[cfg(feature = "compress")]
+pub use gradwire_compress as compress;
