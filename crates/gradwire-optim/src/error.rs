@@ -1,0 +1,37 @@
+//! The error type of the optimizers and checkpoints.
+
+/// What can go wrong in an update, a configuration or a checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptimError {
+    /// A hyper-parameter or argument is out of its domain (negative momentum,
+    /// nesterov without momentum, a schedule with a zero period...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A parameter and its gradient (or a saved buffer) differ in shape.
+    #[error("{what}: shape {expected:?} expected, got {got:?}")]
+    ShapeMismatch {
+        /// What was compared.
+        what: String,
+        /// The shape required.
+        expected: Vec<usize>,
+        /// The shape given.
+        got: Vec<usize>,
+    },
+    /// A state or checkpoint names a parameter, buffer or optimizer kind that
+    /// does not match the optimizer it is loaded into.
+    #[error("state mismatch: {0}")]
+    StateMismatch(String),
+    /// A checkpoint file is truncated, corrupt, or of an unknown version.
+    #[error("corrupt checkpoint: {0}")]
+    CorruptCheckpoint(String),
+    /// Reading or writing a checkpoint failed.
+    #[error("checkpoint I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A tensor could not be used (wrong dtype, device...).
+    #[error(transparent)]
+    Tensor(#[from] gradwire_tensor::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = OptimError> = std::result::Result<T, E>;

@@ -1,0 +1,38 @@
+//! gradwire-optim: optimizers, schedules and checkpoints.
+//!
+//! SINGA's optimizers (SGD, RMSProp, AdaGrad, Adam) with its formulas and
+//! defaults, plus AdamW, over gradwire-tensor; any hyper-parameter may be a
+//! [`Schedule`]; the whole state goes to a versioned, atomically written
+//! checkpoint that DistOpt extends with its own state. See SPEC §1.
+//!
+//! ```
+//! use gradwire_optim::{Optimizer, Sgd, SgdConfig};
+//! use gradwire_tensor::Tensor;
+//!
+//! let mut sgd = Sgd::new(SgdConfig::default().lr(0.5).momentum(0.9))?;
+//! let mut w = Tensor::from_vec(vec![1.0f32, 2.0], 2)?;
+//! let g = Tensor::from_vec(vec![0.2f32, -0.4], 2)?;
+//! sgd.update("w", &mut w, &g)?;
+//! sgd.step();
+//! // SINGA's first momentum step: buf = (1 - 0) g, p -= lr buf.
+//! assert_eq!(w.to_vec::<f32>()?, vec![0.9, 2.2]);
+//! # Ok::<(), gradwire_optim::OptimError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+mod error;
+mod optimizer;
+mod rules;
+mod schedule;
+mod state;
+
+pub use error::{OptimError, Result};
+pub use optimizer::{Optim, Optimizer, UpdateRule};
+pub use rules::{
+    AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,
+    RmsPropConfig, RmsPropRule, Sgd, SgdConfig, SgdRule,
+};
+pub use schedule::Schedule;
+pub use state::{OptimizerState, ParamState};

@@ -1,0 +1,274 @@
+//! The `Optimizer` trait and the machinery every optimizer shares.
+//!
+//! An optimizer is an [`UpdateRule`] (its hyper-parameters and the
+//! element-wise update) inside [`Optim`], which keeps what every optimizer
+//! keeps: the global step, the default and per-parameter configurations, and
+//! per-parameter state (an update count and named f32 buffers). DistOpt wraps
+//! any [`Optimizer`]; to skip a parameter it simply does not call `update`
+//! (and a gradient whose lazy zeroed flag is set is skipped here too), so the
+//! parameter's state does not advance.
+//!
+//! Parameters may be f32, f16 or bf16; the update is computed in f32 (buffers
+//! are f32) and rounded once into the parameter's dtype.
+
+use crate::error::{OptimError, Result};
+use crate::state::{OptimizerState, ParamState};
+use gradwire_tensor::{DType, Tensor};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+/// An optimizer: updates named parameters from their gradients.
+pub trait Optimizer: Send {
+    /// The hyper-parameters (each a [`crate::Schedule`] where it makes sense).
+    type Config: Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync;
+
+    /// The kind name ("sgd", "adam", ...), as saved in checkpoints.
+    fn kind(&self) -> &'static str;
+
+    /// The default configuration.
+    fn config(&self) -> &Self::Config;
+
+    /// Gives parameter `name` its own configuration (SINGA's `register`);
+    /// the others keep the default.
+    fn register(&mut self, name: &str, config: Self::Config) -> Result<()>;
+
+    /// Updates `param` from `grad` with the hyper-parameters of the current
+    /// step. A gradient that is lazily zeroed (nobody wrote it) is skipped:
+    /// nothing changes, not even the parameter's state.
+    fn update(&mut self, name: &str, param: &mut Tensor, grad: &Tensor) -> Result<()>;
+
+    /// Advances the global step (after every parameter of the step is updated).
+    fn step(&mut self);
+
+    /// The global step.
+    fn step_count(&self) -> u64;
+
+    /// The state of parameter `name`, if it was updated.
+    fn param_state(&self, name: &str) -> Option<&ParamState>;
+
+    /// The whole state, for a checkpoint.
+    fn state(&self) -> Result<OptimizerState>;
+
+    /// Restores a state saved by [`Optimizer::state`] (of the same kind),
+    /// validating configurations, buffer names and sizes.
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+}
+
+/// The part of an optimizer that differs from one to the next.
+pub trait UpdateRule: Send + Sync + 'static {
+    /// The configuration.
+    type Config: Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync;
+    /// The hyper-parameter values at one step.
+    type Values: Copy;
+    /// The kind name.
+    const KIND: &'static str;
+    /// The names of the per-parameter buffers, in sorted order.
+    const BUFFERS: &'static [&'static str];
+
+    /// Checks a configuration (schedules' own parameters, flag combinations).
+    fn validate(config: &Self::Config) -> Result<()>;
+
+    /// The values at global step `step`, checked (SINGA's argument checks
+    /// apply to the values in force at each step).
+    fn values(config: &Self::Config, step: u64) -> Result<Self::Values>;
+
+    /// Whether the buffers are needed at these values (plain SGD has none).
+    fn needs_buffers(_values: &Self::Values) -> bool {
+        true
+    }
+
+    /// The update of one parameter: `t` is this parameter's update count,
+    /// 1-based; `buffers` are [`UpdateRule::BUFFERS`] in order (empty when
+    /// not needed and never allocated).
+    fn apply(values: &Self::Values, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]);
+}
+
+/// An optimizer made of an [`UpdateRule`] and the shared bookkeeping.
+#[derive(Debug, Clone)]
+pub struct Optim<R: UpdateRule> {
+    config: R::Config,
+    overrides: BTreeMap<String, R::Config>,
+    params: BTreeMap<String, ParamState>,
+    step: u64,
+}
+
+impl<R: UpdateRule> Optim<R> {
+    /// An optimizer with `config` as every parameter's default.
+    pub fn new(config: R::Config) -> Result<Self> {
+        R::validate(&config)?;
+        R::values(&config, 0)?;
+        Ok(Optim {
+            config,
+            overrides: BTreeMap::new(),
+            params: BTreeMap::new(),
+            step: 0,
+        })
+    }
+
+    fn config_for(&self, name: &str) -> &R::Config {
+        self.overrides.get(name).unwrap_or(&self.config)
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(value)
+        .map_err(|e| OptimError::InvalidArgument(format!("cannot serialise a configuration: {e}")))
+}
+
+fn from_json<T: DeserializeOwned>(value: &serde_json::Value, what: &str) -> Result<T> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| OptimError::StateMismatch(format!("{what}: {e}")))
+}
+
+impl<R: UpdateRule> Optimizer for Optim<R> {
+    type Config = R::Config;
+
+    fn kind(&self) -> &'static str {
+        R::KIND
+    }
+
+    fn config(&self) -> &Self::Config {
+        &self.config
+    }
+
+    fn register(&mut self, name: &str, config: Self::Config) -> Result<()> {
+        R::validate(&config)?;
+        R::values(&config, self.step)?;
+        self.overrides.insert(name.to_string(), config);
+        Ok(())
+    }
+
+    fn update(&mut self, name: &str, param: &mut Tensor, grad: &Tensor) -> Result<()> {
+        if grad.is_zeroed() {
+            return Ok(());
+        }
+        if param.dims() != grad.dims() {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("gradient of {name}"),
+                expected: param.dims().to_vec(),
+                got: grad.dims().to_vec(),
+            });
+        }
+        let values = R::values(self.config_for(name), self.step)?;
+        let state = self
+            .params
+            .entry(name.to_string())
+            .or_insert_with(|| ParamState {
+                shape: param.dims().to_vec(),
+                updates: 0,
+                buffers: BTreeMap::new(),
+            });
+        if state.shape != param.dims() {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("state of {name}"),
+                expected: state.shape.clone(),
+                got: param.dims().to_vec(),
+            });
+        }
+        let grad32: Cow<'_, [f32]> = match grad.dtype() {
+            DType::F32 => Cow::Borrowed(grad.as_slice::<f32>()?),
+            _ => Cow::Owned(grad.to_f32_vec()?),
+        };
+        // Everything that can fail has been checked: from here the update
+        // happens in full.
+        let n = param.len();
+        if R::needs_buffers(&values) && state.buffers.is_empty() {
+            for &b in R::BUFFERS {
+                state.buffers.insert(b.to_string(), vec![0.0; n]);
+            }
+        }
+        state.updates += 1;
+        let t = state.updates;
+        let mut buffers: Vec<&mut [f32]> = state
+            .buffers
+            .values_mut()
+            .map(|b| b.as_mut_slice())
+            .collect();
+        match param.dtype() {
+            DType::F32 => R::apply(
+                &values,
+                t,
+                &mut buffers,
+                param.as_mut_slice::<f32>()?,
+                &grad32,
+            ),
+            dtype => {
+                let mut p32 = param.to_f32_vec()?;
+                R::apply(&values, t, &mut buffers, &mut p32, &grad32);
+                let rounded = Tensor::from_f32(&p32, param.dims().to_vec(), dtype)?;
+                param.copy_from(&rounded)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self) {
+        self.step += 1;
+    }
+
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    fn param_state(&self, name: &str) -> Option<&ParamState> {
+        self.params.get(name)
+    }
+
+    fn state(&self) -> Result<OptimizerState> {
+        Ok(OptimizerState {
+            kind: R::KIND.to_string(),
+            step: self.step,
+            config: to_json(&self.config)?,
+            overrides: self
+                .overrides
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), to_json(v)?)))
+                .collect::<Result<_>>()?,
+            params: self.params.clone(),
+        })
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        if state.kind != R::KIND {
+            return Err(OptimError::StateMismatch(format!(
+                "a {} state cannot be loaded into a {} optimizer",
+                state.kind,
+                R::KIND
+            )));
+        }
+        let config: R::Config = from_json(&state.config, "configuration")?;
+        R::validate(&config)?;
+        let mut overrides = BTreeMap::new();
+        for (name, value) in &state.overrides {
+            let c: R::Config = from_json(value, &format!("configuration of {name}"))?;
+            R::validate(&c)?;
+            overrides.insert(name.clone(), c);
+        }
+        for (name, p) in &state.params {
+            let n = p.elem_count();
+            let names: Vec<&str> = p.buffers.keys().map(String::as_str).collect();
+            if !p.buffers.is_empty() && names != R::BUFFERS {
+                return Err(OptimError::StateMismatch(format!(
+                    "{name}: buffers {names:?}, a {} optimizer keeps {:?}",
+                    R::KIND,
+                    R::BUFFERS
+                )));
+            }
+            if let Some((b, v)) = p.buffers.iter().find(|(_, v)| v.len() != n) {
+                return Err(OptimError::StateMismatch(format!(
+                    "{name}: buffer {b} has {} elements, the shape {:?} has {n}",
+                    v.len(),
+                    p.shape
+                )));
+            }
+        }
+        self.config = config;
+        self.overrides = overrides;
+        self.params = state.params.clone();
+        self.step = state.step;
+        Ok(())
+    }
+}
