@@ -8,6 +8,7 @@
 //! | [`tensor`] | gradwire-tensor | tensors (f32/f16/bf16) with the lazy zeroed flag |
 //! | [`comm`] | gradwire-comm (feature `comm`, default) | the `Communicator` trait and its backends |
 //! | [`compress`] | gradwire-compress (feature `compress`, default) | casts, sparsifiers, error feedback, the sparse wire format |
+//! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints |
 //!
 //! ```
 //! use gradwire::{Communicator, ReduceOp, comm::local};
@@ -32,3 +33,6 @@ pub use gradwire_comm::{CommError, Communicator, LocalComm, ReduceOp};
 
 #[cfg(feature = "compress")]
 pub use gradwire_compress as compress;
+
+#[cfg(feature = "optim")]
+pub use gradwire_optim as optim;
