@@ -479,3 +479,90 @@ fn three_zero_steps<O: Optimizer>(mut opt: O, p0: &[f32]) -> Vec<f32> {
     }
     p.to_vec::<f32>().unwrap()
 }
+
+/// Trains 10 steps straight, and 4 steps, a checkpoint file, a fresh
+/// optimizer loading it, and 6 more: the parameters and states are bitwise
+/// the same.
+fn resumes_from_a_file_bitwise<O: Optimizer>(make: impl Fn() -> O) {
+    use gradwire_optim::checkpoint::{self, Checkpoint};
+    let grads: Vec<Vec<f32>> = (0..10)
+        .map(|s| {
+            (0..9)
+                .map(|i| (((i * 7 + s * 3) % 11) as f32 - 5.0) * 0.1)
+                .collect()
+        })
+        .collect();
+    let names = ["layer/w", "layer/b"];
+    let run = |opt: &mut O, params: &mut [Tensor], steps: &[Vec<f32>]| {
+        for g in steps {
+            for (name, p) in names.iter().zip(params.iter_mut()) {
+                opt.update(name, p, &tensor(g)).unwrap();
+            }
+            opt.step();
+        }
+    };
+    let start = || vec![tensor(&[0.3; 9]), tensor(&[-0.2; 9])];
+    let mut straight = make();
+    let mut p = start();
+    run(&mut straight, &mut p, &grads);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("step4.ckpt");
+    let mut first = make();
+    let mut q = start();
+    run(&mut first, &mut q, &grads[..4]);
+    checkpoint::save(&path, &Checkpoint::new(first.state().unwrap())).unwrap();
+    drop(first);
+    let mut resumed = make();
+    resumed
+        .load_state(&checkpoint::load(&path).unwrap().optimizer)
+        .unwrap();
+    run(&mut resumed, &mut q, &grads[4..]);
+
+    let bits = |ts: &[Tensor]| {
+        ts.iter()
+            .flat_map(|t| t.to_vec::<f32>().unwrap())
+            .map(f32::to_bits)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&p), bits(&q), "{}", straight.kind());
+    assert_eq!(straight.state().unwrap(), resumed.state().unwrap());
+}
+
+#[test]
+fn every_optimizer_resumes_from_a_checkpoint_file_bitwise() {
+    let decay = Schedule::ExponentialDecay {
+        init: 0.05,
+        decay_steps: 3,
+        rate: 0.7,
+        staircase: false,
+    };
+    resumes_from_a_file_bitwise(|| {
+        Sgd::new(
+            SgdConfig::default()
+                .lr(decay)
+                .momentum(0.9)
+                .weight_decay(1e-3)
+                .nesterov(true),
+        )
+        .unwrap()
+    });
+    resumes_from_a_file_bitwise(|| {
+        RmsProp::new(RmsPropConfig {
+            lr: decay,
+            ..RmsPropConfig::default()
+        })
+        .unwrap()
+    });
+    resumes_from_a_file_bitwise(|| {
+        AdaGrad::new(AdaGradConfig {
+            lr: decay,
+            ..AdaGradConfig::default()
+        })
+        .unwrap()
+    });
+    resumes_from_a_file_bitwise(|| {
+        Adam::new(AdamConfig::default().lr(decay).weight_decay(1e-3)).unwrap()
+    });
+    resumes_from_a_file_bitwise(|| AdamW::new(AdamConfig::adamw().lr(decay)).unwrap());
+}

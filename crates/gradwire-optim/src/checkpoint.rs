@@ -1,0 +1,619 @@
+//! Checkpoint files: an optimizer's whole state, plus whatever a wrapper
+//! (DistOpt) adds, in one versioned, validated, atomically written file.
+//!
+//! # Format (version 1)
+//!
+//! A checkpoint is a [safetensors](https://github.com/huggingface/safetensors)
+//! file, so any safetensors reader can inspect it:
+//!
+//! * every optimizer buffer is an `F32` tensor named
+//!   `optim/<parameter name>/<buffer name>`, of the parameter's shape;
+//! * every extra tensor of [`Checkpoint::tensors`] is a tensor named
+//!   `extra/<name>`, in its own dtype (`F32`, `F16` or `BF16`);
+//! * the header's `__metadata__` string map holds one key, `"gradwire"`, whose
+//!   value is a JSON document:
+//!
+//! ```json
+//! {"format": "gradwire-checkpoint", "version": 1,
+//!  "kind": "adam", "step": 12, "config": {...}, "overrides": {"w": {...}},
+//!  "params": {"w": {"shape": [2, 3], "updates": 12, "buffers": ["m", "v"]}},
+//!  "tensors": ["residual/0"],
+//!  "values": {"partial_update_counter": 3}}
+//! ```
+//!
+//! `tensors` lists the names of the extra tensors; `values` holds
+//! [`Checkpoint::values`].
+//!
+//! # Validation
+//!
+//! Names may contain `/` (and anything else), so the loader never splits a
+//! tensor name: it builds the name every listed buffer and extra tensor must
+//! have, looks each one up, checks its dtype and shape, and then rejects the
+//! file if it holds any tensor that was not expected. Every defect (not a
+//! safetensors file, truncated, no metadata, bad JSON, another format, another
+//! version, a missing buffer, a wrong dtype or shape, an unexpected tensor, a
+//! negative or fractional step...) is an
+//! [`OptimError::CorruptCheckpoint`]; no input makes the loader panic, and it
+//! allocates no more than the tensors the (size-checked) input holds.
+//!
+//! Two buffers whose names would collide (parameter `a/b` with buffer `c` and
+//! parameter `a` with buffer `b/c` both give `optim/a/b/c`) cannot be saved:
+//! [`to_bytes`] refuses them with [`OptimError::InvalidArgument`].
+//!
+//! # Round trip and atomicity
+//!
+//! Floating-point data is stored bit for bit (little-endian), so
+//! `from_bytes(&to_bytes(c)?)? == c` with [`Checkpoint`]'s bitwise equality.
+//! [`save`] writes a temporary file in the destination directory, syncs it,
+//! renames it over the destination and syncs the directory: a crash or an
+//! error at any point leaves either the old file or the new one, never a mix.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use gradwire_tensor::{DType, Tensor, bf16, f16};
+use safetensors::tensor::{Dtype, SafeTensors, TensorInfo, View};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{OptimError, Result};
+use crate::state::{OptimizerState, ParamState};
+
+/// The `format` string of the JSON header: what identifies a gradwire
+/// checkpoint among safetensors files.
+pub const CHECKPOINT_FORMAT: &str = "gradwire-checkpoint";
+
+/// The format version written by [`to_bytes`]; the only one [`from_bytes`]
+/// accepts.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// The `__metadata__` key holding the JSON header.
+const METADATA_KEY: &str = "gradwire";
+/// Prefix of the optimizer buffers' tensor names.
+const OPTIM_PREFIX: &str = "optim/";
+/// Prefix of the extra tensors' names.
+const EXTRA_PREFIX: &str = "extra/";
+
+/// Everything saved in one file: the optimizer's state plus whatever a
+/// wrapper (DistOpt) adds: named tensors (error-feedback residuals) and named
+/// JSON values (the partial-update counter...).
+///
+/// Equality is *bitwise* on all floating-point data (buffers and tensors):
+/// a NaN equals itself when its bits do, and `0.0 != -0.0`. This is exactly
+/// the round-trip guarantee of [`to_bytes`] / [`from_bytes`]. Tensors are
+/// compared by dtype, dimensions and bits; a tensor that cannot be read on the
+/// CPU (device memory) is never equal to anything.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The optimizer's state.
+    pub optimizer: OptimizerState,
+    /// Extra named tensors (f32, f16 or bf16), e.g. DistOpt's residuals.
+    pub tensors: BTreeMap<String, Tensor>,
+    /// Extra named JSON values, e.g. DistOpt's partial-update counter.
+    pub values: BTreeMap<String, Value>,
+}
+
+impl Checkpoint {
+    /// A checkpoint of `optimizer` alone (no extra tensors or values).
+    pub fn new(optimizer: OptimizerState) -> Checkpoint {
+        Checkpoint {
+            optimizer,
+            tensors: BTreeMap::new(),
+            values: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<OptimizerState> for Checkpoint {
+    fn from(optimizer: OptimizerState) -> Checkpoint {
+        Checkpoint::new(optimizer)
+    }
+}
+
+impl PartialEq for Checkpoint {
+    fn eq(&self, other: &Checkpoint) -> bool {
+        state_eq(&self.optimizer, &other.optimizer)
+            && self.values == other.values
+            && self.tensors.len() == other.tensors.len()
+            && self
+                .tensors
+                .iter()
+                .zip(&other.tensors)
+                .all(|((ka, a), (kb, b))| ka == kb && tensor_eq(a, b))
+    }
+}
+
+/// Bitwise equality of two f32 slices.
+fn bits_eq_f32(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn state_eq(a: &OptimizerState, b: &OptimizerState) -> bool {
+    a.kind == b.kind
+        && a.step == b.step
+        && a.config == b.config
+        && a.overrides == b.overrides
+        && a.params.len() == b.params.len()
+        && a.params.iter().zip(&b.params).all(|((na, pa), (nb, pb))| {
+            na == nb
+                && pa.shape == pb.shape
+                && pa.updates == pb.updates
+                && pa.buffers.len() == pb.buffers.len()
+                && pa
+                    .buffers
+                    .iter()
+                    .zip(&pb.buffers)
+                    .all(|((ka, va), (kb, vb))| ka == kb && bits_eq_f32(va, vb))
+        })
+}
+
+fn tensor_eq(a: &Tensor, b: &Tensor) -> bool {
+    if a.dtype() != b.dtype() || a.dims() != b.dims() {
+        return false;
+    }
+    match a.dtype() {
+        DType::F32 => match (a.as_slice::<f32>(), b.as_slice::<f32>()) {
+            (Ok(x), Ok(y)) => bits_eq_f32(x, y),
+            _ => false,
+        },
+        DType::F16 => match (a.as_slice::<f16>(), b.as_slice::<f16>()) {
+            (Ok(x), Ok(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            }
+            _ => false,
+        },
+        DType::BF16 => match (a.as_slice::<bf16>(), b.as_slice::<bf16>()) {
+            (Ok(x), Ok(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            }
+            _ => false,
+        },
+    }
+}
+
+/// The JSON header (the `"gradwire"` metadata entry).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u32,
+    kind: String,
+    step: u64,
+    config: Value,
+    overrides: BTreeMap<String, Value>,
+    params: BTreeMap<String, ParamHeader>,
+    tensors: Vec<String>,
+    values: BTreeMap<String, Value>,
+}
+
+/// One parameter in the JSON header.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamHeader {
+    shape: Vec<usize>,
+    updates: u64,
+    buffers: Vec<String>,
+}
+
+/// The tensor name of buffer `buffer` of parameter `param`.
+fn optim_name(param: &str, buffer: &str) -> String {
+    format!("{OPTIM_PREFIX}{param}/{buffer}")
+}
+
+/// The tensor name of extra tensor `name`.
+fn extra_name(name: &str) -> String {
+    format!("{EXTRA_PREFIX}{name}")
+}
+
+/// The element count of `shape`, or `None` if it overflows (or its f32 byte
+/// size does).
+fn checked_elems(shape: &[usize]) -> Option<usize> {
+    let n = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+    let bytes = n.checked_mul(4)?;
+    isize::try_from(bytes).ok()?;
+    Some(n)
+}
+
+/// Borrowed tensor data, converted to little-endian bytes only when
+/// safetensors writes it (one tensor at a time, so saving never holds a
+/// second copy of the whole state).
+enum Data<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+/// One tensor to write.
+struct Entry<'a> {
+    shape: Vec<usize>,
+    data: Data<'a>,
+}
+
+impl View for Entry<'_> {
+    fn dtype(&self) -> Dtype {
+        match self.data {
+            Data::F32(_) => Dtype::F32,
+            Data::F16(_) => Dtype::F16,
+            Data::BF16(_) => Dtype::BF16,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let mut out = Vec::with_capacity(self.data_len());
+        match self.data {
+            Data::F32(x) => x
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
+            Data::F16(x) => x
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_bits().to_le_bytes())),
+            Data::BF16(x) => x
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_bits().to_le_bytes())),
+        }
+        Cow::Owned(out)
+    }
+
+    fn data_len(&self) -> usize {
+        // Sizes were checked against overflow before the entry was built.
+        match self.data {
+            Data::F32(x) => x.len().saturating_mul(4),
+            Data::F16(x) => x.len().saturating_mul(2),
+            Data::BF16(x) => x.len().saturating_mul(2),
+        }
+    }
+}
+
+/// Encodes `ckpt` as a checkpoint file's bytes (see the [module docs](self)).
+///
+/// Errors: [`OptimError::ShapeMismatch`] if a buffer's length differs from its
+/// parameter's element count; [`OptimError::InvalidArgument`] if a shape's size
+/// overflows or two buffers' tensor names collide; [`OptimError::Tensor`] if
+/// an extra tensor is not in CPU memory.
+pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
+    let state = &ckpt.optimizer;
+    let mut entries: Vec<(String, Entry<'_>)> = Vec::new();
+    let mut names = BTreeSet::new();
+    let mut params = BTreeMap::new();
+    for (pname, p) in &state.params {
+        let n = checked_elems(&p.shape).ok_or_else(|| {
+            OptimError::InvalidArgument(format!(
+                "checkpoint: parameter {pname:?}: shape {:?} overflows",
+                p.shape
+            ))
+        })?;
+        for (bname, buf) in &p.buffers {
+            if buf.len() != n {
+                return Err(OptimError::ShapeMismatch {
+                    what: format!("checkpoint: buffer {bname:?} of parameter {pname:?}"),
+                    expected: p.shape.clone(),
+                    got: vec![buf.len()],
+                });
+            }
+            let tname = optim_name(pname, bname);
+            if !names.insert(tname.clone()) {
+                return Err(OptimError::InvalidArgument(format!(
+                    "checkpoint: tensor name {tname:?} (buffer {bname:?} of parameter \
+                     {pname:?}) collides with another buffer's"
+                )));
+            }
+            entries.push((
+                tname,
+                Entry {
+                    shape: p.shape.clone(),
+                    data: Data::F32(buf),
+                },
+            ));
+        }
+        params.insert(
+            pname.clone(),
+            ParamHeader {
+                shape: p.shape.clone(),
+                updates: p.updates,
+                buffers: p.buffers.keys().cloned().collect(),
+            },
+        );
+    }
+    for (name, t) in &ckpt.tensors {
+        let data = match t.dtype() {
+            DType::F32 => Data::F32(t.as_slice::<f32>()?),
+            DType::F16 => Data::F16(t.as_slice::<f16>()?),
+            DType::BF16 => Data::BF16(t.as_slice::<bf16>()?),
+        };
+        // Extra names live under their own prefix: they cannot collide with
+        // buffers, nor (being map keys) with each other.
+        entries.push((
+            extra_name(name),
+            Entry {
+                shape: t.dims().to_vec(),
+                data,
+            },
+        ));
+    }
+    let header = Header {
+        format: CHECKPOINT_FORMAT.to_owned(),
+        version: CHECKPOINT_VERSION,
+        kind: state.kind.clone(),
+        step: state.step,
+        config: state.config.clone(),
+        overrides: state.overrides.clone(),
+        params,
+        tensors: ckpt.tensors.keys().cloned().collect(),
+        values: ckpt.values.clone(),
+    };
+    let json = serde_json::to_string(&header).map_err(|e| {
+        OptimError::InvalidArgument(format!("checkpoint: cannot encode the header: {e}"))
+    })?;
+    let metadata = HashMap::from([(METADATA_KEY.to_owned(), json)]);
+    safetensors::serialize(entries, Some(metadata))
+        .map_err(|e| OptimError::InvalidArgument(format!("checkpoint: cannot encode: {e}")))
+}
+
+fn corrupt(msg: impl Into<String>) -> OptimError {
+    OptimError::CorruptCheckpoint(msg.into())
+}
+
+/// The raw data of tensor `name`, checked to be `dtype` of shape `shape`
+/// (`None` for the shape accepts any).
+fn tensor_bytes<'a>(
+    infos: &HashMap<String, &TensorInfo>,
+    data: &'a [u8],
+    name: &str,
+    dtype: &[Dtype],
+    shape: Option<&[usize]>,
+) -> Result<(&'a [u8], Dtype, Vec<usize>)> {
+    let info = infos
+        .get(name)
+        .ok_or_else(|| corrupt(format!("tensor {name:?} is missing")))?;
+    if !dtype.contains(&info.dtype) {
+        return Err(corrupt(format!(
+            "tensor {name:?} has dtype {}, expected {}",
+            info.dtype,
+            dtype
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )));
+    }
+    if let Some(shape) = shape
+        && info.shape != shape
+    {
+        return Err(corrupt(format!(
+            "tensor {name:?} has shape {:?}, expected {shape:?}",
+            info.shape
+        )));
+    }
+    let (start, end) = info.data_offsets;
+    let bytes = data
+        .get(start..end)
+        .ok_or_else(|| corrupt(format!("tensor {name:?}: data offsets out of bounds")))?;
+    let elem_size = match info.dtype {
+        Dtype::F32 => 4,
+        _ => 2,
+    };
+    let n = info
+        .shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| corrupt(format!("tensor {name:?}: shape overflows")))?;
+    if n.checked_mul(elem_size) != Some(bytes.len()) {
+        return Err(corrupt(format!(
+            "tensor {name:?}: {} bytes for {n} elements",
+            bytes.len()
+        )));
+    }
+    Ok((bytes, info.dtype, info.shape.clone()))
+}
+
+/// Little-endian words of `N` bytes, decoded by `f`.
+fn decode<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Result<Vec<T>> {
+    bytes
+        .chunks_exact(N)
+        .map(|c| {
+            <[u8; N]>::try_from(c)
+                .map(&f)
+                .map_err(|_| corrupt("tensor data is not a whole number of elements"))
+        })
+        .collect()
+}
+
+/// Decodes and validates a checkpoint file's bytes (see the [module
+/// docs](self)). Every defect is an [`OptimError::CorruptCheckpoint`]; no
+/// input panics.
+pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
+    let (header_len, meta) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+    // read_metadata checked that the header and the tensors' data fill the
+    // buffer exactly; the data section starts after the length and header.
+    let data = header_len
+        .checked_add(8)
+        .and_then(|start| bytes.get(start..))
+        .ok_or_else(|| corrupt("truncated data section"))?;
+    let json = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(METADATA_KEY))
+        .ok_or_else(|| corrupt(format!("no {METADATA_KEY:?} entry in the metadata")))?;
+    let value: Value =
+        serde_json::from_str(json).map_err(|e| corrupt(format!("header is not JSON: {e}")))?;
+    match value.get("format").and_then(Value::as_str) {
+        Some(CHECKPOINT_FORMAT) => {}
+        Some(other) => {
+            return Err(corrupt(format!(
+                "format {other:?}, expected {CHECKPOINT_FORMAT:?}"
+            )));
+        }
+        None => return Err(corrupt("header has no format string")),
+    }
+    match value.get("version") {
+        Some(v) if v.as_u64() == Some(u64::from(CHECKPOINT_VERSION)) => {}
+        Some(v) => {
+            return Err(corrupt(format!(
+                "unsupported version {v}, this build reads version {CHECKPOINT_VERSION}"
+            )));
+        }
+        None => return Err(corrupt("header has no version")),
+    }
+    // Name the offending field (serde's messages do not).
+    if let Some(step) = value.get("step")
+        && step.as_u64().is_none()
+    {
+        return Err(corrupt(format!("step {step} is not a u64")));
+    }
+    if let Some(params) = value.get("params").and_then(Value::as_object) {
+        for (name, p) in params {
+            if let Some(updates) = p.get("updates")
+                && updates.as_u64().is_none()
+            {
+                return Err(corrupt(format!(
+                    "parameter {name:?}: updates {updates} is not a u64"
+                )));
+            }
+        }
+    }
+    let header: Header =
+        serde_json::from_value(value).map_err(|e| corrupt(format!("invalid header: {e}")))?;
+
+    let infos = meta.tensors();
+    let mut expected = BTreeSet::new();
+    let mut params = BTreeMap::new();
+    for (pname, ph) in header.params {
+        let n = checked_elems(&ph.shape).ok_or_else(|| {
+            corrupt(format!(
+                "parameter {pname:?}: shape {:?} overflows",
+                ph.shape
+            ))
+        })?;
+        let mut buffers = BTreeMap::new();
+        for bname in ph.buffers {
+            let tname = optim_name(&pname, &bname);
+            if !expected.insert(tname.clone()) {
+                return Err(corrupt(format!("tensor {tname:?} is listed twice")));
+            }
+            let (raw, _, _) = tensor_bytes(&infos, data, &tname, &[Dtype::F32], Some(&ph.shape))?;
+            let values = decode(raw, f32::from_le_bytes)?;
+            if values.len() != n {
+                return Err(corrupt(format!("tensor {tname:?}: wrong element count")));
+            }
+            buffers.insert(bname, values);
+        }
+        params.insert(
+            pname,
+            ParamState {
+                shape: ph.shape,
+                updates: ph.updates,
+                buffers,
+            },
+        );
+    }
+    let mut tensors = BTreeMap::new();
+    for name in header.tensors {
+        let tname = extra_name(&name);
+        if !expected.insert(tname.clone()) {
+            return Err(corrupt(format!("tensor {tname:?} is listed twice")));
+        }
+        let (raw, dtype, shape) = tensor_bytes(
+            &infos,
+            data,
+            &tname,
+            &[Dtype::F32, Dtype::F16, Dtype::BF16],
+            None,
+        )?;
+        let tensor = match dtype {
+            Dtype::F32 => Tensor::from_vec(decode(raw, f32::from_le_bytes)?, shape),
+            Dtype::F16 => Tensor::from_vec(
+                decode(raw, |b| f16::from_bits(u16::from_le_bytes(b)))?,
+                shape,
+            ),
+            _ => Tensor::from_vec(
+                decode(raw, |b| bf16::from_bits(u16::from_le_bytes(b)))?,
+                shape,
+            ),
+        }
+        .map_err(|e| corrupt(format!("tensor {tname:?}: {e}")))?;
+        tensors.insert(name, tensor);
+    }
+    if let Some(name) = infos.keys().filter(|k| !expected.contains(*k)).min() {
+        return Err(corrupt(format!("unexpected tensor {name:?}")));
+    }
+    Ok(Checkpoint {
+        optimizer: OptimizerState {
+            kind: header.kind,
+            step: header.step,
+            config: header.config,
+            overrides: header.overrides,
+            params,
+        },
+        tensors,
+        values: header.values,
+    })
+}
+
+/// Writes `ckpt` to `path` atomically: the file at `path` is either the
+/// previous one or the complete new one, whatever fails or crashes.
+///
+/// Errors: those of [`to_bytes`], and [`OptimError::Io`] if writing, syncing
+/// or renaming fails (the previous file is then untouched and the temporary
+/// file removed).
+pub fn save(path: impl AsRef<Path>, ckpt: &Checkpoint) -> Result<()> {
+    let bytes = to_bytes(ckpt)?;
+    save_bytes_with(path, |file| file.write_all(&bytes))
+}
+
+/// The atomic write of [`save`], with the writing of the contents left to
+/// `write` (tests use it to simulate a write failing halfway).
+///
+/// Creates a temporary file next to `path`, calls `write` on it, syncs it,
+/// renames it to `path` and syncs the directory. If any step fails the
+/// temporary file is removed and `path` is left as it was.
+#[doc(hidden)]
+pub fn save_bytes_with<F: FnOnce(&mut File) -> io::Result<()>>(
+    path: impl AsRef<Path>,
+    write: F,
+) -> Result<()> {
+    let path = path.as_ref();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".gradwire-checkpoint-").suffix(".tmp");
+    // The temporary file becomes the checkpoint: give it the permissions a
+    // plain `File::create` would (0666 minus the umask), not tempfile's 0600.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    // On every early return below, dropping `tmp` deletes the temporary file.
+    let mut tmp = builder.tempfile_in(dir)?;
+    write(tmp.as_file_mut())?;
+    tmp.as_file_mut().flush()?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| OptimError::Io(e.error))?;
+    // Make the rename durable. Not every platform can open or sync a
+    // directory (Windows cannot); the file itself is already synced.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads and validates the checkpoint at `path`.
+///
+/// Errors: [`OptimError::Io`] if it cannot be read, and those of
+/// [`from_bytes`].
+pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
+    let bytes = std::fs::read(path)?;
+    from_bytes(&bytes)
+}
