@@ -20,6 +20,7 @@ use crate::cast::{self, CastOptions};
 use crate::error::{CompressError, Result};
 use crate::select;
 use crate::sparse::SparseVec;
+use crate::wire::CodecId;
 use gradwire_tensor::WithDType;
 
 /// A sparse codec: which entries to send.
@@ -43,6 +44,16 @@ pub enum SparseCodec {
 }
 
 impl SparseCodec {
+    /// The codec's id in the wire format.
+    pub fn wire_id(&self) -> CodecId {
+        match self {
+            SparseCodec::Threshold(_) => CodecId::Threshold,
+            SparseCodec::TopK(_) => CodecId::TopK,
+            SparseCodec::SampledTopK(_) => CodecId::SampledTopK,
+            SparseCodec::RandomK { .. } => CodecId::RandomK,
+        }
+    }
+
     /// Selects from `x` (random-k unscaled, with the seed as given).
     pub fn select(&self, x: &[f32]) -> Result<SparseVec> {
         self.select_at_step(x, 0)
@@ -216,6 +227,23 @@ impl ErrorFeedback {
             self.reset();
             return Err(CompressError::NonFinite { index, value });
         }
+        Ok(())
+    }
+
+    /// Adds the whole residual into `dense` and zeroes the memory: for a step
+    /// that sends everything (a dense fallback), after which nothing is owed.
+    pub fn flush_into(&mut self, dense: &mut [f32]) -> Result<()> {
+        if dense.len() != self.residual.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "ErrorFeedback::flush_into",
+                expected: self.residual.len(),
+                got: dense.len(),
+            });
+        }
+        for (d, r) in dense.iter_mut().zip(&self.residual) {
+            *d += r;
+        }
+        self.reset();
         Ok(())
     }
 

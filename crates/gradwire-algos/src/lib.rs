@@ -1,0 +1,37 @@
+//! gradwire-algos: how ranks combine what they computed.
+//!
+//! Strategies over any [`gradwire_comm::Communicator`], usable without
+//! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
+//! all-reduce (f32 accumulation), and sparse all-reduce with optional error
+//! feedback and an automatic dense fallback. AdaSum and DimReduce join them
+//! with their issues.
+//!
+//! ```
+//! use gradwire_algos::{DEFAULT_FUSION_CAPACITY, fused_all_reduce_async};
+//! use gradwire_comm::{ReduceOp, local};
+//! use gradwire_tensor::Tensor;
+//!
+//! let sums = local::run(3, |comm| {
+//!     let grads = vec![Tensor::from_vec(vec![1.0f32; 4], 4)?, Tensor::from_vec(vec![2.0f32; 2], 2)?];
+//!     let handle = fused_all_reduce_async(&comm, grads, ReduceOp::Sum, DEFAULT_FUSION_CAPACITY)?;
+//!     // ... backward goes on here ...
+//!     let reduced = handle.wait()?;
+//!     Ok::<_, gradwire_algos::AlgoError>(reduced.value[1].to_vec::<f32>()?)
+//! })
+//! .unwrap();
+//! assert_eq!(sums[0].as_ref().unwrap(), &vec![6.0, 6.0]);
+//! ```
+
+#![deny(missing_docs)]
+
+mod error;
+mod handle;
+mod reduce;
+
+pub use error::{AlgoError, Result};
+pub use handle::{Handle, Reduced, Traffic};
+pub use reduce::{
+    DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, all_reduce, all_reduce_async,
+    fused_all_reduce, fused_all_reduce_async, half_all_reduce, half_all_reduce_async,
+    sparse_all_reduce, sparse_all_reduce_async,
+};

@@ -1,0 +1,259 @@
+//! SINGA's DistOpt primitives over any [`Communicator`]: all-reduce of one
+//! tensor, fused all-reduce of a list through one buffer, half-precision
+//! all-reduce, and sparse all-reduce with optional error feedback.
+//!
+//! Each comes twice: a blocking form that works in place on `&mut [Tensor]`
+//! (call it from any thread that owns the communicator, or from a job on the
+//! communication thread), and an `_async` form that moves the tensors to the
+//! communication thread ([`Communicator::run_async`]) and returns a
+//! [`Handle`], so that communication overlaps the rest of backward.
+
+use crate::error::{AlgoError, Result};
+use crate::handle::{Handle, Reduced, Traffic};
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::cast::{self, CastOptions};
+use gradwire_compress::{ErrorFeedback, SparseCodec, wire};
+use gradwire_tensor::{DType, Tensor, flat};
+use half::{bf16, f16};
+
+/// SINGA's default fusion buffer capacity (`buffSize`), in elements.
+pub const DEFAULT_FUSION_CAPACITY: usize = 4_194_304;
+
+/// All-reduces one tensor in place, in its own dtype (f16 and bf16 are
+/// accumulated in f32 by the backend).
+pub fn all_reduce<C: Communicator>(comm: &C, tensor: &mut Tensor, op: ReduceOp) -> Result<Traffic> {
+    comm.all_reduce_tensor(tensor, op)?;
+    let bytes = tensor.len() * tensor.dtype().size_in_bytes();
+    Ok(Traffic::all_reduce(bytes, comm.world_size()))
+}
+
+fn check_capacity(tensors: &[Tensor], capacity: usize) -> Result<usize> {
+    let needed = tensors.iter().map(Tensor::len).sum();
+    if needed > capacity {
+        return Err(AlgoError::Capacity { needed, capacity });
+    }
+    Ok(needed)
+}
+
+/// The one dtype of a list, or f32 for a mixed (or empty) list.
+fn common_dtype(tensors: &[Tensor]) -> DType {
+    match tensors.split_first() {
+        Some((first, rest)) if rest.iter().all(|t| t.dtype() == first.dtype()) => first.dtype(),
+        _ => DType::F32,
+    }
+}
+
+/// Packs the list into one flat buffer of `dtype`.
+fn pack(tensors: &[Tensor], dtype: DType) -> Result<(Tensor, flat::FlatLayout)> {
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    Ok(flat::pack_new(&refs, dtype)?)
+}
+
+fn unpack(buffer: &Tensor, layout: &flat::FlatLayout, tensors: &mut [Tensor]) -> Result<()> {
+    let mut outs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    Ok(flat::unpack(buffer, layout, &mut outs)?)
+}
+
+/// All-reduces a list of tensors through one fusion buffer of at most
+/// `capacity` elements (SINGA's `fused_all_reduce`, checked instead of
+/// overflowing): one collective instead of one per tensor. The buffer has the
+/// list's dtype (f32 if the list mixes dtypes).
+pub fn fused_all_reduce<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    op: ReduceOp,
+    capacity: usize,
+) -> Result<Traffic> {
+    check_capacity(tensors, capacity)?;
+    if let [single] = tensors {
+        return all_reduce(comm, single, op);
+    }
+    let (mut buffer, layout) = pack(tensors, common_dtype(tensors))?;
+    let traffic = all_reduce(comm, &mut buffer, op)?;
+    unpack(&buffer, &layout, tensors)?;
+    Ok(traffic)
+}
+
+/// The precision on the wire of [`half_all_reduce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfPrecision {
+    /// IEEE half precision (range 65504; use `Avg` or a clip for large sums).
+    F16,
+    /// bfloat16 (f32's range, 8 bits of mantissa).
+    BF16,
+}
+
+/// Options of [`half_all_reduce`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HalfOptions {
+    /// The wire precision.
+    pub precision: HalfPrecision,
+    /// Clamp every gradient to `[-clip, clip]` first (SINGA's clipping); the
+    /// clamped values are what is reduced, and so what the update uses.
+    pub clip: Option<f32>,
+    /// `Sum` or `Avg`. The sum is accumulated in f32 either way and rounded
+    /// once; `Avg` divides before that rounding, so an average of values that
+    /// fit f16 cannot overflow (SINGA's fp16 sum overflowed past 65504).
+    pub op: ReduceOp,
+}
+
+/// All-reduces a list of tensors with f16 or bf16 on the wire (SINGA's
+/// `backward_and_update_half` collective), fused through one buffer of at
+/// most `capacity` elements.
+pub fn half_all_reduce<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    options: &HalfOptions,
+    capacity: usize,
+) -> Result<Traffic> {
+    let n = check_capacity(tensors, capacity)?;
+    let (mut buffer, layout) = pack(tensors, DType::F32)?;
+    let values = buffer.as_mut_slice::<f32>()?;
+    let cast_options = CastOptions {
+        clip: options.clip,
+        scale: 1.0,
+    };
+    match options.precision {
+        HalfPrecision::F16 => {
+            let mut wire_buf = vec![f16::ZERO; n];
+            cast::encode(values, &mut wire_buf, &cast_options)?;
+            comm.all_reduce(&mut wire_buf, options.op)?;
+            cast::decode(&wire_buf, values)?;
+        }
+        HalfPrecision::BF16 => {
+            let mut wire_buf = vec![bf16::ZERO; n];
+            cast::encode(values, &mut wire_buf, &cast_options)?;
+            comm.all_reduce(&mut wire_buf, options.op)?;
+            cast::decode(&wire_buf, values)?;
+        }
+    }
+    unpack(&buffer, &layout, tensors)?;
+    Ok(Traffic::all_reduce(n * 2, comm.world_size()))
+}
+
+/// Sums a list of tensors across ranks, each rank sending only what `codec`
+/// selects from its flattened list (SINGA's `sparsification` and
+/// `fused_sparsification`), with error feedback when `feedback` is given (it
+/// must have as many elements as the list).
+///
+/// Each rank encodes its selection in the validated wire format; the payloads
+/// are exchanged with the variable-length all-gather and added, in rank order,
+/// into a dense buffer of zeros (so the result is bitwise the same on every
+/// rank). If the largest selection of any rank would be bigger sparse than
+/// dense (one small max all-reduce decides, the same on every rank), every
+/// rank sends its whole accumulator dense instead and the residual is flushed:
+/// nothing is lost and no rank runs out of memory on a dense all-gather.
+///
+/// The result is the sum, not the average.
+pub fn sparse_all_reduce<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    codec: &SparseCodec,
+    feedback: Option<&mut ErrorFeedback>,
+) -> Result<Traffic> {
+    let (mut buffer, layout) = pack(tensors, DType::F32)?;
+    let values = buffer.as_mut_slice::<f32>()?;
+    let n = values.len();
+    let world = comm.world_size();
+    let mut feedback = feedback;
+    let selected = match feedback.as_deref_mut() {
+        Some(memory) => memory.compress(values, codec)?,
+        None => codec.select(values)?,
+    };
+    let mut largest = [selected.nnz() as u64];
+    comm.all_reduce(&mut largest, ReduceOp::Max)?;
+    let vote = Traffic::all_reduce(8, world);
+    let largest = usize::try_from(largest[0]).unwrap_or(usize::MAX);
+    if wire::should_send_dense(largest, n, DType::F32) {
+        // Dense: what was selected plus what the memory still holds is the
+        // whole accumulator (without feedback: the gradient itself).
+        if let Some(memory) = feedback {
+            let mut accumulator = selected.to_dense();
+            memory.flush_into(&mut accumulator)?;
+            values.copy_from_slice(&accumulator);
+        }
+        comm.all_reduce(values, ReduceOp::Sum)?;
+        unpack(&buffer, &layout, tensors)?;
+        return Ok(vote + Traffic::all_reduce(n * 4, world));
+    }
+    let payload = wire::encode(&selected, codec.wire_id(), DType::F32);
+    let gathered = comm.all_gather_varied(&payload)?;
+    values.iter_mut().for_each(|v| *v = 0.0);
+    for rank in 0..world {
+        wire::scatter_add(gathered.part(rank), values)?;
+    }
+    unpack(&buffer, &layout, tensors)?;
+    Ok(vote + Traffic::all_gather(payload.len(), gathered.data().len(), world))
+}
+
+/// [`all_reduce`] on the communication thread.
+pub fn all_reduce_async<C: Communicator>(
+    comm: &C,
+    mut tensor: Tensor,
+    op: ReduceOp,
+) -> Result<Handle<Tensor>> {
+    let pending = comm.run_async(move |comm| {
+        Ok(all_reduce(comm, &mut tensor, op).map(|traffic| Reduced {
+            value: tensor,
+            traffic,
+        }))
+    })?;
+    Ok(Handle::new(pending))
+}
+
+/// [`fused_all_reduce`] on the communication thread.
+pub fn fused_all_reduce_async<C: Communicator>(
+    comm: &C,
+    mut tensors: Vec<Tensor>,
+    op: ReduceOp,
+    capacity: usize,
+) -> Result<Handle<Vec<Tensor>>> {
+    let pending = comm.run_async(move |comm| {
+        Ok(
+            fused_all_reduce(comm, &mut tensors, op, capacity).map(|traffic| Reduced {
+                value: tensors,
+                traffic,
+            }),
+        )
+    })?;
+    Ok(Handle::new(pending))
+}
+
+/// [`half_all_reduce`] on the communication thread.
+pub fn half_all_reduce_async<C: Communicator>(
+    comm: &C,
+    mut tensors: Vec<Tensor>,
+    options: HalfOptions,
+    capacity: usize,
+) -> Result<Handle<Vec<Tensor>>> {
+    let pending = comm.run_async(move |comm| {
+        Ok(
+            half_all_reduce(comm, &mut tensors, &options, capacity).map(|traffic| Reduced {
+                value: tensors,
+                traffic,
+            }),
+        )
+    })?;
+    Ok(Handle::new(pending))
+}
+
+/// [`sparse_all_reduce`] on the communication thread; the error-feedback
+/// memory travels with the job and comes back with the result.
+pub fn sparse_all_reduce_async<C: Communicator>(
+    comm: &C,
+    mut tensors: Vec<Tensor>,
+    codec: SparseCodec,
+    mut feedback: Option<ErrorFeedback>,
+) -> Result<Handle<(Vec<Tensor>, Option<ErrorFeedback>)>> {
+    let pending = comm.run_async(move |comm| {
+        Ok(
+            sparse_all_reduce(comm, &mut tensors, &codec, feedback.as_mut()).map(|traffic| {
+                Reduced {
+                    value: (tensors, feedback),
+                    traffic,
+                }
+            }),
+        )
+    })?;
+    Ok(Handle::new(pending))
+}
