@@ -376,3 +376,54 @@ fn top_k_is_exact_on_large_inputs_whatever_the_sample_says() {
         }
     }
 }
+
+/// Buffers of millions of elements take the streaming-store path (x86-64
+/// with F16C): the same bits as half's conversions, from aligned and
+/// misaligned starts, with every class of value (NaN, infinities,
+/// subnormals, overflow, rounding ties).
+#[test]
+fn large_f16_casts_give_the_same_bits_as_small_ones() {
+    let n = (4 << 20) + 13;
+    let mut s = 0x0123_4567_89ab_cdefu64;
+    let x: Vec<f32> = (0..n)
+        .map(|i| match i % 7 {
+            0 => f32::from_bits(0x3f80_1000 + (i as u32 % 3) * 0x1000), // ties at f16's precision
+            1 => [f32::NAN, f32::INFINITY, -70000.0, 1e-7, -0.0][i % 5],
+            _ => {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                f32::from_bits((s >> 32) as u32)
+            }
+        })
+        .collect();
+    for offset in [0usize, 1, 3] {
+        let src = &x[offset..];
+        let mut h = vec![f16::ZERO; src.len() + 1];
+        let dst = &mut h[1..]; // a destination that starts off its alignment
+        cast::encode(src, dst, &CastOptions::default()).unwrap();
+        for (i, (&v, hv)) in src.iter().zip(dst.iter()).enumerate() {
+            let want = f16::from_f32(v);
+            assert!(
+                if v.is_nan() {
+                    hv.is_nan()
+                } else {
+                    hv.to_bits() == want.to_bits()
+                },
+                "narrow {i}: {v:e} -> {hv:?}, want {want:?}"
+            );
+        }
+        let mut back = vec![0f32; dst.len() + 1];
+        cast::decode(dst, &mut back[1..]).unwrap();
+        for (i, (hv, w)) in dst.iter().zip(&back[1..]).enumerate() {
+            assert!(
+                if hv.is_nan() {
+                    w.is_nan()
+                } else {
+                    w.to_bits() == hv.to_f32().to_bits()
+                },
+                "widen {i}"
+            );
+        }
+    }
+}
