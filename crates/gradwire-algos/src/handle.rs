@@ -72,7 +72,9 @@ pub struct Handle<T> {
 }
 
 impl<T> Handle<T> {
-    pub(crate) fn new(pending: Pending<Result<Reduced<T>>>) -> Self {
+    /// Wraps the handle of a job that returns a strategy's result (for
+    /// callers that compose strategies in one job, like DistOpt's buckets).
+    pub fn from_pending(pending: Pending<Result<Reduced<T>>>) -> Self {
         Handle { pending }
     }
 

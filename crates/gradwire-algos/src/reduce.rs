@@ -198,7 +198,7 @@ pub fn all_reduce_async<C: Communicator>(
             traffic,
         }))
     })?;
-    Ok(Handle::new(pending))
+    Ok(Handle::from_pending(pending))
 }
 
 /// [`fused_all_reduce`] on the communication thread.
@@ -216,7 +216,7 @@ pub fn fused_all_reduce_async<C: Communicator>(
             }),
         )
     })?;
-    Ok(Handle::new(pending))
+    Ok(Handle::from_pending(pending))
 }
 
 /// [`half_all_reduce`] on the communication thread.
@@ -234,7 +234,7 @@ pub fn half_all_reduce_async<C: Communicator>(
             }),
         )
     })?;
-    Ok(Handle::new(pending))
+    Ok(Handle::from_pending(pending))
 }
 
 /// [`sparse_all_reduce`] on the communication thread; the error-feedback
@@ -255,5 +255,5 @@ pub fn sparse_all_reduce_async<C: Communicator>(
             }),
         )
     })?;
-    Ok(Handle::new(pending))
+    Ok(Handle::from_pending(pending))
 }

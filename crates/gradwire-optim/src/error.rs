@@ -28,6 +28,10 @@ pub enum OptimError {
     /// Reading or writing a checkpoint failed.
     #[error("checkpoint I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// Combining gradients across ranks failed (a lost peer, a mismatch, a
+    /// timeout...).
+    #[error(transparent)]
+    Distributed(#[from] gradwire_algos::AlgoError),
     /// A tensor could not be used (wrong dtype, device...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),

@@ -5,6 +5,10 @@
 //! [`Schedule`]; the whole state goes to a versioned, atomically written
 //! checkpoint that DistOpt extends with its own state. See SPEC §1.
 //!
+//! [`DistOpt`] wraps any optimizer and any communicator for data-parallel
+//! training: fused buckets overlapped with backward, dense or half-precision
+//! combination, skipping of gradients no rank wrote (SPEC §2-3).
+//!
 //! ```
 //! use gradwire_optim::{Optimizer, Sgd, SgdConfig};
 //! use gradwire_tensor::Tensor;
@@ -22,12 +26,14 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint;
+mod distopt;
 mod error;
 mod optimizer;
 mod rules;
 mod schedule;
 mod state;
 
+pub use distopt::{DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec, StepStats};
 pub use error::{OptimError, Result};
 pub use optimizer::{Optim, Optimizer, UpdateRule};
 pub use rules::{

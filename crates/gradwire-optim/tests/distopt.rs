@@ -1,0 +1,392 @@
+//! DistOpt on LocalComm: data-parallel training equals single-process
+//! training on the whole batch; bucketing changes no bit; half precision
+//! stays within its rounding; skipping never touches an unwritten parameter
+//! and never desynchronises ranks; clipping and the non-finite check act on
+//! every rank alike.
+
+use gradwire_algos::HalfPrecision;
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::{
+    Adam, AdamConfig, DistOpt, DistOptConfig, Mode, OptimError, Optimizer, ParamSpec, Sgd,
+    SgdConfig,
+};
+use gradwire_tensor::Tensor;
+
+/// A linear model y = sum_k X_k w_k whose weight blocks have these sizes.
+const BLOCKS: &[usize] = &[5, 1, 13, 2, 31, 3];
+/// Divisible by every world size 1..=8.
+const BATCH: usize = 840;
+
+fn features() -> usize {
+    BLOCKS.iter().sum()
+}
+
+/// Sample i's features and target, deterministic.
+fn sample(i: usize) -> (Vec<f64>, f64) {
+    let d = features();
+    let x: Vec<f64> = (0..d)
+        .map(|j| (((i * 31 + j * 17) % 23) as f64 - 11.0) / 11.0)
+        .collect();
+    let y = x
+        .iter()
+        .enumerate()
+        .map(|(j, v)| v * ((j % 5) as f64 - 2.0))
+        .sum::<f64>()
+        + 0.1;
+    (x, y)
+}
+
+/// The mean-squared-error gradient over samples `range`, per block, in f64.
+fn gradient(w: &[Vec<f32>], range: std::ops::Range<usize>) -> Vec<Vec<f64>> {
+    let n = range.len() as f64;
+    let mut g: Vec<Vec<f64>> = BLOCKS.iter().map(|&b| vec![0.0; b]).collect();
+    for i in range {
+        let (x, y) = sample(i);
+        let flat: Vec<f64> = w.iter().flatten().map(|&v| f64::from(v)).collect();
+        let err = x.iter().zip(&flat).map(|(a, b)| a * b).sum::<f64>() - y;
+        let mut j = 0;
+        for block in g.iter_mut() {
+            for gj in block.iter_mut() {
+                *gj += err * x[j] / n;
+                j += 1;
+            }
+        }
+    }
+    g
+}
+
+fn specs() -> Vec<ParamSpec> {
+    // Backward order: the last block first.
+    (0..BLOCKS.len())
+        .rev()
+        .map(|k| ParamSpec::new(format!("w{k}"), vec![BLOCKS[k]]))
+        .collect()
+}
+
+fn initial() -> Vec<Vec<f32>> {
+    BLOCKS
+        .iter()
+        .enumerate()
+        .map(|(k, &b)| (0..b).map(|j| ((k + j) % 3) as f32 * 0.1).collect())
+        .collect()
+}
+
+/// `steps` data-parallel steps on `world` ranks; rank 0's parameters.
+fn train_distributed<O: Optimizer + 'static>(
+    world: usize,
+    steps: usize,
+    config: DistOptConfig,
+    make: impl Fn() -> O + Sync,
+) -> Vec<Vec<f32>> {
+    let results = local::run(world, |comm: LocalComm| {
+        let rank = comm.rank();
+        let mut dist = DistOpt::new(make(), comm, specs(), config.clone())?;
+        let mut w: Vec<Tensor> = initial()
+            .iter()
+            .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
+            .collect();
+        let shard = BATCH / world;
+        for _ in 0..steps {
+            let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
+            let g = gradient(&values, rank * shard..(rank + 1) * shard);
+            // Backward order, pushed one by one (buckets start as they fill).
+            for k in (0..BLOCKS.len()).rev() {
+                let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
+                dist.push(&format!("w{k}"), Tensor::from_vec(gk, BLOCKS[k]).unwrap())?;
+            }
+            let names: Vec<String> = (0..BLOCKS.len()).map(|k| format!("w{k}")).collect();
+            dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()))?;
+        }
+        Ok::<_, OptimError>(
+            w.iter()
+                .map(|t| t.to_vec::<f32>().unwrap())
+                .collect::<Vec<_>>(),
+        )
+    })
+    .unwrap();
+    let results: Vec<Vec<Vec<f32>>> = results.into_iter().map(|r| r.unwrap()).collect();
+    for r in &results {
+        assert_eq!(r, &results[0], "ranks diverged");
+    }
+    results.into_iter().next().unwrap()
+}
+
+/// The same steps in one process on the whole batch.
+fn train_single<O: Optimizer>(steps: usize, mut opt: O) -> Vec<Vec<f32>> {
+    let mut w: Vec<Tensor> = initial()
+        .iter()
+        .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
+        .collect();
+    for _ in 0..steps {
+        let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
+        let g = gradient(&values, 0..BATCH);
+        for (k, t) in w.iter_mut().enumerate() {
+            let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
+            opt.update(
+                &format!("w{k}"),
+                t,
+                &Tensor::from_vec(gk, BLOCKS[k]).unwrap(),
+            )
+            .unwrap();
+        }
+        opt.step();
+    }
+    w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+}
+
+fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn small_buckets() -> DistOptConfig {
+    DistOptConfig {
+        fusion_threshold: 16,
+        ..DistOptConfig::default()
+    }
+}
+
+#[test]
+fn data_parallel_equals_single_process_for_every_world_size() {
+    let sgd = || {
+        Sgd::new(
+            SgdConfig::default()
+                .lr(0.05)
+                .momentum(0.9)
+                .weight_decay(1e-3),
+        )
+        .unwrap()
+    };
+    let adam = || Adam::new(AdamConfig::default().lr(0.01)).unwrap();
+    let want_sgd = train_single(5, sgd());
+    let want_adam = train_single(5, adam());
+    for world in 1..=8 {
+        // Each rank's shard mean, averaged: the batch mean up to f32 rounding
+        // of W partial gradients (bounded by W ulps of the gradient scale).
+        let tol = 2e-6 * world as f32;
+        let got = train_distributed(world, 5, small_buckets(), sgd);
+        assert!(
+            max_diff(&got, &want_sgd) <= tol,
+            "sgd, world {world}: {}",
+            max_diff(&got, &want_sgd)
+        );
+        let got = train_distributed(world, 5, small_buckets(), adam);
+        // Adam's normalised step amplifies relative gradient errors a little.
+        assert!(
+            max_diff(&got, &want_adam) <= 50.0 * tol,
+            "adam, world {world}: {}",
+            max_diff(&got, &want_adam)
+        );
+    }
+}
+
+#[test]
+fn any_fusion_threshold_gives_the_same_bits() {
+    let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
+    let reference = train_distributed(
+        3,
+        4,
+        DistOptConfig {
+            fusion_threshold: 0,
+            ..DistOptConfig::default()
+        },
+        sgd,
+    );
+    for threshold in [1, 7, 16, 40, usize::MAX / 2] {
+        let config = DistOptConfig {
+            fusion_threshold: threshold,
+            capacity: usize::MAX,
+            ..DistOptConfig::default()
+        };
+        let got = train_distributed(3, 4, config, sgd);
+        let bits = |v: &[Vec<f32>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&reference), "threshold {threshold}");
+    }
+}
+
+#[test]
+fn half_precision_stays_within_its_rounding() {
+    let sgd = || Sgd::new(SgdConfig::default().lr(0.05)).unwrap();
+    let dense = train_distributed(4, 3, small_buckets(), sgd);
+    for (precision, u) in [
+        (HalfPrecision::F16, 2f32.powi(-11)),
+        (HalfPrecision::BF16, 2f32.powi(-8)),
+    ] {
+        let config = DistOptConfig {
+            mode: Mode::Half {
+                precision,
+                clip: None,
+            },
+            ..small_buckets()
+        };
+        let half = train_distributed(4, 3, config, sgd);
+        // Three steps of lr 0.05 with gradients of magnitude below ~10, each
+        // gradient off by at most two roundings.
+        let bound = 3.0 * 0.05 * 2.0 * u * 10.0;
+        assert!(
+            max_diff(&half, &dense) <= bound,
+            "{precision:?}: {}",
+            max_diff(&half, &dense)
+        );
+        assert!(
+            max_diff(&half, &dense) > 0.0,
+            "{precision:?} should round something"
+        );
+    }
+}
+
+#[test]
+fn buckets_follow_singas_rule_and_respect_the_capacity() {
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let specs = vec![
+        ParamSpec::new("a", vec![4]),
+        ParamSpec::new("b", vec![4]),
+        ParamSpec::new("big", vec![20]),
+        ParamSpec::new("c", vec![3]),
+        ParamSpec::new("d", vec![9]),
+        ParamSpec::new("e", vec![1]),
+    ];
+    let config = DistOptConfig {
+        fusion_threshold: 10,
+        capacity: 20,
+        ..DistOptConfig::default()
+    };
+    let dist = DistOpt::new(
+        Sgd::new(SgdConfig::default()).unwrap(),
+        comm,
+        specs.clone(),
+        config,
+    )
+    .unwrap();
+    // a+b = 8 (open) | big alone | c+d = 12 > 10 closes | e trails.
+    assert_eq!(dist.buckets(), &[0..2, 2..3, 3..5, 5..6]);
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let tight = DistOptConfig {
+        fusion_threshold: 10,
+        capacity: 19,
+        ..DistOptConfig::default()
+    };
+    assert!(matches!(
+        DistOpt::new(Sgd::new(SgdConfig::default()).unwrap(), comm, specs, tight),
+        Err(OptimError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn skipping_leaves_unwritten_parameters_alone_and_never_desynchronises() {
+    let world = 4;
+    let results = local::run(world, |comm: LocalComm| {
+        let rank = comm.rank();
+        let specs = vec![
+            ParamSpec::new("shared", vec![3]),
+            ParamSpec::new("unused", vec![2]),
+            ParamSpec::new("rank0only", vec![2]),
+            ParamSpec::new("sometimes", vec![5]),
+        ];
+        let sgd = Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9).weight_decay(0.1)).unwrap();
+        let config = DistOptConfig {
+            fusion_threshold: 4,
+            ..DistOptConfig::default()
+        };
+        let mut dist = DistOpt::new(sgd, comm, specs, config)?;
+        let mut shared = Tensor::from_vec(vec![1f32; 3], 3)?;
+        let mut unused = Tensor::from_vec(vec![0.5f32, -0.5], 2)?;
+        let mut only = Tensor::from_vec(vec![1f32; 2], 2)?;
+        let mut sometimes = Tensor::from_vec(vec![1f32; 5], 5)?;
+        let mut skipped = 0;
+        for step in 0..10 {
+            let g = |v: f32, n: usize| Some(Tensor::from_vec(vec![v; n], n).unwrap());
+            // Each rank writes a different subset: never a hang.
+            let stats = dist.step([
+                ("shared", &mut shared, g(1.0, 3)),
+                ("unused", &mut unused, None),
+                (
+                    "rank0only",
+                    &mut only,
+                    if rank == 0 { g(4.0, 2) } else { None },
+                ),
+                (
+                    "sometimes",
+                    &mut sometimes,
+                    if (step + rank) % 3 == 0 {
+                        g(2.0, 5)
+                    } else {
+                        None
+                    },
+                ),
+            ])?;
+            skipped += stats.skipped;
+        }
+        let has_state = dist.optimizer().param_state("unused").is_some();
+        Ok::<_, OptimError>((
+            shared.to_vec::<f32>()?,
+            unused.to_vec::<f32>()?,
+            only.to_vec::<f32>()?,
+            sometimes.to_vec::<f32>()?,
+            has_state,
+            skipped,
+        ))
+    })
+    .unwrap();
+    let results: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+    for r in &results {
+        assert_eq!(r, &results[0], "ranks diverged");
+    }
+    let (_, unused, only, _, has_state, skipped) = &results[0];
+    assert_eq!(unused, &vec![0.5, -0.5], "never written, so never decayed");
+    assert!(
+        !has_state,
+        "no optimizer state for a parameter never updated"
+    );
+    assert_eq!(*skipped, 10);
+    // rank0only: averaged gradient 4/4 = 1 each step, same update as "shared".
+    assert_eq!(only, &results[0].0[..2].to_vec());
+}
+
+#[test]
+fn clipping_and_the_non_finite_check_act_on_every_rank_alike() {
+    let results = local::run(2, |comm: LocalComm| {
+        let rank = comm.rank();
+        let config = DistOptConfig {
+            clip_global_norm: Some(1.0),
+            skip_non_finite: true,
+            ..DistOptConfig::default()
+        };
+        let mut dist = DistOpt::new(
+            Sgd::new(SgdConfig::default().lr(1.0)).unwrap(),
+            comm,
+            vec![ParamSpec::new("p", vec![2])],
+            config,
+        )?;
+        let mut p = Tensor::from_vec(vec![0f32, 0.0], 2)?;
+        // Averaged gradient (3, 4): norm 5, clipped to (0.6, 0.8).
+        dist.step([(
+            "p",
+            &mut p,
+            Some(Tensor::from_vec(
+                vec![3f32 * 2.0 * rank as f32, 4.0 * 2.0 * rank as f32],
+                2,
+            )?),
+        )])?;
+        let after_clip = p.to_vec::<f32>()?;
+        let bad = if rank == 1 { f32::NAN } else { 1.0 };
+        let stats = dist.step([("p", &mut p, Some(Tensor::from_vec(vec![bad, 1.0], 2)?))])?;
+        Ok::<_, OptimError>((after_clip, stats.non_finite, p.to_vec::<f32>()?))
+    })
+    .unwrap();
+    for r in results {
+        let (after_clip, non_finite, after_nan) = r.unwrap();
+        assert!(
+            (after_clip[0] + 0.6).abs() < 1e-6 && (after_clip[1] + 0.8).abs() < 1e-6,
+            "{after_clip:?}"
+        );
+        assert!(non_finite);
+        assert_eq!(
+            after_nan, after_clip,
+            "the non-finite step is skipped everywhere"
+        );
+    }
+}
