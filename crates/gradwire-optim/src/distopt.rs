@@ -24,13 +24,15 @@
 //! tiny collective per bucket, never one blocking vote per array, and it
 //! cannot desynchronise ranks.
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{
     AlgoError, DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, Handle, Reduced, Traffic,
-    fused_all_reduce, half_all_reduce,
+    fused_all_reduce, half_all_reduce, sparse_all_reduce,
 };
 use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use gradwire_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -53,6 +55,21 @@ pub enum Mode {
         /// The clamp, if any.
         clip: Option<f32>,
     },
+    /// Each bucket sends only what `codec` selects (SINGA
+    /// `backward_and_sparse_update`), with an error-feedback residual per
+    /// bucket when `error_feedback`; a bucket that is not sparse enough is
+    /// sent dense. The sum is divided by the world size.
+    Sparse {
+        /// Which entries to send.
+        codec: SparseCodec,
+        /// Keep what is not sent for later steps (SINGA's `corr`).
+        error_feedback: bool,
+    },
+    /// Local SGD with round-robin partial averaging (SINGA
+    /// `backward_and_partial_update`): every parameter is updated with its
+    /// own rank's gradient, then the parameters of one bucket (partition
+    /// `counter mod K`) are averaged across ranks. Optimizer state is local.
+    Partial,
 }
 
 /// DistOpt's settings.
@@ -131,6 +148,7 @@ impl ParamSpec {
 struct BucketResult {
     written: Vec<bool>,
     grads: Vec<Tensor>,
+    residual: Option<ErrorFeedback>,
 }
 
 /// The data-parallel optimizer.
@@ -145,6 +163,12 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// This step's gradients, by parameter index.
     grads: Vec<Option<Tensor>>,
     in_flight: Vec<Handle<BucketResult>>,
+    /// Sparse mode's error-feedback memory, one per bucket (taken by a
+    /// bucket's job while it runs, given back with its result).
+    residuals: Vec<Option<ErrorFeedback>>,
+    /// Partial mode's step counter: the bucket averaged next is
+    /// `partial_counter mod K`, so the cycle never stops.
+    partial_counter: u64,
 }
 
 impl std::fmt::Debug for BucketResult {
@@ -227,6 +251,18 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         }
         let buckets = plan_buckets(&params, config.fusion_threshold, config.capacity)?;
         let grads = vec![None; params.len()];
+        let residuals = buckets
+            .iter()
+            .map(|b| match config.mode {
+                Mode::Sparse {
+                    error_feedback: true,
+                    ..
+                } => Some(ErrorFeedback::new(
+                    params[b.clone()].iter().map(ParamSpec::len).sum(),
+                )),
+                _ => None,
+            })
+            .collect();
         Ok(DistOpt {
             optimizer,
             comm,
@@ -236,6 +272,8 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             buckets,
             grads,
             in_flight: Vec::new(),
+            residuals,
+            partial_counter: 0,
         })
     }
 
@@ -274,6 +312,12 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         &self.comm
     }
 
+    /// Gives the communicator back (the optimizer and DistOpt's state are
+    /// dropped: take a [`DistOpt::checkpoint`] first to keep them).
+    pub fn into_comm(self) -> C {
+        self.comm
+    }
+
     /// The buckets, as ranges of the declared parameters.
     pub fn buckets(&self) -> &[Range<usize>] {
         &self.buckets
@@ -284,6 +328,9 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
     pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
         let i = self.check_grad(name, &grad)?;
         self.grads[i] = Some(grad);
+        if self.config.mode == Mode::Partial {
+            return Ok(()); // partial mode communicates parameters, in finish
+        }
         while self.in_flight.len() < self.buckets.len() {
             let next = self.buckets[self.in_flight.len()].clone();
             if !next.clone().all(|j| self.grads[j].is_some()) {
@@ -320,9 +367,10 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         }
         let mode = self.config.mode;
         let capacity = self.config.capacity;
+        let residual = self.residuals[self.in_flight.len()].take();
         let pending = self
             .comm
-            .run_async(move |comm| Ok(reduce_bucket(comm, grads, mode, capacity)));
+            .run_async(move |comm| Ok(reduce_bucket(comm, grads, mode, capacity, residual)));
         let pending = pending.map_err(AlgoError::from)?;
         self.in_flight.push(Handle::from_pending(pending));
         Ok(())
@@ -343,6 +391,9 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             .iter()
             .find(|p| !targets.contains_key(p.name.as_str()))
             .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
+        if self.config.mode == Mode::Partial {
+            return self.finish_partial(targets, missing);
+        }
         while self.in_flight.len() < self.buckets.len() {
             if let Err(e) = self.launch_next() {
                 self.abort_step();
@@ -360,6 +411,9 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             match handle.wait() {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;
+                    if value.residual.is_some() {
+                        self.residuals[b] = value.residual;
+                    }
                     let mut grads = value.grads.into_iter();
                     for (i, written) in self.buckets[b].clone().zip(value.written) {
                         if written {
@@ -377,6 +431,23 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         stats.wait = start.elapsed();
         self.grads.iter_mut().for_each(|g| *g = None);
         if let Some(e) = failure {
+            // A failed bucket did not hand its residual back: start it afresh
+            // (what it held is lost with the failed step).
+            if let Mode::Sparse {
+                error_feedback: true,
+                ..
+            } = self.config.mode
+            {
+                for (b, slot) in self.residuals.iter_mut().enumerate() {
+                    if slot.is_none() {
+                        let n = self.params[self.buckets[b].clone()]
+                            .iter()
+                            .map(ParamSpec::len)
+                            .sum();
+                        *slot = Some(ErrorFeedback::new(n));
+                    }
+                }
+            }
             return Err(e.into());
         }
         if let Some(e) = missing {
@@ -384,7 +455,7 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         }
 
         // Average (half mode arrives averaged), then clip and check.
-        if self.config.mode == Mode::Dense {
+        if matches!(self.config.mode, Mode::Dense | Mode::Sparse { .. }) {
             let inverse = 1.0 / self.world_size() as f32;
             for (_, g) in &mut reduced {
                 g.scale(inverse)?;
@@ -465,6 +536,127 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         Ok(i)
     }
 
+    /// Partial mode's finish: the local update, then the average of one
+    /// bucket's parameters across ranks.
+    fn finish_partial(
+        &mut self,
+        mut targets: HashMap<&str, &mut Tensor>,
+        missing: Option<OptimError>,
+    ) -> Result<StepStats> {
+        let mut stats = StepStats {
+            buckets: 1,
+            ..StepStats::default()
+        };
+        let grads: Vec<Option<Tensor>> = self.grads.iter_mut().map(Option::take).collect();
+        if let Some(e) = missing {
+            // Every rank must still take part in the averaging below; a rank
+            // missing a parameter cannot, so it fails and its peers see the
+            // collective fail too rather than hang.
+            return Err(e);
+        }
+        for (i, grad) in grads.into_iter().enumerate() {
+            let name = self.params[i].name.as_str();
+            if let (Some(grad), Some(param)) = (grad, targets.get_mut(name))
+                && !grad.is_zeroed()
+            {
+                self.optimizer.update(name, param, &grad)?;
+                stats.updated += 1;
+            }
+        }
+        self.optimizer.step();
+        let k = self.buckets.len() as u64;
+        if k > 0 {
+            let b = (self.partial_counter % k) as usize;
+            self.partial_counter += 1;
+            let mut chosen: Vec<Tensor> = Vec::new();
+            for i in self.buckets[b].clone() {
+                let name = self.params[i].name.as_str();
+                let param = targets.get(name).ok_or_else(|| {
+                    OptimError::InvalidArgument(format!("parameter {name} not given"))
+                })?;
+                chosen.push((**param).clone());
+            }
+            let start = Instant::now();
+            stats.traffic +=
+                fused_all_reduce(&self.comm, &mut chosen, ReduceOp::Avg, self.config.capacity)?;
+            stats.wait = start.elapsed();
+            for (i, averaged) in self.buckets[b].clone().zip(chosen) {
+                let name = self.params[i].name.as_str();
+                if let Some(param) = targets.get_mut(name) {
+                    param.copy_from(&averaged)?;
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// DistOpt's whole state: the optimizer's, sparse mode's residuals (as
+    /// tensors `residual/<bucket>`) and partial mode's counter (value
+    /// `partial_counter`). Call between steps.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut ckpt = Checkpoint::new(self.optimizer.state()?);
+        for (b, memory) in self.residuals.iter().enumerate() {
+            if let Some(memory) = memory {
+                let residual = memory.residual().to_vec();
+                let n = residual.len();
+                ckpt.tensors
+                    .insert(format!("residual/{b}"), Tensor::from_vec(residual, n)?);
+                ckpt.values
+                    .insert(format!("residual_steps/{b}"), memory.steps().into());
+            }
+        }
+        ckpt.values
+            .insert("partial_counter".into(), self.partial_counter.into());
+        ckpt.values
+            .insert("buckets".into(), (self.buckets.len() as u64).into());
+        Ok(ckpt)
+    }
+
+    /// Restores a state saved by [`DistOpt::checkpoint`] from a DistOpt with
+    /// the same parameters and buckets; errors on any mismatch.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let mismatch = |what: String| OptimError::StateMismatch(what);
+        let buckets = ckpt.values.get("buckets").and_then(|v| v.as_u64());
+        if buckets != Some(self.buckets.len() as u64) {
+            return Err(mismatch(format!(
+                "the checkpoint has {buckets:?} buckets, this DistOpt {}",
+                self.buckets.len()
+            )));
+        }
+        let counter = ckpt
+            .values
+            .get("partial_counter")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| mismatch("no partial_counter".into()))?;
+        let mut residuals = Vec::with_capacity(self.residuals.len());
+        for (b, current) in self.residuals.iter().enumerate() {
+            let saved = ckpt.tensors.get(&format!("residual/{b}"));
+            residuals.push(match (current, saved) {
+                (None, None) => None,
+                (Some(memory), Some(t)) if t.len() == memory.len() => {
+                    let steps = ckpt
+                        .values
+                        .get(&format!("residual_steps/{b}"))
+                        .and_then(|v| v.as_u64())
+                        .ok_or_else(|| mismatch(format!("no residual_steps/{b}")))?;
+                    Some(
+                        ErrorFeedback::from_state(ErrorFeedbackState {
+                            residual: t.to_vec::<f32>()?,
+                            momentum: None,
+                            steps,
+                        })
+                        .map_err(|e| mismatch(format!("residual {b}: {e}")))?,
+                    )
+                }
+                _ => return Err(mismatch(format!("residual of bucket {b} does not match"))),
+            });
+        }
+        self.optimizer.load_state(&ckpt.optimizer)?;
+        self.residuals = residuals;
+        self.partial_counter = counter;
+        Ok(())
+    }
+
     /// Drops this step's gradients; buckets already launched complete with
     /// the other ranks (their results are discarded).
     fn abort_step(&mut self) {
@@ -483,12 +675,14 @@ fn reduce_bucket<C: Communicator>(
     grads: Vec<Tensor>,
     mode: Mode,
     capacity: usize,
+    mut residual: Option<ErrorFeedback>,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let world = comm.world_size();
     let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
     comm.all_reduce(&mut votes, ReduceOp::Max)?;
     let mut traffic = Traffic::all_reduce(votes.len(), world);
     let written: Vec<bool> = votes.iter().map(|&v| v != 0).collect();
+    let lens: Vec<usize> = grads.iter().map(Tensor::len).collect();
     let mut live: Vec<Tensor> = grads
         .into_iter()
         .zip(&written)
@@ -497,7 +691,9 @@ fn reduce_bucket<C: Communicator>(
         .collect();
     if !live.is_empty() {
         traffic += match mode {
-            Mode::Dense => fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?,
+            Mode::Dense | Mode::Partial => {
+                fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
+            }
             Mode::Half { precision, clip } => {
                 let options = HalfOptions {
                     precision,
@@ -506,12 +702,55 @@ fn reduce_bucket<C: Communicator>(
                 };
                 half_all_reduce(comm, &mut live, &options, capacity)?
             }
+            Mode::Sparse { codec, .. } => match residual.as_mut() {
+                None => sparse_all_reduce(comm, &mut live, &codec, None)?,
+                Some(memory) if written.iter().all(|&w| w) => {
+                    sparse_all_reduce(comm, &mut live, &codec, Some(memory))?
+                }
+                Some(memory) => {
+                    // Only the written parameters take part: their part of the
+                    // residual goes through the step, the rest stays as it is.
+                    let mut ranges = Vec::new();
+                    let mut offset = 0;
+                    for (&n, &w) in lens.iter().zip(&written) {
+                        if w {
+                            ranges.push(offset..offset + n);
+                        }
+                        offset += n;
+                    }
+                    let full = memory.state();
+                    let part: Vec<f32> = ranges
+                        .iter()
+                        .flat_map(|r| full.residual[r.clone()].iter().copied())
+                        .collect();
+                    let mut sub = ErrorFeedback::from_state(ErrorFeedbackState {
+                        residual: part,
+                        momentum: None,
+                        steps: full.steps,
+                    })?;
+                    let t = sparse_all_reduce(comm, &mut live, &codec, Some(&mut sub))?;
+                    let mut merged = full.residual;
+                    let mut from = sub.residual().iter().copied();
+                    for r in &ranges {
+                        for slot in &mut merged[r.clone()] {
+                            *slot = from.next().unwrap_or(0.0);
+                        }
+                    }
+                    *memory = ErrorFeedback::from_state(ErrorFeedbackState {
+                        residual: merged,
+                        momentum: None,
+                        steps: sub.steps(),
+                    })?;
+                    t
+                }
+            },
         };
     }
     Ok(Reduced {
         value: BucketResult {
             written,
             grads: live,
+            residual,
         },
         traffic,
     })

@@ -311,7 +311,7 @@ fn skipping_leaves_unwritten_parameters_alone_and_never_desynchronises() {
                 (
                     "sometimes",
                     &mut sometimes,
-                    if (step + rank) % 3 == 0 {
+                    if (step + rank).is_multiple_of(3) {
                         g(2.0, 5)
                     } else {
                         None
@@ -387,6 +387,165 @@ fn clipping_and_the_non_finite_check_act_on_every_rank_alike() {
         assert_eq!(
             after_nan, after_clip,
             "the non-finite step is skipped everywhere"
+        );
+    }
+}
+
+/// One training run of the linear model with every rank's shard; returns each
+/// rank's parameters after every step (checkpointing after `save_at` steps into
+/// a fresh DistOpt when given).
+fn run_mode(
+    world: usize,
+    steps: usize,
+    config: DistOptConfig,
+    save_at: Option<usize>,
+) -> Vec<Vec<Vec<Vec<f32>>>> {
+    use gradwire_optim::checkpoint;
+    let results = local::run(world, |comm: LocalComm| {
+        let rank = comm.rank();
+        let make = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
+        let mut dist = Some(DistOpt::new(make(), comm, specs(), config.clone())?);
+        let mut w: Vec<Tensor> = initial()
+            .iter()
+            .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
+            .collect();
+        let shard = BATCH / world;
+        let mut history = Vec::new();
+        for step in 0..steps {
+            if Some(step) == save_at {
+                // Through the file format, into a brand-new DistOpt.
+                let old = dist.take().unwrap();
+                let bytes = checkpoint::to_bytes(&old.checkpoint()?)?;
+                let comm = old.into_comm();
+                let mut fresh = DistOpt::new(make(), comm, specs(), config.clone())?;
+                fresh.restore(&checkpoint::from_bytes(&bytes)?)?;
+                dist = Some(fresh);
+            }
+            let dist = dist.as_mut().unwrap();
+            let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
+            let g = gradient(&values, rank * shard..(rank + 1) * shard);
+            let names: Vec<String> = (0..BLOCKS.len()).map(|k| format!("w{k}")).collect();
+            let grads: Vec<Option<Tensor>> = (0..BLOCKS.len())
+                .map(|k| {
+                    Some(
+                        Tensor::from_vec(g[k].iter().map(|&v| v as f32).collect(), BLOCKS[k])
+                            .unwrap(),
+                    )
+                })
+                .collect();
+            dist.step(
+                names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(w.iter_mut())
+                    .zip(grads)
+                    .map(|((n, p), g)| (n, p, g)),
+            )?;
+            history.push(
+                w.iter()
+                    .map(|t| t.to_vec::<f32>().unwrap())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        Ok::<_, OptimError>(history)
+    })
+    .unwrap();
+    results.into_iter().map(|r| r.unwrap()).collect()
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<u32> {
+    v.iter().flatten().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn sparse_with_everything_selected_equals_dense() {
+    use gradwire_compress::SparseCodec;
+    let dense = run_mode(3, 3, small_buckets(), None);
+    for (codec, error_feedback) in [
+        (SparseCodec::Threshold(0.0), false),
+        (SparseCodec::TopK(1.0), true),
+        (SparseCodec::TopK(1.0), false),
+    ] {
+        let config = DistOptConfig {
+            mode: Mode::Sparse {
+                codec,
+                error_feedback,
+            },
+            ..small_buckets()
+        };
+        let sparse = run_mode(3, 3, config, None);
+        assert_eq!(bits(&sparse[0][2]), bits(&dense[0][2]), "{codec:?}");
+    }
+}
+
+#[test]
+fn sparse_top_k_trains_and_its_checkpoint_resumes_bitwise() {
+    use gradwire_compress::SparseCodec;
+    let config = DistOptConfig {
+        mode: Mode::Sparse {
+            codec: SparseCodec::TopK(0.2),
+            error_feedback: true,
+        },
+        ..small_buckets()
+    };
+    let straight = run_mode(4, 6, config.clone(), None);
+    let resumed = run_mode(4, 6, config, Some(3));
+    for rank in 0..4 {
+        assert_eq!(
+            bits(&straight[rank][5]),
+            bits(&resumed[rank][5]),
+            "rank {rank}"
+        );
+        assert_eq!(
+            bits(&straight[rank][5]),
+            bits(&straight[0][5]),
+            "ranks diverged"
+        );
+    }
+}
+
+#[test]
+fn partial_averages_each_partition_in_turn_and_resumes_bitwise() {
+    let config = DistOptConfig {
+        mode: Mode::Partial,
+        ..small_buckets()
+    };
+    let specs_order = specs();
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let buckets = DistOpt::new(
+        Sgd::new(SgdConfig::default()).unwrap(),
+        comm,
+        specs(),
+        config.clone(),
+    )
+    .unwrap()
+    .buckets()
+    .to_vec();
+    let k = buckets.len();
+    assert!(k >= 3, "the test wants several partitions, got {k}");
+    let history = run_mode(4, 2 * k, config.clone(), None);
+    for step in 0..2 * k {
+        let averaged = &buckets[step % k];
+        for i in averaged.clone() {
+            // specs are in backward order: w{last} first.
+            let block = BLOCKS.len() - 1 - i;
+            assert_eq!(specs_order[i].name, format!("w{block}"));
+            for rank in 1..4 {
+                assert_eq!(
+                    history[rank][step][block], history[0][step][block],
+                    "step {step}, w{block}"
+                );
+            }
+        }
+    }
+    // Some parameter differs across ranks somewhere: it really is local SGD.
+    assert!((0..4).any(|r| history[r][0] != history[0][0]));
+    let resumed = run_mode(4, 2 * k, config, Some(k + 1));
+    for rank in 0..4 {
+        assert_eq!(
+            bits(&resumed[rank][2 * k - 1]),
+            bits(&history[rank][2 * k - 1]),
+            "rank {rank}"
         );
     }
 }
