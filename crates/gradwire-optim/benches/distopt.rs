@@ -12,6 +12,8 @@
 //! `cargo bench -p gradwire-optim --bench distopt` prints time per step, the
 //! wait in `finish`, and the bytes each rank sent per step.
 
+mod common;
+
 use gradwire_algos::HalfPrecision;
 use gradwire_comm::{Communicator, LocalConfig, local};
 use gradwire_compress::SparseCodec;
@@ -23,32 +25,9 @@ const WORLD: usize = 4;
 const STEPS: usize = 5;
 const BACKWARD: Duration = Duration::from_millis(40);
 
-/// ResNet-50's parameter tensors (as in the optimizer benchmark), in
-/// backward order.
+/// ResNet-50's parameter tensors in backward order.
 fn shapes() -> Vec<Vec<usize>> {
-    let mut shapes = vec![vec![64, 3, 7, 7], vec![64], vec![64]];
-    let mut c_in = 64;
-    for (width, blocks) in [(64, 3), (128, 4), (256, 6), (512, 3)] {
-        for block in 0..blocks {
-            let out = width * 4;
-            for shape in [
-                vec![width, c_in, 1, 1],
-                vec![width, width, 3, 3],
-                vec![out, width, 1, 1],
-            ] {
-                let c = shape[0];
-                shapes.push(shape);
-                shapes.push(vec![c]);
-                shapes.push(vec![c]);
-            }
-            if block == 0 {
-                shapes.extend([vec![out, c_in, 1, 1], vec![out], vec![out]]);
-            }
-            c_in = out;
-        }
-    }
-    shapes.push(vec![1000, 2048]);
-    shapes.push(vec![1000]);
+    let mut shapes = common::resnet50_shapes();
     shapes.reverse();
     shapes
 }

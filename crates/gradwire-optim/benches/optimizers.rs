@@ -6,6 +6,9 @@
 //! gradients and buffers, each counted once) and its ratio to the memcpy
 //! bandwidth (bytes copied / time, the buffer counted once).
 
+mod common;
+
+use common::resnet50_shapes;
 use criterion::{Criterion, Throughput};
 use gradwire_optim::{
     AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, Optimizer, RmsProp, RmsPropConfig, Sgd,
@@ -26,38 +29,6 @@ fn record(name: &str, bytes: f64, elapsed: Duration, iters: u64) {
         .entry(name.to_string())
         .or_insert((f64::INFINITY, bytes));
     entry.0 = entry.0.min(per);
-}
-
-/// ResNet-50's parameter tensors: the stem, four stages of bottleneck blocks
-/// (1x1, 3x3, 1x1 convolutions, batch-norm scales and shifts, projection
-/// shortcuts), and the classifier: about 25.5 M parameters.
-fn resnet50_shapes() -> Vec<Vec<usize>> {
-    let mut shapes = vec![vec![64, 3, 7, 7], vec![64], vec![64]];
-    let mut c_in = 64;
-    for (width, blocks) in [(64, 3), (128, 4), (256, 6), (512, 3)] {
-        for block in 0..blocks {
-            let out = width * 4;
-            for shape in [
-                vec![width, c_in, 1, 1],
-                vec![width, width, 3, 3],
-                vec![out, width, 1, 1],
-            ] {
-                let c = shape[0];
-                shapes.push(shape);
-                shapes.push(vec![c]);
-                shapes.push(vec![c]);
-            }
-            if block == 0 {
-                shapes.push(vec![out, c_in, 1, 1]);
-                shapes.push(vec![out]);
-                shapes.push(vec![out]);
-            }
-            c_in = out;
-        }
-    }
-    shapes.push(vec![1000, 2048]);
-    shapes.push(vec![1000]);
-    shapes
 }
 
 struct Model {

@@ -119,6 +119,19 @@ impl Schedule {
             )))
         };
         let finite = |v: f64| v.is_finite();
+        // The two decays: a start value, a period and a factor.
+        let decay = |init: f64, period: u64, factor: f64| {
+            if !finite(init) || !finite(factor) || factor < 0.0 {
+                return bad("the start and the factor must be finite, the factor non-negative");
+            }
+            if period == 0 {
+                return bad("the period (decay_steps, step_size) must be positive");
+            }
+            if non_negative && init < 0.0 {
+                return bad("negative");
+            }
+            Ok(())
+        };
         match *self {
             Schedule::Constant { value } => {
                 if !finite(value) {
@@ -134,30 +147,14 @@ impl Schedule {
                 rate,
                 ..
             } => {
-                if !finite(init) || !finite(rate) || rate < 0.0 {
-                    return bad("init and rate must be finite, rate non-negative");
-                }
-                if decay_steps == 0 {
-                    return bad("decay_steps must be positive");
-                }
-                if non_negative && init < 0.0 {
-                    return bad("negative");
-                }
+                return decay(init, decay_steps, rate);
             }
             Schedule::StepDecay {
                 init,
                 step_size,
                 gamma,
             } => {
-                if !finite(init) || !finite(gamma) || gamma < 0.0 {
-                    return bad("init and gamma must be finite, gamma non-negative");
-                }
-                if step_size == 0 {
-                    return bad("step_size must be positive");
-                }
-                if non_negative && init < 0.0 {
-                    return bad("negative");
-                }
+                return decay(init, step_size, gamma);
             }
             Schedule::CosineWarmup {
                 peak,
