@@ -78,6 +78,18 @@ fn train_distributed<O: Optimizer + 'static>(
     config: DistOptConfig,
     make: &(impl Fn() -> O + Sync),
 ) -> Vec<Vec<f32>> {
+    train_on(world, steps, config, make, false)
+}
+
+/// [`train_distributed`], each rank on its shard of the batch or, with
+/// `whole_batch`, on all of it.
+fn train_on<O: Optimizer + 'static>(
+    world: usize,
+    steps: usize,
+    config: DistOptConfig,
+    make: &(impl Fn() -> O + Sync),
+    whole_batch: bool,
+) -> Vec<Vec<f32>> {
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
         let mut dist = DistOpt::new(make(), comm, specs(), config.clone())?;
@@ -88,7 +100,12 @@ fn train_distributed<O: Optimizer + 'static>(
         let shard = BATCH / world;
         for _ in 0..steps {
             let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
-            let g = gradient(&values, rank * shard..(rank + 1) * shard);
+            let samples = if whole_batch {
+                0..BATCH
+            } else {
+                rank * shard..(rank + 1) * shard
+            };
+            let g = gradient(&values, samples);
             // Backward order, pushed one by one (buckets start as they fill).
             for k in (0..BLOCKS.len()).rev() {
                 let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
@@ -572,34 +589,10 @@ fn partial_with_identical_gradients_equals_local_training() {
     let make = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
     let want = train_single(6, make());
     // Two ranks, both on the whole batch: averaging equal values is exact.
-    let results = local::run(2, |comm: LocalComm| {
-        let config = DistOptConfig {
-            mode: Mode::Partial,
-            ..small_buckets()
-        };
-        let mut dist = DistOpt::new(make(), comm, specs(), config)?;
-        let mut w: Vec<Tensor> = initial()
-            .iter()
-            .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
-            .collect();
-        for _ in 0..6 {
-            let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
-            let g = gradient(&values, 0..BATCH);
-            for k in (0..BLOCKS.len()).rev() {
-                let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
-                dist.push(&format!("w{k}"), Tensor::from_vec(gk, BLOCKS[k]).unwrap())?;
-            }
-            let names: Vec<String> = (0..BLOCKS.len()).map(|k| format!("w{k}")).collect();
-            dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()))?;
-        }
-        Ok::<_, OptimError>(
-            w.iter()
-                .map(|t| t.to_vec::<f32>().unwrap())
-                .collect::<Vec<_>>(),
-        )
-    })
-    .unwrap();
-    for r in results {
-        assert_eq!(bits(&r.unwrap()), bits(&want));
-    }
+    let config = DistOptConfig {
+        mode: Mode::Partial,
+        ..small_buckets()
+    };
+    let got = train_on(2, 6, config, &make, true);
+    assert_eq!(bits(&got), bits(&want));
 }
