@@ -3,8 +3,8 @@
 //! Strategies over any [`gradwire_comm::Communicator`], usable without
 //! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
 //! all-reduce (f32 accumulation), and sparse all-reduce with optional error
-//! feedback and an automatic dense fallback. AdaSum and DimReduce join them
-//! with their issues.
+//! feedback and an automatic dense fallback; [`adasum`] for any world size.
+//! DimReduce joins them with its issue.
 //!
 //! ```
 //! use gradwire_algos::{DEFAULT_FUSION_CAPACITY, fused_all_reduce_async};
@@ -24,10 +24,12 @@
 
 #![deny(missing_docs)]
 
+pub mod adasum;
 mod error;
 mod handle;
 mod reduce;
 
+pub use adasum::AdaSum;
 pub use error::{AlgoError, Result};
 pub use handle::{Handle, Reduced, Traffic};
 pub use reduce::{
