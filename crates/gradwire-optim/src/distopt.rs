@@ -27,6 +27,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::{
     AlgoError, DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, Handle, Reduced, Traffic,
     fused_all_reduce, half_all_reduce, sparse_all_reduce,
@@ -36,6 +37,7 @@ use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use gradwire_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// SINGA's default fusion threshold, in elements.
@@ -65,6 +67,15 @@ pub enum Mode {
         /// Keep what is not sent for later steps (SINGA's `corr`).
         error_feedback: bool,
     },
+    /// Each bucket is combined by the [`Combiner`] given to
+    /// [`DistOpt::with_combiner`] (AdaSum by gradient, or any strategy of
+    /// your own) instead of a built-in rule.
+    Custom,
+    /// Combine weight changes instead of gradients (Horovod's AdaSum default,
+    /// MindSpore's `AdaSumByDeltaWeightWrapCell`): save `p0`, step the
+    /// optimizer locally with this rank's gradient, `delta = p0 - p`, combine
+    /// the deltas bucket by bucket with the [`Combiner`], `p = p0 - combined`.
+    DeltaWeight,
     /// Local SGD with round-robin partial averaging (SINGA
     /// `backward_and_partial_update`): every parameter is updated with its
     /// own rank's gradient, then the parameters of one bucket (partition
@@ -120,6 +131,82 @@ pub struct StepStats {
     pub non_finite: bool,
 }
 
+/// How DistOpt combines one bucket's tensors across ranks, beyond the
+/// built-in modes: the hook AdaSum (or any strategy) plugs into without
+/// changing DistOpt. It runs on the communication thread, one bucket at a
+/// time, in bucket order on every rank.
+pub trait Combiner<C: Communicator>: Send + 'static {
+    /// Combines `tensors` (this rank's written gradients, or weight deltas, of
+    /// bucket `bucket`, in declaration order) across the ranks of `comm`, in
+    /// place.
+    fn combine(
+        &mut self,
+        comm: &C,
+        bucket: usize,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<Combined>;
+}
+
+/// What a [`Combiner`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Combined {
+    /// Bytes this rank sent and received.
+    pub traffic: Traffic,
+    /// Whether the result is already an average-like combination; if not it
+    /// is a sum, which DistOpt divides by the world size.
+    pub averaged: bool,
+}
+
+/// AdaSum as a combiner: orthogonal gradients add, identical ones average,
+/// so the result is used as it is (`averaged`). Prepare it with
+/// [`AdaSum::new`] (or [`AdaSum::hierarchical`]) on the DistOpt's
+/// communicator, on every rank.
+impl<C: Communicator + 'static> Combiner<C> for AdaSum<C> {
+    fn combine(
+        &mut self,
+        comm: &C,
+        _bucket: usize,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<Combined> {
+        let traffic = AdaSum::combine(self, comm, tensors)?;
+        Ok(Combined {
+            traffic,
+            averaged: true,
+        })
+    }
+}
+
+/// A combiner shared between DistOpt and its bucket jobs (they run one at a
+/// time on the communication thread; the lock is never contended).
+struct SharedCombiner<C>(Arc<Mutex<Box<dyn Combiner<C>>>>);
+
+impl<C> Clone for SharedCombiner<C> {
+    fn clone(&self) -> Self {
+        SharedCombiner(Arc::clone(&self.0))
+    }
+}
+
+impl<C> std::fmt::Debug for SharedCombiner<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Combiner")
+    }
+}
+
+fn run_combiner<C: Communicator + 'static>(
+    combiner: &Option<SharedCombiner<C>>,
+    comm: &C,
+    bucket: usize,
+    tensors: &mut [Tensor],
+) -> gradwire_algos::Result<Combined> {
+    let combiner = combiner.as_ref().ok_or_else(|| {
+        AlgoError::InvalidArgument("this mode needs DistOpt::with_combiner".into())
+    })?;
+    let mut guard = combiner.0.lock().map_err(|_| {
+        AlgoError::InvalidArgument("the combiner panicked in an earlier step".into())
+    })?;
+    guard.combine(comm, bucket, tensors)
+}
+
 /// A parameter's declaration: its name and shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
@@ -149,6 +236,8 @@ struct BucketResult {
     written: Vec<bool>,
     grads: Vec<Tensor>,
     residual: Option<ErrorFeedback>,
+    /// Whether `grads` are averaged already (else summed).
+    averaged: bool,
 }
 
 /// The data-parallel optimizer.
@@ -169,6 +258,8 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
+    /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`.
+    combiner: Option<SharedCombiner<C>>,
 }
 
 impl std::fmt::Debug for BucketResult {
@@ -226,7 +317,7 @@ fn plan_buckets(
     Ok(buckets)
 }
 
-impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Wraps `optimizer` for the parameters `params`, declared in the order
     /// backward produces their gradients.
     pub fn new(
@@ -274,7 +365,22 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             in_flight: Vec::new(),
             residuals,
             partial_counter: 0,
+            combiner: None,
         })
+    }
+
+    /// [`DistOpt::new`] with a [`Combiner`] for `Mode::Custom` (buckets of
+    /// gradients) or `Mode::DeltaWeight` (buckets of weight changes).
+    pub fn with_combiner(
+        optimizer: O,
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+        combiner: impl Combiner<C>,
+    ) -> Result<Self> {
+        let mut dist = DistOpt::new(optimizer, comm, params, config)?;
+        dist.combiner = Some(SharedCombiner(Arc::new(Mutex::new(Box::new(combiner)))));
+        Ok(dist)
     }
 
     /// Number of ranks (SINGA's `world_size`).
@@ -328,8 +434,8 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
     pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
         let i = self.check_grad(name, &grad)?;
         self.grads[i] = Some(grad);
-        if self.config.mode == Mode::Partial {
-            return Ok(()); // partial mode communicates parameters, in finish
+        if matches!(self.config.mode, Mode::Partial | Mode::DeltaWeight) {
+            return Ok(()); // these modes communicate after the local step, in finish
         }
         while self.in_flight.len() < self.buckets.len() {
             let next = self.buckets[self.in_flight.len()].clone();
@@ -365,12 +471,14 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             };
             grads.push(grad);
         }
-        let mode = self.config.mode;
-        let capacity = self.config.capacity;
-        let residual = self.residuals[self.in_flight.len()].take();
-        let pending = self
-            .comm
-            .run_async(move |comm| Ok(reduce_bucket(comm, grads, mode, capacity, residual)));
+        let job = BucketJob {
+            bucket: self.in_flight.len(),
+            mode: self.config.mode,
+            capacity: self.config.capacity,
+            residual: self.residuals[self.in_flight.len()].take(),
+            combiner: self.combiner.clone(),
+        };
+        let pending = self.comm.run_async(move |comm| Ok(job.run(comm, grads)));
         let pending = pending.map_err(AlgoError::from)?;
         self.in_flight.push(Handle::from_pending(pending));
         Ok(())
@@ -391,8 +499,10 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             .iter()
             .find(|p| !targets.contains_key(p.name.as_str()))
             .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
-        if self.config.mode == Mode::Partial {
-            return self.finish_partial(targets, missing);
+        match self.config.mode {
+            Mode::Partial => return self.finish_partial(targets, missing),
+            Mode::DeltaWeight => return self.finish_delta_weight(targets, missing),
+            _ => {}
         }
         while self.in_flight.len() < self.buckets.len() {
             if let Err(e) = self.launch_next() {
@@ -405,7 +515,7 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
-        let mut reduced: Vec<(usize, Tensor)> = Vec::new();
+        let mut reduced: Vec<(usize, Tensor, bool)> = Vec::new();
         let mut failure = None;
         for (b, handle) in self.in_flight.drain(..).enumerate() {
             match handle.wait() {
@@ -414,11 +524,12 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
                     if value.residual.is_some() {
                         self.residuals[b] = value.residual;
                     }
+                    let averaged = value.averaged;
                     let mut grads = value.grads.into_iter();
                     for (i, written) in self.buckets[b].clone().zip(value.written) {
                         if written {
                             if let Some(g) = grads.next() {
-                                reduced.push((i, g));
+                                reduced.push((i, g, averaged));
                             }
                         } else {
                             stats.skipped += 1;
@@ -455,15 +566,15 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
         }
 
         // Average (half mode arrives averaged), then clip and check.
-        if matches!(self.config.mode, Mode::Dense | Mode::Sparse { .. }) {
-            let inverse = 1.0 / self.world_size() as f32;
-            for (_, g) in &mut reduced {
+        let inverse = 1.0 / self.world_size() as f32;
+        for (_, g, averaged) in &mut reduced {
+            if !*averaged {
                 g.scale(inverse)?;
             }
         }
         if self.config.skip_non_finite || self.config.clip_global_norm.is_some() {
             let mut sum_sq = 0f64;
-            for (_, g) in &reduced {
+            for (_, g, _) in &reduced {
                 sum_sq += g.sum_sq()?;
             }
             if self.config.skip_non_finite && !sum_sq.is_finite() {
@@ -474,13 +585,13 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
                 let norm = sum_sq.sqrt();
                 if norm > max_norm {
                     let factor = (max_norm / norm) as f32;
-                    for (_, g) in &mut reduced {
+                    for (_, g, _) in &mut reduced {
                         g.scale(factor)?;
                     }
                 }
             }
         }
-        for (i, grad) in &reduced {
+        for (i, grad, _) in &reduced {
             let name = self.params[*i].name.as_str();
             let Some(param) = targets.get_mut(name) else {
                 continue;
@@ -534,6 +645,69 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
             )));
         }
         Ok(i)
+    }
+
+    /// Delta-weight mode's finish: the local step from `p0`, then the weight
+    /// changes combined bucket by bucket, then `p = p0 - combined`.
+    fn finish_delta_weight(
+        &mut self,
+        mut targets: HashMap<&str, &mut Tensor>,
+        missing: Option<OptimError>,
+    ) -> Result<StepStats> {
+        let mut stats = StepStats {
+            buckets: self.buckets.len(),
+            ..StepStats::default()
+        };
+        let grads: Vec<Option<Tensor>> = self.grads.iter_mut().map(Option::take).collect();
+        if let Some(e) = missing {
+            return Err(e);
+        }
+        // Local step; every parameter keeps its p0.
+        let mut start = Vec::with_capacity(self.params.len());
+        for (i, grad) in grads.into_iter().enumerate() {
+            let name = self.params[i].name.as_str();
+            let param = targets.get_mut(name).ok_or_else(|| {
+                OptimError::InvalidArgument(format!("parameter {name} not given"))
+            })?;
+            start.push((**param).clone());
+            if let Some(grad) = grad
+                && !grad.is_zeroed()
+            {
+                self.optimizer.update(name, param, &grad)?;
+                stats.updated += 1;
+            }
+        }
+        self.optimizer.step();
+        // Combine the deltas, bucket by bucket, in order on every rank.
+        let begin = Instant::now();
+        for (b, range) in self.buckets.clone().into_iter().enumerate() {
+            let mut deltas = Vec::with_capacity(range.len());
+            for i in range.clone() {
+                let name = self.params[i].name.as_str();
+                let param = targets.get(name).ok_or_else(|| {
+                    OptimError::InvalidArgument(format!("parameter {name} not given"))
+                })?;
+                let mut delta = start[i].clone();
+                delta.axpy(-1.0, param)?; // p0 - p
+                deltas.push(delta);
+            }
+            let combined = run_combiner(&self.combiner, &self.comm, b, &mut deltas)?;
+            stats.traffic += combined.traffic;
+            let inverse = if combined.averaged {
+                1.0
+            } else {
+                1.0 / self.world_size() as f32
+            };
+            for (i, delta) in range.zip(deltas) {
+                let name = self.params[i].name.as_str();
+                if let Some(param) = targets.get_mut(name) {
+                    param.copy_from(&start[i])?;
+                    param.axpy(-inverse, &delta)?; // p0 - combined
+                }
+            }
+        }
+        stats.wait = begin.elapsed();
+        Ok(stats)
     }
 
     /// Partial mode's finish: the local update, then the average of one
@@ -668,14 +842,40 @@ impl<O: Optimizer, C: Communicator> DistOpt<O, C> {
     }
 }
 
+/// What a bucket's job carries to the communication thread.
+struct BucketJob<C: Communicator> {
+    bucket: usize,
+    mode: Mode,
+    capacity: usize,
+    residual: Option<ErrorFeedback>,
+    combiner: Option<SharedCombiner<C>>,
+}
+
+impl<C: Communicator + 'static> BucketJob<C> {
+    /// The written-anywhere vote, then the combination of the gradients some
+    /// rank wrote.
+    fn run(self, comm: &C, grads: Vec<Tensor>) -> gradwire_algos::Result<Reduced<BucketResult>> {
+        let BucketJob {
+            bucket,
+            mode,
+            capacity,
+            residual,
+            combiner,
+        } = self;
+        reduce_bucket(comm, grads, mode, capacity, residual, bucket, &combiner)
+    }
+}
+
 /// A bucket's job on the communication thread: the written-anywhere vote,
 /// then the combination of the gradients some rank wrote.
-fn reduce_bucket<C: Communicator>(
+fn reduce_bucket<C: Communicator + 'static>(
     comm: &C,
     grads: Vec<Tensor>,
     mode: Mode,
     capacity: usize,
     mut residual: Option<ErrorFeedback>,
+    bucket: usize,
+    combiner: &Option<SharedCombiner<C>>,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let world = comm.world_size();
     let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
@@ -689,8 +889,14 @@ fn reduce_bucket<C: Communicator>(
         .filter(|(_, w)| **w)
         .map(|(g, _)| g)
         .collect();
+    let mut averaged = matches!(mode, Mode::Half { .. });
     if !live.is_empty() {
         traffic += match mode {
+            Mode::Custom | Mode::DeltaWeight => {
+                let combined = run_combiner(combiner, comm, bucket, &mut live)?;
+                averaged = combined.averaged;
+                combined.traffic
+            }
             Mode::Dense | Mode::Partial => {
                 fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
             }
@@ -751,6 +957,7 @@ fn reduce_bucket<C: Communicator>(
             written,
             grads: live,
             residual,
+            averaged,
         },
         traffic,
     })

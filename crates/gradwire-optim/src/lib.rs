@@ -33,7 +33,10 @@ mod rules;
 mod schedule;
 mod state;
 
-pub use distopt::{DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec, StepStats};
+pub use distopt::{
+    Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec,
+    StepStats,
+};
 pub use error::{OptimError, Result};
 pub use optimizer::{Optim, Optimizer, UpdateRule};
 pub use rules::{
