@@ -79,8 +79,12 @@ pub enum Mode {
     /// Local SGD with round-robin partial averaging (SINGA
     /// `backward_and_partial_update`): every parameter is updated with its
     /// own rank's gradient, then the parameters of one bucket (partition
-    /// `counter mod K`) are averaged across ranks. Optimizer state is local.
-    Partial,
+    /// `counter mod K`) are averaged across ranks, and with `average_state`
+    /// their optimizer buffers too (SINGA keeps them local).
+    Partial {
+        /// Also average the partition's optimizer buffers.
+        average_state: bool,
+    },
 }
 
 /// DistOpt's settings.
@@ -434,7 +438,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
         let i = self.check_grad(name, &grad)?;
         self.grads[i] = Some(grad);
-        if matches!(self.config.mode, Mode::Partial | Mode::DeltaWeight) {
+        if matches!(self.config.mode, Mode::Partial { .. } | Mode::DeltaWeight) {
             return Ok(()); // these modes communicate after the local step, in finish
         }
         while self.in_flight.len() < self.buckets.len() {
@@ -500,7 +504,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .find(|p| !targets.contains_key(p.name.as_str()))
             .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
         match self.config.mode {
-            Mode::Partial => return self.finish_partial(targets, missing),
+            Mode::Partial { average_state } => {
+                return self.finish_partial(targets, missing, average_state);
+            }
             Mode::DeltaWeight => return self.finish_delta_weight(targets, missing),
             _ => {}
         }
@@ -716,6 +722,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         mut targets: HashMap<&str, &mut Tensor>,
         missing: Option<OptimError>,
+        average_state: bool,
     ) -> Result<StepStats> {
         let mut stats = StepStats {
             buckets: 1,
@@ -760,8 +767,44 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                     param.copy_from(&averaged)?;
                 }
             }
+            if average_state {
+                stats.traffic += self.average_buffers(b)?;
+            }
         }
         Ok(stats)
+    }
+
+    /// Averages the optimizer buffers of bucket `b`'s parameters across ranks
+    /// (a rank without state for one contributes zeros and gains the average).
+    fn average_buffers(&mut self, b: usize) -> Result<Traffic> {
+        let names = self.optimizer.buffer_names();
+        let mut buffers = Vec::new();
+        for i in self.buckets[b].clone() {
+            let spec = &self.params[i];
+            let state = self.optimizer.param_state(&spec.name);
+            for &buffer in names {
+                let values = state
+                    .and_then(|s| s.buffers.get(buffer).cloned())
+                    .unwrap_or_else(|| vec![0.0; spec.len()]);
+                buffers.push(Tensor::from_vec(values, spec.len())?);
+            }
+        }
+        let traffic = fused_all_reduce(&self.comm, &mut buffers, ReduceOp::Avg, usize::MAX)?;
+        let mut averaged = buffers.into_iter();
+        for i in self.buckets[b].clone() {
+            let spec = self.params[i].clone();
+            for &buffer in names {
+                if let Some(t) = averaged.next() {
+                    self.optimizer.set_buffer(
+                        &spec.name,
+                        &spec.shape,
+                        buffer,
+                        t.into_vec::<f32>()?,
+                    )?;
+                }
+            }
+        }
+        Ok(traffic)
     }
 
     /// DistOpt's whole state: the optimizer's, sparse mode's residuals (as
@@ -897,7 +940,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                 averaged = combined.averaged;
                 combined.traffic
             }
-            Mode::Dense | Mode::Partial => {
+            Mode::Dense | Mode::Partial { .. } => {
                 fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
             }
             Mode::Half { precision, clip } => {

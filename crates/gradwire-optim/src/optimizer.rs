@@ -49,6 +49,20 @@ pub trait Optimizer: Send {
     /// The state of parameter `name`, if it was updated.
     fn param_state(&self, name: &str) -> Option<&ParamState>;
 
+    /// The names of the per-parameter buffers this optimizer keeps.
+    fn buffer_names(&self) -> &'static [&'static str];
+
+    /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
+    /// `values`, creating the parameter's state if it has none (DistOpt's
+    /// partial mode averages optimizer state across ranks this way).
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()>;
+
     /// The whole state, for a checkpoint.
     fn state(&self) -> Result<OptimizerState>;
 
@@ -215,6 +229,50 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
 
     fn param_state(&self, name: &str) -> Option<&ParamState> {
         self.params.get(name)
+    }
+
+    fn buffer_names(&self) -> &'static [&'static str] {
+        R::BUFFERS
+    }
+
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()> {
+        let n: usize = shape.iter().product();
+        if !R::BUFFERS.contains(&buffer) || values.len() != n {
+            return Err(OptimError::StateMismatch(format!(
+                "{name}: a {} optimizer has no buffer {buffer} of {} elements",
+                R::KIND,
+                values.len()
+            )));
+        }
+        let state = self
+            .params
+            .entry(name.to_string())
+            .or_insert_with(|| ParamState {
+                shape: shape.to_vec(),
+                updates: 0,
+                buffers: BTreeMap::new(),
+            });
+        if state.shape != shape {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("state of {name}"),
+                expected: state.shape.clone(),
+                got: shape.to_vec(),
+            });
+        }
+        // Buffers exist all together or not at all.
+        if state.buffers.is_empty() {
+            for &b in R::BUFFERS {
+                state.buffers.insert(b.to_string(), vec![0.0; n]);
+            }
+        }
+        state.buffers.insert(buffer.to_string(), values);
+        Ok(())
     }
 
     fn state(&self) -> Result<OptimizerState> {
