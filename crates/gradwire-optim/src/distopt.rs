@@ -103,6 +103,20 @@ pub struct DistOptConfig {
     /// Skip the whole step, on every rank alike, when an averaged gradient
     /// holds a NaN or an infinity (AMP's `found_inf`).
     pub skip_non_finite: bool,
+    /// When ranks agree on which gradients were written.
+    pub vote: SkipVote,
+}
+
+/// When DistOpt decides which gradients no rank wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SkipVote {
+    /// Each bucket starts with a tiny vote over its own parameters, so that
+    /// buckets can travel during backward (overlap). One vote per bucket.
+    #[default]
+    PerBucket,
+    /// One vote for all parameters together in `finish`, then the buckets:
+    /// the fewest collectives, but no overlap with backward.
+    PerStep,
 }
 
 impl Default for DistOptConfig {
@@ -114,6 +128,7 @@ impl Default for DistOptConfig {
             ranks_per_node: None,
             clip_global_norm: None,
             skip_non_finite: false,
+            vote: SkipVote::PerBucket,
         }
     }
 }
@@ -438,15 +453,17 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
         let i = self.check_grad(name, &grad)?;
         self.grads[i] = Some(grad);
-        if matches!(self.config.mode, Mode::Partial { .. } | Mode::DeltaWeight) {
-            return Ok(()); // these modes communicate after the local step, in finish
+        if matches!(self.config.mode, Mode::Partial { .. } | Mode::DeltaWeight)
+            || self.config.vote == SkipVote::PerStep
+        {
+            return Ok(()); // communication happens in finish
         }
         while self.in_flight.len() < self.buckets.len() {
             let next = self.buckets[self.in_flight.len()].clone();
             if !next.clone().all(|j| self.grads[j].is_some()) {
                 break;
             }
-            self.launch_next()?;
+            self.launch_next(None)?;
         }
         Ok(())
     }
@@ -459,7 +476,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// Starts the next bucket's collective on the communication thread.
-    fn launch_next(&mut self) -> Result<()> {
+    fn launch_next(&mut self, written: Option<Vec<bool>>) -> Result<()> {
         let range = self.buckets[self.in_flight.len()].clone();
         let mut grads = Vec::with_capacity(range.len());
         for i in range {
@@ -481,6 +498,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             capacity: self.config.capacity,
             residual: self.residuals[self.in_flight.len()].take(),
             combiner: self.combiner.clone(),
+            written,
         };
         let pending = self.comm.run_async(move |comm| Ok(job.run(comm, grads)));
         let pending = pending.map_err(AlgoError::from)?;
@@ -510,8 +528,27 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Mode::DeltaWeight => return self.finish_delta_weight(targets, missing),
             _ => {}
         }
+        // With one vote per step, it happens now, for every parameter.
+        let mut decided: Option<Vec<bool>> = None;
+        let mut vote_traffic = Traffic::default();
+        if self.config.vote == SkipVote::PerStep {
+            let mut votes: Vec<u8> = self
+                .grads
+                .iter()
+                .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed())))
+                .collect();
+            if let Err(e) = self.comm.all_reduce(&mut votes, ReduceOp::Max) {
+                self.abort_step();
+                return Err(AlgoError::from(e).into());
+            }
+            vote_traffic = Traffic::all_reduce(votes.len(), self.world_size());
+            decided = Some(votes.iter().map(|&v| v != 0).collect());
+        }
         while self.in_flight.len() < self.buckets.len() {
-            if let Err(e) = self.launch_next() {
+            let written = decided
+                .as_ref()
+                .map(|d| d[self.buckets[self.in_flight.len()].clone()].to_vec());
+            if let Err(e) = self.launch_next(written) {
                 self.abort_step();
                 return Err(e);
             }
@@ -519,6 +556,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let start = Instant::now();
         let mut stats = StepStats {
             buckets: self.buckets.len(),
+            traffic: vote_traffic,
             ..StepStats::default()
         };
         let mut reduced: Vec<(usize, Tensor, bool)> = Vec::new();
@@ -892,39 +930,45 @@ struct BucketJob<C: Communicator> {
     capacity: usize,
     residual: Option<ErrorFeedback>,
     combiner: Option<SharedCombiner<C>>,
+    /// Which parameters some rank wrote, when the step's vote decided it.
+    written: Option<Vec<bool>>,
 }
 
 impl<C: Communicator + 'static> BucketJob<C> {
     /// The written-anywhere vote, then the combination of the gradients some
     /// rank wrote.
     fn run(self, comm: &C, grads: Vec<Tensor>) -> gradwire_algos::Result<Reduced<BucketResult>> {
-        let BucketJob {
-            bucket,
-            mode,
-            capacity,
-            residual,
-            combiner,
-        } = self;
-        reduce_bucket(comm, grads, mode, capacity, residual, bucket, &combiner)
+        reduce_bucket(self, comm, grads)
     }
 }
 
 /// A bucket's job on the communication thread: the written-anywhere vote,
 /// then the combination of the gradients some rank wrote.
 fn reduce_bucket<C: Communicator + 'static>(
+    job: BucketJob<C>,
     comm: &C,
     grads: Vec<Tensor>,
-    mode: Mode,
-    capacity: usize,
-    mut residual: Option<ErrorFeedback>,
-    bucket: usize,
-    combiner: &Option<SharedCombiner<C>>,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
+    let BucketJob {
+        bucket,
+        mode,
+        capacity,
+        mut residual,
+        combiner,
+        written: decided,
+    } = job;
+    let combiner = &combiner;
     let world = comm.world_size();
-    let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
-    comm.all_reduce(&mut votes, ReduceOp::Max)?;
-    let mut traffic = Traffic::all_reduce(votes.len(), world);
-    let written: Vec<bool> = votes.iter().map(|&v| v != 0).collect();
+    let mut traffic = Traffic::default();
+    let written: Vec<bool> = match decided {
+        Some(written) => written,
+        None => {
+            let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
+            comm.all_reduce(&mut votes, ReduceOp::Max)?;
+            traffic = Traffic::all_reduce(votes.len(), world);
+            votes.iter().map(|&v| v != 0).collect()
+        }
+    };
     let lens: Vec<usize> = grads.iter().map(Tensor::len).collect();
     let mut live: Vec<Tensor> = grads
         .into_iter()

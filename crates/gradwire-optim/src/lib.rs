@@ -35,7 +35,7 @@ mod state;
 
 pub use distopt::{
     Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec,
-    StepStats,
+    SkipVote, StepStats,
 };
 pub use error::{OptimError, Result};
 pub use optimizer::{Optim, Optimizer, UpdateRule};

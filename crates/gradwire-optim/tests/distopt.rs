@@ -8,7 +8,7 @@ use gradwire_algos::HalfPrecision;
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
     AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, Mode, OptimError,
-    Optimizer, ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig,
+    Optimizer, ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig, SkipVote,
 };
 use gradwire_tensor::Tensor;
 
@@ -311,6 +311,14 @@ fn buckets_follow_singas_rule_and_respect_the_capacity() {
 
 #[test]
 fn skipping_leaves_unwritten_parameters_alone_and_never_desynchronises() {
+    let per_bucket = skipping_run(SkipVote::PerBucket);
+    let per_step = skipping_run(SkipVote::PerStep);
+    assert_eq!(per_bucket, per_step, "the vote's timing changes nothing");
+}
+
+type SkipOutcome = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, bool, usize);
+
+fn skipping_run(vote: SkipVote) -> SkipOutcome {
     let world = 4;
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
@@ -323,6 +331,7 @@ fn skipping_leaves_unwritten_parameters_alone_and_never_desynchronises() {
         let sgd = Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9).weight_decay(0.1)).unwrap();
         let config = DistOptConfig {
             fusion_threshold: 4,
+            vote,
             ..DistOptConfig::default()
         };
         let mut dist = DistOpt::new(sgd, comm, specs, config)?;
@@ -378,6 +387,7 @@ fn skipping_leaves_unwritten_parameters_alone_and_never_desynchronises() {
     assert_eq!(*skipped, 10);
     // rank0only: averaged gradient 4/4 = 1 each step, same update as "shared".
     assert_eq!(only, &results[0].0[..2].to_vec());
+    results.into_iter().next().unwrap()
 }
 
 #[test]
