@@ -20,7 +20,7 @@
 //! The result is the binary tree of pairwise combinations over ranks in order:
 //! first `v[r] = adasum(v[r], v[r + P])` for the folded ranks (P the largest
 //! power of two <= W), then `v[r] = adasum(v[r], v[r + d])` for d = 1, 2, 4...
-//! (see [`reference`]), computed with partial sums, so equal to it up to the
+//! (see [`reference()`]), computed with partial sums, so equal to it up to the
 //! order of the f64 additions. Every rank receives bitwise the same result.
 //!
 //! [`AdaSum::hierarchical`] averages within groups of consecutive ranks (a
