@@ -509,9 +509,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Sends what is left, waits for every bucket, and updates every
     /// parameter some rank wrote (SINGA's `wait` + update + `step`).
     /// `params` must hold every declared parameter.
-    pub fn finish<'p>(
+    pub fn finish<'n, 'p>(
         &mut self,
-        params: impl IntoIterator<Item = (&'p str, &'p mut Tensor)>,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Result<StepStats> {
         let mut targets: HashMap<&str, &mut Tensor> = params.into_iter().collect();
         // A missing parameter is reported after the communication, which
@@ -650,9 +650,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Pushes every gradient, then [`DistOpt::finish`]: a step without
     /// overlap. `None` is a gradient backward did not produce. The arguments
     /// are checked before anything is sent.
-    pub fn step<'p>(
+    pub fn step<'n, 'p>(
         &mut self,
-        params: impl IntoIterator<Item = (&'p str, &'p mut Tensor, Option<Tensor>)>,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor, Option<Tensor>)>,
     ) -> Result<StepStats> {
         let mut targets = Vec::new();
         let mut grads = Vec::new();
