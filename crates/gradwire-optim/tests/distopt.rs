@@ -791,3 +791,53 @@ fn partial_can_average_the_optimizer_state_too() {
             .any(|&i| results[1][0][i] != results[0][0][i])
     );
 }
+
+/// Rank r's gradient of parameter k at a step: deterministic, signed.
+fn synthetic_grad(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7 + k * 13 + rank * 29 + step * 3) % 17) as f32 - 8.0) / 8.0)
+        .collect()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 24, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Many mixes of tensor sizes around the fusion threshold (16): the
+    /// averaged SGD step equals an f64 reference of the mean gradient.
+    #[test]
+    fn any_size_mix_around_the_threshold_averages_correctly(
+        world in 1usize..=8,
+        sizes in proptest::collection::vec(proptest::sample::select(vec![1usize, 2, 15, 16, 17, 31, 33, 64]), 1..8),
+    ) {
+        let specs: Vec<ParamSpec> = sizes.iter().enumerate().map(|(k, &n)| ParamSpec::new(format!("p{k}"), vec![n])).collect();
+        let steps = 3;
+        let lr = 0.1f64;
+        let results = local::run(world, |comm: LocalComm| {
+            let rank = comm.rank();
+            let sgd = Sgd::new(SgdConfig::default().lr(lr)).unwrap();
+            let mut dist = DistOpt::new(sgd, comm, specs.clone(), small_buckets())?;
+            let mut params: Vec<Tensor> = sizes.iter().map(|&n| Tensor::from_vec(vec![0.5f32; n], n).unwrap()).collect();
+            let names: Vec<String> = (0..sizes.len()).map(|k| format!("p{k}")).collect();
+            for step in 0..steps {
+                for (k, &n) in sizes.iter().enumerate() {
+                    dist.push(&names[k], Tensor::from_vec(synthetic_grad(rank, step, k, n), n).unwrap())?;
+                }
+                dist.finish(names.iter().map(String::as_str).zip(params.iter_mut()))?;
+            }
+            Ok::<_, OptimError>(params.iter().map(|t| t.to_vec::<f32>().unwrap()).collect::<Vec<_>>())
+        }).unwrap();
+        for (k, &n) in sizes.iter().enumerate() {
+            for i in 0..n {
+                let mut want = 0.5f64;
+                for step in 0..steps {
+                    let mean = (0..world).map(|r| f64::from(synthetic_grad(r, step, k, n)[i])).sum::<f64>() / world as f64;
+                    want -= lr * mean;
+                }
+                for r in &results {
+                    let got = f64::from(r.as_ref().unwrap()[k][i]);
+                    proptest::prop_assert!((got - want).abs() <= 1e-6 * world as f64, "p{} [{}]: {} vs {}", k, i, got, want);
+                }
+            }
+        }
+    }
+}
