@@ -4,7 +4,7 @@
 //! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
 //! all-reduce (f32 accumulation), and sparse all-reduce with optional error
 //! feedback and an automatic dense fallback; [`adasum`] for any world size.
-//! DimReduce joins them with its issue.
+//! [`dimreduce`] for PCA-subspace quasi-Newton steps.
 //!
 //! ```
 //! use gradwire_algos::{DEFAULT_FUSION_CAPACITY, fused_all_reduce_async};
@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 pub mod adasum;
+pub mod dimreduce;
 mod error;
 mod handle;
 mod reduce;

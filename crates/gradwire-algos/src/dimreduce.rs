@@ -1,0 +1,318 @@
+//! DimReduce (MindSpore boost's dimension-reduction training, SPEC §5, with
+//! its defects corrected): quasi-Newton steps in the subspace spanned by the
+//! principal components of the training trajectory.
+//!
+//! [`Pca::fit`] takes snapshots of the flattened parameters (rows) from a
+//! first stage of ordinary training, centres them, and takes the top
+//! `n_components` right singular vectors through the eigen-decomposition of
+//! the small Gram matrix (`rows x rows`): exact, and cheap when there are far
+//! fewer snapshots than parameters. Eigenvector signs are fixed (largest entry
+//! positive), so every rank computing P from the same snapshots gets the same
+//! P bit for bit; or compute it on one rank and [`Pca::broadcast`] it.
+//!
+//! [`DimReduce::step`] then runs, with the averaged gradient `g` and loss `L0`:
+//! 1. `gk = P g`: each rank projects with its share of P's rows (split as
+//!    evenly as possible for any W) and one all-gather assembles `gk`;
+//! 2. the BFGS inverse update of `B` (when `y.s > 1e-20`), `d = -B gk`;
+//! 3. `dn = P^T d` and `gproj = P^T P g` in one all-reduce;
+//! 4. a line search over the configured step sizes (default `rho^0, rho^1`):
+//!    the trial point `w + t dn` is evaluated by the caller's loss closure and
+//!    undone exactly; the first `t` with `L1 < L0 + sigma t gk.d` (Armijo) is
+//!    taken, otherwise the step is 0 and `B` and `g_last` are restored;
+//! 5. `m = gamma m + g - gproj; w = w - (alpha m - t dn)`.
+//!
+//! Versus MindSpore: losses are averaged with true division (the caller's
+//! closure returns the average), any W works, one all-gather and one
+//! all-reduce replace W broadcasts, trial points never go through a stateful
+//! optimizer, the list of step sizes is configurable, and P is deterministic.
+
+use crate::error::{AlgoError, Result};
+use gradwire_comm::{Communicator, ReduceOp, chunk_range};
+use ndarray::{Array1, Array2, Axis, s};
+use ndarray_linalg::{Eigh, UPLO};
+use std::ops::Range;
+
+/// The principal components of a trajectory: `components` is `n x M` with
+/// orthonormal rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pca {
+    /// The components, one per row.
+    pub components: Array2<f64>,
+}
+
+impl Pca {
+    /// Fits the top `n_components` components of `snapshots` (each a
+    /// flattened parameter vector of the same length). Fewer come back if the
+    /// centred snapshots span fewer directions.
+    pub fn fit(snapshots: &[Vec<f32>], n_components: usize) -> Result<Pca> {
+        let rows = snapshots.len();
+        let m = snapshots.first().map_or(0, Vec::len);
+        if rows < 2 || snapshots.iter().any(|s| s.len() != m) || n_components == 0 {
+            return Err(AlgoError::InvalidArgument(format!(
+                "PCA needs at least 2 snapshots of equal length and n_components > 0 (got {rows} rows)"
+            )));
+        }
+        let mut x = Array2::<f64>::zeros((rows, m));
+        for (mut row, snap) in x.rows_mut().into_iter().zip(snapshots) {
+            row.iter_mut()
+                .zip(snap)
+                .for_each(|(a, &b)| *a = f64::from(b));
+        }
+        let mean = x
+            .mean_axis(Axis(0))
+            .ok_or_else(|| AlgoError::InvalidArgument("empty".into()))?;
+        x -= &mean;
+        let gram = x.dot(&x.t());
+        let (values, vectors) = gram
+            .eigh(UPLO::Lower)
+            .map_err(|e| AlgoError::InvalidArgument(format!("eigen-decomposition failed: {e}")))?;
+        // Eigenvalues come in ascending order: take from the top, skipping
+        // directions the trajectory does not span.
+        let largest = values.iter().copied().fold(0.0, f64::max);
+        let mut components = Vec::new();
+        for i in (0..rows).rev() {
+            if components.len() == n_components || values[i] <= largest * 1e-12 || values[i] <= 0.0
+            {
+                break;
+            }
+            let mut v = x.t().dot(&vectors.column(i)) / values[i].sqrt();
+            // A fixed sign, so that every rank gets the same P.
+            let pivot = v
+                .iter()
+                .copied()
+                .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a });
+            if pivot < 0.0 {
+                v.mapv_inplace(|a| -a);
+            }
+            components.push(v);
+        }
+        let n = components.len();
+        let mut out = Array2::zeros((n, m));
+        for (mut row, v) in out.rows_mut().into_iter().zip(components) {
+            row.assign(&v);
+        }
+        Ok(Pca { components: out })
+    }
+
+    /// Number of components.
+    pub fn n_components(&self) -> usize {
+        self.components.nrows()
+    }
+
+    /// Copies `root`'s components to every rank (collective).
+    pub fn broadcast<C: Communicator>(&mut self, comm: &C, root: usize) -> Result<()> {
+        let mut shape = [
+            self.components.nrows() as u64,
+            self.components.ncols() as u64,
+        ];
+        comm.broadcast(&mut shape, root)?;
+        let (n, m) = (shape[0] as usize, shape[1] as usize);
+        let mut flat: Vec<f64> = if comm.rank() == root {
+            self.components.iter().copied().collect()
+        } else {
+            vec![0.0; n * m]
+        };
+        comm.broadcast(&mut flat, root)?;
+        self.components = Array2::from_shape_vec((n, m), flat)
+            .map_err(|e| AlgoError::InvalidArgument(format!("components: {e}")))?;
+        Ok(())
+    }
+}
+
+/// DimReduce's hyper-parameters (MindSpore's defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DimReduceConfig {
+    /// Step-size base of the line search.
+    pub rho: f64,
+    /// Decay of the residual momentum.
+    pub gamma: f64,
+    /// Step of the residual momentum (the part of g outside the subspace).
+    pub alpha: f64,
+    /// Armijo constant.
+    pub sigma: f64,
+    /// The step sizes tried, in order (default `[rho^0, rho^1]`).
+    pub step_sizes: Vec<f64>,
+}
+
+impl Default for DimReduceConfig {
+    fn default() -> Self {
+        DimReduceConfig {
+            rho: 0.55,
+            gamma: 0.9,
+            alpha: 0.001,
+            sigma: 0.4,
+            step_sizes: vec![1.0, 0.55],
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DimReduceStep {
+    /// The accepted step size, 0 if the line search rejected every one.
+    pub step: f64,
+    /// The loss at the accepted point (the starting loss if none).
+    pub loss: f64,
+}
+
+/// The state of DimReduce on one rank.
+#[derive(Debug, Clone)]
+pub struct DimReduce {
+    config: DimReduceConfig,
+    /// This rank's rows of P.
+    rows: Range<usize>,
+    p_rows: Array2<f64>,
+    n: usize,
+    /// The inverse-Hessian approximation, `n x n`.
+    b: Array2<f64>,
+    g_last: Array1<f64>,
+    s: Array1<f64>,
+    initialized: bool,
+    /// Residual momentum over the full parameter vector.
+    momentum: Vec<f32>,
+}
+
+impl DimReduce {
+    /// Prepares DimReduce on `comm` with the components `pca` (the same on
+    /// every rank): this rank keeps its share of the rows.
+    pub fn new<C: Communicator>(comm: &C, pca: &Pca, config: DimReduceConfig) -> Result<DimReduce> {
+        if config.step_sizes.is_empty()
+            || config
+                .step_sizes
+                .iter()
+                .any(|t| !(t.is_finite() && *t > 0.0))
+        {
+            return Err(AlgoError::InvalidArgument(
+                "step sizes must be positive and finite".into(),
+            ));
+        }
+        let n = pca.n_components();
+        let m = pca.components.ncols();
+        let rows = chunk_range(n, comm.world_size(), comm.rank());
+        let p_rows = pca.components.slice(s![rows.clone(), ..]).to_owned();
+        Ok(DimReduce {
+            config,
+            rows,
+            p_rows,
+            n,
+            b: Array2::eye(n),
+            g_last: Array1::zeros(n),
+            s: Array1::zeros(n),
+            initialized: false,
+            momentum: vec![0.0; m],
+        })
+    }
+
+    /// The inverse-Hessian approximation.
+    pub fn b(&self) -> &Array2<f64> {
+        &self.b
+    }
+
+    /// One step on the flat parameters `w` from the averaged gradient `g` and
+    /// averaged loss `loss`; `eval_loss(w)` returns the averaged loss at a
+    /// trial point (every rank calls it with the same point).
+    pub fn step<C: Communicator>(
+        &mut self,
+        comm: &C,
+        w: &mut [f32],
+        g: &[f32],
+        loss: f64,
+        mut eval_loss: impl FnMut(&[f32]) -> Result<f64>,
+    ) -> Result<DimReduceStep> {
+        let m = self.momentum.len();
+        if w.len() != m || g.len() != m {
+            return Err(AlgoError::InvalidArgument(format!(
+                "parameters of {} and gradient of {} elements, the components have {m}",
+                w.len(),
+                g.len()
+            )));
+        }
+        // 1. gk = P g, each rank its rows, one all-gather.
+        let g64: Array1<f64> = g.iter().map(|&v| f64::from(v)).collect();
+        let part: Vec<f64> = self.p_rows.dot(&g64).to_vec();
+        let gathered = comm.all_gather_varied(&part)?;
+        let gk = Array1::from(gathered.into_data());
+        if gk.len() != self.n {
+            return Err(AlgoError::InvalidArgument(
+                "ranks disagree on the components".into(),
+            ));
+        }
+        // 2. BFGS inverse update.
+        let (b_before, g_last_before, initialized_before) =
+            (self.b.clone(), self.g_last.clone(), self.initialized);
+        if self.initialized {
+            let y = &gk - &self.g_last;
+            let c = y.dot(&self.s);
+            if c > 1e-20 {
+                let t = Array2::eye(self.n) - outer(&y, &self.s) / c;
+                self.b = t.t().dot(&self.b).dot(&t) + outer(&self.s, &self.s) / c;
+            }
+        } else {
+            self.initialized = true;
+        }
+        self.g_last = gk.clone();
+        let d = -self.b.dot(&gk);
+        // 3. dn = P^T d and gproj = P^T gk, in one all-reduce.
+        let mine = self.rows.clone();
+        let mut back = vec![0f64; 2 * m];
+        let d_rows = d.slice(s![mine.clone()]);
+        let gk_rows = gk.slice(s![mine]);
+        let dn_part = self.p_rows.t().dot(&d_rows);
+        let gp_part = self.p_rows.t().dot(&gk_rows);
+        back[..m]
+            .iter_mut()
+            .zip(dn_part.iter())
+            .for_each(|(a, b)| *a = *b);
+        back[m..]
+            .iter_mut()
+            .zip(gp_part.iter())
+            .for_each(|(a, b)| *a = *b);
+        comm.all_reduce(&mut back, ReduceOp::Sum)?;
+        let (dn, gproj) = back.split_at(m);
+        // 4. Line search, each trial undone exactly.
+        let start: Vec<f32> = w.to_vec();
+        let slope = gk.dot(&d);
+        let mut accepted = None;
+        for &t in &self.config.step_sizes {
+            for ((wi, &w0), &di) in w.iter_mut().zip(&start).zip(dn) {
+                *wi = (f64::from(w0) + t * di) as f32;
+            }
+            let trial = eval_loss(w);
+            w.copy_from_slice(&start);
+            let trial = trial?;
+            if trial < loss + self.config.sigma * t * slope {
+                accepted = Some((t, trial));
+                break;
+            }
+        }
+        let (step, new_loss) = match accepted {
+            Some((t, l)) => {
+                self.s = &d * t;
+                (t, l)
+            }
+            None => {
+                self.b = b_before;
+                self.g_last = g_last_before;
+                self.initialized = initialized_before;
+                (0.0, loss)
+            }
+        };
+        // 5. Residual momentum, and the update.
+        let (gamma, alpha) = (self.config.gamma, self.config.alpha);
+        for i in 0..m {
+            let mi = gamma * f64::from(self.momentum[i]) + f64::from(g[i]) - gproj[i];
+            self.momentum[i] = mi as f32;
+            let delta = alpha * mi - step * dn[i];
+            w[i] = (f64::from(start[i]) - delta) as f32;
+        }
+        Ok(DimReduceStep {
+            step,
+            loss: new_loss,
+        })
+    }
+}
+
+fn outer(a: &Array1<f64>, b: &Array1<f64>) -> Array2<f64> {
+    let (n, m) = (a.len(), b.len());
+    Array2::from_shape_fn((n, m), |(i, j)| a[i] * b[j])
+}
