@@ -119,6 +119,66 @@ impl Pca {
     }
 }
 
+/// Collects flattened parameter snapshots during a first training stage,
+/// keeping at most `capacity` (the oldest are dropped: MindSpore's recipe
+/// keeps the later part of the run).
+#[derive(Debug, Clone, Default)]
+pub struct TrajectoryRecorder {
+    capacity: usize,
+    snapshots: std::collections::VecDeque<Vec<f32>>,
+}
+
+impl TrajectoryRecorder {
+    /// A recorder keeping the last `capacity` snapshots.
+    pub fn new(capacity: usize) -> TrajectoryRecorder {
+        TrajectoryRecorder {
+            capacity,
+            snapshots: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Records the parameters (flattened in order, as f32).
+    pub fn record(&mut self, params: &[&gradwire_tensor::Tensor]) -> Result<()> {
+        let mut flat = Vec::new();
+        for p in params {
+            flat.extend(p.to_f32_vec()?);
+        }
+        if let Some(first) = self.snapshots.front()
+            && first.len() != flat.len()
+        {
+            return Err(AlgoError::InvalidArgument(format!(
+                "a snapshot of {} elements after ones of {}",
+                flat.len(),
+                first.len()
+            )));
+        }
+        if self.capacity == 0 {
+            return Ok(());
+        }
+        if self.snapshots.len() == self.capacity {
+            self.snapshots.pop_front();
+        }
+        self.snapshots.push_back(flat);
+        Ok(())
+    }
+
+    /// Number of snapshots kept.
+    pub fn len(&self) -> usize {
+        self.snapshots.len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.snapshots.is_empty()
+    }
+
+    /// Fits the components of what was recorded ([`Pca::fit`]).
+    pub fn fit(&self, n_components: usize) -> Result<Pca> {
+        let rows: Vec<Vec<f32>> = self.snapshots.iter().cloned().collect();
+        Pca::fit(&rows, n_components)
+    }
+}
+
 /// DimReduce's hyper-parameters (MindSpore's defaults).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DimReduceConfig {
@@ -144,6 +204,21 @@ impl Default for DimReduceConfig {
             step_sizes: vec![1.0, 0.55],
         }
     }
+}
+
+/// DimReduce's state as plain data (row-major B).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DimReduceState {
+    /// The inverse-Hessian approximation, `n x n`, row-major.
+    pub b: Vec<f64>,
+    /// The last projected gradient.
+    pub g_last: Vec<f64>,
+    /// The last accepted step in the subspace.
+    pub s: Vec<f64>,
+    /// Whether a first step has been taken.
+    pub initialized: bool,
+    /// The residual momentum.
+    pub momentum: Vec<f32>,
 }
 
 /// What one step did.
@@ -201,6 +276,40 @@ impl DimReduce {
             initialized: false,
             momentum: vec![0.0; m],
         })
+    }
+
+    /// DimReduce's state (B, g_last, s, the initialized flag and the
+    /// residual momentum), for a checkpoint.
+    pub fn state(&self) -> DimReduceState {
+        DimReduceState {
+            b: self.b.iter().copied().collect(),
+            g_last: self.g_last.to_vec(),
+            s: self.s.to_vec(),
+            initialized: self.initialized,
+            momentum: self.momentum.clone(),
+        }
+    }
+
+    /// Restores a state saved by [`DimReduce::state`] from a DimReduce with
+    /// the same components.
+    pub fn restore(&mut self, state: DimReduceState) -> Result<()> {
+        let n = self.n;
+        if state.b.len() != n * n
+            || state.g_last.len() != n
+            || state.s.len() != n
+            || state.momentum.len() != self.momentum.len()
+        {
+            return Err(AlgoError::InvalidArgument(
+                "DimReduce state of other dimensions".into(),
+            ));
+        }
+        self.b = Array2::from_shape_vec((n, n), state.b)
+            .map_err(|e| AlgoError::InvalidArgument(format!("B: {e}")))?;
+        self.g_last = Array1::from(state.g_last);
+        self.s = Array1::from(state.s);
+        self.initialized = state.initialized;
+        self.momentum = state.momentum;
+        Ok(())
     }
 
     /// The inverse-Hessian approximation.

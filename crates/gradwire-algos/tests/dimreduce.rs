@@ -200,3 +200,45 @@ fn pca_needs_two_snapshots_and_broadcast_copies_the_root() {
         assert_eq!(r.unwrap(), pca());
     }
 }
+
+#[test]
+fn the_state_round_trips_and_resumes_bitwise() {
+    let pca = pca();
+    let q = Quadratic::new(&pca);
+    let run = |split: Option<usize>| {
+        let comms = LocalComm::create(1).unwrap();
+        let comm = &comms[0];
+        let mut dr = DimReduce::new(comm, &pca, DimReduceConfig::default()).unwrap();
+        let mut w = q.start(&pca);
+        for step in 0..6 {
+            if Some(step) == split {
+                let saved = dr.state();
+                dr = DimReduce::new(comm, &pca, DimReduceConfig::default()).unwrap();
+                dr.restore(saved).unwrap();
+            }
+            let g = q.grad(&w);
+            let loss = q.loss(&w);
+            dr.step(comm, &mut w, &g, loss, |t| Ok(q.loss(t))).unwrap();
+        }
+        w
+    };
+    assert_eq!(run(None), run(Some(3)));
+}
+
+#[test]
+fn the_recorder_keeps_the_latest_snapshots() {
+    use gradwire_algos::dimreduce::TrajectoryRecorder;
+    use gradwire_tensor::Tensor;
+    let (snapshots, _) = trajectory();
+    let mut recorder = TrajectoryRecorder::new(9);
+    // Two tensors per snapshot: 30 + 10 elements.
+    for s in std::iter::repeat_n(&snapshots[0], 3).chain(&snapshots) {
+        let a = Tensor::from_vec(s[..30].to_vec(), 30).unwrap();
+        let b = Tensor::from_vec(s[30..].to_vec(), 10).unwrap();
+        recorder.record(&[&a, &b]).unwrap();
+    }
+    assert_eq!(recorder.len(), 9);
+    assert_eq!(recorder.fit(8).unwrap(), pca());
+    let short = Tensor::from_vec(vec![0f32; 3], 3).unwrap();
+    assert!(recorder.record(&[&short]).is_err());
+}
