@@ -10,6 +10,9 @@
 //! one worker depends on the seed (see the AdaSum issue's notes), and a test
 //! must not pick its seed to pass. Run with `--nocapture` to see the accuracy
 //! per epoch.
+//!
+//! The second test runs DimReduce after a dense stage that records the
+//! trajectory, beside dense training for the same number of steps.
 
 use gradwire_algos::{AdaSum, fused_all_reduce};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
@@ -198,4 +201,107 @@ fn dense_and_adasum_reach_95_percent_on_digits() {
     // worker's after the same number of epochs.
     let last = |a: &[f64]| a.last().copied().unwrap_or(0.0);
     assert!(last(&dense) >= last(&single) - 0.02 && last(&adasum) >= last(&single) - 0.02);
+}
+
+/// Dense DistOpt for `dense_epochs` recording the trajectory (one snapshot
+/// per step, the last 60 kept), then DimReduce for the remaining epochs, on
+/// the same global batches; returns rank 0's test accuracy after each epoch.
+fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize) -> Vec<f64> {
+    use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, TrajectoryRecorder};
+    let results = local::run(WORLD, |comm: LocalComm| {
+        let rank = comm.rank();
+        let mut mlp = Mlp::new(HIDDEN, 7);
+        let mut accuracy = Vec::new();
+        let mut recorder = TrajectoryRecorder::new(60);
+        let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
+        let batches = |epoch: usize| epoch_order(data.train_len(), epoch);
+        for epoch in 0..dense_epochs {
+            for global in batches(epoch).chunks(WORLD * BATCH) {
+                let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
+                let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
+                for name in BACKWARD_ORDER {
+                    let i = index_of(name);
+                    let shape = mlp.params[i].dims().to_vec();
+                    dist.push(
+                        name,
+                        Tensor::from_vec(grads[i].take().expect("once"), shape)?,
+                    )?;
+                }
+                dist.finish(mlp.named())?;
+                let refs: Vec<&Tensor> = mlp.params.iter().collect();
+                recorder
+                    .record(&refs)
+                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+            }
+            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+        }
+        let comm = dist.into_comm();
+        let algo = |e: gradwire_algos::AlgoError| OptimError::InvalidArgument(e.to_string());
+        let pca = recorder.fit(32).map_err(algo)?;
+        let mut dr = DimReduce::new(&comm, &pca, DimReduceConfig::default()).map_err(algo)?;
+        let flatten = |mlp: &Mlp| -> Vec<f32> {
+            mlp.params
+                .iter()
+                .flat_map(|t| t.to_vec::<f32>().expect("f32"))
+                .collect()
+        };
+        let unflatten = |mlp: &mut Mlp, w: &[f32]| {
+            let mut offset = 0;
+            for p in &mut mlp.params {
+                let n = p.len();
+                p.as_mut_slice::<f32>()
+                    .expect("f32")
+                    .copy_from_slice(&w[offset..offset + n]);
+                offset += n;
+            }
+        };
+        for epoch in dense_epochs..total_epochs {
+            for global in batches(epoch).chunks(WORLD * BATCH) {
+                let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
+                let (loss, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                // Averaged gradient and loss (true division).
+                let mut g: Vec<f32> = grads.concat();
+                comm.all_reduce(&mut g, ReduceOp::Avg)
+                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                let mut l = [f64::from(loss)];
+                comm.all_reduce(&mut l, ReduceOp::Avg)
+                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                let mut w = flatten(&mlp);
+                let mut probe = Mlp::new(HIDDEN, 7);
+                dr.step(&comm, &mut w, &g, l[0], |trial| {
+                    unflatten(&mut probe, trial);
+                    let (trial_loss, _) = probe.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                    let mut t = [f64::from(trial_loss)];
+                    comm.all_reduce(&mut t, ReduceOp::Avg)?;
+                    Ok(t[0])
+                })
+                .map_err(algo)?;
+                unflatten(&mut mlp, &w);
+            }
+            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+        }
+        Ok::<_, OptimError>(accuracy)
+    })
+    .expect("ranks");
+    results
+        .into_iter()
+        .next()
+        .expect("rank 0")
+        .expect("training")
+}
+
+#[test]
+fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
+    let data = Digits::load(42);
+    let total = 12;
+    let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
+    let dimreduce = dense_then_dimreduce(&data, 6, total);
+    show("dense average, 4 ranks", &dense[..total]);
+    show("dense 6 + DimReduce 6, 4", &dimreduce);
+    println!(
+        "after {total} epochs: dense {:.1} %, DimReduce {:.1} %",
+        dense[total - 1] * 100.0,
+        dimreduce[total - 1] * 100.0
+    );
 }
