@@ -45,53 +45,35 @@ impl Pca {
     /// flattened parameter vector of the same length). Fewer come back if the
     /// centred snapshots span fewer directions.
     pub fn fit(snapshots: &[Vec<f32>], n_components: usize) -> Result<Pca> {
-        let rows = snapshots.len();
-        let m = snapshots.first().map_or(0, Vec::len);
-        if rows < 2 || snapshots.iter().any(|s| s.len() != m) || n_components == 0 {
-            return Err(AlgoError::InvalidArgument(format!(
-                "PCA needs at least 2 snapshots of equal length and n_components > 0 (got {rows} rows)"
-            )));
-        }
-        let mut x = Array2::<f64>::zeros((rows, m));
-        for (mut row, snap) in x.rows_mut().into_iter().zip(snapshots) {
-            row.iter_mut()
-                .zip(snap)
-                .for_each(|(a, &b)| *a = f64::from(b));
-        }
-        let mean = x
-            .mean_axis(Axis(0))
-            .ok_or_else(|| AlgoError::InvalidArgument("empty".into()))?;
-        x -= &mean;
-        let gram = x.dot(&x.t());
-        let (values, vectors) = gram
-            .eigh(UPLO::Lower)
-            .map_err(|e| AlgoError::InvalidArgument(format!("eigen-decomposition failed: {e}")))?;
-        // Eigenvalues come in ascending order: take from the top, skipping
-        // directions the trajectory does not span.
-        let largest = values.iter().copied().fold(0.0, f64::max);
-        let mut components = Vec::new();
-        for i in (0..rows).rev() {
-            if components.len() == n_components || values[i] <= largest * 1e-12 || values[i] <= 0.0
-            {
-                break;
-            }
-            let mut v = x.t().dot(&vectors.column(i)) / values[i].sqrt();
-            // A fixed sign, so that every rank gets the same P.
-            let pivot = v
-                .iter()
-                .copied()
-                .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a });
-            if pivot < 0.0 {
-                v.mapv_inplace(|a| -a);
-            }
-            components.push(v);
-        }
-        let n = components.len();
-        let mut out = Array2::zeros((n, m));
-        for (mut row, v) in out.rows_mut().into_iter().zip(components) {
-            row.assign(&v);
-        }
-        Ok(Pca { components: out })
+        let x = centred(snapshots, n_components)?;
+        top_components(&x, n_components)
+    }
+
+    /// Fits like [`Pca::fit`] with a randomized SVD (Halko et al.; MindSpore's
+    /// choice: oversampling 10, one power iteration) for trajectories with
+    /// many snapshots, where the Gram matrix would be large. Seeded, so every
+    /// rank computes the same components from the same snapshots.
+    pub fn fit_randomized(snapshots: &[Vec<f32>], n_components: usize, seed: u64) -> Result<Pca> {
+        use ndarray_linalg::QR;
+        use rand::{Rng, SeedableRng};
+        let x = centred(snapshots, n_components)?;
+        let (rows, m) = x.dim();
+        let width = (n_components + 10).min(rows).min(m);
+        // A seeded Gaussian test matrix (Box-Muller).
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let omega = Array2::from_shape_fn((m, width), |_| {
+            let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+            (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+        });
+        // Range of X X^T X (one power iteration), orthonormalised.
+        let y = x.dot(&omega);
+        let y = x.dot(&x.t().dot(&y));
+        let (q, _) = y
+            .qr()
+            .map_err(|e| AlgoError::InvalidArgument(format!("QR failed: {e}")))?;
+        // The components of the small B = Q^T X are X's.
+        let b = q.t().dot(&x);
+        top_components(&b, n_components)
     }
 
     /// Number of components.
@@ -117,6 +99,61 @@ impl Pca {
             .map_err(|e| AlgoError::InvalidArgument(format!("components: {e}")))?;
         Ok(())
     }
+}
+
+/// The snapshots as a matrix (rows), each column centred.
+fn centred(snapshots: &[Vec<f32>], n_components: usize) -> Result<Array2<f64>> {
+    let rows = snapshots.len();
+    let m = snapshots.first().map_or(0, Vec::len);
+    if rows < 2 || snapshots.iter().any(|s| s.len() != m) || n_components == 0 {
+        return Err(AlgoError::InvalidArgument(format!(
+            "PCA needs at least 2 snapshots of equal length and n_components > 0 (got {rows} rows)"
+        )));
+    }
+    let mut x = Array2::<f64>::zeros((rows, m));
+    for (mut row, snap) in x.rows_mut().into_iter().zip(snapshots) {
+        row.iter_mut()
+            .zip(snap)
+            .for_each(|(a, &b)| *a = f64::from(b));
+    }
+    let mean = x
+        .mean_axis(Axis(0))
+        .ok_or_else(|| AlgoError::InvalidArgument("empty".into()))?;
+    x -= &mean;
+    Ok(x)
+}
+
+/// The top right singular vectors of `x` (rows x M) from the eigenvectors
+/// of its Gram matrix, signs fixed (largest entry positive); directions with
+/// a negligible singular value are left out.
+fn top_components(x: &Array2<f64>, n_components: usize) -> Result<Pca> {
+    let (rows, m) = x.dim();
+    let gram = x.dot(&x.t());
+    let (values, vectors) = gram
+        .eigh(UPLO::Lower)
+        .map_err(|e| AlgoError::InvalidArgument(format!("eigen-decomposition failed: {e}")))?;
+    // Eigenvalues come in ascending order: take from the top.
+    let largest = values.iter().copied().fold(0.0, f64::max);
+    let mut components = Vec::new();
+    for i in (0..rows).rev() {
+        if components.len() == n_components || values[i] <= largest * 1e-12 || values[i] <= 0.0 {
+            break;
+        }
+        let mut v = x.t().dot(&vectors.column(i)) / values[i].sqrt();
+        let pivot = v
+            .iter()
+            .copied()
+            .fold(0.0f64, |a, b| if b.abs() > a.abs() { b } else { a });
+        if pivot < 0.0 {
+            v.mapv_inplace(|a| -a);
+        }
+        components.push(v);
+    }
+    let mut out = Array2::zeros((components.len(), m));
+    for (mut row, v) in out.rows_mut().into_iter().zip(components) {
+        row.assign(&v);
+    }
+    Ok(Pca { components: out })
 }
 
 /// Collects flattened parameter snapshots during a first training stage,

@@ -242,3 +242,20 @@ fn the_recorder_keeps_the_latest_snapshots() {
     let short = Tensor::from_vec(vec![0f32; 3], 3).unwrap();
     assert!(recorder.record(&[&short]).is_err());
 }
+
+#[test]
+fn the_randomized_fit_finds_the_same_subspace_deterministically() {
+    let (snapshots, _) = trajectory();
+    let exact = pca();
+    let a = Pca::fit_randomized(&snapshots, 8, 1234).unwrap();
+    let b = Pca::fit_randomized(&snapshots, 8, 1234).unwrap();
+    assert_eq!(a, b, "same seed, same components");
+    assert_eq!(a.n_components(), K);
+    let projector = |p: &Pca| p.components.t().dot(&p.components);
+    let diff = &projector(&a) - &projector(&exact);
+    assert!(
+        diff.iter().all(|x| x.abs() < 1e-6),
+        "subspaces differ by {}",
+        diff.iter().fold(0.0f64, |m, x| m.max(x.abs()))
+    );
+}
