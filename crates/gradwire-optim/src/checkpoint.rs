@@ -96,6 +96,10 @@ pub struct Checkpoint {
     pub values: BTreeMap<String, Value>,
 }
 
+/// The prefix under which a training checkpoint keeps the parameters
+/// themselves among its tensors: `param/<name>`.
+pub const PARAM_PREFIX: &str = "param/";
+
 impl Checkpoint {
     /// A checkpoint of `optimizer` alone (no extra tensors or values).
     pub fn new(optimizer: OptimizerState) -> Checkpoint {
@@ -105,6 +109,40 @@ impl Checkpoint {
             values: BTreeMap::new(),
         }
     }
+
+    /// Stores the parameters themselves (as `param/<name>` tensors), so the
+    /// checkpoint can resume training or serve as a trajectory snapshot.
+    pub fn set_parameters<'t>(&mut self, params: impl IntoIterator<Item = (&'t str, &'t Tensor)>) {
+        for (name, t) in params {
+            self.tensors
+                .insert(format!("{PARAM_PREFIX}{name}"), t.clone());
+        }
+    }
+
+    /// The parameters `names`, in that order, flattened into one f32 vector
+    /// (a DimReduce trajectory snapshot). Errors if one is missing.
+    pub fn flat_parameters(&self, names: &[&str]) -> Result<Vec<f32>> {
+        let mut flat = Vec::new();
+        for name in names {
+            let t = self
+                .tensors
+                .get(&format!("{PARAM_PREFIX}{name}"))
+                .ok_or_else(|| {
+                    OptimError::StateMismatch(format!("the checkpoint holds no parameter {name}"))
+                })?;
+            flat.extend(t.to_f32_vec()?);
+        }
+        Ok(flat)
+    }
+}
+
+/// Loads the parameters `names` from each checkpoint file, flattened in that
+/// order: the rows of a DimReduce trajectory written by an earlier run.
+pub fn load_trajectory(paths: &[impl AsRef<Path>], names: &[&str]) -> Result<Vec<Vec<f32>>> {
+    paths
+        .iter()
+        .map(|p| load(p)?.flat_parameters(names))
+        .collect()
 }
 
 impl From<OptimizerState> for Checkpoint {
