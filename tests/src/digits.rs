@@ -143,15 +143,7 @@ impl Mlp {
         let mut logits = [0f32; CLASSES];
         for &s in samples {
             let xs = &x[s * FEATURES..(s + 1) * FEATURES];
-            for j in 0..h {
-                let z = b1[j]
-                    + w1[j * FEATURES..(j + 1) * FEATURES]
-                        .iter()
-                        .zip(xs)
-                        .map(|(a, b)| a * b)
-                        .sum::<f32>();
-                hidden[j] = z.max(0.0);
-            }
+            relu_layer(&w1, &b1, xs, &mut hidden);
             for (c, l) in logits.iter_mut().enumerate() {
                 *l = b2[c]
                     + w2[c * h..(c + 1) * h]
@@ -195,15 +187,7 @@ impl Mlp {
         let mut hidden = vec![0f32; h];
         for (s, &label) in y.iter().enumerate() {
             let xs = &x[s * FEATURES..(s + 1) * FEATURES];
-            for j in 0..h {
-                let z = b1[j]
-                    + w1[j * FEATURES..(j + 1) * FEATURES]
-                        .iter()
-                        .zip(xs)
-                        .map(|(a, b)| a * b)
-                        .sum::<f32>();
-                hidden[j] = z.max(0.0);
-            }
+            relu_layer(&w1, &b1, xs, &mut hidden);
             let best = (0..CLASSES)
                 .map(|c| {
                     b2[c]
@@ -222,5 +206,12 @@ impl Mlp {
             correct += usize::from(best == label);
         }
         correct as f64 / y.len().max(1) as f64
+    }
+}
+
+/// `out = relu(w x + b)` for a row-major `w` of `out.len() x x.len()`.
+fn relu_layer(w: &[f32], b: &[f32], x: &[f32], out: &mut [f32]) {
+    for ((o, row), bias) in out.iter_mut().zip(w.chunks_exact(x.len())).zip(b) {
+        *o = (bias + row.iter().zip(x).map(|(a, c)| a * c).sum::<f32>()).max(0.0);
     }
 }
