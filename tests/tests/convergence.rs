@@ -1,15 +1,21 @@
 //! End-to-end: the digits MLP trained data-parallel on 4 LocalComm ranks.
 //!
-//! One worker (batch 16, SGD lr 0.05, momentum 0.9) sets the pace. Dense
-//! averaging (global batch 64, the gradients averaged) and AdaSum by delta
-//! weight (each rank a local step on its own batch of 16 with the single
-//! worker's learning rate, the weight changes combined with AdaSum) must both
-//! reach 95 % test accuracy within 30 epochs; a plain sum of the deltas at the
-//! same learning rate runs beside them. The epochs each needs are printed, not
-//! compared: on this small problem whether AdaSum needs no more epochs than
-//! one worker depends on the seed (see the AdaSum issue's notes), and a test
-//! must not pick its seed to pass. Run with `--nocapture` to see the accuracy
-//! per epoch.
+//! Every rank takes its quarter of each global batch of 64 (16 each); SGD
+//! with lr 0.05 and momentum 0.9 everywhere; test accuracy is measured four
+//! times per epoch, so "epochs to 95 %" has a resolution of a quarter epoch.
+//!
+//! Dense averaging must reach 95 %. AdaSum by delta weight (each rank a local
+//! step on its own 16 samples with the single-worker learning rate, the weight
+//! changes combined with AdaSum) must reach 95 % in no more epochs than one
+//! worker that takes the same global batches of 64 at that learning rate:
+//! that is AdaSum's claim, that it needs no learning-rate rescaling as W
+//! grows where averaging slows down. A plain sum of the deltas and one worker
+//! taking batches of 16 (four times the steps) are run beside them and printed:
+//! on this small problem the gradients of different batches are strongly
+//! aligned early on (cosine about 0.5), so AdaSum sits between averaging and
+//! the sequential run and does not match the latter (see the AdaSum issue's
+//! notes for figures over seeds). Run with `--nocapture` to see the accuracy
+//! per quarter epoch.
 //!
 //! The second test runs DimReduce after a dense stage that records the
 //! trajectory, beside dense training for the same number of steps.
@@ -27,7 +33,9 @@ const HIDDEN: usize = 32;
 const BATCH: usize = 16;
 const WORLD: usize = 4;
 const LR: f64 = 0.05;
-const MAX_EPOCHS: usize = 30;
+const MAX_EPOCHS: usize = 15;
+/// Test-accuracy measurements per epoch.
+const EVALS_PER_EPOCH: usize = 4;
 const TARGET: f64 = 0.95;
 
 fn sgd() -> Sgd {
@@ -67,14 +75,24 @@ fn index_of(name: &str) -> usize {
         .expect("known name")
 }
 
-/// Test accuracy after each epoch of one worker.
-fn single_worker(data: &Digits) -> Vec<f64> {
+/// Whether an evaluation falls after batch `index` of `batches` in an epoch.
+fn evaluate_after(index: usize, batches: usize) -> bool {
+    (index + 1) * EVALS_PER_EPOCH / batches != index * EVALS_PER_EPOCH / batches
+}
+
+/// Test accuracy, `EVALS_PER_EPOCH` times per epoch, of one worker taking
+/// batches of `batch`.
+fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
     let mut mlp = Mlp::new(HIDDEN, 7);
     let mut opt = sgd();
     let mut accuracy = Vec::new();
+    let batches = data.train_len().div_ceil(batch);
     for epoch in 0..MAX_EPOCHS {
-        for batch in epoch_order(data.train_len(), epoch).chunks(BATCH) {
-            let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, batch);
+        for (index, samples) in epoch_order(data.train_len(), epoch)
+            .chunks(batch)
+            .enumerate()
+        {
+            let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, samples);
             for ((name, param), g) in mlp.named().zip(grads) {
                 let n = g.len();
                 opt.update(
@@ -87,8 +105,10 @@ fn single_worker(data: &Digits) -> Vec<f64> {
                 .expect("update");
             }
             opt.step();
+            if evaluate_after(index, batches) {
+                accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+            }
         }
-        accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
     }
     accuracy
 }
@@ -111,7 +131,7 @@ impl Combiner<LocalComm> for PlainSum {
     }
 }
 
-/// Test accuracy (rank 0's model) after each epoch of data-parallel training:
+/// Test accuracy (rank 0's model), `EVALS_PER_EPOCH` times per epoch, of data-parallel training:
 /// every rank takes its quarter of each global batch of `WORLD * BATCH`.
 fn data_parallel<K: Combiner<LocalComm>>(
     data: &Digits,
@@ -130,8 +150,12 @@ fn data_parallel<K: Combiner<LocalComm>>(
         };
         let mut mlp = Mlp::new(HIDDEN, 7);
         let mut accuracy = Vec::new();
+        let batches = data.train_len().div_ceil(WORLD * BATCH);
         for epoch in 0..MAX_EPOCHS {
-            for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
+            for (index, global) in epoch_order(data.train_len(), epoch)
+                .chunks(WORLD * BATCH)
+                .enumerate()
+            {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
                 let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
                 let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
@@ -142,8 +166,10 @@ fn data_parallel<K: Combiner<LocalComm>>(
                     dist.push(name, Tensor::from_vec(g, shape)?)?;
                 }
                 dist.finish(mlp.named())?;
+                if evaluate_after(index, batches) {
+                    accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+                }
             }
-            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
         }
         Ok::<_, OptimError>(accuracy)
     })
@@ -155,18 +181,24 @@ fn data_parallel<K: Combiner<LocalComm>>(
         .expect("training")
 }
 
-fn first_epoch_at_target(accuracy: &[f64]) -> Option<usize> {
-    accuracy.iter().position(|&a| a >= TARGET).map(|e| e + 1)
+/// Epochs until the accuracy, measured `per_epoch` times per epoch, first
+/// reaches 95 %.
+fn epochs_to_target(accuracy: &[f64], per_epoch: usize) -> Option<f64> {
+    accuracy
+        .iter()
+        .position(|&a| a >= TARGET)
+        .map(|i| (i + 1) as f64 / per_epoch as f64)
 }
 
-fn show(name: &str, accuracy: &[f64]) {
+/// Prints a run's accuracy, measured `per_epoch` times per epoch.
+fn show(name: &str, accuracy: &[f64], per_epoch: usize) {
     let line: Vec<String> = accuracy
         .iter()
         .map(|a| format!("{:.1}", a * 100.0))
         .collect();
     println!(
-        "{name:<28} epochs to 95 %: {:?}; accuracy per epoch: {}",
-        first_epoch_at_target(accuracy),
+        "{name:<32} epochs to 95 %: {:>5}; accuracy ({per_epoch} per epoch): {}",
+        epochs_to_target(accuracy, per_epoch).map_or("never".to_string(), |e| format!("{e:.2}")),
         line.join(" ")
     );
 }
@@ -174,33 +206,43 @@ fn show(name: &str, accuracy: &[f64]) {
 #[test]
 fn dense_and_adasum_reach_95_percent_on_digits() {
     let data = Digits::load(42);
-    let single = single_worker(&data);
-    show("one worker", &single);
+    let global_batch = single_worker(&data, WORLD * BATCH);
+    show("one worker, batch 64", &global_batch, EVALS_PER_EPOCH);
     let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
-    show("dense average, 4 ranks", &dense);
+    show("dense average, 4 x 16", &dense, EVALS_PER_EPOCH);
     let adasum = data_parallel(&data, Mode::DeltaWeight, |c| {
         Some(AdaSum::new(c).expect("adasum"))
     });
-    show("AdaSum delta weight, 4", &adasum);
+    show("AdaSum delta weight, 4 x 16", &adasum, EVALS_PER_EPOCH);
     let summed = data_parallel(&data, Mode::DeltaWeight, |_| Some(PlainSum));
-    show("plain sum of deltas, 4", &summed);
+    show("plain sum of deltas, 4 x 16", &summed, EVALS_PER_EPOCH);
+    let sequential = single_worker(&data, BATCH);
+    show("one worker, batch 16", &sequential, EVALS_PER_EPOCH);
 
+    let dense_epochs =
+        epochs_to_target(&dense, EVALS_PER_EPOCH).expect("dense averaging never reached 95 %");
+    let adasum_epochs = epochs_to_target(&adasum, EVALS_PER_EPOCH)
+        .expect("AdaSum by delta weight never reached 95 %");
+    let single_epochs = epochs_to_target(&global_batch, EVALS_PER_EPOCH)
+        .expect("one worker, batch 64, never reached 95 %");
     assert!(
-        first_epoch_at_target(&single).is_some(),
-        "one worker never reached 95 %"
+        adasum_epochs <= single_epochs,
+        "AdaSum needed {adasum_epochs} epochs to 95 %, one worker on the same global batches {single_epochs}"
     );
-    assert!(
-        first_epoch_at_target(&dense).is_some(),
-        "dense averaging never reached 95 %"
-    );
-    assert!(
-        first_epoch_at_target(&adasum).is_some(),
-        "AdaSum by delta weight never reached 95 %"
-    );
-    // Data parallelism must not cost final accuracy: within 2 points of one
-    // worker's after the same number of epochs.
+    // Data parallelism must not cost final accuracy: within 2 points of the
+    // sequential worker's after the same number of epochs.
     let last = |a: &[f64]| a.last().copied().unwrap_or(0.0);
-    assert!(last(&dense) >= last(&single) - 0.02 && last(&adasum) >= last(&single) - 0.02);
+    for (name, run) in [("dense", &dense), ("AdaSum", &adasum)] {
+        assert!(
+            last(run) >= last(&sequential) - 0.02,
+            "{name} ends at {:.1} %, one worker at {:.1} %",
+            last(run) * 100.0,
+            last(&sequential) * 100.0
+        );
+    }
+    println!(
+        "epochs to 95 %: dense {dense_epochs}, AdaSum {adasum_epochs}, one worker (64) {single_epochs}"
+    );
 }
 
 /// Dense DistOpt for `dense_epochs` recording the trajectory (one snapshot
@@ -297,8 +339,14 @@ fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
     let total = 12;
     let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
     let dimreduce = dense_then_dimreduce(&data, 6, total);
-    show("dense average, 4 ranks", &dense[..total]);
-    show("dense 6 + DimReduce 6, 4", &dimreduce);
+    // Dense accuracy at the end of each epoch, to line up with DimReduce's.
+    let dense: Vec<f64> = dense
+        .chunks(EVALS_PER_EPOCH)
+        .map(|q| q[EVALS_PER_EPOCH - 1])
+        .take(total)
+        .collect();
+    show("dense average, 4 ranks", &dense, 1);
+    show("dense 6 + DimReduce 6, 4", &dimreduce, 1);
     println!(
         "after {total} epochs: dense {:.1} %, DimReduce {:.1} %",
         dense[total - 1] * 100.0,
