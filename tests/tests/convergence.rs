@@ -17,8 +17,9 @@
 //! notes for figures over seeds). Run with `--nocapture` to see the accuracy
 //! per quarter epoch.
 //!
-//! The second test runs DimReduce after a dense stage that records the
-//! trajectory, beside dense training for the same number of steps.
+//! The second test runs DistOpt's DimReduce mode after a dense stage that
+//! records the trajectory, beside dense training for the same number of
+//! steps, and asserts it stays within a point of dense accuracy.
 
 use gradwire_algos::{AdaSum, fused_all_reduce};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
@@ -246,21 +247,41 @@ fn dense_and_adasum_reach_95_percent_on_digits() {
 }
 
 /// Dense DistOpt for `dense_epochs` recording the trajectory (one snapshot
-/// per step, the last 60 kept), then DimReduce for the remaining epochs, on
-/// the same global batches; returns rank 0's test accuracy after each epoch.
-fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize) -> Vec<f64> {
-    use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, TrajectoryRecorder};
+/// per step, the last 60 kept), then DistOpt's DimReduce mode for the
+/// remaining epochs, on the same global batches; returns rank 0's test
+/// accuracy after each epoch and the fraction of DimReduce steps whose line
+/// search accepted a step.
+fn dense_then_dimreduce(
+    data: &Digits,
+    dense_epochs: usize,
+    total_epochs: usize,
+) -> (Vec<f64>, f64) {
+    use gradwire_algos::dimreduce::{DimReduceConfig, TrajectoryRecorder};
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
         let mut mlp = Mlp::new(HIDDEN, 7);
         let mut accuracy = Vec::new();
         let mut recorder = TrajectoryRecorder::new(60);
         let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
-        let batches = |epoch: usize| epoch_order(data.train_len(), epoch);
-        for epoch in 0..dense_epochs {
-            for global in batches(epoch).chunks(WORLD * BATCH) {
+        let mut accepted = (0usize, 0usize);
+        for epoch in 0..total_epochs {
+            if epoch == dense_epochs {
+                let pca = recorder
+                    .fit(32)
+                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                // MindSpore's defaults, but the residual momentum's rate set
+                // to the SGD learning rate: it is what moves the parameters
+                // outside the 32-dimensional subspace, and at MindSpore's
+                // 0.001 they barely move here.
+                let config = DimReduceConfig {
+                    alpha: LR,
+                    ..DimReduceConfig::default()
+                };
+                dist.start_dimreduce(&pca, config)?;
+            }
+            for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                let (loss, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
                 let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
                 for name in BACKWARD_ORDER {
                     let i = index_of(name);
@@ -270,60 +291,35 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                         Tensor::from_vec(grads[i].take().expect("once"), shape)?,
                     )?;
                 }
-                dist.finish(mlp.named())?;
-                let refs: Vec<&Tensor> = mlp.params.iter().collect();
-                recorder
-                    .record(&refs)
-                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                if epoch < dense_epochs {
+                    dist.finish(mlp.named())?;
+                    // DistOpt flattens in declaration (backward) order.
+                    let ordered: Vec<&Tensor> = BACKWARD_ORDER
+                        .iter()
+                        .map(|&n| &mlp.params[index_of(n)])
+                        .collect();
+                    recorder
+                        .record(&ordered)
+                        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                } else {
+                    let mut probe = Mlp::new(HIDDEN, 7);
+                    let stats = dist.finish_dimreduce(mlp.named(), f64::from(loss), |trial| {
+                        for (name, t) in trial {
+                            probe.params[index_of(name)].copy_from(t)?;
+                        }
+                        let (trial_loss, _) =
+                            probe.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                        Ok(f64::from(trial_loss))
+                    })?;
+                    accepted.1 += 1;
+                    if stats.dimreduce.is_some_and(|d| d.step > 0.0) {
+                        accepted.0 += 1;
+                    }
+                }
             }
             accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
         }
-        let comm = dist.into_comm();
-        let algo = |e: gradwire_algos::AlgoError| OptimError::InvalidArgument(e.to_string());
-        let pca = recorder.fit(32).map_err(algo)?;
-        let mut dr = DimReduce::new(&comm, &pca, DimReduceConfig::default()).map_err(algo)?;
-        let flatten = |mlp: &Mlp| -> Vec<f32> {
-            mlp.params
-                .iter()
-                .flat_map(|t| t.to_vec::<f32>().expect("f32"))
-                .collect()
-        };
-        let unflatten = |mlp: &mut Mlp, w: &[f32]| {
-            let mut offset = 0;
-            for p in &mut mlp.params {
-                let n = p.len();
-                p.as_mut_slice::<f32>()
-                    .expect("f32")
-                    .copy_from_slice(&w[offset..offset + n]);
-                offset += n;
-            }
-        };
-        for epoch in dense_epochs..total_epochs {
-            for global in batches(epoch).chunks(WORLD * BATCH) {
-                let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (loss, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
-                // Averaged gradient and loss (true division).
-                let mut g: Vec<f32> = grads.concat();
-                comm.all_reduce(&mut g, ReduceOp::Avg)
-                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-                let mut l = [f64::from(loss)];
-                comm.all_reduce(&mut l, ReduceOp::Avg)
-                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-                let mut w = flatten(&mlp);
-                let mut probe = Mlp::new(HIDDEN, 7);
-                dr.step(&comm, &mut w, &g, l[0], |trial| {
-                    unflatten(&mut probe, trial);
-                    let (trial_loss, _) = probe.loss_and_grads(&data.train_x, &data.train_y, &mine);
-                    let mut t = [f64::from(trial_loss)];
-                    comm.all_reduce(&mut t, ReduceOp::Avg)?;
-                    Ok(t[0])
-                })
-                .map_err(algo)?;
-                unflatten(&mut mlp, &w);
-            }
-            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
-        }
-        Ok::<_, OptimError>(accuracy)
+        Ok::<_, OptimError>((accuracy, accepted.0 as f64 / accepted.1.max(1) as f64))
     })
     .expect("ranks");
     results
@@ -338,7 +334,7 @@ fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
     let data = Digits::load(42);
     let total = 12;
     let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
-    let dimreduce = dense_then_dimreduce(&data, 6, total);
+    let (dimreduce, accepted) = dense_then_dimreduce(&data, 6, total);
     // Dense accuracy at the end of each epoch, to line up with DimReduce's.
     let dense: Vec<f64> = dense
         .chunks(EVALS_PER_EPOCH)
@@ -348,8 +344,18 @@ fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
     show("dense average, 4 ranks", &dense, 1);
     show("dense 6 + DimReduce 6, 4", &dimreduce, 1);
     println!(
-        "after {total} epochs: dense {:.1} %, DimReduce {:.1} %",
+        "after {total} epochs: dense {:.1} %, DimReduce {:.1} % ({:.0} % of its line searches accepted a step)",
         dense[total - 1] * 100.0,
-        dimreduce[total - 1] * 100.0
+        dimreduce[total - 1] * 100.0,
+        accepted * 100.0
     );
+    // On this problem DimReduce keeps up with dense training rather than
+    // beating it: over 8 seeds the final difference ranged from -0.6 to +1.1
+    // points (one test image is 0.28 points), so the assertion allows one
+    // point, not zero (see the DimReduce issue's notes).
+    assert!(
+        dimreduce[total - 1] >= dense[total - 1] - 0.01,
+        "DimReduce fell behind dense training"
+    );
+    assert!(accepted > 0.5, "most line searches must accept a step");
 }

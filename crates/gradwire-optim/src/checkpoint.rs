@@ -61,6 +61,7 @@ use serde_json::Value;
 
 use crate::error::{OptimError, Result};
 use crate::state::{OptimizerState, ParamState};
+use gradwire_algos::dimreduce::Pca;
 
 /// The `format` string of the JSON header: what identifies a gradwire
 /// checkpoint among safetensors files.
@@ -261,6 +262,7 @@ fn checked_elems(shape: &[usize]) -> Option<usize> {
 /// safetensors writes it (one tensor at a time, so saving never holds a
 /// second copy of the whole state).
 enum Data<'a> {
+    F64(&'a [f64]),
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
@@ -275,6 +277,7 @@ struct Entry<'a> {
 impl View for Entry<'_> {
     fn dtype(&self) -> Dtype {
         match self.data {
+            Data::F64(_) => Dtype::F64,
             Data::F32(_) => Dtype::F32,
             Data::F16(_) => Dtype::F16,
             Data::BF16(_) => Dtype::BF16,
@@ -288,6 +291,9 @@ impl View for Entry<'_> {
     fn data(&self) -> Cow<'_, [u8]> {
         let mut out = Vec::with_capacity(self.data_len());
         match self.data {
+            Data::F64(x) => x
+                .iter()
+                .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
             Data::F32(x) => x
                 .iter()
                 .for_each(|v| out.extend_from_slice(&v.to_le_bytes())),
@@ -304,6 +310,7 @@ impl View for Entry<'_> {
     fn data_len(&self) -> usize {
         // Sizes were checked against overflow before the entry was built.
         match self.data {
+            Data::F64(x) => x.len().saturating_mul(8),
             Data::F32(x) => x.len().saturating_mul(4),
             Data::F16(x) => x.len().saturating_mul(2),
             Data::BF16(x) => x.len().saturating_mul(2),
@@ -654,4 +661,81 @@ pub fn save_bytes_with<F: FnOnce(&mut File) -> io::Result<()>>(
 pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
     let bytes = std::fs::read(path)?;
     from_bytes(&bytes)
+}
+
+/// The `format` string of a PCA file's header.
+pub const PCA_FORMAT: &str = "gradwire-pca";
+
+/// Encodes DimReduce's components as a PCA file's bytes: a safetensors file
+/// with one F64 tensor `components` (`n x M`, exact) and a header
+/// `{"format": "gradwire-pca", "version": 1}`.
+pub fn pca_to_bytes(pca: &Pca) -> Result<Vec<u8>> {
+    let flat: Vec<f64> = pca.components.iter().copied().collect();
+    let entry = Entry {
+        shape: vec![pca.components.nrows(), pca.components.ncols()],
+        data: Data::F64(&flat),
+    };
+    let header = serde_json::json!({ "format": PCA_FORMAT, "version": 1 }).to_string();
+    let metadata = std::collections::HashMap::from([(METADATA_KEY.to_owned(), header)]);
+    safetensors::serialize([("components", entry)], Some(metadata))
+        .map_err(|e| OptimError::InvalidArgument(format!("PCA file: {e}")))
+}
+
+/// Decodes and validates a PCA file's bytes ([`pca_to_bytes`]); every defect
+/// is an [`OptimError::CorruptCheckpoint`], non-finite components included.
+pub fn pca_from_bytes(bytes: &[u8]) -> Result<Pca> {
+    let file = SafeTensors::deserialize(bytes)
+        .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+    let (_, meta) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+    let header: Value = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(METADATA_KEY))
+        .ok_or_else(|| corrupt("no gradwire header: not a PCA file"))
+        .and_then(|h| serde_json::from_str(h).map_err(|e| corrupt(format!("header: {e}"))))?;
+    if header.get("format").and_then(Value::as_str) != Some(PCA_FORMAT)
+        || header.get("version").and_then(Value::as_u64) != Some(1)
+    {
+        return Err(corrupt(format!(
+            "not a version 1 PCA file: header {header}"
+        )));
+    }
+    let view = file
+        .tensor("components")
+        .map_err(|e| corrupt(format!("components: {e}")))?;
+    let &[n, m] = view.shape() else {
+        return Err(corrupt(format!(
+            "components of shape {:?}, expected 2 dimensions",
+            view.shape()
+        )));
+    };
+    if view.dtype() != Dtype::F64 {
+        return Err(corrupt(format!(
+            "components are {:?}, expected F64",
+            view.dtype()
+        )));
+    }
+    let values: Vec<f64> = view
+        .data()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect();
+    if values.len() != n * m || values.iter().any(|v| !v.is_finite()) {
+        return Err(corrupt("components: wrong size or non-finite values"));
+    }
+    let components = ndarray::Array2::from_shape_vec((n, m), values)
+        .map_err(|e| corrupt(format!("components: {e}")))?;
+    Ok(Pca { components })
+}
+
+/// Writes `pca` to `path` atomically (as [`save`] does a checkpoint).
+pub fn save_pca(path: impl AsRef<Path>, pca: &Pca) -> Result<()> {
+    let bytes = pca_to_bytes(pca)?;
+    save_bytes_with(path, |file| file.write_all(&bytes))
+}
+
+/// Reads and validates the PCA file at `path`.
+pub fn load_pca(path: impl AsRef<Path>) -> Result<Pca> {
+    pca_from_bytes(&std::fs::read(path)?)
 }

@@ -28,6 +28,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, DimReduceState, DimReduceStep, Pca};
 use gradwire_algos::{
     AlgoError, DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, Handle, Reduced, Traffic,
     fused_all_reduce, half_all_reduce, sparse_all_reduce,
@@ -85,6 +86,13 @@ pub enum Mode {
         /// Also average the partition's optimizer buffers.
         average_state: bool,
     },
+    /// DimReduce (MindSpore boost, SPEC §5): gradients are averaged bucket by
+    /// bucket as in `Dense`, then a quasi-Newton step in the PCA subspace
+    /// with a line search replaces the optimizer. Entered with
+    /// [`DistOpt::start_dimreduce`] (usually after a first stage of another
+    /// mode that recorded the trajectory); steps with
+    /// [`DistOpt::finish_dimreduce`], which takes the loss.
+    DimReduce,
 }
 
 /// DistOpt's settings.
@@ -148,6 +156,8 @@ pub struct StepStats {
     pub skipped: usize,
     /// Whether the whole step was skipped (a non-finite gradient).
     pub non_finite: bool,
+    /// DimReduce mode: the accepted step size and the loss there.
+    pub dimreduce: Option<DimReduceStep>,
 }
 
 /// How DistOpt combines one bucket's tensors across ranks, beyond the
@@ -279,6 +289,8 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     partial_counter: u64,
     /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`.
     combiner: Option<SharedCombiner<C>>,
+    /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
+    dimreduce: Option<DimReduce>,
 }
 
 impl std::fmt::Debug for BucketResult {
@@ -385,6 +397,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             residuals,
             partial_counter: 0,
             combiner: None,
+            dimreduce: None,
         })
     }
 
@@ -528,6 +541,37 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Mode::DeltaWeight => return self.finish_delta_weight(targets, missing),
             _ => {}
         }
+        if self.config.mode == Mode::DimReduce {
+            // Keep the launched buckets paired with the other ranks.
+            self.abort_step();
+            return Err(OptimError::InvalidArgument(
+                "DimReduce mode steps with finish_dimreduce, which takes the loss".into(),
+            ));
+        }
+        let (mut stats, reduced) = self.reduce_gradients(missing)?;
+        if stats.non_finite {
+            return Ok(stats);
+        }
+        for (i, grad, _) in &reduced {
+            let name = self.params[*i].name.as_str();
+            let Some(param) = targets.get_mut(name) else {
+                continue;
+            };
+            self.optimizer.update(name, param, grad)?;
+            stats.updated += 1;
+        }
+        self.optimizer.step();
+        Ok(stats)
+    }
+
+    /// The communication half of a step: launches the buckets not yet on
+    /// their way, waits for all, averages, clips and checks for non-finite
+    /// values. Returns the averaged gradients some rank wrote, by parameter
+    /// index (none when the step is skipped as non-finite).
+    fn reduce_gradients(
+        &mut self,
+        missing: Option<OptimError>,
+    ) -> Result<(StepStats, Vec<ReducedGrad>)> {
         // With one vote per step, it happens now, for every parameter.
         let mut decided: Option<Vec<bool>> = None;
         let mut vote_traffic = Traffic::default();
@@ -623,7 +667,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             }
             if self.config.skip_non_finite && !sum_sq.is_finite() {
                 stats.non_finite = true;
-                return Ok(stats);
+                return Ok((stats, Vec::new()));
             }
             if let Some(max_norm) = self.config.clip_global_norm {
                 let norm = sum_sq.sqrt();
@@ -635,16 +679,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 }
             }
         }
-        for (i, grad, _) in &reduced {
-            let name = self.params[*i].name.as_str();
-            let Some(param) = targets.get_mut(name) else {
-                continue;
-            };
-            self.optimizer.update(name, param, grad)?;
-            stats.updated += 1;
-        }
-        self.optimizer.step();
-        Ok(stats)
+        Ok((stats, reduced))
     }
 
     /// Pushes every gradient, then [`DistOpt::finish`]: a step without
@@ -668,6 +703,139 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             self.push(&name, grad)?;
         }
         self.finish(targets)
+    }
+
+    /// Switches to [`Mode::DimReduce`] with the components `pca` (the same on
+    /// every rank: fit from the same trajectory, or broadcast) over all
+    /// declared parameters flattened in declaration order. Call between
+    /// steps; the optimizer's state is kept, unused, in the checkpoints.
+    pub fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+        let total: usize = self.params.iter().map(ParamSpec::len).sum();
+        if pca.components.ncols() != total {
+            return Err(OptimError::InvalidArgument(format!(
+                "the components cover {} parameters, DistOpt has {total}",
+                pca.components.ncols()
+            )));
+        }
+        if !self.in_flight.is_empty() || self.grads.iter().any(Option::is_some) {
+            return Err(OptimError::InvalidArgument(
+                "start_dimreduce in the middle of a step".into(),
+            ));
+        }
+        self.dimreduce = Some(DimReduce::new(&self.comm, pca, config)?);
+        self.config.mode = Mode::DimReduce;
+        Ok(())
+    }
+
+    /// DimReduce mode's [`DistOpt::finish`]: waits for the averaged
+    /// gradients, averages this rank's `loss` across ranks, and takes one
+    /// DimReduce step on `params` (every declared parameter, f32). The line
+    /// search calls `eval_loss` with the trial parameters (name and tensor,
+    /// in declaration order) on every rank alike; it returns this rank's loss
+    /// on the same batch, which DistOpt averages. A parameter no rank wrote
+    /// has a zero gradient here: DimReduce moves all parameters together.
+    ///
+    /// If `eval_loss` fails on a rank, that trial counts as rejected on every
+    /// rank (the rank contributes NaN to the averaged loss), the step
+    /// completes alike everywhere, and the failing rank then returns its
+    /// error: ranks never diverge or wait on each other.
+    pub fn finish_dimreduce<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+        loss: f64,
+        mut eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
+    ) -> Result<StepStats> {
+        let mut targets: HashMap<&str, &mut Tensor> = params.into_iter().collect();
+        let missing = self
+            .params
+            .iter()
+            .find(|p| !targets.contains_key(p.name.as_str()))
+            .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
+        if self.config.mode != Mode::DimReduce || self.dimreduce.is_none() {
+            self.abort_step();
+            return Err(OptimError::InvalidArgument(
+                "finish_dimreduce needs start_dimreduce first".into(),
+            ));
+        }
+        let (mut stats, reduced) = self.reduce_gradients(missing)?;
+        if stats.non_finite {
+            return Ok(stats);
+        }
+        // The flat parameters and averaged gradient, in declaration order.
+        let total: usize = self.params.iter().map(ParamSpec::len).sum();
+        let mut w = Vec::with_capacity(total);
+        let mut g = vec![0f32; total];
+        let mut offsets = Vec::with_capacity(self.params.len());
+        for spec in &self.params {
+            let param = targets
+                .get(spec.name.as_str())
+                .ok_or_else(|| OptimError::InvalidArgument(format!("{} not given", spec.name)))?;
+            offsets.push(w.len());
+            w.extend(param.to_vec::<f32>()?);
+        }
+        for (i, grad, _) in &reduced {
+            let at = offsets[*i];
+            g[at..at + grad.len()].copy_from_slice(&grad.to_vec::<f32>()?);
+        }
+        let world = self.world_size();
+        let mut avg_loss = [loss];
+        self.comm
+            .all_reduce(&mut avg_loss, ReduceOp::Avg)
+            .map_err(AlgoError::from)?;
+        // Trial points are evaluated on scratch copies of the parameters.
+        let mut scratch: Vec<Tensor> = self
+            .params
+            .iter()
+            .map(|spec| Tensor::zeros(spec.shape.clone(), DType::F32, Device::Cpu))
+            .collect::<std::result::Result<_, _>>()?;
+        let names: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
+        let comm = &self.comm;
+        let mut user_error = None;
+        let mut trials = 0usize;
+        let dimreduce = self.dimreduce.as_mut().ok_or_else(|| {
+            OptimError::InvalidArgument("finish_dimreduce needs start_dimreduce first".into())
+        })?;
+        let start = Instant::now();
+        let outcome = dimreduce.step(comm, &mut w, &g, avg_loss[0], |trial| {
+            trials += 1;
+            for (t, &at) in scratch.iter_mut().zip(&offsets) {
+                let n = t.len();
+                t.as_mut_slice::<f32>()?.copy_from_slice(&trial[at..at + n]);
+            }
+            let view: Vec<(&str, &Tensor)> = names.iter().copied().zip(scratch.iter()).collect();
+            // A failing closure on one rank must not leave its peers waiting
+            // in the all-reduce: it contributes NaN, which rejects the trial
+            // everywhere, and the error is returned after the step.
+            let mut local = [match eval_loss(&view) {
+                Ok(l) => l,
+                Err(e) => {
+                    user_error.get_or_insert(e);
+                    f64::NAN
+                }
+            }];
+            comm.all_reduce(&mut local, ReduceOp::Avg)?;
+            Ok(local[0])
+        });
+        stats.wait += start.elapsed();
+        let outcome = outcome?;
+        for (spec, &at) in self.params.iter().zip(&offsets) {
+            if let Some(param) = targets.get_mut(spec.name.as_str()) {
+                let n = param.len();
+                param.as_mut_slice::<f32>()?.copy_from_slice(&w[at..at + n]);
+            }
+        }
+        if let Some(e) = user_error {
+            return Err(e);
+        }
+        // The loss, the projection's all-gather, the back-projection's
+        // all-reduce (2 x f64 per parameter) and one loss per trial.
+        let n = dimreduce.b().nrows();
+        stats.traffic += Traffic::all_reduce(8 * (1 + trials), world)
+            + Traffic::all_gather(8 * n.div_ceil(world), 8 * n, world)
+            + Traffic::all_reduce(16 * total, world);
+        stats.updated = self.params.len();
+        stats.dimreduce = Some(outcome);
+        Ok(stats)
     }
 
     /// The index of `name`, if `grad` may be pushed for it now.
@@ -846,8 +1014,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// DistOpt's whole state: the optimizer's, sparse mode's residuals (as
-    /// tensors `residual/<bucket>`) and partial mode's counter (value
-    /// `partial_counter`). Call between steps.
+    /// tensors `residual/<bucket>`), partial mode's counter (value
+    /// `partial_counter`) and DimReduce's state (`dimreduce/momentum`, and
+    /// values `dimreduce/b`, `g_last`, `s`, `initialized`; the components
+    /// themselves go to their own file, [`crate::checkpoint::save_pca`]).
+    /// Call between steps.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let mut ckpt = Checkpoint::new(self.optimizer.state()?);
         for (b, memory) in self.residuals.iter().enumerate() {
@@ -864,11 +1035,28 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .insert("partial_counter".into(), self.partial_counter.into());
         ckpt.values
             .insert("buckets".into(), (self.buckets.len() as u64).into());
+        if let Some(dimreduce) = &self.dimreduce {
+            let state = dimreduce.state();
+            let n = state.momentum.len();
+            ckpt.tensors.insert(
+                "dimreduce/momentum".into(),
+                Tensor::from_vec(state.momentum, n)?,
+            );
+            // f64 values, exact through JSON (serde_json's float_roundtrip).
+            ckpt.values.insert("dimreduce/b".into(), state.b.into());
+            ckpt.values
+                .insert("dimreduce/g_last".into(), state.g_last.into());
+            ckpt.values.insert("dimreduce/s".into(), state.s.into());
+            ckpt.values
+                .insert("dimreduce/initialized".into(), state.initialized.into());
+        }
         Ok(ckpt)
     }
 
     /// Restores a state saved by [`DistOpt::checkpoint`] from a DistOpt with
-    /// the same parameters and buckets; errors on any mismatch.
+    /// the same parameters and buckets (and, for DimReduce state, after
+    /// [`DistOpt::start_dimreduce`] with the same components); errors on any
+    /// mismatch, leaving this DistOpt as it was.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         let mismatch = |what: String| OptimError::StateMismatch(what);
         let buckets = ckpt.values.get("buckets").and_then(|v| v.as_u64());
@@ -906,7 +1094,33 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 _ => return Err(mismatch(format!("residual of bucket {b} does not match"))),
             });
         }
+        let dimreduce = match (&self.dimreduce, ckpt.values.get("dimreduce/b")) {
+            (None, None) => None,
+            (Some(_), Some(_)) => Some(dimreduce_state(ckpt)?),
+            (None, Some(_)) => {
+                return Err(mismatch(
+                    "the checkpoint holds DimReduce state: start_dimreduce first".into(),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(mismatch("the checkpoint holds no DimReduce state".into()));
+            }
+        };
+        // Checked against the components' dimensions before anything changes.
+        let dimreduce = match (&self.dimreduce, dimreduce) {
+            (Some(current), Some(state)) => {
+                let mut restored = current.clone();
+                restored
+                    .restore(state)
+                    .map_err(|e| mismatch(format!("DimReduce: {e}")))?;
+                Some(restored)
+            }
+            _ => None,
+        };
         self.optimizer.load_state(&ckpt.optimizer)?;
+        if dimreduce.is_some() {
+            self.dimreduce = dimreduce;
+        }
         self.residuals = residuals;
         self.partial_counter = counter;
         Ok(())
@@ -921,6 +1135,41 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         self.grads.iter_mut().for_each(|g| *g = None);
     }
+}
+
+/// An averaged gradient: parameter index, value, whether it arrived averaged.
+type ReducedGrad = (usize, Tensor, bool);
+
+/// DimReduce's state as [`DistOpt::checkpoint`] stores it.
+fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
+    let mismatch = |what: &str| OptimError::StateMismatch(format!("DimReduce: {what}"));
+    let floats = |key: &str| -> Result<Vec<f64>> {
+        ckpt.values
+            .get(key)
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| mismatch(&format!("no {key}")))?
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| mismatch(&format!("{key} holds a non-number")))
+            })
+            .collect()
+    };
+    Ok(DimReduceState {
+        b: floats("dimreduce/b")?,
+        g_last: floats("dimreduce/g_last")?,
+        s: floats("dimreduce/s")?,
+        initialized: ckpt
+            .values
+            .get("dimreduce/initialized")
+            .and_then(|v| v.as_bool())
+            .ok_or_else(|| mismatch("no dimreduce/initialized"))?,
+        momentum: ckpt
+            .tensors
+            .get("dimreduce/momentum")
+            .ok_or_else(|| mismatch("no dimreduce/momentum"))?
+            .to_vec::<f32>()?,
+    })
 }
 
 /// What a bucket's job carries to the communication thread.
@@ -984,7 +1233,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                 averaged = combined.averaged;
                 combined.traffic
             }
-            Mode::Dense | Mode::Partial { .. } => {
+            Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => {
                 fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
             }
             Mode::Half { precision, clip } => {

@@ -12,64 +12,8 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor;
 
-/// A linear model y = sum_k X_k w_k whose weight blocks have these sizes.
-const BLOCKS: &[usize] = &[5, 1, 13, 2, 31, 3];
-/// Divisible by every world size 1..=8.
-const BATCH: usize = 840;
-
-fn features() -> usize {
-    BLOCKS.iter().sum()
-}
-
-/// Sample i's features and target, deterministic.
-fn sample(i: usize) -> (Vec<f64>, f64) {
-    let d = features();
-    let x: Vec<f64> = (0..d)
-        .map(|j| (((i * 31 + j * 17) % 23) as f64 - 11.0) / 11.0)
-        .collect();
-    let y = x
-        .iter()
-        .enumerate()
-        .map(|(j, v)| v * ((j % 5) as f64 - 2.0))
-        .sum::<f64>()
-        + 0.1;
-    (x, y)
-}
-
-/// The mean-squared-error gradient over samples `range`, per block, in f64.
-fn gradient(w: &[Vec<f32>], range: std::ops::Range<usize>) -> Vec<Vec<f64>> {
-    let n = range.len() as f64;
-    let mut g: Vec<Vec<f64>> = BLOCKS.iter().map(|&b| vec![0.0; b]).collect();
-    for i in range {
-        let (x, y) = sample(i);
-        let flat: Vec<f64> = w.iter().flatten().map(|&v| f64::from(v)).collect();
-        let err = x.iter().zip(&flat).map(|(a, b)| a * b).sum::<f64>() - y;
-        let mut j = 0;
-        for block in g.iter_mut() {
-            for gj in block.iter_mut() {
-                *gj += err * x[j] / n;
-                j += 1;
-            }
-        }
-    }
-    g
-}
-
-fn specs() -> Vec<ParamSpec> {
-    // Backward order: the last block first.
-    (0..BLOCKS.len())
-        .rev()
-        .map(|k| ParamSpec::new(format!("w{k}"), vec![BLOCKS[k]]))
-        .collect()
-}
-
-fn initial() -> Vec<Vec<f32>> {
-    BLOCKS
-        .iter()
-        .enumerate()
-        .map(|(k, &b)| (0..b).map(|j| ((k + j) % 3) as f32 * 0.1).collect())
-        .collect()
-}
+mod common;
+use common::{BATCH, BLOCKS, gradient, initial, specs};
 
 /// `steps` data-parallel steps on `world` ranks; rank 0's parameters.
 fn train_distributed<O: Optimizer + 'static>(

@@ -1,0 +1,330 @@
+//! DimReduce through DistOpt: a dense stage records the trajectory, then
+//! `start_dimreduce` switches modes. Every rank holds the same bits; W = 3
+//! matches W = 1 on the same global batch within a bound; the loss goes
+//! down; a checkpoint (DistOpt's state plus the PCA file) resumes bitwise;
+//! misuse is an error on every rank, never a hang.
+
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::checkpoint::{self, Checkpoint};
+use gradwire_optim::{DistOpt, DistOptConfig, OptimError, Sgd, SgdConfig};
+use gradwire_tensor::Tensor;
+use std::path::Path;
+
+mod common;
+use common::{BATCH, BLOCKS, gradient, initial, loss, specs};
+
+const DENSE_STEPS: usize = 12;
+const COMPONENTS: usize = 6;
+
+fn sgd() -> Sgd {
+    Sgd::new(SgdConfig::default().lr(0.05).momentum(0.5)).unwrap()
+}
+
+/// MindSpore's defaults with a longer line search (rho^0 .. rho^5): with
+/// only two step sizes a rejected step repeats itself on this problem.
+fn config() -> DimReduceConfig {
+    let defaults = DimReduceConfig::default();
+    DimReduceConfig {
+        step_sizes: (0..6).map(|m| defaults.rho.powi(m)).collect(),
+        ..defaults
+    }
+}
+
+fn names() -> Vec<String> {
+    (0..BLOCKS.len()).map(|k| format!("w{k}")).collect()
+}
+
+fn values(w: &[Tensor]) -> Vec<Vec<f32>> {
+    w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+}
+
+/// Values of the trial parameters DistOpt hands to the loss closure, in
+/// block order.
+fn trial_values(trial: &[(&str, &Tensor)]) -> Vec<Vec<f32>> {
+    (0..BLOCKS.len())
+        .map(|k| {
+            let name = format!("w{k}");
+            let (_, t) = trial.iter().find(|(n, _)| *n == name).unwrap();
+            t.to_vec::<f32>().unwrap()
+        })
+        .collect()
+}
+
+/// Pushes this rank's shard gradient in backward order.
+fn push_gradient(
+    dist: &mut DistOpt<Sgd, LocalComm>,
+    w: &[Tensor],
+    shard: std::ops::Range<usize>,
+) -> Result<(), OptimError> {
+    let g = gradient(&values(w), shard);
+    for k in (0..BLOCKS.len()).rev() {
+        let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
+        dist.push(&format!("w{k}"), Tensor::from_vec(gk, BLOCKS[k])?)?;
+    }
+    Ok(())
+}
+
+/// What the dense stage leaves: DistOpt, the parameters, the components.
+type DenseStage = (DistOpt<Sgd, LocalComm>, Vec<Tensor>, Pca);
+
+/// The dense stage on `comm`: returns the DistOpt, the parameters and the
+/// components fitted from the recorded trajectory (declaration order, as
+/// DimReduce flattens).
+fn dense_stage(comm: LocalComm) -> Result<DenseStage, OptimError> {
+    let world = comm.world_size();
+    let shard = comm.rank() * BATCH / world..(comm.rank() + 1) * BATCH / world;
+    let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
+    let mut w: Vec<Tensor> = initial()
+        .into_iter()
+        .map(|v| {
+            let n = v.len();
+            Tensor::from_vec(v, n).unwrap()
+        })
+        .collect();
+    let mut recorder = TrajectoryRecorder::new(DENSE_STEPS);
+    let names = names();
+    for _ in 0..DENSE_STEPS {
+        push_gradient(&mut dist, &w, shard.clone())?;
+        dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()))?;
+        // Declaration order is backward order: the last block first.
+        let ordered: Vec<&Tensor> = w.iter().rev().collect();
+        recorder
+            .record(&ordered)
+            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+    }
+    let pca = recorder
+        .fit(COMPONENTS)
+        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+    Ok((dist, w, pca))
+}
+
+/// `steps` DimReduce steps through DistOpt; returns the step sizes taken.
+fn dimreduce_steps(
+    dist: &mut DistOpt<Sgd, LocalComm>,
+    w: &mut [Tensor],
+    steps: usize,
+) -> Result<Vec<f64>, OptimError> {
+    let world = dist.world_size();
+    let rank = dist.rank();
+    let shard = rank * BATCH / world..(rank + 1) * BATCH / world;
+    let names = names();
+    let mut taken = Vec::new();
+    for _ in 0..steps {
+        push_gradient(dist, w, shard.clone())?;
+        let local_loss = loss(&values(w), shard.clone());
+        let stats = dist.finish_dimreduce(
+            names.iter().map(String::as_str).zip(w.iter_mut()),
+            local_loss,
+            |trial| Ok(loss(&trial_values(trial), shard.clone())),
+        )?;
+        taken.push(stats.dimreduce.expect("a DimReduce step").step);
+    }
+    Ok(taken)
+}
+
+/// Dense stage then `steps` DimReduce steps on `world` ranks: every rank's
+/// final parameters and step sizes.
+fn run(world: usize, steps: usize) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
+    local::run(world, |comm: LocalComm| {
+        let (mut dist, mut w, pca) = dense_stage(comm)?;
+        dist.start_dimreduce(&pca, config())?;
+        let taken = dimreduce_steps(&mut dist, &mut w, steps)?;
+        Ok::<_, OptimError>((values(&w), taken))
+    })
+    .unwrap()
+    .into_iter()
+    .map(Result::unwrap)
+    .collect()
+}
+
+#[test]
+fn ranks_agree_the_loss_falls_and_world_sizes_match() {
+    let one = run(1, 8);
+    let three = run(3, 8);
+    for r in &three {
+        assert_eq!(r, &three[0], "ranks diverged");
+    }
+    let (w1, steps1) = &one[0];
+    let (w3, steps3) = &three[0];
+    assert_eq!(steps1, steps3, "the line searches took other steps");
+    assert!(
+        steps1.iter().all(|&t| t > 0.0),
+        "a line search failed on a quadratic"
+    );
+    // Same global batch, different summation order: close, scaled by size.
+    let scale = w1.iter().flatten().fold(1f32, |m, v| m.max(v.abs()));
+    let diff = w1
+        .iter()
+        .flatten()
+        .zip(w3.iter().flatten())
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff <= 1e-4 * scale, "W=1 vs W=3 differ by {diff}");
+    // The DimReduce stage lowers the loss below where the dense stage ended.
+    let dense_end = local::run(1, |comm: LocalComm| {
+        dense_stage(comm).map(|(_, w, _)| values(&w))
+    })
+    .unwrap()
+    .remove(0)
+    .unwrap();
+    let before = loss(&dense_end, 0..BATCH);
+    let after = loss(w1, 0..BATCH);
+    println!("step sizes {steps1:?}; loss {before} -> {after}; W=1 vs W=3 max diff {diff}");
+    assert!(after < before / 4.0, "loss {before} -> {after}");
+}
+
+fn save_state(dir: &Path, dist: &DistOpt<Sgd, LocalComm>, w: &[Tensor]) -> Result<(), OptimError> {
+    let mut ckpt = dist.checkpoint()?;
+    let names = names();
+    ckpt.set_parameters(names.iter().map(String::as_str).zip(w.iter()));
+    checkpoint::save(dir.join(format!("rank{}.ckpt", dist.rank())), &ckpt)
+}
+
+#[test]
+fn a_checkpoint_and_the_pca_file_resume_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = run(3, 8);
+    let dir_path = dir.path();
+    let resumed = local::run(3, |comm: LocalComm| {
+        // First run: dense stage, 4 DimReduce steps, save, drop everything.
+        let (mut dist, mut w, pca) = dense_stage(comm)?;
+        if dist.rank() == 0 {
+            checkpoint::save_pca(dir_path.join("pca.safetensors"), &pca)?;
+        }
+        dist.start_dimreduce(&pca, config())?;
+        let mut taken = dimreduce_steps(&mut dist, &mut w, 4)?;
+        save_state(dir_path, &dist, &w)?;
+        dist.comm()
+            .barrier()
+            .map_err(gradwire_algos::AlgoError::from)?;
+        let comm = dist.into_comm();
+        // Second run: a new DistOpt from the files.
+        let ckpt: Checkpoint =
+            checkpoint::load(dir_path.join(format!("rank{}.ckpt", comm.rank())))?;
+        let pca = checkpoint::load_pca(dir_path.join("pca.safetensors"))?;
+        let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
+        // DimReduce state cannot go into a DistOpt not in DimReduce mode.
+        assert!(matches!(
+            dist.restore(&ckpt),
+            Err(OptimError::StateMismatch(_))
+        ));
+        dist.start_dimreduce(&pca, config())?;
+        dist.restore(&ckpt)?;
+        let mut w: Vec<Tensor> = (0..BLOCKS.len())
+            .map(|k| {
+                let flat = ckpt.flat_parameters(&[&format!("w{k}")])?;
+                Ok(Tensor::from_vec(flat, BLOCKS[k])?)
+            })
+            .collect::<Result<_, OptimError>>()?;
+        taken.extend(dimreduce_steps(&mut dist, &mut w, 4)?);
+        Ok::<_, OptimError>((values(&w), taken))
+    })
+    .unwrap();
+    for (r, s) in resumed.into_iter().zip(&straight) {
+        let r = r.unwrap();
+        assert_eq!(&r.1, &s.1, "step sizes");
+        let bits = |v: &[Vec<f32>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&r.0),
+            bits(&s.0),
+            "resumed run is not bitwise the same"
+        );
+    }
+}
+
+#[test]
+fn pca_files_round_trip_exactly_and_reject_damage() {
+    let rows: Vec<Vec<f32>> = (0..5)
+        .map(|i| {
+            (0..11)
+                .map(|j| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.1)
+                .collect()
+        })
+        .collect();
+    let pca = Pca::fit(&rows, 3).unwrap();
+    let bytes = checkpoint::pca_to_bytes(&pca).unwrap();
+    assert_eq!(checkpoint::pca_from_bytes(&bytes).unwrap(), pca);
+    for cut in [0, 7, bytes.len() / 2, bytes.len() - 1] {
+        assert!(matches!(
+            checkpoint::pca_from_bytes(&bytes[..cut]),
+            Err(OptimError::CorruptCheckpoint(_))
+        ));
+    }
+    // A checkpoint is not a PCA file.
+    let sgd = sgd();
+    let ckpt = checkpoint::to_bytes(&Checkpoint::new(
+        gradwire_optim::Optimizer::state(&sgd).unwrap(),
+    ))
+    .unwrap();
+    assert!(matches!(
+        checkpoint::pca_from_bytes(&ckpt),
+        Err(OptimError::CorruptCheckpoint(_))
+    ));
+}
+
+#[test]
+fn misuse_is_an_error_on_every_rank() {
+    let outcomes = local::run(3, |comm: LocalComm| {
+        let rank = comm.rank();
+        let (mut dist, mut w, pca) = dense_stage(comm)?;
+        let names = names();
+        // finish_dimreduce before start_dimreduce.
+        push_gradient(&mut dist, &w, 0..BATCH)?;
+        let early = dist.finish_dimreduce(
+            names.iter().map(String::as_str).zip(w.iter_mut()),
+            0.0,
+            |_| Ok(0.0),
+        );
+        assert!(matches!(early, Err(OptimError::InvalidArgument(_))));
+        // Components of the wrong width.
+        let narrow = Pca::fit(&[vec![0.0, 1.0], vec![1.0, 0.0], vec![0.5, 0.5]], 1)
+            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+        assert!(dist.start_dimreduce(&narrow, config()).is_err());
+        dist.start_dimreduce(&pca, config())?;
+        // Plain finish in DimReduce mode (its buckets already travelled).
+        push_gradient(&mut dist, &w, 0..BATCH)?;
+        let plain = dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()));
+        assert!(matches!(plain, Err(OptimError::InvalidArgument(_))));
+        // A loss closure failing on rank 1 only: rank 1 gets its error, the
+        // others finish the step (every trial rejected) instead of hanging.
+        push_gradient(&mut dist, &w, 0..BATCH)?;
+        let failing = dist.finish_dimreduce(
+            names.iter().map(String::as_str).zip(w.iter_mut()),
+            1.0,
+            |_| {
+                if rank == 1 {
+                    Err(OptimError::InvalidArgument("loss failed".into()))
+                } else {
+                    Ok(0.5)
+                }
+            },
+        );
+        // The step completed alike everywhere: the ranks still agree, and
+        // DistOpt stays usable.
+        let after_failure = values(&w);
+        push_gradient(&mut dist, &w, 0..BATCH)?;
+        dist.finish_dimreduce(
+            names.iter().map(String::as_str).zip(w.iter_mut()),
+            1.0,
+            |_| Ok(0.5),
+        )?;
+        Ok::<_, OptimError>((failing.map(|s| s.dimreduce.map(|d| d.step)), after_failure))
+    })
+    .unwrap();
+    let outcomes: Vec<_> = outcomes.into_iter().map(Result::unwrap).collect();
+    for (_, w) in &outcomes {
+        assert_eq!(w, &outcomes[0].1, "ranks diverged after a failing loss");
+    }
+    for (rank, (failing, _)) in outcomes.into_iter().enumerate() {
+        match rank {
+            1 => assert!(
+                matches!(failing, Err(OptimError::InvalidArgument(m)) if m == "loss failed")
+            ),
+            _ => assert_eq!(
+                failing.unwrap(),
+                Some(0.0),
+                "rank {rank} accepted a NaN trial"
+            ),
+        }
+    }
+}
