@@ -1,8 +1,7 @@
 //! Cross-crate tests of gradwire.
 //!
-//! It holds the tests that look at more than one crate at a time, in `tests/`,
-//! and what they share: [`digits`], a small classifier on smartcore's digits
-//! data set for end-to-end runs.
+//! It holds the tests that look at more than one crate at a time, in `tests/`;
+//! the digits data set and the MLP they train come from `gradwire-cli`.
 //!
 //! - `tidy.rs`: repository hygiene checks over every workspace member (every
 //!   crate root denies `missing_docs`, every source file starts with a `//!`
@@ -13,5 +12,3 @@
 //! Later: the conformance suite run against every `Communicator` backend.
 
 #![deny(missing_docs)]
-
-pub mod digits;

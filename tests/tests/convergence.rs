@@ -22,13 +22,17 @@
 //! steps, and asserts it stays within a point of dense accuracy.
 
 use gradwire_algos::{AdaSum, fused_all_reduce};
+use gradwire_cli::data::{Digits, FEATURES, epoch_order};
+use gradwire_cli::model::Mlp;
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_optim::{
     Combined, Combiner, DistOpt, DistOptConfig, Mode, OptimError, Optimizer, ParamSpec, Sgd,
     SgdConfig,
 };
 use gradwire_tensor::Tensor;
-use gradwire_tests::digits::{BACKWARD_ORDER, Digits, FEATURES, Mlp};
+
+/// Parameter names in the order backward produces their gradients.
+const BACKWARD_ORDER: [&str; 4] = ["b2", "w2", "b1", "w1"];
 
 const HIDDEN: usize = 32;
 const BATCH: usize = 16;
@@ -41,19 +45,6 @@ const TARGET: f64 = 0.95;
 
 fn sgd() -> Sgd {
     Sgd::new(SgdConfig::default().lr(LR).momentum(0.9)).expect("sgd")
-}
-
-/// The order of the training samples in `epoch` (seeded, the same on every rank).
-fn epoch_order(n: usize, epoch: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut state = (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..n).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        order.swap(i, (state % (i as u64 + 1)) as usize);
-    }
-    order
 }
 
 fn specs() -> Vec<ParamSpec> {
@@ -84,7 +75,7 @@ fn evaluate_after(index: usize, batches: usize) -> bool {
 /// Test accuracy, `EVALS_PER_EPOCH` times per epoch, of one worker taking
 /// batches of `batch`.
 fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
-    let mut mlp = Mlp::new(HIDDEN, 7);
+    let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
     let mut opt = sgd();
     let mut accuracy = Vec::new();
     let batches = data.train_len().div_ceil(batch);
@@ -93,7 +84,9 @@ fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
             .chunks(batch)
             .enumerate()
         {
-            let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, samples);
+            let (_, grads) = mlp
+                .loss_and_grads(&data.train_x, &data.train_y, samples)
+                .expect("backward");
             for ((name, param), g) in mlp.named().zip(grads) {
                 let n = g.len();
                 opt.update(
@@ -107,7 +100,7 @@ fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
             }
             opt.step();
             if evaluate_after(index, batches) {
-                accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+                accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
             }
         }
     }
@@ -149,7 +142,7 @@ fn data_parallel<K: Combiner<LocalComm>>(
             Some(k) => DistOpt::with_combiner(sgd(), comm, specs(), config, k)?,
             None => DistOpt::new(sgd(), comm, specs(), config)?,
         };
-        let mut mlp = Mlp::new(HIDDEN, 7);
+        let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
         let mut accuracy = Vec::new();
         let batches = data.train_len().div_ceil(WORLD * BATCH);
         for epoch in 0..MAX_EPOCHS {
@@ -158,17 +151,19 @@ fn data_parallel<K: Combiner<LocalComm>>(
                 .enumerate()
             {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (_, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                let (_, grads) = mlp
+                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
+                    .expect("backward");
                 let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
                 for name in BACKWARD_ORDER {
                     let i = index_of(name);
                     let g = grads[i].take().expect("each gradient once");
-                    let shape = mlp.params[i].dims().to_vec();
+                    let shape = mlp.params()[i].dims().to_vec();
                     dist.push(name, Tensor::from_vec(g, shape)?)?;
                 }
                 dist.finish(mlp.named())?;
                 if evaluate_after(index, batches) {
-                    accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+                    accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
                 }
             }
         }
@@ -259,7 +254,7 @@ fn dense_then_dimreduce(
     use gradwire_algos::dimreduce::{DimReduceConfig, TrajectoryRecorder};
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut mlp = Mlp::new(HIDDEN, 7);
+        let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
         let mut accuracy = Vec::new();
         let mut recorder = TrajectoryRecorder::new(60);
         let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
@@ -281,11 +276,13 @@ fn dense_then_dimreduce(
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (loss, grads) = mlp.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                let (loss, grads) = mlp
+                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
+                    .expect("backward");
                 let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
                 for name in BACKWARD_ORDER {
                     let i = index_of(name);
-                    let shape = mlp.params[i].dims().to_vec();
+                    let shape = mlp.params()[i].dims().to_vec();
                     dist.push(
                         name,
                         Tensor::from_vec(grads[i].take().expect("once"), shape)?,
@@ -296,19 +293,22 @@ fn dense_then_dimreduce(
                     // DistOpt flattens in declaration (backward) order.
                     let ordered: Vec<&Tensor> = BACKWARD_ORDER
                         .iter()
-                        .map(|&n| &mlp.params[index_of(n)])
+                        .map(|&n| &mlp.params()[index_of(n)])
                         .collect();
                     recorder
                         .record(&ordered)
                         .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
                 } else {
-                    let mut probe = Mlp::new(HIDDEN, 7);
+                    let mut probe = Mlp::new(&[HIDDEN], 7).expect("mlp");
                     let stats = dist.finish_dimreduce(mlp.named(), f64::from(loss), |trial| {
                         for (name, t) in trial {
-                            probe.params[index_of(name)].copy_from(t)?;
+                            probe
+                                .set(name, t)
+                                .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
                         }
-                        let (trial_loss, _) =
-                            probe.loss_and_grads(&data.train_x, &data.train_y, &mine);
+                        let trial_loss = probe
+                            .loss(&data.train_x, &data.train_y, &mine)
+                            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
                         Ok(f64::from(trial_loss))
                     })?;
                     accepted.1 += 1;
@@ -317,7 +317,7 @@ fn dense_then_dimreduce(
                     }
                 }
             }
-            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y));
+            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
         }
         Ok::<_, OptimError>((accuracy, accepted.0 as f64 / accepted.1.max(1) as f64))
     })

@@ -209,6 +209,12 @@ impl TrajectoryRecorder {
         self.snapshots.is_empty()
     }
 
+    /// The snapshots kept, oldest first (to save them with a checkpoint and
+    /// [`TrajectoryRecorder::record`] them again on resume).
+    pub fn snapshots(&self) -> impl Iterator<Item = &[f32]> {
+        self.snapshots.iter().map(Vec::as_slice)
+    }
+
     /// Fits the components of what was recorded ([`Pca::fit`]).
     pub fn fit(&self, n_components: usize) -> Result<Pca> {
         let rows: Vec<Vec<f32>> = self.snapshots.iter().cloned().collect();

@@ -456,6 +456,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         self.comm
     }
 
+    /// The current mode ([`Mode::DimReduce`] after
+    /// [`DistOpt::start_dimreduce`]).
+    pub fn mode(&self) -> Mode {
+        self.config.mode
+    }
+
     /// The buckets, as ranges of the declared parameters.
     pub fn buckets(&self) -> &[Range<usize>] {
         &self.buckets
@@ -505,9 +511,29 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             };
             grads.push(grad);
         }
+        let mode = match self.config.mode {
+            // Without error feedback nothing counts the steps for random-k:
+            // mix the optimizer's step into the seed, or every step would
+            // draw the same indices.
+            Mode::Sparse {
+                codec: SparseCodec::RandomK { ratio, seed },
+                error_feedback: false,
+            } => Mode::Sparse {
+                codec: SparseCodec::RandomK {
+                    ratio,
+                    seed: seed
+                        ^ self
+                            .optimizer
+                            .step_count()
+                            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                },
+                error_feedback: false,
+            },
+            mode => mode,
+        };
         let job = BucketJob {
             bucket: self.in_flight.len(),
-            mode: self.config.mode,
+            mode,
             capacity: self.config.capacity,
             residual: self.residuals[self.in_flight.len()].take(),
             combiner: self.combiner.clone(),

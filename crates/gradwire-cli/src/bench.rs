@@ -1,0 +1,314 @@
+//! `gradwire bench`: all-reduce and compression throughput, each beside a
+//! memcpy of the same bytes measured in the same run, so that the figures
+//! are ratios that mean something on any machine.
+//!
+//! Every figure is the median of repeated timings (at least `min_runs`, and
+//! until `min_secs` have passed), after one warm-up run that touches the
+//! pages. All-reduce reports the bus bandwidth as nccl-tests define it,
+//! `busbw = 2 (W - 1) / W x bytes / time`; the memcpy bandwidth counts the
+//! buffer once.
+
+use crate::error::{CliError, Result};
+use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};
+use gradwire_compress::cast::{self, CastOptions};
+use gradwire_compress::{ErrorFeedback, SparseCodec, select};
+use gradwire_tensor::{bf16, f16};
+use serde::Serialize;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// How long and how often to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Timed runs at least.
+    pub min_runs: usize,
+    /// Seconds of timed runs at least.
+    pub min_secs: f64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            min_runs: 5,
+            min_secs: 0.3,
+        }
+    }
+}
+
+/// The median of `f`'s durations under `budget`, after one warm-up.
+fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut times = Vec::new();
+    let started = Instant::now();
+    while times.len() < budget.min_runs.max(1)
+        || started.elapsed() < Duration::from_secs_f64(budget.min_secs)
+    {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64());
+        if times.len() >= 10_000 {
+            break;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Seconds to copy `bytes` once (single thread, `copy_from_slice`).
+pub fn memcpy_secs(bytes: usize, budget: Budget) -> Result<f64> {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    median_time(budget, || {
+        dst.copy_from_slice(black_box(&src));
+        black_box(&mut dst);
+        Ok(())
+    })
+}
+
+/// One all-reduce measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct AllReduceRow {
+    /// The backend.
+    pub backend: String,
+    /// Ranks.
+    pub world: usize,
+    /// Bytes of f32 per rank.
+    pub bytes: usize,
+    /// Median seconds per all-reduce.
+    pub secs: f64,
+    /// bytes / time, GB/s.
+    pub algbw_gbs: f64,
+    /// 2 (W - 1) / W x algbw, GB/s.
+    pub busbw_gbs: f64,
+    /// memcpy of the same bytes, GB/s.
+    pub memcpy_gbs: f64,
+    /// busbw / memcpy.
+    pub ratio: f64,
+}
+
+/// All-reduce (f32 sum) over LocalComm for each world size and size.
+pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<Vec<AllReduceRow>> {
+    let mut rows = Vec::new();
+    for &bytes in sizes {
+        if bytes % 4 != 0 {
+            return Err(CliError::Usage(format!(
+                "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
+            )));
+        }
+        let memcpy = memcpy_secs(bytes, budget)?;
+        for &world in worlds {
+            if world == 0 {
+                return Err(CliError::Usage("world sizes must be at least 1".into()));
+            }
+            let config = LocalConfig::with_timeout(None);
+            let per_rank = local::run_with(world, &config, |comm| {
+                // Zeros stay zeros under Sum: nothing drifts to inf.
+                let mut buf = vec![0f32; bytes / 4];
+                let mut time = || {
+                    median_time(budget, || {
+                        comm.barrier()?;
+                        comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)?;
+                        Ok(())
+                    })
+                };
+                time()
+            })?;
+            // Rank 0's timing (each timing spans a barrier plus the collective).
+            let secs = per_rank
+                .into_iter()
+                .next()
+                .ok_or_else(|| CliError::Usage("no rank 0".into()))???;
+            let algbw = bytes as f64 / secs / 1e9;
+            let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+            let memcpy_gbs = bytes as f64 / memcpy / 1e9;
+            rows.push(AllReduceRow {
+                backend: "local".into(),
+                world,
+                bytes,
+                secs,
+                algbw_gbs: algbw,
+                busbw_gbs: busbw,
+                memcpy_gbs,
+                ratio: busbw / memcpy_gbs,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The codecs `gradwire bench compress` knows.
+pub const CODECS: &[&str] = &[
+    "f16",
+    "bf16",
+    "threshold",
+    "topk",
+    "sampled-topk",
+    "randomk",
+    "ef-topk",
+];
+
+/// One compression measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompressRow {
+    /// The codec (`f16` and `bf16` are an encode and a decode).
+    pub codec: String,
+    /// Input f32 elements.
+    pub elements: usize,
+    /// Median seconds per call.
+    pub secs: f64,
+    /// Input bytes / time, GB/s.
+    pub gbs: f64,
+    /// memcpy of the input bytes, GB/s.
+    pub memcpy_gbs: f64,
+    /// gbs / memcpy_gbs.
+    pub ratio: f64,
+}
+
+/// Gradient-like data: seeded, roughly normal, a few large entries.
+fn gradient(n: usize) -> Vec<f32> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let u = (state >> 40) as f32 / (1u64 << 24) as f32;
+            // A cheap bell shape: the cube of a uniform in [-1, 1].
+            let v = 2.0 * u - 1.0;
+            v * v * v * 0.01
+        })
+        .collect()
+}
+
+/// Each codec on `elements` f32 values (ratio 1 % for the selections; the
+/// threshold keeps about 1 % of this data).
+pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
+    let mut rows = Vec::new();
+    for &n in elements {
+        let x = gradient(n);
+        let memcpy = memcpy_secs(4 * n, budget)?;
+        for codec in codecs {
+            let secs = match codec.as_str() {
+                "f16" => {
+                    let mut half = vec![f16::ZERO; n];
+                    let mut back = vec![0f32; n];
+                    median_time(budget, || {
+                        cast::encode(black_box(&x), &mut half, &CastOptions::default())?;
+                        cast::decode(&half, &mut back)?;
+                        Ok(())
+                    })?
+                }
+                "bf16" => {
+                    let mut half = vec![bf16::ZERO; n];
+                    let mut back = vec![0f32; n];
+                    median_time(budget, || {
+                        cast::encode(black_box(&x), &mut half, &CastOptions::default())?;
+                        cast::decode(&half, &mut back)?;
+                        Ok(())
+                    })?
+                }
+                "threshold" => median_time(budget, || {
+                    black_box(select::threshold(black_box(&x), 0.0097)?);
+                    Ok(())
+                })?,
+                "topk" => median_time(budget, || {
+                    black_box(select::top_k(black_box(&x), 0.01)?);
+                    Ok(())
+                })?,
+                "sampled-topk" => median_time(budget, || {
+                    black_box(select::sampled_top_k(black_box(&x), 0.01)?);
+                    Ok(())
+                })?,
+                "randomk" => median_time(budget, || {
+                    black_box(select::random_k(black_box(&x), 0.01, 7, false)?);
+                    Ok(())
+                })?,
+                "ef-topk" => {
+                    let mut memory = ErrorFeedback::new(n);
+                    let codec = SparseCodec::TopK(0.01);
+                    median_time(budget, || {
+                        black_box(memory.compress(black_box(&x), &codec)?);
+                        Ok(())
+                    })?
+                }
+                other => {
+                    return Err(CliError::Usage(format!(
+                        "unknown codec {other:?} (one of: {})",
+                        CODECS.join(", ")
+                    )));
+                }
+            };
+            let gbs = 4.0 * n as f64 / secs / 1e9;
+            let memcpy_gbs = 4.0 * n as f64 / memcpy / 1e9;
+            rows.push(CompressRow {
+                codec: codec.clone(),
+                elements: n,
+                secs,
+                gbs,
+                memcpy_gbs,
+                ratio: gbs / memcpy_gbs,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Parses a size such as `4KiB`, `16MiB`, `1M` (elements or bytes alike:
+/// K = 1000, KiB = 1024) or a plain number.
+pub fn parse_size(text: &str) -> Result<usize> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let value: usize = digits
+        .parse()
+        .map_err(|_| CliError::Usage(format!("{text:?} is not a size like 4KiB or 1M")))?;
+    let factor: usize = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" => 1_000,
+        "kib" | "ki" => 1 << 10,
+        "m" => 1_000_000,
+        "mib" | "mi" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gib" | "gi" => 1 << 30,
+        _ => return Err(CliError::Usage(format!("{text:?}: unknown unit {unit:?}"))),
+    };
+    value
+        .checked_mul(factor)
+        .ok_or_else(|| CliError::Usage(format!("{text:?} is too large")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
+        assert_eq!(parse_size("1M").unwrap(), 1_000_000);
+        assert_eq!(parse_size("12").unwrap(), 12);
+        for bad in ["", "MiB", "4XB", "99999999999999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn small_runs_report_consistent_ratios() {
+        let quick = Budget {
+            min_runs: 2,
+            min_secs: 0.0,
+        };
+        let rows = all_reduce(&[4096], &[1, 2], quick).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].busbw_gbs, 0.0, "one rank moves nothing");
+        for r in &rows {
+            assert!(r.secs > 0.0 && r.memcpy_gbs > 0.0);
+            assert!((r.ratio - r.busbw_gbs / r.memcpy_gbs).abs() < 1e-12);
+        }
+        let codecs: Vec<String> = CODECS.iter().map(|c| c.to_string()).collect();
+        let rows = compress(&codecs, &[1000], quick).unwrap();
+        assert_eq!(rows.len(), CODECS.len());
+        assert!(compress(&["zip".into()], &[10], quick).is_err());
+        assert!(all_reduce(&[5], &[2], quick).is_err());
+    }
+}

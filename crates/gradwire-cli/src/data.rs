@@ -1,0 +1,106 @@
+//! smartcore's embedded digits data set (1,797 8x8 images, 10 classes) with
+//! a fixed, seeded train/test split, and the seeded order of every epoch.
+
+/// Pixels per image.
+pub const FEATURES: usize = 64;
+/// Digits 0-9.
+pub const CLASSES: usize = 10;
+
+/// The data, split: features scaled to [0, 1].
+#[derive(Debug, Clone)]
+pub struct Digits {
+    /// Training images, row-major, `FEATURES` each.
+    pub train_x: Vec<f32>,
+    /// Training labels.
+    pub train_y: Vec<usize>,
+    /// Test images.
+    pub test_x: Vec<f32>,
+    /// Test labels.
+    pub test_y: Vec<usize>,
+}
+
+/// One step of the xorshift64 generator every seeded choice here uses (the
+/// split, the epoch order, the initial weights): tiny, and the same bits on
+/// every platform.
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+impl Digits {
+    /// Loads the data set and splits it 80/20 with a shuffle seeded by `seed`.
+    pub fn load(seed: u64) -> Digits {
+        let data = smartcore::dataset::digits::load_dataset();
+        let n = data.num_samples;
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut state = seed | 1;
+        for i in (1..n).rev() {
+            let j = (xorshift(&mut state) % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        let test_len = n / 5;
+        let mut digits = Digits {
+            train_x: vec![],
+            train_y: vec![],
+            test_x: vec![],
+            test_y: vec![],
+        };
+        for (k, &i) in order.iter().enumerate() {
+            let x = data.data[i * FEATURES..(i + 1) * FEATURES]
+                .iter()
+                .map(|v| v / 16.0);
+            let y = data.target[i] as usize;
+            if k < test_len {
+                digits.test_x.extend(x);
+                digits.test_y.push(y);
+            } else {
+                digits.train_x.extend(x);
+                digits.train_y.push(y);
+            }
+        }
+        digits
+    }
+
+    /// Number of training images.
+    pub fn train_len(&self) -> usize {
+        self.train_y.len()
+    }
+}
+
+/// The order of the `n` training samples in `epoch`: a seeded shuffle, the
+/// same on every rank, so that ranks agree on every global batch.
+pub fn epoch_order(n: usize, epoch: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in (1..n).rev() {
+        order.swap(i, (xorshift(&mut state) % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_split_is_fixed_by_the_seed_and_covers_every_image() {
+        let a = Digits::load(42);
+        let b = Digits::load(42);
+        assert_eq!(a.train_y, b.train_y);
+        assert_eq!(a.train_len() + a.test_y.len(), 1797);
+        assert_eq!(a.test_y.len(), 359);
+        assert!(a.train_x.iter().all(|v| (0.0..=1.0).contains(v)));
+        assert_ne!(Digits::load(3).train_y, a.train_y);
+    }
+
+    #[test]
+    fn epoch_orders_are_permutations_that_differ_by_epoch() {
+        let mut first = epoch_order(101, 0);
+        assert_ne!(first, epoch_order(101, 1));
+        first.sort_unstable();
+        assert_eq!(first, (0..101).collect::<Vec<_>>());
+        assert!(epoch_order(0, 3).is_empty());
+    }
+}

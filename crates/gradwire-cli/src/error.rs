@@ -1,0 +1,52 @@
+//! The CLI's error: a bad flag is a usage message, everything else carries
+//! the typed error of the layer it came from.
+
+use thiserror::Error;
+
+/// What can go wrong in a `gradwire` command.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// A flag or combination of flags that cannot work (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    /// A checkpoint directory that does not fit this run.
+    #[error("cannot resume: {0}")]
+    Resume(String),
+    /// Training failed in the optimizer or DistOpt.
+    #[error(transparent)]
+    Optim(#[from] gradwire_optim::OptimError),
+    /// A strategy failed (AdaSum, DimReduce, compression).
+    #[error(transparent)]
+    Algo(#[from] gradwire_algos::AlgoError),
+    /// The communicator failed (a lost peer, a timeout).
+    #[error(transparent)]
+    Comm(#[from] gradwire_comm::CommError),
+    /// A codec failed.
+    #[error(transparent)]
+    Compress(#[from] gradwire_compress::CompressError),
+    /// A tensor could not be built or used.
+    #[error(transparent)]
+    Tensor(#[from] gradwire_tensor::Error),
+    /// Writing a report, a plot or a checkpoint failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What happened.
+        source: std::io::Error,
+    },
+    /// A plot could not be drawn.
+    #[error("plot {path}: {message}")]
+    Plot {
+        /// The file.
+        path: String,
+        /// What the drawing backend said.
+        message: String,
+    },
+    /// JSON could not be written or read.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;

@@ -1,0 +1,506 @@
+//! `gradwire`: data-parallel training with every gradwire strategy
+//! (`train`), several strategies side by side with plots (`compare`), and
+//! the benchmarks (`bench`). Flags are parsed and results printed here; the
+//! work is in the `gradwire_cli` library.
+
+use clap::{Args, Parser, Subcommand};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use gradwire_cli::bench::{self, Budget};
+use gradwire_cli::compare;
+use gradwire_cli::data::Digits;
+use gradwire_cli::plot;
+use gradwire_cli::train::{CheckpointPlan, EpochRecord, Observer, TARGET_ACCURACY, train};
+use gradwire_cli::{CliError, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gradwire",
+    version,
+    about = "Communication-efficient data-parallel training: train, compare strategies, benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train the digits MLP data-parallel with one strategy.
+    Train(TrainArgs),
+    /// Train with several strategies on the same seed and split; print one
+    /// table and write plots.
+    Compare(CompareArgs),
+    /// Measure all-reduce or compression throughput against memcpy.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// The settings every training run shares.
+#[derive(Args, Debug, Clone)]
+struct Common {
+    /// Workers (threads of the in-process backend).
+    #[arg(long, short = 'w', default_value_t = TrainConfig::default().world)]
+    world: usize,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
+    epochs: usize,
+    /// Samples per worker per step (the global batch is world x batch).
+    #[arg(long, default_value_t = TrainConfig::default().batch)]
+    batch: usize,
+    /// Hidden layer widths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    hidden: Vec<usize>,
+    /// Fraction sent by topk, sampled-topk and randomk, in (0, 1].
+    #[arg(long, default_value_t = TrainConfig::default().ratio)]
+    ratio: f64,
+    /// Magnitude threshold of the threshold strategy.
+    #[arg(long, default_value_t = TrainConfig::default().threshold)]
+    threshold: f32,
+    /// Drop what sparsification does not send instead of keeping it.
+    #[arg(long)]
+    no_error_feedback: bool,
+    /// Clamp gradients to [-clip, clip] before fp16/bf16.
+    #[arg(long)]
+    clip: Option<f32>,
+    /// Elements above which a fusion bucket is closed (small by default, so
+    /// that the small model has several buckets).
+    #[arg(long, default_value_t = TrainConfig::default().fusion_threshold)]
+    fusion_threshold: usize,
+    /// Partial averaging: also average the optimizer's buffers.
+    #[arg(long)]
+    average_state: bool,
+    /// The local optimizer.
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
+    optimizer: OptimizerKind,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    lr: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = TrainConfig::default().momentum)]
+    momentum: f64,
+    /// Learning-rate schedule.
+    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
+    schedule: ScheduleKind,
+    /// Seed of the initial weights and of random-k.
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
+    seed: u64,
+    /// Seed of the train/test split.
+    #[arg(long, default_value_t = 42)]
+    split_seed: u64,
+    /// DimReduce: dense epochs recording the trajectory (default: half).
+    #[arg(long)]
+    dimreduce_dense_epochs: Option<usize>,
+    /// DimReduce: principal components.
+    #[arg(long, default_value_t = TrainConfig::default().components)]
+    components: usize,
+    /// DimReduce: start from this PCA file instead of a dense stage.
+    #[arg(long)]
+    pca: Option<PathBuf>,
+    /// Machine-readable JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Common {
+    fn config(&self, strategy: Strategy) -> TrainConfig {
+        TrainConfig {
+            strategy,
+            world: self.world,
+            epochs: self.epochs,
+            batch: self.batch,
+            hidden: self.hidden.clone(),
+            ratio: self.ratio,
+            threshold: self.threshold,
+            error_feedback: !self.no_error_feedback,
+            clip: self.clip,
+            fusion_threshold: self.fusion_threshold,
+            average_state: self.average_state,
+            optimizer: self.optimizer,
+            lr: self.lr,
+            momentum: self.momentum,
+            schedule: self.schedule,
+            seed: self.seed,
+            dimreduce_dense_epochs: self.dimreduce_dense_epochs,
+            components: self.components,
+            pca: self.pca.clone(),
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// How workers combine their work.
+    #[arg(long, short = 's', value_enum, default_value_t = Strategy::Dense)]
+    strategy: Strategy,
+    #[command(flatten)]
+    common: Common,
+    /// Save a checkpoint per worker into this directory after every epoch.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Continue from the checkpoints in --checkpoint (bitwise).
+    #[arg(long, requires = "checkpoint")]
+    resume: bool,
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// Strategies as name[:ratio][:ef|:no-ef], comma-separated (default:
+    /// dense, fp16, topk 1 % with and without error feedback, sampled-topk
+    /// 0.1 %, partial, adasum-delta, dimreduce).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    #[command(flatten)]
+    common: Common,
+    /// Directory for the plots.
+    #[arg(long, default_value = "target/gradwire-compare")]
+    out: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// All-reduce of f32 buffers: latency, algorithm and bus bandwidth.
+    Allreduce {
+        /// Buffer sizes in bytes (4KiB, 1MiB, ...).
+        #[arg(long, value_delimiter = ',', default_value = "4KiB,1MiB,16MiB")]
+        sizes: Vec<String>,
+        /// World sizes.
+        #[arg(long, short = 'w', value_delimiter = ',', default_value = "2,4")]
+        world: Vec<usize>,
+        /// The communicator backend.
+        #[arg(long, default_value = "local")]
+        backend: String,
+        /// Seconds of timing per measurement, at least.
+        #[arg(long, default_value_t = 0.5)]
+        secs: f64,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Casts and sparsifiers: throughput against memcpy.
+    Compress {
+        /// Codecs, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "f16,bf16,threshold,topk,sampled-topk,randomk,ef-topk"
+        )]
+        codecs: Vec<String>,
+        /// Elements per call (1M, 16M, ...).
+        #[arg(long, value_delimiter = ',', default_value = "1M,16M")]
+        sizes: Vec<String>,
+        /// Seconds of timing per measurement, at least.
+        #[arg(long, default_value_t = 0.5)]
+        secs: f64,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Train(args) => run_train(args),
+        Command::Compare(args) => run_compare(args),
+        Command::Bench(command) => run_bench(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                CliError::Usage(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+/// `train`'s console: a progress bar per epoch on stderr, then the epoch's
+/// row on stdout (or a JSON line).
+struct Console {
+    json: bool,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+const HEADER: &str = "epoch  train loss  test acc %  sent/worker MB  vs dense  compute s  comm s";
+
+impl Observer for Console {
+    fn epoch_started(&self, epoch: usize, steps: usize) {
+        let bar = ProgressBar::new(steps as u64)
+            .with_style(bar_style())
+            .with_prefix(format!("epoch {epoch}"));
+        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+    }
+
+    fn step_done(&self) {
+        if let Some(bar) = &*self.bar.lock().unwrap_or_else(|e| e.into_inner()) {
+            bar.inc(1);
+        }
+    }
+
+    fn epoch_done(&self, r: &EpochRecord) {
+        if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            bar.finish_and_clear();
+        }
+        if self.json {
+            let mut value = serde_json::to_value(r).unwrap_or_default();
+            if let Some(map) = value.as_object_mut() {
+                map.insert("type".into(), "epoch".into());
+            }
+            println!("{value}");
+        } else {
+            println!(
+                "{:>5}  {:>10.4}  {:>10.1}  {:>14.3}  {:>7.1}x  {:>9.2}  {:>6.2}",
+                r.epoch,
+                r.train_loss,
+                r.test_accuracy * 100.0,
+                r.bytes_sent as f64 / 1e6,
+                r.compression,
+                r.compute_secs,
+                r.comm_secs
+            );
+        }
+    }
+}
+
+fn run_train(args: TrainArgs) -> Result<(), CliError> {
+    let config = args.common.config(args.strategy);
+    config.validate()?;
+    let data = Digits::load(args.common.split_seed);
+    let json = args.common.json;
+    if !json {
+        println!(
+            "{} on {} workers, {} epochs, global batch {}",
+            config.label(),
+            config.world,
+            config.epochs,
+            config.world * config.batch
+        );
+        println!("{HEADER}");
+    }
+    let console = Console {
+        json,
+        bar: Mutex::new(None),
+    };
+    let plan = args.checkpoint.map(|dir| CheckpointPlan {
+        dir,
+        resume: args.resume,
+    });
+    let report = train(&config, &data, &console, plan.as_ref())?;
+    if json {
+        let mut value = serde_json::to_value(&report)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("type".into(), "summary".into());
+        }
+        println!("{value}");
+    } else {
+        println!(
+            "final test accuracy {:.1} %, best {:.1} %, epochs to {:.0} %: {}, {:.3} MB sent per worker (dense / sent: {:.1}x), parameters {}",
+            report.final_accuracy() * 100.0,
+            report.best_accuracy() * 100.0,
+            TARGET_ACCURACY * 100.0,
+            report
+                .epochs_to(TARGET_ACCURACY)
+                .map_or("not reached".to_string(), |e| e.to_string()),
+            report.bytes_per_worker() as f64 / 1e6,
+            report.compression(),
+            report.param_checksum
+        );
+    }
+    Ok(())
+}
+
+/// `compare`'s console: one bar per strategy over all its steps.
+struct RunBar {
+    bar: ProgressBar,
+    epochs: usize,
+}
+
+impl Observer for RunBar {
+    fn epoch_started(&self, epoch: usize, steps: usize) {
+        self.bar.set_length((steps * self.epochs) as u64);
+        self.bar.set_message(format!("epoch {epoch}"));
+    }
+
+    fn step_done(&self) {
+        self.bar.inc(1);
+    }
+
+    fn epoch_done(&self, r: &EpochRecord) {
+        self.bar.set_message(format!(
+            "epoch {}: {:.1} %",
+            r.epoch,
+            r.test_accuracy * 100.0
+        ));
+    }
+}
+
+impl Drop for RunBar {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+fn run_compare(args: CompareArgs) -> Result<(), CliError> {
+    let entries = if args.strategies.is_empty() {
+        compare::default_entries()
+    } else {
+        args.strategies
+            .iter()
+            .map(|s| compare::parse_entry(s))
+            .collect::<Result<_, _>>()?
+    };
+    let base = args.common.config(Strategy::Dense);
+    let configs = compare::configs(&base, &entries)?;
+    let data = Digits::load(args.common.split_seed);
+    let json = args.common.json;
+    if !json {
+        println!(
+            "comparing {} strategies: {} workers, {} epochs, global batch {}, seed {}",
+            configs.len(),
+            base.world,
+            base.epochs,
+            base.world * base.batch,
+            base.seed
+        );
+    }
+    let runs = compare::run(&configs, &data, |_, config| {
+        // The length is set when the first epoch says how many steps it has.
+        let bar = ProgressBar::new(0)
+            .with_style(bar_style())
+            .with_prefix(config.label());
+        if json {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        Box::new(RunBar {
+            bar,
+            epochs: config.epochs,
+        })
+    })?;
+    let plots = plot::write_plots(&runs, &args.out);
+    if json {
+        println!("{}", serde_json::json!({ "type": "compare", "runs": runs }));
+    } else {
+        println!("{}", compare::table(&runs));
+    }
+    let plots = plots?;
+    if !json {
+        let [svg, png] = &plots.accuracy_vs_epoch;
+        let [svg2, png2] = &plots.accuracy_vs_bytes;
+        println!(
+            "plots: {}, {}, {}, {}",
+            svg.display(),
+            png.display(),
+            svg2.display(),
+            png2.display()
+        );
+    }
+    Ok(())
+}
+
+fn run_bench(command: BenchCommand) -> Result<(), CliError> {
+    match command {
+        BenchCommand::Allreduce {
+            sizes,
+            world,
+            backend,
+            secs,
+            json,
+        } => {
+            if backend != "local" {
+                return Err(CliError::Usage(format!(
+                    "backend {backend:?} is not available in this build (local is)"
+                )));
+            }
+            let sizes: Vec<usize> = sizes
+                .iter()
+                .map(|s| bench::parse_size(s))
+                .collect::<Result<_, _>>()?;
+            let budget = Budget {
+                min_runs: 5,
+                min_secs: secs,
+            };
+            let rows = bench::all_reduce(&sizes, &world, budget)?;
+            if json {
+                println!("{}", serde_json::to_string(&rows)?);
+                return Ok(());
+            }
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+                "backend",
+                "W",
+                "bytes",
+                "latency us",
+                "algbw GB/s",
+                "busbw GB/s",
+                "memcpy GB/s",
+                "busbw / memcpy",
+            ]);
+            for r in rows {
+                table.add_row(vec![
+                    r.backend,
+                    r.world.to_string(),
+                    r.bytes.to_string(),
+                    format!("{:.1}", r.secs * 1e6),
+                    format!("{:.2}", r.algbw_gbs),
+                    format!("{:.2}", r.busbw_gbs),
+                    format!("{:.2}", r.memcpy_gbs),
+                    format!("{:.0} %", r.ratio * 100.0),
+                ]);
+            }
+            println!("{table}");
+        }
+        BenchCommand::Compress {
+            codecs,
+            sizes,
+            secs,
+            json,
+        } => {
+            let sizes: Vec<usize> = sizes
+                .iter()
+                .map(|s| bench::parse_size(s))
+                .collect::<Result<_, _>>()?;
+            let budget = Budget {
+                min_runs: 5,
+                min_secs: secs,
+            };
+            let rows = bench::compress(&codecs, &sizes, budget)?;
+            if json {
+                println!("{}", serde_json::to_string(&rows)?);
+                return Ok(());
+            }
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+                "codec",
+                "elements",
+                "ms",
+                "GB/s",
+                "memcpy GB/s",
+                "vs memcpy",
+            ]);
+            for r in rows {
+                table.add_row(vec![
+                    r.codec,
+                    r.elements.to_string(),
+                    format!("{:.3}", r.secs * 1e3),
+                    format!("{:.2}", r.gbs),
+                    format!("{:.2}", r.memcpy_gbs),
+                    format!("{:.0} %", r.ratio * 100.0),
+                ]);
+            }
+            println!("{table}");
+        }
+    }
+    Ok(())
+}

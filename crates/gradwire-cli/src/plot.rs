@@ -1,0 +1,225 @@
+//! `gradwire compare`'s plots, as SVG and PNG (plotters): test accuracy
+//! against epochs, and against the megabytes one worker sent (log scale:
+//! the strategies differ by orders of magnitude), one line per strategy.
+//!
+//! Text is laid out with a TrueType font read once from the system (DejaVu
+//! Sans from Debian's fonts-dejavu-core, which `cargo xtask` installs) or
+//! from the file named by `GRADWIRE_FONT`: plotters needs a font to measure
+//! text even for SVG.
+
+use crate::error::{CliError, Result};
+use crate::train::RunReport;
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where a sans-serif font is looked for when `GRADWIRE_FONT` is not set.
+const FONT_PATHS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+/// Registers the font once per process; the error says how to get one.
+fn ensure_font() -> Result<()> {
+    static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let candidates: Vec<PathBuf> = match std::env::var_os("GRADWIRE_FONT") {
+                Some(p) => vec![PathBuf::from(p)],
+                None => FONT_PATHS.iter().map(PathBuf::from).collect(),
+            };
+            let bytes = candidates
+                .iter()
+                .find_map(|p| std::fs::read(p).ok())
+                .ok_or_else(|| {
+                    "no font to draw text with: install Debian's fonts-dejavu-core \
+                     (cargo xtask compare does) or set GRADWIRE_FONT to a .ttf file"
+                        .to_string()
+                })?;
+            // plotters keeps registered fonts for the life of the process.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            register_font("sans-serif", FontStyle::Normal, bytes)
+                .map_err(|_| "the font file is not a TrueType font plotters can read".to_string())
+        })
+        .clone()
+        .map_err(|message| CliError::Plot {
+            path: "(font)".into(),
+            message,
+        })
+}
+
+/// The files [`write_plots`] wrote.
+#[derive(Debug, Clone)]
+pub struct PlotFiles {
+    /// accuracy_vs_epoch.svg and .png.
+    pub accuracy_vs_epoch: [PathBuf; 2],
+    /// accuracy_vs_bytes.svg and .png.
+    pub accuracy_vs_bytes: [PathBuf; 2],
+}
+
+/// Draws both plots of `runs` into `dir` (created if missing).
+pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
+    ensure_font()?;
+    std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let by_epoch = |r: &RunReport| -> Vec<(f64, f64)> {
+        r.epochs
+            .iter()
+            .map(|e| (e.epoch as f64, e.test_accuracy * 100.0))
+            .collect()
+    };
+    let by_bytes = |r: &RunReport| -> Vec<(f64, f64)> {
+        r.epochs
+            .iter()
+            .map(|e| (e.bytes_total as f64 / 1e6, e.test_accuracy * 100.0))
+            .collect()
+    };
+    let epoch_files = [
+        dir.join("accuracy_vs_epoch.svg"),
+        dir.join("accuracy_vs_epoch.png"),
+    ];
+    let bytes_files = [
+        dir.join("accuracy_vs_bytes.svg"),
+        dir.join("accuracy_vs_bytes.png"),
+    ];
+    let epoch_chart = Chart {
+        title: "Test accuracy by epoch",
+        x_label: "epoch",
+        log_x: false,
+    };
+    let bytes_chart = Chart {
+        title: "Test accuracy by data sent per worker",
+        x_label: "MB sent per worker (log scale)",
+        log_x: true,
+    };
+    for (chart, files, points) in [
+        (
+            &epoch_chart,
+            &epoch_files,
+            &by_epoch as &dyn Fn(&RunReport) -> Vec<(f64, f64)>,
+        ),
+        (&bytes_chart, &bytes_files, &by_bytes),
+    ] {
+        let series: Vec<(String, Vec<(f64, f64)>)> =
+            runs.iter().map(|r| (r.label.clone(), points(r))).collect();
+        let svg = SVGBackend::new(&files[0], (960, 600)).into_drawing_area();
+        chart.draw(svg, &series, &files[0])?;
+        let png = BitMapBackend::new(&files[1], (960, 600)).into_drawing_area();
+        chart.draw(png, &series, &files[1])?;
+    }
+    Ok(PlotFiles {
+        accuracy_vs_epoch: epoch_files,
+        accuracy_vs_bytes: bytes_files,
+    })
+}
+
+/// One chart's texts and axis kind.
+struct Chart {
+    title: &'static str,
+    x_label: &'static str,
+    log_x: bool,
+}
+
+impl Chart {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        area: DrawingArea<DB, plotters::coord::Shift>,
+        series: &[(String, Vec<(f64, f64)>)],
+        path: &Path,
+    ) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let fail = |e: &dyn std::fmt::Display| CliError::Plot {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        area.fill(&WHITE).map_err(|e| fail(&e))?;
+        let all = series.iter().flat_map(|(_, p)| p.iter());
+        let (mut x_min, mut x_max, mut y_min) = (f64::INFINITY, f64::NEG_INFINITY, 100.0f64);
+        for &(x, y) in all {
+            x_min = x_min.min(x);
+            x_max = x_max.max(x);
+            y_min = y_min.min(y);
+        }
+        if !x_min.is_finite() {
+            (x_min, x_max) = (1.0, 2.0);
+        }
+        // Accuracy from just below the worst point to 100 %.
+        let y_range = (y_min - 2.0).clamp(0.0, 95.0)..100.0;
+        let mut builder = ChartBuilder::on(&area);
+        builder
+            .caption(self.title, ("sans-serif", 26))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(64);
+        if self.log_x {
+            let lo = (x_min.max(1e-9) / 1.5).max(1e-9);
+            let hi = (x_max * 1.5).max(lo * 10.0);
+            let mut chart = builder
+                .build_cartesian_2d((lo..hi).log_scale(), y_range)
+                .map_err(|e| fail(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc(self.x_label)
+                .y_desc("test accuracy (%)")
+                .label_style(("sans-serif", 15))
+                .draw()
+                .map_err(|e| fail(&e))?;
+            draw_series(&mut chart, series).map_err(|e| fail(&e))?;
+        } else {
+            let mut chart = builder
+                .build_cartesian_2d(x_min.min(1.0)..x_max.max(x_min + 1.0), y_range)
+                .map_err(|e| fail(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc(self.x_label)
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_desc("test accuracy (%)")
+                .label_style(("sans-serif", 15))
+                .draw()
+                .map_err(|e| fail(&e))?;
+            draw_series(&mut chart, series).map_err(|e| fail(&e))?;
+        }
+        area.present().map_err(|e| fail(&e))?;
+        Ok(())
+    }
+}
+
+/// Lines with markers and a legend, one colour per strategy.
+fn draw_series<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    for (i, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()
+}

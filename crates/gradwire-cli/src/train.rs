@@ -1,0 +1,623 @@
+//! One data-parallel training run: W workers (LocalComm threads, or any
+//! Communicator), each taking its share of every global batch, combined by
+//! DistOpt in the chosen strategy; per-epoch records of loss, accuracy,
+//! traffic and time; checkpoints that resume bitwise.
+//!
+//! Every worker runs the same loop: the global batch of `world * batch`
+//! samples comes from the epoch's seeded order, worker `r` takes samples
+//! `r, r + W, ...` of it, computes loss and gradients, pushes the gradients
+//! to DistOpt in backward order (buckets leave while later gradients are
+//! still being pushed) and finishes the step. DimReduce's first stage is a
+//! dense run that records the trajectory; at its end every worker fits the
+//! same components from the same snapshots and switches DistOpt's mode.
+
+use crate::config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+use crate::data::{Digits, epoch_order};
+use crate::error::{CliError, Result};
+use crate::model::Mlp;
+use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
+use gradwire_algos::{HalfPrecision, Traffic};
+use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
+use gradwire_compress::SparseCodec;
+use gradwire_optim::checkpoint::{self, Checkpoint};
+use gradwire_optim::{
+    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, Mode, Optimizer,
+    ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig,
+};
+use gradwire_tensor::Tensor;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
+pub const TRAJECTORY_SNAPSHOTS: usize = 60;
+
+/// Test accuracy that counts as "trained" in reports.
+pub const TARGET_ACCURACY: f64 = 0.95;
+
+/// What one epoch did (rank 0's view; the loss is averaged over workers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// 1-based.
+    pub epoch: usize,
+    /// Mean training loss over the epoch's steps and the workers.
+    pub train_loss: f64,
+    /// Accuracy on the held-out test set.
+    pub test_accuracy: f64,
+    /// Bytes one worker sent during the epoch (ring model).
+    pub bytes_sent: u64,
+    /// Bytes one worker sent since the start of the run.
+    pub bytes_total: u64,
+    /// What dense f32 all-reduce would have sent so far, divided by what was
+    /// sent (1 for dense, 100 for a 1 % selection...).
+    pub compression: f64,
+    /// Seconds computing (forward, backward, handing gradients over).
+    pub compute_secs: f64,
+    /// Seconds waiting for communication in `finish`.
+    pub comm_secs: f64,
+    /// Seconds for the whole epoch.
+    pub wall_secs: f64,
+    /// DimReduce: the fraction of this epoch's line searches that took a step.
+    pub line_search_accepted: Option<f64>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunReport {
+    /// The strategy and what sets it apart ("topk 1 %").
+    pub label: String,
+    /// The configuration it ran with.
+    pub config: TrainConfig,
+    /// One record per epoch, resumed ones included.
+    pub epochs: Vec<EpochRecord>,
+    /// FNV-1a of rank 0's final parameter bits: equal checksums mean
+    /// bitwise-equal models.
+    pub param_checksum: String,
+}
+
+impl RunReport {
+    /// Test accuracy after the last epoch.
+    pub fn final_accuracy(&self) -> f64 {
+        self.epochs.last().map_or(0.0, |e| e.test_accuracy)
+    }
+
+    /// The best test accuracy of any epoch.
+    pub fn best_accuracy(&self) -> f64 {
+        self.epochs
+            .iter()
+            .map(|e| e.test_accuracy)
+            .fold(0.0, f64::max)
+    }
+
+    /// The first epoch whose test accuracy reached `target`.
+    pub fn epochs_to(&self, target: f64) -> Option<usize> {
+        self.epochs
+            .iter()
+            .find(|e| e.test_accuracy >= target)
+            .map(|e| e.epoch)
+    }
+
+    /// Bytes one worker sent over the run.
+    pub fn bytes_per_worker(&self) -> u64 {
+        self.epochs.last().map_or(0, |e| e.bytes_total)
+    }
+
+    /// Dense bytes over bytes sent, for the whole run.
+    pub fn compression(&self) -> f64 {
+        self.epochs.last().map_or(1.0, |e| e.compression)
+    }
+
+    /// Seconds over all epochs.
+    pub fn wall_secs(&self) -> f64 {
+        self.epochs.iter().map(|e| e.wall_secs).sum()
+    }
+}
+
+/// Hooks the run calls on rank 0, for progress bars and tables.
+pub trait Observer: Sync {
+    /// An epoch of `steps` steps begins.
+    fn epoch_started(&self, _epoch: usize, _steps: usize) {}
+    /// One step finished.
+    fn step_done(&self) {}
+    /// An epoch finished.
+    fn epoch_done(&self, _record: &EpochRecord) {}
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// Where checkpoints go, and whether to continue from them.
+#[derive(Debug, Clone)]
+pub struct CheckpointPlan {
+    /// One `rank<r>.ckpt` per worker, after every epoch, and DimReduce's
+    /// `pca.safetensors`.
+    pub dir: PathBuf,
+    /// Continue from the checkpoints in `dir`.
+    pub resume: bool,
+}
+
+/// Trains `config` on `data` with `config.world` LocalComm workers; returns
+/// rank 0's report.
+pub fn train(
+    config: &TrainConfig,
+    data: &Digits,
+    observer: &dyn Observer,
+    plan: Option<&CheckpointPlan>,
+) -> Result<RunReport> {
+    config.validate()?;
+    if let Some(plan) = plan {
+        std::fs::create_dir_all(&plan.dir).map_err(|source| CliError::Io {
+            path: plan.dir.display().to_string(),
+            source,
+        })?;
+        for rank in 0..config.world {
+            let file = rank_file(&plan.dir, rank);
+            if plan.resume && !file.is_file() {
+                return Err(CliError::Resume(format!(
+                    "no checkpoint {} (was the run saved with --checkpoint and {} workers?)",
+                    file.display(),
+                    config.world
+                )));
+            }
+        }
+    }
+    let results = local::run(config.world, |comm: LocalComm| {
+        train_rank(comm, config, data, observer, plan)
+    })?;
+    let mut report = None;
+    for result in results {
+        if let Some(r) = result? {
+            report = Some(r);
+        }
+    }
+    report.ok_or_else(|| CliError::Usage("rank 0 returned no report".into()))
+}
+
+/// One worker's part of a run on any communicator: rank 0 returns the
+/// report, the others `None`.
+pub fn train_rank<C: Communicator + 'static>(
+    comm: C,
+    config: &TrainConfig,
+    data: &Digits,
+    observer: &dyn Observer,
+    plan: Option<&CheckpointPlan>,
+) -> Result<Option<RunReport>> {
+    config.validate()?;
+    // DimReduce's dense stage, fixed for the whole run: a resumed run keeps
+    // the saved one unless told otherwise (it would move with --epochs).
+    let mut config = config.clone();
+    if config.strategy == Strategy::Dimreduce && config.dimreduce_dense_epochs.is_none() {
+        let saved = match plan.filter(|p| p.resume) {
+            Some(p) => {
+                saved_config(&checkpoint::load(rank_file(&p.dir, comm.rank()))?)?
+                    .dimreduce_dense_epochs
+            }
+            None => None,
+        };
+        config.dimreduce_dense_epochs = Some(saved.unwrap_or_else(|| config.dense_epochs()));
+    }
+    let config = &config;
+    let steps_per_epoch = data.train_len().div_ceil(config.world * config.batch);
+    let total_steps = (steps_per_epoch * config.epochs) as u64;
+    let lr = match config.schedule {
+        ScheduleKind::Constant => Schedule::constant(config.lr),
+        ScheduleKind::Cosine => Schedule::CosineWarmup {
+            peak: config.lr,
+            floor: config.lr / 10.0,
+            warmup_steps: steps_per_epoch as u64,
+            total_steps: total_steps.max(steps_per_epoch as u64),
+        },
+        ScheduleKind::Step => Schedule::StepDecay {
+            init: config.lr,
+            step_size: (total_steps / 4).max(1),
+            gamma: 0.5,
+        },
+    };
+    let run = Run {
+        config,
+        data,
+        observer,
+        plan,
+        steps_per_epoch,
+    };
+    match config.optimizer {
+        OptimizerKind::Sgd => run.go(
+            comm,
+            Sgd::new(SgdConfig::default().lr(lr).momentum(config.momentum))?,
+        ),
+        OptimizerKind::Adam => run.go(comm, Adam::new(AdamConfig::default().lr(lr))?),
+        OptimizerKind::Adamw => run.go(comm, AdamW::new(AdamConfig::adamw().lr(lr))?),
+        OptimizerKind::Rmsprop => run.go(
+            comm,
+            RmsProp::new(RmsPropConfig {
+                lr,
+                ..RmsPropConfig::default()
+            })?,
+        ),
+        OptimizerKind::Adagrad => run.go(
+            comm,
+            AdaGrad::new(AdaGradConfig {
+                lr,
+                ..AdaGradConfig::default()
+            })?,
+        ),
+    }
+}
+
+/// The checkpoint keys of the run's own state.
+const KEY_EPOCH: &str = "gradwire-cli/epoch";
+const KEY_CONFIG: &str = "gradwire-cli/config";
+const KEY_HISTORY: &str = "gradwire-cli/history";
+const KEY_TRAJECTORY: &str = "gradwire-cli/trajectory";
+const PCA_FILE: &str = "pca.safetensors";
+
+/// The run configuration a checkpoint was written with.
+fn saved_config(ckpt: &Checkpoint) -> Result<TrainConfig> {
+    let value = ckpt
+        .values
+        .get(KEY_CONFIG)
+        .cloned()
+        .ok_or_else(|| CliError::Resume("the checkpoint holds no run configuration".into()))?;
+    Ok(serde_json::from_value(value)?)
+}
+
+fn rank_file(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("rank{rank}.ckpt"))
+}
+
+/// Everything a worker's loop reads.
+struct Run<'a> {
+    config: &'a TrainConfig,
+    data: &'a Digits,
+    observer: &'a dyn Observer,
+    plan: Option<&'a CheckpointPlan>,
+    steps_per_epoch: usize,
+}
+
+/// DistOpt's mode for a strategy.
+fn mode_of(config: &TrainConfig) -> Mode {
+    let sparse = |codec| Mode::Sparse {
+        codec,
+        error_feedback: config.error_feedback,
+    };
+    match config.strategy {
+        Strategy::Dense | Strategy::Dimreduce => Mode::Dense,
+        Strategy::Fp16 => Mode::Half {
+            precision: HalfPrecision::F16,
+            clip: config.clip,
+        },
+        Strategy::Bf16 => Mode::Half {
+            precision: HalfPrecision::BF16,
+            clip: config.clip,
+        },
+        Strategy::Threshold => sparse(SparseCodec::Threshold(config.threshold)),
+        Strategy::Topk => sparse(SparseCodec::TopK(config.ratio)),
+        Strategy::SampledTopk => sparse(SparseCodec::SampledTopK(config.ratio)),
+        Strategy::Randomk => sparse(SparseCodec::RandomK {
+            ratio: config.ratio,
+            seed: config.seed,
+        }),
+        Strategy::Partial => Mode::Partial {
+            average_state: config.average_state,
+        },
+        Strategy::AdasumGrad => Mode::Custom,
+        Strategy::AdasumDelta => Mode::DeltaWeight,
+    }
+}
+
+/// DimReduce's settings: MindSpore's, with the residual momentum's rate set
+/// to the learning rate (it moves the parameters outside the subspace; at
+/// MindSpore's 0.001 they barely move on a model this small).
+fn dimreduce_config(config: &TrainConfig) -> DimReduceConfig {
+    DimReduceConfig {
+        alpha: config.lr,
+        ..DimReduceConfig::default()
+    }
+}
+
+/// FNV-1a over the bits of every parameter.
+fn checksum(model: &Mlp) -> Result<String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in model.params() {
+        for v in p.to_vec::<f32>()? {
+            for byte in v.to_bits().to_le_bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}
+
+/// Per-epoch tallies.
+#[derive(Default)]
+struct Tally {
+    loss: f64,
+    steps: usize,
+    sent: u64,
+    compute: Duration,
+    comm: Duration,
+    searches: usize,
+    accepted: usize,
+}
+
+impl Run<'_> {
+    fn go<O: Optimizer + Send + 'static, C: Communicator + 'static>(
+        &self,
+        comm: C,
+        optimizer: O,
+    ) -> Result<Option<RunReport>> {
+        let config = self.config;
+        let data = self.data;
+        let (rank, world) = (comm.rank(), comm.world_size());
+        if world != config.world {
+            return Err(CliError::Usage(format!(
+                "the communicator has {world} ranks, --world says {}",
+                config.world
+            )));
+        }
+        let mut model = Mlp::new(&config.hidden, config.seed)?;
+        let backward = model.backward_order();
+        let index_of = |name: &str| model.names().iter().position(|n| n == name);
+        let specs: Vec<ParamSpec> = backward
+            .iter()
+            .filter_map(|n| index_of(n).map(|i| ParamSpec::new(n.clone(), model.shape(i).to_vec())))
+            .collect();
+        let backward_index: Vec<usize> = backward.iter().filter_map(|n| index_of(n)).collect();
+        let dist_config = DistOptConfig {
+            mode: mode_of(config),
+            fusion_threshold: config.fusion_threshold,
+            capacity: config
+                .fusion_threshold
+                .max(gradwire_algos::DEFAULT_FUSION_CAPACITY),
+            ..DistOptConfig::default()
+        };
+        let mut dist = match config.strategy {
+            Strategy::AdasumGrad | Strategy::AdasumDelta => {
+                let adasum = AdaSum::new(&comm)?;
+                DistOpt::with_combiner(optimizer, comm, specs, dist_config, adasum)?
+            }
+            _ => DistOpt::new(optimizer, comm, specs, dist_config)?,
+        };
+        let dense_epochs = config.dense_epochs();
+        let mut recorder = TrajectoryRecorder::new(TRAJECTORY_SNAPSHOTS);
+        let mut history: Vec<EpochRecord> = Vec::new();
+        let mut start_epoch = 0;
+        if let Some(plan) = self.plan.filter(|p| p.resume) {
+            let ckpt = checkpoint::load(rank_file(&plan.dir, rank))?;
+            start_epoch = self.resume(&ckpt, &mut model, &mut recorder, &mut history)?;
+            if config.strategy == Strategy::Dimreduce && start_epoch >= dense_epochs {
+                let pca = match &config.pca {
+                    Some(path) => checkpoint::load_pca(path)?,
+                    None => checkpoint::load_pca(plan.dir.join(PCA_FILE))?,
+                };
+                dist.start_dimreduce(&pca, dimreduce_config(config))?;
+            }
+            dist.restore(&ckpt)?;
+        } else if let (Strategy::Dimreduce, Some(path)) = (config.strategy, &config.pca) {
+            let pca = checkpoint::load_pca(path)?;
+            dist.start_dimreduce(&pca, dimreduce_config(config))?;
+        }
+        let dense_step = Traffic::all_reduce(4 * model.len(), world).sent;
+        let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
+        let mut probe = model.clone();
+        let mut dimreduce_started = dist.mode() == Mode::DimReduce;
+        let global_batch = world * config.batch;
+        for epoch in start_epoch..config.epochs {
+            let dimreduce = config.strategy == Strategy::Dimreduce && epoch >= dense_epochs;
+            if dimreduce && !dimreduce_started {
+                dimreduce_started = true;
+                // Every rank fits the same components from the same snapshots.
+                let pca: Pca = recorder.fit(config.components)?;
+                if let Some(plan) = self.plan
+                    && rank == 0
+                {
+                    checkpoint::save_pca(plan.dir.join(PCA_FILE), &pca)?;
+                }
+                dist.start_dimreduce(&pca, dimreduce_config(config))?;
+            }
+            if rank == 0 {
+                self.observer.epoch_started(epoch + 1, self.steps_per_epoch);
+            }
+            let began = Instant::now();
+            let mut tally = Tally::default();
+            for global in epoch_order(data.train_len(), epoch).chunks(global_batch) {
+                let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
+                let computing = Instant::now();
+                let (loss, grads) = model.loss_and_grads(&data.train_x, &data.train_y, &mine)?;
+                let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
+                for (name, &i) in backward.iter().zip(&backward_index) {
+                    let g = grads[i].take().unwrap_or_default();
+                    dist.push(name, Tensor::from_vec(g, model.shape(i).to_vec())?)?;
+                }
+                tally.compute += computing.elapsed();
+                let stats = if dimreduce {
+                    let x = &data.train_x;
+                    let y = &data.train_y;
+                    let stats = dist.finish_dimreduce(model.named(), f64::from(loss), |trial| {
+                        for (name, t) in trial {
+                            probe.set(name, t).map_err(|e| {
+                                gradwire_optim::OptimError::InvalidArgument(e.to_string())
+                            })?;
+                        }
+                        let l = probe.loss(x, y, &mine).map_err(|e| {
+                            gradwire_optim::OptimError::InvalidArgument(e.to_string())
+                        })?;
+                        Ok(f64::from(l))
+                    })?;
+                    tally.searches += 1;
+                    tally.accepted += usize::from(stats.dimreduce.is_some_and(|d| d.step > 0.0));
+                    stats
+                } else {
+                    dist.finish(model.named())?
+                };
+                if config.strategy == Strategy::Dimreduce && !dimreduce {
+                    let ordered: Vec<&Tensor> =
+                        backward_index.iter().map(|&i| &model.params()[i]).collect();
+                    recorder.record(&ordered)?;
+                }
+                tally.comm += stats.wait;
+                tally.sent += stats.traffic.sent;
+                tally.loss += f64::from(loss);
+                tally.steps += 1;
+                if rank == 0 {
+                    self.observer.step_done();
+                }
+            }
+            let mut loss = [tally.loss / tally.steps.max(1) as f64];
+            dist.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
+            bytes_total += tally.sent;
+            let dense_so_far = dense_step * (self.steps_per_epoch * (epoch + 1)) as u64;
+            let record = EpochRecord {
+                epoch: epoch + 1,
+                train_loss: loss[0],
+                // Partial averaging leaves the models apart: rank 0's is shown.
+                test_accuracy: if rank == 0 {
+                    model.accuracy(&data.test_x, &data.test_y)?
+                } else {
+                    0.0
+                },
+                bytes_sent: tally.sent,
+                bytes_total,
+                compression: dense_so_far as f64 / bytes_total.max(1) as f64,
+                compute_secs: tally.compute.as_secs_f64(),
+                comm_secs: tally.comm.as_secs_f64(),
+                wall_secs: began.elapsed().as_secs_f64(),
+                line_search_accepted: (tally.searches > 0)
+                    .then(|| tally.accepted as f64 / tally.searches as f64),
+            };
+            history.push(record.clone());
+            if let Some(plan) = self.plan {
+                self.save(
+                    &plan.dir,
+                    rank,
+                    &dist,
+                    &model,
+                    &recorder,
+                    &history,
+                    epoch + 1,
+                    dimreduce,
+                )?;
+            }
+            if rank == 0 {
+                self.observer.epoch_done(&record);
+            }
+        }
+        if rank != 0 {
+            return Ok(None);
+        }
+        Ok(Some(RunReport {
+            label: config.label(),
+            config: config.clone(),
+            epochs: history,
+            param_checksum: checksum(&model)?,
+        }))
+    }
+
+    /// Writes this rank's checkpoint after `epochs_done` epochs.
+    #[allow(clippy::too_many_arguments)]
+    fn save<O: Optimizer, C: Communicator + 'static>(
+        &self,
+        dir: &Path,
+        rank: usize,
+        dist: &DistOpt<O, C>,
+        model: &Mlp,
+        recorder: &TrajectoryRecorder,
+        history: &[EpochRecord],
+        epochs_done: usize,
+        dimreduce: bool,
+    ) -> Result<()> {
+        let mut ckpt = dist.checkpoint()?;
+        ckpt.set_parameters(model.names().iter().map(String::as_str).zip(model.params()));
+        ckpt.values.insert(KEY_EPOCH.into(), epochs_done.into());
+        ckpt.values
+            .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
+        ckpt.values
+            .insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
+        if self.config.strategy == Strategy::Dimreduce && !dimreduce && !recorder.is_empty() {
+            let rows: Vec<f32> = recorder.snapshots().flatten().copied().collect();
+            let width = rows.len() / recorder.len();
+            ckpt.tensors.insert(
+                KEY_TRAJECTORY.into(),
+                Tensor::from_vec(rows, vec![recorder.len(), width])?,
+            );
+        }
+        checkpoint::save(rank_file(dir, rank), &ckpt)?;
+        Ok(())
+    }
+
+    /// Restores the model, the trajectory and the history from `ckpt`;
+    /// returns the epochs already done.
+    fn resume(
+        &self,
+        ckpt: &Checkpoint,
+        model: &mut Mlp,
+        recorder: &mut TrajectoryRecorder,
+        history: &mut Vec<EpochRecord>,
+    ) -> Result<usize> {
+        let bad = |m: &str| CliError::Resume(m.to_string());
+        let saved = saved_config(ckpt)?;
+        // Only the length of the run may change.
+        let comparable = TrainConfig {
+            epochs: self.config.epochs,
+            ..saved.clone()
+        };
+        if &comparable != self.config {
+            let (then, now) = (
+                serde_json::to_value(&comparable)?,
+                serde_json::to_value(self.config)?,
+            );
+            let differences: Vec<String> = then
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, v)| now.get(k.as_str()) != Some(*v))
+                .map(|(k, v)| {
+                    format!(
+                        "{k} was {v}, now {}",
+                        now.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+                    )
+                })
+                .collect();
+            return Err(CliError::Resume(format!(
+                "the checkpoint is of another run ({})",
+                differences.join("; ")
+            )));
+        }
+        let done = ckpt
+            .values
+            .get(KEY_EPOCH)
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| bad("the checkpoint holds no epoch count"))? as usize;
+        if done > self.config.epochs {
+            return Err(CliError::Resume(format!(
+                "the checkpoint is after epoch {done}, the run has {} epochs",
+                self.config.epochs
+            )));
+        }
+        *history = serde_json::from_value(
+            ckpt.values
+                .get(KEY_HISTORY)
+                .cloned()
+                .ok_or_else(|| bad("the checkpoint holds no history"))?,
+        )?;
+        for (i, name) in model.names().to_vec().iter().enumerate() {
+            let flat = ckpt.flat_parameters(&[name.as_str()])?;
+            let value = Tensor::from_vec(flat, model.shape(i).to_vec())?;
+            model.set(name, &value)?;
+        }
+        if let Some(rows) = ckpt.tensors.get(KEY_TRAJECTORY) {
+            let width = rows.dims().get(1).copied().unwrap_or(0);
+            let flat = rows.to_vec::<f32>()?;
+            for row in flat.chunks(width.max(1)) {
+                let t = Tensor::from_vec(row.to_vec(), row.len())?;
+                recorder.record(&[&t])?;
+            }
+        }
+        Ok(done)
+    }
+}

@@ -1,0 +1,234 @@
+//! End-to-end: the `gradwire` binary as a user runs it.
+//!
+//! `compare` with its default line-up and budget must show what each
+//! strategy is for: every strategy reaches 90 % test accuracy, top-k 1 %
+//! sends under 5 % of dense's bytes, and error feedback beats no error
+//! feedback at the same ratio; its plots are real PNG and SVG files. `train`
+//! resumes bitwise from its checkpoints; bad flags are messages with exit
+//! code 2, never a panic; `bench` reports ratios against memcpy.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gradwire(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gradwire"))
+        .args(args)
+        .output()
+        .expect("run gradwire")
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "gradwire failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+fn accuracy(run: &Value) -> Vec<f64> {
+    run["epochs"]
+        .as_array()
+        .expect("epochs")
+        .iter()
+        .map(|e| e["test_accuracy"].as_f64().expect("accuracy"))
+        .collect()
+}
+
+fn last(run: &Value, key: &str) -> f64 {
+    run["epochs"]
+        .as_array()
+        .and_then(|e| e.last())
+        .and_then(|e| e[key].as_f64())
+        .expect(key)
+}
+
+#[test]
+fn compare_shows_what_each_strategy_is_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gradwire(&["compare", "--json", "--out", dir.path().to_str().unwrap()]);
+    let lines = json_lines(&out);
+    let runs = lines[0]["runs"].as_array().expect("runs").clone();
+    let by_label = |label: &str| {
+        runs.iter()
+            .find(|r| r["label"] == label)
+            .unwrap_or_else(|| panic!("no run {label}"))
+    };
+    assert_eq!(runs.len(), 8);
+    for run in &runs {
+        let acc = accuracy(run);
+        let final_acc = *acc.last().unwrap();
+        println!("{:<22} final {:.1} %", run["label"], final_acc * 100.0);
+        assert!(final_acc >= 0.90, "{} ends at {final_acc}", run["label"]);
+    }
+    let dense = last(by_label("dense"), "bytes_total");
+    let topk = last(by_label("topk 1 %"), "bytes_total");
+    assert!(
+        topk < 0.05 * dense,
+        "top-k 1 % sent {topk} bytes, dense {dense}"
+    );
+    // Error feedback against none, top-k 1 % both: the mean accuracy of the
+    // last five epochs (less noisy than one epoch) and the final loss.
+    let tail_mean = |label: &str| {
+        let acc = accuracy(by_label(label));
+        acc[acc.len() - 5..].iter().sum::<f64>() / 5.0
+    };
+    let (ef, no_ef) = (tail_mean("topk 1 %"), tail_mean("topk 1 %, no EF"));
+    assert!(ef > no_ef, "error feedback {ef}, none {no_ef}");
+    let loss = |label: &str| last(by_label(label), "train_loss");
+    assert!(loss("topk 1 %") < loss("topk 1 %, no EF"));
+    // The plots: PNG signatures with a 960 x 600 header, SVGs with every label.
+    for name in ["accuracy_vs_epoch", "accuracy_vs_bytes"] {
+        let png = std::fs::read(dir.path().join(format!("{name}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 960);
+        assert_eq!(u32::from_be_bytes(png[20..24].try_into().unwrap()), 600);
+        let svg = std::fs::read_to_string(dir.path().join(format!("{name}.svg"))).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("test accuracy (%)"));
+        for run in &runs {
+            let label = run["label"].as_str().unwrap();
+            assert!(
+                svg.contains(label),
+                "{name}.svg has no legend entry {label}"
+            );
+        }
+    }
+}
+
+/// Per-epoch records without the timings (which differ run to run).
+fn without_timings(records: &[Value]) -> Vec<Value> {
+    records
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            for key in ["compute_secs", "comm_secs", "wall_secs"] {
+                r.as_object_mut().unwrap().remove(key);
+            }
+            r
+        })
+        .collect()
+}
+
+fn train_json(args: &[&str]) -> (Vec<Value>, Value) {
+    let mut all = vec!["train", "--json", "--epochs", "4"];
+    all.extend_from_slice(args);
+    let lines = json_lines(&gradwire(&all));
+    let (summary, epochs) = lines.split_last().expect("a summary");
+    assert_eq!(summary["type"], "summary");
+    (epochs.to_vec(), summary.clone())
+}
+
+fn resume_matches(strategy: &str, dir: &Path) {
+    let dir = dir.to_str().unwrap();
+    let (_, straight) = train_json(&["-s", strategy]);
+    let lines = json_lines(&gradwire(&[
+        "train",
+        "--json",
+        "--epochs",
+        "2",
+        "-s",
+        strategy,
+        "--checkpoint",
+        dir,
+    ]));
+    assert_eq!(lines.len(), 3);
+    let (resumed_epochs, resumed) = train_json(&["-s", strategy, "--checkpoint", dir, "--resume"]);
+    assert_eq!(resumed_epochs.len(), 2, "only epochs 3 and 4 run again");
+    assert_eq!(
+        straight["param_checksum"], resumed["param_checksum"],
+        "{strategy}: resumed parameters differ"
+    );
+    let records = |v: &Value| without_timings(v["epochs"].as_array().unwrap());
+    assert_eq!(
+        records(&straight),
+        records(&resumed),
+        "{strategy}: histories differ"
+    );
+}
+
+#[test]
+fn train_resumes_bitwise_from_its_checkpoints() {
+    for strategy in ["topk", "partial", "adasum-delta"] {
+        let dir = tempfile::tempdir().unwrap();
+        resume_matches(strategy, dir.path());
+    }
+    // DimReduce, stopped in its dense stage and resumed across the switch.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let common = ["-s", "dimreduce", "--dimreduce-dense-epochs", "2"];
+    let (_, straight) = train_json(&common);
+    let mut first = vec!["train", "--json", "--epochs", "1", "--checkpoint", path];
+    first.extend_from_slice(&common);
+    json_lines(&gradwire(&first));
+    let mut rest = common.to_vec();
+    rest.extend_from_slice(&["--checkpoint", path, "--resume"]);
+    let (_, resumed) = train_json(&rest);
+    assert_eq!(straight["param_checksum"], resumed["param_checksum"]);
+    // A checkpoint of another run is refused, naming what differs.
+    let out = gradwire(&["train", "-s", "topk", "--checkpoint", path, "--resume"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("strategy was \"dimreduce\""), "{stderr}");
+}
+
+#[test]
+fn bad_flags_are_messages_not_panics() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["train", "-s", "zip"], "invalid value 'zip'"),
+        (
+            &["train", "-s", "topk", "--ratio", "0"],
+            "--ratio must be in (0, 1]",
+        ),
+        (
+            &["train", "-s", "topk", "--ratio", "1.5"],
+            "--ratio must be in (0, 1]",
+        ),
+        (&["train", "-w", "0"], "--world must be between"),
+        (&["train", "--epochs", "0"], "--epochs"),
+        (&["train", "--resume"], "--checkpoint"),
+        (
+            &["compare", "--strategies", "dense,nope"],
+            "unknown strategy",
+        ),
+        (&["bench", "allreduce", "--sizes", "4XB"], "unknown unit"),
+    ];
+    for (args, message) in cases {
+        let out = gradwire(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn bench_reports_ratios_against_memcpy() {
+    let out = gradwire(&[
+        "bench",
+        "allreduce",
+        "--sizes",
+        "4KiB,64KiB",
+        "--world",
+        "2,3",
+        "--secs",
+        "0.02",
+        "--json",
+    ]);
+    let rows = json_lines(&out).remove(0);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        let ratio = r["ratio"].as_f64().unwrap();
+        let expected = r["busbw_gbs"].as_f64().unwrap() / r["memcpy_gbs"].as_f64().unwrap();
+        assert!(ratio > 0.0 && (ratio - expected).abs() < 1e-9);
+    }
+    let out = gradwire(&[
+        "bench", "compress", "--sizes", "10K", "--secs", "0.02", "--json",
+    ]);
+    let rows = json_lines(&out).remove(0);
+    assert_eq!(rows.as_array().unwrap().len(), 7);
+}
