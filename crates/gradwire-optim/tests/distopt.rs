@@ -785,3 +785,40 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn random_k_without_error_feedback_draws_anew_every_step() {
+    use gradwire_compress::SparseCodec;
+    let changed = local::run(2, |comm: LocalComm| {
+        let config = DistOptConfig {
+            mode: Mode::Sparse {
+                codec: SparseCodec::RandomK {
+                    ratio: 0.1,
+                    seed: 5,
+                },
+                error_feedback: false,
+            },
+            ..DistOptConfig::default()
+        };
+        let sgd = Sgd::new(SgdConfig::default().lr(1.0)).unwrap();
+        let mut dist = DistOpt::new(sgd, comm, vec![ParamSpec::new("p", vec![200])], config)?;
+        let mut p = Tensor::from_vec(vec![0f32; 200], 200).unwrap();
+        let mut sets = Vec::new();
+        for _ in 0..3 {
+            let before = p.to_vec::<f32>().unwrap();
+            dist.push("p", Tensor::from_vec(vec![1f32; 200], 200).unwrap())?;
+            dist.finish([("p", &mut p)])?;
+            let after = p.to_vec::<f32>().unwrap();
+            let set: Vec<usize> = (0..200).filter(|&i| before[i] != after[i]).collect();
+            sets.push(set);
+        }
+        Ok::<_, OptimError>(sets)
+    })
+    .unwrap();
+    let sets = changed[0].as_ref().unwrap();
+    assert_eq!(sets, changed[1].as_ref().unwrap(), "ranks drew differently");
+    for set in sets {
+        assert_eq!(set.len(), 20, "ceil(0.1 x 200) entries each step");
+    }
+    assert!(sets[0] != sets[1] && sets[1] != sets[2], "the same draw twice");
+}
