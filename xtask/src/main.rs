@@ -19,7 +19,8 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 /// Debian packages the workspace needs to build and test. Add new ones here.
-const REQUIRED_DEBIAN_PACKAGES: &[&str] = &["pkg-config", "libopenblas-dev"];
+/// (fonts-dejavu-core: the font `gradwire compare` draws its PNG plots with.)
+const REQUIRED_DEBIAN_PACKAGES: &[&str] = &["pkg-config", "libopenblas-dev", "fonts-dejavu-core"];
 
 /// The command line help.
 const USAGE: &str = "\
@@ -31,6 +32,11 @@ Tasks:
                        cargo test --workspace, cargo check with the cuda feature,
                        cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
+  compare [-- <args>...]
+                       the main job: ensure system packages as `test` does, then
+                       `gradwire compare` in release mode (every strategy on the
+                       digits MLP, one table, plots in target/gradwire-compare).
+                       <args> go to `gradwire compare`, e.g. `-- --epochs 30`.
   help                 print this help
 ";
 
@@ -48,6 +54,13 @@ fn main() -> ExitCode {
             [] => test(&[]),
             [dashes, rest @ ..] if dashes == "--" => test(rest),
             [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `test`")),
+        },
+        Some("compare") => match &args[1..] {
+            [] => compare(&[]),
+            [dashes, rest @ ..] if dashes == "--" => compare(rest),
+            [other, ..] => {
+                return usage_error(&format!("unexpected argument `{other}` to `compare`"));
+            }
         },
         Some(other) => return usage_error(&format!("unknown task `{other}`")),
     };
@@ -94,6 +107,26 @@ fn test(test_args: &[String]) -> Result {
         run(cargo()
             .args(["doc", "--workspace", "--no-deps", "--quiet"])
             .env("RUSTDOCFLAGS", "-D warnings"))
+    })
+}
+
+/// `cargo xtask compare`: the main job on a fresh machine.
+fn compare(args: &[String]) -> Result {
+    step("system packages", ensure_debian_packages)?;
+    step("gradwire compare", || {
+        run(cargo()
+            .args([
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "gradwire-cli",
+                "--bin",
+                "gradwire",
+                "--",
+                "compare",
+            ])
+            .args(args))
     })
 }
 

@@ -5,6 +5,24 @@
 //!
 //! The binary (`src/main.rs`) only parses flags and prints; everything it
 //! runs is here, so the end-to-end tests call the same code.
+//!
+//! ```
+//! use gradwire_cli::{Strategy, TrainConfig, data::Digits, train::{Silent, train}};
+//!
+//! // Two workers, top-k 10 % with error feedback, two epochs.
+//! let config = TrainConfig {
+//!     strategy: Strategy::Topk,
+//!     ratio: 0.1,
+//!     world: 2,
+//!     epochs: 2,
+//!     hidden: vec![16],
+//!     ..TrainConfig::default()
+//! };
+//! let report = train(&config, &Digits::load(42), &Silent, None)?;
+//! assert_eq!(report.epochs.len(), 2);
+//! assert!(report.compression() > 1.0); // sent less than dense would have
+//! # Ok::<(), gradwire_cli::CliError>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -12,6 +12,25 @@
 //!
 //! This crate knows nothing of compression or optimizers: it moves and reduces
 //! buffers of [`Element`]s, and tensors through the provided `_tensor` methods.
+//!
+//! ```
+//! use gradwire_comm::{Communicator, ReduceOp, local};
+//!
+//! // Three ranks: average a gradient, then overlap an all-gather with work.
+//! let results = local::run(3, |comm| {
+//!     let mut grad = vec![comm.rank() as f32; 4];
+//!     comm.all_reduce(&mut grad, ReduceOp::Avg)?;
+//!     let pending = comm.all_gather_async(vec![comm.rank() as u32])?;
+//!     let everyone = pending.wait()?; // ... compute here meanwhile ...
+//!     Ok::<_, gradwire_comm::CommError>((grad, everyone))
+//! })?;
+//! for r in results {
+//!     let (grad, everyone) = r?;
+//!     assert_eq!(grad, vec![1.0; 4]);
+//!     assert_eq!(everyone, vec![0, 1, 2]);
+//! }
+//! # Ok::<(), gradwire_comm::CommError>(())
+//! ```
 
 #![deny(missing_docs)]
 

@@ -820,5 +820,8 @@ fn random_k_without_error_feedback_draws_anew_every_step() {
     for set in sets {
         assert_eq!(set.len(), 20, "ceil(0.1 x 200) entries each step");
     }
-    assert!(sets[0] != sets[1] && sets[1] != sets[2], "the same draw twice");
+    assert!(
+        sets[0] != sets[1] && sets[1] != sets[2],
+        "the same draw twice"
+    );
 }

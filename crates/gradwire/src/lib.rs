@@ -8,18 +8,42 @@
 //! | [`tensor`] | gradwire-tensor | tensors (f32/f16/bf16) with the lazy zeroed flag |
 //! | [`comm`] | gradwire-comm (feature `comm`, default) | the `Communicator` trait and its backends |
 //! | [`compress`] | gradwire-compress (feature `compress`, default) | casts, sparsifiers, error feedback, the sparse wire format |
-//! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints |
+//! | [`algos`] | gradwire-algos (feature `algos`, default) | dense, half and sparse all-reduce, AdaSum, DimReduce |
+//! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints, `DistOpt` |
+//!
+//! Feature `cuda` turns on the CUDA storage of gradwire-tensor.
+//!
+//! A whole data-parallel step: four workers (threads here; processes or GPUs
+//! with another `Communicator`), each with the gradient of its shard of the
+//! batch, averaged by `DistOpt` and applied by SGD, leaving every worker with
+//! the same weights.
 //!
 //! ```
-//! use gradwire::{Communicator, ReduceOp, comm::local};
+//! use gradwire::comm::local;
+//! use gradwire::optim::{DistOpt, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig};
+//! use gradwire::{Communicator, Tensor};
 //!
-//! let averaged = local::run(2, |comm| {
-//!     let mut grad = vec![comm.rank() as f32 * 2.0; 4];
-//!     comm.all_reduce(&mut grad, ReduceOp::Avg).map(|()| grad)
+//! let weights = local::run(4, |comm| {
+//!     let sgd = Sgd::new(SgdConfig::default().lr(0.1))?;
+//!     let params = vec![ParamSpec::new("w", vec![3])]; // in backward order
+//!     let mut dist = DistOpt::new(sgd, comm, params, DistOptConfig::default())?;
+//!     let mut w = Tensor::from_vec(vec![1f32; 3], 3)?;
+//!     // Backward: this worker's gradient; its bucket leaves as soon as it is full.
+//!     let grad = vec![dist.rank() as f32; 3];
+//!     dist.push("w", Tensor::from_vec(grad, 3)?)?;
+//!     // Wait for every bucket, average, and step: w -= 0.1 x mean(0, 1, 2, 3).
+//!     dist.finish([("w", &mut w)])?;
+//!     Ok::<_, OptimError>(w.to_vec::<f32>()?)
 //! })?;
-//! assert_eq!(averaged[0].as_ref().unwrap(), &vec![1.0; 4]);
-//! # Ok::<(), gradwire::CommError>(())
+//! for w in weights {
+//!     assert!(w?.iter().all(|&x| (x - 0.85).abs() < 1e-6));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Swap `DistOptConfig::default()` for another `Mode` to send fp16, a top-k
+//! selection with error feedback, AdaSum-combined deltas or DimReduce steps;
+//! the `gradwire` command line (crate gradwire-cli) runs them all side by side.
 
 #![deny(missing_docs)]
 
@@ -34,5 +58,15 @@ pub use gradwire_comm::{CommError, Communicator, LocalComm, ReduceOp};
 #[cfg(feature = "compress")]
 pub use gradwire_compress as compress;
 
+#[cfg(feature = "algos")]
+pub use gradwire_algos as algos;
+
 #[cfg(feature = "optim")]
 pub use gradwire_optim as optim;
+#[cfg(feature = "optim")]
+pub use gradwire_optim::{DistOpt, DistOptConfig, Mode};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
