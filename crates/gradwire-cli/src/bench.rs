@@ -3,8 +3,9 @@
 //! are ratios that mean something on any machine.
 //!
 //! Every figure is the median of repeated timings (at least `min_runs`, and
-//! until `min_secs` have passed), after one warm-up run that touches the
-//! pages. All-reduce reports the bus bandwidth as nccl-tests define it,
+//! until `min_secs` have passed; for a collective, the median of `min_runs`
+//! batches of back-to-back runs whose length rank 0 calibrates), after one
+//! warm-up run that touches the pages. All-reduce reports the bus bandwidth as nccl-tests define it,
 //! `busbw = 2 (W - 1) / W x bytes / time`; the memcpy bandwidth counts the
 //! buffer once.
 
@@ -52,6 +53,40 @@ fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64>
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
+}
+
+/// A collective's seconds per run on every rank of `comm`, the median over
+/// `min_runs` batches of back-to-back runs (as nccl-tests time them: a
+/// barrier per run would measure thread wake-ups, not the collective). The
+/// ranks must run it the same number of times, so rank 0 calibrates the batch
+/// length (about `min_secs / min_runs`) and broadcasts it.
+fn time_collective<C: Communicator>(
+    comm: &C,
+    budget: Budget,
+    mut collective: impl FnMut() -> Result<()>,
+) -> Result<f64> {
+    collective()?; // warm-up: touch the pages
+    comm.barrier()?;
+    let calibration = Instant::now();
+    for _ in 0..3 {
+        collective()?;
+    }
+    let each = calibration.elapsed().as_secs_f64() / 3.0;
+    let batches = budget.min_runs.max(1);
+    let per_batch = budget.min_secs / batches as f64;
+    let mut count = [((per_batch / each.max(1e-9)).ceil() as u64).clamp(1, 100_000)];
+    comm.broadcast(&mut count, 0)?;
+    let mut means = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        comm.barrier()?;
+        let t = Instant::now();
+        for _ in 0..count[0] {
+            collective()?;
+        }
+        means.push(t.elapsed().as_secs_f64() / count[0] as f64);
+    }
+    means.sort_by(f64::total_cmp);
+    Ok(means[means.len() / 2])
 }
 
 /// Seconds to copy `bytes` once (single thread, `copy_from_slice`).
@@ -104,16 +139,12 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
             let per_rank = local::run_with(world, &config, |comm| {
                 // Zeros stay zeros under Sum: nothing drifts to inf.
                 let mut buf = vec![0f32; bytes / 4];
-                let mut time = || {
-                    median_time(budget, || {
-                        comm.barrier()?;
-                        comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)?;
-                        Ok(())
-                    })
-                };
-                time()
+                time_collective(&comm, budget, || {
+                    comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)?;
+                    Ok(())
+                })
             })?;
-            // Rank 0's timing (each timing spans a barrier plus the collective).
+            // Rank 0's timing.
             let secs = per_rank
                 .into_iter()
                 .next()
