@@ -1,7 +1,8 @@
 //! The `gradwire` command line as a library: data-parallel training of a
 //! small MLP on smartcore's digits with every gradwire strategy
-//! ([`train`]), several strategies side by side with plots ([`compare`]),
-//! and the communication and compression benchmarks ([`bench`]).
+//! ([`train`](mod@train)), several strategies side by side with plots
+//! ([`compare`]), and the communication and compression benchmarks
+//! ([`bench`](mod@bench)).
 //!
 //! The binary (`src/main.rs`) only parses flags and prints; everything it
 //! runs is here, so the end-to-end tests call the same code.

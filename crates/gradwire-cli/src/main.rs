@@ -3,6 +3,8 @@
 //! the benchmarks (`bench`). Flags are parsed and results printed here; the
 //! work is in the `gradwire_cli` library.
 
+#![deny(missing_docs)]
+
 use clap::{Args, Parser, Subcommand};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use gradwire_cli::bench::{self, Budget};
