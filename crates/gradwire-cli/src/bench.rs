@@ -13,7 +13,7 @@ use crate::error::{CliError, Result};
 use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};
 use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::{ErrorFeedback, SparseCodec, select};
-use gradwire_tensor::{bf16, f16};
+use gradwire_tensor::{WithDType, bf16, f16};
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -195,6 +195,17 @@ pub struct CompressRow {
     pub ratio: f64,
 }
 
+/// Median seconds of an encode to `H` and a decode back of `x`.
+fn cast_round_trip<H: WithDType>(x: &[f32], budget: Budget) -> Result<f64> {
+    let mut half = H::zeros_vec(x.len());
+    let mut back = vec![0f32; x.len()];
+    median_time(budget, || {
+        cast::encode(black_box(x), &mut half, &CastOptions::default())?;
+        cast::decode(&half, &mut back)?;
+        Ok(())
+    })
+}
+
 /// Gradient-like data: seeded, roughly normal, a few large entries.
 fn gradient(n: usize) -> Vec<f32> {
     let mut state = 0x2545_F491_4F6C_DD1Du64;
@@ -220,24 +231,8 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
         let memcpy = memcpy_secs(4 * n, budget)?;
         for codec in codecs {
             let secs = match codec.as_str() {
-                "f16" => {
-                    let mut half = vec![f16::ZERO; n];
-                    let mut back = vec![0f32; n];
-                    median_time(budget, || {
-                        cast::encode(black_box(&x), &mut half, &CastOptions::default())?;
-                        cast::decode(&half, &mut back)?;
-                        Ok(())
-                    })?
-                }
-                "bf16" => {
-                    let mut half = vec![bf16::ZERO; n];
-                    let mut back = vec![0f32; n];
-                    median_time(budget, || {
-                        cast::encode(black_box(&x), &mut half, &CastOptions::default())?;
-                        cast::decode(&half, &mut back)?;
-                        Ok(())
-                    })?
-                }
+                "f16" => cast_round_trip::<f16>(&x, budget)?,
+                "bf16" => cast_round_trip::<bf16>(&x, budget)?,
                 "threshold" => median_time(budget, || {
                     black_box(select::threshold(black_box(&x), 0.0097)?);
                     Ok(())

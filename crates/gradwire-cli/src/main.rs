@@ -412,6 +412,10 @@ fn run_compare(args: CompareArgs) -> Result<(), CliError> {
 }
 
 fn run_bench(command: BenchCommand) -> Result<(), CliError> {
+    let budget = |secs: f64| Budget {
+        min_runs: 5,
+        min_secs: secs,
+    };
     match command {
         BenchCommand::Allreduce {
             sizes,
@@ -425,21 +429,8 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
                     "backend {backend:?} is not available in this build (local is)"
                 )));
             }
-            let sizes: Vec<usize> = sizes
-                .iter()
-                .map(|s| bench::parse_size(s))
-                .collect::<Result<_, _>>()?;
-            let budget = Budget {
-                min_runs: 5,
-                min_secs: secs,
-            };
-            let rows = bench::all_reduce(&sizes, &world, budget)?;
-            if json {
-                println!("{}", serde_json::to_string(&rows)?);
-                return Ok(());
-            }
-            let mut table = Table::new();
-            table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+            let rows = bench::all_reduce(&parse_sizes(&sizes)?, &world, budget(secs))?;
+            let header = [
                 "backend",
                 "W",
                 "bytes",
@@ -448,10 +439,10 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
                 "busbw GB/s",
                 "memcpy GB/s",
                 "busbw / memcpy",
-            ]);
-            for r in rows {
-                table.add_row(vec![
-                    r.backend,
+            ];
+            print_rows(json, &rows, &header, |r| {
+                vec![
+                    r.backend.clone(),
                     r.world.to_string(),
                     r.bytes.to_string(),
                     format!("{:.1}", r.secs * 1e6),
@@ -459,9 +450,8 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
                     format!("{:.2}", r.busbw_gbs),
                     format!("{:.2}", r.memcpy_gbs),
                     format!("{:.0} %", r.ratio * 100.0),
-                ]);
-            }
-            println!("{table}");
+                ]
+            })
         }
         BenchCommand::Compress {
             codecs,
@@ -469,40 +459,51 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             secs,
             json,
         } => {
-            let sizes: Vec<usize> = sizes
-                .iter()
-                .map(|s| bench::parse_size(s))
-                .collect::<Result<_, _>>()?;
-            let budget = Budget {
-                min_runs: 5,
-                min_secs: secs,
-            };
-            let rows = bench::compress(&codecs, &sizes, budget)?;
-            if json {
-                println!("{}", serde_json::to_string(&rows)?);
-                return Ok(());
-            }
-            let mut table = Table::new();
-            table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+            let rows = bench::compress(&codecs, &parse_sizes(&sizes)?, budget(secs))?;
+            let header = [
                 "codec",
                 "elements",
                 "ms",
                 "GB/s",
                 "memcpy GB/s",
                 "vs memcpy",
-            ]);
-            for r in rows {
-                table.add_row(vec![
-                    r.codec,
+            ];
+            print_rows(json, &rows, &header, |r| {
+                vec![
+                    r.codec.clone(),
                     r.elements.to_string(),
                     format!("{:.3}", r.secs * 1e3),
                     format!("{:.2}", r.gbs),
                     format!("{:.2}", r.memcpy_gbs),
                     format!("{:.0} %", r.ratio * 100.0),
-                ]);
-            }
-            println!("{table}");
+                ]
+            })
         }
     }
+}
+
+fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, CliError> {
+    sizes.iter().map(|s| bench::parse_size(s)).collect()
+}
+
+/// `rows` as one JSON array, or as a table with `header` and `cells` per row.
+fn print_rows<T: serde::Serialize>(
+    json: bool,
+    rows: &[T],
+    header: &[&str],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> Result<(), CliError> {
+    if json {
+        println!("{}", serde_json::to_string(rows)?);
+        return Ok(());
+    }
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(header.to_vec());
+    for r in rows {
+        table.add_row(cells(r));
+    }
+    println!("{table}");
     Ok(())
 }

@@ -146,22 +146,10 @@ impl Mlp {
     ) -> Result<(f32, Vec<Vec<f32>>)> {
         let values = self.values()?;
         let mut grads: Vec<Vec<f32>> = values.iter().map(|v| vec![0f32; v.len()]).collect();
-        let mut acts = self.activations();
         let mut deltas = self.activations();
         let layers = self.sizes.len() - 1;
-        let scale = 1.0 / samples.len().max(1) as f32;
-        let mut loss = 0f32;
-        for &s in samples {
-            self.forward(&values, &x[s * FEATURES..(s + 1) * FEATURES], &mut acts);
-            let logits = &acts[layers];
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-            let total: f32 = exp.iter().sum();
-            loss -= (exp[y[s]] / total).ln() * scale;
-            // dlogits = softmax - onehot
-            for (c, d) in deltas[layers].iter_mut().enumerate() {
-                *d = (exp[c] / total - f32::from(u8::from(c == y[s]))) * scale;
-            }
+        let loss = self.cross_entropy(&values, x, y, samples, |acts, dlogits| {
+            deltas[layers].copy_from_slice(dlogits);
             for k in (0..layers).rev() {
                 let inputs = self.sizes[k];
                 let (lower, upper) = deltas.split_at_mut(k + 1);
@@ -195,25 +183,43 @@ impl Mlp {
                     }
                 }
             }
-        }
+        });
         Ok((loss, grads))
     }
 
     /// Mean cross-entropy over `samples` (forward only).
     pub fn loss(&self, x: &[f32], y: &[usize], samples: &[usize]) -> Result<f32> {
         let values = self.values()?;
+        Ok(self.cross_entropy(&values, x, y, samples, |_, _| {}))
+    }
+
+    /// The forward pass over `samples` with parameter `values`: returns the
+    /// mean cross-entropy, and hands `backward` each sample's activations and
+    /// the loss's gradient with respect to its logits (softmax - one-hot,
+    /// scaled by 1 / samples).
+    fn cross_entropy(
+        &self,
+        values: &[Vec<f32>],
+        x: &[f32],
+        y: &[usize],
+        samples: &[usize],
+        mut backward: impl FnMut(&[Vec<f32>], &[f32]),
+    ) -> f32 {
         let mut acts = self.activations();
         let layers = self.sizes.len() - 1;
         let scale = 1.0 / samples.len().max(1) as f32;
         let mut loss = 0f32;
+        let mut dlogits = vec![0f32; self.sizes[layers]];
         for &s in samples {
-            self.forward(&values, &x[s * FEATURES..(s + 1) * FEATURES], &mut acts);
-            let logits = &acts[layers];
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let total: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-            loss -= ((logits[y[s]] - max).exp() / total).ln() * scale;
+            self.forward(values, &x[s * FEATURES..(s + 1) * FEATURES], &mut acts);
+            let (exp, total) = softmax_parts(&acts[layers]);
+            loss -= (exp[y[s]] / total).ln() * scale;
+            for (c, d) in dlogits.iter_mut().enumerate() {
+                *d = (exp[c] / total - f32::from(u8::from(c == y[s]))) * scale;
+            }
+            backward(&acts, &dlogits);
         }
-        Ok(loss)
+        loss
     }
 
     /// Fraction of `(x, y)` classified correctly.
@@ -238,6 +244,15 @@ impl Mlp {
         }
         Ok(correct as f64 / y.len().max(1) as f64)
     }
+}
+
+/// `exp(logit - max)` for each logit and their sum: the softmax is
+/// `exp / total`, computed without overflow.
+fn softmax_parts(logits: &[f32]) -> (Vec<f32>, f32) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total = exp.iter().sum();
+    (exp, total)
 }
 
 #[cfg(test)]

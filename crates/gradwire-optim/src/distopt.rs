@@ -555,11 +555,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let mut targets: HashMap<&str, &mut Tensor> = params.into_iter().collect();
         // A missing parameter is reported after the communication, which
         // every rank must complete to stay paired with the others.
-        let missing = self
-            .params
-            .iter()
-            .find(|p| !targets.contains_key(p.name.as_str()))
-            .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
+        let missing = self.first_missing(&targets);
         match self.config.mode {
             Mode::Partial { average_state } => {
                 return self.finish_partial(targets, missing, average_state);
@@ -772,11 +768,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         mut eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
     ) -> Result<StepStats> {
         let mut targets: HashMap<&str, &mut Tensor> = params.into_iter().collect();
-        let missing = self
-            .params
-            .iter()
-            .find(|p| !targets.contains_key(p.name.as_str()))
-            .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)));
+        let missing = self.first_missing(&targets);
         if self.config.mode != Mode::DimReduce || self.dimreduce.is_none() {
             self.abort_step();
             return Err(OptimError::InvalidArgument(
@@ -862,6 +854,14 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         stats.updated = self.params.len();
         stats.dimreduce = Some(outcome);
         Ok(stats)
+    }
+
+    /// The error for the first declared parameter `targets` lacks, if any.
+    fn first_missing(&self, targets: &HashMap<&str, &mut Tensor>) -> Option<OptimError> {
+        self.params
+            .iter()
+            .find(|p| !targets.contains_key(p.name.as_str()))
+            .map(|p| OptimError::InvalidArgument(format!("parameter {} not given", p.name)))
     }
 
     /// The index of `name`, if `grad` may be pushed for it now.
