@@ -151,16 +151,7 @@ fn data_parallel<K: Combiner<LocalComm>>(
                 .enumerate()
             {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (_, grads) = mlp
-                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
-                    .expect("backward");
-                let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
-                for name in BACKWARD_ORDER {
-                    let i = index_of(name);
-                    let g = grads[i].take().expect("each gradient once");
-                    let shape = mlp.params()[i].dims().to_vec();
-                    dist.push(name, Tensor::from_vec(g, shape)?)?;
-                }
+                backward(&mut dist, &mlp, data, &mine)?;
                 dist.finish(mlp.named())?;
                 if evaluate_after(index, batches) {
                     accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
@@ -175,6 +166,26 @@ fn data_parallel<K: Combiner<LocalComm>>(
         .next()
         .expect("rank 0")
         .expect("training")
+}
+
+/// This rank's loss on `samples`; its gradients pushed to `dist` in backward
+/// order.
+fn backward<O: Optimizer + 'static>(
+    dist: &mut DistOpt<O, LocalComm>,
+    mlp: &Mlp,
+    data: &Digits,
+    samples: &[usize],
+) -> Result<f32, OptimError> {
+    let (loss, grads) = mlp
+        .loss_and_grads(&data.train_x, &data.train_y, samples)
+        .expect("backward");
+    let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
+    for name in BACKWARD_ORDER {
+        let i = index_of(name);
+        let g = grads[i].take().expect("each gradient once");
+        dist.push(name, Tensor::from_vec(g, mlp.params()[i].dims().to_vec())?)?;
+    }
+    Ok(loss)
 }
 
 /// Epochs until the accuracy, measured `per_epoch` times per epoch, first
@@ -276,18 +287,7 @@ fn dense_then_dimreduce(
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (loss, grads) = mlp
-                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
-                    .expect("backward");
-                let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
-                for name in BACKWARD_ORDER {
-                    let i = index_of(name);
-                    let shape = mlp.params()[i].dims().to_vec();
-                    dist.push(
-                        name,
-                        Tensor::from_vec(grads[i].take().expect("once"), shape)?,
-                    )?;
-                }
+                let loss = backward(&mut dist, &mlp, data, &mine)?;
                 if epoch < dense_epochs {
                     dist.finish(mlp.named())?;
                     // DistOpt flattens in declaration (backward) order.

@@ -34,9 +34,23 @@ fn train_on<O: Optimizer + 'static>(
     make: &(impl Fn() -> O + Sync),
     whole_batch: bool,
 ) -> Vec<Vec<f32>> {
+    train_with(world, steps, whole_batch, |comm| {
+        DistOpt::new(make(), comm, specs(), config.clone())
+    })
+}
+
+/// `steps` steps of the DistOpt `build` makes on each rank's communicator,
+/// each rank on its shard of the batch or, with `whole_batch`, on all of it;
+/// checks the ranks agree bitwise and returns rank 0's parameters.
+fn train_with<O: Optimizer + 'static>(
+    world: usize,
+    steps: usize,
+    whole_batch: bool,
+    build: impl Fn(LocalComm) -> Result<DistOpt<O, LocalComm>, OptimError> + Sync,
+) -> Vec<Vec<f32>> {
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut dist = DistOpt::new(make(), comm, specs(), config.clone())?;
+        let mut dist = build(comm)?;
         let mut w: Vec<Tensor> = initial()
             .iter()
             .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
@@ -67,7 +81,7 @@ fn train_on<O: Optimizer + 'static>(
     .unwrap();
     let results: Vec<Vec<Vec<f32>>> = results.into_iter().map(|r| r.unwrap()).collect();
     for r in &results {
-        assert_eq!(r, &results[0], "ranks diverged");
+        assert_eq!(bits(r), bits(&results[0]), "ranks diverged");
     }
     results.into_iter().next().unwrap()
 }
@@ -563,47 +577,15 @@ fn train_with_combiner<K: gradwire_optim::Combiner<LocalComm>>(
     whole_batch: bool,
     combiner: impl Fn(&LocalComm) -> K + Sync,
 ) -> Vec<Vec<f32>> {
-    let results = local::run(world, |comm: LocalComm| {
-        let rank = comm.rank();
+    train_with(world, steps, whole_batch, |comm| {
         let k = combiner(&comm);
         let config = DistOptConfig {
             mode,
             ..small_buckets()
         };
         let sgd = Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
-        let mut dist = DistOpt::with_combiner(sgd, comm, specs(), config, k)?;
-        let mut w: Vec<Tensor> = initial()
-            .iter()
-            .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
-            .collect();
-        let shard = BATCH / world;
-        for _ in 0..steps {
-            let values: Vec<Vec<f32>> = w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
-            let samples = if whole_batch {
-                0..BATCH
-            } else {
-                rank * shard..(rank + 1) * shard
-            };
-            let g = gradient(&values, samples);
-            for k in (0..BLOCKS.len()).rev() {
-                let gk: Vec<f32> = g[k].iter().map(|&v| v as f32).collect();
-                dist.push(&format!("w{k}"), Tensor::from_vec(gk, BLOCKS[k]).unwrap())?;
-            }
-            let names: Vec<String> = (0..BLOCKS.len()).map(|k| format!("w{k}")).collect();
-            dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()))?;
-        }
-        Ok::<_, OptimError>(
-            w.iter()
-                .map(|t| t.to_vec::<f32>().unwrap())
-                .collect::<Vec<_>>(),
-        )
+        DistOpt::with_combiner(sgd, comm, specs(), config, k)
     })
-    .unwrap();
-    let results: Vec<Vec<Vec<f32>>> = results.into_iter().map(|r| r.unwrap()).collect();
-    for r in &results {
-        assert_eq!(bits(r), bits(&results[0]), "ranks diverged");
-    }
-    results.into_iter().next().unwrap()
 }
 
 /// A combiner of our own: the plain sum, to show the hook is the whole story.
