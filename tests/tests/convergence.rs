@@ -19,7 +19,8 @@
 //!
 //! The second test runs DistOpt's DimReduce mode after a dense stage that
 //! records the trajectory, beside dense training for the same number of
-//! steps, and asserts it stays within a point of dense accuracy.
+//! steps: it must reach a clearly lower training loss and stay within a point
+//! of dense test accuracy.
 
 use gradwire_algos::{AdaSum, fused_all_reduce};
 use gradwire_cli::data::{Digits, FEATURES, epoch_order};
@@ -252,16 +253,21 @@ fn dense_and_adasum_reach_95_percent_on_digits() {
     );
 }
 
+/// What [`dense_then_dimreduce`] measured (rank 0).
+struct DimReduceRun {
+    /// Test accuracy after each epoch.
+    accuracy: Vec<f64>,
+    /// Loss over the whole training set at the end.
+    train_loss: f64,
+    /// Fraction of DimReduce's line searches that took a step.
+    accepted: f64,
+}
+
 /// Dense DistOpt for `dense_epochs` recording the trajectory (one snapshot
 /// per step, the last 60 kept), then DistOpt's DimReduce mode for the
-/// remaining epochs, on the same global batches; returns rank 0's test
-/// accuracy after each epoch and the fraction of DimReduce steps whose line
-/// search accepted a step.
-fn dense_then_dimreduce(
-    data: &Digits,
-    dense_epochs: usize,
-    total_epochs: usize,
-) -> (Vec<f64>, f64) {
+/// remaining epochs (none when `dense_epochs == total_epochs`: plain dense
+/// training), on the same global batches.
+fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize) -> DimReduceRun {
     use gradwire_algos::dimreduce::{DimReduceConfig, TrajectoryRecorder};
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
@@ -319,7 +325,15 @@ fn dense_then_dimreduce(
             }
             accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
         }
-        Ok::<_, OptimError>((accuracy, accepted.0 as f64 / accepted.1.max(1) as f64))
+        let everything: Vec<usize> = (0..data.train_len()).collect();
+        Ok::<_, OptimError>(DimReduceRun {
+            accuracy,
+            train_loss: f64::from(
+                mlp.loss(&data.train_x, &data.train_y, &everything)
+                    .expect("loss"),
+            ),
+            accepted: accepted.0 as f64 / accepted.1.max(1) as f64,
+        })
     })
     .expect("ranks");
     results
@@ -333,29 +347,37 @@ fn dense_then_dimreduce(
 fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
     let data = Digits::load(42);
     let total = 12;
-    let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
-    let (dimreduce, accepted) = dense_then_dimreduce(&data, 6, total);
-    // Dense accuracy at the end of each epoch, to line up with DimReduce's.
-    let dense: Vec<f64> = dense
-        .chunks(EVALS_PER_EPOCH)
-        .map(|q| q[EVALS_PER_EPOCH - 1])
-        .take(total)
-        .collect();
-    show("dense average, 4 ranks", &dense, 1);
-    show("dense 6 + DimReduce 6, 4", &dimreduce, 1);
+    let dense = dense_then_dimreduce(&data, total, total);
+    let dimreduce = dense_then_dimreduce(&data, 6, total);
+    show("dense average, 4 ranks", &dense.accuracy, 1);
+    show("dense 6 + DimReduce 6, 4", &dimreduce.accuracy, 1);
+    let last = |r: &DimReduceRun| r.accuracy.last().copied().unwrap_or(0.0);
     println!(
-        "after {total} epochs: dense {:.1} %, DimReduce {:.1} % ({:.0} % of its line searches accepted a step)",
-        dense[total - 1] * 100.0,
-        dimreduce[total - 1] * 100.0,
-        accepted * 100.0
+        "after {total} epochs: dense {:.1} % (training loss {:.4}), DimReduce {:.1} % \
+         (training loss {:.4}, {:.0} % of its line searches accepted a step)",
+        last(&dense) * 100.0,
+        dense.train_loss,
+        last(&dimreduce) * 100.0,
+        dimreduce.train_loss,
+        dimreduce.accepted * 100.0
     );
-    // On this problem DimReduce keeps up with dense training rather than
-    // beating it: over 8 seeds the final difference ranged from -0.6 to +1.1
-    // points (one test image is 0.28 points), so the assertion allows one
-    // point, not zero (see the DimReduce issue's notes).
+    // DimReduce optimises faster: over 8 seeds (gradwire train, hidden 32, 12
+    // epochs, the last epoch's mean loss) its training loss was 0.47 to 0.68
+    // of dense's; here 0.55. Its test accuracy keeps up rather than beats
+    // dense's: the final difference ranged from -0.6 to +1.1 points (one test
+    // image is 0.28 points), so that assertion allows one point.
     assert!(
-        dimreduce[total - 1] >= dense[total - 1] - 0.01,
+        dimreduce.train_loss < 0.8 * dense.train_loss,
+        "DimReduce's training loss {} against dense's {}",
+        dimreduce.train_loss,
+        dense.train_loss
+    );
+    assert!(
+        last(&dimreduce) >= last(&dense) - 0.01,
         "DimReduce fell behind dense training"
     );
-    assert!(accepted > 0.5, "most line searches must accept a step");
+    assert!(
+        dimreduce.accepted > 0.5,
+        "most line searches must accept a step"
+    );
 }
