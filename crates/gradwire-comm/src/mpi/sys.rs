@@ -173,6 +173,26 @@ pub(super) fn int(what: &str, n: usize) -> Result<c_int> {
     })
 }
 
+/// The address MPI gets for a send buffer. An empty slice's address is
+/// dangling, and for bytes it is 0x1, which Open MPI reads as
+/// `MPI_IN_PLACE`: empty buffers are passed as a real (unused) word instead.
+fn send_ptr<T>(buf: &[T], spare: &u64) -> *const c_void {
+    if buf.is_empty() {
+        std::ptr::from_ref(spare).cast()
+    } else {
+        buf.as_ptr().cast()
+    }
+}
+
+/// [`send_ptr`] for a receive buffer.
+fn recv_ptr<T>(buf: &mut [T], spare: &mut u64) -> *mut c_void {
+    if buf.is_empty() {
+        std::ptr::from_mut(spare).cast()
+    } else {
+        buf.as_mut_ptr().cast()
+    }
+}
+
 /// The MPI datatypes the backend moves elements as.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Wire {
@@ -351,10 +371,10 @@ pub(super) fn all_gather<T: bytemuck::Pod>(
     // `recv` holds `size * count` (checked above); both live for the call.
     check("MPI_Allgather", unsafe {
         ffi::MPI_Allgather(
-            send.as_ptr().cast::<c_void>(),
+            send_ptr(send, &0),
             count,
             wire.raw(),
-            recv.as_mut_ptr().cast::<c_void>(),
+            recv_ptr(recv, &mut 0),
             count,
             wire.raw(),
             comm.0,
@@ -405,10 +425,10 @@ pub(super) fn all_gather_varied<T: bytemuck::Pod>(
     // lies inside `recv` (checked), and both buffers live for the call.
     check("MPI_Allgatherv", unsafe {
         ffi::MPI_Allgatherv(
-            send.as_ptr().cast::<c_void>(),
+            send_ptr(send, &0),
             int("count", send.len())?,
             wire.raw(),
-            recv.as_mut_ptr().cast::<c_void>(),
+            recv_ptr(recv, &mut 0),
             counts.as_ptr(),
             displs.as_ptr(),
             wire.raw(),
@@ -445,11 +465,11 @@ pub(super) fn all_to_all_varied<T: bytemuck::Pod>(
     // live for the call.
     check("MPI_Alltoallv", unsafe {
         ffi::MPI_Alltoallv(
-            send.as_ptr().cast::<c_void>(),
+            send_ptr(send, &0),
             sends.counts.as_ptr(),
             sends.displs.as_ptr(),
             wire.raw(),
-            recv.as_mut_ptr().cast::<c_void>(),
+            recv_ptr(recv, &mut 0),
             recvs.counts.as_ptr(),
             recvs.displs.as_ptr(),
             wire.raw(),
@@ -471,7 +491,7 @@ pub(super) fn broadcast<T: bytemuck::Pod>(
     // rank passed the same count and root (validated by the header exchange).
     check("MPI_Bcast", unsafe {
         ffi::MPI_Bcast(
-            buf.as_mut_ptr().cast::<c_void>(),
+            recv_ptr(buf, &mut 0),
             count,
             wire.raw(),
             root,
@@ -502,7 +522,7 @@ pub(super) fn isend(comm: Comm, bytes: Vec<u8>, dest: usize, tag: c_int) -> Resu
     // the request completes (`test`) or is freed with the buffer leaked.
     check("MPI_Isend", unsafe {
         ffi::MPI_Isend(
-            bytes.as_ptr().cast::<c_void>(),
+            send_ptr(&bytes, &0),
             count,
             Wire::U8.raw(),
             dest,
@@ -588,7 +608,7 @@ impl Probed {
         // received once (this consumes it).
         check("MPI_Mrecv", unsafe {
             ffi::MPI_Mrecv(
-                buf.as_mut_ptr().cast::<c_void>(),
+                recv_ptr(buf, &mut 0),
                 count,
                 Wire::U8.raw(),
                 &mut self.message,
