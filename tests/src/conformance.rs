@@ -288,9 +288,11 @@ fn all_reduce_float<C: Communicator, T: Float>(
     comm: &C,
     checks: &mut Checks,
     seed: u64,
+    lengths: &[usize],
+    ops: &[ReduceOp],
 ) -> Result<(), CaseError> {
     let w = comm.world_size();
-    for &len in LENGTHS {
+    for &len in lengths {
         // The reference sees the inputs as the ranks hold them (rounded to T).
         let held: Vec<Vec<T>> = (0..w)
             .map(|r| input(seed ^ len as u64, r, len).into_iter().map(T::from_f64).collect())
@@ -299,7 +301,7 @@ fn all_reduce_float<C: Communicator, T: Float>(
             .iter()
             .map(|x| x.iter().map(|&v| v.to_f64()).collect())
             .collect();
-        for op in ReduceOp::ALL {
+        for &op in ops {
             let what = format!("{op} of {len} {}", T::TYPE);
             let mut buf = held[comm.rank()].clone();
             comm.all_reduce(&mut buf, op)?;
@@ -327,10 +329,16 @@ fn all_reduce_float<C: Communicator, T: Float>(
 }
 
 fn all_reduce_floats<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
-    all_reduce_float::<C, f32>(comm, checks, 1)?;
-    all_reduce_float::<C, f64>(comm, checks, 2)?;
-    all_reduce_float::<C, f16>(comm, checks, 3)?;
-    all_reduce_float::<C, bf16>(comm, checks, 4)?;
+    let all = &ReduceOp::ALL;
+    all_reduce_float::<C, f32>(comm, checks, 1, LENGTHS, all)?;
+    all_reduce_float::<C, f64>(comm, checks, 2, LENGTHS, all)?;
+    all_reduce_float::<C, f16>(comm, checks, 3, LENGTHS, all)?;
+    all_reduce_float::<C, bf16>(comm, checks, 4, LENGTHS, all)?;
+    // Buffers of several megabytes, which a backend may cut into segments
+    // (a prime length: no segment or chunk boundary falls evenly).
+    let sums = &[ReduceOp::Sum, ReduceOp::Avg];
+    all_reduce_float::<C, f32>(comm, checks, 5, &[1_100_009], sums)?;
+    all_reduce_float::<C, bf16>(comm, checks, 6, &[1_100_009], sums)?;
     // NaN propagates through Max and Min from any rank; a sum overflows to inf.
     let w = comm.world_size();
     let nan_rank = w - 1;
