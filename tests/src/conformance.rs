@@ -23,9 +23,7 @@
 
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
-use gradwire_comm::{
-    CommError, Communicator, Element, LocalComm, ReduceOp, chunk_range, local,
-};
+use gradwire_comm::{CommError, Communicator, Element, LocalComm, ReduceOp, chunk_range, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
     Adam, AdamConfig, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd, SgdConfig,
@@ -223,10 +221,22 @@ macro_rules! float {
 }
 const U32: f64 = f32::EPSILON as f64 / 2.0;
 float!(f32, |v| v as f32, U32, U32, f32::MIN_POSITIVE as f64);
-float!(f64, |v| v, f64::EPSILON / 2.0, f64::EPSILON / 2.0, f64::MIN_POSITIVE);
+float!(
+    f64,
+    |v| v,
+    f64::EPSILON / 2.0,
+    f64::EPSILON / 2.0,
+    f64::MIN_POSITIVE
+);
 // Half types accumulate in f32 and round once; f16's subnormals reach 2^-24.
 float!(f16, f16::from_f64, 1.0 / 2048.0, U32, 1.0 / 16_777_216.0);
-float!(bf16, bf16::from_f64, 1.0 / 256.0, U32, f32::MIN_POSITIVE as f64);
+float!(
+    bf16,
+    bf16::from_f64,
+    1.0 / 256.0,
+    U32,
+    f32::MIN_POSITIVE as f64
+);
 
 fn reference(inputs: &[Vec<f64>], i: usize, op: ReduceOp) -> f64 {
     let column = inputs.iter().map(|x| x[i]);
@@ -278,10 +288,7 @@ fn local_all_reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Result<Vec<T
         let mut buf = inputs[comm.rank()].clone();
         comm.all_reduce(&mut buf, op).map(|()| buf)
     })?;
-    results
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| Ok(Vec::new()))
+    results.into_iter().next().unwrap_or_else(|| Ok(Vec::new()))
 }
 
 fn all_reduce_float<C: Communicator, T: Float>(
@@ -295,7 +302,12 @@ fn all_reduce_float<C: Communicator, T: Float>(
     for &len in lengths {
         // The reference sees the inputs as the ranks hold them (rounded to T).
         let held: Vec<Vec<T>> = (0..w)
-            .map(|r| input(seed ^ len as u64, r, len).into_iter().map(T::from_f64).collect())
+            .map(|r| {
+                input(seed ^ len as u64, r, len)
+                    .into_iter()
+                    .map(T::from_f64)
+                    .collect()
+            })
             .collect();
         let exact: Vec<Vec<f64>> = held
             .iter()
@@ -305,9 +317,10 @@ fn all_reduce_float<C: Communicator, T: Float>(
             let what = format!("{op} of {len} {}", T::TYPE);
             let mut buf = held[comm.rank()].clone();
             comm.all_reduce(&mut buf, op)?;
-            for i in 0..len {
+            checks.check(buf.len() == len, || format!("{what}: length {}", buf.len()));
+            for (i, &value) in buf.iter().enumerate().take(len) {
                 let want = reference(&exact, i, op);
-                let got = buf[i].to_f64();
+                let got = value.to_f64();
                 let allowed = bound::<T>(&exact, i, want.abs().max(got.abs()), op);
                 checks.check((got - want).abs() <= allowed, || {
                     format!("{what} at {i}: got {got}, want {want} within {allowed}")
@@ -454,7 +467,10 @@ fn all_gather<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), Case
         let gathered = comm.all_gather_varied(&to_u32(comm.rank()))?;
         let counts: Vec<usize> = (0..w).map(len_of).collect();
         checks.check(gathered.counts() == counts, || {
-            format!("all_gather_varied counts {:?}, want {counts:?}", gathered.counts())
+            format!(
+                "all_gather_varied counts {:?}, want {counts:?}",
+                gathered.counts()
+            )
         });
         for r in 0..w {
             checks.check(gathered.part(r) == &to_u32(r)[..], || {
@@ -520,7 +536,9 @@ fn point_to_point<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), 
     comm.send(&[rank as u64, 42], rank)?;
     let mut own = [0u64; 2];
     comm.recv(&mut own, rank)?;
-    checks.check(own == [rank as u64, 42], || format!("self-send gave {own:?}"));
+    checks.check(own == [rank as u64, 42], || {
+        format!("self-send gave {own:?}")
+    });
     Ok(())
 }
 
@@ -540,7 +558,13 @@ fn split<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError
                 members.sort_by_key(|&q| (key_of(q), q));
                 checks.check(
                     sub.world_size() == members.len() && members[sub.rank()] == rank,
-                    || format!("split: rank {} of {} in {members:?}", sub.rank(), sub.world_size()),
+                    || {
+                        format!(
+                            "split: rank {} of {} in {members:?}",
+                            sub.rank(),
+                            sub.world_size()
+                        )
+                    },
                 );
                 let mut v = [value];
                 sub.all_reduce(&mut v, ReduceOp::Sum)?;
@@ -616,7 +640,9 @@ fn async_forms<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), Cas
         let values: Vec<f32> = (0..7).map(|i| (i + rank) as f32).collect();
         let mut t = Tensor::from_f32(&values, [7], dtype)?;
         comm.all_reduce_tensor(&mut t, ReduceOp::Sum)?;
-        let max = comm.all_reduce_tensor_async(t.clone(), ReduceOp::Max)?.wait()?;
+        let max = comm
+            .all_reduce_tensor_async(t.clone(), ReduceOp::Max)?
+            .wait()?;
         let want: Vec<f32> = (0..7)
             .map(|i| (0..w).map(|r| (i + r) as f32).sum())
             .collect();
@@ -646,12 +672,18 @@ fn expect_invalid(checks: &mut Checks, what: &str, result: Result<(), CommError>
 
 /// Checks that the communicator still works: an all-reduce and a
 /// point-to-point exchange give the right answers.
-fn still_works<C: Communicator>(comm: &C, checks: &mut Checks, after: &str) -> Result<(), CaseError> {
+fn still_works<C: Communicator>(
+    comm: &C,
+    checks: &mut Checks,
+    after: &str,
+) -> Result<(), CaseError> {
     let w = comm.world_size();
     let mut v = [comm.rank() as f32; 3];
     comm.all_reduce(&mut v, ReduceOp::Sum)?;
     let want = (0..w).map(|r| r as f32).sum::<f32>();
-    checks.check(v == [want; 3], || format!("after {after}: all_reduce gave {v:?}"));
+    checks.check(v == [want; 3], || {
+        format!("after {after}: all_reduce gave {v:?}")
+    });
     Ok(())
 }
 
@@ -697,7 +729,11 @@ fn mismatches<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), Case
         comm.all_gather(&[0u8; 2], &mut vec![0u8; 2 * w])
     };
     expect_mismatch(checks, "all_gather length", gather);
-    let scatter = comm.reduce_scatter(&vec![1i32; if odd { 9 } else { 8 }], &mut [0i32; 0], ReduceOp::Sum);
+    let scatter = comm.reduce_scatter(
+        &vec![1i32; if odd { 9 } else { 8 }],
+        &mut [0i32; 0],
+        ReduceOp::Sum,
+    );
     expect_mismatch(checks, "reduce_scatter length", scatter);
     // Asynchronous collectives are checked the same way.
     let pending = comm.all_reduce_async(vec![0f32; len], ReduceOp::Sum)?;
@@ -716,13 +752,19 @@ fn mismatches<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), Case
     expect_mismatch(checks, "recv of another length", wrong_len);
     let mut right = [0f32; 2];
     comm.recv(&mut right, prev)?;
-    checks.check(right == [5.0; 2], || format!("recv after mismatches: {right:?}"));
+    checks.check(right == [5.0; 2], || {
+        format!("recv after mismatches: {right:?}")
+    });
     still_works(comm, checks, "point-to-point mismatches")
 }
 
 fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
     let (w, rank) = (comm.world_size(), comm.rank());
-    expect_invalid(checks, "root out of range", comm.broadcast(&mut [0f32; 2], w));
+    expect_invalid(
+        checks,
+        "root out of range",
+        comm.broadcast(&mut [0f32; 2], w),
+    );
     expect_invalid(
         checks,
         "Avg of integers",
@@ -743,7 +785,11 @@ fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(
     );
     // Local checks, no collective involved.
     expect_invalid(checks, "send to a rank out of range", comm.send(&[0u8], w));
-    expect_invalid(checks, "recv from a rank out of range", comm.recv(&mut [0u8], w + 3));
+    expect_invalid(
+        checks,
+        "recv from a rank out of range",
+        comm.recv(&mut [0u8], w + 3),
+    );
     still_works(comm, checks, "invalid arguments")
 }
 
@@ -849,7 +895,11 @@ fn train_single<O: Optimizer>(mut opt: O, steps: usize) -> Result<Vec<Vec<f32>>,
     for _ in 0..steps {
         let g = gradient(&values(&w_t)?, 0..BATCH);
         for (k, t) in w_t.iter_mut().enumerate() {
-            opt.update(&format!("w{k}"), t, &Tensor::from_vec(g[k].clone(), BLOCKS[k])?)?;
+            opt.update(
+                &format!("w{k}"),
+                t,
+                &Tensor::from_vec(g[k].clone(), BLOCKS[k])?,
+            )?;
         }
         opt.step();
     }
@@ -907,7 +957,8 @@ fn adasum_matches_reference<C: Communicator>(
         start += s;
     }
     let n = start;
-    let vector = |r: usize| -> Vec<f32> { input(31, r, n).iter().map(|&v| (v / 1e3) as f32).collect() };
+    let vector =
+        |r: usize| -> Vec<f32> { input(31, r, n).iter().map(|&v| (v / 1e3) as f32).collect() };
     let ada = AdaSum::new(comm)?;
     let mut v = vector(comm.rank());
     ada.combine_flat(comm, &mut v, &tensor_ranges)?;
@@ -956,7 +1007,9 @@ fn sparse_all_reduce<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(
             })
             .collect();
         checks.check(bytes_of(&got) == bytes_of(&want), || {
-            format!("sparse all-reduce (threshold {threshold}) differs from its rank-order reference")
+            format!(
+                "sparse all-reduce (threshold {threshold}) differs from its rank-order reference"
+            )
         });
     }
     Ok(())
@@ -998,8 +1051,16 @@ fn skipping_unwritten_gradients<C: Communicator + 'static>(
                 ("unused", &mut unused, None),
                 // Written on rank 0 only, W times as large: averaged over W
                 // ranks it is the same gradient as "shared".
-                ("rank0only", &mut only, if rank == 0 { g(w as f32, 2) } else { None }),
-                ("sometimes", &mut sometimes, if writes(rank) { g(2.0, 5) } else { None }),
+                (
+                    "rank0only",
+                    &mut only,
+                    if rank == 0 { g(w as f32, 2) } else { None },
+                ),
+                (
+                    "sometimes",
+                    &mut sometimes,
+                    if writes(rank) { g(2.0, 5) } else { None },
+                ),
             ])?;
             skipped += stats.skipped;
             want_skipped += 1 + usize::from(!(0..w).any(writes));
@@ -1011,7 +1072,9 @@ fn skipping_unwritten_gradients<C: Communicator + 'static>(
         checks.check(unused == [0.5, -0.5], || {
             format!("{vote:?}: an unwritten parameter changed: {unused:?}")
         });
-        checks.check(!has_state, || format!("{vote:?}: state for an unwritten parameter"));
+        checks.check(!has_state, || {
+            format!("{vote:?}: state for an unwritten parameter")
+        });
         checks.check(skipped == want_skipped, || {
             format!("{vote:?}: {skipped} skips, want {want_skipped}")
         });

@@ -85,7 +85,9 @@ fn main() -> Result<(), CommError> {
         let send = vec![0f32; n];
         let mut recv = vec![0f32; n];
         // Warm up both (pages touched, scratch grown, connections made).
-        let warm = time(&comm, 3, || comm.all_reduce(black_box(&mut buf), ReduceOp::Sum))?;
+        let warm = time(&comm, 3, || {
+            comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)
+        })?;
         time(&comm, 3, || {
             raw.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum());
             Ok(())

@@ -98,8 +98,14 @@ impl Call {
         let index = |i: Option<usize>| i.map_or(0, |i| i as i64 + 1);
         [
             index(KINDS.iter().position(|&k| k == self.kind)),
-            index(self.elem.and_then(|e| ElemType::ALL.iter().position(|&x| x == e))),
-            index(self.op.and_then(|o| ReduceOp::ALL.iter().position(|&x| x == o))),
+            index(
+                self.elem
+                    .and_then(|e| ElemType::ALL.iter().position(|&x| x == e)),
+            ),
+            index(
+                self.op
+                    .and_then(|o| ReduceOp::ALL.iter().position(|&x| x == o)),
+            ),
             // Lengths beyond i64 cannot exist in memory; saturate anyway.
             i64::try_from(self.len).unwrap_or(i64::MAX),
             i64::try_from(self.recv_len).unwrap_or(i64::MAX),
@@ -275,7 +281,10 @@ mod tests {
         assert_eq!(validate(&[call(4), call(4), call(4)]), Ok(()));
         match validate(&[call(4), call(4), call(5)]) {
             Err(CommError::Mismatch { detail }) => {
-                assert!(detail.contains("rank 2") && detail.contains('5'), "{detail}")
+                assert!(
+                    detail.contains("rank 2") && detail.contains('5'),
+                    "{detail}"
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -364,10 +364,7 @@ fn split_plan(calls: &[Call]) -> Result<Vec<(Option<c_int>, c_int)>> {
     for (dense, (_, mut members)) in groups.into_iter().enumerate() {
         members.sort_unstable();
         for (position, &(_, rank)) in members.iter().enumerate() {
-            plan[rank] = (
-                Some(sys::int("color", dense)?),
-                sys::int("key", position)?,
-            );
+            plan[rank] = (Some(sys::int("color", dense)?), sys::int("key", position)?);
         }
     }
     Ok(plan)

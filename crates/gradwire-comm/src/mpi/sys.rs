@@ -76,7 +76,9 @@ impl Env {
         }
         let mut finalized: c_int = 0;
         // SAFETY: MPI_Finalized may be called at any time, from any thread.
-        check("MPI_Finalized", unsafe { ffi::MPI_Finalized(&mut finalized) })?;
+        check("MPI_Finalized", unsafe {
+            ffi::MPI_Finalized(&mut finalized)
+        })?;
         if finalized != 0 {
             return Err(CommError::Unsupported(
                 "MPI was already finalized in this process and cannot be initialized again".into(),
@@ -250,7 +252,9 @@ pub(super) fn comm_dup(comm: Comm) -> Result<Comm> {
     // SAFETY: reading a predefined handle.
     let mut out = Comm(unsafe { ffi::RSMPI_COMM_NULL });
     // SAFETY: `comm` is a live communicator; `out.0` is written by MPI.
-    check("MPI_Comm_dup", unsafe { ffi::MPI_Comm_dup(comm.0, &mut out.0) })?;
+    check("MPI_Comm_dup", unsafe {
+        ffi::MPI_Comm_dup(comm.0, &mut out.0)
+    })?;
     if let Err(e) = set_errors_return(out) {
         comm_free(out);
         return Err(e);
@@ -490,13 +494,7 @@ pub(super) fn broadcast<T: bytemuck::Pod>(
     // SAFETY: `buf` holds `count` elements and lives for the call; every
     // rank passed the same count and root (validated by the header exchange).
     check("MPI_Bcast", unsafe {
-        ffi::MPI_Bcast(
-            recv_ptr(buf, &mut 0),
-            count,
-            wire.raw(),
-            root,
-            comm.0,
-        )
+        ffi::MPI_Bcast(recv_ptr(buf, &mut 0), count, wire.raw(), root, comm.0)
     })
 }
 
