@@ -69,6 +69,10 @@ fn run(mpirun: &Path, binary: &str, world: usize) -> (bool, String) {
         .args(["--oversubscribe", "-np", &world.to_string()])
         // Loopback only: shared memory between the processes of this host.
         .args(["--mca", "btl", "self,vader"])
+        // Containers often forbid the cross-process reads (CMA) that vader
+        // uses for large messages by default; copying through shared memory
+        // works everywhere.
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .arg(binary)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
