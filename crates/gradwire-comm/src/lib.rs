@@ -8,7 +8,7 @@
 //!
 //! - [`local::LocalComm`]: ranks as threads of one process over shared memory.
 //!   Always built; the embedded default and what tests run on.
-//! - [`mpi::MpiComm`] (feature `mpi`): one rank per MPI process, started by
+//! - `mpi::MpiComm` (feature `mpi`): one rank per MPI process, started by
 //!   `mpirun`; the same checks and the same reduction bits as LocalComm.
 //!   [`LaunchEnv`] reads a launcher's rank and node placement without MPI.
 //! - NCCL (feature `nccl`) arrives with its issue.
