@@ -8,7 +8,13 @@
 //!   module doc).
 //! - `convergence.rs`: data-parallel training of the digits MLP on 4 ranks:
 //!   dense averaging and AdaSum by delta weight against one worker.
-//!
-//! Later: the conformance suite run against every `Communicator` backend.
+//! - `conformance_local.rs`: the [`conformance`] suite on LocalComm, world
+//!   sizes 1 to 4, in-process.
+//! - `conformance_mpi.rs`: the same suite on MpiComm, as the
+//!   `gradwire-mpi-conformance` binary (feature `mpi`) under
+//!   `mpirun --oversubscribe -np W` for W = 1 to 4. Without MPI it prints a
+//!   loud SKIP line; with `GRADWIRE_REQUIRE_MPI=1` a missing MPI fails.
 
 #![deny(missing_docs)]
+
+pub mod conformance;

@@ -19,8 +19,20 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 /// Debian packages the workspace needs to build and test. Add new ones here.
-/// (fonts-dejavu-core: the font `gradwire compare` draws its PNG plots with.)
-const REQUIRED_DEBIAN_PACKAGES: &[&str] = &["pkg-config", "libopenblas-dev", "fonts-dejavu-core"];
+/// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
+/// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
+/// `gradwire compare` draws its PNG plots with.
+const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
+    "pkg-config",
+    "libopenblas-dev",
+    "libopenmpi-dev",
+    "openmpi-bin",
+    "libclang-dev",
+    "fonts-dejavu-core",
+];
+
+/// The features that turn the MPI backend on in every crate that has one.
+const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi";
 
 /// The command line help.
 const USAGE: &str = "\
@@ -28,8 +40,10 @@ Usage: cargo xtask <task>
 
 Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
-                       check the toolchain, cargo fmt --check, cargo clippy -D warnings,
-                       cargo test --workspace, cargo check with the cuda feature,
+                       check the toolchain, cargo fmt --check, cargo clippy -D warnings
+                       (also with the mpi feature), cargo test --workspace, the MPI
+                       backend's tests and the conformance suite under mpirun
+                       (GRADWIRE_REQUIRE_MPI=1), cargo check with the cuda feature,
                        cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   compare [-- <args>...]
@@ -96,8 +110,55 @@ fn test(test_args: &[String]) -> Result {
             "warnings",
         ]))
     })?;
+    step("cargo clippy (feature mpi)", || {
+        run(cargo().args([
+            "clippy",
+            "-p",
+            "gradwire-comm",
+            "-p",
+            "gradwire-tests",
+            "-p",
+            "gradwire",
+            "--all-targets",
+            "--features",
+            MPI_FEATURES,
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
     step("cargo test", || {
         run(cargo().args(["test", "--workspace", "--"]).args(test_args))
+    })?;
+    step("cargo test (feature mpi)", || {
+        run(cargo()
+            .args([
+                "test",
+                "-p",
+                "gradwire-comm",
+                "--features",
+                "mpi",
+                "--lib",
+                "--",
+            ])
+            .args(test_args))
+    })?;
+    // The conformance suite on MpiComm under mpirun, W = 1..=4. CI must run
+    // it: with GRADWIRE_REQUIRE_MPI=1 a missing MPI fails instead of skipping.
+    step("MPI conformance suite (mpirun)", || {
+        run(cargo()
+            .args([
+                "test",
+                "-p",
+                "gradwire-tests",
+                "--features",
+                "mpi",
+                "--test",
+                "conformance_mpi",
+                "--",
+            ])
+            .args(test_args)
+            .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
     step("cargo check (feature cuda)", || {
         run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
@@ -106,6 +167,17 @@ fn test(test_args: &[String]) -> Result {
     step("cargo doc", || {
         run(cargo()
             .args(["doc", "--workspace", "--no-deps", "--quiet"])
+            .env("RUSTDOCFLAGS", "-D warnings"))?;
+        run(cargo()
+            .args([
+                "doc",
+                "-p",
+                "gradwire-comm",
+                "--features",
+                "mpi",
+                "--no-deps",
+                "--quiet",
+            ])
             .env("RUSTDOCFLAGS", "-D warnings"))
     })
 }

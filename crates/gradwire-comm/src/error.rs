@@ -65,6 +65,22 @@ pub enum CommError {
     /// gone (it can only stop when its communicator is dropped).
     #[error("the asynchronous communication thread has stopped")]
     WorkerStopped,
+    /// An MPI call failed (feature `mpi`): the call, MPI's error code and the
+    /// library's message for it. Communicators set `MPI_ERRORS_RETURN`, so
+    /// MPI reports failures this way instead of aborting where it can.
+    #[error("MPI error {code} in {op}: {message}")]
+    Mpi {
+        /// The MPI function that failed.
+        op: &'static str,
+        /// The error code it returned.
+        code: i32,
+        /// The library's description of the code (`MPI_Error_string`).
+        message: String,
+    },
+    /// The backend cannot do this in the current environment (for example
+    /// asynchronous jobs when MPI provides less than `MPI_THREAD_MULTIPLE`).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A tensor could not be used (wrong device, dtype accessor...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),

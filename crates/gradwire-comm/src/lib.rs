@@ -8,7 +8,10 @@
 //!
 //! - [`local::LocalComm`]: ranks as threads of one process over shared memory.
 //!   Always built; the embedded default and what tests run on.
-//! - MPI (feature `mpi`) and NCCL (feature `nccl`) arrive with their issues.
+//! - `mpi::MpiComm` (feature `mpi`): one rank per MPI process, started by
+//!   `mpirun`; the same checks and the same reduction bits as LocalComm.
+//!   [`LaunchEnv`] reads a launcher's rank and node placement without MPI.
+//! - NCCL (feature `nccl`) arrives with its issue.
 //!
 //! This crate knows nothing of compression or optimizers: it moves and reduces
 //! buffers of [`Element`]s, and tensors through the provided `_tensor` methods.
@@ -37,13 +40,19 @@
 mod communicator;
 mod element;
 mod error;
+mod launch;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod op;
 mod pending;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};
 pub use error::{CommError, Result};
+pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiComm;
 pub use op::ReduceOp;
 pub use pending::{Completion, Pending};

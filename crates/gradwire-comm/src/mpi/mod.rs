@@ -1,0 +1,694 @@
+//! `MpiComm`: the [`Communicator`] over MPI processes (feature `mpi`).
+//!
+//! Processes are started by `mpirun` (or `srun`), one rank each, on one host
+//! or many; [`MpiComm::world`] initializes MPI and returns this process's
+//! communicator. It keeps every promise [`LocalComm`](crate::LocalComm)
+//! makes, with MPI doing the transport:
+//!
+//! - **Checked calls.** Before each collective the ranks all-gather a
+//!   64-byte description of their call (kind, element type, op, lengths,
+//!   root; `header.rs`). Every rank validates the same descriptions, so a
+//!   mismatch (lengths, element types, ops, roots, even a different
+//!   collective) is [`CommError::Mismatch`] on every rank, before any data
+//!   moves, instead of MPI's undefined behaviour; the communicator stays
+//!   usable. Communicators use `MPI_ERRORS_RETURN`, and a failing MPI call
+//!   becomes [`CommError::Mpi`] with MPI's message.
+//! - **Deterministic reductions, bitwise equal to LocalComm.** MPI only moves
+//!   bytes (`MPI_Alltoallv`, then `MPI_Allgatherv`); each rank reduces its
+//!   [`chunk_range`] of all W buffers in rank order with the same kernels as
+//!   LocalComm (`reduce.rs`). So `all_reduce` and `reduce_scatter` give the
+//!   same bits on every rank, in every run, whatever algorithm MPI's tuning
+//!   picks, and the same bits as LocalComm for the same inputs. This is also
+//!   how f16 and bf16 are reduced (MPI has no half types): accumulated in
+//!   f32, rounded once. `Avg` is the sum divided by W in the accumulator's
+//!   precision (f32 for the half types, the type itself otherwise), then
+//!   rounded; it is refused for integers, as on every backend.
+//! - **Eager sends.** [`Communicator::send`] copies the message and starts an
+//!   `MPI_Isend`, so it returns at once even for large messages (a ring of
+//!   sends followed by receives cannot deadlock); the element type travels in
+//!   the tag, and [`Communicator::recv`] matches the message with
+//!   `MPI_Mprobe` and checks its type and length before it receives it
+//!   (`Mismatch` otherwise, the message consumed, as LocalComm does).
+//! - **Asynchronous jobs on their own thread.** MPI is initialized with
+//!   `MPI_THREAD_MULTIPLE`. Every communicator is created with a duplicate
+//!   (`MPI_Comm_dup`, made at construction because it is collective);
+//!   [`Communicator::run_async`] runs jobs in order on a communication thread
+//!   that owns the duplicate, concurrently with the caller's blocking calls
+//!   on the original. Funnelling every call through one thread would also
+//!   work at `MPI_THREAD_FUNNELED`, but then a blocking call queued behind a
+//!   job would make the two interleave in program order, which ranks need
+//!   not share (LocalComm's async group is independent of the blocking one):
+//!   it could deadlock where LocalComm does not. When MPI grants less than
+//!   `MPI_THREAD_MULTIPLE`, `run_async` returns [`CommError::Unsupported`]
+//!   and the blocking calls still work (from the initializing thread only,
+//!   below `MPI_THREAD_SERIALIZED`).
+//!
+//! What MPI cannot give: a deadline. An MPI collective has no timeout, so a
+//! peer that never arrives (a rank stuck in its own code) blocks the others;
+//! a peer *process* that dies makes `mpirun` end the whole job, so nothing
+//! waits forever. A rank that unwinds (panics) while it holds a communicator
+//! calls `MPI_Abort`, which ends the job at once instead of leaving its peers
+//! waiting in their next collective.
+//!
+//! MPI is finalized when the last `MpiComm` (and the duplicates behind their
+//! asynchronous jobs) is dropped, if this crate initialized it. MPI allows one
+//! initialization per process: keep the world communicator alive for as long
+//! as the program uses MPI, and drop it on the thread that created it.
+//!
+//! ```no_run
+//! use gradwire_comm::{Communicator, ReduceOp, mpi::MpiComm};
+//!
+//! // mpirun -np 4 ./my-program
+//! let comm = MpiComm::world()?;
+//! let mut grad = vec![comm.rank() as f32; 3];
+//! comm.all_reduce(&mut grad, ReduceOp::Sum)?;
+//! assert_eq!(grad, vec![6.0; 3]);
+//! # Ok::<(), gradwire_comm::CommError>(())
+//! ```
+
+mod header;
+mod reduce;
+mod sys;
+
+use crate::communicator::{Communicator, Gathered, chunk_range};
+use crate::element::{ElemType, Element};
+use crate::error::{CommError, Result};
+use crate::op::ReduceOp;
+use crate::pending::Pending;
+use header::{Call, Kind, WORDS};
+use std::cell::{Cell, OnceCell, RefCell};
+use std::collections::BTreeMap;
+use std::ffi::c_int;
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use sys::{Comm, Env, Layout, Outgoing, Wire};
+
+pub use sys::ThreadLevel;
+
+/// One rank of an MPI communicator. `Send` (it may move to another thread
+/// at `MPI_THREAD_MULTIPLE`) but not `Sync`: one rank's calls happen in
+/// order, from one thread, as the trait requires.
+pub struct MpiComm {
+    comm: Comm,
+    rank: usize,
+    size: usize,
+    /// The duplicate that asynchronous jobs run on, until the worker takes
+    /// it (`None` for a worker's own communicator: no nested jobs).
+    shadow: Cell<Option<Comm>>,
+    worker: OnceCell<Worker>,
+    /// Sends in flight (eager sends own their bytes until MPI is done).
+    outbox: RefCell<Vec<Outgoing>>,
+    /// Staging for reductions, kept between calls: a fresh multi-megabyte
+    /// allocation per call would page-fault on every first touch. Stored as
+    /// u64 so that it is aligned for every element type.
+    scratch: RefCell<Vec<u64>>,
+    /// Held last: MPI is finalized when the last holder drops it.
+    env: Arc<Env>,
+}
+
+impl std::fmt::Debug for MpiComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiComm")
+            .field("rank", &self.rank)
+            .field("world_size", &self.size)
+            .field("threading", &self.env.level)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MpiComm {
+    /// This process's communicator over every process of the job (a
+    /// duplicate of `MPI_COMM_WORLD`, so gradwire's traffic never mixes with
+    /// the application's). Initializes MPI (`MPI_THREAD_MULTIPLE`) on first
+    /// use. Collective: every process of the job must call it.
+    pub fn world() -> Result<MpiComm> {
+        let env = Env::get()?;
+        env.check_thread("world")?;
+        let comm = sys::dup_world()?;
+        MpiComm::adopt(env, comm, true)
+    }
+
+    /// Wraps a communicator this crate created (and will free), with a
+    /// duplicate for asynchronous jobs when `with_shadow`.
+    fn adopt(env: Arc<Env>, comm: Comm, with_shadow: bool) -> Result<MpiComm> {
+        let (rank, size) = match sys::rank_and_size(comm) {
+            Ok(rs) => rs,
+            Err(e) => {
+                sys::comm_free(comm);
+                return Err(e);
+            }
+        };
+        let shadow = if with_shadow {
+            match sys::comm_dup(comm) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    sys::comm_free(comm);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        Ok(MpiComm {
+            comm,
+            rank,
+            size,
+            shadow: Cell::new(shadow),
+            worker: OnceCell::new(),
+            outbox: RefCell::new(Vec::new()),
+            scratch: RefCell::new(Vec::new()),
+            env,
+        })
+    }
+
+    /// The thread support MPI granted.
+    pub fn threading(&self) -> ThreadLevel {
+        self.env.level
+    }
+
+    /// The processes that share this one's host (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED`), ordered by their rank here: its rank is this
+    /// process's local rank. The NCCL backend picks a GPU with it and
+    /// broadcasts its unique id over it. Collective.
+    pub fn node(&self) -> Result<MpiComm> {
+        self.agree(Call::new(Kind::SplitShared))?;
+        let key = sys::int("rank", self.rank)?;
+        let comm = sys::comm_split_shared(self.comm, key)?;
+        MpiComm::adopt(Arc::clone(&self.env), comm, true)
+    }
+
+    /// This process's rank among those on its host, and how many there are,
+    /// asked of MPI (a shared-memory split, freed again). Collective. Before
+    /// MPI is up, [`crate::LaunchEnv`] reads the launcher's announcement.
+    pub fn local_rank(&self) -> Result<(usize, usize)> {
+        let node = self.node()?;
+        Ok((node.rank, node.size))
+    }
+
+    /// Fails unless this thread may call MPI.
+    fn enter(&self, op: &'static str) -> Result<()> {
+        self.env.check_thread(op)?;
+        // Completed eager sends release their copies here, on the next call.
+        let mut outbox = self.outbox.borrow_mut();
+        let mut i = 0;
+        while i < outbox.len() {
+            if outbox[i].test()? {
+                outbox.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The header exchange: all-gathers every rank's description of its
+    /// call and validates them, identically on every rank. Returns them.
+    fn agree(&self, call: Call) -> Result<Vec<Call>> {
+        self.enter(call.kind.name())?;
+        let mine = call.encode();
+        let mut all = vec![0i64; WORDS * self.size];
+        sys::all_gather(self.comm, Wire::I64, &mine, &mut all)?;
+        let calls = header::decode_all(&all)?;
+        header::validate(&calls)?;
+        Ok(calls)
+    }
+
+    /// Borrows the reusable staging area as `n` elements of `T`.
+    fn with_scratch<T: Element, R>(&self, n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+        let mut scratch = self.scratch.borrow_mut();
+        let words = (n * std::mem::size_of::<T>()).div_ceil(8);
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        let all: &mut [T] = bytemuck::cast_slice_mut(&mut scratch[..words]);
+        f(&mut all[..n])
+    }
+
+    /// The reduction both `all_reduce` and `reduce_scatter` are made of: this
+    /// rank's chunk of every rank's `send` arrives (`MPI_Alltoallv`) and is
+    /// reduced in rank order into `out` (this rank's chunk of the result).
+    fn reduce_chunk<T: Element>(
+        &self,
+        send: &[T],
+        op: ReduceOp,
+        stage: &mut [T],
+        out: &mut [T],
+    ) -> Result<()> {
+        let (w, me, len) = (self.size, self.rank, send.len());
+        let mine = chunk_range(len, w, me);
+        let n = mine.len();
+        let mut send_counts = vec![0 as c_int; w];
+        let mut send_displs = vec![0 as c_int; w];
+        let mut recv_counts = vec![0 as c_int; w];
+        let mut recv_displs = vec![0 as c_int; w];
+        for q in 0..w {
+            let theirs = chunk_range(len, w, q);
+            send_displs[q] = sys::int("offset", theirs.start)?;
+            recv_displs[q] = sys::int("offset", q * n)?;
+            // This rank's own chunk is read in place, never sent to itself.
+            if q != me {
+                send_counts[q] = sys::int("chunk", theirs.len())?;
+                recv_counts[q] = sys::int("chunk", n)?;
+            }
+        }
+        sys::all_to_all_varied(
+            self.comm,
+            wire::<T>(),
+            send,
+            Layout {
+                counts: &send_counts,
+                displs: &send_displs,
+            },
+            stage,
+            Layout {
+                counts: &recv_counts,
+                displs: &recv_displs,
+            },
+        )?;
+        let own = send.get(mine).unwrap_or(&[]);
+        let sources: Vec<&[T]> = (0..w)
+            .map(|q| {
+                if q == me {
+                    own
+                } else {
+                    stage.get(q * n..(q + 1) * n).unwrap_or(&[])
+                }
+            })
+            .collect();
+        reduce::in_rank_order(&sources, op, w, out)
+    }
+
+    /// Spawns the communication thread on the duplicate communicator.
+    fn start_worker(&self) -> Result<Worker> {
+        if self.env.level < ThreadLevel::Multiple {
+            return Err(CommError::Unsupported(format!(
+                "asynchronous jobs need MPI_THREAD_MULTIPLE; MPI granted {:?}",
+                self.env.level
+            )));
+        }
+        let shadow = self.shadow.take().ok_or_else(|| {
+            CommError::InvalidArgument(
+                "asynchronous jobs cannot start further asynchronous jobs".into(),
+            )
+        })?;
+        let comm = MpiComm::adopt(Arc::clone(&self.env), shadow, false)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(format!("gradwire-mpi-{}", self.rank))
+            .spawn(move || {
+                for job in queue {
+                    job(&comm);
+                }
+            })
+            .map_err(|e| CommError::InvalidArgument(format!("cannot start comm thread: {e}")))?;
+        Ok(Worker {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank < self.size {
+            Ok(())
+        } else {
+            Err(CommError::InvalidRank {
+                rank,
+                world_size: self.size,
+            })
+        }
+    }
+}
+
+/// How elements of `T` travel: as themselves, the half types as 16-bit
+/// words (MPI only moves them; gradwire reduces them).
+fn wire<T: Element>() -> Wire {
+    match T::TYPE {
+        ElemType::F16 | ElemType::BF16 => Wire::U16,
+        ElemType::F32 => Wire::F32,
+        ElemType::F64 => Wire::F64,
+        ElemType::U8 => Wire::U8,
+        ElemType::U32 => Wire::U32,
+        ElemType::U64 => Wire::U64,
+        ElemType::I32 => Wire::I32,
+        ElemType::I64 => Wire::I64,
+    }
+}
+
+/// The tag a point-to-point message of `elem` travels with.
+fn tag_of(elem: ElemType) -> c_int {
+    ElemType::ALL
+        .iter()
+        .position(|&e| e == elem)
+        .map_or(0, |i| i as c_int + 1)
+}
+
+fn elem_of(tag: c_int) -> Option<ElemType> {
+    usize::try_from(tag)
+        .ok()
+        .and_then(|t| t.checked_sub(1))
+        .and_then(|i| ElemType::ALL.get(i).copied())
+}
+
+/// The MPI color and key of each rank of a split: colors numbered densely
+/// in increasing order (MPI colors are non-negative ints, gradwire's any
+/// u32), and each member's key its position by (key, old rank) in its group
+/// (MPI keys are ints, gradwire's i64).
+fn split_plan(calls: &[Call]) -> Result<Vec<(Option<c_int>, c_int)>> {
+    let mut groups: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
+    for (rank, c) in calls.iter().enumerate() {
+        if let Some(color) = c.color {
+            groups.entry(color).or_default().push((c.key, rank));
+        }
+    }
+    let mut plan = vec![(None, 0); calls.len()];
+    for (dense, (_, mut members)) in groups.into_iter().enumerate() {
+        members.sort_unstable();
+        for (position, &(_, rank)) in members.iter().enumerate() {
+            plan[rank] = (Some(sys::int("color", dense)?), sys::int("key", position)?);
+        }
+    }
+    Ok(plan)
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: buf.len(),
+            ..Call::new(Kind::AllReduce)
+        })?;
+        let (w, len) = (self.size, buf.len());
+        // One rank: the result is the input, for every op (Avg: x / 1 == x).
+        if w == 1 || len == 0 {
+            return Ok(());
+        }
+        sys::int("all_reduce length", len)?;
+        // Cut into segments that stay in cache from their arrival through
+        // the reduction to their departure: an element's result does not
+        // depend on the segment it is in (its rank-order reduction is the
+        // same), so segmenting changes no bit, only the memory traffic.
+        let seg_len = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(w);
+        let most = chunk_range(seg_len.min(len), w, 0).len();
+        self.with_scratch::<T, _>(w * most + most, |scratch| {
+            let (stage, out) = scratch.split_at_mut(w * most);
+            for start in (0..len).step_by(seg_len) {
+                let seg = start..(start + seg_len).min(len);
+                let Some(part) = buf.get_mut(seg) else {
+                    break;
+                };
+                let seg_len = part.len();
+                let n = chunk_range(seg_len, w, self.rank).len();
+                // Same on every rank (validated length): everyone fails alike.
+                let counts = (0..w)
+                    .map(|q| sys::int("chunk", chunk_range(seg_len, w, q).len()))
+                    .collect::<Result<Vec<_>>>()?;
+                let displs = (0..w)
+                    .map(|q| sys::int("offset", chunk_range(seg_len, w, q).start))
+                    .collect::<Result<Vec<_>>>()?;
+                let (stage, out) = (&mut stage[..w * n], &mut out[..n]);
+                self.reduce_chunk(part, op, stage, out)?;
+                sys::all_gather_varied(self.comm, wire::<T>(), out, part, &counts, &displs)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            len: buf.len(),
+            root,
+            ..Call::new(Kind::Broadcast)
+        })?;
+        sys::broadcast(self.comm, wire::<T>(), buf, root)
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            recv_len: recv.len(),
+            ..Call::new(Kind::AllGather)
+        })?;
+        sys::all_gather(self.comm, wire::<T>(), send, recv)
+    }
+
+    fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        // The header exchange carries every rank's count: counts first.
+        let calls = self.agree(Call {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            ..Call::new(Kind::AllGatherVaried)
+        })?;
+        let lens: Vec<usize> = calls.iter().map(|c| c.len).collect();
+        let mut counts = Vec::with_capacity(lens.len());
+        let mut displs = Vec::with_capacity(lens.len());
+        let mut total = 0usize;
+        for &l in &lens {
+            displs.push(sys::int("all_gather_varied offset", total)?);
+            counts.push(sys::int("all_gather_varied count", l)?);
+            total += l;
+        }
+        sys::int("all_gather_varied total", total)?;
+        let mut data = vec![T::zeroed(); total];
+        sys::all_gather_varied(self.comm, wire::<T>(), send, &mut data, &counts, &displs)?;
+        Gathered::new(data, &lens)
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: send.len(),
+            recv_len: recv.len(),
+            ..Call::new(Kind::ReduceScatter)
+        })?;
+        let n = recv.len();
+        self.with_scratch::<T, _>(self.size * n, |stage| {
+            self.reduce_chunk(send, op, stage, recv)
+        })
+    }
+
+    fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+        self.check_rank(dest)?;
+        self.enter("send")?;
+        let bytes = bytemuck::cast_slice::<T, u8>(buf).to_vec();
+        let outgoing = sys::isend(self.comm, bytes, dest, tag_of(T::TYPE))?;
+        self.outbox.borrow_mut().push(outgoing);
+        Ok(())
+    }
+
+    fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+        self.check_rank(src)?;
+        self.enter("recv")?;
+        let probed = sys::mprobe(self.comm, src)?;
+        let want = std::mem::size_of_val(buf);
+        match elem_of(probed.tag) {
+            Some(elem) if elem == T::TYPE && probed.bytes == want => {
+                probed.receive(bytemuck::cast_slice_mut::<T, u8>(buf))
+            }
+            elem => {
+                // Consume the message, as LocalComm does: the next recv must
+                // not find it again.
+                let bytes = probed.bytes;
+                probed.receive(&mut vec![0u8; bytes])?;
+                let (len, name) = match elem {
+                    Some(e) => (bytes / e.size_in_bytes(), e.as_str()),
+                    None => (bytes, "unknown elements"),
+                };
+                Err(CommError::Mismatch {
+                    detail: format!(
+                        "rank {src} sent {len} elements of {name} to rank {}, which receives {} of {}",
+                        self.rank,
+                        buf.len(),
+                        T::TYPE
+                    ),
+                })
+            }
+        }
+    }
+
+    fn sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> Result<()> {
+        // Sends are eager, so a ring of sendrecvs cannot deadlock.
+        self.check_rank(src)?;
+        self.send(send, dest)?;
+        self.recv(recv, src)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // The header all-gather is itself a barrier: no rank can hold every
+        // rank's description before every rank has sent it.
+        self.agree(Call::new(Kind::Barrier)).map(|_| ())
+    }
+
+    fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
+        let calls = self.agree(Call {
+            color,
+            key,
+            ..Call::new(Kind::Split)
+        })?;
+        let plan = split_plan(&calls)?;
+        let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
+        match sys::comm_split(self.comm, mpi_color, mpi_key)? {
+            None => Ok(None),
+            Some(comm) => MpiComm::adopt(Arc::clone(&self.env), comm, true).map(Some),
+        }
+    }
+
+    fn run_async<R, F>(&self, job: F) -> Result<Pending<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Self) -> Result<R> + Send + 'static,
+    {
+        let worker = match self.worker.get() {
+            Some(worker) => worker,
+            None => {
+                let worker = self.start_worker()?;
+                self.worker.get_or_init(|| worker)
+            }
+        };
+        let (completion, pending) = Pending::channel();
+        let rank = self.rank;
+        let job: Job = Box::new(move |comm: &MpiComm| {
+            // A panicking job fails its own handle; the thread lives on for
+            // the jobs queued behind it.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm)))
+                .unwrap_or_else(|payload| {
+                    Err(CommError::RankPanicked {
+                        rank,
+                        message: panic_message(payload.as_ref()),
+                    })
+                });
+            completion.complete(result);
+        });
+        worker
+            .jobs
+            .as_ref()
+            .ok_or(CommError::WorkerStopped)?
+            .send(job)
+            .map_err(|_| CommError::WorkerStopped)?;
+        Ok(pending)
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Peers would wait for this rank in their next collective forever
+            // (MPI has no deadline): end the job now, loudly.
+            eprintln!(
+                "gradwire: rank {} unwound while holding an MpiComm; aborting the MPI job",
+                self.rank
+            );
+            sys::abort(self.comm, 70);
+        }
+        // Queued jobs are collectives the peers also run: let them finish.
+        if let Some(mut worker) = self.worker.take() {
+            worker.stop();
+        }
+        for mut outgoing in self.outbox.take() {
+            // A send nobody received is left to MPI (its buffer leaked)
+            // rather than waited for.
+            if !outgoing.test().unwrap_or(false) {
+                outgoing.abandon();
+            }
+        }
+        if let Some(shadow) = self.shadow.take() {
+            sys::comm_free(shadow);
+        }
+        sys::comm_free(self.comm);
+        // `env` drops after this body: MPI is finalized after the frees.
+    }
+}
+
+type Job = Box<dyn FnOnce(&MpiComm) + Send>;
+
+/// Bytes of an all-reduce segment (see `all_reduce`): small enough that a
+/// segment's chunks stay in a core's L2 between the exchange and the
+/// reduction, large enough that per-call latency is amortised.
+const SEGMENT_BYTES: usize = 1 << 20;
+
+/// A rank's communication thread: runs asynchronous jobs in order on the
+/// duplicate communicator, so they never interleave with blocking calls.
+struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Lets the queued jobs finish, then joins the thread (whose
+    /// communicator is freed there, before this rank's own).
+    fn stop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            // Jobs catch their panics; nothing more to report from a drop.
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_plans_order_by_key_then_rank_with_dense_colors() {
+        let call = |color, key| Call {
+            color,
+            key,
+            ..Call::new(Kind::Split)
+        };
+        let plan = split_plan(&[
+            call(Some(u32::MAX), 5),
+            call(None, 0),
+            call(Some(7), i64::MAX),
+            call(Some(u32::MAX), i64::MIN),
+            call(Some(7), i64::MAX),
+        ])
+        .unwrap();
+        assert_eq!(
+            plan,
+            vec![
+                (Some(1), 1),
+                (None, 0),
+                (Some(0), 0),
+                (Some(1), 0),
+                (Some(0), 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn tags_name_element_types() {
+        for e in ElemType::ALL {
+            assert_eq!(elem_of(tag_of(e)), Some(e));
+        }
+        assert_eq!(elem_of(0), None);
+        assert_eq!(elem_of(99), None);
+    }
+}

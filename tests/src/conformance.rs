@@ -1,0 +1,1088 @@
+//! The backend conformance suite: one set of test bodies, generic over the
+//! [`Communicator`], that every backend must pass.
+//!
+//! Each case runs on every rank of a world with that rank's communicator and
+//! checks real properties against references computed independently on the
+//! rank (f64 sums with size-scaled error bounds, sequential AdaSum,
+//! single-process training): all collectives over lengths 0, 1, primes and
+//! sizes around the reduction block, every element type and op; results
+//! bitwise equal on every rank and across repeated runs; reductions bitwise
+//! equal to what [`LocalComm`] computes for the same inputs (the promise
+//! every backend makes); mismatches and invalid arguments reported as the
+//! same error on every rank, with the communicator usable afterwards;
+//! DistOpt, AdaSum, sparse all-reduce and the skipping of unwritten
+//! gradients end to end.
+//!
+//! A case never stops early on a failed check: it records the failure and
+//! goes on issuing the same collectives, so one rank's failure cannot leave
+//! the others waiting. [`run_case`] then gathers every rank's failures, so
+//! every rank reports the same verdict. Instantiated in-process for
+//! [`LocalComm`] by `tests/conformance_local.rs`, and for `MpiComm` by the
+//! `gradwire-mpi-conformance` binary that `tests/conformance_mpi.rs` starts
+//! under `mpirun`.
+
+use gradwire_algos::AlgoError;
+use gradwire_algos::adasum::{self, AdaSum};
+use gradwire_comm::{CommError, Communicator, Element, LocalComm, ReduceOp, chunk_range, local};
+use gradwire_compress::SparseCodec;
+use gradwire_optim::{
+    Adam, AdamConfig, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd, SgdConfig,
+    SkipVote,
+};
+use gradwire_tensor::Tensor;
+use half::{bf16, f16};
+use std::ops::Range;
+
+/// Lengths every collective is tried with: empty, one, primes (never a
+/// multiple of the world size), and sizes around the reduction block (2048).
+pub const LENGTHS: &[usize] = &[0, 1, 2, 3, 5, 7, 13, 31, 127, 1031, 2053, 4099];
+
+/// What a case found wrong on one rank (empty: nothing).
+#[derive(Debug, Default)]
+pub struct Checks {
+    failures: Vec<String>,
+}
+
+impl Checks {
+    /// Records `message` unless `ok`.
+    pub fn check(&mut self, ok: bool, message: impl FnOnce() -> String) {
+        if !ok {
+            self.failures.push(message());
+        }
+    }
+
+    /// The failures recorded so far.
+    pub fn failures(&self) -> &[String] {
+        &self.failures
+    }
+}
+
+/// Why a case could not run to its end on a rank.
+#[derive(Debug, thiserror::Error)]
+pub enum CaseError {
+    /// A collective failed where it should have succeeded.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// An algorithm failed.
+    #[error(transparent)]
+    Algo(#[from] AlgoError),
+    /// The optimizer failed.
+    #[error(transparent)]
+    Optim(#[from] OptimError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] gradwire_tensor::Error),
+}
+
+/// The body of a case on one rank.
+pub type Body<C> = fn(&C, &mut Checks) -> Result<(), CaseError>;
+
+/// One named case of the suite.
+pub struct Case<C> {
+    /// The case's name (also the LocalComm test's name).
+    pub name: &'static str,
+    /// Its body.
+    pub body: Body<C>,
+}
+
+impl<C> std::fmt::Debug for Case<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case").field("name", &self.name).finish()
+    }
+}
+
+/// Every case, in the order the MPI binary runs them.
+pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
+    vec![
+        Case {
+            name: "all_reduce_floats",
+            body: all_reduce_floats::<C>,
+        },
+        Case {
+            name: "all_reduce_integers",
+            body: all_reduce_integers::<C>,
+        },
+        Case {
+            name: "broadcast",
+            body: broadcast::<C>,
+        },
+        Case {
+            name: "all_gather",
+            body: all_gather::<C>,
+        },
+        Case {
+            name: "reduce_scatter",
+            body: reduce_scatter::<C>,
+        },
+        Case {
+            name: "point_to_point",
+            body: point_to_point::<C>,
+        },
+        Case {
+            name: "split",
+            body: split::<C>,
+        },
+        Case {
+            name: "async_forms",
+            body: async_forms::<C>,
+        },
+        Case {
+            name: "mismatches",
+            body: mismatches::<C>,
+        },
+        Case {
+            name: "invalid_arguments",
+            body: invalid_arguments::<C>,
+        },
+        Case {
+            name: "distopt_equals_single_process",
+            body: distopt_equals_single_process::<C>,
+        },
+        Case {
+            name: "adasum_matches_reference",
+            body: adasum_matches_reference::<C>,
+        },
+        Case {
+            name: "sparse_all_reduce",
+            body: sparse_all_reduce::<C>,
+        },
+        Case {
+            name: "skipping_unwritten_gradients",
+            body: skipping_unwritten_gradients::<C>,
+        },
+    ]
+}
+
+/// What one case gave on every rank: `(rank, message)` for each failure.
+pub type Verdict = Vec<(usize, String)>;
+
+/// Runs `case` on this rank and gathers every rank's failures, so that every
+/// rank returns the same verdict. An error a rank's body returned counts as
+/// a failure of that rank.
+pub fn run_case<C: Communicator>(comm: &C, case: &Case<C>) -> Result<Verdict, CommError> {
+    let mut checks = Checks::default();
+    if let Err(e) = (case.body)(comm, &mut checks) {
+        checks.failures.push(format!("stopped with an error: {e}"));
+    }
+    let text = checks.failures.join("\n");
+    let gathered = comm.all_gather_varied(text.as_bytes())?;
+    let mut verdict = Vec::new();
+    for rank in 0..comm.world_size() {
+        let part = String::from_utf8_lossy(gathered.part(rank)).into_owned();
+        verdict.extend(
+            part.lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| (rank, l.to_string())),
+        );
+    }
+    Ok(verdict)
+}
+
+/// Rank r's input: deterministic per (seed, rank), magnitudes spread over
+/// six decades so that rounding matters.
+pub fn input(seed: u64, rank: usize, len: usize) -> Vec<f64> {
+    let mut state = seed ^ ((rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let scale = [1e-3, 1.0, 1e3][(state % 3) as usize];
+            (unit * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A floating-point element type: conversions to and from f64, the unit
+/// roundoff of its storage and of its accumulator, and its smallest normal.
+trait Float: Element {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    const U_OUT: f64;
+    const U_ACC: f64;
+    const TINY: f64;
+}
+
+macro_rules! float {
+    ($t:ty, $from:expr, $u_out:expr, $u_acc:expr, $tiny:expr) => {
+        impl Float for $t {
+            fn from_f64(v: f64) -> Self {
+                $from(v)
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self)
+            }
+            const U_OUT: f64 = $u_out;
+            const U_ACC: f64 = $u_acc;
+            const TINY: f64 = $tiny;
+        }
+    };
+}
+const U32: f64 = f32::EPSILON as f64 / 2.0;
+float!(f32, |v| v as f32, U32, U32, f32::MIN_POSITIVE as f64);
+float!(
+    f64,
+    |v| v,
+    f64::EPSILON / 2.0,
+    f64::EPSILON / 2.0,
+    f64::MIN_POSITIVE
+);
+// Half types accumulate in f32 and round once; f16's subnormals reach 2^-24.
+float!(f16, f16::from_f64, 1.0 / 2048.0, U32, 1.0 / 16_777_216.0);
+float!(
+    bf16,
+    bf16::from_f64,
+    1.0 / 256.0,
+    U32,
+    f32::MIN_POSITIVE as f64
+);
+
+fn reference(inputs: &[Vec<f64>], i: usize, op: ReduceOp) -> f64 {
+    let column = inputs.iter().map(|x| x[i]);
+    match op {
+        ReduceOp::Sum => column.sum(),
+        ReduceOp::Avg => column.sum::<f64>() / inputs.len() as f64,
+        ReduceOp::Max => column.fold(f64::NEG_INFINITY, f64::max),
+        ReduceOp::Min => column.fold(f64::INFINITY, f64::min),
+    }
+}
+
+/// Higham's bound for a recursive sum of W terms in the accumulator's
+/// precision, rounded once to the storage precision (plus the smallest
+/// normal, for results in the subnormal range). Max and Min are exact.
+fn bound<T: Float>(inputs: &[Vec<f64>], i: usize, magnitude: f64, op: ReduceOp) -> f64 {
+    if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+        return 0.0;
+    }
+    let steps = inputs.len() as f64 - 1.0;
+    let abs_sum: f64 = inputs.iter().map(|x| x[i].abs()).sum();
+    let gamma = steps * T::U_ACC / (1.0 - steps * T::U_ACC);
+    gamma * abs_sum + T::U_OUT * magnitude + T::TINY
+}
+
+fn bytes_of<T: Element>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice::<T, u8>(v).to_vec()
+}
+
+/// Checks that `mine` is bitwise the same on every rank (one all-gather of
+/// its bytes; the same collective on every rank whatever `mine` holds).
+fn same_on_every_rank<C: Communicator>(
+    comm: &C,
+    checks: &mut Checks,
+    mine: &[u8],
+    what: &str,
+) -> Result<(), CaseError> {
+    let all = comm.all_gather_varied(mine)?;
+    for r in 0..comm.world_size() {
+        checks.check(all.part(r) == mine, || {
+            format!("{what}: rank {r}'s result differs from this rank's")
+        });
+    }
+    Ok(())
+}
+
+/// What LocalComm's all-reduce gives for `inputs` (one rank per input).
+fn local_all_reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Result<Vec<T>, CommError> {
+    let results = local::run(inputs.len(), |comm: LocalComm| {
+        let mut buf = inputs[comm.rank()].clone();
+        comm.all_reduce(&mut buf, op).map(|()| buf)
+    })?;
+    results.into_iter().next().unwrap_or_else(|| Ok(Vec::new()))
+}
+
+fn all_reduce_float<C: Communicator, T: Float>(
+    comm: &C,
+    checks: &mut Checks,
+    seed: u64,
+    lengths: &[usize],
+    ops: &[ReduceOp],
+) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    for &len in lengths {
+        // The reference sees the inputs as the ranks hold them (rounded to T).
+        let held: Vec<Vec<T>> = (0..w)
+            .map(|r| {
+                input(seed ^ len as u64, r, len)
+                    .into_iter()
+                    .map(T::from_f64)
+                    .collect()
+            })
+            .collect();
+        let exact: Vec<Vec<f64>> = held
+            .iter()
+            .map(|x| x.iter().map(|&v| v.to_f64()).collect())
+            .collect();
+        for &op in ops {
+            let what = format!("{op} of {len} {}", T::TYPE);
+            let mut buf = held[comm.rank()].clone();
+            comm.all_reduce(&mut buf, op)?;
+            checks.check(buf.len() == len, || format!("{what}: length {}", buf.len()));
+            for (i, &value) in buf.iter().enumerate().take(len) {
+                let want = reference(&exact, i, op);
+                let got = value.to_f64();
+                let allowed = bound::<T>(&exact, i, want.abs().max(got.abs()), op);
+                checks.check((got - want).abs() <= allowed, || {
+                    format!("{what} at {i}: got {got}, want {want} within {allowed}")
+                });
+            }
+            same_on_every_rank(comm, checks, &bytes_of(&buf), &what)?;
+            let mut again = held[comm.rank()].clone();
+            comm.all_reduce(&mut again, op)?;
+            checks.check(bytes_of(&again) == bytes_of(&buf), || {
+                format!("{what}: a second run gave other bits")
+            });
+            let local = local_all_reduce(&held, op)?;
+            checks.check(bytes_of(&local) == bytes_of(&buf), || {
+                format!("{what}: not bitwise equal to LocalComm's result")
+            });
+        }
+    }
+    Ok(())
+}
+
+fn all_reduce_floats<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let all = &ReduceOp::ALL;
+    all_reduce_float::<C, f32>(comm, checks, 1, LENGTHS, all)?;
+    all_reduce_float::<C, f64>(comm, checks, 2, LENGTHS, all)?;
+    all_reduce_float::<C, f16>(comm, checks, 3, LENGTHS, all)?;
+    all_reduce_float::<C, bf16>(comm, checks, 4, LENGTHS, all)?;
+    // Buffers of several megabytes, which a backend may cut into segments
+    // (a prime length: no segment or chunk boundary falls evenly).
+    let sums = &[ReduceOp::Sum, ReduceOp::Avg];
+    all_reduce_float::<C, f32>(comm, checks, 5, &[1_100_009], sums)?;
+    all_reduce_float::<C, bf16>(comm, checks, 6, &[1_100_009], sums)?;
+    // NaN propagates through Max and Min from any rank; a sum overflows to inf.
+    let w = comm.world_size();
+    let nan_rank = w - 1;
+    let mut v = [1f32, 2.0, f32::MAX];
+    if comm.rank() == nan_rank {
+        v[0] = f32::NAN;
+    }
+    let mut max = v;
+    let mut min = v;
+    let mut sum = v;
+    comm.all_reduce(&mut max, ReduceOp::Max)?;
+    comm.all_reduce(&mut min, ReduceOp::Min)?;
+    comm.all_reduce(&mut sum, ReduceOp::Sum)?;
+    checks.check(max[0].is_nan() && min[0].is_nan(), || {
+        format!("NaN did not propagate: max {max:?}, min {min:?}")
+    });
+    checks.check(max[1] == 2.0 && min[1] == 2.0, || {
+        format!("max/min of equal values: {max:?} {min:?}")
+    });
+    let want_inf = w > 1;
+    checks.check(sum[2].is_infinite() == want_inf, || {
+        format!("{w} x f32::MAX summed to {}", sum[2])
+    });
+    Ok(())
+}
+
+fn all_reduce_integers<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    for &len in LENGTHS {
+        let ints = |r: usize| -> Vec<i64> {
+            input(len as u64, r, len)
+                .iter()
+                .map(|v| (v * 1e6) as i64)
+                .collect()
+        };
+        let all: Vec<Vec<i64>> = (0..w).map(ints).collect();
+        let mine = &all[comm.rank()];
+        let mut sum = mine.clone();
+        let mut max = mine.clone();
+        let mut min: Vec<i32> = mine.iter().map(|&v| v as i32).collect();
+        let mut bytes: Vec<u8> = mine.iter().map(|&v| v as u8).collect();
+        let mut words: Vec<u64> = mine.iter().map(|&v| v as u64).collect();
+        let mut small: Vec<u32> = mine.iter().map(|&v| v as u32).collect();
+        comm.all_reduce(&mut sum, ReduceOp::Sum)?;
+        comm.all_reduce(&mut max, ReduceOp::Max)?;
+        comm.all_reduce(&mut min, ReduceOp::Min)?;
+        comm.all_reduce(&mut bytes, ReduceOp::Sum)?;
+        comm.all_reduce(&mut words, ReduceOp::Sum)?;
+        comm.all_reduce(&mut small, ReduceOp::Max)?;
+        for i in 0..len {
+            let col = || all.iter().map(|x| x[i]);
+            let ok = sum[i] == col().sum::<i64>()
+                && Some(max[i]) == col().max()
+                && Some(min[i]) == col().map(|v| v as i32).min()
+                && bytes[i] == col().fold(0u8, |a, v| a.wrapping_add(v as u8))
+                && words[i] == col().fold(0u64, |a, v| a.wrapping_add(v as u64))
+                && Some(small[i]) == col().map(|v| v as u32).max();
+            checks.check(ok, || format!("integer reductions of {len} wrong at {i}"));
+        }
+    }
+    Ok(())
+}
+
+fn broadcast<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    for root in 0..comm.world_size() {
+        for &len in LENGTHS {
+            let mut buf: Vec<f32> = input(7, comm.rank(), len)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            comm.broadcast(&mut buf, root)?;
+            let want: Vec<f32> = input(7, root, len).iter().map(|&v| v as f32).collect();
+            checks.check(bytes_of(&buf) == bytes_of(&want), || {
+                format!("broadcast of {len} from {root}")
+            });
+            let mut halves: Vec<bf16> = want.iter().map(|&v| bf16::from_f32(v + 1.0)).collect();
+            if comm.rank() != root {
+                halves.iter_mut().for_each(|h| *h = bf16::ZERO);
+            }
+            comm.broadcast(&mut halves, root)?;
+            checks.check(
+                halves
+                    .iter()
+                    .zip(&want)
+                    .all(|(h, &v)| *h == bf16::from_f32(v + 1.0)),
+                || format!("bf16 broadcast of {len} from {root}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn all_gather<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    for &len in LENGTHS {
+        let send = input(11, comm.rank(), len);
+        let mut recv = vec![0.0; len * w];
+        comm.all_gather(&send, &mut recv)?;
+        let want: Vec<f64> = (0..w).flat_map(|r| input(11, r, len)).collect();
+        checks.check(bytes_of(&recv) == bytes_of(&want), || {
+            format!("all_gather of {len}")
+        });
+    }
+    // Varied lengths, zero included, differing per rank and per round.
+    for round in 0..LENGTHS.len() {
+        let len_of = |r: usize| LENGTHS[(r * 5 + round) % LENGTHS.len()];
+        let to_u32 = |r: usize| -> Vec<u32> {
+            input(13, r, len_of(r))
+                .iter()
+                .map(|v| v.to_bits() as u32)
+                .collect()
+        };
+        let gathered = comm.all_gather_varied(&to_u32(comm.rank()))?;
+        let counts: Vec<usize> = (0..w).map(len_of).collect();
+        checks.check(gathered.counts() == counts, || {
+            format!(
+                "all_gather_varied counts {:?}, want {counts:?}",
+                gathered.counts()
+            )
+        });
+        for r in 0..w {
+            checks.check(gathered.part(r) == &to_u32(r)[..], || {
+                format!("all_gather_varied round {round}: rank {r}'s part")
+            });
+        }
+    }
+    Ok(())
+}
+
+fn reduce_scatter<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    for &len in LENGTHS {
+        for op in ReduceOp::ALL {
+            let send: Vec<f32> = input(17, rank, len).iter().map(|&v| v as f32).collect();
+            let mut full = send.clone();
+            comm.all_reduce(&mut full, op)?;
+            let mut mine = vec![0f32; chunk_range(len, w, rank).len()];
+            comm.reduce_scatter(&send, &mut mine, op)?;
+            checks.check(
+                bytes_of(&mine) == bytes_of(&full[chunk_range(len, w, rank)]),
+                || format!("reduce_scatter {op} of {len} is not the all_reduce's chunk"),
+            );
+            let halves: Vec<f16> = send.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut full = halves.clone();
+            comm.all_reduce(&mut full, op)?;
+            let mut mine = vec![f16::ZERO; chunk_range(len, w, rank).len()];
+            comm.reduce_scatter(&halves, &mut mine, op)?;
+            checks.check(
+                bytes_of(&mine) == bytes_of(&full[chunk_range(len, w, rank)]),
+                || format!("f16 reduce_scatter {op} of {len}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn point_to_point<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    let next = (rank + 1) % w;
+    let prev = (rank + w - 1) % w;
+    // 1 Mi elements is far past any eager limit: sends must not block.
+    for &len in LENGTHS.iter().chain(&[1 << 20]) {
+        let first: Vec<f32> = input(19, rank, len).iter().map(|&v| v as f32).collect();
+        let second: Vec<f32> = first.iter().map(|v| v * 2.0).collect();
+        comm.send(&first, next)?;
+        comm.send(&second, next)?;
+        let mut a = vec![0f32; len];
+        let mut b = vec![0f32; len];
+        comm.recv(&mut a, prev)?;
+        comm.recv(&mut b, prev)?;
+        let mut c = vec![0f32; len];
+        comm.sendrecv(&first, prev, &mut c, next)?;
+        let from_prev: Vec<f32> = input(19, prev, len).iter().map(|&v| v as f32).collect();
+        let from_next: Vec<f32> = input(19, next, len).iter().map(|&v| v as f32).collect();
+        let doubled: Vec<f32> = from_prev.iter().map(|v| v * 2.0).collect();
+        checks.check(a == from_prev && b == doubled, || {
+            format!("ring of {len}: messages from {prev} wrong or out of order")
+        });
+        checks.check(c == from_next, || format!("sendrecv of {len} from {next}"));
+    }
+    // To itself, and of another element type.
+    comm.send(&[rank as u64, 42], rank)?;
+    let mut own = [0u64; 2];
+    comm.recv(&mut own, rank)?;
+    checks.check(own == [rank as u64, 42], || {
+        format!("self-send gave {own:?}")
+    });
+    Ok(())
+}
+
+fn split<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    for colors in 1..=3u32 {
+        // Ranks 3, 7, ... take no part; keys reverse the order and reach the
+        // ends of i64; a color at u32::MAX is as good as any other.
+        let color_of = |r: usize| (r % 4 != 3).then(|| [0, u32::MAX, 5][r % colors as usize]);
+        let key_of = |r: usize| if r == 0 { i64::MIN } else { -(r as i64) };
+        let sub = comm.split(color_of(rank), key_of(rank))?;
+        let value = input(23, rank, 1)[0];
+        match (sub, color_of(rank)) {
+            (Some(sub), Some(color)) => {
+                let mut members: Vec<usize> =
+                    (0..w).filter(|&q| color_of(q) == Some(color)).collect();
+                members.sort_by_key(|&q| (key_of(q), q));
+                checks.check(
+                    sub.world_size() == members.len() && members[sub.rank()] == rank,
+                    || {
+                        format!(
+                            "split: rank {} of {} in {members:?}",
+                            sub.rank(),
+                            sub.world_size()
+                        )
+                    },
+                );
+                let mut v = [value];
+                sub.all_reduce(&mut v, ReduceOp::Sum)?;
+                // Summed in the new ranks' order, like any reduction.
+                let want = members
+                    .iter()
+                    .skip(1)
+                    .fold(input(23, members[0], 1)[0], |a, &q| a + input(23, q, 1)[0]);
+                checks.check(v[0].to_bits() == want.to_bits(), || {
+                    format!("sub-group sum {} != {want}", v[0])
+                });
+                // Sub-groups work asynchronously too.
+                let pending = sub.all_reduce_async(vec![1u32], ReduceOp::Sum)?;
+                let count = pending.wait()?;
+                checks.check(count == [members.len() as u32], || {
+                    format!("async count in sub-group: {count:?}")
+                });
+            }
+            (None, None) => {}
+            (got, want) => checks.check(false, || {
+                format!("split gave {} for color {want:?}", got.is_some())
+            }),
+        }
+        // The parent still works after the split.
+        comm.barrier()?;
+        let mut one = [1u64];
+        comm.all_reduce(&mut one, ReduceOp::Sum)?;
+        checks.check(one == [w as u64], || format!("parent after split: {one:?}"));
+    }
+    Ok(())
+}
+
+fn async_forms<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    for &len in LENGTHS {
+        let mine: Vec<f32> = input(29, rank, len).iter().map(|&v| v as f32).collect();
+        // Several in flight at once, overlapping blocking calls.
+        let sum = comm.all_reduce_async(mine.clone(), ReduceOp::Sum)?;
+        let gathered = comm.all_gather_async(mine.clone())?;
+        let varied = comm.all_gather_varied_async(mine[..rank.min(len)].to_vec())?;
+        // A job of several collectives, run in order on the communication thread.
+        let job = comm.run_async(move |c| {
+            let mut avg = vec![c.rank() as f64; 3];
+            c.all_reduce(&mut avg, ReduceOp::Avg)?;
+            c.barrier()?;
+            Ok(avg)
+        })?;
+        let mut blocking_sum = mine.clone();
+        comm.all_reduce(&mut blocking_sum, ReduceOp::Sum)?;
+        let mut blocking_gather = vec![0f32; len * w];
+        comm.all_gather(&mine, &mut blocking_gather)?;
+        let blocking_varied = comm.all_gather_varied(&mine[..rank.min(len)])?;
+        let sum = sum.wait()?;
+        checks.check(bytes_of(&sum) == bytes_of(&blocking_sum), || {
+            format!("async all_reduce of {len}")
+        });
+        checks.check(gathered.wait()? == blocking_gather, || {
+            format!("async all_gather of {len}")
+        });
+        checks.check(varied.wait()? == blocking_varied, || {
+            format!("async all_gather_varied of {len}")
+        });
+        let avg = job.wait()?;
+        let want = (0..w).map(|r| r as f64).sum::<f64>() / w as f64;
+        checks.check(avg == vec![want; 3], || format!("async job: {avg:?}"));
+    }
+    // Tensors of every dtype, blocking and asynchronous.
+    for dtype in [
+        gradwire_tensor::DType::F32,
+        gradwire_tensor::DType::F16,
+        gradwire_tensor::DType::BF16,
+    ] {
+        let values: Vec<f32> = (0..7).map(|i| (i + rank) as f32).collect();
+        let mut t = Tensor::from_f32(&values, [7], dtype)?;
+        comm.all_reduce_tensor(&mut t, ReduceOp::Sum)?;
+        let max = comm
+            .all_reduce_tensor_async(t.clone(), ReduceOp::Max)?
+            .wait()?;
+        let want: Vec<f32> = (0..7)
+            .map(|i| (0..w).map(|r| (i + r) as f32).sum())
+            .collect();
+        checks.check(t.to_f32_vec()? == want && max.to_f32_vec()? == want, || {
+            format!("{dtype} tensor all_reduce")
+        });
+    }
+    Ok(())
+}
+
+/// Whether `result` is a mismatch on this rank; records a failure otherwise.
+fn expect_mismatch(checks: &mut Checks, what: &str, result: Result<(), CommError>) {
+    checks.check(matches!(result, Err(CommError::Mismatch { .. })), || {
+        format!("{what}: expected Mismatch, got {result:?}")
+    });
+}
+
+fn expect_invalid(checks: &mut Checks, what: &str, result: Result<(), CommError>) {
+    checks.check(
+        matches!(
+            result,
+            Err(CommError::InvalidArgument(_) | CommError::InvalidRank { .. })
+        ),
+        || format!("{what}: expected an invalid-argument error, got {result:?}"),
+    );
+}
+
+/// Checks that the communicator still works: an all-reduce and a
+/// point-to-point exchange give the right answers.
+fn still_works<C: Communicator>(
+    comm: &C,
+    checks: &mut Checks,
+    after: &str,
+) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    let mut v = [comm.rank() as f32; 3];
+    comm.all_reduce(&mut v, ReduceOp::Sum)?;
+    let want = (0..w).map(|r| r as f32).sum::<f32>();
+    checks.check(v == [want; 3], || {
+        format!("after {after}: all_reduce gave {v:?}")
+    });
+    Ok(())
+}
+
+fn mismatches<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    if w == 1 {
+        // One rank cannot disagree with itself; the group must simply work.
+        return still_works(comm, checks, "nothing");
+    }
+    let odd = rank == w - 1;
+    // Length: every rank learns which rank differed and how.
+    let len = if odd { 5 } else { 4 };
+    let result = comm.all_reduce(&mut vec![1f32; len], ReduceOp::Sum);
+    checks.check(
+        matches!(&result, Err(CommError::Mismatch { detail })
+            if detail.contains(&format!("rank {}", w - 1)) && detail.contains('5')),
+        || format!("length mismatch: {result:?}"),
+    );
+    still_works(comm, checks, "a length mismatch")?;
+    let kind = if odd {
+        comm.barrier()
+    } else {
+        comm.all_reduce(&mut [0f32; 2], ReduceOp::Sum)
+    };
+    expect_mismatch(checks, "kind", kind);
+    still_works(comm, checks, "a kind mismatch")?;
+    let dtype = if odd {
+        comm.all_reduce(&mut [0f64; 2], ReduceOp::Sum)
+    } else {
+        comm.all_reduce(&mut [0f32; 2], ReduceOp::Sum)
+    };
+    expect_mismatch(checks, "dtype", dtype);
+    let op = comm.all_reduce(
+        &mut [0f32; 2],
+        if odd { ReduceOp::Max } else { ReduceOp::Sum },
+    );
+    expect_mismatch(checks, "op", op);
+    let root = comm.broadcast(&mut [0f32; 2], usize::from(odd));
+    expect_mismatch(checks, "root", root);
+    let gather = if odd {
+        comm.all_gather(&[0u8; 3], &mut vec![0u8; 3 * w])
+    } else {
+        comm.all_gather(&[0u8; 2], &mut vec![0u8; 2 * w])
+    };
+    expect_mismatch(checks, "all_gather length", gather);
+    let scatter = comm.reduce_scatter(
+        &vec![1i32; if odd { 9 } else { 8 }],
+        &mut [0i32; 0],
+        ReduceOp::Sum,
+    );
+    expect_mismatch(checks, "reduce_scatter length", scatter);
+    // Asynchronous collectives are checked the same way.
+    let pending = comm.all_reduce_async(vec![0f32; len], ReduceOp::Sum)?;
+    expect_mismatch(checks, "async length", pending.wait().map(|_| ()));
+    still_works(comm, checks, "the mismatches")?;
+    // A message of the wrong type or length is a mismatch for its receiver,
+    // and is consumed: the next message is received normally.
+    let next = (rank + 1) % w;
+    let prev = (rank + w - 1) % w;
+    comm.send(&[1f64, 2.0], next)?;
+    comm.send(&[3f32; 4], next)?;
+    comm.send(&[5f32; 2], next)?;
+    let wrong_type = comm.recv(&mut [0f32; 2], prev);
+    expect_mismatch(checks, "recv of another type", wrong_type);
+    let wrong_len = comm.recv(&mut [0f32; 3], prev);
+    expect_mismatch(checks, "recv of another length", wrong_len);
+    let mut right = [0f32; 2];
+    comm.recv(&mut right, prev)?;
+    checks.check(right == [5.0; 2], || {
+        format!("recv after mismatches: {right:?}")
+    });
+    still_works(comm, checks, "point-to-point mismatches")
+}
+
+fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    expect_invalid(
+        checks,
+        "root out of range",
+        comm.broadcast(&mut [0f32; 2], w),
+    );
+    expect_invalid(
+        checks,
+        "Avg of integers",
+        comm.all_reduce(&mut [1i32; 2], ReduceOp::Avg),
+    );
+    // One rank's receive buffer is wrong: every rank fails.
+    let recv_len = if rank == 0 { 2 * w + 1 } else { 2 * w };
+    expect_invalid(
+        checks,
+        "all_gather receive length",
+        comm.all_gather(&[0f32; 2], &mut vec![0f32; recv_len]),
+    );
+    let chunk = chunk_range(10, w, rank).len() + usize::from(rank == w - 1);
+    expect_invalid(
+        checks,
+        "reduce_scatter receive length",
+        comm.reduce_scatter(&[1f32; 10], &mut vec![0f32; chunk], ReduceOp::Sum),
+    );
+    // Local checks, no collective involved.
+    expect_invalid(checks, "send to a rank out of range", comm.send(&[0u8], w));
+    expect_invalid(
+        checks,
+        "recv from a rank out of range",
+        comm.recv(&mut [0u8], w + 3),
+    );
+    still_works(comm, checks, "invalid arguments")
+}
+
+/// A linear model y = sum_k X_k w_k whose weight blocks have these sizes.
+const BLOCKS: &[usize] = &[5, 1, 13, 2, 31, 3];
+/// Divisible by every world size 1..=4.
+const BATCH: usize = 120;
+
+fn sample(i: usize) -> (Vec<f64>, f64) {
+    let d: usize = BLOCKS.iter().sum();
+    let x: Vec<f64> = (0..d)
+        .map(|j| (((i * 31 + j * 17) % 23) as f64 - 11.0) / 11.0)
+        .collect();
+    let y = x
+        .iter()
+        .enumerate()
+        .map(|(j, v)| v * ((j % 5) as f64 - 2.0))
+        .sum::<f64>()
+        + 0.1;
+    (x, y)
+}
+
+/// The mean-squared-error gradient over samples `range`, per block, in f64.
+fn gradient(w: &[Vec<f32>], range: Range<usize>) -> Vec<Vec<f32>> {
+    let n = range.len() as f64;
+    let mut g: Vec<Vec<f64>> = BLOCKS.iter().map(|&b| vec![0.0; b]).collect();
+    let flat: Vec<f64> = w.iter().flatten().map(|&v| f64::from(v)).collect();
+    for i in range {
+        let (x, y) = sample(i);
+        let err = x.iter().zip(&flat).map(|(a, b)| a * b).sum::<f64>() - y;
+        let mut j = 0;
+        for block in g.iter_mut() {
+            for gj in block.iter_mut() {
+                *gj += err * x[j] / n;
+                j += 1;
+            }
+        }
+    }
+    g.iter()
+        .map(|b| b.iter().map(|&v| v as f32).collect())
+        .collect()
+}
+
+fn initial() -> Vec<Vec<f32>> {
+    BLOCKS
+        .iter()
+        .enumerate()
+        .map(|(k, &b)| (0..b).map(|j| ((k + j) % 3) as f32 * 0.1).collect())
+        .collect()
+}
+
+fn tensors(values: &[Vec<f32>]) -> Result<Vec<Tensor>, CaseError> {
+    Ok(values
+        .iter()
+        .map(|v| Tensor::from_vec(v.clone(), v.len()))
+        .collect::<Result<_, _>>()?)
+}
+
+fn values(tensors: &[Tensor]) -> Result<Vec<Vec<f32>>, CaseError> {
+    Ok(tensors
+        .iter()
+        .map(|t| t.to_vec::<f32>())
+        .collect::<Result<_, _>>()?)
+}
+
+/// `steps` data-parallel steps of DistOpt over an owned copy of `comm` (a
+/// split with one color: the same ranks, in the same order).
+fn train_distributed<C: Communicator + 'static, O: Optimizer + 'static>(
+    comm: &C,
+    optimizer: O,
+    steps: usize,
+) -> Result<Vec<Vec<f32>>, CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    let owned = comm
+        .split(Some(0), rank as i64)?
+        .ok_or_else(|| CommError::InvalidArgument("split left this rank out".into()))?;
+    let specs = (0..BLOCKS.len())
+        .rev()
+        .map(|k| ParamSpec::new(format!("w{k}"), vec![BLOCKS[k]]))
+        .collect();
+    let config = DistOptConfig {
+        fusion_threshold: 16,
+        ..DistOptConfig::default()
+    };
+    let mut dist = DistOpt::new(optimizer, owned, specs, config)?;
+    let mut w_t = tensors(&initial())?;
+    let shard = BATCH / w;
+    let names: Vec<String> = (0..BLOCKS.len()).map(|k| format!("w{k}")).collect();
+    for _ in 0..steps {
+        let g = gradient(&values(&w_t)?, rank * shard..(rank + 1) * shard);
+        // Backward order, pushed one by one: buckets start as they fill.
+        for k in (0..BLOCKS.len()).rev() {
+            dist.push(&names[k], Tensor::from_vec(g[k].clone(), BLOCKS[k])?)?;
+        }
+        dist.finish(names.iter().map(String::as_str).zip(w_t.iter_mut()))?;
+    }
+    values(&w_t)
+}
+
+/// The same steps in one process on the whole batch.
+fn train_single<O: Optimizer>(mut opt: O, steps: usize) -> Result<Vec<Vec<f32>>, CaseError> {
+    let mut w_t = tensors(&initial())?;
+    for _ in 0..steps {
+        let g = gradient(&values(&w_t)?, 0..BATCH);
+        for (k, t) in w_t.iter_mut().enumerate() {
+            opt.update(
+                &format!("w{k}"),
+                t,
+                &Tensor::from_vec(g[k].clone(), BLOCKS[k])?,
+            )?;
+        }
+        opt.step();
+    }
+    values(&w_t)
+}
+
+fn distopt_equals_single_process<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9));
+    let adam = || Adam::new(AdamConfig::default().lr(0.01));
+    // The shard means, averaged, are the batch mean up to the f32 rounding
+    // of W partial gradients; Adam normalises the step, which amplifies the
+    // relative error of tiny gradients.
+    for (name, got, want, scale) in [
+        (
+            "sgd",
+            train_distributed(comm, sgd()?, 5)?,
+            train_single(sgd()?, 5)?,
+            1.0,
+        ),
+        (
+            "adam",
+            train_distributed(comm, adam()?, 5)?,
+            train_single(adam()?, 5)?,
+            20.0,
+        ),
+    ] {
+        let tol = 2e-6 * w as f32 * scale;
+        let diff = got
+            .iter()
+            .flatten()
+            .zip(want.iter().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        checks.check(diff <= tol, || format!("DistOpt {name}: {diff} > {tol}"));
+        let flat: Vec<f32> = got.into_iter().flatten().collect();
+        same_on_every_rank(comm, checks, &bytes_of(&flat), name)?;
+    }
+    Ok(())
+}
+
+fn adasum_matches_reference<C: Communicator>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    let sizes = [17usize, 1, 31, 4];
+    let mut tensor_ranges = Vec::new();
+    let mut start = 0;
+    for s in sizes {
+        tensor_ranges.push(start..start + s);
+        start += s;
+    }
+    let n = start;
+    let vector =
+        |r: usize| -> Vec<f32> { input(31, r, n).iter().map(|&v| (v / 1e3) as f32).collect() };
+    let ada = AdaSum::new(comm)?;
+    let mut v = vector(comm.rank());
+    ada.combine_flat(comm, &mut v, &tensor_ranges)?;
+    let want = adasum::reference((0..w).map(vector).collect(), &tensor_ranges)?;
+    // The same tree; only the order of f64 partial sums and the f32
+    // rounding at each level differ: a few ulps per level.
+    let levels = (usize::BITS - w.leading_zeros()) as f32 + 1.0;
+    for (i, (g, x)) in v.iter().zip(&want).enumerate() {
+        let bound = 4.0 * levels * f32::EPSILON * (1.0 + x.abs());
+        checks.check((g - x).abs() <= bound, || {
+            format!("AdaSum at {i}: {g} vs the sequential {x}")
+        });
+    }
+    same_on_every_rank(comm, checks, &bytes_of(&v), "AdaSum")?;
+    Ok(())
+}
+
+fn sparse_all_reduce<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    let sizes = [1031usize, 7];
+    let n: usize = sizes.iter().sum();
+    let mine = |r: usize| -> Vec<f32> { input(37, r, n).iter().map(|&v| v as f32).collect() };
+    // A threshold that keeps about a sixth (sent sparse), then one that
+    // keeps everything (the consistent dense fallback).
+    for (threshold, dense) in [(500f32, false), (0.0, true)] {
+        let own = mine(comm.rank());
+        let mut ts = vec![
+            Tensor::from_vec(own[..sizes[0]].to_vec(), sizes[0])?,
+            Tensor::from_vec(own[sizes[0]..].to_vec(), sizes[1])?,
+        ];
+        gradwire_algos::sparse_all_reduce(comm, &mut ts, &SparseCodec::Threshold(threshold), None)?;
+        let got: Vec<f32> = values(&ts)?.into_iter().flatten().collect();
+        // The reference, in rank order: dense is a plain sum from rank 0's
+        // value; sparse adds the selected entries into zeros.
+        let inputs: Vec<Vec<f32>> = (0..w).map(mine).collect();
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                if dense {
+                    inputs.iter().skip(1).fold(inputs[0][i], |a, x| a + x[i])
+                } else {
+                    inputs
+                        .iter()
+                        .filter(|x| x[i].abs() >= threshold)
+                        .fold(0f32, |a, x| a + x[i])
+                }
+            })
+            .collect();
+        checks.check(bytes_of(&got) == bytes_of(&want), || {
+            format!(
+                "sparse all-reduce (threshold {threshold}) differs from its rank-order reference"
+            )
+        });
+    }
+    Ok(())
+}
+
+fn skipping_unwritten_gradients<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    for vote in [SkipVote::PerBucket, SkipVote::PerStep] {
+        let owned = comm
+            .split(Some(0), rank as i64)?
+            .ok_or_else(|| CommError::InvalidArgument("split left this rank out".into()))?;
+        let specs = vec![
+            ParamSpec::new("shared", vec![3]),
+            ParamSpec::new("unused", vec![2]),
+            ParamSpec::new("rank0only", vec![2]),
+            ParamSpec::new("sometimes", vec![5]),
+        ];
+        let sgd = Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9).weight_decay(0.1))?;
+        let config = DistOptConfig {
+            fusion_threshold: 4,
+            vote,
+            ..DistOptConfig::default()
+        };
+        let mut dist = DistOpt::new(sgd, owned, specs, config)?;
+        let mut shared = Tensor::from_vec(vec![1f32; 3], 3)?;
+        let mut unused = Tensor::from_vec(vec![0.5f32, -0.5], 2)?;
+        let mut only = Tensor::from_vec(vec![1f32; 2], 2)?;
+        let mut sometimes = Tensor::from_vec(vec![1f32; 5], 5)?;
+        let (mut skipped, mut want_skipped) = (0, 0);
+        for step in 0..10 {
+            let g = |v: f32, n: usize| Tensor::from_vec(vec![v; n], n).ok();
+            let writes = |r: usize| (step + r).is_multiple_of(3);
+            // Each rank writes a different subset: never a hang.
+            let stats = dist.step([
+                ("shared", &mut shared, g(1.0, 3)),
+                ("unused", &mut unused, None),
+                // Written on rank 0 only, W times as large: averaged over W
+                // ranks it is the same gradient as "shared".
+                (
+                    "rank0only",
+                    &mut only,
+                    if rank == 0 { g(w as f32, 2) } else { None },
+                ),
+                (
+                    "sometimes",
+                    &mut sometimes,
+                    if writes(rank) { g(2.0, 5) } else { None },
+                ),
+            ])?;
+            skipped += stats.skipped;
+            want_skipped += 1 + usize::from(!(0..w).any(writes));
+        }
+        let has_state = dist.optimizer().param_state("unused").is_some();
+        let unused = unused.to_vec::<f32>()?;
+        let only = only.to_vec::<f32>()?;
+        let shared = shared.to_vec::<f32>()?;
+        checks.check(unused == [0.5, -0.5], || {
+            format!("{vote:?}: an unwritten parameter changed: {unused:?}")
+        });
+        checks.check(!has_state, || {
+            format!("{vote:?}: state for an unwritten parameter")
+        });
+        checks.check(skipped == want_skipped, || {
+            format!("{vote:?}: {skipped} skips, want {want_skipped}")
+        });
+        checks.check(only[..] == shared[..2], || {
+            format!("{vote:?}: rank0only {only:?} vs shared {shared:?}")
+        });
+        let all: Vec<f32> = [shared, only, sometimes.to_vec::<f32>()?].concat();
+        same_on_every_rank(comm, checks, &bytes_of(&all), "skipping")?;
+    }
+    Ok(())
+}
