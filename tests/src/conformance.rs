@@ -72,6 +72,9 @@ pub enum CaseError {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+    /// A training run of gradwire-cli failed.
+    #[error(transparent)]
+    Cli(#[from] gradwire_cli::CliError),
 }
 
 /// The body of a case on one rank.
@@ -149,6 +152,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
         Case {
             name: "skipping_unwritten_gradients",
             body: skipping_unwritten_gradients::<C>,
+        },
+        Case {
+            name: "training_runs_match_local",
+            body: training_runs_match_local::<C>,
         },
     ]
 }
@@ -1083,6 +1090,73 @@ fn skipping_unwritten_gradients<C: Communicator + 'static>(
         });
         let all: Vec<f32> = [shared, only, sometimes.to_vec::<f32>()?].concat();
         same_on_every_rank(comm, checks, &bytes_of(&all), "skipping")?;
+    }
+    Ok(())
+}
+
+/// `gradwire train` on this communicator gives rank 0 bitwise the model, the
+/// accuracies and the traffic that the same run on LocalComm threads gives,
+/// for a strategy of each family (dense, sparse with error feedback, partial
+/// averaging, AdaSum by delta weight, DimReduce across its mode switch).
+fn training_runs_match_local<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    use gradwire_cli::train::{Silent, train, train_rank};
+    use gradwire_cli::{Strategy, TrainConfig, data::Digits};
+    let data = Digits::load(42);
+    for strategy in [
+        Strategy::Dense,
+        Strategy::Topk,
+        Strategy::Partial,
+        Strategy::AdasumDelta,
+        Strategy::Dimreduce,
+    ] {
+        let config = TrainConfig {
+            strategy,
+            world: comm.world_size(),
+            epochs: 2,
+            hidden: vec![16],
+            ratio: 0.05,
+            dimreduce_dense_epochs: Some(1),
+            components: 8,
+            ..TrainConfig::default()
+        };
+        // A copy of the communicator for the run: train_rank takes it.
+        let Some(run_comm) = comm.split(Some(0), comm.rank() as i64)? else {
+            checks.check(false, || "split(Some(0)) gave no communicator".into());
+            continue;
+        };
+        let report = train_rank(run_comm, &config, &data, &Silent, None)?;
+        if comm.rank() != 0 {
+            continue;
+        }
+        let Some(report) = report else {
+            checks.check(false, || format!("{strategy:?}: rank 0 returned no report"));
+            continue;
+        };
+        let local = train(&config, &data, &Silent, None)?;
+        checks.check(report.param_checksum == local.param_checksum, || {
+            format!(
+                "{strategy:?}: parameters {} here, {} on LocalComm",
+                report.param_checksum, local.param_checksum
+            )
+        });
+        let summary = |r: &gradwire_cli::RunReport| -> Vec<(u64, u64, u64)> {
+            r.epochs
+                .iter()
+                .map(|e| {
+                    (
+                        e.test_accuracy.to_bits(),
+                        e.train_loss.to_bits(),
+                        e.bytes_total,
+                    )
+                })
+                .collect()
+        };
+        checks.check(summary(&report) == summary(&local), || {
+            format!("{strategy:?}: per-epoch accuracy, loss or traffic differ from LocalComm")
+        });
     }
     Ok(())
 }

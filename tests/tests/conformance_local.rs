@@ -63,4 +63,5 @@ conformance_tests!(
     adasum_matches_reference,
     sparse_all_reduce,
     skipping_unwritten_gradients,
+    training_runs_match_local,
 );

@@ -32,7 +32,7 @@ const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
 ];
 
 /// The features that turn the MPI backend on in every crate that has one.
-const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi";
+const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gradwire-cli/mpi";
 
 /// The command line help.
 const USAGE: &str = "\
@@ -119,6 +119,8 @@ fn test(test_args: &[String]) -> Result {
             "gradwire-tests",
             "-p",
             "gradwire",
+            "-p",
+            "gradwire-cli",
             "--all-targets",
             "--features",
             MPI_FEATURES,

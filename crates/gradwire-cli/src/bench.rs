@@ -123,46 +123,89 @@ pub struct AllReduceRow {
 
 /// All-reduce (f32 sum) over LocalComm for each world size and size.
 pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<Vec<AllReduceRow>> {
+    check_sizes(sizes)?;
+    // memcpy first, alone: rank threads waiting in a collective would share
+    // the cores with it.
+    let memcpy: Vec<f64> = sizes
+        .iter()
+        .map(|&bytes| memcpy_secs(bytes, budget))
+        .collect::<Result<_>>()?;
+    let memcpy_of = |bytes: usize| {
+        let i = sizes.iter().position(|&b| b == bytes).unwrap_or(0);
+        Ok(memcpy[i])
+    };
+    let mut rows = Vec::new();
+    for &world in worlds {
+        if world == 0 {
+            return Err(CliError::Usage("world sizes must be at least 1".into()));
+        }
+        let config = LocalConfig::with_timeout(None);
+        let per_rank = local::run_with(world, &config, |comm| {
+            all_reduce_on(&comm, "local", sizes, budget, memcpy_of)
+        })?;
+        // Rank 0's rows.
+        let mine = per_rank
+            .into_iter()
+            .next()
+            .ok_or_else(|| CliError::Usage("no rank 0".into()))???;
+        rows.extend(mine);
+    }
+    // By size, then world, as the table reads best.
+    rows.sort_by_key(|r| (r.bytes, r.world));
+    Ok(rows)
+}
+
+fn check_sizes(sizes: &[usize]) -> Result<()> {
+    match sizes.iter().find(|&&b| b % 4 != 0) {
+        Some(bytes) => Err(CliError::Usage(format!(
+            "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// All-reduce (f32 sum) of each size on `comm`, every rank calling it
+/// (collective); every rank returns the rows, with rank 0's timings and the
+/// memcpy seconds `memcpy(bytes)` gives on rank 0 (called before the size's
+/// collectives). `backend` names the communicator in the rows.
+pub fn all_reduce_on<C: Communicator>(
+    comm: &C,
+    backend: &str,
+    sizes: &[usize],
+    budget: Budget,
+    memcpy: impl Fn(usize) -> Result<f64>,
+) -> Result<Vec<AllReduceRow>> {
+    check_sizes(sizes)?;
+    let world = comm.world_size();
     let mut rows = Vec::new();
     for &bytes in sizes {
-        if bytes % 4 != 0 {
-            return Err(CliError::Usage(format!(
-                "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
-            )));
-        }
-        let memcpy = memcpy_secs(bytes, budget)?;
-        for &world in worlds {
-            if world == 0 {
-                return Err(CliError::Usage("world sizes must be at least 1".into()));
-            }
-            let config = LocalConfig::with_timeout(None);
-            let per_rank = local::run_with(world, &config, |comm| {
-                // Zeros stay zeros under Sum: nothing drifts to inf.
-                let mut buf = vec![0f32; bytes / 4];
-                time_collective(&comm, budget, || {
-                    comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)?;
-                    Ok(())
-                })
-            })?;
-            // Rank 0's timing.
-            let secs = per_rank
-                .into_iter()
-                .next()
-                .ok_or_else(|| CliError::Usage("no rank 0".into()))???;
-            let algbw = bytes as f64 / secs / 1e9;
-            let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
-            let memcpy_gbs = bytes as f64 / memcpy / 1e9;
-            rows.push(AllReduceRow {
-                backend: "local".into(),
-                world,
-                bytes,
-                secs,
-                algbw_gbs: algbw,
-                busbw_gbs: busbw,
-                memcpy_gbs,
-                ratio: busbw / memcpy_gbs,
-            });
-        }
+        let mut memcpy = [if comm.rank() == 0 {
+            memcpy(bytes)?
+        } else {
+            0.0
+        }];
+        // Zeros stay zeros under Sum: nothing drifts to inf.
+        let mut buf = vec![0f32; bytes / 4];
+        let mut secs = [time_collective(comm, budget, || {
+            comm.all_reduce(black_box(&mut buf), ReduceOp::Sum)?;
+            Ok(())
+        })?];
+        // Every rank reports rank 0's figures.
+        comm.broadcast(&mut secs, 0)?;
+        comm.broadcast(&mut memcpy, 0)?;
+        let algbw = bytes as f64 / secs[0] / 1e9;
+        let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
+        let memcpy_gbs = bytes as f64 / memcpy[0] / 1e9;
+        rows.push(AllReduceRow {
+            backend: backend.into(),
+            world,
+            bytes,
+            secs: secs[0],
+            algbw_gbs: algbw,
+            busbw_gbs: busbw,
+            memcpy_gbs,
+            ratio: busbw / memcpy_gbs,
+        });
     }
     Ok(rows)
 }

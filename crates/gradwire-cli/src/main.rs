@@ -41,6 +41,16 @@ enum Command {
     Bench(BenchCommand),
 }
 
+/// Which communicator the workers use.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    /// Threads of this process (`--world` of them).
+    Local,
+    /// One rank per MPI process: run under `mpirun -np W` (build with
+    /// `--features mpi`); `--world` is taken from MPI.
+    Mpi,
+}
+
 /// The settings every training run shares.
 #[derive(Args, Debug, Clone)]
 struct Common {
@@ -138,6 +148,9 @@ struct TrainArgs {
     /// How workers combine their work.
     #[arg(long, short = 's', value_enum, default_value_t = Strategy::Dense)]
     strategy: Strategy,
+    /// The communicator.
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    backend: Backend,
     #[command(flatten)]
     common: Common,
     /// Save a checkpoint per worker into this directory after every epoch.
@@ -172,9 +185,9 @@ enum BenchCommand {
         /// World sizes.
         #[arg(long, short = 'w', value_delimiter = ',', default_value = "2,4")]
         world: Vec<usize>,
-        /// The communicator backend.
-        #[arg(long, default_value = "local")]
-        backend: String,
+        /// The communicator (with mpi, run under mpirun; --world is MPI's).
+        #[arg(long, value_enum, default_value_t = Backend::Local)]
+        backend: Backend,
         /// Seconds of timing per measurement, at least.
         #[arg(long, default_value_t = 0.5)]
         secs: f64,
@@ -277,20 +290,9 @@ impl Observer for Console {
 }
 
 fn run_train(args: TrainArgs) -> Result<(), CliError> {
-    let config = args.common.config(args.strategy);
-    config.validate()?;
+    let mut config = args.common.config(args.strategy);
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
-    if !json {
-        println!(
-            "{} on {} workers, {} epochs, global batch {}",
-            config.label(),
-            config.world,
-            config.epochs,
-            config.world * config.batch
-        );
-        println!("{HEADER}");
-    }
     let console = Console {
         json,
         bar: Mutex::new(None),
@@ -299,7 +301,18 @@ fn run_train(args: TrainArgs) -> Result<(), CliError> {
         dir,
         resume: args.resume,
     });
-    let report = train(&config, &data, &console, plan.as_ref())?;
+    let report = match args.backend {
+        Backend::Local => {
+            config.validate()?;
+            print_train_header(&config, json);
+            Some(train(&config, &data, &console, plan.as_ref())?)
+        }
+        Backend::Mpi => train_mpi(&mut config, &data, &console, plan.as_ref())?,
+    };
+    // Under MPI only rank 0 reports.
+    let Some(report) = report else {
+        return Ok(());
+    };
     if json {
         let mut value = serde_json::to_value(&report)?;
         if let Some(map) = value.as_object_mut() {
@@ -321,6 +334,57 @@ fn run_train(args: TrainArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+fn print_train_header(config: &TrainConfig, json: bool) {
+    if !json {
+        println!(
+            "{} on {} workers, {} epochs, global batch {}",
+            config.label(),
+            config.world,
+            config.epochs,
+            config.world * config.batch
+        );
+        println!("{HEADER}");
+    }
+}
+
+/// This process's part of an MPI run: rank 0 returns the report.
+#[cfg(feature = "mpi")]
+fn train_mpi(
+    config: &mut TrainConfig,
+    data: &Digits,
+    console: &Console,
+    plan: Option<&CheckpointPlan>,
+) -> Result<Option<gradwire_cli::RunReport>, CliError> {
+    use gradwire_comm::{Communicator, MpiComm};
+    let comm = MpiComm::world()?;
+    config.world = comm.world_size();
+    config.validate()?;
+    if comm.rank() == 0 {
+        print_train_header(config, console.json);
+    }
+    gradwire_cli::train::train_rank(comm, config, data, console, plan)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_mpi(
+    _: &mut TrainConfig,
+    _: &Digits,
+    _: &Console,
+    _: Option<&CheckpointPlan>,
+) -> Result<Option<gradwire_cli::RunReport>, CliError> {
+    Err(mpi_missing())
+}
+
+/// The error for `--backend mpi` in a build without MPI.
+#[cfg(not(feature = "mpi"))]
+fn mpi_missing() -> CliError {
+    CliError::Usage(
+        "this gradwire was built without MPI: cargo build --release -p gradwire-cli --features mpi, \
+         then run it under mpirun"
+            .into(),
+    )
 }
 
 /// `compare`'s console: one bar per strategy over all its steps.
@@ -424,12 +488,15 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             secs,
             json,
         } => {
-            if backend != "local" {
-                return Err(CliError::Usage(format!(
-                    "backend {backend:?} is not available in this build (local is)"
-                )));
-            }
-            let rows = bench::all_reduce(&parse_sizes(&sizes)?, &world, budget(secs))?;
+            let sizes = parse_sizes(&sizes)?;
+            let rows = match backend {
+                Backend::Local => Some(bench::all_reduce(&sizes, &world, budget(secs))?),
+                Backend::Mpi => bench_mpi(&sizes, budget(secs))?,
+            };
+            // Under MPI only rank 0 prints.
+            let Some(rows) = rows else {
+                return Ok(());
+            };
             let header = [
                 "backend",
                 "W",
@@ -480,6 +547,25 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             })
         }
     }
+}
+
+/// The all-reduce bench on this MPI process's world: rank 0's rows.
+#[cfg(feature = "mpi")]
+fn bench_mpi(
+    sizes: &[usize],
+    budget: Budget,
+) -> Result<Option<Vec<bench::AllReduceRow>>, CliError> {
+    use gradwire_comm::{Communicator, MpiComm};
+    let comm = MpiComm::world()?;
+    let rows = bench::all_reduce_on(&comm, "mpi", sizes, budget, |bytes| {
+        bench::memcpy_secs(bytes, budget)
+    })?;
+    Ok((comm.rank() == 0).then_some(rows))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn bench_mpi(_: &[usize], _: Budget) -> Result<Option<Vec<bench::AllReduceRow>>, CliError> {
+    Err(mpi_missing())
 }
 
 fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, CliError> {

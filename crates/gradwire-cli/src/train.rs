@@ -187,6 +187,23 @@ pub fn train_rank<C: Communicator + 'static>(
     plan: Option<&CheckpointPlan>,
 ) -> Result<Option<RunReport>> {
     config.validate()?;
+    if let Some(plan) = plan {
+        // Every rank must agree that it can resume, or none starts: a rank
+        // that gave up alone would leave the others waiting in a collective.
+        let unusable = if plan.resume {
+            !rank_file(&plan.dir, comm.rank()).is_file()
+        } else {
+            std::fs::create_dir_all(&plan.dir).is_err()
+        };
+        let mut any = [u8::from(unusable)];
+        comm.all_reduce(&mut any, ReduceOp::Max)?;
+        if any[0] != 0 {
+            return Err(CliError::Resume(format!(
+                "{} has no checkpoint for every rank (or cannot be created)",
+                plan.dir.display()
+            )));
+        }
+    }
     // DimReduce's dense stage, fixed for the whole run: a resumed run keeps
     // the saved one unless told otherwise (it would move with --epochs).
     let mut config = config.clone();
