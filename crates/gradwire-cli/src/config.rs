@@ -105,8 +105,10 @@ pub enum ScheduleKind {
     Step,
 }
 
-/// One training run.
+/// One training run. A field missing from saved JSON (a checkpoint of an
+/// older version) takes its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TrainConfig {
     /// How workers combine their work.
     pub strategy: Strategy,
@@ -141,6 +143,9 @@ pub struct TrainConfig {
     /// Seeds the model's initial weights and random-k (the data split and
     /// epoch orders have their own fixed seeds).
     pub seed: u64,
+    /// AdaSum: average within groups of this many consecutive ranks (a node)
+    /// first, then AdaSum across groups (hierarchical); must divide `world`.
+    pub adasum_group: Option<usize>,
     /// DimReduce: epochs of dense training that record the trajectory
     /// (default: half the run).
     pub dimreduce_dense_epochs: Option<usize>,
@@ -171,6 +176,7 @@ impl Default for TrainConfig {
             momentum: 0.9,
             schedule: ScheduleKind::Constant,
             seed: 7,
+            adasum_group: None,
             dimreduce_dense_epochs: None,
             components: 32,
             pca: None,
@@ -226,6 +232,14 @@ impl TrainConfig {
         }
         if self.fusion_threshold == 0 {
             return bad("--fusion-threshold must be at least 1".into());
+        }
+        if let Some(group) = self.adasum_group
+            && (group == 0 || !self.world.is_multiple_of(group))
+        {
+            return bad(format!(
+                "--adasum-group must divide --world ({}), got {group}",
+                self.world
+            ));
         }
         if self.components == 0 {
             return bad("--components must be at least 1".into());

@@ -103,6 +103,10 @@ struct Common {
     /// Seed of the train/test split.
     #[arg(long, default_value_t = 42)]
     split_seed: u64,
+    /// AdaSum: average within groups of this many ranks first, then AdaSum
+    /// across groups (hierarchical, as on nodes of several GPUs).
+    #[arg(long)]
+    adasum_group: Option<usize>,
     /// DimReduce: dense epochs recording the trajectory (default: half).
     #[arg(long)]
     dimreduce_dense_epochs: Option<usize>,
@@ -136,6 +140,7 @@ impl Common {
             momentum: self.momentum,
             schedule: self.schedule,
             seed: self.seed,
+            adasum_group: self.adasum_group,
             dimreduce_dense_epochs: self.dimreduce_dense_epochs,
             components: self.components,
             pca: self.pca.clone(),

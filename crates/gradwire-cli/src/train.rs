@@ -395,7 +395,10 @@ impl Run<'_> {
         };
         let mut dist = match config.strategy {
             Strategy::AdasumGrad | Strategy::AdasumDelta => {
-                let adasum = AdaSum::new(&comm)?;
+                let adasum = match config.adasum_group {
+                    Some(group) => AdaSum::hierarchical(&comm, group)?,
+                    None => AdaSum::new(&comm)?,
+                };
                 DistOpt::with_combiner(optimizer, comm, specs, dist_config, adasum)?
             }
             _ => DistOpt::new(optimizer, comm, specs, dist_config)?,
