@@ -22,7 +22,9 @@ pub enum Strategy {
     Topk,
     /// Top-k estimated from a sample (DGC): k to 1.3 k entries.
     SampledTopk,
-    /// A seeded random `ratio` fraction of entries.
+    /// A seeded random `ratio` fraction of entries. With error feedback it
+    /// wants `--momentum 0`: momentum on top of the residual's bursts
+    /// diverges on the default settings.
     Randomk,
     /// Local steps; one bucket of parameters averaged per step, in turn.
     Partial,
