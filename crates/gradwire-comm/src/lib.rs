@@ -37,6 +37,7 @@
 
 #![deny(missing_docs)]
 
+mod call;
 mod communicator;
 mod element;
 mod error;

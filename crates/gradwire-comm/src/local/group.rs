@@ -20,6 +20,8 @@
 //! until the round resolves, a peer leaves, or the deadline passes.
 
 use super::mailbox::Mailboxes;
+use crate::call::Call;
+pub(crate) use crate::call::Kind;
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
@@ -30,45 +32,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-/// Which collective a rank called.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    AllReduce,
-    Broadcast,
-    AllGather,
-    AllGatherVaried,
-    ReduceScatter,
-    Barrier,
-    Split,
-}
-
-impl Kind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::Broadcast => "broadcast",
-            Kind::AllGather => "all_gather",
-            Kind::AllGatherVaried => "all_gather_varied",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::Barrier => "barrier",
-            Kind::Split => "split",
-        }
-    }
-
-    /// Whether every rank must pass the same length.
-    fn same_len(self) -> bool {
-        matches!(
-            self,
-            Kind::AllReduce | Kind::Broadcast | Kind::AllGather | Kind::ReduceScatter
-        )
-    }
-
-    /// Whether the round has a data phase (and so a completion barrier).
-    pub(crate) fn moves_data(self) -> bool {
-        !matches!(self, Kind::Barrier | Kind::Split)
-    }
-}
 
 /// A buffer address shared with the other ranks of a round.
 ///
@@ -109,6 +72,20 @@ pub(crate) struct Post {
 }
 
 impl Post {
+    /// What is checked against the other ranks' calls.
+    fn call(&self) -> Call {
+        Call {
+            kind: self.kind,
+            elem: self.elem,
+            op: self.op,
+            len: self.len,
+            recv_len: self.recv_len,
+            root: self.root,
+            color: self.color,
+            key: self.key,
+        }
+    }
+
     pub(crate) fn new(kind: Kind) -> Post {
         Post {
             kind,
@@ -399,7 +376,8 @@ impl Group {
     fn resolve(&self, st: &mut MutexGuard<'_, State>) {
         let posts: Vec<Post> = st.posts.iter().flatten().copied().collect();
         let slot = (st.round % 2) as usize;
-        let outcome = match validate(&posts) {
+        let calls: Vec<Call> = posts.iter().map(Post::call).collect();
+        let outcome = match crate::call::validate(&calls) {
             Err(err) => Outcome::Failed(err),
             Ok(()) => match posts[0].kind {
                 Kind::Split => Outcome::Split(self.split_groups(&posts)),
@@ -556,88 +534,4 @@ fn outcome_of(st: &State, seq: u64) -> Result<Outcome> {
         Outcome::Failed(err) => Err(err.clone()),
         other => Ok(other.clone()),
     }
-}
-
-/// Checks that every rank called the same collective with compatible
-/// arguments. The first difference found is reported, naming the ranks.
-fn validate(posts: &[Post]) -> Result<()> {
-    let world = posts.len();
-    let first = &posts[0];
-    let name = first.kind.name();
-    for (r, p) in posts.iter().enumerate().skip(1) {
-        let differs = |what: &str, a: String, b: String| CommError::Mismatch {
-            detail: format!("rank 0 {what} {a}, rank {r} {what} {b}"),
-        };
-        if p.kind != first.kind {
-            return Err(differs("called", name.into(), p.kind.name().into()));
-        }
-        if p.elem != first.elem {
-            return Err(differs(
-                &format!("passed to {name}"),
-                fmt_opt(first.elem),
-                fmt_opt(p.elem),
-            ));
-        }
-        if p.op != first.op {
-            return Err(differs(
-                &format!("reduced {name} with"),
-                fmt_opt(first.op),
-                fmt_opt(p.op),
-            ));
-        }
-        if first.kind.same_len() && p.len != first.len {
-            return Err(differs(
-                &format!("passed {name} a length of"),
-                first.len.to_string(),
-                p.len.to_string(),
-            ));
-        }
-        if first.kind == Kind::Broadcast && p.root != first.root {
-            return Err(differs(
-                "broadcast from root",
-                first.root.to_string(),
-                p.root.to_string(),
-            ));
-        }
-    }
-    if let (Some(op), Some(elem)) = (first.op, first.elem)
-        && !op.supports(elem)
-    {
-        return Err(CommError::InvalidArgument(format!(
-            "{name}: {op} is not defined for {elem}"
-        )));
-    }
-    match first.kind {
-        Kind::Broadcast if first.root >= world => Err(CommError::InvalidArgument(format!(
-            "broadcast root {} is out of range for a world of {world}",
-            first.root
-        ))),
-        Kind::AllGather => check_recv_lens(posts, name, |p, _| p.len.checked_mul(world)),
-        Kind::ReduceScatter => check_recv_lens(posts, name, |p, r| {
-            Some(crate::communicator::chunk_range(p.len, world, r).len())
-        }),
-        _ => Ok(()),
-    }
-}
-
-fn check_recv_lens(
-    posts: &[Post],
-    name: &str,
-    expected: impl Fn(&Post, usize) -> Option<usize>,
-) -> Result<()> {
-    for (r, p) in posts.iter().enumerate() {
-        if expected(p, r) != Some(p.recv_len) {
-            return Err(CommError::InvalidArgument(format!(
-                "{name}: rank {r} passed a receive buffer of {} elements for {} sent by each of {} ranks",
-                p.recv_len,
-                p.len,
-                posts.len()
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn fmt_opt<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "nothing".into(), |v| v.to_string())
 }

@@ -209,7 +209,7 @@ impl MpiComm {
         let mut all = vec![0i64; WORDS * self.size];
         sys::all_gather(self.comm, Wire::I64, &mine, &mut all)?;
         let calls = header::decode_all(&all)?;
-        header::validate(&calls)?;
+        crate::call::validate(&calls)?;
         Ok(calls)
     }
 
