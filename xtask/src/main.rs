@@ -2,13 +2,16 @@
 //!
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed,
-//! then runs fmt, clippy, the workspace tests and the feature checks, stopping
-//! at the first failing step.
+//! then runs fmt, clippy, the workspace tests, the PTX assembly check and the
+//! feature checks, stopping at the first failing step. `cargo xtask ptx`
+//! regenerates the kernels' PTX (see the `gpu` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
 //! any system package is installed.
 
 #![deny(missing_docs)]
+
+mod gpu;
 
 use std::env;
 use std::ffi::OsStr;
@@ -29,9 +32,14 @@ Usage: cargo xtask <task>
 Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings,
-                       cargo test --workspace, cargo check with the cuda feature,
-                       cargo doc with warnings denied.
+                       cargo test --workspace, ptxas on every PTX file (sm_70,
+                       sm_80, sm_90), cargo check with the cuda feature, cargo doc
+                       with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
+  ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
+                       (compute_70; the pinned wheel is fetched with pip into target/
+                       when missing) and regenerate kernels/ptx/manifest.txt and
+                       kernels/src/generated.rs; commit the results.
   compare [-- <args>...]
                        the main job: ensure system packages as `test` does, then
                        `gradwire compare` in release mode (every strategy on the
@@ -54,6 +62,10 @@ fn main() -> ExitCode {
             [] => test(&[]),
             [dashes, rest @ ..] if dashes == "--" => test(rest),
             [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `test`")),
+        },
+        Some("ptx") => match &args[1..] {
+            [] => step("cargo xtask ptx", gpu::ptx),
+            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `ptx`")),
         },
         Some("compare") => match &args[1..] {
             [] => compare(&[]),
@@ -99,6 +111,7 @@ fn test(test_args: &[String]) -> Result {
     step("cargo test", || {
         run(cargo().args(["test", "--workspace", "--"]).args(test_args))
     })?;
+    step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     step("cargo check (feature cuda)", || {
         run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
     })?;
