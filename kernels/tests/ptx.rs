@@ -66,7 +66,10 @@ fn differences(recorded: &BTreeMap<String, String>, now: &BTreeMap<String, Strin
 #[test]
 fn cuda_sources_have_not_changed_since_their_ptx_was_generated() {
     let now = hashes(&root().join("cuda"), &[".cu", ".cuh"]);
-    assert!(now.keys().any(|n| n.ends_with(".cu")), "no CUDA source found");
+    assert!(
+        now.keys().any(|n| n.ends_with(".cu")),
+        "no CUDA source found"
+    );
     let recorded = manifest("source");
     assert!(
         now == recorded,
@@ -156,7 +159,11 @@ fn ptx_targets_compute_70_with_isa_8_2_and_no_fused_multiply_add() {
         .lines()
         .find_map(|l| l.strip_prefix("options "))
         .expect("an options line");
-    for flag in ["--gpu-architecture=compute_70", "--fmad=false", "--ftz=false"] {
+    for flag in [
+        "--gpu-architecture=compute_70",
+        "--fmad=false",
+        "--ftz=false",
+    ] {
         assert!(options.split(' ').any(|o| o == flag), "{flag} missing");
     }
     for m in MODULES {

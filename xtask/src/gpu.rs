@@ -150,7 +150,8 @@ fn ensure_wheel(wheel: &Wheel) -> Result<PathBuf> {
         return Ok(dir);
     }
     let wheels = tools.join("wheels");
-    fs::create_dir_all(&wheels).map_err(|e| format!("could not create {}: {e}", wheels.display()))?;
+    fs::create_dir_all(&wheels)
+        .map_err(|e| format!("could not create {}: {e}", wheels.display()))?;
     let requirements = tools.join(format!("{}.requirements.txt", wheel.dir));
     write(
         &requirements,
@@ -171,14 +172,17 @@ fn ensure_wheel(wheel: &Wheel) -> Result<PathBuf> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with(wheel.file_prefix) && n.ends_with(".whl"))
         })
-        .ok_or_else(|| format!("pip left no {}*.whl in {}", wheel.file_prefix, wheels.display()))?;
+        .ok_or_else(|| {
+            format!(
+                "pip left no {}*.whl in {}",
+                wheel.file_prefix,
+                wheels.display()
+            )
+        })?;
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| format!("could not remove {}: {e}", dir.display()))?;
     }
-    run(python()
-        .args(["-m", "zipfile", "-e"])
-        .arg(&file)
-        .arg(&dir))?;
+    run(python().args(["-m", "zipfile", "-e"]).arg(&file).arg(&dir))?;
     write(&marker, stamp.as_bytes())?;
     Ok(dir)
 }
@@ -233,14 +237,16 @@ pub fn ptx() -> Result {
 
     let sources = sources()?;
     let out_dir = ptx_dir();
-    fs::create_dir_all(&out_dir).map_err(|e| format!("could not create {}: {e}", out_dir.display()))?;
+    fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("could not create {}: {e}", out_dir.display()))?;
     // PTX of sources that no longer exist goes.
     for entry in fs::read_dir(&out_dir).map_err(|e| e.to_string())? {
         let path = entry.map_err(|e| e.to_string())?.path();
         if path.extension().is_some_and(|e| e == "ptx") {
             let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
             if !sources.contains_key(&format!("{stem}.cu")) {
-                fs::remove_file(&path).map_err(|e| format!("could not remove {}: {e}", path.display()))?;
+                fs::remove_file(&path)
+                    .map_err(|e| format!("could not remove {}: {e}", path.display()))?;
             }
         }
     }
@@ -285,7 +291,9 @@ pub fn ptx() -> Result {
 
     let table = workspace_root().join("kernels/src/generated.rs");
     write(&table, rust_table(&modules).as_bytes())?;
-    run(Command::new("rustfmt").args(["--edition", "2024"]).arg(&table))?;
+    run(Command::new("rustfmt")
+        .args(["--edition", "2024"])
+        .arg(&table))?;
     println!(
         "wrote {} PTX modules, {} kernels, kernels/ptx/manifest.txt and kernels/src/generated.rs",
         modules.len(),
@@ -324,7 +332,11 @@ fn rust_table(modules: &[(String, Vec<u8>, Vec<String>)]) -> String {
         }
         let _ = writeln!(s, "    /// Every kernel of the module, in PTX order.");
         let list: Vec<String> = names.iter().map(|n| n.to_uppercase()).collect();
-        let _ = writeln!(s, "    pub const ENTRIES: &[&str] = &[{}];", list.join(", "));
+        let _ = writeln!(
+            s,
+            "    pub const ENTRIES: &[&str] = &[{}];",
+            list.join(", ")
+        );
         let _ = writeln!(s, "}}\n");
     }
     s.push_str("/// Every kernel module, by name.\npub const MODULES: &[PtxModule] = &[\n");
@@ -348,7 +360,8 @@ pub fn ptxas() -> Result {
     let (version, _) = output(Command::new(&ptxas).arg("--version"))?;
     println!("{}", version.lines().last().unwrap_or("").trim());
     let out_dir = tools_dir().join("cubin");
-    fs::create_dir_all(&out_dir).map_err(|e| format!("could not create {}: {e}", out_dir.display()))?;
+    fs::create_dir_all(&out_dir)
+        .map_err(|e| format!("could not create {}: {e}", out_dir.display()))?;
     let mut files: Vec<PathBuf> = fs::read_dir(ptx_dir())
         .map_err(|e| format!("could not list {}: {e}", ptx_dir().display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
