@@ -397,7 +397,7 @@ pub fn ptxas() -> Result {
         "kernel",
         PTXAS_ARCHS
             .iter()
-            .map(|a| format!("{a:>14}"))
+            .map(|a| format!("{a:>16}"))
             .collect::<String>()
     );
     for ((module, kernel), figures) in &usage {
@@ -408,7 +408,7 @@ pub fn ptxas() -> Result {
                 PTXAS_ARCHS.len()
             ));
         }
-        let cells: String = figures.iter().map(|f| format!("{f:>14}")).collect();
+        let cells: String = figures.iter().map(|f| format!("{f:>16}")).collect();
         println!("{module:<12} {kernel:<28} {cells}");
     }
     println!(

@@ -40,6 +40,9 @@ Tasks:
                        (compute_70; the pinned wheel is fetched with pip into target/
                        when missing) and regenerate kernels/ptx/manifest.txt and
                        kernels/src/generated.rs; commit the results.
+  ptxas                the ptxas step of `test` alone: assemble every kernels/ptx/*.ptx
+                       for sm_70, sm_80 and sm_90 with ptxas 12.9 (fetched with pip into
+                       target/ when missing) and print registers and shared memory.
   compare [-- <args>...]
                        the main job: ensure system packages as `test` does, then
                        `gradwire compare` in release mode (every strategy on the
@@ -66,6 +69,12 @@ fn main() -> ExitCode {
         Some("ptx") => match &args[1..] {
             [] => step("cargo xtask ptx", gpu::ptx),
             [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `ptx`")),
+        },
+        Some("ptxas") => match &args[1..] {
+            [] => step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas),
+            [other, ..] => {
+                return usage_error(&format!("unexpected argument `{other}` to `ptxas`"));
+            }
         },
         Some("compare") => match &args[1..] {
             [] => compare(&[]),
