@@ -33,8 +33,8 @@ Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings,
                        cargo test --workspace, ptxas on every PTX file (sm_70,
-                       sm_80, sm_90), cargo check with the cuda feature, cargo doc
-                       with warnings denied.
+                       sm_80, sm_90), cargo check, clippy and the tensor tests with
+                       the cuda feature, cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
                        (compute_70; the pinned wheel is fetched with pip into target/
@@ -123,6 +123,27 @@ fn test(test_args: &[String]) -> Result {
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     step("cargo check (feature cuda)", || {
         run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
+    })?;
+    step("cargo clippy (feature cuda)", || {
+        run(cargo().args([
+            "clippy",
+            "-p",
+            "gradwire",
+            "-p",
+            "gradwire-tensor",
+            "--features",
+            "gradwire-tensor/cuda",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    // With no GPU the CUDA tests check the typed errors and print SKIP lines.
+    step("cargo test (feature cuda)", || {
+        run(cargo()
+            .args(["test", "-p", "gradwire-tensor", "--features", "cuda", "--"])
+            .args(test_args))
     })?;
     // Broken intra-doc links are documentation that is no longer true.
     step("cargo doc", || {
