@@ -2,13 +2,16 @@
 //!
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed,
-//! then runs fmt, clippy, the workspace tests and the feature checks, stopping
-//! at the first failing step.
+//! then runs fmt, clippy, the workspace tests, the PTX assembly check and the
+//! feature checks, stopping at the first failing step. `cargo xtask ptx`
+//! regenerates the kernels' PTX (see the `gpu` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
 //! any system package is installed.
 
 #![deny(missing_docs)]
+
+mod gpu;
 
 use std::env;
 use std::ffi::OsStr;
@@ -43,9 +46,17 @@ Tasks:
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings
                        (also with the mpi feature), cargo test --workspace, the MPI
                        backend's tests and the conformance suite under mpirun
-                       (GRADWIRE_REQUIRE_MPI=1), cargo check with the cuda feature,
+                       (GRADWIRE_REQUIRE_MPI=1), ptxas on every PTX file (sm_70, sm_80, sm_90),
+                       cargo check, clippy and the tensor tests with the cuda feature,
                        cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
+  ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
+                       (compute_70; the pinned wheel is fetched with pip into target/
+                       when missing) and regenerate kernels/ptx/manifest.txt and
+                       kernels/src/generated.rs; commit the results.
+  ptxas                the ptxas step of `test` alone: assemble every kernels/ptx/*.ptx
+                       for sm_70, sm_80 and sm_90 with ptxas 12.9 (fetched with pip into
+                       target/ when missing) and print registers and shared memory.
   compare [-- <args>...]
                        the main job: ensure system packages as `test` does, then
                        `gradwire compare` in release mode (every strategy on the
@@ -68,6 +79,16 @@ fn main() -> ExitCode {
             [] => test(&[]),
             [dashes, rest @ ..] if dashes == "--" => test(rest),
             [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `test`")),
+        },
+        Some("ptx") => match &args[1..] {
+            [] => step("cargo xtask ptx", gpu::ptx),
+            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `ptx`")),
+        },
+        Some("ptxas") => match &args[1..] {
+            [] => step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas),
+            [other, ..] => {
+                return usage_error(&format!("unexpected argument `{other}` to `ptxas`"));
+            }
         },
         Some("compare") => match &args[1..] {
             [] => compare(&[]),
@@ -162,8 +183,30 @@ fn test(test_args: &[String]) -> Result {
             .args(test_args)
             .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
+    step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     step("cargo check (feature cuda)", || {
         run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
+    })?;
+    step("cargo clippy (feature cuda)", || {
+        run(cargo().args([
+            "clippy",
+            "-p",
+            "gradwire",
+            "-p",
+            "gradwire-tensor",
+            "--features",
+            "gradwire-tensor/cuda",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
+    })?;
+    // With no GPU the CUDA tests check the typed errors and print SKIP lines.
+    step("cargo test (feature cuda)", || {
+        run(cargo()
+            .args(["test", "-p", "gradwire-tensor", "--features", "cuda", "--"])
+            .args(test_args))
     })?;
     // Broken intra-doc links are documentation that is no longer true.
     step("cargo doc", || {

@@ -64,6 +64,18 @@ pub enum Error {
     #[error("gradwire-tensor was not compiled with CUDA support")]
     NotCompiledWithCuda,
 
+    /// No usable CUDA device: the driver library is missing (no NVIDIA
+    /// driver on this machine), it has no device with the requested ordinal,
+    /// or it failed to initialise. The message says which.
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(String),
+
+    /// A CUDA driver call failed on a device that exists (out of memory, a
+    /// PTX module the driver cannot load, ...). The message names the call
+    /// and the driver's error.
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+
     /// The product of a shape's dimensions (or the byte size of a buffer, or
     /// the total of a flat layout) does not fit in `usize` / `isize`.
     #[error("shape too large: element count or byte size overflows")]

@@ -1,5 +1,5 @@
 //! Tensors for gradwire: owned, contiguous `f32` / `f16` / `bf16` buffers on
-//! the CPU (CUDA behind the `cuda` feature, currently a stub), with a lazy
+//! the CPU (CUDA behind the `cuda` feature), with a lazy
 //! *zeroed* flag for gradients.
 //!
 //! This is the bottom layer of the workspace. The communication, compression
@@ -30,7 +30,10 @@
 //! ```
 
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// Without CUDA there is no unsafe code at all; with it, only the driver probe
+// in `cuda_backend/driver.rs` (an `unsafe fn` of cudarc) opts in.
+#![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
+#![cfg_attr(feature = "cuda", deny(unsafe_code))]
 
 /// Runs `$body` with the type alias `$T` bound to the Rust type of the
 /// runtime dtype `$dtype`: the one place where runtime dtypes become
@@ -67,6 +70,8 @@ pub mod shape;
 pub mod storage;
 pub mod tensor;
 
+#[cfg(feature = "cuda")]
+pub use cuda_backend::CudaDevice;
 pub use cuda_backend::CudaStorage;
 pub use device::Device;
 pub use dtype::{DType, WithDType};

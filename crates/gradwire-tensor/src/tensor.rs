@@ -424,20 +424,35 @@ impl Tensor {
         Ok(Tensor::from_parts(Storage::Cpu(dst), self.shape.clone()))
     }
 
-    /// A copy on `device`. CPU to CPU is a clone (flag kept); any CUDA
-    /// device gives [`Error::NotCompiledWithCuda`] in this build.
+    /// A copy on `device`. CPU to CPU is a clone (flag kept); a CUDA device
+    /// gives [`Error::NotCompiledWithCuda`] without the `cuda` feature and
+    /// [`Error::CudaUnavailable`] on a machine without that device. Host to
+    /// device and device to host are copies (a zeroed tensor arrives as
+    /// zeros, its stale memory is not copied).
     pub fn to_device(&self, device: Device) -> Result<Tensor> {
-        match device {
-            Device::Cpu => {
-                self.cpu("to_device")?;
-                Ok(self.clone())
+        let shape = self.shape.clone();
+        match (device, &self.storage) {
+            (Device::Cpu, Storage::Cpu(_)) => Ok(self.clone()),
+            (Device::Cpu, Storage::Cuda(s)) => {
+                if self.zeroed {
+                    return Tensor::zeros(shape, self.dtype(), Device::Cpu);
+                }
+                Ok(Tensor::from_parts(Storage::Cpu(s.to_cpu()?), shape))
             }
-            Device::Cuda(ordinal) => {
-                let storage = CudaStorage::from_cpu(self.cpu("to_device")?, ordinal)?;
-                Ok(Tensor::from_parts(
-                    Storage::Cuda(storage),
-                    self.shape.clone(),
-                ))
+            (Device::Cuda(ordinal), _) if self.zeroed => {
+                Tensor::zeros(shape, self.dtype(), Device::Cuda(ordinal))
+            }
+            (Device::Cuda(ordinal), Storage::Cpu(s)) => Ok(Tensor::from_parts(
+                Storage::Cuda(CudaStorage::from_cpu(s, ordinal)?),
+                shape,
+            )),
+            (Device::Cuda(ordinal), Storage::Cuda(s)) => {
+                let storage = if s.ordinal() == ordinal {
+                    s.clone()
+                } else {
+                    CudaStorage::from_cpu(&s.to_cpu()?, ordinal)?
+                };
+                Ok(Tensor::from_parts(Storage::Cuda(storage), shape))
             }
         }
     }

@@ -1,0 +1,255 @@
+//! The real CUDA backend (feature `cuda`): devices, lazily loaded kernel
+//! modules and device memory, through cudarc's driver API.
+//!
+//! cudarc loads `libcuda` at run time (no toolkit is needed to build) and is
+//! pinned to CUDA 12.2's API (feature `cuda-12020`): drivers from R535 on.
+//! Calling into a missing library would panic inside cudarc, so
+//! [`CudaDevice::get`] first probes for it and answers
+//! [`Error::CudaUnavailable`] on a machine without an NVIDIA driver, as it
+//! does for an ordinal with no device.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError};
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::storage::CpuStorage;
+
+/// Whether the CUDA driver library can be loaded (probed once per process).
+fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        #[allow(unsafe_code)]
+        // SAFETY: `is_culib_present` only tries to dlopen the driver library
+        // under its usual names and drops the handle; it calls no CUDA
+        // function and has no precondition.
+        unsafe {
+            cudarc::driver::sys::is_culib_present()
+        }
+    })
+}
+
+fn cuda_error(call: &str, e: DriverError) -> Error {
+    Error::Cuda(format!("{call}: {e:?}"))
+}
+
+/// One CUDA device: its primary context, the stream gradwire uses on it and
+/// the kernel modules loaded so far. Shared (`Arc`) by every tensor on it;
+/// [`CudaDevice::get`] returns the same one for the same ordinal.
+pub struct CudaDevice {
+    ordinal: usize,
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaDevice {
+    /// The device with this ordinal, created on first use and cached.
+    ///
+    /// [`Error::CudaUnavailable`] when the driver library is missing, when
+    /// there is no device `ordinal`, or when the driver fails to initialise;
+    /// never a panic.
+    pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+        if !driver_present() {
+            return Err(Error::CudaUnavailable(
+                "the CUDA driver library (libcuda.so) is not installed".into(),
+            ));
+        }
+        let devices = DEVICES.get_or_init(Mutex::default);
+        let mut devices = devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(device) = devices.get(&ordinal) {
+            return Ok(Arc::clone(device));
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| Error::CudaUnavailable(format!("cuDeviceGetCount: {e:?}")))?;
+        if usize::try_from(count).map_or(true, |count| ordinal >= count) {
+            return Err(Error::CudaUnavailable(format!(
+                "no CUDA device {ordinal} (the driver sees {count})"
+            )));
+        }
+        let context = CudaContext::new(ordinal)
+            .map_err(|e| Error::CudaUnavailable(format!("device {ordinal}: {e:?}")))?;
+        let stream = context.default_stream();
+        let device = Arc::new(CudaDevice {
+            ordinal,
+            context,
+            stream,
+            modules: Mutex::default(),
+        });
+        devices.insert(ordinal, Arc::clone(&device));
+        Ok(device)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The stream gradwire's copies and kernels run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The kernel module `name` of gradwire-kernels, loaded into this
+    /// device's context on first use and cached.
+    pub fn module(&self, name: &str) -> Result<Arc<CudaModule>> {
+        let ptx = gradwire_kernels::module(name)
+            .ok_or_else(|| Error::InvalidArgument(format!("no kernel module `{name}`")))?;
+        let mut modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(module) = modules.get(ptx.name) {
+            return Ok(Arc::clone(module));
+        }
+        let module = self
+            .context
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx))
+            .map_err(|e| cuda_error(&format!("loading the PTX of `{name}`"), e))?;
+        modules.insert(ptx.name, Arc::clone(&module));
+        Ok(module)
+    }
+
+    /// The kernel `kernel` of module `module` (names from the
+    /// gradwire-kernels table, e.g. `gradwire_kernels::select::NAME`).
+    pub fn function(&self, module: &str, kernel: &str) -> Result<CudaFunction> {
+        self.module(module)?
+            .load_function(kernel)
+            .map_err(|e| cuda_error(&format!("kernel `{kernel}` of `{module}`"), e))
+    }
+
+    /// Waits until all work queued on the device's stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("cuStreamSynchronize", e))
+    }
+}
+
+/// The typed device buffer: half types are stored as their bits.
+#[derive(Debug)]
+enum Data {
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<u16>),
+    BF16(CudaSlice<u16>),
+}
+
+/// Device memory on a CUDA GPU: `len` elements of one dtype.
+///
+/// Cloning shares the device buffer (no operation writes to CUDA storage
+/// yet; writes will copy a shared buffer first, fallibly, rather than use
+/// cudarc's `Clone`, which panics when the copy fails).
+#[derive(Debug, Clone)]
+pub struct CudaStorage {
+    device: Arc<CudaDevice>,
+    data: Arc<Data>,
+}
+
+impl CudaStorage {
+    /// Allocates `len` zeros of `dtype` on device `ordinal`
+    /// ([`Error::CudaUnavailable`] without one).
+    pub fn alloc_zeros(len: usize, dtype: DType, ordinal: usize) -> Result<Self> {
+        let device = CudaDevice::get(ordinal)?;
+        let stream = device.stream();
+        let alloc = |e| cuda_error("cuMemAlloc / cuMemsetD8", e);
+        let data = match dtype {
+            DType::F32 => Data::F32(stream.alloc_zeros::<f32>(len).map_err(alloc)?),
+            DType::F16 => Data::F16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
+            DType::BF16 => Data::BF16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
+        };
+        Ok(CudaStorage {
+            device,
+            data: Arc::new(data),
+        })
+    }
+
+    /// Copies host memory to device `ordinal` ([`Error::CudaUnavailable`]
+    /// without one).
+    pub fn from_cpu(src: &CpuStorage, ordinal: usize) -> Result<Self> {
+        let device = CudaDevice::get(ordinal)?;
+        let stream = device.stream();
+        let copy = |e| cuda_error("cuMemcpyHtoD", e);
+        let data = match src {
+            CpuStorage::F32(v) => Data::F32(stream.clone_htod(v.as_slice()).map_err(copy)?),
+            CpuStorage::F16(v) => {
+                let bits: &[u16] = bytemuck::cast_slice(v.as_slice());
+                Data::F16(stream.clone_htod(bits).map_err(copy)?)
+            }
+            CpuStorage::BF16(v) => {
+                let bits: &[u16] = bytemuck::cast_slice(v.as_slice());
+                Data::BF16(stream.clone_htod(bits).map_err(copy)?)
+            }
+        };
+        Ok(CudaStorage {
+            device,
+            data: Arc::new(data),
+        })
+    }
+
+    /// Copies the device memory back to the host (waits for the stream).
+    pub fn to_cpu(&self) -> Result<CpuStorage> {
+        let stream = self.device.stream();
+        let copy = |e| cuda_error("cuMemcpyDtoH", e);
+        Ok(match &*self.data {
+            Data::F32(s) => CpuStorage::F32(stream.clone_dtoh(s).map_err(copy)?),
+            Data::F16(s) => CpuStorage::F16(
+                stream
+                    .clone_dtoh(s)
+                    .map_err(copy)?
+                    .into_iter()
+                    .map(f16::from_bits)
+                    .collect(),
+            ),
+            Data::BF16(s) => CpuStorage::BF16(
+                stream
+                    .clone_dtoh(s)
+                    .map_err(copy)?
+                    .into_iter()
+                    .map(bf16::from_bits)
+                    .collect(),
+            ),
+        })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match &*self.data {
+            Data::F32(_) => DType::F32,
+            Data::F16(_) => DType::F16,
+            Data::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match &*self.data {
+            Data::F32(s) => s.len(),
+            Data::F16(s) | Data::BF16(s) => s.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The CUDA device ordinal holding the memory.
+    pub fn ordinal(&self) -> usize {
+        self.device.ordinal()
+    }
+
+    /// The device holding the memory.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+}

@@ -1,0 +1,191 @@
+//! The generated PTX, manifest and table are fresh and consistent.
+//!
+//! `cargo xtask ptx` writes `kernels/ptx/*.ptx`, `kernels/ptx/manifest.txt`
+//! and `kernels/src/generated.rs` from `kernels/cuda/`; CI cannot run NVRTC,
+//! so these tests make sure what is committed is what the sources give.
+
+use gradwire_kernels::{MODULES, fnv::fnv1a_64, module};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const REGENERATE: &str = "run `cargo xtask ptx` and commit the results";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file of `dir` whose name ends with one of `suffixes`, name -> FNV-1a 64.
+fn hashes(dir: &Path, suffixes: &[&str]) -> BTreeMap<String, String> {
+    fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?.to_string();
+            suffixes.iter().any(|s| name.ends_with(s)).then(|| {
+                let bytes = fs::read(&path).expect("readable file");
+                (name, format!("{:016x}", fnv1a_64(&bytes)))
+            })
+        })
+        .collect()
+}
+
+/// The manifest's lines of `kind` ("source" or "ptx"): name -> hash.
+fn manifest(kind: &str) -> BTreeMap<String, String> {
+    manifest_text()
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next()? == kind).then_some(())?;
+            Some((words.next()?.to_string(), words.next()?.to_string()))
+        })
+        .collect()
+}
+
+fn manifest_text() -> String {
+    let path = root().join("ptx/manifest.txt");
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}; {REGENERATE}", path.display()))
+}
+
+/// What differs between the recorded and the current hashes, as a message.
+fn differences(recorded: &BTreeMap<String, String>, now: &BTreeMap<String, String>) -> String {
+    let mut out = Vec::new();
+    for (name, hash) in now {
+        match recorded.get(name) {
+            None => out.push(format!("{name} is new")),
+            Some(old) if old != hash => out.push(format!("{name} changed")),
+            Some(_) => {}
+        }
+    }
+    for name in recorded.keys().filter(|n| !now.contains_key(*n)) {
+        out.push(format!("{name} was removed"));
+    }
+    out.join(", ")
+}
+
+#[test]
+fn cuda_sources_have_not_changed_since_their_ptx_was_generated() {
+    let now = hashes(&root().join("cuda"), &[".cu", ".cuh"]);
+    assert!(
+        now.keys().any(|n| n.ends_with(".cu")),
+        "no CUDA source found"
+    );
+    let recorded = manifest("source");
+    assert!(
+        now == recorded,
+        "CUDA sources differ from those the PTX was generated from ({}): {REGENERATE}",
+        differences(&recorded, &now)
+    );
+}
+
+#[test]
+fn ptx_files_are_the_generated_ones() {
+    let now = hashes(&root().join("ptx"), &[".ptx"]);
+    let recorded = manifest("ptx");
+    assert!(
+        now == recorded,
+        "PTX files differ from the generated ones ({}): {REGENERATE}",
+        differences(&recorded, &now)
+    );
+    let sources: Vec<String> = hashes(&root().join("cuda"), &[".cu"])
+        .into_keys()
+        .map(|n| n.trim_end_matches(".cu").to_string())
+        .collect();
+    let ptx: Vec<String> = now
+        .into_keys()
+        .map(|n| n.trim_end_matches(".ptx").to_string())
+        .collect();
+    assert_eq!(ptx, sources, "one PTX file per .cu source: {REGENERATE}");
+}
+
+/// The `.visible .entry` names of a PTX text, in order.
+fn visible_entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|line| line.trim_start().strip_prefix(".visible .entry "))
+        .map(|rest| rest.split('(').next().unwrap_or(rest).trim())
+        .collect()
+}
+
+#[test]
+fn every_kernel_of_the_table_is_a_visible_entry_of_its_ptx() {
+    let mut names: Vec<&str> = MODULES.iter().map(|m| m.name).collect();
+    let sources = hashes(&root().join("cuda"), &[".cu"]);
+    let stems: Vec<&str> = sources.keys().map(|n| n.trim_end_matches(".cu")).collect();
+    names.sort_unstable();
+    assert_eq!(names, stems, "one table entry per source: {REGENERATE}");
+    let mut total = 0;
+    for m in MODULES {
+        let on_disk = fs::read_to_string(root().join(format!("ptx/{}.ptx", m.name)))
+            .expect("the module's PTX file");
+        assert_eq!(m.ptx, on_disk, "{}: the table embeds another PTX", m.name);
+        let entries = visible_entries(m.ptx);
+        for kernel in m.entries {
+            assert!(
+                entries.contains(kernel),
+                "{}: `{kernel}` is not a .visible .entry of its PTX: {REGENERATE}",
+                m.name
+            );
+        }
+        assert_eq!(
+            m.entries.len(),
+            entries.len(),
+            "{}: the table lists {:?} but the PTX defines {:?}: {REGENERATE}",
+            m.name,
+            m.entries,
+            entries
+        );
+        assert_eq!(module(m.name), Some(m));
+        total += m.entries.len();
+    }
+    assert!(module("no_such_module").is_none());
+    // The launchers' names are the generated constants.
+    assert_eq!(
+        gradwire_kernels::select::RADIX_HISTOGRAM_F32,
+        "radix_histogram_f32"
+    );
+    assert!(total >= 70, "only {total} kernels");
+}
+
+/// The CPU computes `y + a * x` as a multiply and an add, each rounded; a
+/// fused multiply-add anywhere would break the bitwise equality the
+/// kernel-vs-CPU tests expect. Also: the lowest architecture is compute_70
+/// and the PTX ISA is 8.2 (loadable by drivers from R535).
+#[test]
+fn ptx_targets_compute_70_with_isa_8_2_and_no_fused_multiply_add() {
+    let text = manifest_text();
+    assert!(text.starts_with("# generated by cargo xtask ptx, do not edit\n"));
+    assert!(text.contains("\nhash fnv1a-64\n"));
+    let options = text
+        .lines()
+        .find_map(|l| l.strip_prefix("options "))
+        .expect("an options line");
+    for flag in [
+        "--gpu-architecture=compute_70",
+        "--fmad=false",
+        "--ftz=false",
+    ] {
+        assert!(options.split(' ').any(|o| o == flag), "{flag} missing");
+    }
+    for m in MODULES {
+        assert!(m.ptx.contains("\n.version 8.2\n"), "{}: PTX ISA", m.name);
+        assert!(m.ptx.contains("\n.target sm_70\n"), "{}: target", m.name);
+        for (n, line) in m.ptx.lines().enumerate() {
+            let op = line.trim_start();
+            assert!(
+                !op.starts_with("fma.") && !op.starts_with("mad.rn") && !op.contains("fma.rn"),
+                "{}.ptx line {}: fused multiply-add `{op}`",
+                m.name,
+                n + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn generated_table_says_it_is_generated() {
+    let table = fs::read_to_string(root().join("src/generated.rs")).expect("generated.rs");
+    assert!(
+        table.starts_with("//! The PTX table: generated by cargo xtask ptx, do not edit."),
+        "generated.rs lost its header"
+    );
+}
