@@ -17,7 +17,7 @@
 mod driver;
 
 #[cfg(feature = "cuda")]
-pub use driver::{CudaDevice, CudaStorage};
+pub use driver::{CudaDevice, CudaStorage, DeviceBuffer};
 
 #[cfg(not(feature = "cuda"))]
 pub use stub::CudaStorage;

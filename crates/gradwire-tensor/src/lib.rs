@@ -70,9 +70,13 @@ pub mod shape;
 pub mod storage;
 pub mod tensor;
 
-#[cfg(feature = "cuda")]
-pub use cuda_backend::CudaDevice;
 pub use cuda_backend::CudaStorage;
+#[cfg(feature = "cuda")]
+pub use cuda_backend::{CudaDevice, DeviceBuffer};
+/// The cudarc crate gradwire-tensor is built on (feature `cuda`), so upper
+/// crates name its types (streams, slices, events) at the same version.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use device::Device;
 pub use dtype::{DType, WithDType};
 pub use error::{Error, Result};

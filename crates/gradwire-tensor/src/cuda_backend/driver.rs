@@ -136,23 +136,63 @@ impl CudaDevice {
     }
 }
 
-/// The typed device buffer: half types are stored as their bits.
+/// A CUDA storage's device buffer, typed by dtype: f16 and bf16 are stored
+/// as their bits (`u16`), which is what the kernels of gradwire-kernels take
+/// (`gw_f16` / `gw_bf16` are one `u16` each).
 #[derive(Debug)]
-enum Data {
+pub enum DeviceBuffer {
+    /// `f32` elements.
     F32(CudaSlice<f32>),
+    /// `f16` elements, as bits.
     F16(CudaSlice<u16>),
+    /// `bf16` elements, as bits.
     BF16(CudaSlice<u16>),
+}
+
+impl DeviceBuffer {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            DeviceBuffer::F32(_) => DType::F32,
+            DeviceBuffer::F16(_) => DType::F16,
+            DeviceBuffer::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            DeviceBuffer::F32(s) => s.len(),
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => s.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy on the same device, made on `stream` (fallible, unlike
+    /// cudarc's `Clone`, which panics when the copy fails).
+    fn try_clone_on(&self, stream: &Arc<CudaStream>) -> Result<DeviceBuffer> {
+        let copy = |e| cuda_error("cuMemAlloc / cuMemcpyDtoD", e);
+        Ok(match self {
+            DeviceBuffer::F32(s) => DeviceBuffer::F32(stream.clone_dtod(s).map_err(copy)?),
+            DeviceBuffer::F16(s) => DeviceBuffer::F16(stream.clone_dtod(s).map_err(copy)?),
+            DeviceBuffer::BF16(s) => DeviceBuffer::BF16(stream.clone_dtod(s).map_err(copy)?),
+        })
+    }
 }
 
 /// Device memory on a CUDA GPU: `len` elements of one dtype.
 ///
-/// Cloning shares the device buffer (no operation writes to CUDA storage
-/// yet; writes will copy a shared buffer first, fallibly, rather than use
-/// cudarc's `Clone`, which panics when the copy fails).
+/// Cloning shares the device buffer; [`CudaStorage::buffer_mut`] copies a
+/// shared buffer first (copy on write), so a clone never sees another's
+/// writes.
 #[derive(Debug, Clone)]
 pub struct CudaStorage {
     device: Arc<CudaDevice>,
-    data: Arc<Data>,
+    data: Arc<DeviceBuffer>,
 }
 
 impl CudaStorage {
@@ -163,9 +203,9 @@ impl CudaStorage {
         let stream = device.stream();
         let alloc = |e| cuda_error("cuMemAlloc / cuMemsetD8", e);
         let data = match dtype {
-            DType::F32 => Data::F32(stream.alloc_zeros::<f32>(len).map_err(alloc)?),
-            DType::F16 => Data::F16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
-            DType::BF16 => Data::BF16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
+            DType::F32 => DeviceBuffer::F32(stream.alloc_zeros::<f32>(len).map_err(alloc)?),
+            DType::F16 => DeviceBuffer::F16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
+            DType::BF16 => DeviceBuffer::BF16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
         };
         Ok(CudaStorage {
             device,
@@ -180,14 +220,14 @@ impl CudaStorage {
         let stream = device.stream();
         let copy = |e| cuda_error("cuMemcpyHtoD", e);
         let data = match src {
-            CpuStorage::F32(v) => Data::F32(stream.clone_htod(v.as_slice()).map_err(copy)?),
+            CpuStorage::F32(v) => DeviceBuffer::F32(stream.clone_htod(v.as_slice()).map_err(copy)?),
             CpuStorage::F16(v) => {
                 let bits: &[u16] = bytemuck::cast_slice(v.as_slice());
-                Data::F16(stream.clone_htod(bits).map_err(copy)?)
+                DeviceBuffer::F16(stream.clone_htod(bits).map_err(copy)?)
             }
             CpuStorage::BF16(v) => {
                 let bits: &[u16] = bytemuck::cast_slice(v.as_slice());
-                Data::BF16(stream.clone_htod(bits).map_err(copy)?)
+                DeviceBuffer::BF16(stream.clone_htod(bits).map_err(copy)?)
             }
         };
         Ok(CudaStorage {
@@ -201,8 +241,8 @@ impl CudaStorage {
         let stream = self.device.stream();
         let copy = |e| cuda_error("cuMemcpyDtoH", e);
         Ok(match &*self.data {
-            Data::F32(s) => CpuStorage::F32(stream.clone_dtoh(s).map_err(copy)?),
-            Data::F16(s) => CpuStorage::F16(
+            DeviceBuffer::F32(s) => CpuStorage::F32(stream.clone_dtoh(s).map_err(copy)?),
+            DeviceBuffer::F16(s) => CpuStorage::F16(
                 stream
                     .clone_dtoh(s)
                     .map_err(copy)?
@@ -210,7 +250,7 @@ impl CudaStorage {
                     .map(f16::from_bits)
                     .collect(),
             ),
-            Data::BF16(s) => CpuStorage::BF16(
+            DeviceBuffer::BF16(s) => CpuStorage::BF16(
                 stream
                     .clone_dtoh(s)
                     .map_err(copy)?
@@ -224,17 +264,17 @@ impl CudaStorage {
     /// The element type.
     pub fn dtype(&self) -> DType {
         match &*self.data {
-            Data::F32(_) => DType::F32,
-            Data::F16(_) => DType::F16,
-            Data::BF16(_) => DType::BF16,
+            DeviceBuffer::F32(_) => DType::F32,
+            DeviceBuffer::F16(_) => DType::F16,
+            DeviceBuffer::BF16(_) => DType::BF16,
         }
     }
 
     /// The number of elements.
     pub fn len(&self) -> usize {
         match &*self.data {
-            Data::F32(s) => s.len(),
-            Data::F16(s) | Data::BF16(s) => s.len(),
+            DeviceBuffer::F32(s) => s.len(),
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => s.len(),
         }
     }
 
@@ -251,5 +291,32 @@ impl CudaStorage {
     /// The device holding the memory.
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.device
+    }
+
+    /// The device buffer, to read (kernels, copies, NCCL sends). Work on it
+    /// must be queued on [`CudaDevice::stream`] or ordered after it.
+    pub fn buffer(&self) -> &DeviceBuffer {
+        &self.data
+    }
+
+    /// The device buffer, to write. A buffer shared with clones of this
+    /// storage is copied first (on the device's stream), so the clones keep
+    /// their contents.
+    pub fn buffer_mut(&mut self) -> Result<&mut DeviceBuffer> {
+        if Arc::get_mut(&mut self.data).is_none() {
+            let copy = self.data.try_clone_on(self.device.stream())?;
+            self.data = Arc::new(copy);
+        }
+        Arc::get_mut(&mut self.data)
+            .ok_or_else(|| Error::Cuda("a freshly copied device buffer is shared".into()))
+    }
+
+    /// Wraps a device buffer allocated on `device` (by a kernel launcher or a
+    /// communicator) as storage.
+    pub fn from_buffer(device: Arc<CudaDevice>, buffer: DeviceBuffer) -> CudaStorage {
+        CudaStorage {
+            device,
+            data: Arc::new(buffer),
+        }
     }
 }
