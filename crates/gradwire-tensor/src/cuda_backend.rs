@@ -15,6 +15,8 @@
 
 #[cfg(feature = "cuda")]
 mod driver;
+#[cfg(feature = "cuda")]
+pub mod launch;
 
 #[cfg(feature = "cuda")]
 pub use driver::{CudaDevice, CudaStorage, DeviceBuffer};
