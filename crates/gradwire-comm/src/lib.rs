@@ -41,12 +41,16 @@ mod call;
 mod communicator;
 mod element;
 mod error;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod header;
 mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod op;
 mod pending;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod rank_order;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};

@@ -66,18 +66,15 @@
 //! # Ok::<(), gradwire_comm::CommError>(())
 //! ```
 
-mod header;
-mod reduce;
 mod sys;
 
 use crate::communicator::{Communicator, Gathered, chunk_range};
 use crate::element::{ElemType, Element};
 use crate::error::{CommError, Result};
+use crate::header::{self, Call, Kind, WORDS};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
-use header::{Call, Kind, WORDS};
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -275,7 +272,7 @@ impl MpiComm {
                 }
             })
             .collect();
-        reduce::in_rank_order(&sources, op, w, out)
+        crate::rank_order::in_rank_order(&sources, op, w, out)
     }
 
     /// Spawns the communication thread on the duplicate communicator.
@@ -347,27 +344,6 @@ fn elem_of(tag: c_int) -> Option<ElemType> {
         .ok()
         .and_then(|t| t.checked_sub(1))
         .and_then(|i| ElemType::ALL.get(i).copied())
-}
-
-/// The MPI color and key of each rank of a split: colors numbered densely
-/// in increasing order (MPI colors are non-negative ints, gradwire's any
-/// u32), and each member's key its position by (key, old rank) in its group
-/// (MPI keys are ints, gradwire's i64).
-fn split_plan(calls: &[Call]) -> Result<Vec<(Option<c_int>, c_int)>> {
-    let mut groups: BTreeMap<u32, Vec<(i64, usize)>> = BTreeMap::new();
-    for (rank, c) in calls.iter().enumerate() {
-        if let Some(color) = c.color {
-            groups.entry(color).or_default().push((c.key, rank));
-        }
-    }
-    let mut plan = vec![(None, 0); calls.len()];
-    for (dense, (_, mut members)) in groups.into_iter().enumerate() {
-        members.sort_unstable();
-        for (position, &(_, rank)) in members.iter().enumerate() {
-            plan[rank] = (Some(sys::int("color", dense)?), sys::int("key", position)?);
-        }
-    }
-    Ok(plan)
 }
 
 impl Communicator for MpiComm {
@@ -542,7 +518,7 @@ impl Communicator for MpiComm {
             key,
             ..Call::new(Kind::Split)
         })?;
-        let plan = split_plan(&calls)?;
+        let plan = header::split_plan(&calls)?;
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
@@ -655,33 +631,6 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn split_plans_order_by_key_then_rank_with_dense_colors() {
-        let call = |color, key| Call {
-            color,
-            key,
-            ..Call::new(Kind::Split)
-        };
-        let plan = split_plan(&[
-            call(Some(u32::MAX), 5),
-            call(None, 0),
-            call(Some(7), i64::MAX),
-            call(Some(u32::MAX), i64::MIN),
-            call(Some(7), i64::MAX),
-        ])
-        .unwrap();
-        assert_eq!(
-            plan,
-            vec![
-                (Some(1), 1),
-                (None, 0),
-                (Some(0), 0),
-                (Some(1), 0),
-                (Some(0), 1)
-            ]
-        );
-    }
 
     #[test]
     fn tags_name_element_types() {

@@ -1,4 +1,4 @@
-//! The arithmetic of MPI reductions, done by gradwire rather than by MPI.
+//! The arithmetic of MPI and NCCL reductions, done by gradwire rather than by the transport.
 //!
 //! MPI moves the bytes; each rank reduces its own chunk of every rank's
 //! buffer here, in rank order 0, 1, ..., W-1, with the same block kernels as
@@ -16,7 +16,7 @@ use crate::op::ReduceOp;
 
 /// `dst = op(sources[0], sources[1], ...)` element-wise, in rank order;
 /// every source must be as long as `dst`. `world` divides for `Avg`.
-pub(super) fn in_rank_order<T: Element>(
+pub(crate) fn in_rank_order<T: Element>(
     sources: &[&[T]],
     op: ReduceOp,
     world: usize,

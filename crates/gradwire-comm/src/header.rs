@@ -1,4 +1,4 @@
-//! The header exchange that precedes every MPI collective.
+//! The header exchange that precedes every MPI and NCCL collective.
 //!
 //! MPI does not check that ranks agree: an all-reduce called with different
 //! lengths on two ranks is undefined behaviour (a hang, a truncation, or
@@ -11,7 +11,7 @@
 //! carry what some collectives need anyway: the counts of the
 //! variable-length all-gather, and the colors and keys of a split.
 
-pub(super) use crate::call::{Call, Kind};
+pub(crate) use crate::call::{Call, Kind};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
@@ -28,11 +28,11 @@ const KINDS: [Kind; 8] = [
 ];
 
 /// Integers per encoded call.
-pub(super) const WORDS: usize = 8;
+pub(crate) const WORDS: usize = 8;
 
 impl Call {
     /// The call as integers: enums as 1 + their index (0 = none).
-    pub(super) fn encode(&self) -> [i64; WORDS] {
+    pub(crate) fn encode(&self) -> [i64; WORDS] {
         let index = |i: Option<usize>| i.map_or(0, |i| i as i64 + 1);
         [
             index(KINDS.iter().position(|&k| k == self.kind)),
@@ -55,7 +55,7 @@ impl Call {
 
     /// Decodes what [`Call::encode`] wrote; `None` for words no rank of this
     /// crate writes (a peer that is not running gradwire's protocol).
-    pub(super) fn decode(words: &[i64]) -> Option<Call> {
+    pub(crate) fn decode(words: &[i64]) -> Option<Call> {
         let pick = |w: i64, n: usize| -> Option<Option<usize>> {
             match w {
                 0 => Some(None),
@@ -82,7 +82,7 @@ impl Call {
 }
 
 /// Decodes the all-gathered words of every rank.
-pub(super) fn decode_all(words: &[i64]) -> Result<Vec<Call>> {
+pub(crate) fn decode_all(words: &[i64]) -> Result<Vec<Call>> {
     words
         .chunks(WORDS)
         .enumerate()
@@ -96,6 +96,33 @@ pub(super) fn decode_all(words: &[i64]) -> Result<Vec<Call>> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn split_plans_order_by_key_then_rank_with_dense_colors() {
+        let call = |color, key| Call {
+            color,
+            key,
+            ..Call::new(Kind::Split)
+        };
+        let plan = split_plan(&[
+            call(Some(u32::MAX), 5),
+            call(None, 0),
+            call(Some(7), i64::MAX),
+            call(Some(u32::MAX), i64::MIN),
+            call(Some(7), i64::MAX),
+        ])
+        .unwrap();
+        assert_eq!(
+            plan,
+            vec![
+                (Some(1), 1),
+                (None, 0),
+                (Some(0), 0),
+                (Some(1), 0),
+                (Some(0), 1)
+            ]
+        );
+    }
+
     use super::*;
 
     #[test]
@@ -120,4 +147,32 @@ mod tests {
         assert_eq!(Call::decode(&[99, 0, 0, 0, 0, 0, -1, 0]), None);
         assert_eq!(Call::decode(&[1, 0, 0, -5, 0, 0, -1, 0]), None);
     }
+}
+
+/// The color and key of each rank of a split, as MPI and NCCL take them:
+/// colors numbered densely in increasing order (their colors are
+/// non-negative ints, gradwire's any u32), and each member's key its
+/// position by (key, old rank) in its group (their keys are ints, gradwire's
+/// i64). `None`: the rank is in no group.
+pub(crate) fn split_plan(calls: &[Call]) -> Result<Vec<(Option<i32>, i32)>> {
+    let int = |what: &str, v: usize| {
+        i32::try_from(v)
+            .map_err(|_| CommError::InvalidArgument(format!("split {what} {v} exceeds i32")))
+    };
+    let mut groups: std::collections::BTreeMap<u32, Vec<(i64, usize)>> = Default::default();
+    for (rank, c) in calls.iter().enumerate() {
+        if let Some(color) = c.color {
+            groups.entry(color).or_default().push((c.key, rank));
+        }
+    }
+    let mut plan = vec![(None, 0); calls.len()];
+    for (dense, (_, mut members)) in groups.into_iter().enumerate() {
+        members.sort_unstable();
+        for (position, &(_, rank)) in members.iter().enumerate() {
+            if let Some(slot) = plan.get_mut(rank) {
+                *slot = (Some(int("color", dense)?), int("key", position)?);
+            }
+        }
+    }
+    Ok(plan)
 }
