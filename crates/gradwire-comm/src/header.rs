@@ -94,6 +94,34 @@ pub(crate) fn decode_all(words: &[i64]) -> Result<Vec<Call>> {
         .collect()
 }
 
+/// The color and key of each rank of a split, as MPI and NCCL take them:
+/// colors numbered densely in increasing order (their colors are
+/// non-negative ints, gradwire's any u32), and each member's key its
+/// position by (key, old rank) in its group (their keys are ints, gradwire's
+/// i64). `None`: the rank is in no group.
+pub(crate) fn split_plan(calls: &[Call]) -> Result<Vec<(Option<i32>, i32)>> {
+    let int = |what: &str, v: usize| {
+        i32::try_from(v)
+            .map_err(|_| CommError::InvalidArgument(format!("split {what} {v} exceeds i32")))
+    };
+    let mut groups: std::collections::BTreeMap<u32, Vec<(i64, usize)>> = Default::default();
+    for (rank, c) in calls.iter().enumerate() {
+        if let Some(color) = c.color {
+            groups.entry(color).or_default().push((c.key, rank));
+        }
+    }
+    let mut plan = vec![(None, 0); calls.len()];
+    for (dense, (_, mut members)) in groups.into_iter().enumerate() {
+        members.sort_unstable();
+        for (position, &(_, rank)) in members.iter().enumerate() {
+            if let Some(slot) = plan.get_mut(rank) {
+                *slot = (Some(int("color", dense)?), int("key", position)?);
+            }
+        }
+    }
+    Ok(plan)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -147,32 +175,4 @@ mod tests {
         assert_eq!(Call::decode(&[99, 0, 0, 0, 0, 0, -1, 0]), None);
         assert_eq!(Call::decode(&[1, 0, 0, -5, 0, 0, -1, 0]), None);
     }
-}
-
-/// The color and key of each rank of a split, as MPI and NCCL take them:
-/// colors numbered densely in increasing order (their colors are
-/// non-negative ints, gradwire's any u32), and each member's key its
-/// position by (key, old rank) in its group (their keys are ints, gradwire's
-/// i64). `None`: the rank is in no group.
-pub(crate) fn split_plan(calls: &[Call]) -> Result<Vec<(Option<i32>, i32)>> {
-    let int = |what: &str, v: usize| {
-        i32::try_from(v)
-            .map_err(|_| CommError::InvalidArgument(format!("split {what} {v} exceeds i32")))
-    };
-    let mut groups: std::collections::BTreeMap<u32, Vec<(i64, usize)>> = Default::default();
-    for (rank, c) in calls.iter().enumerate() {
-        if let Some(color) = c.color {
-            groups.entry(color).or_default().push((c.key, rank));
-        }
-    }
-    let mut plan = vec![(None, 0); calls.len()];
-    for (dense, (_, mut members)) in groups.into_iter().enumerate() {
-        members.sort_unstable();
-        for (position, &(_, rank)) in members.iter().enumerate() {
-            if let Some(slot) = plan.get_mut(rank) {
-                *slot = (Some(int("color", dense)?), int("key", position)?);
-            }
-        }
-    }
-    Ok(plan)
 }
