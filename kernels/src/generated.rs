@@ -57,6 +57,22 @@ pub mod cast {
     ];
 }
 
+/// The kernels of `kernels/cuda/comm.cu`.
+pub mod comm {
+    /// The module name.
+    pub const NAME: &str = "comm";
+    /// The PTX text.
+    pub const PTX: &str = include_str!("../ptx/comm.ptx");
+    /// The kernel `reduce_chunks_f32`.
+    pub const REDUCE_CHUNKS_F32: &str = "reduce_chunks_f32";
+    /// The kernel `reduce_chunks_f16`.
+    pub const REDUCE_CHUNKS_F16: &str = "reduce_chunks_f16";
+    /// The kernel `reduce_chunks_bf16`.
+    pub const REDUCE_CHUNKS_BF16: &str = "reduce_chunks_bf16";
+    /// Every kernel of the module, in PTX order.
+    pub const ENTRIES: &[&str] = &[REDUCE_CHUNKS_F32, REDUCE_CHUNKS_F16, REDUCE_CHUNKS_BF16];
+}
+
 /// The kernels of `kernels/cuda/elementwise.cu`.
 pub mod elementwise {
     /// The module name.
@@ -297,6 +313,11 @@ pub const MODULES: &[PtxModule] = &[
         name: cast::NAME,
         ptx: cast::PTX,
         entries: cast::ENTRIES,
+    },
+    PtxModule {
+        name: comm::NAME,
+        ptx: comm::PTX,
+        entries: comm::ENTRIES,
     },
     PtxModule {
         name: elementwise::NAME,

@@ -14,6 +14,8 @@
 //! checks.
 
 #[cfg(feature = "cuda")]
+pub mod collective;
+#[cfg(feature = "cuda")]
 mod driver;
 #[cfg(feature = "cuda")]
 pub mod launch;
