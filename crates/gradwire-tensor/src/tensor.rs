@@ -295,6 +295,29 @@ impl Tensor {
         T::cpu_slice_mut(self.cpu_mut("as_mut_slice")?).ok_or(err)
     }
 
+    /// The CUDA storage, to write (kernels, communicators). This is a write:
+    /// a zeroed tensor's device memory is first set to zeros and the flag
+    /// cleared. [`Error::DeviceMismatch`] for a CPU tensor.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_storage_mut(&mut self) -> Result<&mut CudaStorage> {
+        let not_cuda = Error::DeviceMismatch {
+            op: "cuda_storage_mut",
+            expected: Device::Cuda(0),
+            got: Device::Cpu,
+        };
+        if self.zeroed {
+            match &mut self.storage {
+                Storage::Cuda(s) => s.zero_fill()?,
+                Storage::Cpu(_) => return Err(not_cuda),
+            }
+            self.clear_zeroed();
+        }
+        match &mut self.storage {
+            Storage::Cuda(s) => Ok(s),
+            Storage::Cpu(_) => Err(not_cuda),
+        }
+    }
+
     /// Mutable access for an op that overwrites *every* element: clears the
     /// flag without the zero memset (the stale values are never observed).
     pub(crate) fn overwrite_slice<T: WithDType>(&mut self, op: &'static str) -> Result<&mut [T]> {

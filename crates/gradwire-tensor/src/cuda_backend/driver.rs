@@ -12,7 +12,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    DriverError,
+};
 use half::{bf16, f16};
 
 use crate::dtype::DType;
@@ -172,6 +175,40 @@ impl DeviceBuffer {
         self.len() == 0
     }
 
+    /// The buffer as bytes (f32 as its 4 little-endian bytes, the half
+    /// types as their 2): what a transport that moves bytes (NCCL) sends.
+    pub fn as_bytes(&self) -> Result<CudaView<'_, u8>> {
+        let bytes = self.len() * self.dtype().size_in_bytes();
+        let view = match self {
+            #[allow(unsafe_code)]
+            // SAFETY: a u8 is valid for every bit pattern and has alignment
+            // 1; `bytes` is exactly the buffer's size, so the view covers
+            // the same memory.
+            DeviceBuffer::F32(s) => unsafe { s.transmute::<u8>(bytes) },
+            #[allow(unsafe_code)]
+            // SAFETY: as for f32, over u16 elements.
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => unsafe { s.transmute::<u8>(bytes) },
+        };
+        view.ok_or_else(|| Error::Cuda("a byte view larger than its buffer".into()))
+    }
+
+    /// The buffer as writable bytes (see [`DeviceBuffer::as_bytes`]): any
+    /// bytes written are valid f32 / f16 / bf16 values.
+    pub fn as_bytes_mut(&mut self) -> Result<CudaViewMut<'_, u8>> {
+        let bytes = self.len() * self.dtype().size_in_bytes();
+        let view = match self {
+            #[allow(unsafe_code)]
+            // SAFETY: every bit pattern is a valid u8 and a valid f32, so
+            // writes through the view cannot create invalid values; the view
+            // covers exactly the buffer.
+            DeviceBuffer::F32(s) => unsafe { s.transmute_mut::<u8>(bytes) },
+            #[allow(unsafe_code)]
+            // SAFETY: as for f32, over u16 elements.
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => unsafe { s.transmute_mut::<u8>(bytes) },
+        };
+        view.ok_or_else(|| Error::Cuda("a byte view larger than its buffer".into()))
+    }
+
     /// A copy on the same device, made on `stream` (fallible, unlike
     /// cudarc's `Clone`, which panics when the copy fails).
     fn try_clone_on(&self, stream: &Arc<CudaStream>) -> Result<DeviceBuffer> {
@@ -309,6 +346,17 @@ impl CudaStorage {
         }
         Arc::get_mut(&mut self.data)
             .ok_or_else(|| Error::Cuda("a freshly copied device buffer is shared".into()))
+    }
+
+    /// Overwrites every element with zero (a memset queued on the device's
+    /// stream; all-zero bits are +0.0 in every dtype).
+    pub fn zero_fill(&mut self) -> Result<()> {
+        let stream = Arc::clone(self.device.stream());
+        let memset = |e| cuda_error("cuMemsetD8", e);
+        match self.buffer_mut()? {
+            DeviceBuffer::F32(s) => stream.memset_zeros(s).map_err(memset),
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => stream.memset_zeros(s).map_err(memset),
+        }
     }
 
     /// Wraps a device buffer allocated on `device` (by a kernel launcher or a
