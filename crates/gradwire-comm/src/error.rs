@@ -77,6 +77,23 @@ pub enum CommError {
         /// The library's description of the code (`MPI_Error_string`).
         message: String,
     },
+    /// An NCCL call failed (NcclComm, feature `nccl`), with NCCL's code and
+    /// its description of it (and the communicator's last error message).
+    /// After a failed collective the communicator is aborted: every later
+    /// call returns this error again.
+    #[error("NCCL error {code} in {op}: {message}")]
+    Nccl {
+        /// The NCCL function that failed.
+        op: &'static str,
+        /// The `ncclResult_t` it returned.
+        code: i32,
+        /// NCCL's description of it.
+        message: String,
+    },
+    /// NcclComm cannot run here: no NCCL library, one older than 2.18, or no
+    /// CUDA device. The message says which.
+    #[error("NCCL unavailable: {0}")]
+    NcclUnavailable(String),
     /// The backend cannot do this in the current environment (for example
     /// asynchronous jobs when MPI provides less than `MPI_THREAD_MULTIPLE`).
     #[error("unsupported: {0}")]

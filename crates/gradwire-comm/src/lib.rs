@@ -47,6 +47,8 @@ mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod op;
 mod pending;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
@@ -59,5 +61,7 @@ pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
+#[cfg(feature = "nccl")]
+pub use nccl::{NcclComm, NcclConfig};
 pub use op::ReduceOp;
 pub use pending::{Completion, Pending};

@@ -86,3 +86,15 @@ impl<T> fmt::Debug for Pending<T> {
         f.debug_struct("Pending").field("state", &state).finish()
     }
 }
+
+/// The message of a panic payload (`&str` or `String`), for
+/// [`CommError::RankPanicked`](crate::CommError::RankPanicked).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}

@@ -144,7 +144,7 @@ where
             match handle {
                 Ok(h) => results.push(h.join().map_err(|payload| CommError::RankPanicked {
                     rank,
-                    message: panic_message(payload.as_ref()),
+                    message: crate::pending::panic_message(payload.as_ref()),
                 })),
                 Err(e) => spawn_error = spawn_error.or(Some(e)),
             }
@@ -154,16 +154,6 @@ where
             None => Ok(results),
         }
     })
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
-    }
 }
 
 impl LocalComm {

@@ -547,7 +547,7 @@ impl Communicator for MpiComm {
                 .unwrap_or_else(|payload| {
                     Err(CommError::RankPanicked {
                         rank,
-                        message: panic_message(payload.as_ref()),
+                        message: crate::pending::panic_message(payload.as_ref()),
                     })
                 });
             completion.complete(result);
@@ -559,16 +559,6 @@ impl Communicator for MpiComm {
             .send(job)
             .map_err(|_| CommError::WorkerStopped)?;
         Ok(pending)
-    }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
     }
 }
 

@@ -1,0 +1,393 @@
+//! The only code that calls NCCL: thin, checked wrappers over cudarc's raw
+//! bindings (`cudarc::nccl::sys`, loaded at run time).
+//!
+//! cudarc's own safe `Comm` panics in places (its `Drop` expects
+//! `ncclCommAbort` to succeed, `from_rank` expects the world size to fit an
+//! int) and a missing library or symbol panics inside its loader. So gradwire
+//! checks that the library is present and recent enough ([`load`]) before
+//! any other call, and wraps the raw functions itself, turning every
+//! `ncclResult_t` into [`CommError::Nccl`] with NCCL's own message.
+//!
+//! Every transfer moves bytes (`ncclUint8`): gradwire does the arithmetic
+//! of reductions itself, so NCCL's reduction operators are never used.
+
+use std::ffi::{CStr, c_void};
+use std::sync::OnceLock;
+
+use gradwire_tensor::cudarc::driver::sys::CUstream;
+use gradwire_tensor::cudarc::nccl::sys;
+
+use crate::error::{CommError, Result};
+
+/// The oldest NCCL this backend accepts: 2.18 introduced `ncclCommSplit`.
+pub(super) const MIN_VERSION: i32 = 21800;
+
+/// Checks once per process that the NCCL library can be loaded and is at
+/// least [`MIN_VERSION`]; every entry point calls this first, so no cudarc
+/// loader panic (missing library or symbol) is reachable.
+pub(super) fn load() -> Result<i32> {
+    static LOADED: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        #[allow(unsafe_code)]
+        // SAFETY: `is_culib_present` only tries to dlopen the library under
+        // its usual names and reports whether one opened; no NCCL function
+        // is called.
+        let present = unsafe { sys::is_culib_present() };
+        if !present {
+            return Err("the NCCL library (libnccl.so.2) is not installed".into());
+        }
+        let mut version = 0i32;
+        #[allow(unsafe_code)]
+        // SAFETY: ncclGetVersion writes one int through a valid pointer; it
+        // exists in every NCCL 2 release, so the loader finds the symbol.
+        let status = unsafe { sys::ncclGetVersion(&mut version) };
+        if status != sys::ncclResult_t::ncclSuccess {
+            return Err(format!("ncclGetVersion failed: {}", describe(status)));
+        }
+        if version < MIN_VERSION {
+            return Err(format!(
+                "NCCL {version} is too old: gradwire needs 2.18 (code {MIN_VERSION}) or later"
+            ));
+        }
+        Ok(version)
+    });
+    loaded.clone().map_err(CommError::NcclUnavailable)
+}
+
+/// NCCL's description of a result code.
+fn describe(status: sys::ncclResult_t) -> String {
+    #[allow(unsafe_code)]
+    // SAFETY: ncclGetErrorString returns a pointer to a static string (or
+    // null for an unknown code), never freed.
+    let text = unsafe { sys::ncclGetErrorString(status) };
+    if text.is_null() {
+        return format!("{status:?}");
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: non-null, and NCCL's strings are NUL-terminated and static.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_string_lossy().into_owned()
+}
+
+/// `Ok` for success, else [`CommError::Nccl`] naming `op`, the code, NCCL's
+/// description and, with a communicator, its last error message.
+fn check(op: &'static str, status: sys::ncclResult_t, comm: Option<&RawComm>) -> Result<()> {
+    match status {
+        sys::ncclResult_t::ncclSuccess => Ok(()),
+        status => {
+            let mut message = describe(status);
+            if let Some(comm) = comm {
+                #[allow(unsafe_code)]
+                // SAFETY: the communicator is live (RawComm is only built
+                // from a successful init or split, and freed by consuming
+                // it); ncclGetLastError returns a NUL-terminated string
+                // owned by NCCL, valid until the next call on this thread.
+                let last = unsafe { sys::ncclGetLastError(comm.0) };
+                if !last.is_null() {
+                    #[allow(unsafe_code)]
+                    // SAFETY: non-null and NUL-terminated (see above).
+                    let last = unsafe { CStr::from_ptr(last) }.to_string_lossy();
+                    if !last.is_empty() {
+                        message = format!("{message}: {last}");
+                    }
+                }
+            }
+            Err(CommError::Nccl {
+                op,
+                code: status as i32,
+                message,
+            })
+        }
+    }
+}
+
+fn int(what: &str, value: usize) -> Result<i32> {
+    i32::try_from(value)
+        .map_err(|_| CommError::InvalidArgument(format!("{what} {value} exceeds NCCL's int")))
+}
+
+/// The 128 bytes that let W processes find each other.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId(pub(super) [u8; 128]);
+
+impl UniqueId {
+    /// A fresh id (`ncclGetUniqueId`), made by one rank and shared with the
+    /// others.
+    pub(super) fn new() -> Result<UniqueId> {
+        load()?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        #[allow(unsafe_code)]
+        // SAFETY: writes one ncclUniqueId through a valid pointer.
+        let status = unsafe { sys::ncclGetUniqueId(&mut id) };
+        check("ncclGetUniqueId", status, None)?;
+        Ok(UniqueId(id.internal.map(|c| c as u8)))
+    }
+
+    fn raw(&self) -> sys::ncclUniqueId {
+        sys::ncclUniqueId {
+            internal: self.0.map(|b| b as std::ffi::c_char),
+        }
+    }
+}
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The id is a rendezvous address: print only that it exists.
+        f.write_str("UniqueId(..)")
+    }
+}
+
+/// A live NCCL communicator handle. Not `Sync`: one thread (a rank's owner
+/// thread) issues its operations; [`abort`] may come from another thread,
+/// which NCCL allows (it is how a blocked operation is ended).
+pub(super) struct RawComm(sys::ncclComm_t);
+
+#[allow(unsafe_code)]
+// SAFETY: an ncclComm_t is a pointer NCCL lets any thread use, as long as
+// operations on one communicator are not issued concurrently; gradwire
+// issues them from the owner thread only (the handle moves there once).
+unsafe impl Send for RawComm {}
+
+/// `ncclCommInitRank`: joins the communicator of `world` ranks identified by
+/// `id` as `rank`, on the CUDA device current on this thread. Collective:
+/// blocks until all ranks joined.
+pub(super) fn init_rank(id: &UniqueId, world: usize, rank: usize) -> Result<RawComm> {
+    load()?;
+    let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+    #[allow(unsafe_code)]
+    // SAFETY: `comm` is a valid out-pointer; the id is passed by value.
+    let status = unsafe {
+        sys::ncclCommInitRank(
+            &mut comm,
+            int("world size", world)?,
+            id.raw(),
+            int("rank", rank)?,
+        )
+    };
+    check("ncclCommInitRank", status, None)?;
+    if comm.is_null() {
+        return Err(CommError::Nccl {
+            op: "ncclCommInitRank",
+            code: 0,
+            message: "returned no communicator".into(),
+        });
+    }
+    Ok(RawComm(comm))
+}
+
+/// `ncclCommSplit`: the sub-communicator of the ranks with the same `color`
+/// (`None`: this rank joins none and gets `None`), ordered by `key`.
+/// Collective over `comm`.
+pub(super) fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<Option<RawComm>> {
+    // NCCL_SPLIT_NOCOLOR.
+    const NO_COLOR: i32 = -1;
+    let mut new: sys::ncclComm_t = std::ptr::null_mut();
+    #[allow(unsafe_code)]
+    // SAFETY: `comm` is live, `new` a valid out-pointer; a null config asks
+    // for the parent's configuration.
+    let status = unsafe {
+        sys::ncclCommSplit(
+            comm.0,
+            color.unwrap_or(NO_COLOR),
+            key,
+            &mut new,
+            std::ptr::null_mut(),
+        )
+    };
+    check("ncclCommSplit", status, Some(comm))?;
+    Ok((!new.is_null()).then_some(RawComm(new)))
+}
+
+/// Releases a communicator whose operations are complete
+/// (`ncclCommDestroy`). Errors are returned for the caller to report.
+pub(super) fn destroy(comm: RawComm) -> Result<()> {
+    #[allow(unsafe_code)]
+    // SAFETY: `comm` is live and consumed: it is never used again.
+    let status = unsafe { sys::ncclCommDestroy(comm.0) };
+    check("ncclCommDestroy", status, None)
+}
+
+/// A handle that can abort a communicator from any thread: the watchdog's.
+#[derive(Clone, Copy)]
+pub(super) struct AbortHandle(sys::ncclComm_t);
+
+#[allow(unsafe_code)]
+// SAFETY: ncclCommAbort and ncclCommGetAsyncError may be called from any
+// thread while another thread is inside an operation of the communicator;
+// that is what they are for. The owner (`nccl::Owner`) guarantees the
+// handle is used at most once for abort and never after the communicator
+// was destroyed.
+unsafe impl Send for AbortHandle {}
+#[allow(unsafe_code)]
+// SAFETY: see `Send`; the handle is a plain pointer value.
+unsafe impl Sync for AbortHandle {}
+
+impl RawComm {
+    /// The handle the watchdog uses.
+    pub(super) fn abort_handle(&self) -> AbortHandle {
+        AbortHandle(self.0)
+    }
+}
+
+impl AbortHandle {
+    /// `ncclCommAbort`: ends every pending operation of the communicator and
+    /// frees it.
+    ///
+    /// # Safety
+    ///
+    /// The communicator must be live, and nothing may use it afterwards
+    /// (other than threads already blocked inside NCCL, which the abort
+    /// releases): the caller forgets the [`RawComm`].
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn abort(self) -> Result<()> {
+        // SAFETY: the communicator is live (the caller's contract).
+        let status = unsafe { sys::ncclCommAbort(self.0) };
+        check("ncclCommAbort", status, None)
+    }
+
+    /// `ncclCommGetAsyncError`: an error NCCL found in the background (a
+    /// peer's network failure, a remote abort).
+    pub(super) fn async_error(&self) -> Result<()> {
+        let mut status = sys::ncclResult_t::ncclSuccess;
+        #[allow(unsafe_code)]
+        // SAFETY: the owner only lets the watchdog query while the
+        // communicator is live; `status` is a valid out-pointer.
+        let call = unsafe { sys::ncclCommGetAsyncError(self.0, &mut status) };
+        check("ncclCommGetAsyncError", call, None)?;
+        match status {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
+            status => check("asynchronous NCCL error", status, None),
+        }
+    }
+}
+
+/// One point-to-point transfer of a group: `bytes` bytes at device address
+/// `ptr` to or from `peer`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Transfer {
+    pub peer: usize,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+/// The operations the owner thread issues, all on bytes, all queued on
+/// `stream` (they return once queued, not once done).
+///
+/// # Safety (for every function below)
+///
+/// Device addresses are live allocations of at least the given byte counts
+/// on the communicator's device, and stay allocated until the queued work is
+/// complete (the callers keep their buffers until the stream's event fires
+/// or the communicator is aborted).
+pub(super) mod ops {
+    use super::*;
+
+    /// `ncclAllGather` of `bytes` bytes from every rank into `recv`
+    /// (`world * bytes`).
+    #[allow(unsafe_code)]
+    pub unsafe fn all_gather(
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the module contract; the byte type has size 1.
+        let status = unsafe {
+            sys::ncclAllGather(
+                send as *const c_void,
+                recv as *mut c_void,
+                bytes,
+                sys::ncclDataType_t::ncclUint8,
+                comm.0,
+                stream as sys::cudaStream_t,
+            )
+        };
+        check("ncclAllGather", status, Some(comm))
+    }
+
+    /// `ncclBroadcast` of `bytes` bytes in place from `root`.
+    #[allow(unsafe_code)]
+    pub unsafe fn broadcast(
+        comm: &RawComm,
+        buf: u64,
+        bytes: usize,
+        root: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let root = int("root", root)?;
+        // SAFETY: the module contract; send and receive buffers coincide,
+        // which NCCL documents as the in-place broadcast.
+        let status = unsafe {
+            sys::ncclBroadcast(
+                buf as *const c_void,
+                buf as *mut c_void,
+                bytes,
+                sys::ncclDataType_t::ncclUint8,
+                root,
+                comm.0,
+                stream as sys::cudaStream_t,
+            )
+        };
+        check("ncclBroadcast", status, Some(comm))
+    }
+
+    /// Every send and receive in one NCCL group (`ncclGroupStart` ..
+    /// `ncclGroupEnd`), so a rank can send to and receive from many peers
+    /// at once without ordering deadlocks. Empty transfers are skipped.
+    #[allow(unsafe_code)]
+    pub unsafe fn exchange(
+        comm: &RawComm,
+        sends: &[Transfer],
+        recvs: &[Transfer],
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: group calls take no arguments.
+        check("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
+        let mut first_error = Ok(());
+        for t in sends.iter().filter(|t| t.bytes > 0) {
+            let status = match int("peer", t.peer) {
+                // SAFETY: the module contract.
+                Ok(peer) => unsafe {
+                    sys::ncclSend(
+                        t.ptr as *const c_void,
+                        t.bytes,
+                        sys::ncclDataType_t::ncclUint8,
+                        peer,
+                        comm.0,
+                        stream as sys::cudaStream_t,
+                    )
+                },
+                Err(e) => {
+                    first_error = first_error.and(Err(e));
+                    continue;
+                }
+            };
+            first_error = first_error.and(check("ncclSend", status, Some(comm)));
+        }
+        for t in recvs.iter().filter(|t| t.bytes > 0) {
+            let status = match int("peer", t.peer) {
+                // SAFETY: the module contract.
+                Ok(peer) => unsafe {
+                    sys::ncclRecv(
+                        t.ptr as *mut c_void,
+                        t.bytes,
+                        sys::ncclDataType_t::ncclUint8,
+                        peer,
+                        comm.0,
+                        stream as sys::cudaStream_t,
+                    )
+                },
+                Err(e) => {
+                    first_error = first_error.and(Err(e));
+                    continue;
+                }
+            };
+            first_error = first_error.and(check("ncclRecv", status, Some(comm)));
+        }
+        // The group is always closed, even after a failed call in it.
+        // SAFETY: group calls take no arguments.
+        let end = check("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, Some(comm));
+        first_error.and(end)
+    }
+}
