@@ -37,6 +37,12 @@ const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
 /// The features that turn the MPI backend on in every crate that has one.
 const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gradwire-cli/mpi";
 
+/// The GPU features of every crate that has them: CUDA storage and kernels,
+/// NcclComm, and the GPU test suites. They build on any machine (cudarc loads
+/// the driver and NCCL at run time); their tests SKIP loudly without a GPU.
+const GPU_FEATURES: &str =
+    "gradwire-tensor/cuda,gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl";
+
 /// The command line help.
 const USAGE: &str = "\
 Usage: cargo xtask <task>
@@ -44,11 +50,11 @@ Usage: cargo xtask <task>
 Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings
-                       (also with the mpi feature), cargo test --workspace, the MPI
-                       backend's tests and the conformance suite under mpirun
-                       (GRADWIRE_REQUIRE_MPI=1), ptxas on every PTX file (sm_70, sm_80, sm_90),
-                       cargo check, clippy and the tensor tests with the cuda feature,
-                       cargo doc with warnings denied.
+                       (default features, then mpi + cuda + nccl), cargo check with
+                       cuda + nccl, cargo test --workspace, the MPI backend's tests
+                       and the conformance suite under mpirun (GRADWIRE_REQUIRE_MPI=1),
+                       ptxas on every PTX file (sm_70, sm_80, sm_90), the CUDA and
+                       NCCL tests (SKIP without a GPU), cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
                        (compute_70; the pinned wheel is fetched with pip into target/
@@ -131,23 +137,28 @@ fn test(test_args: &[String]) -> Result {
             "warnings",
         ]))
     })?;
-    step("cargo clippy (feature mpi)", || {
+    // Every feature at once: MPI and the GPU path (which compiles here
+    // without a GPU, a toolkit or NCCL).
+    let all_features = format!("{MPI_FEATURES},{GPU_FEATURES}");
+    step("cargo clippy (features mpi, cuda, nccl)", || {
         run(cargo().args([
             "clippy",
-            "-p",
-            "gradwire-comm",
-            "-p",
-            "gradwire-tests",
-            "-p",
-            "gradwire",
-            "-p",
-            "gradwire-cli",
+            "--workspace",
             "--all-targets",
             "--features",
-            MPI_FEATURES,
+            &all_features,
             "--",
             "-D",
             "warnings",
+        ]))
+    })?;
+    step("cargo check (features cuda, nccl)", || {
+        run(cargo().args([
+            "check",
+            "--workspace",
+            "--all-targets",
+            "--features",
+            GPU_FEATURES,
         ]))
     })?;
     step("cargo test", || {
@@ -184,28 +195,35 @@ fn test(test_args: &[String]) -> Result {
             .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
-    step("cargo check (feature cuda)", || {
-        run(cargo().args(["check", "-p", "gradwire", "--features", "cuda"]))
-    })?;
-    step("cargo clippy (feature cuda)", || {
-        run(cargo().args([
-            "clippy",
-            "-p",
-            "gradwire",
-            "-p",
-            "gradwire-tensor",
-            "--features",
-            "gradwire-tensor/cuda",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))
-    })?;
-    // With no GPU the CUDA tests check the typed errors and print SKIP lines.
-    step("cargo test (feature cuda)", || {
+    // With no GPU the GPU tests check the typed errors and print SKIP lines;
+    // on a GPU machine they run (GRADWIRE_REQUIRE_GPU=1 makes a missing GPU
+    // a failure).
+    step("cargo test (features cuda, nccl)", || {
         run(cargo()
             .args(["test", "-p", "gradwire-tensor", "--features", "cuda", "--"])
+            .args(test_args))?;
+        run(cargo()
+            .args([
+                "test",
+                "-p",
+                "gradwire-comm",
+                "--features",
+                "nccl",
+                "--lib",
+                "--",
+            ])
+            .args(test_args))?;
+        run(cargo()
+            .args([
+                "test",
+                "-p",
+                "gradwire-tests",
+                "--features",
+                "nccl",
+                "--test",
+                "conformance_nccl",
+                "--",
+            ])
             .args(test_args))
     })?;
     // Broken intra-doc links are documentation that is no longer true.
@@ -218,8 +236,10 @@ fn test(test_args: &[String]) -> Result {
                 "doc",
                 "-p",
                 "gradwire-comm",
+                "-p",
+                "gradwire-tensor",
                 "--features",
-                "mpi",
+                "gradwire-comm/mpi,gradwire-comm/nccl",
                 "--no-deps",
                 "--quiet",
             ])

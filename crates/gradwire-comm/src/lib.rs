@@ -11,7 +11,8 @@
 //! - `mpi::MpiComm` (feature `mpi`): one rank per MPI process, started by
 //!   `mpirun`; the same checks and the same reduction bits as LocalComm.
 //!   [`LaunchEnv`] reads a launcher's rank and node placement without MPI.
-//! - NCCL (feature `nccl`) arrives with its issue.
+//! - `nccl::NcclComm` (feature `nccl`): one rank per GPU over NCCL, on host
+//!   slices and on CUDA tensors in device memory.
 //!
 //! This crate knows nothing of compression or optimizers: it moves and reduces
 //! buffers of [`Element`]s, and tensors through the provided `_tensor` methods.

@@ -11,7 +11,9 @@
 //! | [`algos`] | gradwire-algos (feature `algos`, default) | dense, half and sparse all-reduce, AdaSum, DimReduce |
 //! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints, `DistOpt` |
 //!
-//! Feature `cuda` turns on the CUDA storage of gradwire-tensor.
+//! Feature `cuda` turns on the CUDA storage of gradwire-tensor; `mpi` adds
+//! `comm::MpiComm` (Open MPI at build time) and `nccl` adds `comm::NcclComm`
+//! (NCCL and the CUDA driver loaded at run time, so it builds anywhere).
 //!
 //! A whole data-parallel step: four workers (threads here; processes or GPUs
 //! with another `Communicator`), each with the gradient of its shard of the

@@ -40,6 +40,12 @@
 //!   sends each waiting for a receive queued behind it on the peer's stream
 //!   cannot progress. Use [`Communicator::sendrecv`] for exchanges (both
 //!   directions in one NCCL group).
+//! - **Device tensors stay on the device.** `all_reduce_tensor` and
+//!   `broadcast_tensor` (and their asynchronous forms) on a CUDA tensor run
+//!   entirely on its GPU, ordered after the work queued on the tensor's
+//!   stream and before anything queued on it later. The other `_tensor`
+//!   methods take host tensors (a CUDA tensor is `DeviceMismatch`); move
+//!   with `Tensor::to_device`.
 //! - **Asynchronous jobs on a second communicator.** Each NcclComm splits a
 //!   duplicate of itself at construction (collective); `run_async` runs jobs
 //!   in order on a thread that owns it, concurrently with blocking calls.
@@ -1126,6 +1132,21 @@ impl Communicator for NcclComm {
             .map(|()| pending)
     }
 
+    fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        match tensor.storage() {
+            Storage::Cuda(_) => self.broadcast_device(tensor, root),
+            Storage::Cpu(_) => match tensor.dtype() {
+                gradwire_tensor::DType::F32 => self.broadcast(tensor.as_mut_slice::<f32>()?, root),
+                gradwire_tensor::DType::F16 => {
+                    self.broadcast(tensor.as_mut_slice::<half::f16>()?, root)
+                }
+                gradwire_tensor::DType::BF16 => {
+                    self.broadcast(tensor.as_mut_slice::<half::bf16>()?, root)
+                }
+            },
+        }
+    }
+
     fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         match tensor.storage() {
             Storage::Cuda(_) => self.all_reduce_device(tensor, op),
@@ -1143,6 +1164,56 @@ impl Communicator for NcclComm {
 }
 
 impl NcclComm {
+    /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.
+    fn broadcast_device(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        let elem = ElemType::from(tensor.dtype());
+        let len = tensor.len();
+        self.agree(Call {
+            elem: Some(elem),
+            len,
+            root,
+            ..Call::new(Kind::Broadcast)
+        })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let ordinal = self.device.ordinal();
+        // A write: a zeroed tensor's device memory is set to zeros first
+        // (the root sends zeros; the others overwrite everything).
+        let storage = tensor.cuda_storage_mut().map_err(cuda)?;
+        if storage.ordinal() != ordinal {
+            return Err(CommError::InvalidArgument(format!(
+                "tensor on CUDA device {}, communicator on device {ordinal}",
+                storage.ordinal()
+            )));
+        }
+        storage.buffer_mut().map_err(cuda)?;
+        let tensor_stream = Arc::clone(storage.device().stream());
+        self.stream
+            .join(&tensor_stream)
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        let bytes = len * elem.size_in_bytes();
+        {
+            let mut view = storage
+                .buffer_mut()
+                .map_err(cuda)?
+                .as_bytes_mut()
+                .map_err(cuda)?;
+            let (p, _p) = view.device_ptr_mut(&self.stream);
+            self.issue("broadcast", move |comm, stream| {
+                #[allow(unsafe_code)]
+                // SAFETY: the tensor's buffer holds `bytes` bytes and the
+                // tensor is borrowed until `wait` returns.
+                unsafe {
+                    sys::ops::broadcast(comm, p, bytes, root, stream as _)
+                }
+            })?;
+        }
+        tensor_stream
+            .join(&self.stream)
+            .map_err(|e| driver("cuStreamWaitEvent", e))
+    }
+
     /// `all_reduce_tensor` on a CUDA tensor, all on the device: chunk
     /// exchange, the rank-ordered reduction kernel, all-gather of the
     /// reduced chunks back into the tensor.
