@@ -181,6 +181,9 @@ fn unknown_dtype_string() {
     assert_eq!("bf16".parse::<DType>(), Ok(DType::BF16));
 }
 
+/// Without the `cuda` feature a CUDA device is refused at once (with it,
+/// `tests/cuda.rs` checks `CudaUnavailable` on machines without a GPU).
+#[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_is_not_compiled_in() {
     assert_eq!(
