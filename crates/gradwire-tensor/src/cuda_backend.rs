@@ -3,13 +3,15 @@
 //!
 //! This follows candle's pattern: the rest of the crate is written against
 //! [`CudaStorage`]'s API. With the `cuda` feature it is the real thing (see
-//! the `driver` module: [`CudaDevice`], the driver probed before any call,
-//! PTX modules loaded lazily and cached per device, host<->device copies).
+//! the `driver` module: `CudaDevice`, the driver probed before any call,
+//! PTX modules loaded lazily and cached per device, host<->device copies;
+//! `launch`, the launch geometry of every kernel; `collective`, the kernels
+//! communicators run between transfers).
 //! Without it, a stand-in whose every constructor returns
-//! [`Error::NotCompiledWithCuda`].
+//! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).
 //!
-//! The stub is *uninhabited*: it holds an [`Infallible`], so no value of it
-//! can exist. That makes the compiler prove that every `Storage::Cuda` branch
+//! The stub is *uninhabited*: it holds an
+//! [`Infallible`](std::convert::Infallible), so no value of it can exist. That makes the compiler prove that every `Storage::Cuda` branch
 //! in the crate is unreachable in such a build, instead of relying on runtime
 //! checks.
 
