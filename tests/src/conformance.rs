@@ -163,6 +163,65 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
 /// What one case gave on every rank: `(rank, message)` for each failure.
 pub type Verdict = Vec<(usize, String)>;
 
+/// Fails the calling test unless every rank of a world passed `name`:
+/// the message lists every rank's failures as that rank saw them.
+pub fn assert_passed(name: &str, world: usize, verdicts: Vec<Result<Verdict, CommError>>) {
+    for (rank, verdict) in verdicts.into_iter().enumerate() {
+        let verdict = verdict.unwrap_or_else(|e| panic!("{name}, world {world}: {e}"));
+        assert!(
+            verdict.is_empty(),
+            "{name}, world {world}, as seen by rank {rank}:\n{}",
+            verdict
+                .iter()
+                .map(|(r, m)| format!("  rank {r}: {m}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// One `#[test]` per case of the suite, each calling `$conform(name)`,
+/// plus a test that fails when a case was added to [`cases`] but not here.
+/// Every backend's test file instantiates the suite with this macro.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($conform:ident) => {
+        $crate::conformance_tests!(
+            @cases $conform;
+            all_reduce_floats,
+            all_reduce_integers,
+            broadcast,
+            all_gather,
+            reduce_scatter,
+            point_to_point,
+            split,
+            async_forms,
+            mismatches,
+            invalid_arguments,
+            distopt_equals_single_process,
+            adasum_matches_reference,
+            sparse_all_reduce,
+            skipping_unwritten_gradients,
+            training_runs_match_local,
+        );
+    };
+    (@cases $conform:ident; $($name:ident),* $(,)?) => {
+        $(#[test]
+        fn $name() {
+            $conform(stringify!($name));
+        })*
+
+        /// Every case of the suite has a test here.
+        #[test]
+        fn every_case_is_instantiated() {
+            let listed = [$(stringify!($name)),*];
+            for case in $crate::conformance::cases::<gradwire_comm::LocalComm>() {
+                assert!(listed.contains(&case.name), "{} has no test", case.name);
+            }
+        }
+    };
+}
+
 /// Runs `case` on this rank and gathers every rank's failures, so that every
 /// rank returns the same verdict. An error a rank's body returned counts as
 /// a failure of that rank.

@@ -15,7 +15,7 @@ use std::time::Duration;
 use gradwire_comm::nccl::{self, NcclComm, NcclConfig};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_tensor::{CudaDevice, DType, Device, Tensor};
-use gradwire_tests::conformance::{Case, cases, run_case};
+use gradwire_tests::conformance::{Case, assert_passed, cases, run_case};
 
 /// Skips loudly, or fails when a GPU is required.
 fn unavailable(test: &str, why: &str) {
@@ -78,56 +78,11 @@ fn conform(name: &'static str) {
             run_case(&comm, case)
         })
         .unwrap_or_else(|e| panic!("{name}, world {world}: {e}"));
-        for (rank, verdict) in verdicts.into_iter().enumerate() {
-            let verdict = verdict.unwrap_or_else(|e| panic!("{name}, world {world}: {e}"));
-            assert!(
-                verdict.is_empty(),
-                "{name}, world {world}, as seen by rank {rank}:\n{}",
-                verdict
-                    .iter()
-                    .map(|(r, m)| format!("  rank {r}: {m}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
+        assert_passed(name, world, verdicts);
     }
 }
 
-macro_rules! conformance_tests {
-    ($($name:ident),* $(,)?) => {
-        $(#[test]
-        fn $name() {
-            conform(stringify!($name));
-        })*
-
-        /// Every case of the suite has a test here.
-        #[test]
-        fn every_case_is_instantiated() {
-            let listed = [$(stringify!($name)),*];
-            for case in cases::<LocalComm>() {
-                assert!(listed.contains(&case.name), "{} has no test", case.name);
-            }
-        }
-    };
-}
-
-conformance_tests!(
-    all_reduce_floats,
-    all_reduce_integers,
-    broadcast,
-    all_gather,
-    reduce_scatter,
-    point_to_point,
-    split,
-    async_forms,
-    mismatches,
-    invalid_arguments,
-    distopt_equals_single_process,
-    adasum_matches_reference,
-    sparse_all_reduce,
-    skipping_unwritten_gradients,
-    training_runs_match_local,
-);
+gradwire_tests::conformance_tests!(conform);
 
 /// Rank `rank`'s input of length `len`: varied magnitudes and signs, so
 /// that the order of the additions shows in the low bits.

@@ -54,6 +54,8 @@ mod op;
 mod pending;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod rank_order;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+mod worker;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};

@@ -1,8 +1,6 @@
 //! Every documented failure is a specific error variant, never a panic.
 
-use gradwire_tensor::{
-    CpuStorage, CudaStorage, DType, Device, Error, Shape, Tensor, WithDType, bf16, f16, ops,
-};
+use gradwire_tensor::{CpuStorage, DType, Device, Error, Shape, Tensor, WithDType, bf16, f16, ops};
 
 fn ones(n: usize) -> Tensor {
     Tensor::full(1.0, n, DType::F32, Device::Cpu).unwrap()
@@ -199,11 +197,11 @@ fn cuda_is_not_compiled_in() {
         Error::NotCompiledWithCuda
     );
     assert!(matches!(
-        CudaStorage::alloc_zeros(4, DType::BF16, 0),
+        gradwire_tensor::CudaStorage::alloc_zeros(4, DType::BF16, 0),
         Err(Error::NotCompiledWithCuda)
     ));
     assert!(matches!(
-        CudaStorage::from_cpu(&CpuStorage::zeros(DType::F32, 1), 0),
+        gradwire_tensor::CudaStorage::from_cpu(&CpuStorage::zeros(DType::F32, 1), 0),
         Err(Error::NotCompiledWithCuda)
     ));
     assert!(ones(2).to_device(Device::Cpu).unwrap().device().is_cpu());

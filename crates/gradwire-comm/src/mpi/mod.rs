@@ -74,10 +74,10 @@ use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind, WORDS};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
+use crate::worker::Worker;
 use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::c_int;
-use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use sys::{Comm, Env, Layout, Outgoing, Wire};
 
 pub use sys::ThreadLevel;
@@ -92,7 +92,7 @@ pub struct MpiComm {
     /// The duplicate that asynchronous jobs run on, until the worker takes
     /// it (`None` for a worker's own communicator: no nested jobs).
     shadow: Cell<Option<Comm>>,
-    worker: OnceCell<Worker>,
+    worker: OnceCell<Worker<MpiComm>>,
     /// Sends in flight (eager sends own their bytes until MPI is done).
     outbox: RefCell<Vec<Outgoing>>,
     /// Staging for reductions, kept between calls: a fresh multi-megabyte
@@ -276,7 +276,7 @@ impl MpiComm {
     }
 
     /// Spawns the communication thread on the duplicate communicator.
-    fn start_worker(&self) -> Result<Worker> {
+    fn start_worker(&self) -> Result<Worker<MpiComm>> {
         if self.env.level < ThreadLevel::Multiple {
             return Err(CommError::Unsupported(format!(
                 "asynchronous jobs need MPI_THREAD_MULTIPLE; MPI granted {:?}",
@@ -289,19 +289,7 @@ impl MpiComm {
             )
         })?;
         let comm = MpiComm::adopt(Arc::clone(&self.env), shadow, false)?;
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("gradwire-mpi-{}", self.rank))
-            .spawn(move || {
-                for job in queue {
-                    job(&comm);
-                }
-            })
-            .map_err(|e| CommError::InvalidArgument(format!("cannot start comm thread: {e}")))?;
-        Ok(Worker {
-            jobs: Some(jobs),
-            thread: Some(thread),
-        })
+        Worker::start(format!("gradwire-mpi-{}", self.rank), self.rank, comm)
     }
 
     fn check_rank(&self, rank: usize) -> Result<()> {
@@ -538,27 +526,7 @@ impl Communicator for MpiComm {
                 self.worker.get_or_init(|| worker)
             }
         };
-        let (completion, pending) = Pending::channel();
-        let rank = self.rank;
-        let job: Job = Box::new(move |comm: &MpiComm| {
-            // A panicking job fails its own handle; the thread lives on for
-            // the jobs queued behind it.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm)))
-                .unwrap_or_else(|payload| {
-                    Err(CommError::RankPanicked {
-                        rank,
-                        message: crate::pending::panic_message(payload.as_ref()),
-                    })
-                });
-            completion.complete(result);
-        });
-        worker
-            .jobs
-            .as_ref()
-            .ok_or(CommError::WorkerStopped)?
-            .send(job)
-            .map_err(|_| CommError::WorkerStopped)?;
-        Ok(pending)
+        worker.submit(job)
     }
 }
 
@@ -574,9 +542,7 @@ impl Drop for MpiComm {
             sys::abort(self.comm, 70);
         }
         // Queued jobs are collectives the peers also run: let them finish.
-        if let Some(mut worker) = self.worker.take() {
-            worker.stop();
-        }
+        drop(self.worker.take());
         for mut outgoing in self.outbox.take() {
             // A send nobody received is left to MPI (its buffer leaked)
             // rather than waited for.
@@ -592,31 +558,10 @@ impl Drop for MpiComm {
     }
 }
 
-type Job = Box<dyn FnOnce(&MpiComm) + Send>;
-
 /// Bytes of an all-reduce segment (see `all_reduce`): small enough that a
 /// segment's chunks stay in a core's L2 between the exchange and the
 /// reduction, large enough that per-call latency is amortised.
 const SEGMENT_BYTES: usize = 1 << 20;
-
-/// A rank's communication thread: runs asynchronous jobs in order on the
-/// duplicate communicator, so they never interleave with blocking calls.
-struct Worker {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Worker {
-    /// Lets the queued jobs finish, then joins the thread (whose
-    /// communicator is freed there, before this rank's own).
-    fn stop(&mut self) {
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            // Jobs catch their panics; nothing more to report from a drop.
-            let _ = thread.join();
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -74,6 +74,7 @@ use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind, WORDS};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
+use crate::worker::Worker;
 use sys::{RawComm, Transfer};
 
 pub use sys::UniqueId;
@@ -128,7 +129,7 @@ pub struct NcclComm {
     owner: Owner,
     /// The duplicate asynchronous jobs run on, until the worker takes it.
     shadow: RefCell<Option<Box<NcclComm>>>,
-    worker: OnceCell<Worker>,
+    worker: OnceCell<Worker<NcclComm>>,
     /// Sends in flight: their device buffers stay alive until their event
     /// fires.
     outbox: RefCell<Vec<(CudaEvent, CudaSlice<u8>)>>,
@@ -436,28 +437,74 @@ impl NcclComm {
             .map_err(|e| driver("cuMemcpyDtoH", e))
     }
 
+    /// `ncclAllGather` of `bytes` bytes from every rank's `send` into
+    /// `recv` (W blocks of `bytes`), waited for. The lengths are checked
+    /// here, so the queued call stays inside both buffers, which the caller
+    /// holds until this returns.
+    fn all_gather_bytes<S, R>(
+        &self,
+        op: &'static str,
+        send: &S,
+        recv: &mut R,
+        bytes: usize,
+    ) -> Result<()>
+    where
+        S: DevicePtr<u8>,
+        R: DevicePtrMut<u8>,
+    {
+        if send.len() < bytes || recv.len() < bytes.saturating_mul(self.size) {
+            return Err(CommError::InvalidArgument(format!(
+                "{op}: all-gather of {bytes} bytes from {} into {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let (s, _s) = send.device_ptr(&self.stream);
+        let (r, _r) = recv.device_ptr_mut(&self.stream);
+        self.issue(op, move |comm, stream| {
+            #[allow(unsafe_code)]
+            // SAFETY: both ranges were checked above against live buffers
+            // that outlive the wait in `issue`.
+            unsafe {
+                sys::ops::all_gather(comm, s, r, bytes, stream as _)
+            }
+        })
+    }
+
+    /// `ncclBroadcast` of the first `bytes` bytes of `buf` in place from
+    /// `root`, waited for (lengths checked as in `all_gather_bytes`).
+    fn broadcast_bytes<B: DevicePtrMut<u8>>(
+        &self,
+        buf: &mut B,
+        bytes: usize,
+        root: usize,
+    ) -> Result<()> {
+        if buf.len() < bytes {
+            return Err(CommError::InvalidArgument(format!(
+                "broadcast of {bytes} bytes from a buffer of {}",
+                buf.len()
+            )));
+        }
+        let (p, _p) = buf.device_ptr_mut(&self.stream);
+        self.issue("broadcast", move |comm, stream| {
+            #[allow(unsafe_code)]
+            // SAFETY: the range was checked above against a live buffer that
+            // outlives the wait in `issue`.
+            unsafe {
+                sys::ops::broadcast(comm, p, bytes, root, stream as _)
+            }
+        })
+    }
+
     /// The header exchange: all-gathers every rank's description of its
     /// call and validates them, identically on every rank.
     fn agree(&self, call: Call) -> Result<Vec<Call>> {
         self.reap()?;
         let mine: Vec<u8> = call.encode().iter().flat_map(|w| w.to_le_bytes()).collect();
         let send = self.upload(&mine)?;
-        let mut recv = self.scratch(mine.len() * self.size)?;
         let bytes = mine.len();
-        {
-            let (s, _s) = send.device_ptr(&self.stream);
-            let (r, _r) = recv.device_ptr_mut(&self.stream);
-            // SAFETY of the queued call: `send` holds `bytes` bytes and
-            // `recv` W * bytes; both live until `wait` returns (they are
-            // dropped at the end of this function).
-            self.issue("header exchange", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: see above.
-                unsafe {
-                    sys::ops::all_gather(comm, s, r, bytes, stream as _)
-                }
-            })?;
-        }
+        let mut recv = self.scratch(bytes * self.size)?;
+        self.all_gather_bytes("header exchange", &send, &mut recv, bytes)?;
         let mut all = vec![0u8; bytes * self.size];
         self.download(&recv, &mut all)?;
         let words: Vec<i64> = all
@@ -558,19 +605,7 @@ impl NcclComm {
         let w = self.size;
         let block = chunk_range(len, w, 0).len() * elem_bytes;
         let mut blocks = self.scratch(block * w)?;
-        {
-            let (s, _s) = mine.device_ptr(&self.stream);
-            let (r, _r) = blocks.device_ptr_mut(&self.stream);
-            // SAFETY of the queued call: `mine` holds at least `block` bytes
-            // (the caller allocates the largest chunk), `blocks` W * block.
-            self.issue("all-gather of chunks", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: see above.
-                unsafe {
-                    sys::ops::all_gather(comm, s, r, block, stream as _)
-                }
-            })?;
-        }
+        self.all_gather_bytes("all-gather of chunks", mine, &mut blocks, block)?;
         for q in 0..w {
             let range = chunk_range(len, w, q);
             if range.is_empty() {
@@ -939,17 +974,7 @@ impl Communicator for NcclComm {
             return Ok(());
         }
         let mut device = self.upload(bytes_of(buf))?;
-        let bytes = std::mem::size_of_val(buf);
-        {
-            let (p, _p) = device.device_ptr_mut(&self.stream);
-            self.issue("broadcast", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: `device` holds `bytes` bytes until `wait` returns.
-                unsafe {
-                    sys::ops::broadcast(comm, p, bytes, root, stream as _)
-                }
-            })?;
-        }
+        self.broadcast_bytes(&mut device, std::mem::size_of_val(buf), root)?;
         self.download(&device, bytemuck::cast_slice_mut(buf))
     }
 
@@ -966,18 +991,7 @@ impl Communicator for NcclComm {
         let bytes = std::mem::size_of_val(send);
         let device = self.upload(bytes_of(send))?;
         let mut all = self.scratch(bytes * self.size)?;
-        {
-            let (s, _s) = device.device_ptr(&self.stream);
-            let (r, _r) = all.device_ptr_mut(&self.stream);
-            self.issue("all_gather", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: `device` holds `bytes`, `all` W * bytes, both alive
-                // until `wait` returns.
-                unsafe {
-                    sys::ops::all_gather(comm, s, r, bytes, stream as _)
-                }
-            })?;
-        }
+        self.all_gather_bytes("all_gather", &device, &mut all, bytes)?;
         self.download(&all, bytemuck::cast_slice_mut(recv))
     }
 
@@ -998,17 +1012,7 @@ impl Communicator for NcclComm {
             padded.resize(block, 0);
             let device = self.upload(&padded)?;
             let mut all = self.scratch(block * self.size)?;
-            {
-                let (s, _s) = device.device_ptr(&self.stream);
-                let (r, _r) = all.device_ptr_mut(&self.stream);
-                self.issue("all_gather_varied", move |comm, stream| {
-                    #[allow(unsafe_code)]
-                    // SAFETY: `device` holds `block` bytes, `all` W * block.
-                    unsafe {
-                        sys::ops::all_gather(comm, s, r, block, stream as _)
-                    }
-                })?;
-            }
+            self.all_gather_bytes("all_gather_varied", &device, &mut all, block)?;
             let mut host = vec![T::zeroed(); most * self.size];
             self.download(&all, bytemuck::cast_slice_mut(&mut host))?;
             for (q, &l) in lens.iter().enumerate() {
@@ -1106,30 +1110,15 @@ impl Communicator for NcclComm {
                         "asynchronous jobs cannot start further asynchronous jobs".into(),
                     )
                 })?;
-                let worker = Worker::start(self.rank, *shadow)?;
+                let worker = Worker::start(
+                    format!("gradwire-nccl-async-{}", self.rank),
+                    self.rank,
+                    *shadow,
+                )?;
                 self.worker.get_or_init(|| worker)
             }
         };
-        let (completion, pending) = Pending::channel();
-        let rank = self.rank;
-        let job: Job = Box::new(move |comm: &NcclComm| {
-            // A panicking job fails its own handle; the thread lives on.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm)))
-                .unwrap_or_else(|payload| {
-                    Err(CommError::RankPanicked {
-                        rank,
-                        message: crate::pending::panic_message(payload.as_ref()),
-                    })
-                });
-            completion.complete(result);
-        });
-        worker
-            .jobs
-            .as_ref()
-            .ok_or(CommError::WorkerStopped)?
-            .send(job)
-            .map_err(|_| CommError::WorkerStopped)
-            .map(|()| pending)
+        worker.submit(job)
     }
 
     fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
@@ -1164,6 +1153,33 @@ impl Communicator for NcclComm {
 }
 
 impl NcclComm {
+    /// A CUDA tensor's storage, prepared for a collective that writes it:
+    /// checked to be on this rank's device, its zeroed flag materialised (a
+    /// zeroed tensor takes part with zeros), copied if shared with a clone
+    /// (copy on write, done now, before the streams are ordered), and
+    /// NCCL's stream ordered after the work queued on the tensor's stream.
+    /// Returns the storage and the tensor's stream, which the caller orders
+    /// after NCCL's when done.
+    fn device_storage<'t>(
+        &self,
+        tensor: &'t mut Tensor,
+    ) -> Result<(&'t mut CudaStorage, Arc<CudaStream>)> {
+        let ordinal = self.device.ordinal();
+        let storage = tensor.cuda_storage_mut().map_err(cuda)?;
+        if storage.ordinal() != ordinal {
+            return Err(CommError::InvalidArgument(format!(
+                "tensor on CUDA device {}, communicator on device {ordinal}",
+                storage.ordinal()
+            )));
+        }
+        storage.buffer_mut().map_err(cuda)?;
+        let tensor_stream = Arc::clone(storage.device().stream());
+        self.stream
+            .join(&tensor_stream)
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        Ok((storage, tensor_stream))
+    }
+
     /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.
     fn broadcast_device(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
         let elem = ElemType::from(tensor.dtype());
@@ -1177,38 +1193,13 @@ impl NcclComm {
         if len == 0 {
             return Ok(());
         }
-        let ordinal = self.device.ordinal();
-        // A write: a zeroed tensor's device memory is set to zeros first
-        // (the root sends zeros; the others overwrite everything).
-        let storage = tensor.cuda_storage_mut().map_err(cuda)?;
-        if storage.ordinal() != ordinal {
-            return Err(CommError::InvalidArgument(format!(
-                "tensor on CUDA device {}, communicator on device {ordinal}",
-                storage.ordinal()
-            )));
-        }
-        storage.buffer_mut().map_err(cuda)?;
-        let tensor_stream = Arc::clone(storage.device().stream());
-        self.stream
-            .join(&tensor_stream)
-            .map_err(|e| driver("cuStreamWaitEvent", e))?;
-        let bytes = len * elem.size_in_bytes();
-        {
-            let mut view = storage
-                .buffer_mut()
-                .map_err(cuda)?
-                .as_bytes_mut()
-                .map_err(cuda)?;
-            let (p, _p) = view.device_ptr_mut(&self.stream);
-            self.issue("broadcast", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: the tensor's buffer holds `bytes` bytes and the
-                // tensor is borrowed until `wait` returns.
-                unsafe {
-                    sys::ops::broadcast(comm, p, bytes, root, stream as _)
-                }
-            })?;
-        }
+        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        let mut view = storage
+            .buffer_mut()
+            .map_err(cuda)?
+            .as_bytes_mut()
+            .map_err(cuda)?;
+        self.broadcast_bytes(&mut view, len * elem.size_in_bytes(), root)?;
         tensor_stream
             .join(&self.stream)
             .map_err(|e| driver("cuStreamWaitEvent", e))
@@ -1241,23 +1232,7 @@ impl NcclComm {
         let n = chunk_range(len, w, me).len();
         let most = chunk_range(len, w, 0).len();
         let ordinal = self.device.ordinal();
-        // A write: a zeroed tensor's device memory is set to zeros first.
-        let storage = tensor.cuda_storage_mut().map_err(cuda)?;
-        if storage.ordinal() != ordinal {
-            return Err(CommError::InvalidArgument(format!(
-                "tensor on CUDA device {}, communicator on device {ordinal}",
-                storage.ordinal()
-            )));
-        }
-        // Copy on write now (a buffer shared with a clone), before NCCL's
-        // stream is ordered after the tensor's.
-        storage.buffer_mut().map_err(cuda)?;
-        // NCCL's stream starts after the work queued on the tensor's stream
-        // (the device's) and the device's stream resumes after NCCL's.
-        let tensor_stream = Arc::clone(storage.device().stream());
-        self.stream
-            .join(&tensor_stream)
-            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        let (storage, tensor_stream) = self.device_storage(tensor)?;
         let mut stage = CudaStorage::alloc_zeros(w * n, dtype, ordinal).map_err(cuda)?;
         self.scatter_chunks(
             &storage.buffer().as_bytes().map_err(cuda)?,
@@ -1296,44 +1271,6 @@ impl NcclComm {
         tensor_stream
             .join(&self.stream)
             .map_err(|e| driver("cuStreamWaitEvent", e))
-    }
-}
-
-type Job = Box<dyn FnOnce(&NcclComm) + Send>;
-
-/// A rank's thread for asynchronous jobs, owning the duplicate
-/// communicator: jobs run in order and never interleave with the blocking
-/// calls on the original.
-struct Worker {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Worker {
-    fn start(rank: usize, comm: NcclComm) -> Result<Worker> {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("gradwire-nccl-async-{rank}"))
-            .spawn(move || {
-                for job in queue {
-                    job(&comm);
-                }
-            })
-            .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))?;
-        Ok(Worker {
-            jobs: Some(jobs),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Queued jobs are collectives the peers also run: let them finish.
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -345,10 +345,21 @@ pub(super) mod ops {
         // SAFETY: group calls take no arguments.
         check("ncclGroupStart", unsafe { sys::ncclGroupStart() }, None)?;
         let mut first_error = Ok(());
-        for t in sends.iter().filter(|t| t.bytes > 0) {
-            let status = match int("peer", t.peer) {
+        let all = sends
+            .iter()
+            .map(|t| (true, t))
+            .chain(recvs.iter().map(|t| (false, t)));
+        for (is_send, t) in all.filter(|(_, t)| t.bytes > 0) {
+            let peer = match int("peer", t.peer) {
+                Ok(peer) => peer,
+                Err(e) => {
+                    first_error = first_error.and(Err(e));
+                    continue;
+                }
+            };
+            let (op, status) = if is_send {
                 // SAFETY: the module contract.
-                Ok(peer) => unsafe {
+                let status = unsafe {
                     sys::ncclSend(
                         t.ptr as *const c_void,
                         t.bytes,
@@ -357,18 +368,11 @@ pub(super) mod ops {
                         comm.0,
                         stream as sys::cudaStream_t,
                     )
-                },
-                Err(e) => {
-                    first_error = first_error.and(Err(e));
-                    continue;
-                }
-            };
-            first_error = first_error.and(check("ncclSend", status, Some(comm)));
-        }
-        for t in recvs.iter().filter(|t| t.bytes > 0) {
-            let status = match int("peer", t.peer) {
+                };
+                ("ncclSend", status)
+            } else {
                 // SAFETY: the module contract.
-                Ok(peer) => unsafe {
+                let status = unsafe {
                     sys::ncclRecv(
                         t.ptr as *mut c_void,
                         t.bytes,
@@ -377,13 +381,10 @@ pub(super) mod ops {
                         comm.0,
                         stream as sys::cudaStream_t,
                     )
-                },
-                Err(e) => {
-                    first_error = first_error.and(Err(e));
-                    continue;
-                }
+                };
+                ("ncclRecv", status)
             };
-            first_error = first_error.and(check("ncclRecv", status, Some(comm)));
+            first_error = first_error.and(check(op, status, Some(comm)));
         }
         // The group is always closed, even after a failed call in it.
         // SAFETY: group calls take no arguments.

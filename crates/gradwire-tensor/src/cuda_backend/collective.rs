@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
 
 use super::driver::{CudaStorage, DeviceBuffer};
 use super::launch::{driver_error, grid_stride, len_arg};
@@ -76,66 +76,66 @@ pub fn reduce_chunks(
     if n == 0 {
         return Ok(());
     }
-    let world_arg =
-        u32::try_from(world).map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?;
-    let n_arg = len_arg(n)?;
-    let op_arg = op.code();
-    let cfg = grid_stride(n);
+    let args = ChunkArgs {
+        n: len_arg(n)?,
+        world: u32::try_from(world)
+            .map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?,
+        op: op.code(),
+    };
     let device = Arc::clone(out.device());
-    let module = gradwire_kernels::comm::NAME;
     let stage_buffer = stage.buffer();
+    use gradwire_kernels::comm::{REDUCE_CHUNKS_BF16, REDUCE_CHUNKS_F16, REDUCE_CHUNKS_F32};
+    let function = |kernel| device.function(gradwire_kernels::comm::NAME, kernel);
     match (out.buffer_mut()?, stage_buffer) {
         (DeviceBuffer::F32(o), DeviceBuffer::F32(s)) => {
-            let f = device.function(module, gradwire_kernels::comm::REDUCE_CHUNKS_F32)?;
-            let mut launch = stream.launch_builder(&f);
-            launch
-                .arg(o)
-                .arg(s)
-                .arg(&n_arg)
-                .arg(&world_arg)
-                .arg(&op_arg);
-            #[allow(unsafe_code)]
-            // SAFETY: `reduce_chunks_f32(float* out, const float* stage,
-            // gw_u64 n, gw_u32 world, gw_u32 op)`: five arguments of those
-            // types in that order; `out` holds n elements and `stage`
-            // world * n (checked above), the kernel reads and writes no
-            // index beyond them.
-            unsafe { launch.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
+            launch_reduce(stream, &function(REDUCE_CHUNKS_F32)?, o, s, &args)
         }
         (DeviceBuffer::F16(o), DeviceBuffer::F16(s)) => {
-            let f = device.function(module, gradwire_kernels::comm::REDUCE_CHUNKS_F16)?;
-            let mut launch = stream.launch_builder(&f);
-            launch
-                .arg(o)
-                .arg(s)
-                .arg(&n_arg)
-                .arg(&world_arg)
-                .arg(&op_arg);
-            #[allow(unsafe_code)]
-            // SAFETY: as for f32, with `gw_f16` (one u16) elements.
-            unsafe { launch.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
+            launch_reduce(stream, &function(REDUCE_CHUNKS_F16)?, o, s, &args)
         }
         (DeviceBuffer::BF16(o), DeviceBuffer::BF16(s)) => {
-            let f = device.function(module, gradwire_kernels::comm::REDUCE_CHUNKS_BF16)?;
-            let mut launch = stream.launch_builder(&f);
-            launch
-                .arg(o)
-                .arg(s)
-                .arg(&n_arg)
-                .arg(&world_arg)
-                .arg(&op_arg);
-            #[allow(unsafe_code)]
-            // SAFETY: as for f32, with `gw_bf16` (one u16) elements.
-            unsafe { launch.launch(cfg) }.map_err(|e| driver_error(OP, e))?;
+            launch_reduce(stream, &function(REDUCE_CHUNKS_BF16)?, o, s, &args)
         }
-        _ => {
-            // Unreachable: the dtypes were compared above.
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                expected: out.dtype(),
-                got: stage.dtype(),
-            });
-        }
+        // Unreachable: the dtypes were compared above.
+        _ => Err(Error::DTypeMismatch {
+            op: OP,
+            expected: out.dtype(),
+            got: stage.dtype(),
+        }),
     }
-    Ok(())
+}
+
+/// The scalar arguments of `reduce_chunks_<dt>`.
+struct ChunkArgs {
+    n: u64,
+    world: u32,
+    op: u32,
+}
+
+/// Launches `reduce_chunks_<dt>(T* out, const T* stage, gw_u64 n, gw_u32
+/// world, gw_u32 op)`; `T` is `f32` for the f32 kernel and `u16` (the bits
+/// of `gw_f16` / `gw_bf16`) for the half ones, as the caller pairs them.
+fn launch_reduce<T>(
+    stream: &Arc<CudaStream>,
+    function: &CudaFunction,
+    out: &mut CudaSlice<T>,
+    stage: &CudaSlice<T>,
+    args: &ChunkArgs,
+) -> Result<()> {
+    let cfg = grid_stride(out.len());
+    let mut launch = stream.launch_builder(function);
+    launch
+        .arg(out)
+        .arg(stage)
+        .arg(&args.n)
+        .arg(&args.world)
+        .arg(&args.op);
+    #[allow(unsafe_code)]
+    // SAFETY: five arguments of the kernel's types in its order (two device
+    // pointers to elements of the kernel's storage type, u64, u32, u32);
+    // `out` holds n elements and `stage` world * n (checked by
+    // `reduce_chunks`), and the kernel touches no index beyond them.
+    unsafe { launch.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| driver_error("reduce_chunks", e))
 }
