@@ -40,8 +40,10 @@ const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gr
 /// The GPU features of every crate that has them: CUDA storage and kernels,
 /// NcclComm, and the GPU test suites. They build on any machine (cudarc loads
 /// the driver and NCCL at run time); their tests SKIP loudly without a GPU.
-const GPU_FEATURES: &str =
-    "gradwire-tensor/cuda,gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl";
+const GPU_FEATURES: &str = concat!(
+    "gradwire-tensor/cuda,gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,",
+    "gradwire-tests/nccl,gradwire-cli/nccl"
+);
 
 /// The command line help.
 const USAGE: &str = "\

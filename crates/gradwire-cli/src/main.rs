@@ -49,6 +49,9 @@ enum Backend {
     /// One rank per MPI process: run under `mpirun -np W` (build with
     /// `--features mpi`); `--world` is taken from MPI.
     Mpi,
+    /// One rank per GPU over NCCL, threads of this process on devices 0 to
+    /// W-1 (build with `--features nccl`; needs W GPUs and NCCL).
+    Nccl,
 }
 
 /// The settings every training run shares.
@@ -190,7 +193,8 @@ enum BenchCommand {
         /// World sizes.
         #[arg(long, short = 'w', value_delimiter = ',', default_value = "2,4")]
         world: Vec<usize>,
-        /// The communicator (with mpi, run under mpirun; --world is MPI's).
+        /// The communicator (with mpi, run under mpirun; --world is MPI's;
+        /// with nccl, one rank per GPU).
         #[arg(long, value_enum, default_value_t = Backend::Local)]
         backend: Backend,
         /// Seconds of timing per measurement, at least.
@@ -313,6 +317,11 @@ fn run_train(args: TrainArgs) -> Result<(), CliError> {
             Some(train(&config, &data, &console, plan.as_ref())?)
         }
         Backend::Mpi => train_mpi(&mut config, &data, &console, plan.as_ref())?,
+        Backend::Nccl => {
+            config.validate()?;
+            print_train_header(&config, json);
+            Some(train_nccl(&config, &data, &console, plan.as_ref())?)
+        }
     };
     // Under MPI only rank 0 reports.
     let Some(report) = report else {
@@ -380,6 +389,35 @@ fn train_mpi(
     _: Option<&CheckpointPlan>,
 ) -> Result<Option<gradwire_cli::RunReport>, CliError> {
     Err(mpi_missing())
+}
+
+#[cfg(feature = "nccl")]
+fn train_nccl(
+    config: &TrainConfig,
+    data: &Digits,
+    console: &Console,
+    plan: Option<&CheckpointPlan>,
+) -> Result<gradwire_cli::RunReport, CliError> {
+    gradwire_cli::train::train_nccl(config, data, console, plan)
+}
+
+#[cfg(not(feature = "nccl"))]
+fn train_nccl(
+    _: &TrainConfig,
+    _: &Digits,
+    _: &Console,
+    _: Option<&CheckpointPlan>,
+) -> Result<gradwire_cli::RunReport, CliError> {
+    Err(nccl_missing())
+}
+
+/// The error for `--backend nccl` in a build without NCCL support.
+#[cfg(not(feature = "nccl"))]
+fn nccl_missing() -> CliError {
+    CliError::Usage(
+        "this gradwire was built without NCCL: cargo build --release -p gradwire-cli --features nccl"
+            .into(),
+    )
 }
 
 /// The error for `--backend mpi` in a build without MPI.
@@ -497,6 +535,7 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             let rows = match backend {
                 Backend::Local => Some(bench::all_reduce(&sizes, &world, budget(secs))?),
                 Backend::Mpi => bench_mpi(&sizes, budget(secs))?,
+                Backend::Nccl => Some(bench_nccl(&sizes, &world, budget(secs))?),
             };
             // Under MPI only rank 0 prints.
             let Some(rows) = rows else {
@@ -571,6 +610,50 @@ fn bench_mpi(
 #[cfg(not(feature = "mpi"))]
 fn bench_mpi(_: &[usize], _: Budget) -> Result<Option<Vec<bench::AllReduceRow>>, CliError> {
     Err(mpi_missing())
+}
+
+/// The all-reduce bench on NcclComm, one rank per GPU for each world size:
+/// host buffers (each call copies to and from the device), labelled so.
+#[cfg(feature = "nccl")]
+fn bench_nccl(
+    sizes: &[usize],
+    worlds: &[usize],
+    budget: Budget,
+) -> Result<Vec<bench::AllReduceRow>, CliError> {
+    use gradwire_comm::nccl::{self, NcclConfig};
+    let memcpy: Vec<f64> = sizes
+        .iter()
+        .map(|&bytes| bench::memcpy_secs(bytes, budget))
+        .collect::<Result<_, _>>()?;
+    let memcpy_of = |bytes: usize| {
+        let i = sizes.iter().position(|&b| b == bytes).unwrap_or(0);
+        Ok(memcpy[i])
+    };
+    let mut rows = Vec::new();
+    for &w in worlds {
+        let devices: Vec<usize> = (0..w).collect();
+        let results = nccl::run(&devices, NcclConfig::default(), |comm| {
+            Ok(bench::all_reduce_on(
+                &comm,
+                "nccl (host buffers)",
+                sizes,
+                budget,
+                memcpy_of,
+            ))
+        })?;
+        for (rank, result) in results.into_iter().enumerate() {
+            let ranks_rows = result??;
+            if rank == 0 {
+                rows.extend(ranks_rows);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(not(feature = "nccl"))]
+fn bench_nccl(_: &[usize], _: &[usize], _: Budget) -> Result<Vec<bench::AllReduceRow>, CliError> {
+    Err(nccl_missing())
 }
 
 fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, CliError> {

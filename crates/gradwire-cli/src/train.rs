@@ -148,6 +148,41 @@ pub fn train(
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
 ) -> Result<RunReport> {
+    prepare(config, plan)?;
+    let results = local::run(config.world, |comm: LocalComm| {
+        train_rank(comm, config, data, observer, plan)
+    })?;
+    rank_zero_report(results)
+}
+
+/// Trains `config` on `data` with one NcclComm worker per GPU (devices 0 to
+/// `config.world - 1`, threads of this process); returns rank 0's report.
+/// The model and its gradients stay in host memory: NcclComm moves them
+/// through device buffers, with the same reduction bits as LocalComm, so a
+/// run is bitwise the LocalComm run.
+#[cfg(feature = "nccl")]
+pub fn train_nccl(
+    config: &TrainConfig,
+    data: &Digits,
+    observer: &dyn Observer,
+    plan: Option<&CheckpointPlan>,
+) -> Result<RunReport> {
+    use gradwire_comm::nccl::{self, NcclConfig};
+    prepare(config, plan)?;
+    let devices: Vec<usize> = (0..config.world).collect();
+    let results = nccl::run(&devices, NcclConfig::default(), |comm| {
+        Ok(train_rank(comm, config, data, observer, plan))
+    })?;
+    rank_zero_report(
+        results
+            .into_iter()
+            .map(|r| r.map_err(CliError::from).and_then(|r| r)),
+    )
+}
+
+/// Checks the configuration and the checkpoint directory before any worker
+/// starts (a resume needs every rank's file).
+fn prepare(config: &TrainConfig, plan: Option<&CheckpointPlan>) -> Result<()> {
     config.validate()?;
     if let Some(plan) = plan {
         std::fs::create_dir_all(&plan.dir).map_err(|source| CliError::Io {
@@ -165,9 +200,13 @@ pub fn train(
             }
         }
     }
-    let results = local::run(config.world, |comm: LocalComm| {
-        train_rank(comm, config, data, observer, plan)
-    })?;
+    Ok(())
+}
+
+/// Rank 0's report out of every rank's result (the first error wins).
+fn rank_zero_report(
+    results: impl IntoIterator<Item = Result<Option<RunReport>>>,
+) -> Result<RunReport> {
     let mut report = None;
     for result in results {
         if let Some(r) = result? {

@@ -205,6 +205,41 @@ fn bad_flags_are_messages_not_panics() {
     }
 }
 
+/// `--backend nccl` without GPUs (this CI) is a message, never a panic: in
+/// a default build it names the feature to build with; with `--features
+/// nccl` on a machine without NCCL or a GPU it says what is missing.
+#[test]
+fn nccl_backend_without_gpus_is_a_message() {
+    for args in [
+        &["train", "--backend", "nccl", "--epochs", "1", "-w", "2"][..],
+        &[
+            "bench",
+            "allreduce",
+            "--backend",
+            "nccl",
+            "--sizes",
+            "4KiB",
+            "-w",
+            "2",
+        ][..],
+    ] {
+        let out = gradwire(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        if !cfg!(feature = "nccl") {
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(stderr.contains("--features nccl"), "{args:?}: {stderr}");
+        } else if !out.status.success() {
+            // With two GPUs and NCCL the run succeeds; otherwise it must
+            // say what is missing.
+            assert!(
+                stderr.contains("NCCL unavailable") || stderr.contains("CUDA"),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bench_reports_ratios_against_memcpy() {
     let out = gradwire(&[

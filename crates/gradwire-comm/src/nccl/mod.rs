@@ -1453,45 +1453,56 @@ impl Drop for Owner {
 
 /// Runs `body` on one thread per CUDA device in `ordinals`, each with its
 /// rank of one NcclComm (rank i on `ordinals[i]`), and returns the results
-/// in rank order. The in-process counterpart of `local::run`, for tests and
-/// single-host jobs.
+/// in rank order. The in-process counterpart of `local::run` (scoped
+/// threads: `body` may borrow), for tests and single-host jobs. NCCL takes
+/// one rank per device, so the ordinals must differ.
 pub fn run<R, F>(ordinals: &[usize], config: NcclConfig, body: F) -> Result<Vec<Result<R>>>
 where
-    R: Send + 'static,
-    F: Fn(NcclComm) -> Result<R> + Send + Sync + 'static,
+    R: Send,
+    F: Fn(NcclComm) -> Result<R> + Sync,
 {
     if ordinals.is_empty() {
         return Err(CommError::InvalidArgument("no devices".into()));
     }
+    let mut sorted = ordinals.to_vec();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(CommError::InvalidArgument(format!(
+            "devices {ordinals:?}: NCCL takes one rank per device"
+        )));
+    }
     let id = UniqueId::generate()?;
     let world = ordinals.len();
-    let body = Arc::new(body);
-    let threads: Vec<_> = ordinals
-        .iter()
-        .enumerate()
-        .map(|(rank, &ordinal)| {
-            let (body, config) = (Arc::clone(&body), config.clone());
-            std::thread::Builder::new()
-                .name(format!("gradwire-nccl-rank-{rank}"))
-                .spawn(move || {
-                    let comm = NcclComm::from_id(&id, rank, world, ordinal, config)?;
-                    body(comm)
-                })
-                .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))
-        })
-        .collect::<Result<_>>()?;
-    Ok(threads
-        .into_iter()
-        .enumerate()
-        .map(|(rank, t)| {
-            t.join().unwrap_or_else(|payload| {
-                Err(CommError::RankPanicked {
-                    rank,
-                    message: crate::pending::panic_message(payload.as_ref()),
+    let (body, config) = (&body, &config);
+    std::thread::scope(|scope| {
+        let threads = ordinals
+            .iter()
+            .enumerate()
+            .map(|(rank, &ordinal)| {
+                std::thread::Builder::new()
+                    .name(format!("gradwire-nccl-rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let comm = NcclComm::from_id(&id, rank, world, ordinal, config.clone())?;
+                        body(comm)
+                    })
+                    .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))
+            })
+            .collect::<Vec<_>>();
+        Ok(threads
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                t.and_then(|t| {
+                    t.join().unwrap_or_else(|payload| {
+                        Err(CommError::RankPanicked {
+                            rank,
+                            message: crate::pending::panic_message(payload.as_ref()),
+                        })
+                    })
                 })
             })
-        })
-        .collect())
+            .collect())
+    })
 }
 
 #[cfg(test)]
