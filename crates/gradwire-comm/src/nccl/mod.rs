@@ -183,7 +183,7 @@ impl NcclComm {
         }
         sys::load()?;
         let device = device(ordinal)?;
-        let owner = Owner::start(rank, Arc::clone(&device), {
+        let owner = Owner::start(rank, Arc::clone(&device), config.timeout, {
             let id = *id;
             move || sys::init_rank(&id, world, rank)
         })?;
@@ -668,7 +668,7 @@ impl NcclComm {
         match new {
             None => Ok(None),
             Some(raw) => {
-                Owner::start(self.rank, Arc::clone(&self.device), move || Ok(raw)).map(Some)
+                Owner::start(self.rank, Arc::clone(&self.device), None, move || Ok(raw)).map(Some)
             }
         }
     }
@@ -1295,7 +1295,16 @@ struct AbortState {
 impl Owner {
     /// Starts the owner thread; `make` creates the communicator there (a
     /// collective init, or a handle from a split) with the device current.
-    fn start<M>(rank: usize, device: Arc<CudaDevice>, make: M) -> Result<Owner>
+    ///
+    /// An init waits for every rank; past `timeout` this returns
+    /// `Timeout` (the blocked thread is left behind: NCCL cannot abort a
+    /// communicator that does not exist yet).
+    fn start<M>(
+        rank: usize,
+        device: Arc<CudaDevice>,
+        timeout: Option<Duration>,
+        make: M,
+    ) -> Result<Owner>
     where
         M: FnOnce() -> Result<RawComm> + Send + 'static,
     {
@@ -1337,7 +1346,14 @@ impl Owner {
                 }
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))?;
-        match ready_rx.recv() {
+        let start = Instant::now();
+        let ready = match timeout {
+            None => ready_rx
+                .recv()
+                .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+            Some(limit) => ready_rx.recv_timeout(limit),
+        };
+        match ready {
             Ok(Ok(())) => Ok(Owner {
                 jobs: Some(jobs),
                 thread: Some(thread),
@@ -1347,7 +1363,12 @@ impl Owner {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => {
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(CommError::Timeout {
+                op: "ncclCommInitRank",
+                waited: start.elapsed(),
+                missing: Vec::new(),
+            }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let _ = thread.join();
                 Err(CommError::WorkerStopped)
             }
@@ -1470,6 +1491,11 @@ where
         return Err(CommError::InvalidArgument(format!(
             "devices {ordinals:?}: NCCL takes one rank per device"
         )));
+    }
+    // Every device must exist before any rank starts: a rank that failed
+    // alone would leave the others in ncclCommInitRank until the deadline.
+    for &ordinal in ordinals {
+        device(ordinal)?;
     }
     let id = UniqueId::generate()?;
     let world = ordinals.len();
