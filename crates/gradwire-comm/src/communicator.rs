@@ -180,11 +180,7 @@ pub trait Communicator: Send + Sized {
 
     /// [`Communicator::all_reduce`] of a tensor.
     fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
-        match tensor.dtype() {
-            DType::F32 => self.all_reduce(tensor.as_mut_slice::<f32>()?, op),
-            DType::F16 => self.all_reduce(tensor.as_mut_slice::<half::f16>()?, op),
-            DType::BF16 => self.all_reduce(tensor.as_mut_slice::<half::bf16>()?, op),
-        }
+        all_reduce_host_tensor(self, tensor, op)
     }
 
     /// [`Communicator::all_reduce`] of a tensor on the communication thread.
@@ -194,11 +190,7 @@ pub trait Communicator: Send + Sized {
 
     /// [`Communicator::broadcast`] of a tensor.
     fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
-        match tensor.dtype() {
-            DType::F32 => self.broadcast(tensor.as_mut_slice::<f32>()?, root),
-            DType::F16 => self.broadcast(tensor.as_mut_slice::<half::f16>()?, root),
-            DType::BF16 => self.broadcast(tensor.as_mut_slice::<half::bf16>()?, root),
-        }
+        broadcast_host_tensor(self, tensor, root)
     }
 
     /// [`Communicator::all_gather`] of tensors: `recv` must have the same
@@ -256,5 +248,33 @@ fn check_same_dtype(op: &'static str, send: &Tensor, recv: &Tensor) -> Result<()
             send.dtype(),
             recv.dtype()
         )))
+    }
+}
+
+/// [`Communicator::all_reduce_tensor`] through the slice method: the default,
+/// and what a backend with a device path of its own runs for host tensors.
+pub(crate) fn all_reduce_host_tensor<C: Communicator>(
+    comm: &C,
+    tensor: &mut Tensor,
+    op: ReduceOp,
+) -> Result<()> {
+    match tensor.dtype() {
+        DType::F32 => comm.all_reduce(tensor.as_mut_slice::<f32>()?, op),
+        DType::F16 => comm.all_reduce(tensor.as_mut_slice::<half::f16>()?, op),
+        DType::BF16 => comm.all_reduce(tensor.as_mut_slice::<half::bf16>()?, op),
+    }
+}
+
+/// [`Communicator::broadcast_tensor`] through the slice method (see
+/// [`all_reduce_host_tensor`]).
+pub(crate) fn broadcast_host_tensor<C: Communicator>(
+    comm: &C,
+    tensor: &mut Tensor,
+    root: usize,
+) -> Result<()> {
+    match tensor.dtype() {
+        DType::F32 => comm.broadcast(tensor.as_mut_slice::<f32>()?, root),
+        DType::F16 => comm.broadcast(tensor.as_mut_slice::<half::f16>()?, root),
+        DType::BF16 => comm.broadcast(tensor.as_mut_slice::<half::bf16>()?, root),
     }
 }

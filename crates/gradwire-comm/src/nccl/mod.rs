@@ -132,7 +132,7 @@ pub struct NcclComm {
     worker: OnceCell<Worker<NcclComm>>,
     /// Sends in flight: their device buffers stay alive until their event
     /// fires.
-    outbox: RefCell<Vec<(CudaEvent, CudaSlice<u8>)>>,
+    outbox: RefCell<Vec<(CudaEvent, Vec<CudaSlice<u8>>)>>,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -521,10 +521,10 @@ impl NcclComm {
     fn reap(&self) -> Result<()> {
         let mut outbox = self.outbox.borrow_mut();
         let mut kept = Vec::with_capacity(outbox.len());
-        for (event, buffer) in outbox.drain(..) {
+        for (event, buffers) in outbox.drain(..) {
             match event.try_is_complete() {
-                Ok(true) => drop(buffer),
-                Ok(false) => kept.push((event, buffer)),
+                Ok(true) => drop(buffers),
+                Ok(false) => kept.push((event, buffers)),
                 Err(e) => return Err(driver("cuEventQuery", e)),
             }
         }
@@ -534,8 +534,9 @@ impl NcclComm {
 
     /// The exchange both reductions are made of: this rank receives its
     /// chunk of every rank's `send` (device bytes of `len` elements of
-    /// `elem_bytes` each) into `stage` (W chunks back to back), its own
-    /// chunk copied in place. Waits for the exchange.
+    /// `elem_bytes` each) into `stage` (W chunks back to back). Its own
+    /// chunk's slot is left to the caller: the host path reads it from the
+    /// caller's slice, the device path copies it. Waits for the exchange.
     fn scatter_chunks(
         &self,
         send: &CudaView<'_, u8>,
@@ -574,18 +575,6 @@ impl NcclComm {
                     sys::ops::exchange(comm, &sends, &recvs, stream as _)
                 }
             })?;
-        }
-        // The own chunk: a device-to-device copy, never sent to itself.
-        if n > 0 {
-            let src = send
-                .try_slice(mine.start * elem_bytes..mine.end * elem_bytes)
-                .ok_or_else(|| CommError::InvalidArgument("chunk beyond the buffer".into()))?;
-            let mut dst = stage
-                .try_slice_mut(me * n * elem_bytes..(me + 1) * n * elem_bytes)
-                .ok_or_else(|| CommError::InvalidArgument("chunk beyond the stage".into()))?;
-            self.stream
-                .memcpy_dtod(&src, &mut dst)
-                .map_err(|e| driver("cuMemcpyDtoD", e))?;
         }
         Ok(())
     }
@@ -639,7 +628,6 @@ impl NcclComm {
         let n = out.len();
         let mut stage = self.scratch(self.size * n * size)?;
         self.scatter_chunks(&send.as_view(), len, size, &mut stage.as_view_mut())?;
-        self.wait("own chunk")?;
         let mut host = vec![T::zeroed(); self.size * n];
         self.download(&stage, bytemuck::cast_slice_mut(&mut host))?;
         let sources: Vec<&[T]> = (0..self.size)
@@ -684,46 +672,68 @@ impl NcclComm {
         }
     }
 
-    /// The send half of `send` and `sendrecv`: header, then payload, in one
-    /// group; the buffers stay in the outbox until the peer received them.
-    fn queue_send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
-        let mut header = [0u8; 16];
-        header[..8].copy_from_slice(&(elem_index(T::TYPE) as u64).to_le_bytes());
-        header[8..].copy_from_slice(&(buf.len() as u64).to_le_bytes());
-        let mut message = header.to_vec();
-        message.extend_from_slice(bytemuck::cast_slice(buf));
-        let device = self.upload(&message)?;
-        let payload = message.len() - 16;
-        {
-            let (p, _p) = device.device_ptr(&self.stream);
-            let sends = [
-                Transfer {
-                    peer: dest,
-                    ptr: p,
-                    bytes: 16,
-                },
-                Transfer {
-                    peer: dest,
-                    ptr: p + 16,
-                    bytes: payload,
-                },
-            ];
-            // SAFETY of the queued call: both transfers lie in `device`,
-            // which the outbox keeps until the stream passed them.
-            let stream = self.stream.cu_stream() as usize;
-            self.owner.call("send", self.config.timeout, move |comm| {
-                #[allow(unsafe_code)]
-                // SAFETY: see above.
-                unsafe {
-                    sys::ops::exchange(comm, &sends, &[], stream as _)
-                }
-            })?;
+    /// Queues one NCCL group on the owner thread: the first `bytes` of a
+    /// buffer to rank `peer` (`send`), and/or `bytes` into a buffer from rank
+    /// `peer` (`recv`). The ranges are checked against the buffers here; the
+    /// caller keeps the buffers alive until the stream has passed the group
+    /// (it waits, or parks them in the outbox).
+    fn queue_p2p(
+        &self,
+        op: &'static str,
+        send: Option<(usize, &CudaSlice<u8>, usize)>,
+        recv: Option<(usize, &mut CudaSlice<u8>, usize)>,
+    ) -> Result<()> {
+        let short = |have: usize, want: usize| {
+            CommError::InvalidArgument(format!("{op}: {want} bytes through a buffer of {have}"))
+        };
+        let mut sends = Vec::with_capacity(1);
+        let mut recvs = Vec::with_capacity(1);
+        let mut guards = Vec::with_capacity(2);
+        if let Some((peer, buf, bytes)) = send {
+            if buf.len() < bytes {
+                return Err(short(buf.len(), bytes));
+            }
+            let (ptr, guard) = buf.device_ptr(&self.stream);
+            guards.push(guard);
+            sends.push(Transfer { peer, ptr, bytes });
         }
+        if let Some((peer, buf, bytes)) = recv {
+            if buf.len() < bytes {
+                return Err(short(buf.len(), bytes));
+            }
+            let (ptr, guard) = buf.device_ptr_mut(&self.stream);
+            guards.push(guard);
+            recvs.push(Transfer { peer, ptr, bytes });
+        }
+        let stream = self.stream.cu_stream() as usize;
+        let queued = self.owner.call(op, self.config.timeout, move |comm| {
+            #[allow(unsafe_code)]
+            // SAFETY: every transfer lies in a buffer checked above, which
+            // the caller keeps until the stream has passed the group.
+            unsafe {
+                sys::ops::exchange(comm, &sends, &recvs, stream as _)
+            }
+        });
+        // The guards record the buffers' use on the stream after the group.
+        drop(guards);
+        queued
+    }
+
+    /// The send half of `send`: header, then payload, queued (not waited
+    /// for); the buffers stay in the outbox until the peer received them.
+    fn queue_send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+        let header = self.upload(&encode_message_header(T::TYPE, buf.len()))?;
+        let payload = self.upload(bytes_of(buf))?;
+        self.queue_p2p("send", Some((dest, &header, 16)), None)?;
+        let bytes = std::mem::size_of_val(buf);
+        self.queue_p2p("send", Some((dest, &payload, bytes)), None)?;
         let event = self
             .stream
             .record_event(None)
             .map_err(|e| driver("cuEventRecord", e))?;
-        self.outbox.borrow_mut().push((event, device));
+        self.outbox
+            .borrow_mut()
+            .push((event, vec![header, payload]));
         Ok(())
     }
 
@@ -731,43 +741,15 @@ impl NcclComm {
     /// long as the sender says (consumed even when it does not fit `buf`).
     fn receive<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
         let mut header = self.scratch(16)?;
-        {
-            let (h, _h) = header.device_ptr_mut(&self.stream);
-            let recvs = [Transfer {
-                peer: src,
-                ptr: h,
-                bytes: 16,
-            }];
-            self.issue("recv", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: the transfer is `header`'s 16 bytes, alive until
-                // `wait` returns.
-                unsafe {
-                    sys::ops::exchange(comm, &[], &recvs, stream as _)
-                }
-            })?;
-        }
+        self.queue_p2p("recv", None, Some((src, &mut header, 16)))?;
+        self.wait("recv")?;
         let mut head = [0u8; 16];
         self.download(&header, &mut head)?;
         let (elem, len) = decode_message_header(&head)?;
         let bytes = elem.map_or(0, |e| len.saturating_mul(e.size_in_bytes()));
         let mut payload = self.scratch(bytes)?;
-        {
-            let (p, _p) = payload.device_ptr_mut(&self.stream);
-            let recvs = [Transfer {
-                peer: src,
-                ptr: p,
-                bytes,
-            }];
-            self.issue("recv", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: the transfer is `payload`'s bytes, alive until
-                // `wait` returns.
-                unsafe {
-                    sys::ops::exchange(comm, &[], &recvs, stream as _)
-                }
-            })?;
-        }
+        self.queue_p2p("recv", None, Some((src, &mut payload, bytes)))?;
+        self.wait("recv")?;
         self.deliver(elem, len, &payload, buf, src)
     }
 }
@@ -784,62 +766,26 @@ impl NcclComm {
         recv: &mut [T],
         src: usize,
     ) -> Result<()> {
-        let mut header = [0u8; 16];
-        header[..8].copy_from_slice(&(elem_index(T::TYPE) as u64).to_le_bytes());
-        header[8..].copy_from_slice(&(send.len() as u64).to_le_bytes());
-        let out_header = self.upload(&header)?;
+        let out_header = self.upload(&encode_message_header(T::TYPE, send.len()))?;
         let mut in_header = self.scratch(16)?;
-        {
-            let (o, _o) = out_header.device_ptr(&self.stream);
-            let (i, _i) = in_header.device_ptr_mut(&self.stream);
-            let sends = [Transfer {
-                peer: dest,
-                ptr: o,
-                bytes: 16,
-            }];
-            let recvs = [Transfer {
-                peer: src,
-                ptr: i,
-                bytes: 16,
-            }];
-            self.issue("sendrecv", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: both transfers are the 16 bytes of live buffers
-                // that outlive the wait.
-                unsafe {
-                    sys::ops::exchange(comm, &sends, &recvs, stream as _)
-                }
-            })?;
-        }
+        self.queue_p2p(
+            "sendrecv",
+            Some((dest, &out_header, 16)),
+            Some((src, &mut in_header, 16)),
+        )?;
+        self.wait("sendrecv")?;
         let mut head = [0u8; 16];
         self.download(&in_header, &mut head)?;
         let (elem, len) = decode_message_header(&head)?;
         let incoming = elem.map_or(0, |e| len.saturating_mul(e.size_in_bytes()));
         let out_payload = self.upload(bytes_of(send))?;
         let mut in_payload = self.scratch(incoming)?;
-        {
-            let (o, _o) = out_payload.device_ptr(&self.stream);
-            let (i, _i) = in_payload.device_ptr_mut(&self.stream);
-            let sends = [Transfer {
-                peer: dest,
-                ptr: o,
-                bytes: std::mem::size_of_val(send),
-            }];
-            let recvs = [Transfer {
-                peer: src,
-                ptr: i,
-                bytes: incoming,
-            }];
-            self.issue("sendrecv", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: each transfer covers a live buffer of at least its
-                // byte count (`scratch` allocates max(bytes, 1)), kept until
-                // the wait returns.
-                unsafe {
-                    sys::ops::exchange(comm, &sends, &recvs, stream as _)
-                }
-            })?;
-        }
+        self.queue_p2p(
+            "sendrecv",
+            Some((dest, &out_payload, std::mem::size_of_val(send))),
+            Some((src, &mut in_payload, incoming)),
+        )?;
+        self.wait("sendrecv")?;
         self.deliver(elem, len, &in_payload, recv, src)
     }
 
@@ -868,6 +814,19 @@ impl NcclComm {
             }),
         }
     }
+}
+
+/// The 16-byte header a point-to-point message starts with: the element
+/// type's index in [`ElemType::ALL`] and the length, little-endian.
+fn encode_message_header(elem: ElemType, len: usize) -> [u8; 16] {
+    let index = ElemType::ALL
+        .iter()
+        .position(|&e| e == elem)
+        .unwrap_or(usize::MAX);
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    head[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    head
 }
 
 /// The element type and length a message header announces.
@@ -913,14 +872,6 @@ impl Drop for NcclComm {
         // `owner` drops after this body: its thread destroys the
         // communicator (unless aborted).
     }
-}
-
-/// The element type's index in [`ElemType::ALL`], the send header's tag.
-fn elem_index(elem: ElemType) -> usize {
-    ElemType::ALL
-        .iter()
-        .position(|&e| e == elem)
-        .unwrap_or(usize::MAX)
 }
 
 /// Bytes of a host slice.
@@ -1124,30 +1075,14 @@ impl Communicator for NcclComm {
     fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
         match tensor.storage() {
             Storage::Cuda(_) => self.broadcast_device(tensor, root),
-            Storage::Cpu(_) => match tensor.dtype() {
-                gradwire_tensor::DType::F32 => self.broadcast(tensor.as_mut_slice::<f32>()?, root),
-                gradwire_tensor::DType::F16 => {
-                    self.broadcast(tensor.as_mut_slice::<half::f16>()?, root)
-                }
-                gradwire_tensor::DType::BF16 => {
-                    self.broadcast(tensor.as_mut_slice::<half::bf16>()?, root)
-                }
-            },
+            Storage::Cpu(_) => crate::communicator::broadcast_host_tensor(self, tensor, root),
         }
     }
 
     fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         match tensor.storage() {
             Storage::Cuda(_) => self.all_reduce_device(tensor, op),
-            Storage::Cpu(_) => match tensor.dtype() {
-                gradwire_tensor::DType::F32 => self.all_reduce(tensor.as_mut_slice::<f32>()?, op),
-                gradwire_tensor::DType::F16 => {
-                    self.all_reduce(tensor.as_mut_slice::<half::f16>()?, op)
-                }
-                gradwire_tensor::DType::BF16 => {
-                    self.all_reduce(tensor.as_mut_slice::<half::bf16>()?, op)
-                }
-            },
+            Storage::Cpu(_) => crate::communicator::all_reduce_host_tensor(self, tensor, op),
         }
     }
 }
@@ -1234,16 +1169,28 @@ impl NcclComm {
         let ordinal = self.device.ordinal();
         let (storage, tensor_stream) = self.device_storage(tensor)?;
         let mut stage = CudaStorage::alloc_zeros(w * n, dtype, ordinal).map_err(cuda)?;
-        self.scatter_chunks(
-            &storage.buffer().as_bytes().map_err(cuda)?,
-            len,
-            size,
-            &mut stage
+        {
+            let send = storage.buffer().as_bytes().map_err(cuda)?;
+            let mut slots = stage
                 .buffer_mut()
                 .map_err(cuda)?
                 .as_bytes_mut()
-                .map_err(cuda)?,
-        )?;
+                .map_err(cuda)?;
+            self.scatter_chunks(&send, len, size, &mut slots)?;
+            // The own chunk: a device-to-device copy, never sent to itself.
+            if n > 0 {
+                let mine = chunk_range(len, w, me);
+                let src = send
+                    .try_slice(mine.start * size..mine.end * size)
+                    .ok_or_else(|| CommError::InvalidArgument("chunk beyond the buffer".into()))?;
+                let mut dst = slots
+                    .try_slice_mut(me * n * size..(me + 1) * n * size)
+                    .ok_or_else(|| CommError::InvalidArgument("chunk beyond the stage".into()))?;
+                self.stream
+                    .memcpy_dtod(&src, &mut dst)
+                    .map_err(|e| driver("cuMemcpyDtoD", e))?;
+            }
+        }
         // The reduced chunk, in a block as long as the largest chunk (the
         // all-gather's block size; the tail is never read back).
         let mut reduced = CudaStorage::alloc_zeros(n, dtype, ordinal).map_err(cuda)?;
@@ -1581,9 +1528,7 @@ mod tests {
     #[test]
     fn message_headers_round_trip_and_reject_unknown_types() {
         for (i, &elem) in ElemType::ALL.iter().enumerate() {
-            let mut head = [0u8; 16];
-            head[..8].copy_from_slice(&(elem_index(elem) as u64).to_le_bytes());
-            head[8..].copy_from_slice(&(1000 + i as u64).to_le_bytes());
+            let head = encode_message_header(elem, 1000 + i);
             assert_eq!(
                 decode_message_header(&head).expect("decodes"),
                 (Some(elem), 1000 + i)
