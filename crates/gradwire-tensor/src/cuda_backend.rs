@@ -5,8 +5,9 @@
 //! [`CudaStorage`]'s API. With the `cuda` feature it is the real thing (see
 //! the `driver` module: `CudaDevice`, the driver probed before any call,
 //! PTX modules loaded lazily and cached per device, host<->device copies;
-//! `launch`, the launch geometry of every kernel; `collective`, the kernels
-//! communicators run between transfers).
+//! `launch`, the launch geometry of every kernel; `ops`, the CUDA forms of
+//! every tensor operation; `collective`, the kernels communicators run
+//! between transfers).
 //! Without it, a stand-in whose every constructor returns
 //! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).
 //!
@@ -21,6 +22,8 @@ pub mod collective;
 mod driver;
 #[cfg(feature = "cuda")]
 pub mod launch;
+#[cfg(feature = "cuda")]
+mod ops;
 
 #[cfg(feature = "cuda")]
 pub use driver::{CudaDevice, CudaStorage, DeviceBuffer};
@@ -31,6 +34,7 @@ pub use stub::CudaStorage;
 #[cfg(not(feature = "cuda"))]
 mod stub {
     use std::convert::Infallible;
+    use std::ops::Range;
 
     use crate::dtype::DType;
     use crate::error::{Error, Result};
@@ -82,6 +86,97 @@ mod stub {
 
         /// The CUDA device ordinal holding the memory.
         pub fn ordinal(&self) -> usize {
+            match self.never {}
+        }
+
+        /// Overwrites every element with zero.
+        pub fn zero_fill(&mut self) -> Result<()> {
+            match self.never {}
+        }
+
+        /// Sets every element to `value`.
+        pub fn fill(&mut self, value: f32) -> Result<()> {
+            let _ = value;
+            match self.never {}
+        }
+
+        /// Copies `src` into this storage.
+        pub fn copy_from(&mut self, src: &CudaStorage) -> Result<()> {
+            let _ = src;
+            match self.never {}
+        }
+
+        /// Copies elements `src_range` of `src` to `dst_offset`, converting.
+        pub fn copy_range_from(
+            &mut self,
+            dst_offset: usize,
+            src: &CudaStorage,
+            src_range: Range<usize>,
+        ) -> Result<()> {
+            let _ = (dst_offset, src, src_range);
+            match self.never {}
+        }
+
+        /// Sets elements `range` to zero.
+        pub fn zero_range(&mut self, range: Range<usize>) -> Result<()> {
+            let _ = range;
+            match self.never {}
+        }
+
+        /// These values converted to `dtype`.
+        pub fn to_dtype(&self, dtype: DType) -> Result<CudaStorage> {
+            let _ = dtype;
+            match self.never {}
+        }
+
+        /// `self += a * x`.
+        pub fn axpy(&mut self, a: f32, x: &CudaStorage) -> Result<()> {
+            let _ = (a, x);
+            match self.never {}
+        }
+
+        /// `self *= a`.
+        pub fn scale(&mut self, a: f32) -> Result<()> {
+            let _ = a;
+            match self.never {}
+        }
+
+        /// Clamps to `[-c, c]`.
+        pub fn clamp(&mut self, c: f32) -> Result<()> {
+            let _ = c;
+            match self.never {}
+        }
+
+        /// `self += x`.
+        pub fn add(&mut self, x: &CudaStorage) -> Result<()> {
+            let _ = x;
+            match self.never {}
+        }
+
+        /// `self *= x`.
+        pub fn mul(&mut self, x: &CudaStorage) -> Result<()> {
+            let _ = x;
+            match self.never {}
+        }
+
+        /// `sum_i self_i * other_i` in f64.
+        pub fn dot(&self, other: &CudaStorage) -> Result<f64> {
+            let _ = other;
+            match self.never {}
+        }
+
+        /// `sum_i self_i` in f64.
+        pub fn sum(&self) -> Result<f64> {
+            match self.never {}
+        }
+
+        /// `sum_i self_i^2` in f64.
+        pub fn sum_sq(&self) -> Result<f64> {
+            match self.never {}
+        }
+
+        /// `max_i |self_i|` in f64.
+        pub fn max_abs(&self) -> Result<f64> {
             match self.never {}
         }
     }

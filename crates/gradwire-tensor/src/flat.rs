@@ -19,7 +19,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops;
 use crate::shape::Shape;
-use crate::tensor::Tensor;
+use crate::tensor::{CudaWrite, Tensor};
 
 /// Where one tensor lives inside a flat buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -134,15 +134,20 @@ impl<'a> IntoIterator for &'a FlatLayout {
     }
 }
 
-fn require_cpu(op: &'static str, t: &Tensor) -> Result<()> {
-    if t.device().is_cpu() {
+/// Checks that `t` is on `device` (the flat buffer's).
+fn require_device(op: &'static str, t: &Tensor, device: Device) -> Result<()> {
+    if t.device() == device {
         Ok(())
     } else {
-        Err(Error::DeviceMismatch {
-            op,
-            expected: Device::Cpu,
-            got: t.device(),
-        })
+        Err(not_on(op, t, device))
+    }
+}
+
+fn not_on(op: &'static str, t: &Tensor, device: Device) -> Error {
+    Error::DeviceMismatch {
+        op,
+        expected: device,
+        got: t.device(),
     }
 }
 
@@ -152,7 +157,9 @@ fn range_error(op: &'static str) -> Error {
 
 /// Copies `tensors` back to back into `flat` and returns the layout.
 ///
-/// `flat` must be on the CPU with exactly the total element count
+/// `flat` and every tensor must be on one device ([`Error::DeviceMismatch`]
+/// otherwise; CPU, or one CUDA device where the copies run on the device)
+/// and `flat` must have exactly the total element count
 /// ([`Error::LengthMismatch`] otherwise). Each tensor is cast to `flat`'s
 /// dtype (one rounding when narrowing). Tensors are only read: a zeroed
 /// tensor packs as zeros and keeps its flag. `flat` is written, so its own
@@ -163,19 +170,21 @@ pub fn pack(tensors: &[&Tensor], flat: &mut Tensor) -> Result<FlatLayout> {
     Ok(layout)
 }
 
-/// Allocates a CPU buffer of `dtype` and [`pack`]s `tensors` into it.
+/// Allocates a buffer of `dtype` on the tensors' device (the first one's;
+/// the CPU when there are none) and [`pack`]s `tensors` into it.
 pub fn pack_new(tensors: &[&Tensor], dtype: DType) -> Result<(Tensor, FlatLayout)> {
     let layout = FlatLayout::of(tensors)?;
-    let mut flat = Tensor::zeros(layout.total(), dtype, Device::Cpu)?;
+    let device = tensors.first().map_or(Device::Cpu, |t| t.device());
+    let mut flat = Tensor::zeros(layout.total(), dtype, device)?;
     pack_with(tensors, &layout, &mut flat)?;
     Ok((flat, layout))
 }
 
 /// [`pack`] with the layout of `tensors` already computed.
 fn pack_with(tensors: &[&Tensor], layout: &FlatLayout, flat: &mut Tensor) -> Result<()> {
-    require_cpu("pack", flat)?;
+    let device = flat.device();
     for t in tensors {
-        require_cpu("pack", t)?;
+        require_device("pack", t, device)?;
     }
     if flat.len() != layout.total() {
         return Err(Error::LengthMismatch {
@@ -183,6 +192,17 @@ fn pack_with(tensors: &[&Tensor], layout: &FlatLayout, flat: &mut Tensor) -> Res
             expected: layout.total(),
             got: flat.len(),
         });
+    }
+    if let Some(dst) = flat.cuda_write(CudaWrite::Overwrite)? {
+        for (t, entry) in tensors.iter().zip(layout) {
+            if t.is_zeroed() {
+                dst.zero_range(entry.range())?;
+            } else {
+                let src = t.cuda_values()?.ok_or_else(|| not_on("pack", t, device))?;
+                dst.copy_range_from(entry.offset(), &src, 0..entry.len())?;
+            }
+        }
+        return Ok(());
     }
     with_dtype!(flat.dtype(), D => {
         let dst = flat.overwrite_slice::<D>("pack")?;
@@ -201,15 +221,15 @@ fn pack_with(tensors: &[&Tensor], layout: &FlatLayout, flat: &mut Tensor) -> Res
 /// Copies each range of `flat` back into the matching tensor, casting to the
 /// tensor's dtype.
 ///
-/// Errors, checked before anything is written: `flat` or a tensor not on the
-/// CPU ([`Error::DeviceMismatch`]); `flat.len() != layout.total()` or a tensor
+/// Errors, checked before anything is written: a tensor not on `flat`'s
+/// device ([`Error::DeviceMismatch`]); `flat.len() != layout.total()` or a tensor
 /// count different from the layout's ([`Error::LengthMismatch`]); a tensor
 /// whose shape differs from its entry ([`Error::ShapeMismatch`], `lhs` the
 /// tensor's shape, `rhs` the layout's). Every destination is written, so
 /// every destination's zeroed flag is cleared; a zeroed `flat` unpacks as
 /// zeros.
 pub fn unpack(flat: &Tensor, layout: &FlatLayout, tensors: &mut [&mut Tensor]) -> Result<()> {
-    require_cpu("unpack", flat)?;
+    let device = flat.device();
     if flat.len() != layout.total() {
         return Err(Error::LengthMismatch {
             op: "unpack",
@@ -225,7 +245,7 @@ pub fn unpack(flat: &Tensor, layout: &FlatLayout, tensors: &mut [&mut Tensor]) -
         });
     }
     for (t, entry) in tensors.iter().zip(layout) {
-        require_cpu("unpack", t)?;
+        require_device("unpack", t, device)?;
         if t.shape() != entry.shape() {
             return Err(Error::ShapeMismatch {
                 op: "unpack",
@@ -237,6 +257,20 @@ pub fn unpack(flat: &Tensor, layout: &FlatLayout, tensors: &mut [&mut Tensor]) -
     if flat.is_zeroed() {
         for t in tensors.iter_mut() {
             t.fill(0.0)?;
+        }
+        return Ok(());
+    }
+    if let Some(src) = flat.cuda_values()? {
+        for (t, entry) in tensors.iter_mut().zip(layout) {
+            let on = t.device();
+            let dst = t
+                .cuda_write(CudaWrite::Overwrite)?
+                .ok_or(Error::DeviceMismatch {
+                    op: "unpack",
+                    expected: device,
+                    got: on,
+                })?;
+            dst.copy_range_from(0, &src, entry.range())?;
         }
         return Ok(());
     }

@@ -4,7 +4,10 @@
 //! upper crates (compression, collectives, optimizers) can use them on their
 //! own buffers, e.g. `&mut [f32]` chunks of a fusion buffer, without building
 //! a [`Tensor`]. The `Tensor` methods check device, dtype and shape, honour the
-//! zeroed flag and dispatch to the same slice kernels.
+//! zeroed flag and dispatch to the same slice kernels, or for CUDA tensors to
+//! their device forms ([`CudaStorage`]'s methods, the kernels of
+//! `kernels/cuda/`), which give the same results (bitwise for the
+//! elementwise ops and `max_abs`; the f64 sums add in another fixed order).
 //!
 //! # Precision
 //!
@@ -25,10 +28,11 @@
 //! on the length, never on the dtype, the block size or timing, so results are
 //! bitwise deterministic.
 
-use crate::device::Device;
+use crate::cuda_backend::CudaStorage;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
+use crate::storage::Storage;
+use crate::tensor::{CudaWrite, Tensor};
 
 /// Elements converted per block for half-precision kernels: 1 KiB of f32 per
 /// operand, comfortably inside L1, and a multiple of [`LANES`] so the lane of
@@ -301,7 +305,9 @@ pub fn clamp<T: WithDType>(y: &mut [T], c: f32) -> Result<()> {
     Ok(())
 }
 
-fn check_clamp_bound(c: f32) -> Result<f32> {
+/// `c` as a valid clamp bound (`-0.0` normalised to `+0.0`), or
+/// [`Error::InvalidArgument`].
+pub(crate) fn check_clamp_bound(c: f32) -> Result<f32> {
     if c >= 0.0 {
         // Normalises -0.0 to +0.0 so the interval is [-0, +0].
         Ok(c.abs())
@@ -376,6 +382,9 @@ impl Tensor {
     /// Sets every element to `value` rounded to the dtype. A write: clears the
     /// zeroed flag (without a useless zero memset first).
     pub fn fill(&mut self, value: f32) -> Result<()> {
+        if let Some(y) = self.cuda_write(CudaWrite::Overwrite)? {
+            return y.fill(value);
+        }
         with_dtype!(self.dtype(), T => fill(self.overwrite_slice::<T>("fill")?, value));
         Ok(())
     }
@@ -387,6 +396,12 @@ impl Tensor {
         if src.is_zeroed() {
             return self.fill(0.0);
         }
+        if let Some(x) = src.cuda_values()? {
+            let y = self
+                .cuda_write(CudaWrite::Overwrite)?
+                .ok_or_else(device_bug)?;
+            return y.copy_from(&x);
+        }
         with_dtype!(self.dtype(), T => {
             copy(self.overwrite_slice::<T>("copy_from")?, src.as_slice::<T>()?)?
         });
@@ -397,6 +412,10 @@ impl Tensor {
     /// `self` starts from zeros; a zeroed `x` counts as zeros.
     pub fn axpy(&mut self, a: f32, x: &Tensor) -> Result<()> {
         check_compatible("axpy", self, x)?;
+        if let Some(x) = x.cuda_values()? {
+            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+            return y.axpy(a, &x);
+        }
         with_dtype!(self.dtype(), T => {
             axpy(self.as_mut_slice::<T>()?, a, x.as_slice::<T>()?)?
         });
@@ -405,6 +424,9 @@ impl Tensor {
 
     /// `self *= a` elementwise. A write (a zeroed tensor starts from zeros).
     pub fn scale(&mut self, a: f32) -> Result<()> {
+        if let Some(y) = self.cuda_write(CudaWrite::Update)? {
+            return y.scale(a);
+        }
         with_dtype!(self.dtype(), T => scale(self.as_mut_slice::<T>()?, a));
         Ok(())
     }
@@ -412,6 +434,10 @@ impl Tensor {
     /// `self += x` elementwise (same shape and dtype). A write.
     pub fn add(&mut self, x: &Tensor) -> Result<()> {
         check_compatible("add", self, x)?;
+        if let Some(x) = x.cuda_values()? {
+            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+            return y.add(&x);
+        }
         with_dtype!(self.dtype(), T => add(self.as_mut_slice::<T>()?, x.as_slice::<T>()?)?);
         Ok(())
     }
@@ -419,6 +445,10 @@ impl Tensor {
     /// `self *= x` elementwise (same shape and dtype). A write.
     pub fn mul(&mut self, x: &Tensor) -> Result<()> {
         check_compatible("mul", self, x)?;
+        if let Some(x) = x.cuda_values()? {
+            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+            return y.mul(&x);
+        }
         with_dtype!(self.dtype(), T => mul(self.as_mut_slice::<T>()?, x.as_slice::<T>()?)?);
         Ok(())
     }
@@ -428,6 +458,9 @@ impl Tensor {
     /// changes (the zeroed flag included).
     pub fn clamp(&mut self, c: f32) -> Result<()> {
         let c = check_clamp_bound(c)?;
+        if let Some(y) = self.cuda_write(CudaWrite::Update)? {
+            return y.clamp(c);
+        }
         with_dtype!(self.dtype(), T => clamp(self.as_mut_slice::<T>()?, c)?);
         Ok(())
     }
@@ -443,6 +476,9 @@ impl Tensor {
             (true, false) => Ok(zero_dot(other.max_abs()?)),
             (false, true) => Ok(zero_dot(self.max_abs()?)),
             (false, false) => {
+                if let (Some(a), Some(b)) = (self.cuda_values()?, other.cuda_values()?) {
+                    return a.dot(&b);
+                }
                 with_dtype!(self.dtype(), T => dot(self.as_slice::<T>()?, other.as_slice::<T>()?))
             }
         }
@@ -451,16 +487,16 @@ impl Tensor {
     /// `sum_i self_i^2` in f64; 0 for a zeroed tensor (memory not read).
     pub fn sum_sq(&self) -> Result<f64> {
         self.reduce(
-            "sum_sq",
             |s| with_dtype!(s.dtype(), T => Ok(sum_sq(s.as_slice::<T>()?))),
+            CudaStorage::sum_sq,
         )
     }
 
     /// `sum_i self_i` in f64; 0 for a zeroed tensor (memory not read).
     pub fn sum(&self) -> Result<f64> {
         self.reduce(
-            "sum",
             |s| with_dtype!(s.dtype(), T => Ok(sum(s.as_slice::<T>()?))),
+            CudaStorage::sum,
         )
     }
 
@@ -468,21 +504,33 @@ impl Tensor {
     /// any inf); see [`max_abs`].
     pub fn max_abs(&self) -> Result<f64> {
         self.reduce(
-            "max_abs",
             |s| with_dtype!(s.dtype(), T => Ok(max_abs(s.as_slice::<T>()?))),
+            CudaStorage::max_abs,
         )
     }
 
-    fn reduce(&self, op: &'static str, f: impl FnOnce(&Tensor) -> Result<f64>) -> Result<f64> {
-        if !self.device().is_cpu() {
-            return Err(Error::DeviceMismatch {
-                op,
-                expected: Device::Cpu,
-                got: self.device(),
-            });
+    /// A reduction: 0 while zeroed (memory not read), else `on_cpu` or
+    /// `on_cuda` by device.
+    fn reduce(
+        &self,
+        on_cpu: impl FnOnce(&Tensor) -> Result<f64>,
+        on_cuda: impl FnOnce(&CudaStorage) -> Result<f64>,
+    ) -> Result<f64> {
+        if self.is_zeroed() {
+            return Ok(0.0);
         }
-        if self.is_zeroed() { Ok(0.0) } else { f(self) }
+        match self.storage() {
+            Storage::Cpu(_) => on_cpu(self),
+            Storage::Cuda(s) => on_cuda(s),
+        }
     }
+}
+
+/// The error for a tensor whose device changed between two checks of the
+/// same call: [`check_compatible`] found both operands on one device, so a
+/// CUDA operand with a CPU destination cannot happen.
+fn device_bug() -> Error {
+    Error::InvalidArgument("operands on different devices after the device check".into())
 }
 
 /// The dot product of real zeros with a vector whose `max_abs` is `m`.

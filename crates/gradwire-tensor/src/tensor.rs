@@ -25,6 +25,7 @@
 //! The optimizer and the collectives then test [`Tensor::is_zeroed`] to skip
 //! work for gradients nobody wrote since the last reset.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -47,6 +48,16 @@ pub struct Tensor {
     /// Zeros handed out by reads while `zeroed` is set; dropped on the first
     /// write. Always the same dtype and length as `storage` when filled.
     zero_view: OnceLock<CpuStorage>,
+}
+
+/// How an op on a CUDA tensor writes it (see [`Tensor::cuda_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CudaWrite {
+    /// Reads the old values (axpy, scale, ...): a zeroed tensor starts from
+    /// real zeros.
+    Update,
+    /// Writes every element without reading (fill, copy, unpack).
+    Overwrite,
 }
 
 /// The element count of `shape`, checked so that neither the count nor the
@@ -300,21 +311,49 @@ impl Tensor {
     /// cleared. [`Error::DeviceMismatch`] for a CPU tensor.
     #[cfg(feature = "cuda")]
     pub fn cuda_storage_mut(&mut self) -> Result<&mut CudaStorage> {
-        let not_cuda = Error::DeviceMismatch {
-            op: "cuda_storage_mut",
-            expected: Device::Cuda(0),
-            got: Device::Cpu,
+        self.cuda_write(CudaWrite::Update)?
+            .ok_or(Error::DeviceMismatch {
+                op: "cuda_storage_mut",
+                expected: Device::Cuda(0),
+                got: Device::Cpu,
+            })
+    }
+
+    /// For a CUDA tensor, its storage to write, after applying the zeroed
+    /// flag's write rule: [`CudaWrite::Update`] first sets a zeroed tensor's
+    /// memory to zeros, [`CudaWrite::Overwrite`] (the op writes every
+    /// element) skips that memset; both clear the flag. `None`, with nothing
+    /// changed, for a CPU tensor.
+    pub(crate) fn cuda_write(&mut self, mode: CudaWrite) -> Result<Option<&mut CudaStorage>> {
+        let Storage::Cuda(storage) = &mut self.storage else {
+            return Ok(None);
         };
         if self.zeroed {
-            match &mut self.storage {
-                Storage::Cuda(s) => s.zero_fill()?,
-                Storage::Cpu(_) => return Err(not_cuda),
+            if mode == CudaWrite::Update {
+                storage.zero_fill()?;
             }
-            self.clear_zeroed();
+            self.zeroed = false;
+            drop(self.zero_view.take());
         }
         match &mut self.storage {
-            Storage::Cuda(s) => Ok(s),
-            Storage::Cpu(_) => Err(not_cuda),
+            Storage::Cuda(storage) => Ok(Some(storage)),
+            Storage::Cpu(_) => Ok(None),
+        }
+    }
+
+    /// For a CUDA tensor, its values as an operand of a device op: the
+    /// storage itself, or while zeroed a fresh zero-filled one (so a zeroed
+    /// operand behaves exactly like real zeros, `0 * inf` included). `None`
+    /// for a CPU tensor.
+    pub(crate) fn cuda_values(&self) -> Result<Option<Cow<'_, CudaStorage>>> {
+        let Storage::Cuda(storage) = &self.storage else {
+            return Ok(None);
+        };
+        if self.zeroed {
+            let zeros = CudaStorage::alloc_zeros(self.len(), self.dtype(), storage.ordinal())?;
+            Ok(Some(Cow::Owned(zeros)))
+        } else {
+            Ok(Some(Cow::Borrowed(storage)))
         }
     }
 
@@ -428,13 +467,22 @@ impl Tensor {
     /// keeping NaN and ±inf, overflowing to ±inf and producing subnormals
     /// where the target has them. f16 <-> bf16 therefore rounds exactly once.
     ///
-    /// Like every constructor the result is not flagged zeroed; a zeroed
-    /// source converts to real zeros.
+    /// The result is on the same device (a CUDA tensor converts on the
+    /// device, bitwise as on the CPU). Like every constructor it is not
+    /// flagged zeroed; a zeroed source converts to real zeros.
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
-        let src = self.cpu("to_dtype")?;
         if self.zeroed {
-            return Tensor::zeros(self.shape.clone(), dtype, Device::Cpu);
+            return Tensor::zeros(self.shape.clone(), dtype, self.device());
         }
+        let src = match &self.storage {
+            Storage::Cpu(src) => src,
+            Storage::Cuda(src) => {
+                return Ok(Tensor::from_parts(
+                    Storage::Cuda(src.to_dtype(dtype)?),
+                    self.shape.clone(),
+                ));
+            }
+        };
         let mut dst = CpuStorage::zeros(dtype, self.len());
         with_dtype!(self.dtype(), S => {
             let s = S::cpu_slice(src).ok_or_else(|| self.dtype_err::<S>("to_dtype"))?;

@@ -1,0 +1,547 @@
+//! The CUDA forms of gradwire-tensor's operations (`crate::ops`, casts and
+//! the flat pack/unpack copies) on [`CudaStorage`], launching the kernels of
+//! `kernels/cuda/{elementwise,cast,reduce}.cu` on the device's stream.
+//!
+//! The results match the CPU's: elementwise ops and casts bitwise (f32
+//! arithmetic, one rounding per half-precision element, no FMA: the PTX is
+//! built with `--fmad=false`); `max_abs` exactly (it involves no rounding);
+//! the f64 sums within the rounding of f64 additions, since the GPU adds in a
+//! different, but fixed, order (see `reduce.cu`): a result depends only on
+//! the data, never on timing.
+//!
+//! Every method checks its operands (device, dtype, length) before queuing
+//! anything, so an error leaves the memory unchanged. Kernels are queued
+//! asynchronously; the reductions and [`CudaStorage::to_cpu`] wait for them.
+//! The kernels take `T*` for the element type `T`; launchers pass the
+//! buffer's byte view ([`DeviceBuffer::as_bytes`](super::DeviceBuffer::as_bytes)),
+//! which is the same device address, so one launcher serves the three
+//! dtypes.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DriverError, PushKernelArg};
+use gradwire_kernels::{cast, elementwise, reduce};
+
+use super::driver::{CudaDevice, CudaStorage};
+use super::launch::{blocks, blocks_for, driver_error, grid_stride, len_arg};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The kernel of `names` (the f32, f16 and bf16 forms, in that order) for
+/// `dtype`.
+fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
+    let [f32, f16, bf16] = names;
+    match dtype {
+        DType::F32 => f32,
+        DType::F16 => f16,
+        DType::BF16 => bf16,
+    }
+}
+
+/// The conversion kernel from `src` to `dst` (`None` when they are equal: a
+/// copy).
+fn cast_kernel(src: DType, dst: DType) -> Option<&'static str> {
+    use DType::{BF16, F16, F32};
+    Some(match (src, dst) {
+        (F32, F16) => cast::CAST_F32_F16,
+        (F32, BF16) => cast::CAST_F32_BF16,
+        (F16, F32) => cast::CAST_F16_F32,
+        (BF16, F32) => cast::CAST_BF16_F32,
+        (F16, BF16) => cast::CAST_F16_BF16,
+        (BF16, F16) => cast::CAST_BF16_F16,
+        (F32, F32) | (F16, F16) | (BF16, BF16) => return None,
+    })
+}
+
+/// A launch's outcome as this crate's error, naming the kernel.
+fn launched<T>(kernel: &str, result: std::result::Result<T, DriverError>) -> Result<()> {
+    result
+        .map(|_| ())
+        .map_err(|e| driver_error(&format!("launching `{kernel}`"), e))
+}
+
+fn alloc_zeros<T>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>>
+where
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
+{
+    stream
+        .alloc_zeros::<T>(len)
+        .map_err(|e| driver_error("cuMemAlloc / cuMemsetD8", e))
+}
+
+/// The byte range of elements `range` of a `dtype` buffer.
+fn byte_range(range: &Range<usize>, dtype: DType) -> Range<usize> {
+    let size = dtype.size_in_bytes();
+    range.start * size..range.end * size
+}
+
+fn out_of_bounds(op: &str, range: &Range<usize>, len: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "{op}: range {}..{} out of bounds for {len} elements",
+        range.start, range.end
+    ))
+}
+
+impl CudaStorage {
+    /// Checks that `other` lives on this storage's device and has its dtype
+    /// and length (the preconditions of every elementwise op).
+    fn check_operand(&self, op: &'static str, other: &CudaStorage) -> Result<()> {
+        if other.ordinal() != self.ordinal() {
+            return Err(Error::DeviceMismatch {
+                op,
+                expected: Device::Cuda(self.ordinal()),
+                got: Device::Cuda(other.ordinal()),
+            });
+        }
+        if other.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: self.dtype(),
+                got: other.dtype(),
+            });
+        }
+        if other.len() != self.len() {
+            return Err(Error::LengthMismatch {
+                op,
+                expected: self.len(),
+                got: other.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn device_arc(&self) -> Arc<CudaDevice> {
+        Arc::clone(self.device())
+    }
+
+    /// Sets every element to `value` rounded once to the dtype.
+    pub fn fill(&mut self, value: f32) -> Result<()> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::FILL_F32,
+                elementwise::FILL_F16,
+                elementwise::FILL_BF16,
+            ],
+        );
+        let device = self.device_arc();
+        let function = device.function(elementwise::NAME, kernel)?;
+        let n_arg = len_arg(n)?;
+        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut args = device.stream().launch_builder(&function);
+        args.arg(&mut y).arg(&n_arg).arg(&value);
+        #[allow(unsafe_code)]
+        // SAFETY: fill_<dt>(T* y, u64 n, float v): `y` is this buffer, which
+        // holds n elements of the kernel's dtype.
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)
+    }
+
+    /// Copies `src` (same device, dtype and length) into this storage, on the
+    /// device.
+    pub fn copy_from(&mut self, src: &CudaStorage) -> Result<()> {
+        self.check_operand("copy_from", src)?;
+        let len = self.len();
+        self.copy_range_from(0, src, 0..len)
+    }
+
+    /// Copies elements `src_range` of `src` into this storage starting at
+    /// element `dst_offset`, converting to this storage's dtype (one
+    /// rounding when narrowing, as [`crate::ops::cast`]). Used by the flat
+    /// pack/unpack of fusion buffers. Both storages must be on the same
+    /// device and the ranges in bounds ([`Error::InvalidArgument`]).
+    pub fn copy_range_from(
+        &mut self,
+        dst_offset: usize,
+        src: &CudaStorage,
+        src_range: Range<usize>,
+    ) -> Result<()> {
+        const OP: &str = "copy_range_from";
+        if src.ordinal() != self.ordinal() {
+            return Err(Error::DeviceMismatch {
+                op: OP,
+                expected: Device::Cuda(self.ordinal()),
+                got: Device::Cuda(src.ordinal()),
+            });
+        }
+        if src_range.start > src_range.end || src_range.end > src.len() {
+            return Err(out_of_bounds(OP, &src_range, src.len()));
+        }
+        let n = src_range.len();
+        let dst_range = dst_offset..dst_offset.checked_add(n).ok_or(Error::ShapeOverflow)?;
+        if dst_range.end > self.len() {
+            return Err(out_of_bounds(OP, &dst_range, self.len()));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (src_dtype, dst_dtype) = (src.dtype(), self.dtype());
+        let device = self.device_arc();
+        let stream = device.stream();
+        let src_bytes = src.buffer().as_bytes()?;
+        let src_view = src_bytes
+            .try_slice(byte_range(&src_range, src_dtype))
+            .ok_or_else(|| out_of_bounds(OP, &src_range, src.len()))?;
+        let dst_len = self.len();
+        let mut dst_bytes = self.buffer_mut()?.as_bytes_mut()?;
+        let mut dst_view = dst_bytes
+            .try_slice_mut(byte_range(&dst_range, dst_dtype))
+            .ok_or_else(|| out_of_bounds(OP, &dst_range, dst_len))?;
+        let Some(kernel) = cast_kernel(src_dtype, dst_dtype) else {
+            // Same dtype, so the byte views have the same length.
+            return stream
+                .memcpy_dtod(&src_view, &mut dst_view)
+                .map_err(|e| driver_error("cuMemcpyDtoD", e));
+        };
+        let function = device.function(cast::NAME, kernel)?;
+        let n_arg = len_arg(n)?;
+        let mut args = stream.launch_builder(&function);
+        args.arg(&src_view).arg(&mut dst_view).arg(&n_arg);
+        #[allow(unsafe_code)]
+        // SAFETY: cast_<s>_<d>(const S* src, D* dst, u64 n): the views hold
+        // exactly n elements of the source and destination dtypes (the byte
+        // ranges were computed from n and each dtype's size) and do not
+        // overlap (two storages, or one borrowed mutably only once).
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)
+    }
+
+    /// Sets elements `range` to +0.0 (a memset; all-zero bits are +0.0 in
+    /// every dtype).
+    pub fn zero_range(&mut self, range: Range<usize>) -> Result<()> {
+        let len = self.len();
+        if range.start > range.end || range.end > len {
+            return Err(out_of_bounds("zero_range", &range, len));
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        let bytes = byte_range(&range, self.dtype());
+        let device = self.device_arc();
+        let mut all = self.buffer_mut()?.as_bytes_mut()?;
+        let mut part = all
+            .try_slice_mut(bytes)
+            .ok_or_else(|| out_of_bounds("zero_range", &range, len))?;
+        device
+            .stream()
+            .memset_zeros(&mut part)
+            .map_err(|e| driver_error("cuMemsetD8", e))
+    }
+
+    /// A new storage on the same device holding these values converted to
+    /// `dtype` (a device copy when the dtype is the same).
+    pub fn to_dtype(&self, dtype: DType) -> Result<CudaStorage> {
+        let mut out = CudaStorage::alloc_zeros(self.len(), dtype, self.ordinal())?;
+        out.copy_range_from(0, self, 0..self.len())?;
+        Ok(out)
+    }
+
+    /// `self += a * x` elementwise (computed as `y + (a * x)` in f32).
+    pub fn axpy(&mut self, a: f32, x: &CudaStorage) -> Result<()> {
+        self.check_operand("axpy", x)?;
+        let n = self.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::AXPY_F32,
+                elementwise::AXPY_F16,
+                elementwise::AXPY_BF16,
+            ],
+        );
+        let device = self.device_arc();
+        let function = device.function(elementwise::NAME, kernel)?;
+        let n_arg = len_arg(n)?;
+        let x = x.buffer().as_bytes()?;
+        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut args = device.stream().launch_builder(&function);
+        args.arg(&mut y).arg(&a).arg(&x).arg(&n_arg);
+        #[allow(unsafe_code)]
+        // SAFETY: axpy_<dt>(T* y, float a, const T* x, u64 n): `y` and `x`
+        // hold n elements of the kernel's dtype (checked above) in two
+        // distinct buffers (`self` is borrowed mutably).
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)
+    }
+
+    /// `self *= a` elementwise.
+    pub fn scale(&mut self, a: f32) -> Result<()> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::SCALE_F32,
+                elementwise::SCALE_F16,
+                elementwise::SCALE_BF16,
+            ],
+        );
+        self.launch_scalar_op(kernel, a)
+    }
+
+    /// Clamps every element to `[-c, c]`; `c` must be `>= 0` and not NaN
+    /// ([`Error::InvalidArgument`]). NaN elements stay NaN, as on the CPU.
+    pub fn clamp(&mut self, c: f32) -> Result<()> {
+        let c = crate::ops::check_clamp_bound(c)?;
+        let n = self.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::CLAMP_F32,
+                elementwise::CLAMP_F16,
+                elementwise::CLAMP_BF16,
+            ],
+        );
+        self.launch_scalar_op(kernel, c)
+    }
+
+    /// Launches `<kernel>(T* y, float s, u64 n)` over this buffer (scale,
+    /// clamp).
+    fn launch_scalar_op(&mut self, kernel: &'static str, s: f32) -> Result<()> {
+        let n = self.len();
+        let device = self.device_arc();
+        let function = device.function(elementwise::NAME, kernel)?;
+        let n_arg = len_arg(n)?;
+        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut args = device.stream().launch_builder(&function);
+        args.arg(&mut y).arg(&s).arg(&n_arg);
+        #[allow(unsafe_code)]
+        // SAFETY: scale_<dt> and clamp_<dt> take (T* y, float, u64 n); `y`
+        // is this buffer, n elements of the kernel's dtype (callers pick the
+        // kernel from `self.dtype()`).
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)
+    }
+
+    /// `self += x` elementwise.
+    pub fn add(&mut self, x: &CudaStorage) -> Result<()> {
+        self.check_operand("add", x)?;
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::ADD_F32,
+                elementwise::ADD_F16,
+                elementwise::ADD_BF16,
+            ],
+        );
+        self.launch_binary_op(kernel, x)
+    }
+
+    /// `self *= x` elementwise.
+    pub fn mul(&mut self, x: &CudaStorage) -> Result<()> {
+        self.check_operand("mul", x)?;
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                elementwise::MUL_F32,
+                elementwise::MUL_F16,
+                elementwise::MUL_BF16,
+            ],
+        );
+        self.launch_binary_op(kernel, x)
+    }
+
+    /// Launches `<kernel>(T* y, const T* x, u64 n)` (add, mul); the caller
+    /// has checked `x` against `self`.
+    fn launch_binary_op(&mut self, kernel: &'static str, x: &CudaStorage) -> Result<()> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let device = self.device_arc();
+        let function = device.function(elementwise::NAME, kernel)?;
+        let n_arg = len_arg(n)?;
+        let x = x.buffer().as_bytes()?;
+        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut args = device.stream().launch_builder(&function);
+        args.arg(&mut y).arg(&x).arg(&n_arg);
+        #[allow(unsafe_code)]
+        // SAFETY: add_<dt> and mul_<dt> take (T* y, const T* x, u64 n); both
+        // buffers hold n elements of the kernel's dtype (checked by the
+        // caller) and are distinct (`self` is borrowed mutably).
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)
+    }
+
+    /// `sum_i self_i * other_i`, accumulated in f64 on the device.
+    pub fn dot(&self, other: &CudaStorage) -> Result<f64> {
+        self.check_operand("dot", other)?;
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                reduce::DOT_PARTIAL_F32,
+                reduce::DOT_PARTIAL_F16,
+                reduce::DOT_PARTIAL_BF16,
+            ],
+        );
+        self.sum_f64(kernel, Some(other))
+    }
+
+    /// `sum_i self_i`, accumulated in f64 on the device.
+    pub fn sum(&self) -> Result<f64> {
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                reduce::SUM_PARTIAL_F32,
+                reduce::SUM_PARTIAL_F16,
+                reduce::SUM_PARTIAL_BF16,
+            ],
+        );
+        self.sum_f64(kernel, None)
+    }
+
+    /// `sum_i self_i^2`, accumulated in f64 on the device.
+    pub fn sum_sq(&self) -> Result<f64> {
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                reduce::SUM_SQ_PARTIAL_F32,
+                reduce::SUM_SQ_PARTIAL_F16,
+                reduce::SUM_SQ_PARTIAL_BF16,
+            ],
+        );
+        self.sum_f64(kernel, None)
+    }
+
+    /// The two-stage f64 sum of `reduce.cu`: `kernel` leaves one partial per
+    /// block, `finish_sum_f64` adds them; waits for the result.
+    fn sum_f64(&self, kernel: &'static str, other: Option<&CudaStorage>) -> Result<f64> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let device = self.device_arc();
+        let stream = device.stream();
+        let grid = blocks_for(n);
+        let mut partials = alloc_zeros::<f64>(stream, grid as usize)?;
+        let n_arg = len_arg(n)?;
+        let x = self.buffer().as_bytes()?;
+        let function = device.function(reduce::NAME, kernel)?;
+        let mut args = stream.launch_builder(&function);
+        args.arg(&x);
+        let other_bytes;
+        if let Some(other) = other {
+            other_bytes = other.buffer().as_bytes()?;
+            args.arg(&other_bytes);
+        }
+        args.arg(&n_arg).arg(&mut partials);
+        #[allow(unsafe_code)]
+        // SAFETY: sum_partial_<dt> / sum_sq_partial_<dt> take (const T* x,
+        // u64 n, double* partials) and dot_partial_<dt> (const T* a, const
+        // T* b, u64 n, double* partials); the inputs hold n elements of the
+        // kernel's dtype (checked by the callers), `partials` one f64 per
+        // block of the grid, and the block size is the required BLOCK.
+        let result = unsafe { args.launch(blocks(grid)) };
+        launched(kernel, result)?;
+        finish_sum(&device, &partials)
+    }
+
+    /// `max_i |self_i|` as f64, exactly: 0 when empty, NaN if any element is
+    /// NaN, inf if any is infinite and none NaN (as [`crate::ops::max_abs`]).
+    pub fn max_abs(&self) -> Result<f64> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let kernel = by_dtype(
+            self.dtype(),
+            [
+                reduce::MAX_ABS_KEY_F32,
+                reduce::MAX_ABS_KEY_F16,
+                reduce::MAX_ABS_KEY_BF16,
+            ],
+        );
+        let device = self.device_arc();
+        let stream = device.stream();
+        let mut key = alloc_zeros::<u32>(stream, 1)?;
+        let n_arg = len_arg(n)?;
+        let x = self.buffer().as_bytes()?;
+        let function = device.function(reduce::NAME, kernel)?;
+        let mut args = stream.launch_builder(&function);
+        args.arg(&x).arg(&n_arg).arg(&mut key);
+        #[allow(unsafe_code)]
+        // SAFETY: max_abs_key_<dt>(const T* x, u64 n, u32* out_key): `x`
+        // holds n elements of the kernel's dtype, `key` one zeroed u32.
+        let result = unsafe { args.launch(grid_stride(n)) };
+        launched(kernel, result)?;
+        let key = stream
+            .clone_dtoh(&key)
+            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        Ok(key_to_magnitude(key.first().copied().unwrap_or(0)))
+    }
+}
+
+/// The magnitude a `max_abs_key` result stands for: keys above the infinity
+/// key are NaNs.
+fn key_to_magnitude(key: u32) -> f64 {
+    const INFINITY_KEY: u32 = 0x7f80_0000;
+    if key > INFINITY_KEY {
+        f64::NAN
+    } else {
+        f64::from(f32::from_bits(key))
+    }
+}
+
+/// Adds f64 `partials` on the device with `finish_sum_f64` and returns the
+/// total (waits for it).
+pub(crate) fn finish_sum(device: &Arc<CudaDevice>, partials: &CudaSlice<f64>) -> Result<f64> {
+    let stream = device.stream();
+    let mut total = alloc_zeros::<f64>(stream, 1)?;
+    let count = len_arg(partials.len())?;
+    let function = device.function(reduce::NAME, reduce::FINISH_SUM_F64)?;
+    let mut args = stream.launch_builder(&function);
+    args.arg(partials).arg(&count).arg(&mut total);
+    #[allow(unsafe_code)]
+    // SAFETY: finish_sum_f64(const double* partials, u64 count, double* out)
+    // with `count` the length of `partials` and `total` one f64, launched
+    // with one block of the required BLOCK threads.
+    let result = unsafe { args.launch(blocks(1)) };
+    launched(reduce::FINISH_SUM_F64, result)?;
+    let total = stream
+        .clone_dtoh(&total)
+        .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+    total
+        .first()
+        .copied()
+        .ok_or_else(|| Error::Cuda("finish_sum_f64 returned nothing".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magnitude_keys_decode_like_the_cpu() {
+        assert_eq!(key_to_magnitude(0), 0.0);
+        assert_eq!(key_to_magnitude(1.5f32.to_bits()), 1.5);
+        assert_eq!(key_to_magnitude(0x7f80_0000), f64::INFINITY);
+        assert!(key_to_magnitude(0x7fc0_0000).is_nan());
+        assert!(key_to_magnitude(0x7f80_0001).is_nan());
+    }
+
+    #[test]
+    fn every_dtype_pair_has_a_cast_or_is_a_copy() {
+        for src in [DType::F32, DType::F16, DType::BF16] {
+            for dst in [DType::F32, DType::F16, DType::BF16] {
+                let kernel = cast_kernel(src, dst);
+                assert_eq!(kernel.is_none(), src == dst, "{src:?} -> {dst:?}");
+                if let Some(kernel) = kernel {
+                    assert!(cast::ENTRIES.contains(&kernel), "{kernel}");
+                }
+            }
+        }
+    }
+}
