@@ -1129,11 +1129,7 @@ impl NcclComm {
             return Ok(());
         }
         let (storage, tensor_stream) = self.device_storage(tensor)?;
-        let mut view = storage
-            .buffer_mut()
-            .map_err(cuda)?
-            .as_bytes_mut()
-            .map_err(cuda)?;
+        let mut view = storage.bytes_mut().map_err(cuda)?;
         self.broadcast_bytes(&mut view, len * elem.size_in_bytes(), root)?;
         tensor_stream
             .join(&self.stream)
@@ -1170,12 +1166,8 @@ impl NcclComm {
         let (storage, tensor_stream) = self.device_storage(tensor)?;
         let mut stage = CudaStorage::alloc_zeros(w * n, dtype, ordinal).map_err(cuda)?;
         {
-            let send = storage.buffer().as_bytes().map_err(cuda)?;
-            let mut slots = stage
-                .buffer_mut()
-                .map_err(cuda)?
-                .as_bytes_mut()
-                .map_err(cuda)?;
+            let send = storage.bytes().map_err(cuda)?;
+            let mut slots = stage.bytes_mut().map_err(cuda)?;
             self.scatter_chunks(&send, len, size, &mut slots)?;
             // The own chunk: a device-to-device copy, never sent to itself.
             if n > 0 {
@@ -1197,7 +1189,7 @@ impl NcclComm {
         collective::reduce_chunks(&mut reduced, &stage, w, chunk_op, &self.stream).map_err(cuda)?;
         let mut block = self.scratch(most * size)?;
         if n > 0 {
-            let src = reduced.buffer().as_bytes().map_err(cuda)?;
+            let src = reduced.bytes().map_err(cuda)?;
             let mut dst = block
                 .try_slice_mut(..n * size)
                 .ok_or_else(|| CommError::InvalidArgument("reduced block".into()))?;
@@ -1209,11 +1201,7 @@ impl NcclComm {
             &block.as_view(),
             len,
             size,
-            &mut storage
-                .buffer_mut()
-                .map_err(cuda)?
-                .as_bytes_mut()
-                .map_err(cuda)?,
+            &mut storage.bytes_mut().map_err(cuda)?,
         )?;
         tensor_stream
             .join(&self.stream)

@@ -178,7 +178,12 @@ impl DeviceBuffer {
     /// The buffer as bytes (f32 as its 4 little-endian bytes, the half
     /// types as their 2): what a transport that moves bytes (NCCL) sends.
     pub fn as_bytes(&self) -> Result<CudaView<'_, u8>> {
-        let bytes = self.len() * self.dtype().size_in_bytes();
+        self.prefix_bytes(self.len())
+    }
+
+    /// The first `elements` elements as bytes.
+    fn prefix_bytes(&self, elements: usize) -> Result<CudaView<'_, u8>> {
+        let bytes = elements * self.dtype().size_in_bytes();
         let view = match self {
             #[allow(unsafe_code)]
             // SAFETY: a u8 is valid for every bit pattern and has alignment
@@ -195,7 +200,12 @@ impl DeviceBuffer {
     /// The buffer as writable bytes (see [`DeviceBuffer::as_bytes`]): any
     /// bytes written are valid f32 / f16 / bf16 values.
     pub fn as_bytes_mut(&mut self) -> Result<CudaViewMut<'_, u8>> {
-        let bytes = self.len() * self.dtype().size_in_bytes();
+        self.prefix_bytes_mut(self.len())
+    }
+
+    /// The first `elements` elements as writable bytes.
+    fn prefix_bytes_mut(&mut self, elements: usize) -> Result<CudaViewMut<'_, u8>> {
+        let bytes = elements * self.dtype().size_in_bytes();
         let view = match self {
             #[allow(unsafe_code)]
             // SAFETY: every bit pattern is a valid u8 and a valid f32, so
@@ -226,9 +236,15 @@ impl DeviceBuffer {
 /// Cloning shares the device buffer; [`CudaStorage::buffer_mut`] copies a
 /// shared buffer first (copy on write), so a clone never sees another's
 /// writes.
+///
+/// CUDA cannot allocate zero bytes, so an empty storage holds a one-element
+/// buffer: [`CudaStorage::len`] is the storage's length, the buffer has at
+/// least that many elements, and [`CudaStorage::bytes`] /
+/// [`CudaStorage::bytes_mut`] view exactly the storage's elements.
 #[derive(Debug, Clone)]
 pub struct CudaStorage {
     device: Arc<CudaDevice>,
+    len: usize,
     data: Arc<DeviceBuffer>,
 }
 
@@ -239,13 +255,16 @@ impl CudaStorage {
         let device = CudaDevice::get(ordinal)?;
         let stream = device.stream();
         let alloc = |e| cuda_error("cuMemAlloc / cuMemsetD8", e);
+        // At least one element: cuMemAlloc refuses zero bytes.
+        let elements = len.max(1);
         let data = match dtype {
-            DType::F32 => DeviceBuffer::F32(stream.alloc_zeros::<f32>(len).map_err(alloc)?),
-            DType::F16 => DeviceBuffer::F16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
-            DType::BF16 => DeviceBuffer::BF16(stream.alloc_zeros::<u16>(len).map_err(alloc)?),
+            DType::F32 => DeviceBuffer::F32(stream.alloc_zeros::<f32>(elements).map_err(alloc)?),
+            DType::F16 => DeviceBuffer::F16(stream.alloc_zeros::<u16>(elements).map_err(alloc)?),
+            DType::BF16 => DeviceBuffer::BF16(stream.alloc_zeros::<u16>(elements).map_err(alloc)?),
         };
         Ok(CudaStorage {
             device,
+            len,
             data: Arc::new(data),
         })
     }
@@ -253,6 +272,9 @@ impl CudaStorage {
     /// Copies host memory to device `ordinal` ([`Error::CudaUnavailable`]
     /// without one).
     pub fn from_cpu(src: &CpuStorage, ordinal: usize) -> Result<Self> {
+        if src.is_empty() {
+            return CudaStorage::alloc_zeros(0, src.dtype(), ordinal);
+        }
         let device = CudaDevice::get(ordinal)?;
         let stream = device.stream();
         let copy = |e| cuda_error("cuMemcpyHtoD", e);
@@ -269,12 +291,16 @@ impl CudaStorage {
         };
         Ok(CudaStorage {
             device,
+            len: src.len(),
             data: Arc::new(data),
         })
     }
 
     /// Copies the device memory back to the host (waits for the stream).
     pub fn to_cpu(&self) -> Result<CpuStorage> {
+        if self.len == 0 {
+            return Ok(CpuStorage::zeros(self.dtype(), 0));
+        }
         let stream = self.device.stream();
         let copy = |e| cuda_error("cuMemcpyDtoH", e);
         Ok(match &*self.data {
@@ -309,15 +335,25 @@ impl CudaStorage {
 
     /// The number of elements.
     pub fn len(&self) -> usize {
-        match &*self.data {
-            DeviceBuffer::F32(s) => s.len(),
-            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => s.len(),
-        }
+        self.len
     }
 
     /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
+    }
+
+    /// The storage's elements as bytes (see [`DeviceBuffer::as_bytes`]),
+    /// exactly `len * dtype size` of them.
+    pub fn bytes(&self) -> Result<CudaView<'_, u8>> {
+        self.data.prefix_bytes(self.len)
+    }
+
+    /// The storage's elements as writable bytes (copy on write, see
+    /// [`CudaStorage::buffer_mut`]), exactly `len * dtype size` of them.
+    pub fn bytes_mut(&mut self) -> Result<CudaViewMut<'_, u8>> {
+        let len = self.len;
+        self.buffer_mut()?.prefix_bytes_mut(len)
     }
 
     /// The CUDA device ordinal holding the memory.
@@ -330,7 +366,8 @@ impl CudaStorage {
         &self.device
     }
 
-    /// The device buffer, to read (kernels, copies, NCCL sends). Work on it
+    /// The device buffer, to read (kernels, copies, NCCL sends): at least
+    /// [`CudaStorage::len`] elements (one for an empty storage). Work on it
     /// must be queued on [`CudaDevice::stream`] or ordered after it.
     pub fn buffer(&self) -> &DeviceBuffer {
         &self.data
@@ -364,6 +401,7 @@ impl CudaStorage {
     pub fn from_buffer(device: Arc<CudaDevice>, buffer: DeviceBuffer) -> CudaStorage {
         CudaStorage {
             device,
+            len: buffer.len(),
             data: Arc::new(buffer),
         }
     }

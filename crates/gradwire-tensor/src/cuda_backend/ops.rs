@@ -13,9 +13,8 @@
 //! anything, so an error leaves the memory unchanged. Kernels are queued
 //! asynchronously; the reductions and [`CudaStorage::to_cpu`] wait for them.
 //! The kernels take `T*` for the element type `T`; launchers pass the
-//! buffer's byte view ([`DeviceBuffer::as_bytes`](super::DeviceBuffer::as_bytes)),
-//! which is the same device address, so one launcher serves the three
-//! dtypes.
+//! storage's byte view ([`CudaStorage::bytes`]), which is the same device
+//! address, so one launcher serves the three dtypes.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -133,7 +132,7 @@ impl CudaStorage {
         let device = self.device_arc();
         let function = device.function(elementwise::NAME, kernel)?;
         let n_arg = len_arg(n)?;
-        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut y = self.bytes_mut()?;
         let mut args = device.stream().launch_builder(&function);
         args.arg(&mut y).arg(&n_arg).arg(&value);
         #[allow(unsafe_code)]
@@ -184,12 +183,12 @@ impl CudaStorage {
         let (src_dtype, dst_dtype) = (src.dtype(), self.dtype());
         let device = self.device_arc();
         let stream = device.stream();
-        let src_bytes = src.buffer().as_bytes()?;
+        let src_bytes = src.bytes()?;
         let src_view = src_bytes
             .try_slice(byte_range(&src_range, src_dtype))
             .ok_or_else(|| out_of_bounds(OP, &src_range, src.len()))?;
         let dst_len = self.len();
-        let mut dst_bytes = self.buffer_mut()?.as_bytes_mut()?;
+        let mut dst_bytes = self.bytes_mut()?;
         let mut dst_view = dst_bytes
             .try_slice_mut(byte_range(&dst_range, dst_dtype))
             .ok_or_else(|| out_of_bounds(OP, &dst_range, dst_len))?;
@@ -224,7 +223,7 @@ impl CudaStorage {
         }
         let bytes = byte_range(&range, self.dtype());
         let device = self.device_arc();
-        let mut all = self.buffer_mut()?.as_bytes_mut()?;
+        let mut all = self.bytes_mut()?;
         let mut part = all
             .try_slice_mut(bytes)
             .ok_or_else(|| out_of_bounds("zero_range", &range, len))?;
@@ -260,8 +259,8 @@ impl CudaStorage {
         let device = self.device_arc();
         let function = device.function(elementwise::NAME, kernel)?;
         let n_arg = len_arg(n)?;
-        let x = x.buffer().as_bytes()?;
-        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let x = x.bytes()?;
+        let mut y = self.bytes_mut()?;
         let mut args = device.stream().launch_builder(&function);
         args.arg(&mut y).arg(&a).arg(&x).arg(&n_arg);
         #[allow(unsafe_code)]
@@ -315,7 +314,7 @@ impl CudaStorage {
         let device = self.device_arc();
         let function = device.function(elementwise::NAME, kernel)?;
         let n_arg = len_arg(n)?;
-        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let mut y = self.bytes_mut()?;
         let mut args = device.stream().launch_builder(&function);
         args.arg(&mut y).arg(&s).arg(&n_arg);
         #[allow(unsafe_code)]
@@ -364,8 +363,8 @@ impl CudaStorage {
         let device = self.device_arc();
         let function = device.function(elementwise::NAME, kernel)?;
         let n_arg = len_arg(n)?;
-        let x = x.buffer().as_bytes()?;
-        let mut y = self.buffer_mut()?.as_bytes_mut()?;
+        let x = x.bytes()?;
+        let mut y = self.bytes_mut()?;
         let mut args = device.stream().launch_builder(&function);
         args.arg(&mut y).arg(&x).arg(&n_arg);
         #[allow(unsafe_code)]
@@ -428,13 +427,13 @@ impl CudaStorage {
         let grid = blocks_for(n);
         let mut partials = alloc_zeros::<f64>(stream, grid as usize)?;
         let n_arg = len_arg(n)?;
-        let x = self.buffer().as_bytes()?;
+        let x = self.bytes()?;
         let function = device.function(reduce::NAME, kernel)?;
         let mut args = stream.launch_builder(&function);
         args.arg(&x);
         let other_bytes;
         if let Some(other) = other {
-            other_bytes = other.buffer().as_bytes()?;
+            other_bytes = other.bytes()?;
             args.arg(&other_bytes);
         }
         args.arg(&n_arg).arg(&mut partials);
@@ -468,7 +467,7 @@ impl CudaStorage {
         let stream = device.stream();
         let mut key = alloc_zeros::<u32>(stream, 1)?;
         let n_arg = len_arg(n)?;
-        let x = self.buffer().as_bytes()?;
+        let x = self.bytes()?;
         let function = device.function(reduce::NAME, kernel)?;
         let mut args = stream.launch_builder(&function);
         args.arg(&x).arg(&n_arg).arg(&mut key);
