@@ -6,8 +6,9 @@
 //! the `driver` module: `CudaDevice`, the driver probed before any call,
 //! PTX modules loaded lazily and cached per device, host<->device copies;
 //! `launch`, the launch geometry of every kernel; `ops`, the CUDA forms of
-//! every tensor operation; `collective`, the kernels communicators run
-//! between transfers).
+//! every tensor operation; `kernels`, the launchers of the optimizer,
+//! selection, error-feedback and AdaSum kernels the upper crates compose;
+//! `collective`, the kernels communicators run between transfers).
 //! Without it, a stand-in whose every constructor returns
 //! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).
 //!
@@ -20,6 +21,8 @@
 pub mod collective;
 #[cfg(feature = "cuda")]
 mod driver;
+#[cfg(feature = "cuda")]
+pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod launch;
 #[cfg(feature = "cuda")]

@@ -81,6 +81,17 @@ pub enum Error {
     #[error("shape too large: element count or byte size overflows")]
     ShapeOverflow,
 
+    /// An input that must be finite holds a NaN or an infinity (the
+    /// selection and error-feedback kernels refuse it, as gradwire-compress
+    /// does on the CPU); `index` is the first such element.
+    #[error("{op}: element {index} is not finite")]
+    NonFinite {
+        /// The operation that refused the input.
+        op: &'static str,
+        /// The smallest index of a NaN or an infinity.
+        index: usize,
+    },
+
     /// An argument is outside the operation's domain (negative or NaN clamp
     /// bound, range out of bounds, ...). The message says which.
     #[error("invalid argument: {0}")]

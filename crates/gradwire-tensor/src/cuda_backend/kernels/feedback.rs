@@ -1,0 +1,302 @@
+//! Error feedback, the cast codec and scatter-add of `kernels/cuda/
+//! {feedback,cast}.cu` on device buffers, matching gradwire-compress's
+//! `ErrorFeedback`, `cast::encode` and `SparseVec::scatter_add` bitwise.
+
+use std::sync::Arc;
+
+use cudarc::driver::PushKernelArg;
+use gradwire_kernels::{cast, feedback as k};
+
+use super::select::DeviceSparse;
+use super::{download, launched, require_f32, require_len, require_same_device, upload};
+use crate::cuda_backend::CudaStorage;
+use crate::cuda_backend::launch::{grid_stride, len_arg};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// `residual += grad` (f32, same length), or with DGC's momentum correction
+/// `velocity = mu velocity + grad; residual += velocity`. Returns the
+/// smallest index whose new residual is not finite (the caller then resets
+/// the memory, as the CPU's `ErrorFeedback` does), `None` when all are.
+///
+/// The gradient's own finiteness is the caller's to check first
+/// ([`super::select::first_non_finite`]), so that a refused gradient
+/// changes nothing.
+pub fn accumulate(
+    residual: &mut CudaStorage,
+    grad: &CudaStorage,
+    momentum: Option<(&mut CudaStorage, f32)>,
+) -> Result<Option<usize>> {
+    const OP: &str = "accumulate";
+    require_f32(OP, residual)?;
+    require_f32(OP, grad)?;
+    require_same_device(OP, residual, grad)?;
+    let n = residual.len();
+    require_len(OP, n, grad.len())?;
+    if let Some((velocity, _)) = &momentum {
+        require_f32(OP, velocity)?;
+        require_same_device(OP, residual, velocity)?;
+        require_len(OP, n, velocity.len())?;
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    let device = Arc::clone(residual.device());
+    let mut first_bad = upload(&device, &[u64::MAX])?;
+    let n_arg = len_arg(n)?;
+    let g = grad.bytes()?;
+    let mut r = residual.bytes_mut()?;
+    let stream = device.stream();
+    match momentum {
+        None => {
+            let function = device.function(k::NAME, k::EF_ACCUMULATE_F32)?;
+            let mut args = stream.launch_builder(&function);
+            args.arg(&mut r).arg(&g).arg(&n_arg).arg(&mut first_bad);
+            #[allow(unsafe_code)]
+            // SAFETY: ef_accumulate_f32(float* residual, const float* grad,
+            // u64 n, u64* first_bad): two f32 buffers of n elements (checked)
+            // and one u64.
+            let result = unsafe { args.launch(grid_stride(n)) };
+            launched(k::EF_ACCUMULATE_F32, result)?;
+        }
+        Some((velocity, mu)) => {
+            let function = device.function(k::NAME, k::EF_ACCUMULATE_MOMENTUM_F32)?;
+            let mut u = velocity.bytes_mut()?;
+            let mut args = stream.launch_builder(&function);
+            args.arg(&mut r)
+                .arg(&mut u)
+                .arg(&g)
+                .arg(&n_arg)
+                .arg(&mu)
+                .arg(&mut first_bad);
+            #[allow(unsafe_code)]
+            // SAFETY: ef_accumulate_momentum_f32(float* residual, float*
+            // velocity, const float* grad, u64 n, float mu, u64* first_bad):
+            // three distinct f32 buffers of n elements (checked) and one u64.
+            let result = unsafe { args.launch(grid_stride(n)) };
+            launched(k::EF_ACCUMULATE_MOMENTUM_F32, result)?;
+        }
+    }
+    let first = download(&device, &first_bad, 1)?;
+    Ok(match first.first() {
+        Some(&i) if i != u64::MAX => Some(usize::try_from(i).unwrap_or(usize::MAX)),
+        _ => None,
+    })
+}
+
+/// Zeroes `residual` (and `velocity`) at the indices of `sent`, which must
+/// index into them (`sent.dense_len()` equal to their length).
+pub fn zero_selected(
+    residual: &mut CudaStorage,
+    velocity: Option<&mut CudaStorage>,
+    sent: &DeviceSparse,
+) -> Result<()> {
+    const OP: &str = "zero_selected";
+    require_f32(OP, residual)?;
+    let n = residual.len();
+    require_len(OP, n, sent.dense_len())?;
+    require_same_device(OP, residual, sent.values())?;
+    if let Some(velocity) = &velocity {
+        require_f32(OP, velocity)?;
+        require_same_device(OP, residual, velocity)?;
+        require_len(OP, n, velocity.len())?;
+    }
+    let count = sent.nnz();
+    if count == 0 {
+        return Ok(());
+    }
+    let device = Arc::clone(residual.device());
+    let function = device.function(k::NAME, k::EF_ZERO_SELECTED)?;
+    let (n_arg, count_arg) = (len_arg(n)?, len_arg(count)?);
+    let null: u64 = 0;
+    let mut r = residual.bytes_mut()?;
+    let mut u = match velocity {
+        Some(v) => Some(v.bytes_mut()?),
+        None => None,
+    };
+    let mut args = device.stream().launch_builder(&function);
+    args.arg(&mut r);
+    match &mut u {
+        Some(u) => args.arg(u),
+        None => args.arg(&null),
+    };
+    args.arg(&n_arg).arg(sent.indices()).arg(&count_arg);
+    #[allow(unsafe_code)]
+    // SAFETY: ef_zero_selected(float* residual, float* velocity, u64 n,
+    // const u32* index, u64 count): residual (and velocity, or null) hold n
+    // f32; `index` holds count = nnz indices; indices >= n are ignored.
+    let result = unsafe { args.launch(grid_stride(count)) };
+    launched(k::EF_ZERO_SELECTED, result)
+}
+
+/// The cast codec's options as the kernels take them: `has_clip`, `clip`
+/// and `scale`, validated as gradwire-compress's `CastOptions` (clip finite
+/// and >= 0, scale finite and > 0).
+fn codec_args(clip: Option<f32>, scale: f32) -> Result<(i32, f32, f32)> {
+    if let Some(c) = clip
+        && !(c >= 0.0 && c.is_finite())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "clip value {c} must be finite and non-negative"
+        )));
+    }
+    if !(scale > 0.0 && scale.is_finite()) {
+        return Err(Error::InvalidArgument(format!(
+            "scale {scale} must be finite and positive"
+        )));
+    }
+    Ok((i32::from(clip.is_some()), clip.unwrap_or(0.0), scale))
+}
+
+/// The cast codec's `encode`: `dst = round(clamp(src, clip) * scale)` from
+/// f32 `src` into f16, bf16 or f32 `dst` of the same length, bitwise as
+/// gradwire-compress's `cast::encode`.
+pub fn encode_cast(
+    src: &CudaStorage,
+    dst: &mut CudaStorage,
+    clip: Option<f32>,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "encode_cast";
+    require_f32(OP, src)?;
+    require_same_device(OP, src, dst)?;
+    require_len(OP, src.len(), dst.len())?;
+    let (has_clip, clip_value, scale) = codec_args(clip, scale)?;
+    let kernel = match dst.dtype() {
+        DType::F16 => cast::ENCODE_F32_F16,
+        DType::BF16 => cast::ENCODE_F32_BF16,
+        DType::F32 => {
+            // A copy, then the same f32 clamp and multiply as the CPU.
+            dst.copy_from(src)?;
+            if has_clip != 0 {
+                dst.clamp(clip_value)?;
+            }
+            if scale != 1.0 {
+                dst.scale(scale)?;
+            }
+            return Ok(());
+        }
+    };
+    let n = src.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let device = Arc::clone(src.device());
+    let function = device.function(cast::NAME, kernel)?;
+    let n_arg = len_arg(n)?;
+    let s = src.bytes()?;
+    let mut d = dst.bytes_mut()?;
+    let mut args = device.stream().launch_builder(&function);
+    args.arg(&s)
+        .arg(&mut d)
+        .arg(&n_arg)
+        .arg(&has_clip)
+        .arg(&clip_value)
+        .arg(&scale);
+    #[allow(unsafe_code)]
+    // SAFETY: encode_f32_<f16|bf16>(const float* src, D* dst, u64 n, int
+    // has_clip, float clip, float scale): n f32 in, n elements of the
+    // kernel's dtype out (checked), the options validated.
+    let result = unsafe { args.launch(grid_stride(n)) };
+    launched(kernel, result)
+}
+
+/// One error-feedback step of the cast codec on the accumulator `residual`
+/// (f32; the gradient already added): `dst = round(clamp(residual) *
+/// scale)` into f16 or bf16, and `residual -= widen(dst) * (1 / scale)`,
+/// bitwise as `ErrorFeedback::compress_cast`.
+pub fn feedback_cast(
+    residual: &mut CudaStorage,
+    dst: &mut CudaStorage,
+    clip: Option<f32>,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "feedback_cast";
+    require_f32(OP, residual)?;
+    require_same_device(OP, residual, dst)?;
+    require_len(OP, residual.len(), dst.len())?;
+    let (has_clip, clip_value, scale) = codec_args(clip, scale)?;
+    let kernel = match dst.dtype() {
+        DType::F16 => k::EF_CAST_F32_F16,
+        DType::BF16 => k::EF_CAST_F32_BF16,
+        DType::F32 => {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: the destination must be f16 or bf16"
+            )));
+        }
+    };
+    let n = residual.len();
+    if n == 0 {
+        return Ok(());
+    }
+    // As the CPU: the inverse in f32, then one multiply per element.
+    let inverse = 1.0f32 / scale;
+    let device = Arc::clone(residual.device());
+    let function = device.function(k::NAME, kernel)?;
+    let n_arg = len_arg(n)?;
+    let mut r = residual.bytes_mut()?;
+    let mut d = dst.bytes_mut()?;
+    let mut args = device.stream().launch_builder(&function);
+    args.arg(&mut r)
+        .arg(&mut d)
+        .arg(&n_arg)
+        .arg(&has_clip)
+        .arg(&clip_value)
+        .arg(&scale)
+        .arg(&inverse);
+    #[allow(unsafe_code)]
+    // SAFETY: ef_cast_f32_<f16|bf16>(float* residual, D* dst, u64 n, int
+    // has_clip, float clip, float scale, float inverse): n f32 and n
+    // elements of the kernel's dtype in two distinct buffers (checked).
+    let result = unsafe { args.launch(grid_stride(n)) };
+    launched(kernel, result)
+}
+
+/// `dense[index] += value` for every entry of `sparse` (f32 `dense` of
+/// `sparse.dense_len()` elements). The indices of a [`DeviceSparse`] are
+/// strictly increasing, so the result is bitwise the CPU's scatter-add.
+pub fn scatter_add(dense: &mut CudaStorage, sparse: &DeviceSparse) -> Result<()> {
+    scatter_add_values(dense, sparse, sparse.values())
+}
+
+/// [`scatter_add`] with the values in another dtype (f16 or bf16 from a
+/// half-precision payload, widened exactly): `values` holds one value per
+/// index of `sparse`, whose own values are ignored.
+pub fn scatter_add_values(
+    dense: &mut CudaStorage,
+    sparse: &DeviceSparse,
+    values: &CudaStorage,
+) -> Result<()> {
+    const OP: &str = "scatter_add";
+    require_f32(OP, dense)?;
+    require_same_device(OP, dense, values)?;
+    require_len(OP, sparse.dense_len(), dense.len())?;
+    require_len(OP, sparse.nnz(), values.len())?;
+    let count = sparse.nnz();
+    if count == 0 {
+        return Ok(());
+    }
+    let kernel = match values.dtype() {
+        DType::F32 => k::SCATTER_ADD_F32,
+        DType::F16 => k::SCATTER_ADD_F16,
+        DType::BF16 => k::SCATTER_ADD_BF16,
+    };
+    let device = Arc::clone(dense.device());
+    let function = device.function(k::NAME, kernel)?;
+    let (n_arg, count_arg) = (len_arg(dense.len())?, len_arg(count)?);
+    let v = values.bytes()?;
+    let mut d = dense.bytes_mut()?;
+    let mut args = device.stream().launch_builder(&function);
+    args.arg(&mut d)
+        .arg(&n_arg)
+        .arg(sparse.indices())
+        .arg(&v)
+        .arg(&count_arg);
+    #[allow(unsafe_code)]
+    // SAFETY: scatter_add_<dt>(float* dense, u64 n, const u32* index, const
+    // V* value, u64 count): `dense` holds n f32, `index` count indices and
+    // `value` count elements of the kernel's dtype (checked); an index >= n
+    // is ignored and the adds are atomic.
+    let result = unsafe { args.launch(grid_stride(count)) };
+    launched(kernel, result)
+}
