@@ -10,9 +10,19 @@
 //!
 //! Parameters may be f32, f16 or bf16; the update is computed in f32 (buffers
 //! are f32) and rounded once into the parameter's dtype.
+//!
+//! With the `cuda` feature a parameter may live on a CUDA device: its update
+//! runs there (the rule's [`UpdateRule::cuda_kernel`], bitwise the CPU
+//! update) and its buffers stay in device memory between steps. They are
+//! copied out only for [`Optimizer::state`] (a checkpoint), and move with
+//! the parameter if it is later updated on the other side.
 
 use crate::error::{OptimError, Result};
 use crate::state::{OptimizerState, ParamState};
+#[cfg(feature = "cuda")]
+use gradwire_tensor::CudaStorage;
+#[cfg(feature = "cuda")]
+use gradwire_tensor::cuda_backend::kernels::optim::{UpdateKernel, apply_update};
 use gradwire_tensor::{DType, Tensor};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -46,7 +56,9 @@ pub trait Optimizer: Send {
     /// The global step.
     fn step_count(&self) -> u64;
 
-    /// The state of parameter `name`, if it was updated.
+    /// The state of parameter `name`, if it was updated. The buffers of a
+    /// parameter updated on a CUDA device stay there and are not in it (its
+    /// `buffers` map is empty); [`Optimizer::state`] copies them out.
     fn param_state(&self, name: &str) -> Option<&ParamState>;
 
     /// The names of the per-parameter buffers this optimizer keeps.
@@ -98,6 +110,15 @@ pub trait UpdateRule: Send + Sync + 'static {
     /// 1-based; `buffers` are [`UpdateRule::BUFFERS`] in order (empty when
     /// not needed and never allocated).
     fn apply(values: &Self::Values, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]);
+
+    /// The CUDA kernel doing [`UpdateRule::apply`]'s update, bitwise, on a
+    /// parameter in device memory (feature `cuda`); `None` (the default)
+    /// when the rule has none, and then a CUDA parameter is refused with
+    /// [`OptimError::InvalidArgument`].
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(_values: &Self::Values, _t: u64) -> Option<UpdateKernel> {
+        None
+    }
 }
 
 /// An optimizer made of an [`UpdateRule`] and the shared bookkeeping.
@@ -107,6 +128,11 @@ pub struct Optim<R: UpdateRule> {
     overrides: BTreeMap<String, R::Config>,
     params: BTreeMap<String, ParamState>,
     step: u64,
+    /// The buffers of parameters updated on a CUDA device, in
+    /// [`UpdateRule::BUFFERS`] order. A parameter's buffers live in exactly
+    /// one place: here (its `ParamState::buffers` then empty) or on the host.
+    #[cfg(feature = "cuda")]
+    device_buffers: BTreeMap<String, Vec<CudaStorage>>,
 }
 
 impl<R: UpdateRule> Optim<R> {
@@ -119,12 +145,116 @@ impl<R: UpdateRule> Optim<R> {
             overrides: BTreeMap::new(),
             params: BTreeMap::new(),
             step: 0,
+            #[cfg(feature = "cuda")]
+            device_buffers: BTreeMap::new(),
         })
     }
 
     fn config_for(&self, name: &str) -> &R::Config {
         self.overrides.get(name).unwrap_or(&self.config)
     }
+
+    /// Moves parameter `name`'s buffers from the device to its host state
+    /// (before a CPU update of a parameter last updated on a GPU).
+    #[cfg(feature = "cuda")]
+    fn buffers_to_host(&mut self, name: &str) -> Result<()> {
+        let Some(device) = self.device_buffers.get(name) else {
+            return Ok(());
+        };
+        let host = download_buffers(R::BUFFERS, device)?;
+        if let Some(state) = self.params.get_mut(name) {
+            state.buffers = host;
+        }
+        self.device_buffers.remove(name);
+        Ok(())
+    }
+
+    /// The update of a parameter in CUDA memory (see the module docs).
+    #[cfg(feature = "cuda")]
+    fn update_cuda(&mut self, name: &str, param: &mut Tensor, grad: &Tensor) -> Result<()> {
+        use gradwire_tensor::{CpuStorage, Device, Error as TensorError};
+        let ordinal = match param.device() {
+            Device::Cuda(ordinal) if grad.device() == param.device() => ordinal,
+            _ => {
+                return Err(TensorError::DeviceMismatch {
+                    op: "Optimizer::update",
+                    expected: param.device(),
+                    got: grad.device(),
+                }
+                .into());
+            }
+        };
+        if grad.dtype() != param.dtype() {
+            // The kernels read the gradient in the parameter's dtype; a cast
+            // here would round an f32 gradient before the update, which the
+            // CPU does not do.
+            return Err(TensorError::DTypeMismatch {
+                op: "Optimizer::update (CUDA)",
+                expected: param.dtype(),
+                got: grad.dtype(),
+            }
+            .into());
+        }
+        let values = R::values(self.config_for(name), self.step)?;
+        let state = self
+            .params
+            .entry(name.to_string())
+            .or_insert_with(|| ParamState {
+                shape: param.dims().to_vec(),
+                updates: 0,
+                buffers: BTreeMap::new(),
+            });
+        if state.shape != param.dims() {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("state of {name}"),
+                expected: state.shape.clone(),
+                got: param.dims().to_vec(),
+            });
+        }
+        let t = state.updates + 1;
+        let kernel: UpdateKernel = R::cuda_kernel(&values, t).ok_or_else(|| {
+            OptimError::InvalidArgument(format!("{} has no CUDA kernel", R::KIND))
+        })?;
+        let device = self.device_buffers.entry(name.to_string()).or_default();
+        if device.is_empty() && (R::needs_buffers(&values) || !state.buffers.is_empty()) {
+            let n = param.len();
+            let mut fresh = Vec::with_capacity(R::BUFFERS.len());
+            for &b in R::BUFFERS {
+                fresh.push(match state.buffers.get(b) {
+                    Some(host) => CudaStorage::from_cpu(&CpuStorage::F32(host.clone()), ordinal)?,
+                    None => CudaStorage::alloc_zeros(n, DType::F32, ordinal)?,
+                });
+            }
+            *device = fresh;
+            state.buffers.clear();
+        }
+        let wanted = kernel.buffers();
+        let mut buffers: Vec<&mut CudaStorage> = device.iter_mut().take(wanted).collect();
+        let grad = grad.cuda_storage()?;
+        apply_update(&kernel, param.cuda_storage_mut()?, &grad, &mut buffers)?;
+        state.updates = t;
+        Ok(())
+    }
+}
+
+/// Device buffers (in `names` order, an [`UpdateRule::BUFFERS`]) as host
+/// buffers, copied back (waits for the device).
+#[cfg(feature = "cuda")]
+fn download_buffers(names: &[&str], device: &[CudaStorage]) -> Result<BTreeMap<String, Vec<f32>>> {
+    let mut out = BTreeMap::new();
+    for (&name, buffer) in names.iter().zip(device) {
+        let values = match buffer.to_cpu()? {
+            gradwire_tensor::CpuStorage::F32(v) => v,
+            other => {
+                return Err(OptimError::StateMismatch(format!(
+                    "device buffer {name} holds {:?}, not f32",
+                    other.dtype()
+                )));
+            }
+        };
+        out.insert(name.to_string(), values);
+    }
+    Ok(out)
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<serde_json::Value> {
@@ -166,6 +296,12 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
                 got: grad.dims().to_vec(),
             });
         }
+        #[cfg(feature = "cuda")]
+        if !param.device().is_cpu() || !grad.device().is_cpu() {
+            return self.update_cuda(name, param, grad);
+        }
+        #[cfg(feature = "cuda")]
+        self.buffers_to_host(name)?;
         let values = R::values(self.config_for(name), self.step)?;
         let state = self
             .params
@@ -265,6 +401,18 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
                 got: shape.to_vec(),
             });
         }
+        #[cfg(feature = "cuda")]
+        if let Some(device) = self.device_buffers.get_mut(name)
+            && !device.is_empty()
+        {
+            // The buffers live on the device: replace that one there.
+            let index = R::BUFFERS.iter().position(|&b| b == buffer).unwrap_or(0);
+            if let Some(slot) = device.get_mut(index) {
+                let ordinal = slot.ordinal();
+                *slot = CudaStorage::from_cpu(&gradwire_tensor::CpuStorage::F32(values), ordinal)?;
+            }
+            return Ok(());
+        }
         // Buffers exist all together or not at all.
         if state.buffers.is_empty() {
             for &b in R::BUFFERS {
@@ -276,6 +424,16 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
     }
 
     fn state(&self) -> Result<OptimizerState> {
+        #[allow(unused_mut)]
+        let mut params = self.params.clone();
+        #[cfg(feature = "cuda")]
+        for (name, device) in &self.device_buffers {
+            if let Some(state) = params.get_mut(name)
+                && !device.is_empty()
+            {
+                state.buffers = download_buffers(R::BUFFERS, device)?;
+            }
+        }
         Ok(OptimizerState {
             kind: R::KIND.to_string(),
             step: self.step,
@@ -285,7 +443,7 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
                 .iter()
                 .map(|(k, v)| Ok((k.clone(), to_json(v)?)))
                 .collect::<Result<_>>()?,
-            params: self.params.clone(),
+            params,
         })
     }
 
@@ -327,6 +485,8 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         self.overrides = overrides;
         self.params = state.params.clone();
         self.step = state.step;
+        #[cfg(feature = "cuda")]
+        self.device_buffers.clear();
         Ok(())
     }
 }

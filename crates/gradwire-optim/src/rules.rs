@@ -8,6 +8,8 @@
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optim, UpdateRule};
 use crate::schedule::Schedule;
+#[cfg(feature = "cuda")]
+use gradwire_tensor::cuda_backend::kernels::optim::UpdateKernel;
 use serde::{Deserialize, Serialize};
 
 fn c(value: f64) -> Schedule {
@@ -155,6 +157,17 @@ impl UpdateRule for SgdRule {
         values.momentum != 0.0
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(v: &SgdValues, _t: u64) -> Option<UpdateKernel> {
+        Some(UpdateKernel::Sgd {
+            lr: v.lr,
+            momentum: v.momentum,
+            dampening: v.dampening,
+            weight_decay: v.weight_decay,
+            nesterov: v.nesterov,
+        })
+    }
+
     fn apply(v: &SgdValues, _t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
         let (lr, mu, wd) = (v.lr, v.momentum, v.weight_decay);
         let keep = 1.0 - v.dampening;
@@ -260,6 +273,16 @@ impl UpdateRule for RmsPropRule {
         })
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(v: &RmsPropValues, _t: u64) -> Option<UpdateKernel> {
+        Some(UpdateKernel::RmsProp {
+            lr: v.lr,
+            rho: v.rho,
+            eps: v.eps,
+            weight_decay: v.weight_decay,
+        })
+    }
+
     fn apply(v: &RmsPropValues, _t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
         let Some(r) = buffers.first_mut() else { return };
         let (lr, rho, eps, wd) = (v.lr, v.rho, v.eps, v.weight_decay);
@@ -330,6 +353,15 @@ impl UpdateRule for AdaGradRule {
             lr: value_at(&config.lr, "lr", step, false)?,
             eps: value_at(&config.eps, "eps", step, true)?,
             weight_decay: value_at(&config.weight_decay, "weight_decay", step, true)?,
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(v: &AdaGradValues, _t: u64) -> Option<UpdateKernel> {
+        Some(UpdateKernel::AdaGrad {
+            lr: v.lr,
+            eps: v.eps,
+            weight_decay: v.weight_decay,
         })
     }
 
@@ -429,6 +461,23 @@ fn adam_validate(config: &AdamConfig) -> Result<()> {
     config.weight_decay.validate("weight_decay", true)
 }
 
+/// Adam's bias-corrected scalars for the parameter's own `t`: `lr / (1 -
+/// beta1^t)` and `1 / (1 - beta2^t)`, in f64 then rounded to f32, so that
+/// `lr (m / c1) / (sqrt(v / c2) + eps)` runs with the divisions hoisted
+/// (the CPU loop and the CUDA kernel use the same two values).
+fn adam_scalars(v: &AdamValues, t: u64) -> (f32, f32) {
+    let t = i32::try_from(t).unwrap_or(i32::MAX);
+    let c1 = 1.0 - f64::from(v.beta1).powi(t);
+    let c2 = 1.0 - f64::from(v.beta2).powi(t);
+    ((v.lr / c1) as f32, (1.0 / c2) as f32)
+}
+
+/// AdamW's decoupled decay factor `1 - lr wd` (f64, rounded to f32), or
+/// `None` without weight decay.
+fn adamw_shrink(v: &AdamValues) -> Option<f32> {
+    (v.weight_decay != 0.0).then(|| (1.0 - v.lr * f64::from(v.weight_decay)) as f32)
+}
+
 /// The Adam step proper, with L2 decay `l2` added to the gradient (0 for AdamW).
 fn adam_apply(
     v: &AdamValues,
@@ -440,13 +489,7 @@ fn adam_apply(
 ) {
     let [m, s] = buffers else { return };
     let (b1, b2, eps) = (v.beta1, v.beta2, v.eps);
-    // Bias corrections in f64: 1 - b^t for the parameter's own t.
-    let t = i32::try_from(t).unwrap_or(i32::MAX);
-    let c1 = 1.0 - f64::from(b1).powi(t);
-    let c2 = 1.0 - f64::from(b2).powi(t);
-    // lr (m / c1) / (sqrt(v / c2) + eps), with the divisions hoisted.
-    let step_size = (v.lr / c1) as f32;
-    let inv_c2 = (1.0 / c2) as f32;
+    let (step_size, inv_c2) = adam_scalars(v, t);
     let (f1, f2) = (1.0 - b1, 1.0 - b2);
     p.iter_mut()
         .zip(g)
@@ -485,6 +528,19 @@ impl UpdateRule for AdamRule {
     fn apply(v: &AdamValues, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
         adam_apply(v, t, buffers, p, g, v.weight_decay);
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(v: &AdamValues, t: u64) -> Option<UpdateKernel> {
+        let (step_size, inv_c2) = adam_scalars(v, t);
+        Some(UpdateKernel::Adam {
+            step_size,
+            inv_c2,
+            beta1: v.beta1,
+            beta2: v.beta2,
+            eps: v.eps,
+            l2: v.weight_decay,
+        })
+    }
 }
 
 /// AdamW: decoupled weight decay, `p *= 1 - lr wd`, then Adam's step with the
@@ -510,10 +566,22 @@ impl UpdateRule for AdamWRule {
     }
 
     fn apply(v: &AdamValues, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
-        if v.weight_decay != 0.0 {
-            let shrink = (1.0 - v.lr * f64::from(v.weight_decay)) as f32;
+        if let Some(shrink) = adamw_shrink(v) {
             p.iter_mut().for_each(|p| *p *= shrink);
         }
         adam_apply(v, t, buffers, p, g, 0.0);
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_kernel(v: &AdamValues, t: u64) -> Option<UpdateKernel> {
+        let (step_size, inv_c2) = adam_scalars(v, t);
+        Some(UpdateKernel::AdamW {
+            shrink: adamw_shrink(v),
+            step_size,
+            inv_c2,
+            beta1: v.beta1,
+            beta2: v.beta2,
+            eps: v.eps,
+        })
     }
 }

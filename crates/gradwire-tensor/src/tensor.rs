@@ -319,6 +319,18 @@ impl Tensor {
             })
     }
 
+    /// The CUDA storage, to read (kernels, communicators): the tensor's own,
+    /// or while it is zeroed a fresh zero-filled one, so the stale memory is
+    /// never seen. [`Error::DeviceMismatch`] for a CPU tensor.
+    #[cfg(feature = "cuda")]
+    pub fn cuda_storage(&self) -> Result<Cow<'_, CudaStorage>> {
+        self.cuda_values()?.ok_or(Error::DeviceMismatch {
+            op: "cuda_storage",
+            expected: Device::Cuda(0),
+            got: Device::Cpu,
+        })
+    }
+
     /// For a CUDA tensor, its storage to write, after applying the zeroed
     /// flag's write rule: [`CudaWrite::Update`] first sets a zeroed tensor's
     /// memory to zeros, [`CudaWrite::Overwrite`] (the op writes every
