@@ -34,7 +34,7 @@ impl Default for CastOptions {
 }
 
 impl CastOptions {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if let Some(c) = self.clip
             && !(c >= 0.0 && c.is_finite())
         {

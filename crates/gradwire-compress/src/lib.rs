@@ -10,7 +10,9 @@
 //! - [`ErrorFeedback`]: the residual memory (SINGA's `corr`), with optional
 //!   DGC momentum correction;
 //! - [`wire`]: the validated sparse payload format, `scatter_add` and the
-//!   dense fallback test.
+//!   dense fallback test;
+//! - `cuda` (feature `cuda`): the same codecs and error feedback on CUDA
+//!   device buffers, selecting exactly what the CPU selects.
 //!
 //! ```
 //! use gradwire_compress::{ErrorFeedback, SparseCodec};
@@ -25,6 +27,8 @@
 #![deny(missing_docs)]
 
 pub mod cast;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod feedback;
 pub mod select;

@@ -1,0 +1,357 @@
+//! The codecs on CUDA device buffers (feature `cuda`): the selections
+//! ([`threshold`], [`top_k`], [`sampled_top_k`]), the cast codec
+//! ([`encode`]), scatter-add, and [`CudaErrorFeedback`], each selecting and
+//! computing exactly what its CPU counterpart does on the same values (the
+//! same indices, values bitwise, the same residuals), without the gradient
+//! leaving the device.
+//!
+//! They compose the launchers of gradwire-tensor's
+//! `cuda_backend::kernels::{select, feedback}`; only the selection's size
+//! and a few counters cross to the host. Random-k has no device form (its
+//! ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses it.
+
+use gradwire_tensor::cuda_backend::kernels::{feedback, select as kernels};
+use gradwire_tensor::{CpuStorage, CudaStorage, DType, Error as TensorError};
+
+pub use gradwire_tensor::cuda_backend::kernels::select::DeviceSparse;
+
+use crate::cast::CastOptions;
+use crate::error::{CompressError, Result};
+use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
+use crate::select::{SAMPLED_TOP_K_SLACK, count_for_ratio};
+use crate::sparse::check_dense_len;
+
+/// The value of `x[index]` (for an error report).
+fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {
+    let mut one = CudaStorage::alloc_zeros(1, DType::F32, x.ordinal())?;
+    one.copy_range_from(0, x, index..index + 1)?;
+    match one.to_cpu()? {
+        CpuStorage::F32(v) => Ok(v.first().copied().unwrap_or(f32::NAN)),
+        other => Err(TensorError::DTypeMismatch {
+            op: "value_at",
+            expected: DType::F32,
+            got: other.dtype(),
+        }
+        .into()),
+    }
+}
+
+/// Refuses a buffer holding a NaN or an infinity, as the CPU codecs do.
+fn refuse_non_finite(x: &CudaStorage) -> Result<()> {
+    match kernels::first_non_finite(x)? {
+        None => Ok(()),
+        Some(index) => Err(CompressError::NonFinite {
+            index,
+            value: value_at(x, index)?,
+        }),
+    }
+}
+
+/// Every `x_i` with `|x_i| >= threshold` ([`crate::select::threshold`] on the
+/// device). `x` must be f32; `threshold` finite and non-negative.
+pub fn threshold(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
+    check_dense_len(x.len())?;
+    if !(threshold >= 0.0 && threshold.is_finite()) {
+        return Err(CompressError::InvalidArgument(format!(
+            "threshold {threshold} must be finite and non-negative"
+        )));
+    }
+    refuse_non_finite(x)?;
+    threshold_finite(x, threshold)
+}
+
+fn threshold_finite(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
+    let selection = kernels::Selection::at_least(x.device(), kernels::magnitude_key(threshold))?;
+    Ok(kernels::compact(x, &selection, None, x.len())?)
+}
+
+/// The `ceil(ratio * n)` entries of largest magnitude, ties to the lower
+/// indices ([`crate::select::top_k`] on the device).
+pub fn top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
+    check_dense_len(x.len())?;
+    let k = count_for_ratio(ratio, x.len())?;
+    top_k_count(x, k)
+}
+
+/// [`top_k`] with the count given ([`crate::select::top_k_count`]).
+pub fn top_k_count(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
+    check_dense_len(x.len())?;
+    refuse_non_finite(x)?;
+    top_k_finite(x, k)
+}
+
+fn top_k_finite(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
+    let k = k.min(x.len());
+    let selection = if k == 0 {
+        // Keys are at most 0x7f7f_ffff here: nothing is at least this.
+        kernels::Selection::at_least(x.device(), u32::MAX)?
+    } else {
+        kernels::kth_largest(x, k)?
+    };
+    Ok(kernels::compact(x, &selection, None, x.len())?)
+}
+
+/// Sampled top-k (Deep Gradient Compression, [`crate::select::sampled_top_k`]
+/// on the device): between `k = ceil(ratio * n)` and `ceil(1.3 k)` of the
+/// largest magnitudes, estimated from a strided sample of every 100th entry
+/// and refined exactly as on the CPU, so both select the same entries.
+pub fn sampled_top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
+    check_dense_len(x.len())?;
+    let k = count_for_ratio(ratio, x.len())?;
+    refuse_non_finite(x)?;
+    sampled_top_k_finite(x, ratio, k)
+}
+
+fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceSparse> {
+    let n = x.len();
+    let cap = ((k as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(k);
+    if n < 4096 || k == 0 {
+        return top_k_finite(x, k);
+    }
+    let sample = kernels::sample_strided(x, 100)?;
+    let len = sample.len();
+    let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len);
+    loop {
+        // The sample's take-th largest key, every entry at least as large.
+        let mut estimate = kernels::kth_largest(&sample, take)?;
+        estimate.keep_all_ties()?;
+        let survivors = kernels::compact(x, &estimate, None, n)?;
+        if survivors.nnz() >= k {
+            if survivors.nnz() <= cap {
+                return Ok(survivors);
+            }
+            // Too many: the exact top k among the survivors.
+            let best = kernels::kth_largest(survivors.values(), k)?;
+            return Ok(kernels::compact(
+                survivors.values(),
+                &best,
+                Some(&survivors),
+                n,
+            )?);
+        }
+        if take == len {
+            return top_k_finite(x, k);
+        }
+        take = (take * 2).min(len);
+    }
+}
+
+/// The cast codec's `encode` ([`crate::cast::encode`]): `dst =
+/// round(clamp(src) * scale)` from f32 into f16, bf16 or f32.
+pub fn encode(src: &CudaStorage, dst: &mut CudaStorage, opts: &CastOptions) -> Result<()> {
+    opts.validate()?;
+    Ok(feedback::encode_cast(src, dst, opts.clip, opts.scale)?)
+}
+
+/// `dense += sparse` (f32 `dense`), as [`crate::SparseVec::scatter_add`].
+pub fn scatter_add(sparse: &DeviceSparse, dense: &mut CudaStorage) -> Result<()> {
+    Ok(feedback::scatter_add(dense, sparse)?)
+}
+
+/// [`ErrorFeedback`] with its memory in device memory: the same steps,
+/// giving the same selections and residuals bitwise.
+#[derive(Debug, Clone)]
+pub struct CudaErrorFeedback {
+    residual: CudaStorage,
+    momentum: Option<(f32, CudaStorage)>,
+    steps: u64,
+}
+
+impl CudaErrorFeedback {
+    /// A zero memory of `len` elements on CUDA device `ordinal`.
+    pub fn new(len: usize, ordinal: usize) -> Result<CudaErrorFeedback> {
+        CudaErrorFeedback::from_state(ErrorFeedback::new(len).state(), ordinal)
+    }
+
+    /// With DGC's momentum correction (`mu` in `[0, 1)`).
+    pub fn with_momentum(len: usize, mu: f32, ordinal: usize) -> Result<CudaErrorFeedback> {
+        CudaErrorFeedback::from_state(ErrorFeedback::with_momentum(len, mu)?.state(), ordinal)
+    }
+
+    /// A memory restored from `state` (validated as
+    /// [`ErrorFeedback::from_state`]) onto device `ordinal`.
+    pub fn from_state(state: ErrorFeedbackState, ordinal: usize) -> Result<CudaErrorFeedback> {
+        let checked = ErrorFeedback::from_state(state)?.state();
+        let residual = CudaStorage::from_cpu(&CpuStorage::F32(checked.residual), ordinal)?;
+        let momentum = match checked.momentum {
+            None => None,
+            Some((mu, velocity)) => Some((
+                mu,
+                CudaStorage::from_cpu(&CpuStorage::F32(velocity), ordinal)?,
+            )),
+        };
+        Ok(CudaErrorFeedback {
+            residual,
+            momentum,
+            steps: checked.steps,
+        })
+    }
+
+    /// The memory copied to the host, as [`ErrorFeedback::state`] gives it.
+    pub fn state(&self) -> Result<ErrorFeedbackState> {
+        let host = |s: &CudaStorage| -> Result<Vec<f32>> {
+            match s.to_cpu()? {
+                CpuStorage::F32(v) => Ok(v),
+                other => Err(TensorError::DTypeMismatch {
+                    op: "CudaErrorFeedback::state",
+                    expected: DType::F32,
+                    got: other.dtype(),
+                }
+                .into()),
+            }
+        };
+        Ok(ErrorFeedbackState {
+            residual: host(&self.residual)?,
+            momentum: match &self.momentum {
+                None => None,
+                Some((mu, velocity)) => Some((*mu, host(velocity)?)),
+            },
+            steps: self.steps,
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.residual.len()
+    }
+
+    /// Whether the memory has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.residual.is_empty()
+    }
+
+    /// The residual, on the device.
+    pub fn residual(&self) -> &CudaStorage {
+        &self.residual
+    }
+
+    /// Steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Zeroes the memory (residual and velocity).
+    pub fn reset(&mut self) -> Result<()> {
+        self.residual.zero_fill()?;
+        if let Some((_, velocity)) = &mut self.momentum {
+            velocity.zero_fill()?;
+        }
+        Ok(())
+    }
+
+    /// Adds the whole residual into `dense` (f32, same length) and zeroes
+    /// the memory ([`ErrorFeedback::flush_into`]).
+    pub fn flush_into(&mut self, dense: &mut CudaStorage) -> Result<()> {
+        if dense.len() != self.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "CudaErrorFeedback::flush_into",
+                expected: self.len(),
+                got: dense.len(),
+            });
+        }
+        dense.add(&self.residual)?;
+        self.reset()
+    }
+
+    /// Adds `grad` (refusing non-finite input; resetting the memory and
+    /// reporting the first overflowed entry on overflow), as the CPU does.
+    fn accumulate(&mut self, grad: &CudaStorage) -> Result<()> {
+        if grad.len() != self.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "CudaErrorFeedback",
+                expected: self.len(),
+                got: grad.len(),
+            });
+        }
+        refuse_non_finite(grad)?;
+        let momentum = self.momentum.as_mut().map(|(mu, v)| (v, *mu));
+        if let Some(index) = feedback::accumulate(&mut self.residual, grad, momentum)? {
+            let value = value_at(&self.residual, index)?;
+            self.reset()?;
+            return Err(CompressError::NonFinite { index, value });
+        }
+        Ok(())
+    }
+
+    /// One step with a sparse codec ([`ErrorFeedback::compress`]):
+    /// accumulates `grad` (f32, on the memory's device), selects, and keeps
+    /// what was not selected. Returns what to send, on the device.
+    /// [`SparseCodec::RandomK`] is refused before anything changes.
+    pub fn compress(&mut self, grad: &CudaStorage, codec: &SparseCodec) -> Result<DeviceSparse> {
+        // Validate the codec's parameters before the memory changes.
+        let n = self.len();
+        check_dense_len(n)?;
+        match *codec {
+            SparseCodec::Threshold(t) if !(t >= 0.0 && t.is_finite()) => {
+                return Err(CompressError::InvalidArgument(format!(
+                    "threshold {t} must be finite and non-negative"
+                )));
+            }
+            SparseCodec::TopK(ratio) | SparseCodec::SampledTopK(ratio) => {
+                count_for_ratio(ratio, n)?;
+            }
+            SparseCodec::RandomK { .. } => {
+                return Err(CompressError::InvalidArgument(
+                    "random-k has no device form: its draw is the CPU's".into(),
+                ));
+            }
+            SparseCodec::Threshold(_) => {}
+        }
+        self.accumulate(grad)?;
+        // The residual is finite now (an overflow was reset and refused).
+        let sent = match *codec {
+            SparseCodec::Threshold(t) => threshold_finite(&self.residual, t)?,
+            SparseCodec::TopK(ratio) => top_k_finite(&self.residual, count_for_ratio(ratio, n)?)?,
+            SparseCodec::SampledTopK(ratio) => {
+                sampled_top_k_finite(&self.residual, ratio, count_for_ratio(ratio, n)?)?
+            }
+            SparseCodec::RandomK { .. } => {
+                return Err(CompressError::InvalidArgument(
+                    "random-k has no device form".into(),
+                ));
+            }
+        };
+        let velocity = self.momentum.as_mut().map(|(_, v)| v);
+        feedback::zero_selected(&mut self.residual, velocity, &sent)?;
+        self.steps += 1;
+        Ok(sent)
+    }
+
+    /// One step with a cast ([`ErrorFeedback::compress_cast`]): accumulates
+    /// `grad`, rounds the accumulator into `dst` (f16, bf16 or f32, per
+    /// `opts`) and keeps the rounding error for the next step.
+    pub fn compress_cast(
+        &mut self,
+        grad: &CudaStorage,
+        dst: &mut CudaStorage,
+        opts: &CastOptions,
+    ) -> Result<()> {
+        if dst.len() != self.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "CudaErrorFeedback::compress_cast",
+                expected: self.len(),
+                got: dst.len(),
+            });
+        }
+        if dst.ordinal() != self.residual.ordinal() {
+            return Err(TensorError::DeviceMismatch {
+                op: "CudaErrorFeedback::compress_cast",
+                expected: gradwire_tensor::Device::Cuda(self.residual.ordinal()),
+                got: gradwire_tensor::Device::Cuda(dst.ordinal()),
+            }
+            .into());
+        }
+        opts.validate()?;
+        self.accumulate(grad)?;
+        if dst.dtype() == DType::F32 {
+            // `acc -= sent * (1 / scale)`: the axpy's `acc + (-inverse) *
+            // sent` is the same f32 value.
+            feedback::encode_cast(&self.residual, dst, opts.clip, opts.scale)?;
+            self.residual.axpy(-(1.0 / opts.scale), dst)?;
+        } else {
+            feedback::feedback_cast(&mut self.residual, dst, opts.clip, opts.scale)?;
+        }
+        self.steps += 1;
+        Ok(())
+    }
+}
