@@ -29,6 +29,8 @@
 use crate::error::{AlgoError, Result};
 use crate::handle::Traffic;
 use gradwire_comm::{Communicator, ReduceOp};
+#[cfg(feature = "cuda")]
+use gradwire_tensor::CudaStorage;
 use gradwire_tensor::{DType, Tensor, flat};
 use std::ops::Range;
 
@@ -193,11 +195,18 @@ impl<C: Communicator> AdaSum<C> {
     /// Combines `tensors` (each rank's, in place) across the ranks of `comm`,
     /// the communicator this AdaSum was prepared on. Every rank ends with the
     /// same tensors. f16 and bf16 tensors are combined in f32 and rounded once.
+    ///
+    /// Tensors on a CUDA device (feature `cuda`, all on one device) are
+    /// combined there (`AdaSum::combine_device`).
     pub fn combine(&self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
         let refs: Vec<&Tensor> = tensors.iter().collect();
         let (mut buffer, layout) = flat::pack_new(&refs, DType::F32)?;
         let ranges: Vec<Range<usize>> = (0..layout.len()).filter_map(|i| layout.range(i)).collect();
-        let traffic = self.combine_flat(comm, buffer.as_mut_slice::<f32>()?, &ranges)?;
+        let traffic = if buffer.device().is_cpu() {
+            self.combine_flat(comm, buffer.as_mut_slice::<f32>()?, &ranges)?
+        } else {
+            self.combine_on_device(comm, &mut buffer, &ranges)?
+        };
         let mut outs: Vec<&mut Tensor> = tensors.iter_mut().collect();
         flat::unpack(&buffer, &layout, &mut outs)?;
         Ok(traffic)
@@ -305,6 +314,170 @@ impl<C: Communicator> AdaSum<C> {
         }
         Ok(traffic)
     }
+}
+
+#[cfg(feature = "cuda")]
+impl<C: Communicator> AdaSum<C> {
+    fn combine_on_device(
+        &self,
+        comm: &C,
+        buffer: &mut Tensor,
+        tensors: &[Range<usize>],
+    ) -> Result<Traffic> {
+        self.combine_device(comm, buffer.cuda_storage_mut()?, tensors)
+    }
+
+    /// [`AdaSum::combine_flat`] on a flat f32 vector in CUDA memory: the
+    /// same recursive vector halving, with the partials and the pairwise
+    /// combinations computed on the device (gradwire-tensor's AdaSum
+    /// kernels) and the pieces exchanged through host buffers with `comm`,
+    /// so any communicator carries them. The f64 partials are added in the
+    /// device's fixed order, so the result agrees with the CPU's within the
+    /// rounding of those sums (bitwise on every rank of one run).
+    pub fn combine_device(
+        &self,
+        comm: &C,
+        v: &mut CudaStorage,
+        tensors: &[Range<usize>],
+    ) -> Result<Traffic> {
+        use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
+        let n = v.len();
+        if v.dtype() != DType::F32 || tensors.iter().any(|t| t.start > t.end || t.end > n) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "combine_device: a {:?} vector of {n} elements, tensor ranges {tensors:?}",
+                v.dtype()
+            )));
+        }
+        if let Some((node, inner, across)) = &self.hierarchy {
+            let mut host = download(v, 0..n)?;
+            node.all_reduce(&mut host, ReduceOp::Avg)?;
+            upload(v, 0, &host)?;
+            let mut traffic = Traffic::all_reduce(n * 4, node.world_size());
+            traffic += inner.combine_device(across, v, tensors)?;
+            return Ok(traffic);
+        }
+        let w = comm.world_size();
+        let r = comm.rank();
+        let bytes = |len: usize| (len * 4) as u64;
+        let mut traffic = Traffic::default();
+        if w <= 1 {
+            return Ok(traffic);
+        }
+        let p = self.pow2;
+        if r >= p {
+            let mut host = download(v, 0..n)?;
+            comm.send(&host, r - p)?;
+            comm.recv(&mut host, r - p)?;
+            upload(v, 0, &host)?;
+            traffic.sent += bytes(n);
+            traffic.received += bytes(n);
+            return Ok(traffic);
+        }
+        let mut scratch = CudaStorage::alloc_zeros(n, DType::F32, v.ordinal())?;
+        if r + p < w {
+            let mut host = vec![0f32; n];
+            comm.recv(&mut host, r + p)?;
+            traffic.received += bytes(n);
+            upload(&mut scratch, 0, &host)?;
+            kernels::pairwise(v, &scratch, tensors)?;
+        }
+        let mut pieces = Vec::with_capacity(self.levels.len());
+        let mut piece = 0..n;
+        let mut d = 1;
+        for group in &self.levels {
+            let group = group
+                .as_ref()
+                .ok_or_else(|| AlgoError::InvalidArgument("no level group".into()))?;
+            let partner = r ^ d;
+            let mid = piece.start + piece.len() / 2;
+            let lower = r & d == 0;
+            let (keep, give) = if lower {
+                (piece.start..mid, mid..piece.end)
+            } else {
+                (mid..piece.end, piece.start..mid)
+            };
+            let outgoing = download(v, give.clone())?;
+            let mut incoming = vec![0f32; keep.len()];
+            comm.sendrecv(&outgoing, partner, &mut incoming, partner)?;
+            upload(&mut scratch, keep.start, &incoming)?;
+            traffic.sent += bytes(give.len());
+            traffic.received += bytes(keep.len());
+            // `a` is always the lower rank's side, `b` the upper's.
+            let mut sums = if lower {
+                kernels::partials(v, &scratch, tensors, keep.clone())?
+            } else {
+                kernels::partials(&scratch, v, tensors, keep.clone())?
+            };
+            group.all_reduce(&mut sums, ReduceOp::Sum)?;
+            traffic += Traffic::all_reduce(sums.len() * 8, group.world_size());
+            if !lower {
+                // a = the partner's half (in scratch), b = mine: swap them so
+                // that a's result lands in v.
+                let mut mine = CudaStorage::alloc_zeros(keep.len(), DType::F32, v.ordinal())?;
+                mine.copy_range_from(0, v, keep.clone())?;
+                v.copy_range_from(keep.start, &scratch, keep.clone())?;
+                scratch.copy_range_from(keep.start, &mine, 0..keep.len())?;
+            }
+            kernels::combine(v, &scratch, tensors, keep.clone(), &sums)?;
+            pieces.push((piece.clone(), keep.clone()));
+            piece = keep;
+            d *= 2;
+        }
+        for (level, (parent, keep)) in pieces.into_iter().enumerate().rev() {
+            let partner = r ^ (1 << level);
+            let other = if keep.start == parent.start {
+                keep.end..parent.end
+            } else {
+                parent.start..keep.start
+            };
+            let mine = download(v, keep.clone())?;
+            let mut theirs = vec![0f32; other.len()];
+            comm.sendrecv(&mine, partner, &mut theirs, partner)?;
+            upload(v, other.start, &theirs)?;
+            traffic.sent += bytes(keep.len());
+            traffic.received += bytes(other.len());
+        }
+        if r + p < w {
+            comm.send(&download(v, 0..n)?, r + p)?;
+            traffic.sent += bytes(n);
+        }
+        Ok(traffic)
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl<C: Communicator> AdaSum<C> {
+    fn combine_on_device(&self, _: &C, _: &mut Tensor, _: &[Range<usize>]) -> Result<Traffic> {
+        Err(gradwire_tensor::Error::NotCompiledWithCuda.into())
+    }
+}
+
+/// Elements `range` of a device vector, on the host.
+#[cfg(feature = "cuda")]
+fn download(v: &CudaStorage, range: Range<usize>) -> Result<Vec<f32>> {
+    let mut part = CudaStorage::alloc_zeros(range.len(), DType::F32, v.ordinal())?;
+    part.copy_range_from(0, v, range)?;
+    match part.to_cpu()? {
+        gradwire_tensor::CpuStorage::F32(host) => Ok(host),
+        other => Err(AlgoError::InvalidArgument(format!(
+            "a device piece of {:?}",
+            other.dtype()
+        ))),
+    }
+}
+
+/// Writes `host` into a device vector from element `offset` on.
+#[cfg(feature = "cuda")]
+fn upload(v: &mut CudaStorage, offset: usize, host: &[f32]) -> Result<()> {
+    if host.is_empty() {
+        return Ok(());
+    }
+    let part = CudaStorage::from_cpu(
+        &gradwire_tensor::CpuStorage::F32(host.to_vec()),
+        v.ordinal(),
+    )?;
+    v.copy_range_from(offset, &part, 0..host.len())?;
+    Ok(())
 }
 
 /// Disjoint views `(&v[a], &mut v[b])` of one slice.
