@@ -38,12 +38,21 @@ const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
 const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gradwire-cli/mpi";
 
 /// The GPU features of every crate that has them: CUDA storage and kernels,
-/// NcclComm, and the GPU test suites. They build on any machine (cudarc loads
-/// the driver and NCCL at run time); their tests SKIP loudly without a GPU.
+/// the device forms of the optimizers, codecs and AdaSum, NcclComm, and the
+/// GPU test suites. They build on any machine (cudarc loads the driver and
+/// NCCL at run time); their tests SKIP loudly without a GPU.
 const GPU_FEATURES: &str = concat!(
-    "gradwire-tensor/cuda,gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,",
-    "gradwire-tests/nccl,gradwire-cli/nccl"
+    "gradwire-tensor/cuda,gradwire-optim/cuda,gradwire-compress/cuda,gradwire-algos/cuda,",
+    "gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl,gradwire-cli/nccl"
 );
+
+/// The GPU-vs-CPU suites of the crates with a `cuda` feature (the tensor
+/// crate runs all its tests with the feature): `(package, test target)`.
+const CUDA_SUITES: &[(&str, &str)] = &[
+    ("gradwire-optim", "cuda"),
+    ("gradwire-compress", "cuda"),
+    ("gradwire-algos", "cuda"),
+];
 
 /// The command line help.
 const USAGE: &str = "\
@@ -204,6 +213,20 @@ fn test(test_args: &[String]) -> Result {
         run(cargo()
             .args(["test", "-p", "gradwire-tensor", "--features", "cuda", "--"])
             .args(test_args))?;
+        for (package, suite) in CUDA_SUITES {
+            run(cargo()
+                .args([
+                    "test",
+                    "-p",
+                    package,
+                    "--features",
+                    "cuda",
+                    "--test",
+                    suite,
+                    "--",
+                ])
+                .args(test_args))?;
+        }
         run(cargo()
             .args([
                 "test",
@@ -240,8 +263,14 @@ fn test(test_args: &[String]) -> Result {
                 "gradwire-comm",
                 "-p",
                 "gradwire-tensor",
+                "-p",
+                "gradwire-optim",
+                "-p",
+                "gradwire-compress",
+                "-p",
+                "gradwire-algos",
                 "--features",
-                "gradwire-comm/mpi,gradwire-comm/nccl",
+                "gradwire-comm/mpi,gradwire-comm/nccl,gradwire-optim/cuda,gradwire-compress/cuda,gradwire-algos/cuda",
                 "--no-deps",
                 "--quiet",
             ])

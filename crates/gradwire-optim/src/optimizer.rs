@@ -12,7 +12,7 @@
 //! are f32) and rounded once into the parameter's dtype.
 //!
 //! With the `cuda` feature a parameter may live on a CUDA device: its update
-//! runs there (the rule's [`UpdateRule::cuda_kernel`], bitwise the CPU
+//! runs there (the rule's `UpdateRule::cuda_kernel`, bitwise the CPU
 //! update) and its buffers stay in device memory between steps. They are
 //! copied out only for [`Optimizer::state`] (a checkpoint), and move with
 //! the parameter if it is later updated on the other side.
