@@ -10,29 +10,8 @@ use proptest::prelude::*;
 use std::ops::Range;
 
 /// Tensor boundaries for a list of sizes.
-fn ranges(sizes: &[usize]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    sizes
-        .iter()
-        .map(|&n| {
-            let r = start..start + n;
-            start += n;
-            r
-        })
-        .collect()
-}
-
-fn vector(seed: u64, rank: usize, n: usize) -> Vec<f32> {
-    let mut s = seed ^ (rank as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
+mod common;
+use common::{ranges, vector};
 
 /// Runs AdaSum on `world` ranks, each with `inputs[rank]`; returns every
 /// rank's result (checked bitwise equal).

@@ -11,47 +11,19 @@ use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
-use gradwire_tensor::{CpuStorage, CudaDevice, CudaStorage, Device, Error, Tensor};
-use std::ops::Range;
+use gradwire_tensor::cuda_backend::testing;
+use gradwire_tensor::{CpuStorage, CudaStorage, Device, Tensor};
 
+/// Whether device 0 is there (else `testing::device_or_skip` printed the
+/// SKIP line; a missing device fails under `GRADWIRE_REQUIRE_GPU=1`).
 fn device_or_skip(test: &str) -> bool {
-    match CudaDevice::get(0) {
-        Ok(_) => true,
-        Err(Error::CudaUnavailable(why)) => {
-            assert!(
-                std::env::var("GRADWIRE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "GRADWIRE_REQUIRE_GPU=1 but no CUDA device: {why}"
-            );
-            eprintln!("SKIP: no CUDA device ({why}): {test} did not run its GPU part");
-            false
-        }
-        Err(other) => panic!("CudaDevice::get(0) failed with {other:?}"),
-    }
+    testing::device_or_skip(test)
+        .expect("CUDA device 0")
+        .is_some()
 }
 
-fn ranges(sizes: &[usize]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    sizes
-        .iter()
-        .map(|&n| {
-            let r = start..start + n;
-            start += n;
-            r
-        })
-        .collect()
-}
-
-fn vector(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
+mod common;
+use common::{ranges, vector};
 
 fn host(s: &CudaStorage) -> Vec<f32> {
     match s.to_cpu().unwrap() {
@@ -90,7 +62,7 @@ fn pairwise_kernels_match_the_cpu() {
     ] {
         let tensors = ranges(&sizes);
         let n: usize = sizes.iter().sum();
-        let (a, b) = (vector(1, n), vector(2, n));
+        let (a, b) = (vector(1, 0, n), vector(2, 0, n));
         let mut cpu = a.clone();
         adasum::pairwise(&mut cpu, &b, &tensors).unwrap();
         let da = CudaStorage::from_cpu(&CpuStorage::F32(a.clone()), 0).unwrap();
@@ -123,7 +95,7 @@ fn pairwise_kernels_match_the_cpu() {
 fn combine_on_both(world: usize, sizes: &[usize], group: Option<usize>) {
     let tensors = ranges(sizes);
     let n: usize = sizes.iter().sum();
-    let inputs: Vec<Vec<f32>> = (0..world).map(|r| vector(10 + r as u64, n)).collect();
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| vector(10, r, n)).collect();
     let results = local::run(world, |comm: LocalComm| {
         let ada = match group {
             None => AdaSum::new(&comm)?,

@@ -10,21 +10,15 @@
 use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceSparse};
 use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec, select};
-use gradwire_tensor::{CpuStorage, CudaDevice, CudaStorage, DType, Error, bf16, f16};
+use gradwire_tensor::cuda_backend::testing;
+use gradwire_tensor::{CpuStorage, CudaStorage, DType, bf16, f16};
 
+/// Whether device 0 is there (else `testing::device_or_skip` printed the
+/// SKIP line; a missing device fails under `GRADWIRE_REQUIRE_GPU=1`).
 fn device_or_skip(test: &str) -> bool {
-    match CudaDevice::get(0) {
-        Ok(_) => true,
-        Err(Error::CudaUnavailable(why)) => {
-            assert!(
-                std::env::var("GRADWIRE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "GRADWIRE_REQUIRE_GPU=1 but no CUDA device: {why}"
-            );
-            eprintln!("SKIP: no CUDA device ({why}): {test} did not run its GPU part");
-            false
-        }
-        Err(other) => panic!("CudaDevice::get(0) failed with {other:?}"),
-    }
+    testing::device_or_skip(test)
+        .expect("CUDA device 0")
+        .is_some()
 }
 
 /// Deterministic values (splitmix64); with `levels`, magnitudes quantised

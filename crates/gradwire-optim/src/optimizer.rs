@@ -196,21 +196,7 @@ impl<R: UpdateRule> Optim<R> {
             .into());
         }
         let values = R::values(self.config_for(name), self.step)?;
-        let state = self
-            .params
-            .entry(name.to_string())
-            .or_insert_with(|| ParamState {
-                shape: param.dims().to_vec(),
-                updates: 0,
-                buffers: BTreeMap::new(),
-            });
-        if state.shape != param.dims() {
-            return Err(OptimError::ShapeMismatch {
-                what: format!("state of {name}"),
-                expected: state.shape.clone(),
-                got: param.dims().to_vec(),
-            });
-        }
+        let state = state_entry(&mut self.params, name, param.dims())?;
         let t = state.updates + 1;
         let kernel: UpdateKernel = R::cuda_kernel(&values, t).ok_or_else(|| {
             OptimError::InvalidArgument(format!("{} has no CUDA kernel", R::KIND))
@@ -255,6 +241,30 @@ fn download_buffers(names: &[&str], device: &[CudaStorage]) -> Result<BTreeMap<S
         out.insert(name.to_string(), values);
     }
     Ok(out)
+}
+
+/// Parameter `name`'s state, created empty for a parameter of `shape` on
+/// first use; [`OptimError::ShapeMismatch`] if it exists with another shape.
+fn state_entry<'p>(
+    params: &'p mut BTreeMap<String, ParamState>,
+    name: &str,
+    shape: &[usize],
+) -> Result<&'p mut ParamState> {
+    let state = params
+        .entry(name.to_string())
+        .or_insert_with(|| ParamState {
+            shape: shape.to_vec(),
+            updates: 0,
+            buffers: BTreeMap::new(),
+        });
+    if state.shape != shape {
+        return Err(OptimError::ShapeMismatch {
+            what: format!("state of {name}"),
+            expected: state.shape.clone(),
+            got: shape.to_vec(),
+        });
+    }
+    Ok(state)
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<serde_json::Value> {
@@ -303,21 +313,7 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         #[cfg(feature = "cuda")]
         self.buffers_to_host(name)?;
         let values = R::values(self.config_for(name), self.step)?;
-        let state = self
-            .params
-            .entry(name.to_string())
-            .or_insert_with(|| ParamState {
-                shape: param.dims().to_vec(),
-                updates: 0,
-                buffers: BTreeMap::new(),
-            });
-        if state.shape != param.dims() {
-            return Err(OptimError::ShapeMismatch {
-                what: format!("state of {name}"),
-                expected: state.shape.clone(),
-                got: param.dims().to_vec(),
-            });
-        }
+        let state = state_entry(&mut self.params, name, param.dims())?;
         let grad32: Cow<'_, [f32]> = match grad.dtype() {
             DType::F32 => Cow::Borrowed(grad.as_slice::<f32>()?),
             _ => Cow::Owned(grad.to_f32_vec()?),
@@ -386,21 +382,7 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
                 values.len()
             )));
         }
-        let state = self
-            .params
-            .entry(name.to_string())
-            .or_insert_with(|| ParamState {
-                shape: shape.to_vec(),
-                updates: 0,
-                buffers: BTreeMap::new(),
-            });
-        if state.shape != shape {
-            return Err(OptimError::ShapeMismatch {
-                what: format!("state of {name}"),
-                expected: state.shape.clone(),
-                got: shape.to_vec(),
-            });
-        }
+        let state = state_entry(&mut self.params, name, shape)?;
         #[cfg(feature = "cuda")]
         if let Some(device) = self.device_buffers.get_mut(name)
             && !device.is_empty()

@@ -12,21 +12,15 @@ use gradwire_optim::{
     AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, Optimizer, RmsProp, RmsPropConfig, Schedule,
     Sgd, SgdConfig,
 };
-use gradwire_tensor::{CudaDevice, DType, Device, Error, Tensor};
+use gradwire_tensor::cuda_backend::testing;
+use gradwire_tensor::{DType, Device, Error, Tensor};
 
+/// Whether device 0 is there (else `testing::device_or_skip` printed the
+/// SKIP line; a missing device fails under `GRADWIRE_REQUIRE_GPU=1`).
 fn device_or_skip(test: &str) -> bool {
-    match CudaDevice::get(0) {
-        Ok(_) => true,
-        Err(Error::CudaUnavailable(why)) => {
-            assert!(
-                std::env::var("GRADWIRE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "GRADWIRE_REQUIRE_GPU=1 but no CUDA device: {why}"
-            );
-            eprintln!("SKIP: no CUDA device ({why}): {test} did not run its GPU part");
-            false
-        }
-        Err(other) => panic!("CudaDevice::get(0) failed with {other:?}"),
-    }
+    testing::device_or_skip(test)
+        .expect("CUDA device 0")
+        .is_some()
 }
 
 /// Deterministic values in about [-scale, scale] (splitmix64).

@@ -27,6 +27,8 @@ pub mod kernels;
 pub mod launch;
 #[cfg(feature = "cuda")]
 mod ops;
+#[cfg(feature = "cuda")]
+pub mod testing;
 
 #[cfg(feature = "cuda")]
 pub use driver::{CudaDevice, CudaStorage, DeviceBuffer};

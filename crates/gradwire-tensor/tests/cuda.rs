@@ -7,25 +7,14 @@
 
 #![cfg(feature = "cuda")]
 
+use gradwire_tensor::cuda_backend::testing;
 use gradwire_tensor::{CudaDevice, DType, Device, Error, Tensor, bf16, f16};
 use std::sync::Arc;
 
-/// Device 0, or `None` after printing why the test is skipped. Any error
-/// other than `CudaUnavailable` fails the test; so does a missing device
-/// under `GRADWIRE_REQUIRE_GPU=1`.
+/// Device 0, or `None` after `testing::device_or_skip` printed why the
+/// test is skipped (a failure under `GRADWIRE_REQUIRE_GPU=1`).
 fn device_or_skip(test: &str) -> Option<Arc<CudaDevice>> {
-    match CudaDevice::get(0) {
-        Ok(device) => Some(device),
-        Err(Error::CudaUnavailable(why)) => {
-            assert!(
-                std::env::var("GRADWIRE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "GRADWIRE_REQUIRE_GPU=1 but no CUDA device: {why}"
-            );
-            eprintln!("SKIP: no CUDA device ({why}): {test} did not run its GPU part");
-            None
-        }
-        Err(other) => panic!("CudaDevice::get(0) failed with {other:?}"),
-    }
+    testing::device_or_skip(test).expect("CUDA device 0")
 }
 
 #[test]
@@ -489,5 +478,8 @@ fn every_kernel_has_a_launcher() {
         .map(|kernel| kernel.to_ascii_uppercase())
         .filter(|constant| !words.contains(constant.as_str()))
         .collect();
-    assert!(missing.is_empty(), "kernels without a launcher: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "kernels without a launcher: {missing:?}"
+    );
 }
