@@ -219,15 +219,32 @@ impl<C: Communicator> AdaSum<C> {
         v: &mut [f32],
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
+        self.halving(comm, &mut HostWorkspace { v, scratch: None }, tensors)
+    }
+
+    /// AdaSum's recursive vector halving / distance doubling on `ws`, the
+    /// vector and its scratch wherever they live (host or device): written
+    /// once so that both run the same exchanges in the same order.
+    fn halving<W: Workspace>(
+        &self,
+        comm: &C,
+        ws: &mut W,
+        tensors: &[Range<usize>],
+    ) -> Result<Traffic> {
+        let n = ws.len();
+        if let Some(bad) = tensors.iter().find(|t| t.start > t.end || t.end > n) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "AdaSum: tensor range {bad:?} outside a vector of {n} elements"
+            )));
+        }
         if let Some((node, inner, across)) = &self.hierarchy {
-            node.all_reduce(v, ReduceOp::Avg)?;
-            let mut traffic = Traffic::all_reduce(v.len() * 4, node.world_size());
-            traffic += inner.combine_flat(across, v, tensors)?;
+            ws.update_vector(0..n, |v| Ok(node.all_reduce(v, ReduceOp::Avg)?))?;
+            let mut traffic = Traffic::all_reduce(n * 4, node.world_size());
+            traffic += inner.halving(across, ws, tensors)?;
             return Ok(traffic);
         }
         let w = comm.world_size();
         let r = comm.rank();
-        let n = v.len();
         let bytes = |len: usize| (len * 4) as u64;
         let mut traffic = Traffic::default();
         if w <= 1 {
@@ -236,17 +253,16 @@ impl<C: Communicator> AdaSum<C> {
         let p = self.pow2;
         // Fold: ranks beyond the power of two hand their vector to a partner.
         if r >= p {
-            comm.send(v, r - p)?;
-            comm.recv(v, r - p)?;
+            ws.read_vector(0..n, |v| Ok(comm.send(v, r - p)?))?;
+            ws.receive_vector(0..n, |v| Ok(comm.recv(v, r - p)?))?;
             traffic.sent += bytes(n);
             traffic.received += bytes(n);
             return Ok(traffic);
         }
-        let mut scratch = vec![0f32; n];
         if r + p < w {
-            comm.recv(&mut scratch, r + p)?;
+            ws.receive_scratch(0..n, |s| Ok(comm.recv(s, r + p)?))?;
             traffic.received += bytes(n);
-            pairwise(v, &scratch, tensors)?;
+            ws.pairwise(tensors)?;
         }
         // Halving: keep half of the piece, combine it with the partner's.
         let mut pieces = Vec::with_capacity(self.levels.len());
@@ -264,32 +280,21 @@ impl<C: Communicator> AdaSum<C> {
             } else {
                 (mid..piece.end, piece.start..mid)
             };
-            comm.sendrecv(
-                &v[give.clone()],
-                partner,
-                &mut scratch[keep.clone()],
-                partner,
-            )?;
+            ws.exchange_into_scratch(give.clone(), keep.clone(), |out, inc| {
+                Ok(comm.sendrecv(out, partner, inc, partner)?)
+            })?;
             traffic.sent += bytes(give.len());
             traffic.received += bytes(keep.len());
             // `a` is always the lower rank's side, `b` the upper's.
-            let mut sums = if lower {
-                partials(v, &scratch, tensors, &keep)
-            } else {
-                partials(&scratch, v, tensors, &keep)
-            };
+            let mut sums = ws.partials(lower, tensors, &keep)?;
             group.all_reduce(&mut sums, ReduceOp::Sum)?;
             traffic += Traffic::all_reduce(sums.len() * 8, group.world_size());
-            if lower {
-                apply(v, &scratch, tensors, &keep, &sums);
-            } else {
-                // a = partner's half (in scratch), b = mine: write a's result into v.
-                let (lo, hi) = (keep.start, keep.end);
-                let mine: Vec<f32> = v[lo..hi].to_vec();
-                v[lo..hi].copy_from_slice(&scratch[lo..hi]);
-                scratch[lo..hi].copy_from_slice(&mine);
-                apply(v, &scratch, tensors, &keep, &sums);
+            if !lower {
+                // a = the partner's half (in scratch), b = mine: swap them so
+                // that a's result lands in the vector.
+                ws.swap(&keep)?;
             }
+            ws.combine(tensors, &keep, &sums)?;
             pieces.push((piece.clone(), keep.clone()));
             piece = keep;
             d *= 2;
@@ -302,14 +307,15 @@ impl<C: Communicator> AdaSum<C> {
             } else {
                 parent.start..keep.start
             };
-            let (mine, theirs) = split_two(v, &keep, &other);
-            comm.sendrecv(mine, partner, theirs, partner)?;
+            ws.exchange_within_vector(keep.clone(), other.clone(), |mine, theirs| {
+                Ok(comm.sendrecv(mine, partner, theirs, partner)?)
+            })?;
             traffic.sent += bytes(keep.len());
             traffic.received += bytes(other.len());
         }
         // Unfold: hand the result back to the folded partner.
         if r + p < w {
-            comm.send(v, r + p)?;
+            ws.read_vector(0..n, |v| Ok(comm.send(v, r + p)?))?;
             traffic.sent += bytes(n);
         }
         Ok(traffic)
@@ -340,108 +346,15 @@ impl<C: Communicator> AdaSum<C> {
         v: &mut CudaStorage,
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
-        use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
-        let n = v.len();
-        if v.dtype() != DType::F32 || tensors.iter().any(|t| t.start > t.end || t.end > n) {
-            return Err(AlgoError::InvalidArgument(format!(
-                "combine_device: a {:?} vector of {n} elements, tensor ranges {tensors:?}",
-                v.dtype()
-            )));
-        }
-        if let Some((node, inner, across)) = &self.hierarchy {
-            let mut host = download(v, 0..n)?;
-            node.all_reduce(&mut host, ReduceOp::Avg)?;
-            upload(v, 0, &host)?;
-            let mut traffic = Traffic::all_reduce(n * 4, node.world_size());
-            traffic += inner.combine_device(across, v, tensors)?;
-            return Ok(traffic);
-        }
-        let w = comm.world_size();
-        let r = comm.rank();
-        let bytes = |len: usize| (len * 4) as u64;
-        let mut traffic = Traffic::default();
-        if w <= 1 {
-            return Ok(traffic);
-        }
-        let p = self.pow2;
-        if r >= p {
-            let mut host = download(v, 0..n)?;
-            comm.send(&host, r - p)?;
-            comm.recv(&mut host, r - p)?;
-            upload(v, 0, &host)?;
-            traffic.sent += bytes(n);
-            traffic.received += bytes(n);
-            return Ok(traffic);
-        }
-        let mut scratch = CudaStorage::alloc_zeros(n, DType::F32, v.ordinal())?;
-        if r + p < w {
-            let mut host = vec![0f32; n];
-            comm.recv(&mut host, r + p)?;
-            traffic.received += bytes(n);
-            upload(&mut scratch, 0, &host)?;
-            kernels::pairwise(v, &scratch, tensors)?;
-        }
-        let mut pieces = Vec::with_capacity(self.levels.len());
-        let mut piece = 0..n;
-        let mut d = 1;
-        for group in &self.levels {
-            let group = group
-                .as_ref()
-                .ok_or_else(|| AlgoError::InvalidArgument("no level group".into()))?;
-            let partner = r ^ d;
-            let mid = piece.start + piece.len() / 2;
-            let lower = r & d == 0;
-            let (keep, give) = if lower {
-                (piece.start..mid, mid..piece.end)
-            } else {
-                (mid..piece.end, piece.start..mid)
-            };
-            let outgoing = download(v, give.clone())?;
-            let mut incoming = vec![0f32; keep.len()];
-            comm.sendrecv(&outgoing, partner, &mut incoming, partner)?;
-            upload(&mut scratch, keep.start, &incoming)?;
-            traffic.sent += bytes(give.len());
-            traffic.received += bytes(keep.len());
-            // `a` is always the lower rank's side, `b` the upper's.
-            let mut sums = if lower {
-                kernels::partials(v, &scratch, tensors, keep.clone())?
-            } else {
-                kernels::partials(&scratch, v, tensors, keep.clone())?
-            };
-            group.all_reduce(&mut sums, ReduceOp::Sum)?;
-            traffic += Traffic::all_reduce(sums.len() * 8, group.world_size());
-            if !lower {
-                // a = the partner's half (in scratch), b = mine: swap them so
-                // that a's result lands in v.
-                let mut mine = CudaStorage::alloc_zeros(keep.len(), DType::F32, v.ordinal())?;
-                mine.copy_range_from(0, v, keep.clone())?;
-                v.copy_range_from(keep.start, &scratch, keep.clone())?;
-                scratch.copy_range_from(keep.start, &mine, 0..keep.len())?;
+        if v.dtype() != DType::F32 {
+            return Err(gradwire_tensor::Error::DTypeMismatch {
+                op: "AdaSum::combine_device",
+                expected: DType::F32,
+                got: v.dtype(),
             }
-            kernels::combine(v, &scratch, tensors, keep.clone(), &sums)?;
-            pieces.push((piece.clone(), keep.clone()));
-            piece = keep;
-            d *= 2;
+            .into());
         }
-        for (level, (parent, keep)) in pieces.into_iter().enumerate().rev() {
-            let partner = r ^ (1 << level);
-            let other = if keep.start == parent.start {
-                keep.end..parent.end
-            } else {
-                parent.start..keep.start
-            };
-            let mine = download(v, keep.clone())?;
-            let mut theirs = vec![0f32; other.len()];
-            comm.sendrecv(&mine, partner, &mut theirs, partner)?;
-            upload(v, other.start, &theirs)?;
-            traffic.sent += bytes(keep.len());
-            traffic.received += bytes(other.len());
-        }
-        if r + p < w {
-            comm.send(&download(v, 0..n)?, r + p)?;
-            traffic.sent += bytes(n);
-        }
-        Ok(traffic)
+        self.halving(comm, &mut device::DeviceWorkspace::new(v), tensors)
     }
 }
 
@@ -452,32 +365,356 @@ impl<C: Communicator> AdaSum<C> {
     }
 }
 
-/// Elements `range` of a device vector, on the host.
-#[cfg(feature = "cuda")]
-fn download(v: &CudaStorage, range: Range<usize>) -> Result<Vec<f32>> {
-    let mut part = CudaStorage::alloc_zeros(range.len(), DType::F32, v.ordinal())?;
-    part.copy_range_from(0, v, range)?;
-    match part.to_cpu()? {
-        gradwire_tensor::CpuStorage::F32(host) => Ok(host),
-        other => Err(AlgoError::InvalidArgument(format!(
-            "a device piece of {:?}",
-            other.dtype()
-        ))),
+/// AdaSum's vector (the rank's, combined in place) and a scratch vector of
+/// the same length for the partner's pieces, as [`AdaSum::halving`] uses
+/// them. Pieces cross to the communicator as host slices, handed to the
+/// closures; the arithmetic runs where the memory is.
+trait Workspace {
+    /// The vector's length.
+    fn len(&self) -> usize;
+    /// `f` reads elements `range` of the vector.
+    fn read_vector(&self, range: Range<usize>, f: impl FnOnce(&[f32]) -> Result<()>) -> Result<()>;
+    /// `f` overwrites elements `range` of the vector.
+    fn receive_vector(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()>;
+    /// `f` updates elements `range` of the vector in place.
+    fn update_vector(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()>;
+    /// `f` overwrites elements `range` of the scratch.
+    fn receive_scratch(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()>;
+    /// `f` reads the vector's `give` and overwrites the scratch's `keep`.
+    fn exchange_into_scratch(
+        &mut self,
+        give: Range<usize>,
+        keep: Range<usize>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<()>;
+    /// `f` reads the vector's `mine` and overwrites its disjoint `other`.
+    fn exchange_within_vector(
+        &mut self,
+        mine: Range<usize>,
+        other: Range<usize>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<()>;
+    /// vector = pairwise(vector, scratch), per tensor.
+    fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()>;
+    /// The partials over `keep`, with `a` the vector when `vector_is_a`,
+    /// else the scratch.
+    fn partials(
+        &self,
+        vector_is_a: bool,
+        tensors: &[Range<usize>],
+        keep: &Range<usize>,
+    ) -> Result<Vec<f64>>;
+    /// Swaps the vector's and the scratch's `keep`.
+    fn swap(&mut self, keep: &Range<usize>) -> Result<()>;
+    /// vector = ca vector + cb scratch over `keep`, from the summed partials.
+    fn combine(
+        &mut self,
+        tensors: &[Range<usize>],
+        keep: &Range<usize>,
+        sums: &[f64],
+    ) -> Result<()>;
+}
+
+/// The vector in host memory; the scratch allocated on first use (folded
+/// ranks never need it).
+struct HostWorkspace<'v> {
+    v: &'v mut [f32],
+    scratch: Option<Vec<f32>>,
+}
+
+impl HostWorkspace<'_> {
+    /// The vector and the scratch (allocated now if need be), disjointly.
+    fn parts(&mut self) -> (&mut [f32], &mut [f32]) {
+        let n = self.v.len();
+        let scratch = self.scratch.get_or_insert_with(|| vec![0f32; n]);
+        (&mut *self.v, scratch.as_mut_slice())
     }
 }
 
-/// Writes `host` into a device vector from element `offset` on.
-#[cfg(feature = "cuda")]
-fn upload(v: &mut CudaStorage, offset: usize, host: &[f32]) -> Result<()> {
-    if host.is_empty() {
-        return Ok(());
+/// The range of a slice, or the error of a range outside it.
+fn piece<'s>(s: &'s [f32], range: &Range<usize>) -> Result<&'s [f32]> {
+    s.get(range.clone())
+        .ok_or_else(|| AlgoError::InvalidArgument(format!("AdaSum: piece {range:?} out of range")))
+}
+
+fn piece_mut<'s>(s: &'s mut [f32], range: &Range<usize>) -> Result<&'s mut [f32]> {
+    s.get_mut(range.clone())
+        .ok_or_else(|| AlgoError::InvalidArgument(format!("AdaSum: piece {range:?} out of range")))
+}
+
+/// The scratch of a workspace that has one ([`AdaSum::halving`] fills it
+/// before it reads it).
+fn no_scratch() -> AlgoError {
+    AlgoError::InvalidArgument("AdaSum: the scratch was read before it was written".into())
+}
+
+impl Workspace for HostWorkspace<'_> {
+    fn len(&self) -> usize {
+        self.v.len()
     }
-    let part = CudaStorage::from_cpu(
-        &gradwire_tensor::CpuStorage::F32(host.to_vec()),
-        v.ordinal(),
-    )?;
-    v.copy_range_from(offset, &part, 0..host.len())?;
-    Ok(())
+
+    fn read_vector(&self, range: Range<usize>, f: impl FnOnce(&[f32]) -> Result<()>) -> Result<()> {
+        f(piece(self.v, &range)?)
+    }
+
+    fn receive_vector(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        f(piece_mut(self.v, &range)?)
+    }
+
+    fn update_vector(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        f(piece_mut(self.v, &range)?)
+    }
+
+    fn receive_scratch(
+        &mut self,
+        range: Range<usize>,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        f(piece_mut(self.parts().1, &range)?)
+    }
+
+    fn exchange_into_scratch(
+        &mut self,
+        give: Range<usize>,
+        keep: Range<usize>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let (v, scratch) = self.parts();
+        f(piece(v, &give)?, piece_mut(scratch, &keep)?)
+    }
+
+    fn exchange_within_vector(
+        &mut self,
+        mine: Range<usize>,
+        other: Range<usize>,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let (mine, theirs) = split_two(self.v, &mine, &other);
+        f(mine, theirs)
+    }
+
+    fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()> {
+        let (v, scratch) = self.parts();
+        pairwise(v, scratch, tensors)
+    }
+
+    fn partials(
+        &self,
+        vector_is_a: bool,
+        tensors: &[Range<usize>],
+        keep: &Range<usize>,
+    ) -> Result<Vec<f64>> {
+        let scratch = self.scratch.as_deref().ok_or_else(no_scratch)?;
+        Ok(if vector_is_a {
+            partials(self.v, scratch, tensors, keep)
+        } else {
+            partials(scratch, self.v, tensors, keep)
+        })
+    }
+
+    fn swap(&mut self, keep: &Range<usize>) -> Result<()> {
+        let (v, scratch) = self.parts();
+        piece_mut(v, keep)?.swap_with_slice(piece_mut(scratch, keep)?);
+        Ok(())
+    }
+
+    fn combine(
+        &mut self,
+        tensors: &[Range<usize>],
+        keep: &Range<usize>,
+        sums: &[f64],
+    ) -> Result<()> {
+        let (v, scratch) = self.parts();
+        apply(v, scratch, tensors, keep, sums);
+        Ok(())
+    }
+}
+
+/// The workspace in CUDA memory (feature `cuda`).
+#[cfg(feature = "cuda")]
+mod device {
+    use super::{Result, Workspace, no_scratch};
+    use crate::AlgoError;
+    use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
+    use gradwire_tensor::{CpuStorage, CudaStorage, DType};
+    use std::ops::Range;
+
+    /// The vector on the device; the scratch allocated there on first use.
+    /// Pieces are staged through host buffers for the communicator.
+    pub(super) struct DeviceWorkspace<'v> {
+        v: &'v mut CudaStorage,
+        scratch: Option<CudaStorage>,
+    }
+
+    impl<'v> DeviceWorkspace<'v> {
+        pub(super) fn new(v: &'v mut CudaStorage) -> Self {
+            DeviceWorkspace { v, scratch: None }
+        }
+
+        /// The vector and the scratch (allocated now if need be),
+        /// disjointly.
+        fn parts(&mut self) -> Result<(&mut CudaStorage, &mut CudaStorage)> {
+            let scratch = match &mut self.scratch {
+                Some(scratch) => scratch,
+                empty => empty.insert(CudaStorage::alloc_zeros(
+                    self.v.len(),
+                    DType::F32,
+                    self.v.ordinal(),
+                )?),
+            };
+            Ok((&mut *self.v, scratch))
+        }
+    }
+
+    /// Elements `range` of a device vector, on the host.
+    fn download(v: &CudaStorage, range: Range<usize>) -> Result<Vec<f32>> {
+        let mut part = CudaStorage::alloc_zeros(range.len(), DType::F32, v.ordinal())?;
+        part.copy_range_from(0, v, range)?;
+        match part.to_cpu()? {
+            CpuStorage::F32(host) => Ok(host),
+            other => Err(AlgoError::InvalidArgument(format!(
+                "a device piece of {:?}",
+                other.dtype()
+            ))),
+        }
+    }
+
+    /// Writes `host` into a device vector from element `offset` on.
+    fn upload(v: &mut CudaStorage, offset: usize, host: Vec<f32>) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let len = host.len();
+        let part = CudaStorage::from_cpu(&CpuStorage::F32(host), v.ordinal())?;
+        v.copy_range_from(offset, &part, 0..len)?;
+        Ok(())
+    }
+
+    impl Workspace for DeviceWorkspace<'_> {
+        fn len(&self) -> usize {
+            self.v.len()
+        }
+
+        fn read_vector(
+            &self,
+            range: Range<usize>,
+            f: impl FnOnce(&[f32]) -> Result<()>,
+        ) -> Result<()> {
+            f(&download(self.v, range)?)
+        }
+
+        fn receive_vector(
+            &mut self,
+            range: Range<usize>,
+            f: impl FnOnce(&mut [f32]) -> Result<()>,
+        ) -> Result<()> {
+            let mut host = vec![0f32; range.len()];
+            f(&mut host)?;
+            upload(self.v, range.start, host)
+        }
+
+        fn update_vector(
+            &mut self,
+            range: Range<usize>,
+            f: impl FnOnce(&mut [f32]) -> Result<()>,
+        ) -> Result<()> {
+            let mut host = download(self.v, range.clone())?;
+            f(&mut host)?;
+            upload(self.v, range.start, host)
+        }
+
+        fn receive_scratch(
+            &mut self,
+            range: Range<usize>,
+            f: impl FnOnce(&mut [f32]) -> Result<()>,
+        ) -> Result<()> {
+            let mut host = vec![0f32; range.len()];
+            f(&mut host)?;
+            upload(self.parts()?.1, range.start, host)
+        }
+
+        fn exchange_into_scratch(
+            &mut self,
+            give: Range<usize>,
+            keep: Range<usize>,
+            f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+        ) -> Result<()> {
+            let outgoing = download(self.v, give)?;
+            let mut incoming = vec![0f32; keep.len()];
+            f(&outgoing, &mut incoming)?;
+            upload(self.parts()?.1, keep.start, incoming)
+        }
+
+        fn exchange_within_vector(
+            &mut self,
+            mine: Range<usize>,
+            other: Range<usize>,
+            f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+        ) -> Result<()> {
+            let outgoing = download(self.v, mine)?;
+            let mut incoming = vec![0f32; other.len()];
+            f(&outgoing, &mut incoming)?;
+            upload(self.v, other.start, incoming)
+        }
+
+        fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()> {
+            let (v, scratch) = self.parts()?;
+            Ok(kernels::pairwise(v, scratch, tensors)?)
+        }
+
+        fn partials(
+            &self,
+            vector_is_a: bool,
+            tensors: &[Range<usize>],
+            keep: &Range<usize>,
+        ) -> Result<Vec<f64>> {
+            let scratch = self.scratch.as_ref().ok_or_else(no_scratch)?;
+            Ok(if vector_is_a {
+                kernels::partials(self.v, scratch, tensors, keep.clone())?
+            } else {
+                kernels::partials(scratch, self.v, tensors, keep.clone())?
+            })
+        }
+
+        fn swap(&mut self, keep: &Range<usize>) -> Result<()> {
+            let (v, scratch) = self.parts()?;
+            let mut mine = CudaStorage::alloc_zeros(keep.len(), DType::F32, v.ordinal())?;
+            mine.copy_range_from(0, v, keep.clone())?;
+            v.copy_range_from(keep.start, scratch, keep.clone())?;
+            scratch.copy_range_from(keep.start, &mine, 0..keep.len())?;
+            Ok(())
+        }
+
+        fn combine(
+            &mut self,
+            tensors: &[Range<usize>],
+            keep: &Range<usize>,
+            sums: &[f64],
+        ) -> Result<()> {
+            let (v, scratch) = self.parts()?;
+            Ok(kernels::combine(v, scratch, tensors, keep.clone(), sums)?)
+        }
+    }
 }
 
 /// Disjoint views `(&v[a], &mut v[b])` of one slice.

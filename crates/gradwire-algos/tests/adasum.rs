@@ -169,3 +169,23 @@ fn tensors_of_every_dtype_combine() {
         assert_eq!(dtype, DType::BF16);
     }
 }
+
+#[test]
+fn tensor_ranges_outside_the_vector_are_an_error_on_every_rank() {
+    let results = local::run(3, |comm: LocalComm| {
+        let ada = AdaSum::new(&comm)?;
+        let mut v = vector(8, comm.rank(), 5);
+        let before = v.clone();
+        let outcome = ada.combine_flat(&comm, &mut v, &[0..2, 3..9]);
+        Ok::<_, AlgoError>((outcome, v == before))
+    })
+    .unwrap();
+    for r in results {
+        let (outcome, unchanged) = r.unwrap();
+        assert!(
+            matches!(outcome, Err(AlgoError::InvalidArgument(_))),
+            "{outcome:?}"
+        );
+        assert!(unchanged, "nothing is exchanged before the check");
+    }
+}
