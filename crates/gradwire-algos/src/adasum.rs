@@ -374,12 +374,15 @@ trait Workspace {
     fn len(&self) -> usize;
     /// `f` reads elements `range` of the vector.
     fn read_vector(&self, range: Range<usize>, f: impl FnOnce(&[f32]) -> Result<()>) -> Result<()>;
-    /// `f` overwrites elements `range` of the vector.
+    /// `f` overwrites elements `range` of the vector (by default an
+    /// update; a workspace that stages pieces can skip reading them).
     fn receive_vector(
         &mut self,
         range: Range<usize>,
         f: impl FnOnce(&mut [f32]) -> Result<()>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.update_vector(range, f)
+    }
     /// `f` updates elements `range` of the vector in place.
     fn update_vector(
         &mut self,
@@ -467,14 +470,6 @@ impl Workspace for HostWorkspace<'_> {
 
     fn read_vector(&self, range: Range<usize>, f: impl FnOnce(&[f32]) -> Result<()>) -> Result<()> {
         f(piece(self.v, &range)?)
-    }
-
-    fn receive_vector(
-        &mut self,
-        range: Range<usize>,
-        f: impl FnOnce(&mut [f32]) -> Result<()>,
-    ) -> Result<()> {
-        f(piece_mut(self.v, &range)?)
     }
 
     fn update_vector(
