@@ -14,6 +14,11 @@
 //!   reductions, on plain slices and on tensors;
 //! * [`flat`]: packing many tensors into one fusion buffer and back.
 //!
+//! With the `cuda` feature the same operations run on CUDA tensors, and
+//! `cuda_backend::kernels` holds the launchers the upper crates use for
+//! their device forms (optimizer updates, sparse selection, error feedback,
+//! AdaSum).
+//!
 //! ```
 //! use gradwire_tensor::{DType, Device, Tensor};
 //!
@@ -30,8 +35,10 @@
 //! ```
 
 #![deny(missing_docs)]
-// Without CUDA there is no unsafe code at all; with it, only the driver probe
-// in `cuda_backend/driver.rs` (an `unsafe fn` of cudarc) opts in.
+// Without CUDA there is no unsafe code at all; with it, only `cuda_backend/`
+// opts in, item by item with a SAFETY comment: the driver probe and byte views
+// in `driver.rs`, and the kernel launches of `ops.rs`, `collective.rs` and
+// `kernels/`.
 #![cfg_attr(not(feature = "cuda"), forbid(unsafe_code))]
 #![cfg_attr(feature = "cuda", deny(unsafe_code))]
 
