@@ -396,10 +396,7 @@ impl Tensor {
         if src.is_zeroed() {
             return self.fill(0.0);
         }
-        if let Some(x) = src.cuda_values()? {
-            let y = self
-                .cuda_write(CudaWrite::Overwrite)?
-                .ok_or_else(device_bug)?;
+        if let Some((y, x)) = self.cuda_operands(src, CudaWrite::Overwrite)? {
             return y.copy_from(&x);
         }
         with_dtype!(self.dtype(), T => {
@@ -412,8 +409,7 @@ impl Tensor {
     /// `self` starts from zeros; a zeroed `x` counts as zeros.
     pub fn axpy(&mut self, a: f32, x: &Tensor) -> Result<()> {
         check_compatible("axpy", self, x)?;
-        if let Some(x) = x.cuda_values()? {
-            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+        if let Some((y, x)) = self.cuda_operands(x, CudaWrite::Update)? {
             return y.axpy(a, &x);
         }
         with_dtype!(self.dtype(), T => {
@@ -434,8 +430,7 @@ impl Tensor {
     /// `self += x` elementwise (same shape and dtype). A write.
     pub fn add(&mut self, x: &Tensor) -> Result<()> {
         check_compatible("add", self, x)?;
-        if let Some(x) = x.cuda_values()? {
-            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+        if let Some((y, x)) = self.cuda_operands(x, CudaWrite::Update)? {
             return y.add(&x);
         }
         with_dtype!(self.dtype(), T => add(self.as_mut_slice::<T>()?, x.as_slice::<T>()?)?);
@@ -445,8 +440,7 @@ impl Tensor {
     /// `self *= x` elementwise (same shape and dtype). A write.
     pub fn mul(&mut self, x: &Tensor) -> Result<()> {
         check_compatible("mul", self, x)?;
-        if let Some(x) = x.cuda_values()? {
-            let y = self.cuda_write(CudaWrite::Update)?.ok_or_else(device_bug)?;
+        if let Some((y, x)) = self.cuda_operands(x, CudaWrite::Update)? {
             return y.mul(&x);
         }
         with_dtype!(self.dtype(), T => mul(self.as_mut_slice::<T>()?, x.as_slice::<T>()?)?);
@@ -524,13 +518,6 @@ impl Tensor {
             Storage::Cuda(s) => on_cuda(s),
         }
     }
-}
-
-/// The error for a tensor whose device changed between two checks of the
-/// same call: [`check_compatible`] found both operands on one device, so a
-/// CUDA operand with a CPU destination cannot happen.
-fn device_bug() -> Error {
-    Error::InvalidArgument("operands on different devices after the device check".into())
 }
 
 /// The dot product of real zeros with a vector whose `max_abs` is `m`.

@@ -344,12 +344,34 @@ impl Tensor {
             if mode == CudaWrite::Update {
                 storage.zero_fill()?;
             }
-            self.zeroed = false;
-            drop(self.zero_view.take());
+            self.clear_zeroed();
         }
         match &mut self.storage {
             Storage::Cuda(storage) => Ok(Some(storage)),
             Storage::Cpu(_) => Ok(None),
+        }
+    }
+
+    /// For an elementwise op of `self` (written per `mode`) with `x` on a
+    /// CUDA device: both storages, `x`'s per [`Tensor::cuda_values`].
+    /// `None`, with nothing changed, for CPU tensors;
+    /// [`Error::DeviceMismatch`], with nothing changed, for two devices.
+    pub(crate) fn cuda_operands<'a>(
+        &'a mut self,
+        x: &'a Tensor,
+        mode: CudaWrite,
+    ) -> Result<Option<(&'a mut CudaStorage, Cow<'a, CudaStorage>)>> {
+        if self.device() != x.device() {
+            return Err(Error::DeviceMismatch {
+                op: "cuda_operands",
+                expected: self.device(),
+                got: x.device(),
+            });
+        }
+        // One device: both CUDA or neither.
+        match (x.cuda_values()?, self.cuda_write(mode)?) {
+            (Some(x), Some(y)) => Ok(Some((y, x))),
+            _ => Ok(None),
         }
     }
 

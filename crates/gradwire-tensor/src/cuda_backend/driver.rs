@@ -10,14 +10,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    DriverError,
 };
 use half::{bf16, f16};
 
+use super::launch::{driver_error, out_of_bounds};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::storage::CpuStorage;
@@ -34,10 +35,6 @@ fn driver_present() -> bool {
             cudarc::driver::sys::is_culib_present()
         }
     })
-}
-
-fn cuda_error(call: &str, e: DriverError) -> Error {
-    Error::Cuda(format!("{call}: {e:?}"))
 }
 
 /// One CUDA device: its primary context, the stream gradwire uses on it and
@@ -118,7 +115,7 @@ impl CudaDevice {
         let module = self
             .context
             .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx))
-            .map_err(|e| cuda_error(&format!("loading the PTX of `{name}`"), e))?;
+            .map_err(|e| driver_error(&format!("loading the PTX of `{name}`"), e))?;
         modules.insert(ptx.name, Arc::clone(&module));
         Ok(module)
     }
@@ -128,14 +125,14 @@ impl CudaDevice {
     pub fn function(&self, module: &str, kernel: &str) -> Result<CudaFunction> {
         self.module(module)?
             .load_function(kernel)
-            .map_err(|e| cuda_error(&format!("kernel `{kernel}` of `{module}`"), e))
+            .map_err(|e| driver_error(&format!("kernel `{kernel}` of `{module}`"), e))
     }
 
     /// Waits until all work queued on the device's stream is done.
     pub fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
-            .map_err(|e| cuda_error("cuStreamSynchronize", e))
+            .map_err(|e| driver_error("cuStreamSynchronize", e))
     }
 }
 
@@ -222,7 +219,7 @@ impl DeviceBuffer {
     /// A copy on the same device, made on `stream` (fallible, unlike
     /// cudarc's `Clone`, which panics when the copy fails).
     fn try_clone_on(&self, stream: &Arc<CudaStream>) -> Result<DeviceBuffer> {
-        let copy = |e| cuda_error("cuMemAlloc / cuMemcpyDtoD", e);
+        let copy = |e| driver_error("cuMemAlloc / cuMemcpyDtoD", e);
         Ok(match self {
             DeviceBuffer::F32(s) => DeviceBuffer::F32(stream.clone_dtod(s).map_err(copy)?),
             DeviceBuffer::F16(s) => DeviceBuffer::F16(stream.clone_dtod(s).map_err(copy)?),
@@ -254,7 +251,7 @@ impl CudaStorage {
     pub fn alloc_zeros(len: usize, dtype: DType, ordinal: usize) -> Result<Self> {
         let device = CudaDevice::get(ordinal)?;
         let stream = device.stream();
-        let alloc = |e| cuda_error("cuMemAlloc / cuMemsetD8", e);
+        let alloc = |e| driver_error("cuMemAlloc / cuMemsetD8", e);
         // At least one element: cuMemAlloc refuses zero bytes.
         let elements = len.max(1);
         let data = match dtype {
@@ -277,7 +274,7 @@ impl CudaStorage {
         }
         let device = CudaDevice::get(ordinal)?;
         let stream = device.stream();
-        let copy = |e| cuda_error("cuMemcpyHtoD", e);
+        let copy = |e| driver_error("cuMemcpyHtoD", e);
         let data = match src {
             CpuStorage::F32(v) => DeviceBuffer::F32(stream.clone_htod(v.as_slice()).map_err(copy)?),
             CpuStorage::F16(v) => {
@@ -302,7 +299,7 @@ impl CudaStorage {
             return Ok(CpuStorage::zeros(self.dtype(), 0));
         }
         let stream = self.device.stream();
-        let copy = |e| cuda_error("cuMemcpyDtoH", e);
+        let copy = |e| driver_error("cuMemcpyDtoH", e);
         Ok(match &*self.data {
             DeviceBuffer::F32(s) => CpuStorage::F32(stream.clone_dtoh(s).map_err(copy)?),
             DeviceBuffer::F16(s) => CpuStorage::F16(
@@ -356,6 +353,65 @@ impl CudaStorage {
         self.buffer_mut()?.prefix_bytes_mut(len)
     }
 
+    /// Elements `range` of an f32 storage, copied straight to the host
+    /// (waits for the copy; no device temporary). [`Error::DTypeMismatch`]
+    /// for another dtype, [`Error::InvalidArgument`] for a range outside.
+    pub fn read_f32(&self, range: Range<usize>) -> Result<Vec<f32>> {
+        let bytes = self.f32_bytes("read_f32", &range)?;
+        let mut host = vec![0f32; range.len()];
+        if range.is_empty() {
+            return Ok(host);
+        }
+        let all = self.bytes()?;
+        let view = all
+            .try_slice(bytes)
+            .ok_or_else(|| out_of_bounds("read_f32", &range, self.len))?;
+        self.device
+            .stream()
+            .memcpy_dtoh(&view, bytemuck::cast_slice_mut::<f32, u8>(&mut host))
+            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        Ok(host)
+    }
+
+    /// Writes host `values` into an f32 storage from element `offset` on,
+    /// straight from the host (no device temporary). Errors as
+    /// [`CudaStorage::read_f32`].
+    pub fn write_f32(&mut self, offset: usize, values: &[f32]) -> Result<()> {
+        let end = offset
+            .checked_add(values.len())
+            .ok_or(Error::ShapeOverflow)?;
+        let range = offset..end;
+        let bytes = self.f32_bytes("write_f32", &range)?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let len = self.len;
+        let stream = Arc::clone(self.device.stream());
+        let mut all = self.bytes_mut()?;
+        let mut view = all
+            .try_slice_mut(bytes)
+            .ok_or_else(|| out_of_bounds("write_f32", &range, len))?;
+        stream
+            .memcpy_htod(bytemuck::cast_slice::<f32, u8>(values), &mut view)
+            .map_err(|e| driver_error("cuMemcpyHtoD", e))
+    }
+
+    /// The byte range of elements `range` of this storage, which must hold
+    /// f32 and contain the range.
+    fn f32_bytes(&self, op: &'static str, range: &Range<usize>) -> Result<Range<usize>> {
+        if self.dtype() != DType::F32 {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: DType::F32,
+                got: self.dtype(),
+            });
+        }
+        if range.start > range.end || range.end > self.len {
+            return Err(out_of_bounds(op, range, self.len));
+        }
+        Ok(range.start * 4..range.end * 4)
+    }
+
     /// The CUDA device ordinal holding the memory.
     pub fn ordinal(&self) -> usize {
         self.device.ordinal()
@@ -389,7 +445,7 @@ impl CudaStorage {
     /// stream; all-zero bits are +0.0 in every dtype).
     pub fn zero_fill(&mut self) -> Result<()> {
         let stream = Arc::clone(self.device.stream());
-        let memset = |e| cuda_error("cuMemsetD8", e);
+        let memset = |e| driver_error("cuMemsetD8", e);
         match self.buffer_mut()? {
             DeviceBuffer::F32(s) => stream.memset_zeros(s).map_err(memset),
             DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => stream.memset_zeros(s).map_err(memset),

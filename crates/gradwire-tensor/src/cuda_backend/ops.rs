@@ -19,25 +19,16 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DriverError, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use gradwire_kernels::{cast, elementwise, reduce};
 
 use super::driver::{CudaDevice, CudaStorage};
-use super::launch::{blocks, blocks_for, driver_error, grid_stride, len_arg};
-use crate::device::Device;
+use super::launch::{
+    blocks, blocks_for, by_dtype, download, driver_error, grid_stride, launched, len_arg,
+    out_of_bounds, require_like, require_same_device, zeros,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// The kernel of `names` (the f32, f16 and bf16 forms, in that order) for
-/// `dtype`.
-fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
-    let [f32, f16, bf16] = names;
-    match dtype {
-        DType::F32 => f32,
-        DType::F16 => f16,
-        DType::BF16 => bf16,
-    }
-}
 
 /// The conversion kernel from `src` to `dst` (`None` when they are equal: a
 /// copy).
@@ -54,63 +45,13 @@ fn cast_kernel(src: DType, dst: DType) -> Option<&'static str> {
     })
 }
 
-/// A launch's outcome as this crate's error, naming the kernel.
-fn launched<T>(kernel: &str, result: std::result::Result<T, DriverError>) -> Result<()> {
-    result
-        .map(|_| ())
-        .map_err(|e| driver_error(&format!("launching `{kernel}`"), e))
-}
-
-fn alloc_zeros<T>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>>
-where
-    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits,
-{
-    stream
-        .alloc_zeros::<T>(len)
-        .map_err(|e| driver_error("cuMemAlloc / cuMemsetD8", e))
-}
-
 /// The byte range of elements `range` of a `dtype` buffer.
 fn byte_range(range: &Range<usize>, dtype: DType) -> Range<usize> {
     let size = dtype.size_in_bytes();
     range.start * size..range.end * size
 }
 
-fn out_of_bounds(op: &str, range: &Range<usize>, len: usize) -> Error {
-    Error::InvalidArgument(format!(
-        "{op}: range {}..{} out of bounds for {len} elements",
-        range.start, range.end
-    ))
-}
-
 impl CudaStorage {
-    /// Checks that `other` lives on this storage's device and has its dtype
-    /// and length (the preconditions of every elementwise op).
-    fn check_operand(&self, op: &'static str, other: &CudaStorage) -> Result<()> {
-        if other.ordinal() != self.ordinal() {
-            return Err(Error::DeviceMismatch {
-                op,
-                expected: Device::Cuda(self.ordinal()),
-                got: Device::Cuda(other.ordinal()),
-            });
-        }
-        if other.dtype() != self.dtype() {
-            return Err(Error::DTypeMismatch {
-                op,
-                expected: self.dtype(),
-                got: other.dtype(),
-            });
-        }
-        if other.len() != self.len() {
-            return Err(Error::LengthMismatch {
-                op,
-                expected: self.len(),
-                got: other.len(),
-            });
-        }
-        Ok(())
-    }
-
     fn device_arc(&self) -> Arc<CudaDevice> {
         Arc::clone(self.device())
     }
@@ -145,7 +86,7 @@ impl CudaStorage {
     /// Copies `src` (same device, dtype and length) into this storage, on the
     /// device.
     pub fn copy_from(&mut self, src: &CudaStorage) -> Result<()> {
-        self.check_operand("copy_from", src)?;
+        require_like("copy_from", self, src)?;
         let len = self.len();
         self.copy_range_from(0, src, 0..len)
     }
@@ -162,13 +103,7 @@ impl CudaStorage {
         src_range: Range<usize>,
     ) -> Result<()> {
         const OP: &str = "copy_range_from";
-        if src.ordinal() != self.ordinal() {
-            return Err(Error::DeviceMismatch {
-                op: OP,
-                expected: Device::Cuda(self.ordinal()),
-                got: Device::Cuda(src.ordinal()),
-            });
-        }
+        require_same_device(OP, self, src)?;
         if src_range.start > src_range.end || src_range.end > src.len() {
             return Err(out_of_bounds(OP, &src_range, src.len()));
         }
@@ -243,141 +178,101 @@ impl CudaStorage {
 
     /// `self += a * x` elementwise (computed as `y + (a * x)` in f32).
     pub fn axpy(&mut self, a: f32, x: &CudaStorage) -> Result<()> {
-        self.check_operand("axpy", x)?;
-        let n = self.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let kernel = by_dtype(
-            self.dtype(),
-            [
-                elementwise::AXPY_F32,
-                elementwise::AXPY_F16,
-                elementwise::AXPY_BF16,
-            ],
-        );
-        let device = self.device_arc();
-        let function = device.function(elementwise::NAME, kernel)?;
-        let n_arg = len_arg(n)?;
-        let x = x.bytes()?;
-        let mut y = self.bytes_mut()?;
-        let mut args = device.stream().launch_builder(&function);
-        args.arg(&mut y).arg(&a).arg(&x).arg(&n_arg);
-        #[allow(unsafe_code)]
-        // SAFETY: axpy_<dt>(T* y, float a, const T* x, u64 n): `y` and `x`
-        // hold n elements of the kernel's dtype (checked above) in two
-        // distinct buffers (`self` is borrowed mutably).
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)
+        require_like("axpy", self, x)?;
+        let kernel = [
+            elementwise::AXPY_F32,
+            elementwise::AXPY_F16,
+            elementwise::AXPY_BF16,
+        ];
+        self.launch_update(kernel, Some(a), Some(x))
     }
 
     /// `self *= a` elementwise.
     pub fn scale(&mut self, a: f32) -> Result<()> {
-        let n = self.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let kernel = by_dtype(
-            self.dtype(),
-            [
-                elementwise::SCALE_F32,
-                elementwise::SCALE_F16,
-                elementwise::SCALE_BF16,
-            ],
-        );
-        self.launch_scalar_op(kernel, a)
+        let kernel = [
+            elementwise::SCALE_F32,
+            elementwise::SCALE_F16,
+            elementwise::SCALE_BF16,
+        ];
+        self.launch_update(kernel, Some(a), None)
     }
 
     /// Clamps every element to `[-c, c]`; `c` must be `>= 0` and not NaN
     /// ([`Error::InvalidArgument`]). NaN elements stay NaN, as on the CPU.
     pub fn clamp(&mut self, c: f32) -> Result<()> {
         let c = crate::ops::check_clamp_bound(c)?;
-        let n = self.len();
-        if n == 0 {
-            return Ok(());
-        }
-        let kernel = by_dtype(
-            self.dtype(),
-            [
-                elementwise::CLAMP_F32,
-                elementwise::CLAMP_F16,
-                elementwise::CLAMP_BF16,
-            ],
-        );
-        self.launch_scalar_op(kernel, c)
-    }
-
-    /// Launches `<kernel>(T* y, float s, u64 n)` over this buffer (scale,
-    /// clamp).
-    fn launch_scalar_op(&mut self, kernel: &'static str, s: f32) -> Result<()> {
-        let n = self.len();
-        let device = self.device_arc();
-        let function = device.function(elementwise::NAME, kernel)?;
-        let n_arg = len_arg(n)?;
-        let mut y = self.bytes_mut()?;
-        let mut args = device.stream().launch_builder(&function);
-        args.arg(&mut y).arg(&s).arg(&n_arg);
-        #[allow(unsafe_code)]
-        // SAFETY: scale_<dt> and clamp_<dt> take (T* y, float, u64 n); `y`
-        // is this buffer, n elements of the kernel's dtype (callers pick the
-        // kernel from `self.dtype()`).
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)
+        let kernel = [
+            elementwise::CLAMP_F32,
+            elementwise::CLAMP_F16,
+            elementwise::CLAMP_BF16,
+        ];
+        self.launch_update(kernel, Some(c), None)
     }
 
     /// `self += x` elementwise.
     pub fn add(&mut self, x: &CudaStorage) -> Result<()> {
-        self.check_operand("add", x)?;
-        let kernel = by_dtype(
-            self.dtype(),
-            [
-                elementwise::ADD_F32,
-                elementwise::ADD_F16,
-                elementwise::ADD_BF16,
-            ],
-        );
-        self.launch_binary_op(kernel, x)
+        require_like("add", self, x)?;
+        let kernel = [
+            elementwise::ADD_F32,
+            elementwise::ADD_F16,
+            elementwise::ADD_BF16,
+        ];
+        self.launch_update(kernel, None, Some(x))
     }
 
     /// `self *= x` elementwise.
     pub fn mul(&mut self, x: &CudaStorage) -> Result<()> {
-        self.check_operand("mul", x)?;
-        let kernel = by_dtype(
-            self.dtype(),
-            [
-                elementwise::MUL_F32,
-                elementwise::MUL_F16,
-                elementwise::MUL_BF16,
-            ],
-        );
-        self.launch_binary_op(kernel, x)
+        require_like("mul", self, x)?;
+        let kernel = [
+            elementwise::MUL_F32,
+            elementwise::MUL_F16,
+            elementwise::MUL_BF16,
+        ];
+        self.launch_update(kernel, None, Some(x))
     }
 
-    /// Launches `<kernel>(T* y, const T* x, u64 n)` (add, mul); the caller
-    /// has checked `x` against `self`.
-    fn launch_binary_op(&mut self, kernel: &'static str, x: &CudaStorage) -> Result<()> {
+    /// Launches one of the read-modify-write kernels of `elementwise.cu`,
+    /// whose arguments are `(T* y, [float s,] [const T* x,] u64 n)`: axpy
+    /// (both), scale and clamp (a scalar), add and mul (an operand). The
+    /// caller has checked `x` against `self`.
+    fn launch_update(
+        &mut self,
+        kernels: [&'static str; 3],
+        scalar: Option<f32>,
+        x: Option<&CudaStorage>,
+    ) -> Result<()> {
         let n = self.len();
         if n == 0 {
             return Ok(());
         }
+        let kernel = by_dtype(self.dtype(), kernels);
         let device = self.device_arc();
         let function = device.function(elementwise::NAME, kernel)?;
         let n_arg = len_arg(n)?;
-        let x = x.bytes()?;
+        let x = x.map(CudaStorage::bytes).transpose()?;
         let mut y = self.bytes_mut()?;
         let mut args = device.stream().launch_builder(&function);
-        args.arg(&mut y).arg(&x).arg(&n_arg);
+        args.arg(&mut y);
+        if let Some(s) = &scalar {
+            args.arg(s);
+        }
+        if let Some(x) = &x {
+            args.arg(x);
+        }
+        args.arg(&n_arg);
         #[allow(unsafe_code)]
-        // SAFETY: add_<dt> and mul_<dt> take (T* y, const T* x, u64 n); both
-        // buffers hold n elements of the kernel's dtype (checked by the
-        // caller) and are distinct (`self` is borrowed mutably).
+        // SAFETY: the kernels named by the callers take exactly `y`, the
+        // scalar if given, `x` if given, then n (elementwise.cu); `y` and
+        // `x` hold n elements of the kernel's dtype (the kernel is picked
+        // from `self.dtype()`, `x` checked like `self`) in distinct buffers
+        // (`self` is borrowed mutably).
         let result = unsafe { args.launch(grid_stride(n)) };
         launched(kernel, result)
     }
 
     /// `sum_i self_i * other_i`, accumulated in f64 on the device.
     pub fn dot(&self, other: &CudaStorage) -> Result<f64> {
-        self.check_operand("dot", other)?;
+        require_like("dot", self, other)?;
         let kernel = by_dtype(
             self.dtype(),
             [
@@ -425,7 +320,7 @@ impl CudaStorage {
         let device = self.device_arc();
         let stream = device.stream();
         let grid = blocks_for(n);
-        let mut partials = alloc_zeros::<f64>(stream, grid as usize)?;
+        let mut partials = zeros::<f64>(&device, grid as usize)?;
         let n_arg = len_arg(n)?;
         let x = self.bytes()?;
         let function = device.function(reduce::NAME, kernel)?;
@@ -465,7 +360,7 @@ impl CudaStorage {
         );
         let device = self.device_arc();
         let stream = device.stream();
-        let mut key = alloc_zeros::<u32>(stream, 1)?;
+        let mut key = zeros::<u32>(&device, 1)?;
         let n_arg = len_arg(n)?;
         let x = self.bytes()?;
         let function = device.function(reduce::NAME, kernel)?;
@@ -476,9 +371,7 @@ impl CudaStorage {
         // holds n elements of the kernel's dtype, `key` one zeroed u32.
         let result = unsafe { args.launch(grid_stride(n)) };
         launched(kernel, result)?;
-        let key = stream
-            .clone_dtoh(&key)
-            .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
+        let key = download(&device, &key, 1)?;
         Ok(key_to_magnitude(key.first().copied().unwrap_or(0)))
     }
 }
@@ -496,9 +389,9 @@ fn key_to_magnitude(key: u32) -> f64 {
 
 /// Adds f64 `partials` on the device with `finish_sum_f64` and returns the
 /// total (waits for it).
-pub(crate) fn finish_sum(device: &Arc<CudaDevice>, partials: &CudaSlice<f64>) -> Result<f64> {
+fn finish_sum(device: &Arc<CudaDevice>, partials: &CudaSlice<f64>) -> Result<f64> {
     let stream = device.stream();
-    let mut total = alloc_zeros::<f64>(stream, 1)?;
+    let mut total = zeros::<f64>(device, 1)?;
     let count = len_arg(partials.len())?;
     let function = device.function(reduce::NAME, reduce::FINISH_SUM_F64)?;
     let mut args = stream.launch_builder(&function);
@@ -509,10 +402,7 @@ pub(crate) fn finish_sum(device: &Arc<CudaDevice>, partials: &CudaSlice<f64>) ->
     // with one block of the required BLOCK threads.
     let result = unsafe { args.launch(blocks(1)) };
     launched(reduce::FINISH_SUM_F64, result)?;
-    let total = stream
-        .clone_dtoh(&total)
-        .map_err(|e| driver_error("cuMemcpyDtoH", e))?;
-    total
+    download(device, &total, 1)?
         .first()
         .copied()
         .ok_or_else(|| Error::Cuda("finish_sum_f64 returned nothing".into()))

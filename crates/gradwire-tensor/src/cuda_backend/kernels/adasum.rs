@@ -15,11 +15,11 @@ use std::sync::Arc;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gradwire_kernels::adasum as k;
 
-use super::{
-    download, launched, require_f32, require_len, require_same_device, u32_arg, upload, zeros,
-};
 use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{BLOCK, len_arg};
+use crate::cuda_backend::launch::{
+    BLOCK, download, launched, len_arg, require_f32, require_len, require_same_device, u32_arg,
+    upload, zeros,
+};
 use crate::error::{Error, Result};
 
 /// Most tensors one launch's grid covers in y (the kernels stride beyond).

@@ -8,9 +8,11 @@ use cudarc::driver::PushKernelArg;
 use gradwire_kernels::{cast, feedback as k};
 
 use super::select::DeviceSparse;
-use super::{download, launched, require_f32, require_len, require_same_device, upload};
 use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{grid_stride, len_arg};
+use crate::cuda_backend::launch::{
+    by_dtype, first_index_cell, grid_stride, launched, len_arg, read_first_index, require_f32,
+    require_len, require_same_device,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -42,7 +44,7 @@ pub fn accumulate(
         return Ok(None);
     }
     let device = Arc::clone(residual.device());
-    let mut first_bad = upload(&device, &[u64::MAX])?;
+    let mut first_bad = first_index_cell(&device)?;
     let n_arg = len_arg(n)?;
     let g = grad.bytes()?;
     let mut r = residual.bytes_mut()?;
@@ -77,11 +79,7 @@ pub fn accumulate(
             launched(k::EF_ACCUMULATE_MOMENTUM_F32, result)?;
         }
     }
-    let first = download(&device, &first_bad, 1)?;
-    Ok(match first.first() {
-        Some(&i) if i != u64::MAX => Some(usize::try_from(i).unwrap_or(usize::MAX)),
-        _ => None,
-    })
+    read_first_index(&device, &first_bad)
 }
 
 /// Zeroes `residual` (and `velocity`) at the indices of `sent`, which must
@@ -276,11 +274,10 @@ pub fn scatter_add_values(
     if count == 0 {
         return Ok(());
     }
-    let kernel = match values.dtype() {
-        DType::F32 => k::SCATTER_ADD_F32,
-        DType::F16 => k::SCATTER_ADD_F16,
-        DType::BF16 => k::SCATTER_ADD_BF16,
-    };
+    let kernel = by_dtype(
+        values.dtype(),
+        [k::SCATTER_ADD_F32, k::SCATTER_ADD_F16, k::SCATTER_ADD_BF16],
+    );
     let device = Arc::clone(dense.device());
     let function = device.function(k::NAME, kernel)?;
     let (n_arg, count_arg) = (len_arg(dense.len())?, len_arg(count)?);

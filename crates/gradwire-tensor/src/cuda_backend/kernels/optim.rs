@@ -10,9 +10,11 @@
 use cudarc::driver::PushKernelArg;
 use gradwire_kernels::optim as k;
 
-use super::{launched, require_f32, require_len, require_same_device};
 use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{grid_stride, len_arg};
+use crate::cuda_backend::launch::{
+    by_dtype, grid_stride, launched, len_arg, require_f32, require_len, require_like,
+    require_same_device,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -106,18 +108,16 @@ impl UpdateKernel {
     }
 
     fn kernel(&self, dtype: DType) -> &'static str {
-        let names = match self {
-            UpdateKernel::Sgd { .. } => [k::SGD_F32, k::SGD_F16, k::SGD_BF16],
-            UpdateKernel::RmsProp { .. } => [k::RMSPROP_F32, k::RMSPROP_F16, k::RMSPROP_BF16],
-            UpdateKernel::AdaGrad { .. } => [k::ADAGRAD_F32, k::ADAGRAD_F16, k::ADAGRAD_BF16],
-            UpdateKernel::Adam { .. } => [k::ADAM_F32, k::ADAM_F16, k::ADAM_BF16],
-            UpdateKernel::AdamW { .. } => [k::ADAMW_F32, k::ADAMW_F16, k::ADAMW_BF16],
-        };
-        match dtype {
-            DType::F32 => names[0],
-            DType::F16 => names[1],
-            DType::BF16 => names[2],
-        }
+        by_dtype(
+            dtype,
+            match self {
+                UpdateKernel::Sgd { .. } => [k::SGD_F32, k::SGD_F16, k::SGD_BF16],
+                UpdateKernel::RmsProp { .. } => [k::RMSPROP_F32, k::RMSPROP_F16, k::RMSPROP_BF16],
+                UpdateKernel::AdaGrad { .. } => [k::ADAGRAD_F32, k::ADAGRAD_F16, k::ADAGRAD_BF16],
+                UpdateKernel::Adam { .. } => [k::ADAM_F32, k::ADAM_F16, k::ADAM_BF16],
+                UpdateKernel::AdamW { .. } => [k::ADAMW_F32, k::ADAMW_F16, k::ADAMW_BF16],
+            },
+        )
     }
 }
 
@@ -134,16 +134,8 @@ pub fn apply_update(
     buffers: &mut [&mut CudaStorage],
 ) -> Result<()> {
     const OP: &str = "apply_update";
-    require_same_device(OP, param, grad)?;
-    if grad.dtype() != param.dtype() {
-        return Err(Error::DTypeMismatch {
-            op: OP,
-            expected: param.dtype(),
-            got: grad.dtype(),
-        });
-    }
+    require_like(OP, param, grad)?;
     let n = param.len();
-    require_len(OP, n, grad.len())?;
     if buffers.len() != update.buffers() {
         return Err(Error::InvalidArgument(format!(
             "{OP}: {update:?} takes {} buffers, got {}",

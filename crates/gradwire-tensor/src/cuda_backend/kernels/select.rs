@@ -11,17 +11,16 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use gradwire_kernels::select as k;
 
-use super::{download, launched, require_f32, upload, zeros};
 use crate::cuda_backend::CudaStorage;
 use crate::cuda_backend::driver::CudaDevice;
-use crate::cuda_backend::launch::{BLOCK, MAX_GRID, blocks, grid_stride, len_arg};
+use crate::cuda_backend::launch::{
+    BLOCK, MAX_GRID, NO_INDEX, blocks, download, first_index_cell, grid_stride, launched, len_arg,
+    read_first_index, require_f32, u32_arg, upload, zeros,
+};
 use crate::error::{Error, Result};
-
-/// "No index" in the kernels' first-index reductions.
-const NO_INDEX: u64 = u64::MAX;
 
 /// The magnitude key of a float: `bits & 0x7fff_ffff`, ordered like `|x|`
 /// for finite values.
@@ -37,6 +36,9 @@ pub fn magnitude_key(x: f32) -> u32 {
 pub struct Selection {
     device: Arc<CudaDevice>,
     state: CudaSlice<u64>,
+    /// `ties` when the host knows it (every tie kept: a threshold), so that
+    /// [`compact`] need not read it back; `None` after a radix select.
+    ties_on_host: Option<u64>,
 }
 
 impl Selection {
@@ -45,6 +47,7 @@ impl Selection {
         Ok(Selection {
             device: Arc::clone(device),
             state: upload(device, &[u64::from(key), NO_INDEX, 0, 0])?,
+            ties_on_host: Some(NO_INDEX),
         })
     }
 
@@ -58,7 +61,9 @@ impl Selection {
         // SAFETY: selection_all_ties(u64* sel) writes sel[1] of the four-u64
         // state this selection owns.
         let result = unsafe { args.launch(blocks(1)) };
-        launched(k::SELECTION_ALL_TIES, result)
+        launched(k::SELECTION_ALL_TIES, result)?;
+        self.ties_on_host = Some(NO_INDEX);
+        Ok(())
     }
 
     /// The selection's key and ties, on the host (waits for the stream).
@@ -67,6 +72,15 @@ impl Selection {
         let key = state.first().copied().unwrap_or(0);
         let ties = state.get(1).copied().unwrap_or(0);
         Ok((u32::try_from(key).unwrap_or(u32::MAX), ties))
+    }
+
+    /// How many entries equal to the key to keep (read back only when the
+    /// device found it).
+    fn ties(&self) -> Result<u64> {
+        match self.ties_on_host {
+            Some(ties) => Ok(ties),
+            None => Ok(self.to_host()?.1),
+        }
     }
 }
 
@@ -105,16 +119,7 @@ impl DeviceSparse {
     /// Indices and values on the host (waits for the stream).
     pub fn to_host(&self) -> Result<(Vec<u32>, Vec<f32>)> {
         let indices = download(self.values.device(), &self.indices, self.nnz)?;
-        let values = match self.values.to_cpu()? {
-            crate::CpuStorage::F32(v) => v,
-            other => {
-                return Err(Error::DTypeMismatch {
-                    op: "DeviceSparse::to_host",
-                    expected: crate::DType::F32,
-                    got: other.dtype(),
-                });
-            }
-        };
+        let values = self.values.read_f32(0..self.nnz)?;
         Ok((indices, values))
     }
 }
@@ -138,7 +143,7 @@ pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
         return Ok(None);
     }
     let device = Arc::clone(x.device());
-    let mut first = upload(&device, &[NO_INDEX])?;
+    let mut first = first_index_cell(&device)?;
     let function = device.function(k::NAME, k::FIRST_NON_FINITE_F32)?;
     let n_arg = len_arg(n)?;
     let view = x.bytes()?;
@@ -149,11 +154,7 @@ pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
     // holds n f32 (checked dtype), `first` one u64.
     let result = unsafe { args.launch(grid_stride(n)) };
     launched(k::FIRST_NON_FINITE_F32, result)?;
-    let first = download(&device, &first, 1)?;
-    Ok(match first.first() {
-        Some(&i) if i != NO_INDEX => Some(usize::try_from(i).unwrap_or(usize::MAX)),
-        _ => None,
-    })
+    read_first_index(&device, &first)
 }
 
 /// The selection of the `k`-th largest magnitude key of `x` (f32, finite:
@@ -210,7 +211,11 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
         let result = unsafe { args.launch(blocks(1)) };
         launched(k::RADIX_SELECT_DIGIT, result)?;
     }
-    Ok(Selection { device, state })
+    Ok(Selection {
+        device,
+        state,
+        ties_on_host: None,
+    })
 }
 
 /// The strided sample `x[0], x[stride], x[2 stride], ...` (f32), as a new
@@ -253,12 +258,6 @@ fn tiling(n: usize) -> (usize, usize) {
     let tiles = n.div_ceil(block).clamp(1, MAX_GRID as usize);
     let tile = n.div_ceil(tiles).div_ceil(block).max(1) * block;
     (tile, n.div_ceil(tile).max(1))
-}
-
-fn grid(blocks_x: usize) -> Result<LaunchConfig> {
-    let x = u32::try_from(blocks_x)
-        .map_err(|_| Error::InvalidArgument(format!("{blocks_x} blocks")))?;
-    Ok(blocks(x))
 }
 
 /// Applies `selection` to `x` (f32): the entries it keeps, in index order,
@@ -327,10 +326,10 @@ pub fn compact(
         // reads x[b tile, (b + 1) tile) ∩ [0, n) and writes counts[b] for
         // b < tiles = ceil(n / tile), which both count buffers hold; totals
         // holds two u64; BLOCK threads per block as required.
-        let result = unsafe { args.launch(grid(tiles)?) };
+        let result = unsafe { args.launch(blocks(u32_arg("tiles", tiles)?)) };
         launched(k::SELECT_COUNT_F32, result)?;
     }
-    let (_, ties) = selection.to_host()?;
+    let ties = selection.ties()?;
     let counted = download(&device, &totals, 2)?;
     let (above, equal) = match counted.as_slice() {
         [above, equal] => (*above, *equal),
@@ -380,7 +379,7 @@ pub fn compact(
         // as the count; the offsets hold tiles + 1 entries; src_index is
         // null or holds n indices (checked); the outputs hold nnz = above +
         // min(equal, ties) entries, exactly what the kernel writes.
-        let result = unsafe { args.launch(grid(tiles)?) };
+        let result = unsafe { args.launch(blocks(u32_arg("tiles", tiles)?)) };
         launched(k::SELECT_COMPACT_F32, result)?;
     }
     Ok(DeviceSparse {
