@@ -46,13 +46,9 @@ const GPU_FEATURES: &str = concat!(
     "gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl,gradwire-cli/nccl"
 );
 
-/// The GPU-vs-CPU suites of the crates with a `cuda` feature (the tensor
-/// crate runs all its tests with the feature): `(package, test target)`.
-const CUDA_SUITES: &[(&str, &str)] = &[
-    ("gradwire-optim", "cuda"),
-    ("gradwire-compress", "cuda"),
-    ("gradwire-algos", "cuda"),
-];
+/// The crates whose GPU-vs-CPU suite is their `tests/cuda.rs`, run with
+/// their `cuda` feature (gradwire-tensor runs all its tests with it).
+const CUDA_SUITES: &[&str] = &["gradwire-optim", "gradwire-compress", "gradwire-algos"];
 
 /// The command line help.
 const USAGE: &str = "\
@@ -213,7 +209,7 @@ fn test(test_args: &[String]) -> Result {
         run(cargo()
             .args(["test", "-p", "gradwire-tensor", "--features", "cuda", "--"])
             .args(test_args))?;
-        for (package, suite) in CUDA_SUITES {
+        for package in CUDA_SUITES {
             run(cargo()
                 .args([
                     "test",
@@ -222,7 +218,7 @@ fn test(test_args: &[String]) -> Result {
                     "--features",
                     "cuda",
                     "--test",
-                    suite,
+                    "cuda",
                     "--",
                 ])
                 .args(test_args))?;

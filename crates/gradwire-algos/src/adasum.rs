@@ -549,9 +549,8 @@ impl Workspace for HostWorkspace<'_> {
 #[cfg(feature = "cuda")]
 mod device {
     use super::{Result, Workspace, no_scratch};
-    use crate::AlgoError;
     use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
-    use gradwire_tensor::{CpuStorage, CudaStorage, DType};
+    use gradwire_tensor::{CudaStorage, DType};
     use std::ops::Range;
 
     /// The vector on the device; the scratch allocated there on first use.
@@ -581,30 +580,6 @@ mod device {
         }
     }
 
-    /// Elements `range` of a device vector, on the host.
-    fn download(v: &CudaStorage, range: Range<usize>) -> Result<Vec<f32>> {
-        let mut part = CudaStorage::alloc_zeros(range.len(), DType::F32, v.ordinal())?;
-        part.copy_range_from(0, v, range)?;
-        match part.to_cpu()? {
-            CpuStorage::F32(host) => Ok(host),
-            other => Err(AlgoError::InvalidArgument(format!(
-                "a device piece of {:?}",
-                other.dtype()
-            ))),
-        }
-    }
-
-    /// Writes `host` into a device vector from element `offset` on.
-    fn upload(v: &mut CudaStorage, offset: usize, host: Vec<f32>) -> Result<()> {
-        if host.is_empty() {
-            return Ok(());
-        }
-        let len = host.len();
-        let part = CudaStorage::from_cpu(&CpuStorage::F32(host), v.ordinal())?;
-        v.copy_range_from(offset, &part, 0..len)?;
-        Ok(())
-    }
-
     impl Workspace for DeviceWorkspace<'_> {
         fn len(&self) -> usize {
             self.v.len()
@@ -615,7 +590,7 @@ mod device {
             range: Range<usize>,
             f: impl FnOnce(&[f32]) -> Result<()>,
         ) -> Result<()> {
-            f(&download(self.v, range)?)
+            f(&self.v.read_f32(range)?)
         }
 
         fn receive_vector(
@@ -625,7 +600,7 @@ mod device {
         ) -> Result<()> {
             let mut host = vec![0f32; range.len()];
             f(&mut host)?;
-            upload(self.v, range.start, host)
+            Ok(self.v.write_f32(range.start, &host)?)
         }
 
         fn update_vector(
@@ -633,9 +608,9 @@ mod device {
             range: Range<usize>,
             f: impl FnOnce(&mut [f32]) -> Result<()>,
         ) -> Result<()> {
-            let mut host = download(self.v, range.clone())?;
+            let mut host = self.v.read_f32(range.clone())?;
             f(&mut host)?;
-            upload(self.v, range.start, host)
+            Ok(self.v.write_f32(range.start, &host)?)
         }
 
         fn receive_scratch(
@@ -645,7 +620,7 @@ mod device {
         ) -> Result<()> {
             let mut host = vec![0f32; range.len()];
             f(&mut host)?;
-            upload(self.parts()?.1, range.start, host)
+            Ok(self.parts()?.1.write_f32(range.start, &host)?)
         }
 
         fn exchange_into_scratch(
@@ -654,10 +629,10 @@ mod device {
             keep: Range<usize>,
             f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
         ) -> Result<()> {
-            let outgoing = download(self.v, give)?;
+            let outgoing = self.v.read_f32(give)?;
             let mut incoming = vec![0f32; keep.len()];
             f(&outgoing, &mut incoming)?;
-            upload(self.parts()?.1, keep.start, incoming)
+            Ok(self.parts()?.1.write_f32(keep.start, &incoming)?)
         }
 
         fn exchange_within_vector(
@@ -666,10 +641,10 @@ mod device {
             other: Range<usize>,
             f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
         ) -> Result<()> {
-            let outgoing = download(self.v, mine)?;
+            let outgoing = self.v.read_f32(mine)?;
             let mut incoming = vec![0f32; other.len()];
             f(&outgoing, &mut incoming)?;
-            upload(self.v, other.start, incoming)
+            Ok(self.v.write_f32(other.start, &incoming)?)
         }
 
         fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()> {

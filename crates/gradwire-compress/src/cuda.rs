@@ -18,22 +18,13 @@ pub use gradwire_tensor::cuda_backend::kernels::select::DeviceSparse;
 use crate::cast::CastOptions;
 use crate::error::{CompressError, Result};
 use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
-use crate::select::{SAMPLED_TOP_K_SLACK, count_for_ratio};
+use crate::select::{SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key};
 use crate::sparse::check_dense_len;
 
 /// The value of `x[index]` (for an error report).
 fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {
-    let mut one = CudaStorage::alloc_zeros(1, DType::F32, x.ordinal())?;
-    one.copy_range_from(0, x, index..index + 1)?;
-    match one.to_cpu()? {
-        CpuStorage::F32(v) => Ok(v.first().copied().unwrap_or(f32::NAN)),
-        other => Err(TensorError::DTypeMismatch {
-            op: "value_at",
-            expected: DType::F32,
-            got: other.dtype(),
-        }
-        .into()),
-    }
+    let value = x.read_f32(index..index + 1)?;
+    Ok(value.first().copied().unwrap_or(f32::NAN))
 }
 
 /// Refuses a buffer holding a NaN or an infinity, as the CPU codecs do.
@@ -51,17 +42,13 @@ fn refuse_non_finite(x: &CudaStorage) -> Result<()> {
 /// device). `x` must be f32; `threshold` finite and non-negative.
 pub fn threshold(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
     check_dense_len(x.len())?;
-    if !(threshold >= 0.0 && threshold.is_finite()) {
-        return Err(CompressError::InvalidArgument(format!(
-            "threshold {threshold} must be finite and non-negative"
-        )));
-    }
+    check_threshold(threshold)?;
     refuse_non_finite(x)?;
     threshold_finite(x, threshold)
 }
 
 fn threshold_finite(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
-    let selection = kernels::Selection::at_least(x.device(), kernels::magnitude_key(threshold))?;
+    let selection = kernels::Selection::at_least(x.device(), key(threshold))?;
     Ok(kernels::compact(x, &selection, None, x.len())?)
 }
 
@@ -148,6 +135,13 @@ pub fn scatter_add(sparse: &DeviceSparse, dense: &mut CudaStorage) -> Result<()>
     Ok(feedback::scatter_add(dense, sparse)?)
 }
 
+/// A sparse codec's selection, its parameters checked.
+enum Select {
+    Threshold(f32),
+    TopK(usize),
+    Sampled(f64, usize),
+}
+
 /// [`ErrorFeedback`] with its memory in device memory: the same steps,
 /// giving the same selections and residuals bitwise.
 #[derive(Debug, Clone)]
@@ -189,17 +183,7 @@ impl CudaErrorFeedback {
 
     /// The memory copied to the host, as [`ErrorFeedback::state`] gives it.
     pub fn state(&self) -> Result<ErrorFeedbackState> {
-        let host = |s: &CudaStorage| -> Result<Vec<f32>> {
-            match s.to_cpu()? {
-                CpuStorage::F32(v) => Ok(v),
-                other => Err(TensorError::DTypeMismatch {
-                    op: "CudaErrorFeedback::state",
-                    expected: DType::F32,
-                    got: other.dtype(),
-                }
-                .into()),
-            }
-        };
+        let host = |s: &CudaStorage| s.read_f32(0..s.len());
         Ok(ErrorFeedbackState {
             residual: host(&self.residual)?,
             momentum: match &self.momentum {
@@ -278,38 +262,28 @@ impl CudaErrorFeedback {
     /// what was not selected. Returns what to send, on the device.
     /// [`SparseCodec::RandomK`] is refused before anything changes.
     pub fn compress(&mut self, grad: &CudaStorage, codec: &SparseCodec) -> Result<DeviceSparse> {
-        // Validate the codec's parameters before the memory changes.
+        // The codec's parameters are checked before the memory changes.
         let n = self.len();
         check_dense_len(n)?;
-        match *codec {
-            SparseCodec::Threshold(t) if !(t >= 0.0 && t.is_finite()) => {
-                return Err(CompressError::InvalidArgument(format!(
-                    "threshold {t} must be finite and non-negative"
-                )));
+        let select = match *codec {
+            SparseCodec::Threshold(t) => {
+                check_threshold(t)?;
+                Select::Threshold(t)
             }
-            SparseCodec::TopK(ratio) | SparseCodec::SampledTopK(ratio) => {
-                count_for_ratio(ratio, n)?;
-            }
+            SparseCodec::TopK(ratio) => Select::TopK(count_for_ratio(ratio, n)?),
+            SparseCodec::SampledTopK(ratio) => Select::Sampled(ratio, count_for_ratio(ratio, n)?),
             SparseCodec::RandomK { .. } => {
                 return Err(CompressError::InvalidArgument(
                     "random-k has no device form: its draw is the CPU's".into(),
                 ));
             }
-            SparseCodec::Threshold(_) => {}
-        }
+        };
         self.accumulate(grad)?;
         // The residual is finite now (an overflow was reset and refused).
-        let sent = match *codec {
-            SparseCodec::Threshold(t) => threshold_finite(&self.residual, t)?,
-            SparseCodec::TopK(ratio) => top_k_finite(&self.residual, count_for_ratio(ratio, n)?)?,
-            SparseCodec::SampledTopK(ratio) => {
-                sampled_top_k_finite(&self.residual, ratio, count_for_ratio(ratio, n)?)?
-            }
-            SparseCodec::RandomK { .. } => {
-                return Err(CompressError::InvalidArgument(
-                    "random-k has no device form".into(),
-                ));
-            }
+        let sent = match select {
+            Select::Threshold(t) => threshold_finite(&self.residual, t)?,
+            Select::TopK(k) => top_k_finite(&self.residual, k)?,
+            Select::Sampled(ratio, k) => sampled_top_k_finite(&self.residual, ratio, k)?,
         };
         let velocity = self.momentum.as_mut().map(|(_, v)| v);
         feedback::zero_selected(&mut self.residual, velocity, &sent)?;

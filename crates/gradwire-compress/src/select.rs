@@ -19,7 +19,7 @@ use rand::SeedableRng;
 
 /// The magnitude key of a float: ordered like `|x|` for finite values.
 #[inline(always)]
-fn key(x: f32) -> u32 {
+pub(crate) fn key(x: f32) -> u32 {
     x.to_bits() & 0x7fff_ffff
 }
 
@@ -54,12 +54,19 @@ fn gather(x: &[f32], indices: Vec<u32>) -> SparseVec {
 /// `threshold` must be finite and non-negative.
 pub fn threshold(x: &[f32], threshold: f32) -> Result<SparseVec> {
     check_dense_len(x.len())?;
-    if !(threshold >= 0.0 && threshold.is_finite()) {
-        return Err(CompressError::InvalidArgument(format!(
-            "threshold {threshold} must be finite and non-negative"
-        )));
-    }
+    check_threshold(threshold)?;
     collect_at_least(x, key(threshold))
+}
+
+/// A threshold must be finite and non-negative.
+pub(crate) fn check_threshold(threshold: f32) -> Result<()> {
+    if threshold >= 0.0 && threshold.is_finite() {
+        Ok(())
+    } else {
+        Err(CompressError::InvalidArgument(format!(
+            "threshold {threshold} must be finite and non-negative"
+        )))
+    }
 }
 
 /// Keeps the `k = ceil(ratio * n)` entries of largest magnitude (SINGA's

@@ -15,7 +15,9 @@
 //! runs there (the rule's `UpdateRule::cuda_kernel`, bitwise the CPU
 //! update) and its buffers stay in device memory between steps. They are
 //! copied out only for [`Optimizer::state`] (a checkpoint), and move with
-//! the parameter if it is later updated on the other side.
+//! the parameter if it is later updated on the other side. The kernels read
+//! the gradient in the parameter's dtype, so on the device the two must
+//! match (the CPU widens any gradient to f32 first).
 
 use crate::error::{OptimError, Result};
 use crate::state::{OptimizerState, ParamState};
@@ -172,7 +174,7 @@ impl<R: UpdateRule> Optim<R> {
     /// The update of a parameter in CUDA memory (see the module docs).
     #[cfg(feature = "cuda")]
     fn update_cuda(&mut self, name: &str, param: &mut Tensor, grad: &Tensor) -> Result<()> {
-        use gradwire_tensor::{CpuStorage, Device, Error as TensorError};
+        use gradwire_tensor::{Device, Error as TensorError};
         let ordinal = match param.device() {
             Device::Cuda(ordinal) if grad.device() == param.device() => ordinal,
             _ => {
@@ -206,10 +208,13 @@ impl<R: UpdateRule> Optim<R> {
             let n = param.len();
             let mut fresh = Vec::with_capacity(R::BUFFERS.len());
             for &b in R::BUFFERS {
-                fresh.push(match state.buffers.get(b) {
-                    Some(host) => CudaStorage::from_cpu(&CpuStorage::F32(host.clone()), ordinal)?,
-                    None => CudaStorage::alloc_zeros(n, DType::F32, ordinal)?,
-                });
+                // Zeros, or the host buffer moved over (a parameter last
+                // updated on the CPU, or restored from a checkpoint).
+                let mut buffer = CudaStorage::alloc_zeros(n, DType::F32, ordinal)?;
+                if let Some(host) = state.buffers.get(b) {
+                    buffer.write_f32(0, host)?;
+                }
+                fresh.push(buffer);
             }
             *device = fresh;
             state.buffers.clear();
@@ -227,20 +232,11 @@ impl<R: UpdateRule> Optim<R> {
 /// buffers, copied back (waits for the device).
 #[cfg(feature = "cuda")]
 fn download_buffers(names: &[&str], device: &[CudaStorage]) -> Result<BTreeMap<String, Vec<f32>>> {
-    let mut out = BTreeMap::new();
-    for (&name, buffer) in names.iter().zip(device) {
-        let values = match buffer.to_cpu()? {
-            gradwire_tensor::CpuStorage::F32(v) => v,
-            other => {
-                return Err(OptimError::StateMismatch(format!(
-                    "device buffer {name} holds {:?}, not f32",
-                    other.dtype()
-                )));
-            }
-        };
-        out.insert(name.to_string(), values);
-    }
-    Ok(out)
+    names
+        .iter()
+        .zip(device)
+        .map(|(&name, buffer)| Ok((name.to_string(), buffer.read_f32(0..buffer.len())?)))
+        .collect()
 }
 
 /// Parameter `name`'s state, created empty for a parameter of `shape` on
@@ -387,11 +383,14 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         if let Some(device) = self.device_buffers.get_mut(name)
             && !device.is_empty()
         {
-            // The buffers live on the device: replace that one there.
-            let index = R::BUFFERS.iter().position(|&b| b == buffer).unwrap_or(0);
-            if let Some(slot) = device.get_mut(index) {
-                let ordinal = slot.ordinal();
-                *slot = CudaStorage::from_cpu(&gradwire_tensor::CpuStorage::F32(values), ordinal)?;
+            // The buffers live on the device: overwrite that one there (its
+            // name and length were checked above).
+            let slot = R::BUFFERS
+                .iter()
+                .position(|&b| b == buffer)
+                .and_then(|index| device.get_mut(index));
+            if let Some(slot) = slot {
+                slot.write_f32(0, &values)?;
             }
             return Ok(());
         }

@@ -219,3 +219,36 @@ fn cuda_updates_refuse_what_the_kernels_cannot_do() {
     sgd.update("p", &mut p, &g).unwrap();
     assert!(sgd.param_state("p").is_none_or(|s| s.updates == 0));
 }
+
+#[test]
+fn set_buffer_writes_a_device_buffer_in_place() {
+    if !device_or_skip("set_buffer_writes_a_device_buffer_in_place") {
+        return;
+    }
+    let n = 257;
+    let mut adam = Adam::new(AdamConfig::default()).unwrap();
+    let mut p = Tensor::from_f32(&values(n, 5, 1.0), n, DType::F32)
+        .unwrap()
+        .to_device(Device::Cuda(0))
+        .unwrap();
+    let g = Tensor::from_f32(&values(n, 6, 0.1), n, DType::F32)
+        .unwrap()
+        .to_device(Device::Cuda(0))
+        .unwrap();
+    adam.update("w", &mut p, &g).unwrap();
+    let replacement = values(n, 7, 0.01);
+    adam.set_buffer("w", &[n], "m", replacement.clone())
+        .unwrap();
+    let state = adam.state().unwrap();
+    assert_eq!(
+        bits_of(&state.params["w"].buffers["m"]),
+        bits_of(&replacement)
+    );
+    assert_eq!(state.params["w"].updates, 1);
+    // A buffer of the wrong length is refused, on the device as on the host.
+    assert!(adam.set_buffer("w", &[n], "m", vec![0.0; n - 1]).is_err());
+}
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -172,20 +172,15 @@ impl DeviceBuffer {
         self.len() == 0
     }
 
-    /// The buffer as bytes (f32 as its 4 little-endian bytes, the half
-    /// types as their 2): what a transport that moves bytes (NCCL) sends.
-    pub fn as_bytes(&self) -> Result<CudaView<'_, u8>> {
-        self.prefix_bytes(self.len())
-    }
-
-    /// The first `elements` elements as bytes.
+    /// The first `elements` elements as bytes (f32 as its 4 little-endian
+    /// bytes, the half types as their 2); an error if the buffer is shorter.
     fn prefix_bytes(&self, elements: usize) -> Result<CudaView<'_, u8>> {
         let bytes = elements * self.dtype().size_in_bytes();
         let view = match self {
             #[allow(unsafe_code)]
             // SAFETY: a u8 is valid for every bit pattern and has alignment
-            // 1; `bytes` is exactly the buffer's size, so the view covers
-            // the same memory.
+            // 1; cudarc returns `None` unless `bytes` fits in the buffer, so
+            // the view covers a prefix of the same memory.
             DeviceBuffer::F32(s) => unsafe { s.transmute::<u8>(bytes) },
             #[allow(unsafe_code)]
             // SAFETY: as for f32, over u16 elements.
@@ -194,20 +189,15 @@ impl DeviceBuffer {
         view.ok_or_else(|| Error::Cuda("a byte view larger than its buffer".into()))
     }
 
-    /// The buffer as writable bytes (see [`DeviceBuffer::as_bytes`]): any
-    /// bytes written are valid f32 / f16 / bf16 values.
-    pub fn as_bytes_mut(&mut self) -> Result<CudaViewMut<'_, u8>> {
-        self.prefix_bytes_mut(self.len())
-    }
-
-    /// The first `elements` elements as writable bytes.
+    /// The first `elements` elements as writable bytes: any bytes written
+    /// are valid f32 / f16 / bf16 values.
     fn prefix_bytes_mut(&mut self, elements: usize) -> Result<CudaViewMut<'_, u8>> {
         let bytes = elements * self.dtype().size_in_bytes();
         let view = match self {
             #[allow(unsafe_code)]
             // SAFETY: every bit pattern is a valid u8 and a valid f32, so
-            // writes through the view cannot create invalid values; the view
-            // covers exactly the buffer.
+            // writes through the view cannot create invalid values; cudarc
+            // returns `None` unless `bytes` fits, so the view is a prefix.
             DeviceBuffer::F32(s) => unsafe { s.transmute_mut::<u8>(bytes) },
             #[allow(unsafe_code)]
             // SAFETY: as for f32, over u16 elements.
@@ -340,8 +330,10 @@ impl CudaStorage {
         self.len == 0
     }
 
-    /// The storage's elements as bytes (see [`DeviceBuffer::as_bytes`]),
-    /// exactly `len * dtype size` of them.
+    /// The storage's elements as bytes (f32 as its 4 little-endian bytes,
+    /// the half types as their 2), exactly `len * dtype size` of them: what
+    /// kernels take as `T*` and what a transport that moves bytes (NCCL)
+    /// sends.
     pub fn bytes(&self) -> Result<CudaView<'_, u8>> {
         self.data.prefix_bytes(self.len)
     }

@@ -5,8 +5,9 @@
 //!
 //! Every launcher validates its operands (device, dtype, lengths, ranges)
 //! before it queues anything and then launches with the geometry its kernel
-//! requires, so the only `unsafe` of the GPU path above the driver lives in
-//! this module and in gradwire-comm's NCCL bindings: gradwire-optim,
+//! requires, so the `unsafe` of the GPU path stays in gradwire-tensor's
+//! `cuda_backend` (here, `ops.rs`, `collective.rs`) and gradwire-comm's NCCL
+//! bindings: gradwire-optim,
 //! gradwire-compress and gradwire-algos compose these launchers into their
 //! device forms without `unsafe` of their own. Each launcher documents the
 //! CPU function it matches and how (bitwise, or within a stated bound).

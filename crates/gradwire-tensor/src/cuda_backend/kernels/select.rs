@@ -22,12 +22,6 @@ use crate::cuda_backend::launch::{
 };
 use crate::error::{Error, Result};
 
-/// The magnitude key of a float: `bits & 0x7fff_ffff`, ordered like `|x|`
-/// for finite values.
-pub fn magnitude_key(x: f32) -> u32 {
-    x.to_bits() & 0x7fff_ffff
-}
-
 /// A selection on the device: keep every entry whose magnitude key is above
 /// `key`, and the first `ties` (in index order) of those equal to it. Four
 /// u64 in device memory (`key`, `ties`, and the radix select's working
@@ -42,7 +36,8 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// Every entry whose magnitude key is `>= key` (a threshold).
+    /// Every entry whose magnitude key (`bits & 0x7fff_ffff`, ordered like
+    /// `|x|` for finite values) is `>= key`: a threshold.
     pub fn at_least(device: &Arc<CudaDevice>, key: u32) -> Result<Selection> {
         Ok(Selection {
             device: Arc::clone(device),
@@ -450,12 +445,5 @@ mod tests {
             assert!(tile * tiles >= n, "n={n}");
             assert!(tile * (tiles - 1) < n, "n={n}: an empty tile");
         }
-    }
-
-    #[test]
-    fn magnitude_keys_order_like_absolute_values() {
-        assert_eq!(magnitude_key(-0.0), 0);
-        assert!(magnitude_key(-2.0) > magnitude_key(1.5));
-        assert_eq!(magnitude_key(f32::NEG_INFINITY), 0x7f80_0000);
     }
 }
