@@ -138,6 +138,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
             body: invalid_arguments::<C>,
         },
         Case {
+            name: "posted_faults",
+            body: posted_faults::<C>,
+        },
+        Case {
             name: "distopt_equals_single_process",
             body: distopt_equals_single_process::<C>,
         },
@@ -198,6 +202,7 @@ macro_rules! conformance_tests {
             async_forms,
             mismatches,
             invalid_arguments,
+            posted_faults,
             distopt_equals_single_process,
             adasum_matches_reference,
             sparse_all_reduce,
@@ -822,6 +827,79 @@ fn mismatches<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), Case
         format!("recv after mismatches: {right:?}")
     });
     still_works(comm, checks, "point-to-point mismatches")
+}
+
+/// A rank that posts a fault in place of its next collective ends that
+/// collective on every rank, whatever the others called, with the same
+/// `Fault` (the lowest faulting rank and its code); the group stays usable,
+/// every rank at the same point of its sequence.
+fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    let (w, rank) = (comm.world_size(), comm.rank());
+    let expect = |checks: &mut Checks, what: &str, got: Result<(), CommError>, want: CommError| {
+        checks.check(got.as_ref().err() == Some(&want), || {
+            format!("{what}: expected {want:?}, got {got:?}")
+        });
+    };
+    // The last rank faults while the others all-reduce, gather or wait.
+    let faulty = w - 1;
+    let want = CommError::Fault {
+        rank: faulty,
+        code: 7,
+    };
+    let calls: [&dyn Fn() -> Result<(), CommError>; 3] = [
+        &|| comm.all_reduce(&mut [1f32; 5], ReduceOp::Sum),
+        &|| comm.all_gather_varied(&vec![2u8; rank + 1]).map(|_| ()),
+        &|| comm.barrier(),
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        let got = if rank == faulty {
+            Err(comm.post_fault(7))
+        } else {
+            call()
+        };
+        expect(checks, &format!("fault during call {i}"), got, want.clone());
+        still_works(comm, checks, "a posted fault")?;
+    }
+    // Several ranks fault at once: the lowest one is named, with its code.
+    let got = if rank % 2 == 1 || w == 1 {
+        Err(comm.post_fault(100 + rank as u32))
+    } else {
+        comm.all_reduce(&mut [0f64; 3], ReduceOp::Max)
+    };
+    let first = if w == 1 { 0 } else { 1 };
+    expect(
+        checks,
+        "faults on several ranks",
+        got,
+        CommError::Fault {
+            rank: first,
+            code: 100 + first as u32,
+        },
+    );
+    // On the asynchronous lane too.
+    let got = if rank == faulty {
+        comm.run_async(move |comm| Err::<(), _>(comm.post_fault(3)))?
+            .wait()
+    } else {
+        comm.all_reduce_async(vec![1f32; 4], ReduceOp::Sum)?
+            .wait()
+            .map(|_| ())
+    };
+    expect(
+        checks,
+        "an asynchronous fault",
+        got,
+        CommError::Fault {
+            rank: faulty,
+            code: 3,
+        },
+    );
+    let pending = comm.all_reduce_async(vec![1f32; 2], ReduceOp::Sum)?;
+    let sum = pending.wait()?;
+    checks.check(sum == vec![w as f32; 2], || {
+        format!("the asynchronous lane after a fault: {sum:?}")
+    });
+    still_works(comm, checks, "the posted faults")
 }
 
 fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {

@@ -22,6 +22,9 @@ pub(crate) enum Kind {
     /// MpiComm's node split (MPI_Comm_split_type); LocalComm has none.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     SplitShared,
+    /// [`crate::Communicator::post_fault`]: the rank failed before this
+    /// collective; its call's `key` is the caller's fault code.
+    Fault,
 }
 
 impl Kind {
@@ -35,6 +38,7 @@ impl Kind {
             Kind::Barrier => "barrier",
             Kind::Split => "split",
             Kind::SplitShared => "split_shared",
+            Kind::Fault => "fault",
         }
     }
 
@@ -48,7 +52,10 @@ impl Kind {
 
     /// Whether the round has a data phase (and so a completion barrier).
     pub(crate) fn moves_data(self) -> bool {
-        !matches!(self, Kind::Barrier | Kind::Split | Kind::SplitShared)
+        !matches!(
+            self,
+            Kind::Barrier | Kind::Split | Kind::SplitShared | Kind::Fault
+        )
     }
 }
 
@@ -86,7 +93,21 @@ impl Call {
 /// Checks that every rank called the same collective with compatible
 /// arguments; the first difference found is reported, naming the ranks.
 /// The same rules and messages as the in-process backend's rendezvous.
+///
+/// A rank that posted a fault ([`Kind::Fault`]) decides the round first,
+/// whatever the others called: every rank gets [`CommError::Fault`] naming
+/// the lowest such rank and its code, and no data moves.
 pub(crate) fn validate(calls: &[Call]) -> Result<()> {
+    if let Some((rank, call)) = calls
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.kind == Kind::Fault)
+    {
+        return Err(CommError::Fault {
+            rank,
+            code: u32::try_from(call.key).unwrap_or(u32::MAX),
+        });
+    }
     let world = calls.len();
     let Some(first) = calls.first() else {
         return Ok(());
@@ -201,5 +222,27 @@ mod tests {
             validate(&[avg_int, avg_int]),
             Err(CommError::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn a_posted_fault_decides_the_round_whatever_the_others_called() {
+        let fault = |code| Call {
+            key: code,
+            ..Call::new(Kind::Fault)
+        };
+        let reduce = Call {
+            elem: Some(ElemType::F32),
+            op: Some(ReduceOp::Sum),
+            len: 4,
+            ..Call::new(Kind::AllReduce)
+        };
+        assert_eq!(
+            validate(&[reduce, fault(7), Call::new(Kind::Barrier), fault(3)]),
+            Err(CommError::Fault { rank: 1, code: 7 })
+        );
+        assert_eq!(
+            validate(&[fault(9)]),
+            Err(CommError::Fault { rank: 0, code: 9 })
+        );
     }
 }

@@ -139,6 +139,22 @@ pub trait Communicator: Send + Sized {
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
 
+    /// Takes part in this rank's next collective as a rank that has failed,
+    /// so that a fault found on one rank ends the collective on *every*
+    /// rank instead of leaving the others waiting (or pairing their call
+    /// with this rank's next one). Whatever collective the other ranks
+    /// called, each of them, and this rank, returns the same
+    /// [`CommError::Fault`] naming the lowest rank that posted a fault and
+    /// its `code` (the caller's: gradwire-algos gives codes their meaning);
+    /// no data moves and the communicator stays usable. If the round fails
+    /// for another reason (a lost peer, a timeout) that error is returned.
+    ///
+    /// This is how a multi-collective operation keeps its invariant: a rank
+    /// that fails between two collectives posts a fault in place of the
+    /// next one, then returns its own error; every other rank returns the
+    /// `Fault` from that same collective, so all stand at the same point.
+    fn post_fault(&self, code: u32) -> CommError;
+
     /// Splits into sub-groups (MPI_Comm_split): ranks with the same `color`
     /// form a new communicator, ordered by `(key, old rank)`; `None` takes no
     /// part and receives `None`. Sub-groups are isolated from each other and

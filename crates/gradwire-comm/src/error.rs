@@ -45,6 +45,20 @@ pub enum CommError {
     /// support). For a collective, every rank receives it.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A rank took part in this collective as failed
+    /// ([`crate::Communicator::post_fault`]): something that rank found
+    /// before the collective (a NaN, a bad argument) ends the collective on
+    /// every rank with this error, naming the lowest such rank and the code it
+    /// posted (whose meaning is the caller's). No data moved, and the
+    /// communicator stays usable: every rank is at the same point of its
+    /// collective sequence.
+    #[error("rank {rank} reported fault {code}")]
+    Fault {
+        /// The lowest rank that posted a fault.
+        rank: usize,
+        /// The code it posted.
+        code: u32,
+    },
     /// A rank out of range for this communicator.
     #[error("rank {rank} is out of range for a world of {world_size}")]
     InvalidRank {

@@ -16,7 +16,7 @@ use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind::AllReduce,
     Kind::Broadcast,
     Kind::AllGather,
@@ -25,6 +25,7 @@ const KINDS: [Kind; 8] = [
     Kind::Barrier,
     Kind::Split,
     Kind::SplitShared,
+    Kind::Fault,
 ];
 
 /// Integers per encoded call.

@@ -445,6 +445,21 @@ impl Communicator for LocalComm {
         self.start(Post::new(Kind::Barrier)).map(|_| ())
     }
 
+    fn post_fault(&self, code: u32) -> CommError {
+        let post = Post {
+            key: i64::from(code),
+            ..Post::new(Kind::Fault)
+        };
+        match self.start(post) {
+            Err(err) => err,
+            // Unreachable: a round with a fault in it always fails.
+            Ok(_) => CommError::Fault {
+                rank: self.rank,
+                code,
+            },
+        }
+    }
+
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
         let post = Post {
             color,

@@ -1021,6 +1021,21 @@ impl Communicator for NcclComm {
         self.agree(Call::new(Kind::Barrier)).map(|_| ())
     }
 
+    fn post_fault(&self, code: u32) -> CommError {
+        let call = Call {
+            key: i64::from(code),
+            ..Call::new(Kind::Fault)
+        };
+        match self.agree(call) {
+            Err(err) => err,
+            // Unreachable: validation fails every round with a fault in it.
+            Ok(_) => CommError::Fault {
+                rank: self.rank(),
+                code,
+            },
+        }
+    }
+
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
         let calls = self.agree(Call {
             color,
