@@ -27,6 +27,7 @@
 //! node) first, then runs AdaSum across the groups (MindSpore's scheme).
 
 use crate::error::{AlgoError, Result};
+use crate::fault::fail;
 use crate::handle::Traffic;
 use gradwire_comm::{Communicator, ReduceOp};
 #[cfg(feature = "cuda")]
@@ -200,7 +201,10 @@ impl<C: Communicator> AdaSum<C> {
     /// combined there (`AdaSum::combine_device`).
     pub fn combine(&self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
         let refs: Vec<&Tensor> = tensors.iter().collect();
-        let (mut buffer, layout) = flat::pack_new(&refs, DType::F32)?;
+        let (mut buffer, layout) = match flat::pack_new(&refs, DType::F32) {
+            Ok(packed) => packed,
+            Err(e) => return Err(fail(comm, e.into())),
+        };
         let ranges: Vec<Range<usize>> = (0..layout.len()).filter_map(|i| layout.range(i)).collect();
         let traffic = if buffer.device().is_cpu() {
             self.combine_flat(comm, buffer.as_mut_slice::<f32>()?, &ranges)?
@@ -219,7 +223,45 @@ impl<C: Communicator> AdaSum<C> {
         v: &mut [f32],
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
-        self.halving(comm, &mut HostWorkspace { v, scratch: None }, tensors)
+        let agreed = self.agree_inputs(comm, v.len(), tensors, Ok(()))?;
+        Ok(agreed + self.halving(comm, &mut HostWorkspace { v, scratch: None }, tensors)?)
+    }
+
+    /// The agreement before the first exchange (the failure model,
+    /// [`crate::fault`]): this rank's local checks (`local`, and that its
+    /// tensor ranges lie in the vector) and that every rank passed a vector
+    /// of the same length, in one all-reduce of two words on `comm`. A rank
+    /// whose checks fail posts the fault there instead, so every rank
+    /// returns an error from this collective and none is left waiting in an
+    /// exchange.
+    fn agree_inputs(
+        &self,
+        comm: &C,
+        n: usize,
+        tensors: &[Range<usize>],
+        local: Result<()>,
+    ) -> Result<Traffic> {
+        let local = local.and_then(|()| {
+            match tensors.iter().find(|t| t.start > t.end || t.end > n) {
+                Some(bad) => Err(AlgoError::InvalidArgument(format!(
+                    "AdaSum: tensor range {bad:?} outside a vector of {n} elements"
+                ))),
+                None => Ok(()),
+            }
+        });
+        if let Err(e) = local {
+            return Err(fail(comm, e));
+        }
+        let len = n as u64;
+        let mut lengths = [len, !len];
+        comm.all_reduce(&mut lengths, ReduceOp::Max)?;
+        let (longest, shortest) = (lengths[0], !lengths[1]);
+        if longest != shortest {
+            return Err(AlgoError::InvalidArgument(format!(
+                "AdaSum: the ranks passed vectors of {shortest} to {longest} elements"
+            )));
+        }
+        Ok(Traffic::all_reduce(16, comm.world_size()))
     }
 
     /// AdaSum's recursive vector halving / distance doubling on `ws`, the
@@ -231,12 +273,8 @@ impl<C: Communicator> AdaSum<C> {
         ws: &mut W,
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
+        // The ranges were checked by `agree_inputs`, on every rank.
         let n = ws.len();
-        if let Some(bad) = tensors.iter().find(|t| t.start > t.end || t.end > n) {
-            return Err(AlgoError::InvalidArgument(format!(
-                "AdaSum: tensor range {bad:?} outside a vector of {n} elements"
-            )));
-        }
         if let Some((node, inner, across)) = &self.hierarchy {
             ws.update_vector(0..n, |v| Ok(node.all_reduce(v, ReduceOp::Avg)?))?;
             let mut traffic = Traffic::all_reduce(n * 4, node.world_size());
@@ -346,15 +384,18 @@ impl<C: Communicator> AdaSum<C> {
         v: &mut CudaStorage,
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
-        if v.dtype() != DType::F32 {
-            return Err(gradwire_tensor::Error::DTypeMismatch {
+        let local = if v.dtype() == DType::F32 {
+            Ok(())
+        } else {
+            Err(gradwire_tensor::Error::DTypeMismatch {
                 op: "AdaSum::combine_device",
                 expected: DType::F32,
                 got: v.dtype(),
             }
-            .into());
-        }
-        self.halving(comm, &mut device::DeviceWorkspace::new(v), tensors)
+            .into())
+        };
+        let agreed = self.agree_inputs(comm, v.len(), tensors, local)?;
+        Ok(agreed + self.halving(comm, &mut device::DeviceWorkspace::new(v), tensors)?)
     }
 }
 

@@ -363,6 +363,13 @@ impl DimReduce {
     /// One step on the flat parameters `w` from the averaged gradient `g` and
     /// averaged loss `loss`; `eval_loss(w)` returns the averaged loss at a
     /// trial point (every rank calls it with the same point).
+    ///
+    /// The failure model ([`crate::fault`]): wrong lengths on one rank are
+    /// posted as a fault in place of the first collective, so every rank
+    /// fails there. `eval_loss` must agree across ranks itself (DistOpt's
+    /// averages the losses and turns a failing rank's error into NaN, which
+    /// rejects the trial everywhere); if it returns an error, the step ends
+    /// with `w` and the subspace state as they were.
     pub fn step<C: Communicator>(
         &mut self,
         comm: &C,
@@ -373,11 +380,12 @@ impl DimReduce {
     ) -> Result<DimReduceStep> {
         let m = self.momentum.len();
         if w.len() != m || g.len() != m {
-            return Err(AlgoError::InvalidArgument(format!(
+            let err = AlgoError::InvalidArgument(format!(
                 "parameters of {} and gradient of {} elements, the components have {m}",
                 w.len(),
                 g.len()
-            )));
+            ));
+            return Err(crate::fault::fail(comm, err));
         }
         // 1. gk = P g, each rank its rows, one all-gather.
         let g64: Array1<f64> = g.iter().map(|&v| f64::from(v)).collect();
@@ -431,7 +439,15 @@ impl DimReduce {
             }
             let trial = eval_loss(w);
             w.copy_from_slice(&start);
-            let trial = trial?;
+            let trial = match trial {
+                Ok(trial) => trial,
+                Err(e) => {
+                    self.b = b_before;
+                    self.g_last = g_last_before;
+                    self.initialized = initialized_before;
+                    return Err(e);
+                }
+            };
             if trial < loss + self.config.sigma * t * slope {
                 accepted = Some((t, trial));
                 break;

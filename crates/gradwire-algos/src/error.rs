@@ -1,5 +1,6 @@
 //! The error type of the strategies.
 
+use crate::fault::FaultKind;
 use gradwire_comm::CommError;
 use gradwire_compress::CompressError;
 
@@ -19,15 +20,56 @@ pub enum AlgoError {
     /// An argument is out of its domain.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Another rank failed (see [`crate::fault`]): it posted a fault of
+    /// `kind` in place of the collective this rank was in, so this rank's
+    /// operation ends here too, at the same point of the sequence as
+    /// every other rank's.
+    #[error("rank {rank} failed: {kind}")]
+    Fault {
+        /// The lowest rank that posted a fault.
+        rank: usize,
+        /// What kind of fault it was.
+        kind: FaultKind,
+    },
     /// The collective failed.
     #[error(transparent)]
-    Comm(#[from] CommError),
+    Comm(CommError),
     /// A codec failed (non-finite input, a corrupt payload...).
     #[error(transparent)]
     Compress(#[from] CompressError),
     /// A tensor could not be used.
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+}
+
+impl From<CommError> for AlgoError {
+    /// A [`CommError::Fault`] with one of gradwire's [`FaultKind`] codes
+    /// becomes [`AlgoError::Fault`]; anything else stays a `Comm` error.
+    fn from(e: CommError) -> Self {
+        match e {
+            CommError::Fault { rank, code } => match FaultKind::from_code(code) {
+                Some(kind) => AlgoError::Fault { rank, kind },
+                None => AlgoError::Comm(e),
+            },
+            e => AlgoError::Comm(e),
+        }
+    }
+}
+
+impl AlgoError {
+    /// The kind of fault this error is, as posted to the other ranks: the
+    /// same on the rank that failed and on every rank it failed.
+    pub fn fault_kind(&self) -> FaultKind {
+        match self {
+            AlgoError::Fault { kind, .. } => *kind,
+            AlgoError::Capacity { .. } | AlgoError::InvalidArgument(_) => {
+                FaultKind::InvalidArgument
+            }
+            AlgoError::Compress(CompressError::NonFinite { .. })
+            | AlgoError::Tensor(gradwire_tensor::Error::NonFinite { .. }) => FaultKind::NonFinite,
+            _ => FaultKind::Other,
+        }
+    }
 }
 
 /// Result alias of this crate.

@@ -27,11 +27,13 @@
 pub mod adasum;
 pub mod dimreduce;
 mod error;
+pub mod fault;
 mod handle;
 mod reduce;
 
 pub use adasum::AdaSum;
 pub use error::{AlgoError, Result};
+pub use fault::FaultKind;
 pub use handle::{Handle, Reduced, Traffic};
 pub use reduce::{
     DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, all_reduce, all_reduce_async,

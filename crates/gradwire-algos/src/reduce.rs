@@ -7,13 +7,20 @@
 //! communication thread), and an `_async` form that moves the tensors to the
 //! communication thread ([`Communicator::run_async`]) and returns a
 //! [`Handle`], so that communication overlaps the rest of backward.
+//!
+//! Each keeps the failure model ([`crate::fault`]): whatever can fail on one
+//! rank (a capacity, a dtype, a device, a NaN refused by a codec) is checked
+//! before the first collective, and a rank that fails posts the fault in
+//! place of that collective, so every rank returns an error from the same
+//! call and the next one works.
 
 use crate::error::{AlgoError, Result};
+use crate::fault::prepare;
 use crate::handle::{Handle, Reduced, Traffic};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::{ErrorFeedback, SparseCodec, wire};
-use gradwire_tensor::{DType, Tensor, flat};
+use gradwire_tensor::{DType, Tensor, WithDType, flat};
 use half::{bf16, f16};
 
 /// SINGA's default fusion buffer capacity (`buffSize`), in elements.
@@ -64,11 +71,16 @@ pub fn fused_all_reduce<C: Communicator>(
     op: ReduceOp,
     capacity: usize,
 ) -> Result<Traffic> {
-    check_capacity(tensors, capacity)?;
-    if let [single] = tensors {
-        return all_reduce(comm, single, op);
-    }
-    let (mut buffer, layout) = pack(tensors, common_dtype(tensors))?;
+    let packed = prepare(comm, || {
+        check_capacity(tensors, capacity)?;
+        match tensors {
+            [_] => Ok(None),
+            _ => pack(tensors, common_dtype(tensors)).map(Some),
+        }
+    })?;
+    let Some((mut buffer, layout)) = packed else {
+        return all_reduce(comm, &mut tensors[0], op);
+    };
     let traffic = all_reduce(comm, &mut buffer, op)?;
     unpack(&buffer, &layout, tensors)?;
     Ok(traffic)
@@ -106,29 +118,37 @@ pub fn half_all_reduce<C: Communicator>(
     options: &HalfOptions,
     capacity: usize,
 ) -> Result<Traffic> {
-    let n = check_capacity(tensors, capacity)?;
-    let (mut buffer, layout) = pack(tensors, DType::F32)?;
-    let values = buffer.as_mut_slice::<f32>()?;
+    match options.precision {
+        HalfPrecision::F16 => half_all_reduce_as::<C, f16>(comm, tensors, options, capacity),
+        HalfPrecision::BF16 => half_all_reduce_as::<C, bf16>(comm, tensors, options, capacity),
+    }
+}
+
+/// [`half_all_reduce`] with `H` on the wire.
+fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    options: &HalfOptions,
+    capacity: usize,
+) -> Result<Traffic> {
     let cast_options = CastOptions {
         clip: options.clip,
         scale: 1.0,
     };
-    match options.precision {
-        HalfPrecision::F16 => {
-            let mut wire_buf = vec![f16::ZERO; n];
-            cast::encode(values, &mut wire_buf, &cast_options)?;
-            comm.all_reduce(&mut wire_buf, options.op)?;
-            cast::decode(&wire_buf, values)?;
-        }
-        HalfPrecision::BF16 => {
-            let mut wire_buf = vec![bf16::ZERO; n];
-            cast::encode(values, &mut wire_buf, &cast_options)?;
-            comm.all_reduce(&mut wire_buf, options.op)?;
-            cast::decode(&wire_buf, values)?;
-        }
-    }
+    let (mut buffer, layout, mut wire_buf) = prepare(comm, || {
+        let n = check_capacity(tensors, capacity)?;
+        let (buffer, layout) = pack(tensors, DType::F32)?;
+        let mut wire_buf = vec![H::zeroed(); n];
+        cast::encode(buffer.as_slice::<f32>()?, &mut wire_buf, &cast_options)?;
+        Ok((buffer, layout, wire_buf))
+    })?;
+    comm.all_reduce(&mut wire_buf, options.op)?;
+    cast::decode(&wire_buf, buffer.as_mut_slice::<f32>()?)?;
     unpack(&buffer, &layout, tensors)?;
-    Ok(Traffic::all_reduce(n * 2, comm.world_size()))
+    Ok(Traffic::all_reduce(
+        wire_buf.len() * H::DTYPE.size_in_bytes(),
+        comm.world_size(),
+    ))
 }
 
 /// Sums a list of tensors across ranks, each rank sending only what `codec`
@@ -144,22 +164,46 @@ pub fn half_all_reduce<C: Communicator>(
 /// rank sends its whole accumulator dense instead and the residual is flushed:
 /// nothing is lost and no rank runs out of memory on a dense all-gather.
 ///
-/// The result is the sum, not the average.
+/// The result is the sum, not the average. If the operation fails (on any
+/// rank: a NaN refused by the codec on one rank fails it everywhere, see
+/// [`crate::fault`]), `feedback` is as it was before the call.
 pub fn sparse_all_reduce<C: Communicator>(
     comm: &C,
     tensors: &mut [Tensor],
     codec: &SparseCodec,
     feedback: Option<&mut ErrorFeedback>,
 ) -> Result<Traffic> {
-    let (mut buffer, layout) = pack(tensors, DType::F32)?;
+    match feedback {
+        None => sparse_all_reduce_from(comm, tensors, codec, None),
+        Some(memory) => {
+            let before = memory.clone();
+            let result = sparse_all_reduce_from(comm, tensors, codec, Some(memory));
+            if result.is_err() {
+                *memory = before;
+            }
+            result
+        }
+    }
+}
+
+fn sparse_all_reduce_from<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    codec: &SparseCodec,
+    mut feedback: Option<&mut ErrorFeedback>,
+) -> Result<Traffic> {
+    let (mut buffer, layout, selected) = prepare(comm, || {
+        let (mut buffer, layout) = pack(tensors, DType::F32)?;
+        let values = buffer.as_mut_slice::<f32>()?;
+        let selected = match feedback.as_deref_mut() {
+            Some(memory) => memory.compress(values, codec)?,
+            None => codec.select(values)?,
+        };
+        Ok((buffer, layout, selected))
+    })?;
     let values = buffer.as_mut_slice::<f32>()?;
     let n = values.len();
     let world = comm.world_size();
-    let mut feedback = feedback;
-    let selected = match feedback.as_deref_mut() {
-        Some(memory) => memory.compress(values, codec)?,
-        None => codec.select(values)?,
-    };
     let mut largest = [selected.nnz() as u64];
     comm.all_reduce(&mut largest, ReduceOp::Max)?;
     let vote = Traffic::all_reduce(8, world);
