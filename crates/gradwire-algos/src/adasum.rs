@@ -241,14 +241,15 @@ impl<C: Communicator> AdaSum<C> {
         tensors: &[Range<usize>],
         local: Result<()>,
     ) -> Result<Traffic> {
-        let local = local.and_then(|()| {
-            match tensors.iter().find(|t| t.start > t.end || t.end > n) {
-                Some(bad) => Err(AlgoError::InvalidArgument(format!(
-                    "AdaSum: tensor range {bad:?} outside a vector of {n} elements"
-                ))),
-                None => Ok(()),
-            }
-        });
+        let local =
+            local.and_then(
+                |()| match tensors.iter().find(|t| t.start > t.end || t.end > n) {
+                    Some(bad) => Err(AlgoError::InvalidArgument(format!(
+                        "AdaSum: tensor range {bad:?} outside a vector of {n} elements"
+                    ))),
+                    None => Ok(()),
+                },
+            );
         if let Err(e) = local {
             return Err(fail(comm, e));
         }

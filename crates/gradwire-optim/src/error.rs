@@ -28,6 +28,21 @@ pub enum OptimError {
     /// Reading or writing a checkpoint failed.
     #[error("checkpoint I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// A fault ended a DistOpt step on every rank (the failure model, see
+    /// [`crate::DistOpt`]): every rank returns this error from the same
+    /// step, naming the same rank (the lowest that failed; `None` when the
+    /// fault is in a value every rank computed alike, such as an averaged
+    /// gradient) and the same kind. `detail` is the failing rank's own
+    /// description on that rank, and says which rank reported it elsewhere.
+    #[error("step failed ({kind}{}): {detail}", .rank.map_or_else(String::new, |r| format!(" on rank {r}")))]
+    Fault {
+        /// The lowest rank that failed, if one did.
+        rank: Option<usize>,
+        /// What kind of fault it was.
+        kind: gradwire_algos::FaultKind,
+        /// What happened.
+        detail: String,
+    },
     /// Combining gradients across ranks failed (a lost peer, a mismatch, a
     /// timeout...).
     #[error(transparent)]

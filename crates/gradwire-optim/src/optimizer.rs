@@ -66,6 +66,16 @@ pub trait Optimizer: Send {
     /// The names of the per-parameter buffers this optimizer keeps.
     fn buffer_names(&self) -> &'static [&'static str];
 
+    /// A copy of buffer `buffer` of parameter `name`, wherever it lives (host
+    /// or device); `None` if the parameter has no state yet. The default
+    /// reads [`Optimizer::param_state`], which holds host buffers only: an
+    /// optimizer that keeps buffers on a device overrides it.
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
+        Ok(self
+            .param_state(name)
+            .and_then(|s| s.buffers.get(buffer).cloned()))
+    }
+
     /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
     /// `values`, creating the parameter's state if it has none (DistOpt's
     /// partial mode averages optimizer state across ranks this way).
@@ -361,6 +371,22 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
 
     fn buffer_names(&self) -> &'static [&'static str] {
         R::BUFFERS
+    }
+
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
+        #[cfg(feature = "cuda")]
+        if let Some(device) = self.device_buffers.get(name)
+            && let Some(index) = R::BUFFERS.iter().position(|&b| b == buffer)
+            && let Some(storage) = device.get(index)
+        {
+            let mut values = vec![0f32; storage.len()];
+            storage.read_f32(0, &mut values)?;
+            return Ok(Some(values));
+        }
+        Ok(self
+            .params
+            .get(name)
+            .and_then(|s| s.buffers.get(buffer).cloned()))
     }
 
     fn set_buffer(

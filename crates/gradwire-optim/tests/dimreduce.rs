@@ -4,6 +4,7 @@
 //! down; a checkpoint (DistOpt's state plus the PCA file) resumes bitwise;
 //! misuse is an error on every rank, never a hang.
 
+use gradwire_algos::FaultKind;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::checkpoint::{self, Checkpoint};
@@ -275,7 +276,17 @@ fn misuse_is_an_error_on_every_rank() {
             0.0,
             |_| Ok(0.0),
         );
-        assert!(matches!(early, Err(OptimError::InvalidArgument(_))));
+        assert!(
+            matches!(
+                early,
+                Err(OptimError::Fault {
+                    kind: FaultKind::InvalidArgument,
+                    rank: Some(0),
+                    ..
+                })
+            ),
+            "{early:?}"
+        );
         // Components of the wrong width.
         let narrow = Pca::fit(&[vec![0.0, 1.0], vec![1.0, 0.0], vec![0.5, 0.5]], 1)
             .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
@@ -284,9 +295,20 @@ fn misuse_is_an_error_on_every_rank() {
         // Plain finish in DimReduce mode (its buckets already travelled).
         push_gradient(&mut dist, &w, 0..BATCH)?;
         let plain = dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()));
-        assert!(matches!(plain, Err(OptimError::InvalidArgument(_))));
-        // A loss closure failing on rank 1 only: rank 1 gets its error, the
-        // others finish the step (every trial rejected) instead of hanging.
+        assert!(
+            matches!(
+                plain,
+                Err(OptimError::Fault {
+                    kind: FaultKind::InvalidArgument,
+                    rank: Some(0),
+                    ..
+                })
+            ),
+            "{plain:?}"
+        );
+        // A loss closure failing on rank 1 only: every rank finishes the
+        // step (every trial rejected, instead of hanging), then every rank
+        // returns the fault, naming rank 1.
         push_gradient(&mut dist, &w, 0..BATCH)?;
         let failing = dist.finish_dimreduce(
             names.iter().map(String::as_str).zip(w.iter_mut()),
@@ -316,15 +338,16 @@ fn misuse_is_an_error_on_every_rank() {
         assert_eq!(w, &outcomes[0].1, "ranks diverged after a failing loss");
     }
     for (rank, (failing, _)) in outcomes.into_iter().enumerate() {
-        match rank {
-            1 => assert!(
-                matches!(failing, Err(OptimError::InvalidArgument(m)) if m == "loss failed")
+        match failing {
+            Err(OptimError::Fault {
+                rank: Some(1),
+                kind: FaultKind::Other,
+                detail,
+            }) => assert!(
+                (rank == 1) == detail.contains("loss failed"),
+                "rank {rank}: {detail}"
             ),
-            _ => assert_eq!(
-                failing.unwrap(),
-                Some(0.0),
-                "rank {rank} accepted a NaN trial"
-            ),
+            other => panic!("rank {rank}: {other:?}"),
         }
     }
 }

@@ -1,0 +1,334 @@
+//! Fusion buckets: SINGA's grouping of the declared parameters, and a
+//! bucket's job on the communication thread (the written-anywhere vote,
+//! which also carries this rank's faults, then the combination).
+
+use super::combiner::{SharedCombiner, run_combiner};
+use super::{DistOpt, Mode, ParamSpec};
+use crate::error::{OptimError, Result};
+use crate::optimizer::Optimizer;
+use gradwire_algos::{
+    FaultKind, HalfOptions, Reduced, Traffic, fused_all_reduce, half_all_reduce, sparse_all_reduce,
+};
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
+use gradwire_tensor::Tensor;
+use std::ops::Range;
+
+/// SINGA's grouping: a tensor above the threshold alone; smaller ones
+/// together until the group's count exceeds the threshold. Every bucket
+/// must fit `capacity`; counts are summed with overflow checks.
+pub(super) fn plan_buckets(
+    params: &[ParamSpec],
+    lens: &[usize],
+    threshold: usize,
+    capacity: usize,
+) -> Result<Vec<Range<usize>>> {
+    let mut buckets = Vec::new();
+    let mut start = 0;
+    let mut count = 0usize;
+    for (i, &n) in lens.iter().enumerate() {
+        if n > threshold {
+            if start < i {
+                buckets.push(start..i);
+            }
+            buckets.push(i..i + 1);
+            start = i + 1;
+            count = 0;
+            continue;
+        }
+        // Both are at most the threshold here, so the sum cannot overflow
+        // unless the threshold is near usize::MAX: checked anyway.
+        count = count.checked_add(n).unwrap_or(usize::MAX);
+        if count > threshold {
+            buckets.push(start..i + 1);
+            start = i + 1;
+            count = 0;
+        }
+    }
+    if start < lens.len() {
+        buckets.push(start..lens.len());
+    }
+    for b in &buckets {
+        let needed = lens[b.clone()]
+            .iter()
+            .try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if needed.is_none_or(|needed| needed > capacity) {
+            return Err(OptimError::InvalidArgument(format!(
+                "a bucket of {} elements ({}) exceeds the fusion capacity of {capacity}",
+                needed.map_or_else(|| "more than usize::MAX".to_string(), |n| n.to_string()),
+                params[b.clone()]
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    Ok(buckets)
+}
+
+/// What a bucket's job hands back: which parameters some rank wrote, and
+/// their combined gradients (only those).
+pub(super) struct BucketResult {
+    pub(super) written: Vec<bool>,
+    pub(super) grads: Vec<Tensor>,
+    pub(super) residual: Option<ErrorFeedback>,
+    /// Whether `grads` are averaged already (else summed).
+    pub(super) averaged: bool,
+}
+
+impl std::fmt::Debug for BucketResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BucketResult")
+            .field("written", &self.written)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Everything a bucket's job returns: its result, and the error-feedback
+/// residual as it was before the step, which DistOpt puts back when the
+/// step fails or is skipped on any rank.
+#[derive(Debug)]
+pub(super) struct BucketOutput {
+    pub(super) residual_before: Option<ErrorFeedback>,
+    pub(super) result: gradwire_algos::Result<Reduced<BucketResult>>,
+}
+
+/// What a bucket's job carries to the communication thread.
+pub(super) struct BucketJob<C: Communicator> {
+    bucket: usize,
+    mode: Mode,
+    capacity: usize,
+    residual: Option<ErrorFeedback>,
+    combiner: Option<SharedCombiner<C>>,
+    /// Which parameters some rank wrote, when the step's vote decided it.
+    written: Option<Vec<bool>>,
+    /// This rank's fault so far in the step, posted instead of the vote.
+    fault: Option<FaultKind>,
+    /// Look for NaN and infinities in this rank's gradients before the vote
+    /// (modes whose combination would not carry them to every rank).
+    check_finite: bool,
+}
+
+impl<C: Communicator + 'static> BucketJob<C> {
+    /// The vote (or this rank's fault), then the combination; the residual
+    /// before the step comes back whatever happens.
+    fn run(self, comm: &C, grads: Vec<Tensor>) -> BucketOutput {
+        let residual_before = self.residual.clone();
+        BucketOutput {
+            residual_before,
+            result: reduce_bucket(self, comm, grads),
+        }
+    }
+}
+
+/// Whether a mode looks for NaN and infinities in each rank's gradients
+/// before they are sent: every mode but those whose combination is a sum
+/// (a NaN or an infinity anywhere is then one in the result, on every rank
+/// alike, which the step's check after the reduction finds).
+pub(super) fn checks_finite_locally(mode: Mode) -> bool {
+    !matches!(mode, Mode::Dense | Mode::DimReduce)
+}
+
+/// The kind of fault `grads` hold: `NonFinite` for a NaN or an infinity,
+/// `None` if every value is finite. A lazily zeroed gradient (not written)
+/// is not read; an error of the check itself is returned as it is.
+pub(super) fn first_non_finite<'t>(
+    grads: impl IntoIterator<Item = &'t Tensor>,
+) -> gradwire_algos::Result<Option<FaultKind>> {
+    for g in grads {
+        if !g.is_zeroed() && !g.max_abs()?.is_finite() {
+            return Ok(Some(FaultKind::NonFinite));
+        }
+    }
+    Ok(None)
+}
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// Starts the next bucket's job on the communication thread, carrying
+    /// this rank's fault so far.
+    pub(super) fn launch_next(&mut self, written: Option<Vec<bool>>) -> Result<()> {
+        let b = self.in_flight.len();
+        let range = self.buckets[b].clone();
+        let mut grads = Vec::with_capacity(range.len());
+        for i in range {
+            let grad = match self.grads[i].take() {
+                Some(g) => g,
+                None => {
+                    // Never pushed: not written on this rank. A zero of the
+                    // declared dtype on the declared device, so every rank
+                    // packs the same buffer.
+                    let spec = &self.params[i];
+                    let mut zeros = Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?;
+                    zeros.zero_();
+                    zeros
+                }
+            };
+            grads.push(grad);
+        }
+        let mode = match self.config.mode {
+            // Without error feedback nothing counts the steps for random-k:
+            // mix the optimizer's step into the seed, or every step would
+            // draw the same indices.
+            Mode::Sparse {
+                codec: SparseCodec::RandomK { ratio, seed },
+                error_feedback: false,
+            } => Mode::Sparse {
+                codec: SparseCodec::RandomK {
+                    ratio,
+                    seed: seed
+                        ^ self
+                            .optimizer
+                            .step_count()
+                            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                },
+                error_feedback: false,
+            },
+            mode => mode,
+        };
+        let job = BucketJob {
+            bucket: b,
+            mode,
+            capacity: self.config.capacity,
+            residual: self.residuals[b].take(),
+            combiner: self.combiner.clone(),
+            // With the step's vote decided, that vote carried this rank's
+            // faults and its non-finite check; the job has no vote of its own.
+            fault: self
+                .fault
+                .as_ref()
+                .map(|f| f.kind)
+                .filter(|_| written.is_none()),
+            check_finite: written.is_none() && checks_finite_locally(mode),
+            written,
+        };
+        let pending = self
+            .comm
+            .run_async(move |comm| Ok(job.run(comm, grads)))
+            .map_err(gradwire_algos::AlgoError::from)?;
+        self.in_flight.push(pending);
+        Ok(())
+    }
+}
+
+/// A bucket's job on the communication thread: this rank's fault or the
+/// written-anywhere vote, then the combination of the gradients some rank
+/// wrote.
+fn reduce_bucket<C: Communicator + 'static>(
+    job: BucketJob<C>,
+    comm: &C,
+    grads: Vec<Tensor>,
+) -> gradwire_algos::Result<Reduced<BucketResult>> {
+    let BucketJob {
+        bucket,
+        mode,
+        capacity,
+        mut residual,
+        combiner,
+        written: decided,
+        fault,
+        check_finite,
+    } = job;
+    // This rank's fault, if any, takes the place of the bucket's first
+    // collective: every rank's job ends there with the same error.
+    let fault = match fault {
+        Some(kind) => Some(kind),
+        None if check_finite => first_non_finite(&grads).unwrap_or(Some(FaultKind::Other)),
+        None => None,
+    };
+    if let Some(kind) = fault {
+        return Err(comm.post_fault(kind.code()).into());
+    }
+    let combiner = &combiner;
+    let world = comm.world_size();
+    let mut traffic = Traffic::default();
+    let written: Vec<bool> = match decided {
+        // Decided by the step's vote, which carried this rank's faults.
+        Some(written) => written,
+        None => {
+            let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
+            comm.all_reduce(&mut votes, ReduceOp::Max)?;
+            traffic = Traffic::all_reduce(votes.len(), world);
+            votes.iter().map(|&v| v != 0).collect()
+        }
+    };
+    let lens: Vec<usize> = grads.iter().map(Tensor::len).collect();
+    let mut live: Vec<Tensor> = grads
+        .into_iter()
+        .zip(&written)
+        .filter(|(_, w)| **w)
+        .map(|(g, _)| g)
+        .collect();
+    let mut averaged = matches!(mode, Mode::Half { .. });
+    if !live.is_empty() {
+        traffic += match mode {
+            Mode::Custom | Mode::DeltaWeight => {
+                let combined = run_combiner(combiner, comm, bucket, &mut live)?;
+                averaged = combined.averaged;
+                combined.traffic
+            }
+            Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => {
+                fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
+            }
+            Mode::Half { precision, clip } => {
+                let options = HalfOptions {
+                    precision,
+                    clip,
+                    op: ReduceOp::Avg,
+                };
+                half_all_reduce(comm, &mut live, &options, capacity)?
+            }
+            Mode::Sparse { codec, .. } => match residual.as_mut() {
+                None => sparse_all_reduce(comm, &mut live, &codec, None)?,
+                Some(memory) if written.iter().all(|&w| w) => {
+                    sparse_all_reduce(comm, &mut live, &codec, Some(memory))?
+                }
+                Some(memory) => {
+                    // Only the written parameters take part: their part of the
+                    // residual goes through the step, the rest stays as it is.
+                    let mut ranges = Vec::new();
+                    let mut offset = 0;
+                    for (&n, &w) in lens.iter().zip(&written) {
+                        if w {
+                            ranges.push(offset..offset + n);
+                        }
+                        offset += n;
+                    }
+                    let full = memory.state();
+                    let part: Vec<f32> = ranges
+                        .iter()
+                        .flat_map(|r| full.residual[r.clone()].iter().copied())
+                        .collect();
+                    let mut sub = ErrorFeedback::from_state(ErrorFeedbackState {
+                        residual: part,
+                        momentum: None,
+                        steps: full.steps,
+                    })?;
+                    let t = sparse_all_reduce(comm, &mut live, &codec, Some(&mut sub))?;
+                    let mut merged = full.residual;
+                    let mut from = sub.residual().iter().copied();
+                    for r in &ranges {
+                        for slot in &mut merged[r.clone()] {
+                            *slot = from.next().unwrap_or(0.0);
+                        }
+                    }
+                    *memory = ErrorFeedback::from_state(ErrorFeedbackState {
+                        residual: merged,
+                        momentum: None,
+                        steps: sub.steps(),
+                    })?;
+                    t
+                }
+            },
+        };
+    }
+    Ok(Reduced {
+        value: BucketResult {
+            written,
+            grads: live,
+            residual,
+            averaged,
+        },
+        traffic,
+    })
+}

@@ -1,0 +1,306 @@
+//! The gradient modes' step (`Dense`, `Half`, `Sparse`, `Custom`, and the
+//! averaging half of `DimReduce`): wait for the buckets, agree on the
+//! step's outcome, average, check, clip, update.
+
+use super::bucket::{BucketOutput, checks_finite_locally, first_non_finite};
+use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
+use crate::error::{OptimError, Result};
+use crate::optimizer::Optimizer;
+use gradwire_algos::{AlgoError, FaultKind, Reduced, Traffic};
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::ErrorFeedback;
+use gradwire_tensor::Tensor;
+use std::time::Instant;
+
+/// An averaged gradient: parameter index, value, whether it arrived averaged.
+pub(super) type ReducedGrad = (usize, Tensor, bool);
+
+/// How the communication half of a step ended, alike on every rank.
+pub(super) enum Reduction {
+    /// The averaged gradients some rank wrote, by parameter index.
+    Reduced(StepStats, Vec<ReducedGrad>),
+    /// A non-finite gradient somewhere, with `skip_non_finite`: nothing
+    /// changed.
+    Skipped(StepStats),
+}
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// Sends what is left, waits for every bucket, and updates every
+    /// parameter some rank wrote (SINGA's `wait` + update + `step`).
+    /// `params` must hold every declared parameter, once.
+    ///
+    /// Completes on every rank or fails (or is skipped) on every rank alike;
+    /// see the module docs for the failure model.
+    pub fn finish<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+    ) -> Result<StepStats> {
+        let result = self.finish_step(params);
+        self.end_step();
+        result
+    }
+
+    fn finish_step<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+    ) -> Result<StepStats> {
+        let mut targets = self.take_targets(params);
+        match self.config.mode {
+            Mode::Partial { average_state } => return self.finish_partial(targets, average_state),
+            Mode::DeltaWeight => return self.finish_delta_weight(targets),
+            Mode::DimReduce => self.record(
+                FaultKind::InvalidArgument,
+                &"DimReduce mode steps with finish_dimreduce, which takes the loss",
+            ),
+            _ => {}
+        }
+        let (mut stats, reduced) = match self.reduce_gradients()? {
+            Reduction::Skipped(stats) => return Ok(stats),
+            Reduction::Reduced(stats, reduced) => (stats, reduced),
+        };
+        let mut failure = None;
+        for (i, grad, _) in &reduced {
+            let name = self.params[*i].name.as_str();
+            // Every target was checked present before the step's last vote.
+            let Some(param) = targets[*i].as_deref_mut() else {
+                continue;
+            };
+            if let Err(e) = self.optimizer.update(name, param, grad) {
+                failure = Some(e);
+                break;
+            }
+            stats.updated += 1;
+        }
+        self.agree_update(failure)?;
+        self.optimizer.step();
+        Ok(stats)
+    }
+
+    /// Ends the step whatever happened: nothing of it stays behind.
+    pub(super) fn end_step(&mut self) {
+        for pending in self.in_flight.drain(..) {
+            // Only reached after an error that stopped before the waits;
+            // waiting keeps the lane's jobs paired with the other ranks.
+            let _ = pending.wait();
+        }
+        self.grads.iter_mut().for_each(|g| *g = None);
+        self.fault = None;
+    }
+
+    /// The agreement after the updates: one header-only collective in
+    /// which a rank whose optimizer failed posts the fault, so that every
+    /// rank returns an error from the same step.
+    pub(super) fn agree_update(&mut self, failure: Option<OptimError>) -> Result<()> {
+        let outcome = match &failure {
+            Some(_) => Err(self.comm.post_fault(FaultKind::Optimizer.code())),
+            None => self.comm.barrier(),
+        };
+        match outcome.map_err(AlgoError::from) {
+            Ok(()) => Ok(()),
+            Err(AlgoError::Fault { rank, kind }) => {
+                let own = failure.map(|e| LocalFault {
+                    kind: FaultKind::Optimizer,
+                    detail: e.to_string(),
+                });
+                Err(self.fault_error(Some(rank), kind, own.as_ref()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// How a step ends after an agreed failure `err` (the same on every
+    /// rank): a skip for a non-finite gradient with `skip_non_finite`, else
+    /// the step's [`OptimError::Fault`]; the comm layer's own errors (a lost
+    /// peer, a timeout, a mismatch) pass through.
+    pub(super) fn step_failed(&mut self, err: AlgoError, stats: StepStats) -> Result<StepStats> {
+        let (rank, kind, own) = match err {
+            AlgoError::Fault { rank, kind } => (rank, kind, self.fault.clone()),
+            AlgoError::Comm(e) => return Err(AlgoError::Comm(e).into()),
+            // This rank's own error, which it posted to the others.
+            local => {
+                let kind = local.fault_kind();
+                let own = LocalFault {
+                    kind,
+                    detail: local.to_string(),
+                };
+                (self.rank(), kind, Some(own))
+            }
+        };
+        if kind == FaultKind::NonFinite && self.config.skip_non_finite {
+            return Ok(StepStats {
+                non_finite: true,
+                ..stats
+            });
+        }
+        Err(self.fault_error(Some(rank), kind, own.as_ref()))
+    }
+
+    /// The communication half of a step: carries this rank's faults to the
+    /// others, launches the buckets not yet on their way, waits for all,
+    /// averages, clips and checks for non-finite values. On any failure
+    /// (agreed by every rank) the residuals are as before the step.
+    pub(super) fn reduce_gradients(&mut self) -> Result<Reduction> {
+        let mut stats = StepStats {
+            buckets: self.buckets.len(),
+            ..StepStats::default()
+        };
+        // With one vote per step, it happens now, for every parameter, and
+        // carries this rank's faults (its non-finite check included).
+        let mut decided: Option<Vec<bool>> = None;
+        if self.config.vote == SkipVote::PerStep {
+            if self.fault.is_none() && checks_finite_locally(self.config.mode) {
+                match first_non_finite(self.grads.iter().flatten()) {
+                    Ok(None) => {}
+                    Ok(Some(kind)) => self.record(kind, &"a gradient holds a NaN or an infinity"),
+                    Err(e) => self.record(FaultKind::Other, &e),
+                }
+            }
+            let mut votes: Vec<u8> = self
+                .grads
+                .iter()
+                .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed())))
+                .collect();
+            let voted = match &self.fault {
+                Some(f) => Err(self.comm.post_fault(f.kind.code())),
+                None => self.comm.all_reduce(&mut votes, ReduceOp::Max),
+            };
+            if let Err(e) = voted {
+                return self.step_failed(e.into(), stats).map(Reduction::Skipped);
+            }
+            stats.traffic = Traffic::all_reduce(votes.len(), self.world_size());
+            decided = Some(votes.iter().map(|&v| v != 0).collect());
+        } else if self.buckets.is_empty() {
+            // No bucket to carry a fault: an agreement of its own.
+            let agreed = match &self.fault {
+                Some(f) => Err(self.comm.post_fault(f.kind.code())),
+                None => self.comm.barrier(),
+            };
+            if let Err(e) = agreed {
+                return self.step_failed(e.into(), stats).map(Reduction::Skipped);
+            }
+        }
+        while self.in_flight.len() < self.buckets.len() {
+            let written = decided
+                .as_ref()
+                .map(|d| d[self.buckets[self.in_flight.len()].clone()].to_vec());
+            // Only a lost communication thread fails here; the other ranks
+            // learn it from their own lanes.
+            self.launch_next(written)?;
+        }
+        let start = Instant::now();
+        let outputs: Vec<BucketOutput> = self
+            .in_flight
+            .drain(..)
+            .map(|pending| {
+                pending.wait().unwrap_or_else(|e| BucketOutput {
+                    residual_before: None,
+                    result: Err(e.into()),
+                })
+            })
+            .collect();
+        stats.wait = start.elapsed();
+        let mut before: Vec<Option<ErrorFeedback>> = Vec::with_capacity(outputs.len());
+        let mut after: Vec<Option<ErrorFeedback>> = Vec::with_capacity(outputs.len());
+        let mut reduced: Vec<ReducedGrad> = Vec::new();
+        let mut failure = None;
+        for (b, output) in outputs.into_iter().enumerate() {
+            before.push(output.residual_before);
+            match output.result {
+                Ok(Reduced { value, traffic }) => {
+                    stats.traffic += traffic;
+                    after.push(value.residual);
+                    let averaged = value.averaged;
+                    let mut grads = value.grads.into_iter();
+                    for (i, written) in self.buckets[b].clone().zip(value.written) {
+                        if written {
+                            if let Some(g) = grads.next() {
+                                reduced.push((i, g, averaged));
+                            }
+                        } else {
+                            stats.skipped += 1;
+                        }
+                    }
+                }
+                Err(e) => {
+                    after.push(None);
+                    failure = failure.or(Some(e));
+                }
+            }
+        }
+        if let Some(e) = failure {
+            self.restore_residuals(before);
+            return self.step_failed(e, stats).map(Reduction::Skipped);
+        }
+
+        // Average (some combinations arrive averaged), then check and clip:
+        // the averaged values are bitwise the same on every rank, and so is
+        // every decision taken from them.
+        let inverse = 1.0 / self.world_size() as f32;
+        let checked = (|| -> gradwire_algos::Result<Option<f64>> {
+            for (_, g, averaged) in &mut reduced {
+                if !*averaged {
+                    g.scale(inverse)?;
+                }
+            }
+            let mut sum_sq = 0f64;
+            for (_, g, _) in &reduced {
+                sum_sq += g.sum_sq()?;
+            }
+            Ok(sum_sq.is_finite().then_some(sum_sq))
+        })();
+        let sum_sq = match checked {
+            Ok(Some(sum_sq)) => sum_sq,
+            Ok(None) => {
+                self.restore_residuals(before);
+                if self.config.skip_non_finite {
+                    stats.non_finite = true;
+                    return Ok(Reduction::Skipped(stats));
+                }
+                return Err(OptimError::Fault {
+                    rank: None,
+                    kind: FaultKind::NonFinite,
+                    detail: "the averaged gradients hold a NaN or an infinity".into(),
+                });
+            }
+            Err(e) => {
+                // A tensor error on identical data and shapes: every rank.
+                self.restore_residuals(before);
+                return Err(e.into());
+            }
+        };
+        if let Some(max_norm) = self.config.clip_global_norm {
+            let norm = sum_sq.sqrt();
+            if norm > max_norm {
+                let factor = (max_norm / norm) as f32;
+                for (_, g, _) in &mut reduced {
+                    g.scale(factor)?;
+                }
+            }
+        }
+        for (slot, residual) in self.residuals.iter_mut().zip(after) {
+            if residual.is_some() {
+                *slot = residual;
+            }
+        }
+        Ok(Reduction::Reduced(stats, reduced))
+    }
+
+    /// Puts back the residuals as they were before the step (a bucket whose
+    /// job lost its residual starts afresh).
+    fn restore_residuals(&mut self, before: Vec<Option<ErrorFeedback>>) {
+        if !matches!(
+            self.config.mode,
+            Mode::Sparse {
+                error_feedback: true,
+                ..
+            }
+        ) {
+            return;
+        }
+        for (b, saved) in before.into_iter().enumerate() {
+            self.residuals[b] = Some(saved.unwrap_or_else(|| {
+                ErrorFeedback::new(self.lens[self.buckets[b].clone()].iter().sum())
+            }));
+        }
+    }
+}

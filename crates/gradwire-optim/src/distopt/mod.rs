@@ -1,0 +1,607 @@
+//! DistOpt: data-parallel training over any [`Communicator`] and any
+//! [`Optimizer`] (SINGA's DistOpt, SPEC §2-3, done right).
+//!
+//! The parameters are declared once, in backward order, with their shapes
+//! (and dtype and device); that order fixes the fusion buckets (SINGA's
+//! rule: a tensor above the fusion threshold goes alone, smaller ones are
+//! grouped until the group's element count exceeds the threshold) and every
+//! bucket must fit the fusion capacity, checked at construction instead of
+//! overflowing. Because buckets are fixed and launched strictly in order,
+//! ranks whose backward passes produce different sets of gradients still
+//! issue the same collectives.
+//!
+//! During backward, [`DistOpt::push`] hands over each gradient; as soon as all
+//! of a bucket's gradients (and all earlier buckets) are in, the bucket's
+//! collective starts on the communication thread, overlapping the rest of
+//! backward. [`DistOpt::finish`] sends what is left (a gradient never pushed
+//! counts as not written), waits, averages, optionally clips by global norm,
+//! checks for non-finite values, and applies the optimizer.
+//!
+//! Skipping (nnabla, done right): each bucket first reduces one byte per
+//! parameter ("written on this rank", Max): a gradient written on no rank is
+//! neither sent nor updated (the optimizer never sees it, so no weight decay
+//! and no state advance); one written on some rank is sent by every rank (the
+//! others contribute zeros) and updated identically everywhere. That is one
+//! tiny collective per bucket, never one blocking vote per array, and it
+//! cannot desynchronise ranks.
+//!
+//! # The failure model
+//!
+//! A step either completes on every rank or fails (or is skipped) on every
+//! rank, and afterwards every rank stands at the same point of its
+//! collective sequence, so the next step works. Nothing returns early
+//! between collectives: a fault found on one rank (a bad [`DistOpt::push`],
+//! a parameter of the wrong shape, dtype or device at `finish`, a NaN, an
+//! optimizer error) is recorded, and the rank's next collective carries it
+//! to the others ([`Communicator::post_fault`], see
+//! [`gradwire_algos::fault`]): the vote of the next bucket (the last bucket
+//! is launched by `finish`, after its checks, so it always has one), or an
+//! agreement of its own where a mode has no vote. Every rank then returns
+//! the same [`OptimError::Fault`] (the lowest failing rank and the
+//! [`FaultKind`]), or, for a non-finite gradient with `skip_non_finite`,
+//! skips the step alike. A skipped or failed step leaves the parameters, the
+//! optimizer state, the error-feedback residuals and the counters as they
+//! were; the one exception is an optimizer error while the parameters are
+//! updated, after which the ranks agree that the step failed but the
+//! failing rank's parameters may be partly updated (restore a checkpoint).
+//! After a [`DistOpt::push`] error the step must still be ended with
+//! `finish` on that rank (as on the others): that is where every rank
+//! learns of it.
+
+mod bucket;
+mod combiner;
+mod dimreduce;
+mod gradient;
+mod local_step;
+mod state;
+
+use crate::error::{OptimError, Result};
+use crate::optimizer::Optimizer;
+use bucket::{BucketOutput, plan_buckets};
+use combiner::SharedCombiner;
+pub use combiner::{Combined, Combiner};
+use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
+use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, Traffic};
+use gradwire_comm::{Communicator, Pending};
+use gradwire_compress::{ErrorFeedback, SparseCodec};
+use gradwire_tensor::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// SINGA's default fusion threshold, in elements.
+pub const DEFAULT_FUSION_THRESHOLD: usize = 2_097_152;
+
+/// How gradients are combined.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// f32 sum, then divided by the world size (SINGA `backward_and_update`).
+    Dense,
+    /// f16 or bf16 on the wire (SINGA `backward_and_update_half`), averaged
+    /// in f32 before the one rounding, so it cannot overflow as SINGA's fp16
+    /// sum does; with `clip`, gradients are clamped to [-clip, clip] first.
+    Half {
+        /// The wire precision.
+        precision: HalfPrecision,
+        /// The clamp, if any.
+        clip: Option<f32>,
+    },
+    /// Each bucket sends only what `codec` selects (SINGA
+    /// `backward_and_sparse_update`), with an error-feedback residual per
+    /// bucket when `error_feedback`; a bucket that is not sparse enough is
+    /// sent dense. The sum is divided by the world size.
+    Sparse {
+        /// Which entries to send.
+        codec: SparseCodec,
+        /// Keep what is not sent for later steps (SINGA's `corr`).
+        error_feedback: bool,
+    },
+    /// Each bucket is combined by the [`Combiner`] given to
+    /// [`DistOpt::with_combiner`] (AdaSum by gradient, or any strategy of
+    /// your own) instead of a built-in rule.
+    Custom,
+    /// Combine weight changes instead of gradients (Horovod's AdaSum default,
+    /// MindSpore's `AdaSumByDeltaWeightWrapCell`): save `p0`, step the
+    /// optimizer locally with this rank's gradient, `delta = p0 - p`, combine
+    /// the deltas bucket by bucket with the [`Combiner`], `p = p0 - combined`.
+    DeltaWeight,
+    /// Local SGD with round-robin partial averaging (SINGA
+    /// `backward_and_partial_update`): every parameter is updated with its
+    /// own rank's gradient, then the parameters of one bucket (partition
+    /// `counter mod K`) are averaged across ranks, and with `average_state`
+    /// their optimizer buffers too (SINGA keeps them local).
+    Partial {
+        /// Also average the partition's optimizer buffers.
+        average_state: bool,
+    },
+    /// DimReduce (MindSpore boost, SPEC §5): gradients are averaged bucket by
+    /// bucket as in `Dense`, then a quasi-Newton step in the PCA subspace
+    /// with a line search replaces the optimizer. Entered with
+    /// [`DistOpt::start_dimreduce`] (usually after a first stage of another
+    /// mode that recorded the trajectory); steps with
+    /// [`DistOpt::finish_dimreduce`], which takes the loss.
+    DimReduce,
+}
+
+/// DistOpt's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistOptConfig {
+    /// How gradients are combined.
+    pub mode: Mode,
+    /// Elements above which a bucket is closed (SINGA: 2,097,152).
+    pub fusion_threshold: usize,
+    /// The most elements a bucket may hold (SINGA's `buffSize`: 4,194,304).
+    pub capacity: usize,
+    /// Ranks per node, for [`DistOpt::local_rank`] (default: all ranks).
+    pub ranks_per_node: Option<usize>,
+    /// Scale the averaged gradients so their global L2 norm is at most this.
+    pub clip_global_norm: Option<f64>,
+    /// Skip the whole step, on every rank alike, when a gradient holds a NaN
+    /// or an infinity on any rank (AMP's `found_inf`): parameters, optimizer
+    /// state, residuals and counters stay as they were, in every mode.
+    /// Without it such a step is an [`OptimError::Fault`] of kind
+    /// [`FaultKind::NonFinite`] on every rank (nothing changed either).
+    pub skip_non_finite: bool,
+    /// When ranks agree on which gradients were written.
+    pub vote: SkipVote,
+}
+
+/// When DistOpt decides which gradients no rank wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SkipVote {
+    /// Each bucket starts with a tiny vote over its own parameters, so that
+    /// buckets can travel during backward (overlap). One vote per bucket.
+    #[default]
+    PerBucket,
+    /// One vote for all parameters together in `finish`, then the buckets:
+    /// the fewest collectives, but no overlap with backward.
+    PerStep,
+}
+
+impl Default for DistOptConfig {
+    fn default() -> Self {
+        DistOptConfig {
+            mode: Mode::Dense,
+            fusion_threshold: DEFAULT_FUSION_THRESHOLD,
+            capacity: DEFAULT_FUSION_CAPACITY,
+            ranks_per_node: None,
+            clip_global_norm: None,
+            skip_non_finite: false,
+            vote: SkipVote::PerBucket,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepStats {
+    /// Buckets communicated.
+    pub buckets: usize,
+    /// Bytes this rank sent and received (ring model).
+    pub traffic: Traffic,
+    /// Time spent in `finish` waiting for communication.
+    pub wait: Duration,
+    /// Parameters updated.
+    pub updated: usize,
+    /// Parameters skipped because no rank wrote their gradient.
+    pub skipped: usize,
+    /// Whether the whole step was skipped (a non-finite gradient on some
+    /// rank, with `skip_non_finite`).
+    pub non_finite: bool,
+    /// DimReduce mode: the accepted step size and the loss there.
+    pub dimreduce: Option<DimReduceStep>,
+}
+
+/// A parameter's declaration: its name, shape, dtype and device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// The name the optimizer knows it by.
+    pub name: String,
+    /// Its shape; gradients must have it.
+    pub shape: Vec<usize>,
+    /// Its gradients' dtype (default f32): every rank packs the same
+    /// buffers, and a gradient no rank pushed is a zero of this dtype.
+    pub dtype: DType,
+    /// Where its gradients live (default the CPU).
+    pub device: Device,
+}
+
+impl ParamSpec {
+    /// A declaration of an f32 parameter on the CPU.
+    pub fn new(name: impl Into<String>, shape: impl Into<Vec<usize>>) -> Self {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.into(),
+            dtype: DType::F32,
+            device: Device::Cpu,
+        }
+    }
+
+    /// The same declaration with gradients of `dtype`.
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The same declaration with gradients on `device`.
+    pub fn on_device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+
+    /// The element count, checked: a shape whose product overflows is an
+    /// error, not a wrapped size.
+    fn checked_len(&self) -> Result<usize> {
+        self.shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                OptimError::InvalidArgument(format!(
+                    "parameter {}: shape {:?} has more elements than fit in memory",
+                    self.name, self.shape
+                ))
+            })
+    }
+
+    /// Whether `t` matches this declaration (shape, dtype, device); the
+    /// error names what differs.
+    fn check(&self, what: &str, t: &Tensor) -> Result<()> {
+        if t.dims() != self.shape.as_slice() {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("{what} of {}", self.name),
+                expected: self.shape.clone(),
+                got: t.dims().to_vec(),
+            });
+        }
+        if t.dtype() != self.dtype {
+            return Err(OptimError::InvalidArgument(format!(
+                "{what} of {}: dtype {} declared, got {}",
+                self.name,
+                self.dtype,
+                t.dtype()
+            )));
+        }
+        if t.device() != self.device {
+            return Err(OptimError::InvalidArgument(format!(
+                "{what} of {}: device {:?} declared, got {:?}",
+                self.name,
+                self.device,
+                t.device()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A fault this rank found during the current step, not yet known to the
+/// others: the next collective of the step carries it.
+#[derive(Debug, Clone, PartialEq)]
+struct LocalFault {
+    kind: FaultKind,
+    detail: String,
+}
+
+/// The data-parallel optimizer.
+#[derive(Debug)]
+pub struct DistOpt<O: Optimizer, C: Communicator> {
+    optimizer: O,
+    comm: C,
+    config: DistOptConfig,
+    params: Vec<ParamSpec>,
+    /// Element counts of `params` (checked at construction).
+    lens: Vec<usize>,
+    index: HashMap<String, usize>,
+    buckets: Vec<Range<usize>>,
+    /// This step's gradients, by parameter index.
+    grads: Vec<Option<Tensor>>,
+    in_flight: Vec<Pending<BucketOutput>>,
+    /// This step's first local fault.
+    fault: Option<LocalFault>,
+    /// Sparse mode's error-feedback memory, one per bucket (taken by a
+    /// bucket's job while it runs, given back with its result).
+    residuals: Vec<Option<ErrorFeedback>>,
+    /// Partial mode's step counter: the bucket averaged next is
+    /// `partial_counter mod K`, so the cycle never stops.
+    partial_counter: u64,
+    /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`.
+    combiner: Option<SharedCombiner<C>>,
+    /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
+    dimreduce: Option<DimReduce>,
+}
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// Wraps `optimizer` for the parameters `params`, declared in the order
+    /// backward produces their gradients.
+    pub fn new(
+        optimizer: O,
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+    ) -> Result<Self> {
+        let mut index = HashMap::new();
+        for (i, p) in params.iter().enumerate() {
+            if index.insert(p.name.clone(), i).is_some() {
+                return Err(OptimError::InvalidArgument(format!(
+                    "parameter {} declared twice",
+                    p.name
+                )));
+            }
+        }
+        if config.ranks_per_node == Some(0) {
+            return Err(OptimError::InvalidArgument(
+                "ranks_per_node must be positive".into(),
+            ));
+        }
+        let lens = params
+            .iter()
+            .map(ParamSpec::checked_len)
+            .collect::<Result<Vec<_>>>()?;
+        let buckets = plan_buckets(&params, &lens, config.fusion_threshold, config.capacity)?;
+        let grads = vec![None; params.len()];
+        let residuals = buckets
+            .iter()
+            .map(|b| match config.mode {
+                Mode::Sparse {
+                    error_feedback: true,
+                    ..
+                } => Some(ErrorFeedback::new(lens[b.clone()].iter().sum())),
+                _ => None,
+            })
+            .collect();
+        Ok(DistOpt {
+            optimizer,
+            comm,
+            config,
+            params,
+            lens,
+            index,
+            buckets,
+            grads,
+            in_flight: Vec::new(),
+            fault: None,
+            residuals,
+            partial_counter: 0,
+            combiner: None,
+            dimreduce: None,
+        })
+    }
+
+    /// [`DistOpt::new`] with a [`Combiner`] for `Mode::Custom` (buckets of
+    /// gradients) or `Mode::DeltaWeight` (buckets of weight changes).
+    pub fn with_combiner(
+        optimizer: O,
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+        combiner: impl Combiner<C>,
+    ) -> Result<Self> {
+        let mut dist = DistOpt::new(optimizer, comm, params, config)?;
+        dist.combiner = Some(SharedCombiner(Arc::new(Mutex::new(Box::new(combiner)))));
+        Ok(dist)
+    }
+
+    /// Number of ranks (SINGA's `world_size`).
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// This rank (SINGA's `rank_in_global`).
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// This rank within its node (SINGA's `rank_in_local`).
+    pub fn local_rank(&self) -> usize {
+        self.rank()
+            % self
+                .config
+                .ranks_per_node
+                .unwrap_or(self.world_size())
+                .max(1)
+    }
+
+    /// The wrapped optimizer.
+    pub fn optimizer(&self) -> &O {
+        &self.optimizer
+    }
+
+    /// The wrapped optimizer, mutably (to register per-parameter settings).
+    pub fn optimizer_mut(&mut self) -> &mut O {
+        &mut self.optimizer
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &C {
+        &self.comm
+    }
+
+    /// Gives the communicator back (the optimizer and DistOpt's state are
+    /// dropped: take a [`DistOpt::checkpoint`] first to keep them).
+    pub fn into_comm(self) -> C {
+        self.comm
+    }
+
+    /// The current mode ([`Mode::DimReduce`] after
+    /// [`DistOpt::start_dimreduce`]).
+    pub fn mode(&self) -> Mode {
+        self.config.mode
+    }
+
+    /// The buckets, as ranges of the declared parameters.
+    pub fn buckets(&self) -> &[Range<usize>] {
+        &self.buckets
+    }
+
+    /// Hands over the gradient of parameter `name` (during backward). Its
+    /// bucket's collective starts as soon as the bucket is complete (the
+    /// last bucket's in [`DistOpt::finish`]).
+    ///
+    /// A bad gradient (an unknown name, a wrong shape, dtype or device, a
+    /// second push) is an error here, and the step is marked failed: end it
+    /// with `finish` as usual, which then fails on every rank alike.
+    pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
+        let i = match self.check_grad(name, &grad) {
+            Ok(i) => i,
+            Err(e) => {
+                self.record(FaultKind::InvalidArgument, &e);
+                return Err(e);
+            }
+        };
+        self.grads[i] = Some(grad);
+        if matches!(self.config.mode, Mode::Partial { .. } | Mode::DeltaWeight)
+            || self.config.vote == SkipVote::PerStep
+        {
+            return Ok(()); // communication happens in finish
+        }
+        // Every bucket but the last: that one is launched by finish, after
+        // its checks, so that its vote carries whatever they find.
+        while self.in_flight.len() + 1 < self.buckets.len() {
+            let next = self.buckets[self.in_flight.len()].clone();
+            if !next.clone().all(|j| self.grads[j].is_some()) {
+                break;
+            }
+            self.launch_next(None)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes every gradient, then [`DistOpt::finish`]: a step without
+    /// overlap. `None` is a gradient backward did not produce. A bad
+    /// gradient on one rank fails the step on every rank (see the module
+    /// docs); this rank returns the first such error.
+    pub fn step<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor, Option<Tensor>)>,
+    ) -> Result<StepStats> {
+        let mut targets = Vec::new();
+        let mut first_error = None;
+        for (name, param, grad) in params {
+            if let Some(grad) = grad
+                && let Err(e) = self.push(name, grad)
+            {
+                first_error.get_or_insert(e);
+            }
+            targets.push((name, param));
+        }
+        let stats = self.finish(targets);
+        match first_error {
+            Some(e) => Err(e),
+            None => stats,
+        }
+    }
+
+    /// Records this step's first local fault (later ones add nothing: the
+    /// first is what the others learn).
+    fn record(&mut self, kind: FaultKind, err: &dyn std::fmt::Display) {
+        if self.fault.is_none() {
+            self.fault = Some(LocalFault {
+                kind,
+                detail: err.to_string(),
+            });
+        }
+    }
+
+    /// Whether parameter `i`'s bucket is already on its way.
+    fn launched_through(&self, i: usize) -> bool {
+        self.buckets[..self.in_flight.len()]
+            .iter()
+            .any(|b| b.contains(&i))
+    }
+
+    /// The index of `name`, if `grad` may be pushed for it now.
+    fn check_grad(&self, name: &str, grad: &Tensor) -> Result<usize> {
+        let &i = self
+            .index
+            .get(name)
+            .ok_or_else(|| OptimError::InvalidArgument(format!("unknown parameter {name}")))?;
+        self.params[i].check("gradient", grad)?;
+        if self.grads[i].is_some() || self.launched_through(i) {
+            return Err(OptimError::InvalidArgument(format!(
+                "gradient of {name} pushed twice"
+            )));
+        }
+        Ok(i)
+    }
+
+    /// Checks the caller's parameters against the declarations (every one
+    /// given once, no unknown name, shapes, dtypes and devices) and records
+    /// the first problem as this step's fault. Returns them by index.
+    fn take_targets<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+    ) -> Vec<Option<&'p mut Tensor>> {
+        let mut targets: Vec<Option<&'p mut Tensor>> = std::iter::repeat_with(|| None)
+            .take(self.params.len())
+            .collect();
+        let mut problem: Option<OptimError> = None;
+        for (name, param) in params {
+            let Some(&i) = self.index.get(name) else {
+                problem.get_or_insert(OptimError::InvalidArgument(format!(
+                    "unknown parameter {name} given to finish"
+                )));
+                continue;
+            };
+            if let Err(e) = self.params[i].check_param(param) {
+                problem.get_or_insert(e);
+            }
+            if targets[i].replace(param).is_some() {
+                problem.get_or_insert(OptimError::InvalidArgument(format!(
+                    "parameter {name} given twice"
+                )));
+            }
+        }
+        if let Some(i) = targets.iter().position(Option::is_none) {
+            problem.get_or_insert(OptimError::InvalidArgument(format!(
+                "parameter {} not given",
+                self.params[i].name
+            )));
+        }
+        if let Some(e) = problem {
+            self.record(FaultKind::InvalidArgument, &e);
+        }
+        targets
+    }
+
+    /// The error every rank returns for a fault that ended the step: the
+    /// lowest failing rank and its kind, with this rank's own description
+    /// when it is that rank.
+    fn fault_error(
+        &self,
+        rank: Option<usize>,
+        kind: FaultKind,
+        own: Option<&LocalFault>,
+    ) -> OptimError {
+        let detail = match (rank, own) {
+            (Some(r), Some(own)) if r == self.rank() => own.detail.clone(),
+            (Some(r), _) => format!("reported by rank {r}"),
+            (None, Some(own)) => own.detail.clone(),
+            (None, None) => kind.to_string(),
+        };
+        OptimError::Fault { rank, kind, detail }
+    }
+}
+
+impl ParamSpec {
+    /// Whether a parameter tensor matches this declaration: its shape and
+    /// device (its dtype may differ from the gradients': updates run in
+    /// f32).
+    fn check_param(&self, t: &Tensor) -> Result<()> {
+        if t.dims() != self.shape.as_slice() {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("parameter {}", self.name),
+                expected: self.shape.clone(),
+                got: t.dims().to_vec(),
+            });
+        }
+        if t.device() != self.device {
+            return Err(OptimError::InvalidArgument(format!(
+                "parameter {}: device {:?} declared, got {:?}",
+                self.name,
+                self.device,
+                t.device()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! DistOpt's checkpoints: the optimizer's state, the residuals, the
+//! partial counter and DimReduce's state in one [`Checkpoint`].
+
+use super::DistOpt;
+use crate::checkpoint::Checkpoint;
+use crate::error::{OptimError, Result};
+use crate::optimizer::Optimizer;
+use gradwire_algos::dimreduce::DimReduceState;
+use gradwire_comm::Communicator;
+use gradwire_compress::{ErrorFeedback, ErrorFeedbackState};
+use gradwire_tensor::Tensor;
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// DistOpt's whole state: the optimizer's, sparse mode's residuals (as
+    /// tensors `residual/<bucket>`), partial mode's counter (value
+    /// `partial_counter`) and DimReduce's state (`dimreduce/momentum`, and
+    /// values `dimreduce/b`, `g_last`, `s`, `initialized`; the components
+    /// themselves go to their own file, [`crate::checkpoint::save_pca`]).
+    /// Call between steps.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut ckpt = Checkpoint::new(self.optimizer.state()?);
+        for (b, memory) in self.residuals.iter().enumerate() {
+            if let Some(memory) = memory {
+                let residual = memory.residual().to_vec();
+                let n = residual.len();
+                ckpt.tensors
+                    .insert(format!("residual/{b}"), Tensor::from_vec(residual, n)?);
+                ckpt.values
+                    .insert(format!("residual_steps/{b}"), memory.steps().into());
+            }
+        }
+        ckpt.values
+            .insert("partial_counter".into(), self.partial_counter.into());
+        ckpt.values
+            .insert("buckets".into(), (self.buckets.len() as u64).into());
+        if let Some(dimreduce) = &self.dimreduce {
+            let state = dimreduce.state();
+            let n = state.momentum.len();
+            ckpt.tensors.insert(
+                "dimreduce/momentum".into(),
+                Tensor::from_vec(state.momentum, n)?,
+            );
+            // f64 values, exact through JSON (serde_json's float_roundtrip).
+            ckpt.values.insert("dimreduce/b".into(), state.b.into());
+            ckpt.values
+                .insert("dimreduce/g_last".into(), state.g_last.into());
+            ckpt.values.insert("dimreduce/s".into(), state.s.into());
+            ckpt.values
+                .insert("dimreduce/initialized".into(), state.initialized.into());
+        }
+        Ok(ckpt)
+    }
+
+    /// Restores a state saved by [`DistOpt::checkpoint`] from a DistOpt with
+    /// the same parameters and buckets (and, for DimReduce state, after
+    /// [`DistOpt::start_dimreduce`] with the same components); errors on any
+    /// mismatch, leaving this DistOpt as it was.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let mismatch = |what: String| OptimError::StateMismatch(what);
+        let buckets = ckpt.values.get("buckets").and_then(|v| v.as_u64());
+        if buckets != Some(self.buckets.len() as u64) {
+            return Err(mismatch(format!(
+                "the checkpoint has {buckets:?} buckets, this DistOpt {}",
+                self.buckets.len()
+            )));
+        }
+        let counter = ckpt
+            .values
+            .get("partial_counter")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| mismatch("no partial_counter".into()))?;
+        let mut residuals = Vec::with_capacity(self.residuals.len());
+        for (b, current) in self.residuals.iter().enumerate() {
+            let saved = ckpt.tensors.get(&format!("residual/{b}"));
+            residuals.push(match (current, saved) {
+                (None, None) => None,
+                (Some(memory), Some(t)) if t.len() == memory.len() => {
+                    let steps = ckpt
+                        .values
+                        .get(&format!("residual_steps/{b}"))
+                        .and_then(|v| v.as_u64())
+                        .ok_or_else(|| mismatch(format!("no residual_steps/{b}")))?;
+                    Some(
+                        ErrorFeedback::from_state(ErrorFeedbackState {
+                            residual: t.to_vec::<f32>()?,
+                            momentum: None,
+                            steps,
+                        })
+                        .map_err(|e| mismatch(format!("residual {b}: {e}")))?,
+                    )
+                }
+                _ => return Err(mismatch(format!("residual of bucket {b} does not match"))),
+            });
+        }
+        let dimreduce = match (&self.dimreduce, ckpt.values.get("dimreduce/b")) {
+            (None, None) => None,
+            (Some(_), Some(_)) => Some(dimreduce_state(ckpt)?),
+            (None, Some(_)) => {
+                return Err(mismatch(
+                    "the checkpoint holds DimReduce state: start_dimreduce first".into(),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(mismatch("the checkpoint holds no DimReduce state".into()));
+            }
+        };
+        // Checked against the components' dimensions before anything changes.
+        let dimreduce = match (&self.dimreduce, dimreduce) {
+            (Some(current), Some(state)) => {
+                let mut restored = current.clone();
+                restored
+                    .restore(state)
+                    .map_err(|e| mismatch(format!("DimReduce: {e}")))?;
+                Some(restored)
+            }
+            _ => None,
+        };
+        self.optimizer.load_state(&ckpt.optimizer)?;
+        if dimreduce.is_some() {
+            self.dimreduce = dimreduce;
+        }
+        self.residuals = residuals;
+        self.partial_counter = counter;
+        Ok(())
+    }
+}
+
+/// DimReduce's state as [`DistOpt::checkpoint`] stores it.
+fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
+    let mismatch = |what: &str| OptimError::StateMismatch(format!("DimReduce: {what}"));
+    let floats = |key: &str| -> Result<Vec<f64>> {
+        ckpt.values
+            .get(key)
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| mismatch(&format!("no {key}")))?
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| mismatch(&format!("{key} holds a non-number")))
+            })
+            .collect()
+    };
+    Ok(DimReduceState {
+        b: floats("dimreduce/b")?,
+        g_last: floats("dimreduce/g_last")?,
+        s: floats("dimreduce/s")?,
+        initialized: ckpt
+            .values
+            .get("dimreduce/initialized")
+            .and_then(|v| v.as_bool())
+            .ok_or_else(|| mismatch("no dimreduce/initialized"))?,
+        momentum: ckpt
+            .tensors
+            .get("dimreduce/momentum")
+            .ok_or_else(|| mismatch("no dimreduce/momentum"))?
+            .to_vec::<f32>()?,
+    })
+}
