@@ -158,6 +158,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
             body: skipping_unwritten_gradients::<C>,
         },
         Case {
+            name: "fault_matrix",
+            body: fault_matrix::<C>,
+        },
+        Case {
             name: "training_runs_match_local",
             body: training_runs_match_local::<C>,
         },
@@ -207,6 +211,7 @@ macro_rules! conformance_tests {
             adasum_matches_reference,
             sparse_all_reduce,
             skipping_unwritten_gradients,
+            fault_matrix,
             training_runs_match_local,
         );
     };
@@ -900,6 +905,60 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
         format!("the asynchronous lane after a fault: {sum:?}")
     });
     still_works(comm, checks, "the posted faults")
+}
+
+/// The fault matrix of `gradwire_cli::faults` on this backend: for every
+/// mode and fault, every rank sees the same outcome at every step, the
+/// steps after the fault complete, and the ranks end bitwise equal. Each
+/// scenario runs on its own duplicate of the communicator; the ranks'
+/// records are compared through an all-gather of their digests.
+fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
+    use gradwire_cli::faults::{self, Outcome, Report};
+    let w = comm.world_size();
+    for (mode, fault, skip) in faults::scenarios() {
+        let Some(own) = comm.split(Some(0), comm.rank() as i64)? else {
+            continue;
+        };
+        let record = faults::run_scenario(own, mode, fault, skip)?;
+        // One word per step's outcome, then an FNV-1a digest of the
+        // parameters' bits.
+        let mut words: Vec<u64> = record
+            .outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Done => 1,
+                Outcome::Skipped => 2,
+                Outcome::Fault(rank, kind) => {
+                    3 | u64::from(kind.code()) << 8 | rank.map_or(0xFFFF, |r| r as u64) << 16
+                }
+                Outcome::Error(_) => 4,
+            })
+            .collect();
+        let digest = record
+            .params
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        // Ranks differ by design in partial mode (local SGD) and after an
+        // optimizer error (a partial update): compare their outcomes only.
+        let equal_expected = mode != faults::ModeCase::Partial && fault.passes();
+        words.push(if equal_expected { digest } else { 0 });
+        let mut all = vec![0u64; words.len() * w];
+        comm.all_gather(&words, &mut all)?;
+        let mine = words.clone();
+        let agree = all.chunks(mine.len()).all(|c| c == mine.as_slice());
+        let single = Report::judge(mode, fault, skip, std::slice::from_ref(&record));
+        checks.check(agree && single.holds(), || {
+            format!(
+                "{} / {} / skip {skip}: ranks agree {agree}, rank's own outcomes {:?}",
+                mode.name(),
+                fault.name(),
+                record.outcomes
+            )
+        });
+    }
+    Ok(())
 }
 
 fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {

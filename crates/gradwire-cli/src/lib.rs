@@ -32,6 +32,7 @@ pub mod compare;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod faults;
 pub mod model;
 pub mod plot;
 pub mod train;

@@ -39,6 +39,21 @@ enum Command {
     /// Measure all-reduce or compression throughput against memcpy.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Inject faults into DistOpt (a NaN, a bad call, an optimizer error on
+    /// one rank) in every mode and print whether every rank saw the same
+    /// outcome and the run went on (the failure model).
+    Faults(FaultsArgs),
+}
+
+/// `gradwire faults`'s flags.
+#[derive(Args, Debug, Clone)]
+struct FaultsArgs {
+    /// Ranks (threads of the in-process backend).
+    #[arg(long, short = 'w', default_value_t = 4)]
+    world: usize,
+    /// The communicator's deadline, in seconds.
+    #[arg(long, default_value_t = 60)]
+    deadline: u64,
 }
 
 /// Which communicator the workers use.
@@ -231,6 +246,7 @@ fn main() -> ExitCode {
         Command::Train(args) => run_train(args),
         Command::Compare(args) => run_compare(args),
         Command::Bench(command) => run_bench(command),
+        Command::Faults(args) => run_faults(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -459,6 +475,22 @@ impl Drop for RunBar {
     fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
+}
+
+fn run_faults(args: FaultsArgs) -> Result<(), CliError> {
+    use gradwire_cli::faults;
+    let deadline = std::time::Duration::from_secs(args.deadline);
+    let reports = faults::run_local(args.world, deadline)?;
+    println!("{}", faults::table(&reports, "local", args.world));
+    let broken = reports.iter().filter(|r| !r.holds()).count();
+    if broken > 0 {
+        return Err(CliError::Usage(format!(
+            "{broken} of {} scenarios break the failure model",
+            reports.len()
+        )));
+    }
+    println!("all {} scenarios keep the failure model", reports.len());
+    Ok(())
 }
 
 fn run_compare(args: CompareArgs) -> Result<(), CliError> {

@@ -1,0 +1,106 @@
+//! The failure model, measured on LocalComm: DistOpt under injected faults
+//! (a NaN, an infinity, a bad push, a bad parameter, an optimizer error on
+//! one rank) in every mode, on 1 to 8 ranks, and under random fault
+//! schedules. Every rank must see the same outcome at every step, the steps
+//! after a fault must complete, and the ranks must end bitwise equal
+//! (`gradwire_cli::faults`; `gradwire faults` prints the same matrix).
+
+use gradwire_cli::faults::{self, Fault, ModeCase, Outcome};
+use gradwire_comm::{LocalConfig, local};
+use std::time::Duration;
+
+/// A deadline no passing scenario comes near (a hang would fail here).
+const DEADLINE: Duration = Duration::from_secs(120);
+/// How long the fault step may take on the slowest rank: the fault is
+/// carried by the step's own collectives, not found by a deadline.
+const PROMPT: Duration = Duration::from_secs(5);
+
+#[test]
+fn every_scenario_keeps_the_failure_model_on_1_to_8_ranks() {
+    for world in 1..=8 {
+        let reports = faults::run_local(world, DEADLINE).expect("the matrix ran");
+        let broken: Vec<_> = reports.iter().filter(|r| !r.holds()).cloned().collect();
+        assert!(
+            broken.is_empty(),
+            "W = {world}:\n{}",
+            faults::table(&broken, "local", world)
+        );
+        for r in &reports {
+            assert!(
+                r.time_to_outcome < PROMPT,
+                "W = {world}, {} / {}: {:?}",
+                r.mode.name(),
+                r.fault.name(),
+                r.time_to_outcome
+            );
+        }
+    }
+}
+
+/// xorshift64*: a seeded generator for the schedules (no dependency).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n
+    }
+}
+
+#[test]
+fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
+    const STEPS: usize = 6;
+    let mut rng = Rng(0x5EED_F00D_0BAD_CAFE);
+    for case in 0..48 {
+        let world = 1 + rng.below(8);
+        let mode = ModeCase::ALL[rng.below(ModeCase::ALL.len())];
+        let skip = rng.below(2) == 0;
+        let mut schedule = Vec::new();
+        for _ in 0..rng.below(4) {
+            // Faults at any step but the last, on any rank.
+            let fault = Fault::ALL[1 + rng.below(Fault::ALL.len() - 1)];
+            if mode == ModeCase::DimReduce && fault == Fault::OptimizerError {
+                continue;
+            }
+            schedule.push((rng.below(STEPS - 1), rng.below(world), fault));
+        }
+        let results = local::run_with(world, &LocalConfig::with_timeout(Some(DEADLINE)), |comm| {
+            faults::run_schedule(comm, mode, &schedule, skip, STEPS)
+        })
+        .expect("ranks ran");
+        let records: Vec<_> = results
+            .into_iter()
+            .map(|r| r.expect("no panic").expect("the scenario ran"))
+            .collect();
+        let what = format!(
+            "case {case}: W = {world}, {}, skip {skip}, {schedule:?}",
+            mode.name()
+        );
+        for (rank, r) in records.iter().enumerate() {
+            assert_eq!(
+                r.outcomes, records[0].outcomes,
+                "{what}: rank {rank} differs"
+            );
+        }
+        for step in 0..STEPS {
+            if !schedule.iter().any(|(s, _, _)| *s == step) {
+                assert_eq!(
+                    records[0].outcomes[step],
+                    Outcome::Done,
+                    "{what}: step {step}"
+                );
+            }
+        }
+        let partial_update = schedule.iter().any(|(_, _, f)| !f.passes());
+        if mode != ModeCase::Partial && !partial_update {
+            for (rank, r) in records.iter().enumerate() {
+                assert!(
+                    r.params == records[0].params,
+                    "{what}: rank {rank}'s parameters differ"
+                );
+            }
+        }
+    }
+}
