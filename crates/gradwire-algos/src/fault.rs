@@ -75,7 +75,7 @@ impl std::fmt::Display for FaultKind {
 /// ranks' call of it fails too, with [`AlgoError::Fault`]) and returns `err`.
 /// If that collective failed for a reason of its own (a lost peer), `err` is
 /// still what this rank returns.
-pub fn fail<C: Communicator + ?Sized>(comm: &C, err: AlgoError) -> AlgoError {
+pub fn fail<C: Communicator>(comm: &C, err: AlgoError) -> AlgoError {
     let _ = comm.post_fault(err.fault_kind().code());
     err
 }
@@ -83,10 +83,7 @@ pub fn fail<C: Communicator + ?Sized>(comm: &C, err: AlgoError) -> AlgoError {
 /// Runs `local` (this rank's checks and preparation, which issue no
 /// collective) and, if it fails, ends the operation on every rank through
 /// [`fail`]: the rank's next collective carries the fault.
-pub fn prepare<C: Communicator + ?Sized, T>(
-    comm: &C,
-    local: impl FnOnce() -> Result<T>,
-) -> Result<T> {
+pub fn prepare<C: Communicator, T>(comm: &C, local: impl FnOnce() -> Result<T>) -> Result<T> {
     local().map_err(|e| fail(comm, e))
 }
 
@@ -94,7 +91,7 @@ pub fn prepare<C: Communicator + ?Sized, T>(
 /// rank's fault) after which every rank knows whether `local` failed
 /// anywhere. Returns `local`'s error on the rank that had it, and
 /// [`AlgoError::Fault`] (the lowest failing rank) on every other rank.
-pub fn agree<C: Communicator + ?Sized>(comm: &C, local: Result<()>) -> Result<()> {
+pub fn agree<C: Communicator>(comm: &C, local: Result<()>) -> Result<()> {
     match local {
         Err(e) => Err(fail(comm, e)),
         Ok(()) => Ok(comm.barrier()?),

@@ -646,10 +646,14 @@ pub fn save_bytes_with<F: FnOnce(&mut File) -> io::Result<()>>(
     tmp.as_file_mut().flush()?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| OptimError::Io(e.error))?;
-    // Make the rename durable. Not every platform can open or sync a
-    // directory (Windows cannot); the file itself is already synced.
+    // Make the rename durable: a failing directory sync is an error (the
+    // new file may not survive a crash). Only where a directory cannot be
+    // opened as a file at all (Windows) is there nothing to sync.
+    #[cfg(unix)]
+    File::open(dir)?.sync_all()?;
+    #[cfg(not(unix))]
     if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+        d.sync_all()?;
     }
     Ok(())
 }

@@ -37,8 +37,8 @@ pub(super) fn plan_buckets(
             continue;
         }
         // Both are at most the threshold here, so the sum cannot overflow
-        // unless the threshold is near usize::MAX: checked anyway.
-        count = count.checked_add(n).unwrap_or(usize::MAX);
+        // unless the threshold is near usize::MAX: saturated anyway.
+        count = count.saturating_add(n);
         if count > threshold {
             buckets.push(start..i + 1);
             start = i + 1;

@@ -31,6 +31,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         ckpt.values
             .insert("partial_counter".into(), self.partial_counter.into());
+        for (key, value) in self.configuration() {
+            ckpt.values.insert(key.into(), value);
+        }
         ckpt.values
             .insert("buckets".into(), (self.buckets.len() as u64).into());
         if let Some(dimreduce) = &self.dimreduce {
@@ -51,12 +54,47 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Ok(ckpt)
     }
 
+    /// What a checkpoint records of this DistOpt's configuration, and
+    /// `restore` compares: the mode (with its codec), the world size, the
+    /// rank and the parameter declarations.
+    fn configuration(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let params: Vec<serde_json::Value> = self
+            .params
+            .iter()
+            .map(|p| {
+                serde_json::json!([
+                    p.name,
+                    p.shape,
+                    p.dtype.to_string(),
+                    format!("{:?}", p.device)
+                ])
+            })
+            .collect();
+        vec![
+            ("distopt/mode", format!("{:?}", self.config.mode).into()),
+            ("distopt/world_size", (self.world_size() as u64).into()),
+            ("distopt/rank", (self.rank() as u64).into()),
+            ("distopt/params", params.into()),
+        ]
+    }
+
     /// Restores a state saved by [`DistOpt::checkpoint`] from a DistOpt with
     /// the same parameters and buckets (and, for DimReduce state, after
     /// [`DistOpt::start_dimreduce`] with the same components); errors on any
     /// mismatch, leaving this DistOpt as it was.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         let mismatch = |what: String| OptimError::StateMismatch(what);
+        // The configuration it was saved with (absent in checkpoints of
+        // earlier versions, which are checked by their contents alone).
+        for (key, value) in self.configuration() {
+            if let Some(saved) = ckpt.values.get(key)
+                && *saved != value
+            {
+                return Err(mismatch(format!(
+                    "the checkpoint was saved with {key} = {saved}, this DistOpt has {value}"
+                )));
+            }
+        }
         let buckets = ckpt.values.get("buckets").and_then(|v| v.as_u64());
         if buckets != Some(self.buckets.len() as u64) {
             return Err(mismatch(format!(
