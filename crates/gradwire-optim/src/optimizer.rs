@@ -379,9 +379,7 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
             && let Some(index) = R::BUFFERS.iter().position(|&b| b == buffer)
             && let Some(storage) = device.get(index)
         {
-            let mut values = vec![0f32; storage.len()];
-            storage.read_f32(0, &mut values)?;
-            return Ok(Some(values));
+            return Ok(Some(storage.read_f32(0..storage.len())?));
         }
         Ok(self
             .params

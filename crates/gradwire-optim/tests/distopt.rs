@@ -807,3 +807,66 @@ fn random_k_without_error_feedback_draws_anew_every_step() {
         "the same draw twice"
     );
 }
+
+/// A checkpoint records the configuration it was saved with: restoring it
+/// into another mode, codec, world size, rank or parameter list is a
+/// `StateMismatch` naming the difference, and changes nothing.
+#[test]
+fn restoring_into_another_configuration_names_the_difference() {
+    use gradwire_compress::SparseCodec;
+    let sparse = |ratio| DistOptConfig {
+        mode: Mode::Sparse {
+            codec: SparseCodec::TopK(ratio),
+            error_feedback: true,
+        },
+        ..DistOptConfig::default()
+    };
+    let results = local::run(2, |comm: LocalComm| {
+        let sgd = || Sgd::new(SgdConfig::default());
+        let saved = DistOpt::new(sgd()?, comm, specs(), sparse(0.1))?;
+        let ckpt = saved.checkpoint()?;
+        let comm = saved.into_comm();
+        let expect = |what: &str, r: Result<(), OptimError>| match r {
+            Err(OptimError::StateMismatch(m)) => assert!(m.contains(what), "{what}: {m}"),
+            other => panic!("{what}: {other:?}"),
+        };
+        // Another codec, then another mode.
+        let mut other = DistOpt::new(sgd()?, comm, specs(), sparse(0.2))?;
+        expect("distopt/mode", other.restore(&ckpt));
+        let comm = other.into_comm();
+        let mut dense = DistOpt::new(sgd()?, comm, specs(), DistOptConfig::default())?;
+        expect("distopt/mode", dense.restore(&ckpt));
+        let comm = dense.into_comm();
+        // Another parameter list (one shape changed).
+        let mut changed = specs();
+        changed[0].shape = vec![changed[0].shape.iter().product::<usize>() + 1];
+        let mut params = DistOpt::new(sgd()?, comm, changed, sparse(0.1))?;
+        expect("distopt/params", params.restore(&ckpt));
+        let comm = params.into_comm();
+        // The same configuration restores.
+        let mut same = DistOpt::new(sgd()?, comm, specs(), sparse(0.1))?;
+        same.restore(&ckpt)?;
+        Ok::<_, OptimError>(ckpt)
+    })
+    .unwrap();
+    let ckpts: Vec<_> = results.into_iter().map(Result::unwrap).collect();
+    local::run(2, |comm: LocalComm| {
+        let mut dist = DistOpt::new(Sgd::new(SgdConfig::default())?, comm, specs(), sparse(0.1))?;
+        let theirs = &ckpts[1 - dist.rank()];
+        match dist.restore(theirs) {
+            Err(OptimError::StateMismatch(m)) => assert!(m.contains("distopt/rank"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok::<_, OptimError>(())
+    })
+    .unwrap();
+    local::run(1, |comm: LocalComm| {
+        let mut dist = DistOpt::new(Sgd::new(SgdConfig::default())?, comm, specs(), sparse(0.1))?;
+        match dist.restore(&ckpts[0]) {
+            Err(OptimError::StateMismatch(m)) => assert!(m.contains("distopt/world_size"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        Ok::<_, OptimError>(())
+    })
+    .unwrap();
+}
