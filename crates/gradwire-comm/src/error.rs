@@ -30,14 +30,18 @@ pub enum CommError {
         ranks: Vec<usize>,
     },
     /// The deadline passed before every rank arrived. The communicator is
-    /// unusable afterwards (every later call returns this error again).
-    #[error("{op} timed out after {waited:?}: rank(s) {missing:?} did not arrive")]
+    /// unusable afterwards (every later call returns this error again, and
+    /// the peers' calls return it too: LocalComm's ranks share the poisoned
+    /// group, MpiComm's rank tells its peers).
+    #[error("{}", describe_timeout(.op, .waited, .missing))]
     Timeout {
         /// The operation that timed out.
         op: &'static str,
         /// The configured deadline.
         waited: Duration,
-        /// The ranks that had not arrived.
+        /// The ranks that had not arrived; empty where the backend cannot
+        /// tell (an MPI or NCCL collective: only a receive knows whom it
+        /// waited for).
         missing: Vec<usize>,
     },
     /// An argument is invalid on its own (a root or peer rank out of range, a
@@ -115,6 +119,14 @@ pub enum CommError {
     /// A tensor could not be used (wrong device, dtype accessor...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+}
+
+fn describe_timeout(op: &str, waited: &Duration, missing: &[usize]) -> String {
+    if missing.is_empty() {
+        format!("{op} timed out after {waited:?}: not every rank arrived")
+    } else {
+        format!("{op} timed out after {waited:?}: rank(s) {missing:?} did not arrive")
+    }
 }
 
 /// Result alias of this crate.

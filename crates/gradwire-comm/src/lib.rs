@@ -63,7 +63,7 @@ pub use error::{CommError, Result};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]
-pub use mpi::MpiComm;
+pub use mpi::{MpiComm, MpiConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclComm, NcclConfig};
 pub use op::ReduceOp;
