@@ -33,8 +33,12 @@
 //!   `MPI_THREAD_MULTIPLE`. Every communicator is created with a duplicate
 //!   (`MPI_Comm_dup`, made at construction because it is collective);
 //!   [`Communicator::run_async`] runs jobs in order on a communication thread
-//!   that owns the duplicate, concurrently with the caller's blocking calls
-//!   on the original. Funnelling every call through one thread would also
+//!   (the worker every backend shares) that owns the duplicate, concurrently
+//!   with the caller's blocking calls on the original. A job that panics
+//!   loses the lane on every rank: its rank poisons the duplicate and sends
+//!   each peer a notice ([`CommError::Fault`] `{ rank, code: LANE_LOST }`),
+//!   which ends the lane's collective or `recv` a peer waits in, or its
+//!   next one. Funnelling every call through one thread would also
 //!   work at `MPI_THREAD_FUNNELED`, but then a blocking call queued behind a
 //!   job would make the two interleave in program order, which ranks need
 //!   not share (LocalComm's async group is independent of the blocking one):
@@ -99,7 +103,7 @@ use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
-use crate::worker::Worker;
+use crate::worker::{Lane, Worker};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -434,7 +438,14 @@ impl MpiComm {
             message: "the header exchange completed without its data".into(),
         })?;
         let calls = header::decode_all(all)?;
-        crate::call::validate(&calls)?;
+        crate::call::validate(&calls).map_err(|err| {
+            // A lost lane's fault ends the communicator, as on every backend.
+            if err.is_lane_lost() {
+                self.poison(err)
+            } else {
+                err
+            }
+        })?;
         Ok(calls)
     }
 
@@ -792,6 +803,20 @@ impl Communicator for MpiComm {
             }
         };
         worker.submit(job)
+    }
+}
+
+/// A lost lane is announced like a timeout: the lane is poisoned and every
+/// peer gets a notice that this rank takes part in no collective from its
+/// next one on, which ends the call a peer waits in (a collective of the
+/// lane, or a receive: every wait watches for notices), or its next one.
+impl Lane for MpiComm {
+    fn poisoned(&self) -> Option<CommError> {
+        self.poison.borrow().clone()
+    }
+
+    fn announce_lost(&self, lost: &CommError) {
+        self.give_up(lost.clone(), self.rounds.get());
     }
 }
 
