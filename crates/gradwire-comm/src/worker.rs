@@ -32,12 +32,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
 use crate::communicator::Communicator;
 use crate::error::{CommError, LANE_LOST, Result};
 use crate::pending::{Pending, panic_message};
 
-/// What a backend's lane communicator does for the worker.
-pub(crate) trait Lane: Communicator + 'static {
+/// What a backend's lane communicator does for the worker (a
+/// [`Communicator`] in every backend; the worker needs only this).
+pub(crate) trait Lane: Send + 'static {
     /// The error this communicator is poisoned with, if any: every call on
     /// it fails with that error, so the worker fails jobs with it at once.
     fn poisoned(&self) -> Option<CommError>;
@@ -229,5 +231,119 @@ impl<C> Drop for Worker<C> {
             // Jobs catch their panics; nothing more to report from a drop.
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A lane whose announcement waits until it is interrupted, as
+    /// NcclComm's does when the peers never meet its fault.
+    #[derive(Default)]
+    struct Stubborn {
+        poison: Arc<Mutex<Option<CommError>>>,
+        announced: Arc<AtomicUsize>,
+    }
+
+    impl Lane for Stubborn {
+        fn poisoned(&self) -> Option<CommError> {
+            lock(&self.poison).clone()
+        }
+
+        fn announce_lost(&self, _lost: &CommError) {
+            self.announced.fetch_add(1, Ordering::SeqCst);
+            while self.poisoned().is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        fn interrupter(&self) -> Interrupter {
+            let poison = Arc::clone(&self.poison);
+            Box::new(move |err| {
+                lock(&poison).get_or_insert(err);
+            })
+        }
+    }
+
+    #[test]
+    fn a_panicking_job_fails_the_jobs_behind_it_and_every_later_one() {
+        let lane = Stubborn::default();
+        let announced = Arc::clone(&lane.announced);
+        let worker = Worker::start("test-lane".into(), 3, lane).expect("starts");
+        let ran = Arc::new(AtomicBool::new(false));
+        let first = worker.submit(|_| Ok(1)).expect("queued");
+        let boom = worker
+            .submit(|_| -> Result<()> { panic!("job fails") })
+            .expect("queued");
+        let flag = Arc::clone(&ran);
+        let behind = worker
+            .submit(move |_| {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .expect("queued");
+        assert_eq!(first.wait(), Ok(1));
+        assert!(
+            matches!(boom.wait(), Err(CommError::RankPanicked { rank: 3, message }) if message == "job fails")
+        );
+        let lost = CommError::Fault {
+            rank: 3,
+            code: LANE_LOST,
+        };
+        // Failed without running, although the announcement still waits.
+        assert_eq!(behind.wait(), Err(lost.clone()));
+        assert!(!ran.load(Ordering::SeqCst));
+        assert_eq!(worker.submit(|_| Ok(())).err(), Some(lost));
+        assert_eq!(announced.load(Ordering::SeqCst), 1);
+        // The drop cuts the announcement short after the grace period.
+        let start = Instant::now();
+        drop(worker);
+        let took = start.elapsed();
+        assert!(
+            took >= ANNOUNCE_GRACE && took < ANNOUNCE_GRACE + Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn a_poisoned_lane_refuses_jobs_and_a_drop_lets_queued_jobs_finish() {
+        let lane = Stubborn::default();
+        let poison = Arc::clone(&lane.poison);
+        let worker = Worker::start("test-lane".into(), 0, lane).expect("starts");
+        // Queued jobs all run before the drop returns.
+        let done = Arc::new(AtomicUsize::new(0));
+        let pending: Vec<_> = (0..5)
+            .map(|_| {
+                let done = Arc::clone(&done);
+                worker
+                    .submit(move |_| {
+                        std::thread::sleep(Duration::from_millis(10));
+                        done.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .expect("queued")
+            })
+            .collect();
+        drop(pending);
+        // A peer's loss poisons the lane during a job: the next ones fail.
+        let timeout = CommError::Timeout {
+            op: "barrier",
+            waited: Duration::from_secs(1),
+            missing: vec![],
+        };
+        let err = timeout.clone();
+        let during = worker
+            .submit(move |_| {
+                lock(&poison).get_or_insert(err);
+                Ok(())
+            })
+            .expect("queued");
+        assert_eq!(during.wait(), Ok(()));
+        let after = worker.submit(|_| Ok(())).and_then(Pending::wait);
+        assert_eq!(after, Err(timeout));
+        drop(worker);
+        assert_eq!(done.load(Ordering::SeqCst), 5);
     }
 }
