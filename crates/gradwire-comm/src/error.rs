@@ -138,9 +138,10 @@ pub const FIRST_RESERVED_FAULT: u32 = 0xFFFF_0000;
 /// code: LANE_LOST }` says that a job of rank `rank` panicked, so its
 /// asynchronous lane (the communicator `run_async` jobs run on) is gone, and
 /// with it the lane of every rank. Every backend returns exactly this error
-/// to the peers' jobs that were waiting in, or later reach, a call of the
-/// lane, and to every job submitted afterwards on any rank (the panicking
-/// job itself returns [`CommError::RankPanicked`]). See
+/// to the peers' jobs that were waiting in, or later reach, a collective of
+/// the lane (LocalComm and MpiComm: a receive too), and to every job
+/// submitted afterwards on any rank (the panicking job itself returns
+/// [`CommError::RankPanicked`]). See
 /// [`crate::Communicator::run_async`] for the whole failure model.
 pub const LANE_LOST: u32 = u32::MAX;
 
