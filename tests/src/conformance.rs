@@ -9,7 +9,8 @@
 //! bitwise equal on every rank and across repeated runs; reductions bitwise
 //! equal to what [`LocalComm`] computes for the same inputs (the promise
 //! every backend makes); mismatches and invalid arguments reported as the
-//! same error on every rank, with the communicator usable afterwards;
+//! same error on every rank, with the communicator usable afterwards; a
+//! panicking asynchronous job an error on every rank's lane, promptly;
 //! DistOpt, AdaSum, sparse all-reduce and the skipping of unwritten
 //! gradients end to end.
 //!
@@ -23,7 +24,9 @@
 
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
-use gradwire_comm::{CommError, Communicator, Element, LocalComm, ReduceOp, chunk_range, local};
+use gradwire_comm::{
+    CommError, Communicator, Element, LANE_LOST, LocalComm, Pending, ReduceOp, chunk_range, local,
+};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
     Adam, AdamConfig, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd, SgdConfig,
@@ -32,6 +35,9 @@ use gradwire_optim::{
 use gradwire_tensor::Tensor;
 use half::{bf16, f16};
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Lengths every collective is tried with: empty, one, primes (never a
 /// multiple of the world size), and sizes around the reduction block (2048).
@@ -142,6 +148,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
             body: posted_faults::<C>,
         },
         Case {
+            name: "panicking_async_job",
+            body: panicking_async_job::<C>,
+        },
+        Case {
             name: "distopt_equals_single_process",
             body: distopt_equals_single_process::<C>,
         },
@@ -207,6 +217,7 @@ macro_rules! conformance_tests {
             mismatches,
             invalid_arguments,
             posted_faults,
+            panicking_async_job,
             distopt_equals_single_process,
             adasum_matches_reference,
             sparse_all_reduce,
@@ -957,6 +968,97 @@ fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Res
                 record.outcomes
             )
         });
+    }
+    Ok(())
+}
+
+/// A job that panics on one rank loses the asynchronous lane of every rank,
+/// promptly (the backends' deadlines are minutes): its own handle is
+/// `RankPanicked`; a peer's job waiting in (or later reaching) a collective
+/// of the lane fails with `Fault { rank, code: LANE_LOST }`; every later job
+/// fails at once without running; the blocking lane goes on. The panic
+/// comes before, between and after the job's two collectives, each time on
+/// a fresh lane (a split of the whole group has its own).
+fn panicking_async_job<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    const PROMPT: Duration = Duration::from_secs(5);
+    const AT_ONCE: Duration = Duration::from_millis(500);
+    let w = comm.world_size();
+    for (i, at) in ["before", "between", "after"].into_iter().enumerate() {
+        let lane = comm
+            .split(Some(0), 0)?
+            .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?;
+        let rank = lane.rank();
+        let panicker = (i + 1) % w;
+        let case = format!("rank {panicker} panics {at} its job's collectives");
+        let start = Instant::now();
+        let first = lane.run_async(move |c| {
+            let fail_at = |here: &str| {
+                if rank == panicker && at == here {
+                    panic!("the job of rank {rank} fails {here}");
+                }
+            };
+            fail_at("before");
+            let mut sum = vec![1f32; 17];
+            c.all_reduce(&mut sum, ReduceOp::Sum)?;
+            fail_at("between");
+            c.barrier()?;
+            fail_at("after");
+            Ok(sum[0])
+        })?;
+        let second = lane.all_gather_async(vec![rank as u32]);
+        let first = first.wait();
+        let second = second.and_then(Pending::wait);
+        let took = start.elapsed();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        let asked = Instant::now();
+        let third = lane
+            .run_async(move |_| {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .and_then(Pending::wait);
+        let third_took = asked.elapsed();
+        let lost = CommError::Fault {
+            rank: panicker,
+            code: LANE_LOST,
+        };
+        if rank == panicker {
+            checks.check(
+                matches!(&first, Err(CommError::RankPanicked { rank: r, message })
+                    if *r == rank && message.contains("fails")),
+                || format!("{case}: the panicking job gave {first:?}"),
+            );
+        } else if at == "after" {
+            checks.check(first == Ok(w as f32), || {
+                format!("{case}: a job done before the panic gave {first:?}")
+            });
+        } else {
+            checks.check(first.as_ref().err() == Some(&lost), || {
+                format!("{case}: the job the panicking rank left gave {first:?}")
+            });
+        }
+        checks.check(second.as_ref().err() == Some(&lost), || {
+            format!("{case}: the job queued behind gave {second:?}")
+        });
+        checks.check(took < PROMPT, || format!("{case}: the jobs took {took:?}"));
+        checks.check(
+            third.as_ref().err() == Some(&lost) && !ran.load(Ordering::SeqCst),
+            || format!("{case}: a later job gave {third:?}"),
+        );
+        checks.check(third_took < AT_ONCE, || {
+            format!("{case}: a later job took {third_took:?} to fail")
+        });
+        // The lane's blocking calls, and the parent, are untouched.
+        let mut one = [1u32];
+        lane.all_reduce(&mut one, ReduceOp::Sum)?;
+        checks.check(one == [w as u32], || {
+            format!("{case}: blocking calls: {one:?}")
+        });
+        still_works(comm, checks, &case)?;
     }
     Ok(())
 }

@@ -171,6 +171,8 @@ fn test(test_args: &[String]) -> Result {
     step("cargo test", || {
         run(cargo().args(["test", "--workspace", "--"]).args(test_args))
     })?;
+    // MpiComm's unit tests, and its failure model under mpirun
+    // (`tests/mpi_faults.rs` starts itself there; required, as below).
     step("cargo test (feature mpi)", || {
         run(cargo()
             .args([
@@ -180,9 +182,12 @@ fn test(test_args: &[String]) -> Result {
                 "--features",
                 "mpi",
                 "--lib",
+                "--test",
+                "mpi_faults",
                 "--",
             ])
-            .args(test_args))
+            .args(test_args)
+            .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
     // The conformance suite on MpiComm under mpirun, W = 1..=4. CI must run
     // it: with GRADWIRE_REQUIRE_MPI=1 a missing MPI fails instead of skipping.

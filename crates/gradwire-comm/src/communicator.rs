@@ -5,7 +5,11 @@
 //! implements each collective once. Every call is collective unless it says
 //! otherwise: all ranks of the communicator must make the same calls in the
 //! same order, as with MPI and NCCL. What a rank gets back when they do not is
-//! an error on every rank ([`CommError::Mismatch`]), never a hang.
+//! an error on every rank ([`CommError::Mismatch`]), never a hang. The other
+//! failures are errors on every rank too: a rank that fails before a
+//! collective ([`Communicator::post_fault`]), a lost peer or a deadline
+//! ([`CommError::PeerLost`], [`CommError::Timeout`]), and a panicking
+//! asynchronous job ([`Communicator::run_async`]).
 
 use crate::element::Element;
 use crate::error::{CommError, Result};
@@ -153,6 +157,12 @@ pub trait Communicator: Send + Sized {
     /// that fails between two collectives posts a fault in place of the
     /// next one, then returns its own error; every other rank returns the
     /// `Fault` from that same collective, so all stand at the same point.
+    ///
+    /// Codes from [`FIRST_RESERVED_FAULT`](crate::FIRST_RESERVED_FAULT) up
+    /// are gradwire-comm's own. [`LANE_LOST`](crate::LANE_LOST) is what the
+    /// asynchronous lane of a rank whose job panicked posts (see
+    /// [`Communicator::run_async`]); a round that ends with it poisons the
+    /// communicator on every rank, whoever posted it.
     fn post_fault(&self, code: u32) -> CommError;
 
     /// Splits into sub-groups (MPI_Comm_split): ranks with the same `color`
@@ -162,10 +172,36 @@ pub trait Communicator: Send + Sized {
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>>;
 
     /// Runs `job` on this rank's communication thread, against a duplicate of
-    /// this communicator, and returns a handle to its result. Jobs run one at a
-    /// time in the order they were submitted, so ranks must submit
-    /// asynchronous collectives in the same order, as with any collective.
-    /// The asynchronous forms below are built on this.
+    /// this communicator (the rank's *asynchronous lane*), and returns a
+    /// handle to its result. Jobs run one at a time in the order they were
+    /// submitted, so ranks must submit asynchronous collectives in the same
+    /// order, as with any collective. The asynchronous forms below are built
+    /// on this. A job cannot start further jobs (`InvalidArgument`), and
+    /// dropping the communicator lets the queued jobs finish.
+    ///
+    /// # Failures (every backend alike)
+    ///
+    /// A job that panics does not take the thread down: its own handle
+    /// returns [`CommError::RankPanicked`]. The peers may be waiting for it
+    /// in a collective it never reaches, so the lane is *lost*, on every
+    /// rank, at once (not at the deadline):
+    ///
+    /// - a peer's job that waits in a call of the lane, or reaches one
+    ///   later, fails with [`CommError::Fault`] `{ rank, code: LANE_LOST }`
+    ///   naming the panicking rank ([`LANE_LOST`](crate::LANE_LOST)); a
+    ///   peer's job whose collectives all completed before the panic
+    ///   succeeds, and its next job fails;
+    /// - from then on `run_async` fails at once, on every rank, with that
+    ///   same error, and jobs already queued fail without running;
+    /// - the blocking calls of the communicator are untouched.
+    ///
+    /// How the loss reaches the peers: LocalComm poisons the duplicate group
+    /// (the round a peer waits in fails, and its receives); MpiComm sends
+    /// each peer a notice that every wait of the lane (collectives and
+    /// `recv`) watches for; NcclComm posts the fault in place of its next
+    /// collective on the lane (there, a peer blocked in `recv` from the lost
+    /// rank waits for its deadline). A lane that times out or loses a peer
+    /// is lost the same way: every later job fails at once with that error.
     fn run_async<R, F>(&self, job: F) -> Result<Pending<R>>
     where
         R: Send + 'static,

@@ -30,14 +30,18 @@ pub enum CommError {
         ranks: Vec<usize>,
     },
     /// The deadline passed before every rank arrived. The communicator is
-    /// unusable afterwards (every later call returns this error again).
-    #[error("{op} timed out after {waited:?}: rank(s) {missing:?} did not arrive")]
+    /// unusable afterwards (every later call returns this error again, and
+    /// the peers' calls return it too: LocalComm's ranks share the poisoned
+    /// group, MpiComm's rank tells its peers).
+    #[error("{}", describe_timeout(.op, .waited, .missing))]
     Timeout {
         /// The operation that timed out.
         op: &'static str,
         /// The configured deadline.
         waited: Duration,
-        /// The ranks that had not arrived.
+        /// The ranks that had not arrived; empty where the backend cannot
+        /// tell (an MPI or NCCL collective: only a receive knows whom it
+        /// waited for).
         missing: Vec<usize>,
     },
     /// An argument is invalid on its own (a root or peer rank out of range, a
@@ -52,7 +56,13 @@ pub enum CommError {
     /// posted (whose meaning is the caller's). No data moved, and the
     /// communicator stays usable: every rank is at the same point of its
     /// collective sequence.
-    #[error("rank {rank} reported fault {code}")]
+    ///
+    /// Codes from [`FIRST_RESERVED_FAULT`] up are gradwire-comm's own. One is
+    /// in use: [`LANE_LOST`], the asynchronous lane of rank `rank` is lost
+    /// (one of its jobs panicked). It is the one `Fault` after which the
+    /// communicator is *not* usable: every later call on it returns the same
+    /// error, on every rank (see [`crate::Communicator::run_async`]).
+    #[error("{}", describe_fault(*.rank, *.code))]
     Fault {
         /// The lowest rank that posted a fault.
         rank: usize,
@@ -67,7 +77,9 @@ pub enum CommError {
         /// The size of the communicator.
         world_size: usize,
     },
-    /// A rank's closure panicked (reported by [`crate::local::run`]).
+    /// A rank's closure panicked (reported by [`crate::local::run`]), or
+    /// one of its asynchronous jobs did (the job's own handle; the peers see
+    /// a [`LANE_LOST`] fault).
     #[error("rank {rank} panicked: {message}")]
     RankPanicked {
         /// The rank whose thread panicked.
@@ -76,7 +88,8 @@ pub enum CommError {
         message: String,
     },
     /// The communicator's background thread for asynchronous operations is
-    /// gone (it can only stop when its communicator is dropped).
+    /// gone (it can only stop when its communicator is dropped). A panicking
+    /// job does not stop it: see [`LANE_LOST`].
     #[error("the asynchronous communication thread has stopped")]
     WorkerStopped,
     /// An MPI call failed (feature `mpi`): the call, MPI's error code and the
@@ -115,6 +128,54 @@ pub enum CommError {
     /// A tensor could not be used (wrong device, dtype accessor...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+}
+
+/// The first [`CommError::Fault`] code reserved for gradwire-comm itself:
+/// callers of [`crate::Communicator::post_fault`] use codes below it.
+pub const FIRST_RESERVED_FAULT: u32 = 0xFFFF_0000;
+
+/// The fault code of a lost asynchronous lane: `CommError::Fault { rank,
+/// code: LANE_LOST }` says that a job of rank `rank` panicked, so its
+/// asynchronous lane (the communicator `run_async` jobs run on) is gone, and
+/// with it the lane of every rank. Every backend returns exactly this error
+/// to the peers' jobs that were waiting in, or later reach, a collective of
+/// the lane (LocalComm and MpiComm: a receive too), and to every job
+/// submitted afterwards on any rank (the panicking job itself returns
+/// [`CommError::RankPanicked`]). See
+/// [`crate::Communicator::run_async`] for the whole failure model.
+pub const LANE_LOST: u32 = u32::MAX;
+
+fn describe_fault(rank: usize, code: u32) -> String {
+    if code == LANE_LOST {
+        format!(
+            "rank {rank} lost its asynchronous lane (one of its jobs panicked): \
+             the asynchronous lane of every rank is unusable"
+        )
+    } else {
+        format!("rank {rank} reported fault {code}")
+    }
+}
+
+fn describe_timeout(op: &str, waited: &Duration, missing: &[usize]) -> String {
+    if missing.is_empty() {
+        format!("{op} timed out after {waited:?}: not every rank arrived")
+    } else {
+        format!("{op} timed out after {waited:?}: rank(s) {missing:?} did not arrive")
+    }
+}
+
+impl CommError {
+    /// Whether this is the fault of a lost asynchronous lane ([`LANE_LOST`]),
+    /// which poisons the communicator that sees it.
+    pub fn is_lane_lost(&self) -> bool {
+        matches!(
+            self,
+            CommError::Fault {
+                code: LANE_LOST,
+                ..
+            }
+        )
+    }
 }
 
 /// Result alias of this crate.

@@ -17,6 +17,14 @@
 //! This crate knows nothing of compression or optimizers: it moves and reduces
 //! buffers of [`Element`]s, and tensors through the provided `_tensor` methods.
 //!
+//! Failures are errors on every rank, never hangs, and alike on every
+//! backend: a disagreement is [`CommError::Mismatch`] before any data moves;
+//! every wait has a deadline ([`CommError::Timeout`]); a rank that fails
+//! before a collective posts a fault ([`Communicator::post_fault`]); and an
+//! asynchronous job that panics loses the asynchronous lane of every rank at
+//! once ([`LANE_LOST`], see [`Communicator::run_async`]). The one worker that
+//! runs every backend's jobs is `worker.rs`.
+//!
 //! ```
 //! use gradwire_comm::{Communicator, ReduceOp, local};
 //!
@@ -54,16 +62,15 @@ mod op;
 mod pending;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod rank_order;
-#[cfg(any(feature = "mpi", feature = "nccl"))]
 mod worker;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};
-pub use error::{CommError, Result};
+pub use error::{CommError, FIRST_RESERVED_FAULT, LANE_LOST, Result};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]
-pub use mpi::MpiComm;
+pub use mpi::{MpiComm, MpiConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclComm, NcclConfig};
 pub use op::ReduceOp;

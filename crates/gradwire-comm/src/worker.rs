@@ -1,50 +1,136 @@
-//! The asynchronous-job thread of the process backends (MpiComm, NcclComm).
+//! The asynchronous lane of every backend: the thread that runs a rank's
+//! [`Communicator::run_async`] jobs (LocalComm, MpiComm and NcclComm alike).
 //!
-//! Each rank's `run_async` jobs run in order on one thread that owns a
-//! duplicate of the rank's communicator (made at construction, because a
-//! duplicate is collective), so they never interleave with the rank's
-//! blocking calls on the original: every rank's jobs form one sequence, as
-//! LocalComm's asynchronous group does.
+//! Each rank's jobs run in order on one thread that owns the rank's *lane*:
+//! a duplicate of the rank's communicator (LocalComm's duplicate group,
+//! MpiComm's `MPI_Comm_dup`, NcclComm's split), made when the communicator
+//! is, because a duplicate is collective. So jobs never interleave with the
+//! rank's blocking calls on the original, and every rank's jobs form one
+//! sequence of collectives that the ranks pair in order.
+//!
+//! The failure model (the trait's [`Communicator::run_async`] documents it
+//! for users) lives here, once for every backend:
+//!
+//! - A job that panics completes its own handle with
+//!   [`CommError::RankPanicked`]. The lane cannot be trusted any more (the
+//!   job may have left its peers inside a collective it never reached), so
+//!   it is *lost*: the jobs queued behind it fail without running, later
+//!   submissions fail at once, and the backend announces the loss to the
+//!   peers ([`Lane::announce_lost`]) so that their lanes fail too, promptly,
+//!   with `CommError::Fault { rank, code: LANE_LOST }` naming this rank.
+//! - A lane that a peer's loss (or a timeout, or a lost peer) poisoned is
+//!   lost the same way on this rank: every job from then on fails at once
+//!   with the error that poisoned it.
+//! - Dropping the communicator lets the queued jobs finish (they are
+//!   collectives the peers also run), then joins the thread. An announcement
+//!   that cannot finish (a backend whose announcement waits for the peers,
+//!   which may never call the lane again) is cut short after
+//!   [`ANNOUNCE_GRACE`] by poisoning the lane from the dropping thread.
 
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crate::error::{CommError, Result};
+#[cfg(doc)]
+use crate::communicator::Communicator;
+use crate::error::{CommError, LANE_LOST, Result};
 use crate::pending::{Pending, panic_message};
 
-type Job<C> = Box<dyn FnOnce(&C) + Send>;
+/// What a backend's lane communicator does for the worker (a
+/// [`Communicator`] in every backend; the worker needs only this).
+pub(crate) trait Lane: Send + 'static {
+    /// The error this communicator is poisoned with, if any: every call on
+    /// it fails with that error, so the worker fails jobs with it at once.
+    fn poisoned(&self) -> Option<CommError>;
 
-/// The thread and its queue. Dropping it lets the queued jobs finish (they
-/// are collectives the peers also run), then joins the thread, whose
-/// communicator drops there.
-pub(crate) struct Worker<C> {
+    /// Called on the worker thread after one of this rank's jobs panicked:
+    /// poisons this communicator with `lost` (the [`LANE_LOST`] fault naming
+    /// this rank) and tells the peers, so that each peer's lane fails with
+    /// the same error in the call it is waiting in, or in its next one.
+    /// LocalComm and MpiComm return at once; NcclComm waits (at most its
+    /// deadline) for the peers to meet the fault in a collective.
+    fn announce_lost(&self, lost: &CommError);
+
+    /// A handle that poisons this communicator from another thread, ending
+    /// a wait in [`Lane::announce_lost`] (used by the worker's drop).
+    fn interrupter(&self) -> Interrupter {
+        Box::new(|_| {})
+    }
+}
+
+/// Poisons a lane from another thread (see [`Lane::interrupter`]).
+pub(crate) type Interrupter = Box<dyn Fn(CommError) + Send>;
+
+/// How long a dropping communicator waits for its lane's announcement of a
+/// panicking job before cutting it short.
+pub(crate) const ANNOUNCE_GRACE: Duration = Duration::from_secs(2);
+
+/// A job: run on the lane (`Ok`), or refused with the lane's error (`Err`).
+type Job<C> = Box<dyn FnOnce(std::result::Result<&C, CommError>) -> Ran + Send>;
+
+/// What became of a job.
+enum Ran {
+    /// It ran and returned (its handle has its result).
+    Returned,
+    /// It ran and panicked (its handle has `RankPanicked`).
+    Panicked,
+    /// It did not run (its handle has the lane's error).
+    Refused,
+}
+
+/// The queue and the lane's state, under one lock, so that no job can be
+/// queued after the lane was found lost.
+struct State<C> {
     jobs: Option<mpsc::Sender<Job<C>>>,
+    /// Why the lane is lost, once it is: every later job fails with it.
+    lost: Option<CommError>,
+}
+
+/// A rank's asynchronous lane: the thread and its queue.
+pub(crate) struct Worker<C> {
+    state: Arc<Mutex<State<C>>>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends (its sender is dropped there).
+    finished: mpsc::Receiver<()>,
+    interrupt: Interrupter,
     rank: usize,
 }
 
-impl<C: Send + 'static> Worker<C> {
-    /// Starts the thread `name` owning `comm`.
-    pub(crate) fn start(name: String, rank: usize, comm: C) -> Result<Worker<C>> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<C: Lane> Worker<C> {
+    /// Starts the thread `name` owning `lane`, rank `rank`'s lane.
+    pub(crate) fn start(name: String, rank: usize, lane: C) -> Result<Worker<C>> {
         let (jobs, queue) = mpsc::channel::<Job<C>>();
+        let (finishing, finished) = mpsc::channel::<()>();
+        let state = Arc::new(Mutex::new(State {
+            jobs: Some(jobs),
+            lost: None,
+        }));
+        let interrupt = lane.interrupter();
+        let shared = Arc::clone(&state);
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
-                for job in queue {
-                    job(&comm);
-                }
+                let _finishing = finishing;
+                serve(&lane, rank, &queue, &shared);
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start a comm thread: {e}")))?;
         Ok(Worker {
-            jobs: Some(jobs),
+            state,
             thread: Some(thread),
+            finished,
+            interrupt,
             rank,
         })
     }
 
     /// Queues `job`; its result (or its panic, as `RankPanicked`) completes
-    /// the returned handle. A panicking job fails only its own handle: the
-    /// thread lives on for the jobs behind it.
+    /// the returned handle. Fails at once, with the lane's error, once the
+    /// lane is lost.
     pub(crate) fn submit<R, F>(&self, job: F) -> Result<Pending<R>>
     where
         R: Send + 'static,
@@ -52,17 +138,33 @@ impl<C: Send + 'static> Worker<C> {
     {
         let (completion, pending) = Pending::channel();
         let rank = self.rank;
-        let job: Job<C> = Box::new(move |comm: &C| {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm)))
-                .unwrap_or_else(|payload| {
-                    Err(CommError::RankPanicked {
-                        rank,
-                        message: panic_message(payload.as_ref()),
-                    })
-                });
-            completion.complete(result);
+        let job: Job<C> = Box::new(move |lane| match lane {
+            Err(lost) => {
+                completion.complete(Err(lost));
+                Ran::Refused
+            }
+            Ok(comm) => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm))) {
+                    Ok(result) => {
+                        completion.complete(result);
+                        Ran::Returned
+                    }
+                    Err(payload) => {
+                        completion.complete(Err(CommError::RankPanicked {
+                            rank,
+                            message: panic_message(payload.as_ref()),
+                        }));
+                        Ran::Panicked
+                    }
+                }
+            }
         });
-        self.jobs
+        let state = lock(&self.state);
+        if let Some(lost) = &state.lost {
+            return Err(lost.clone());
+        }
+        state
+            .jobs
             .as_ref()
             .ok_or(CommError::WorkerStopped)?
             .send(job)
@@ -71,12 +173,177 @@ impl<C: Send + 'static> Worker<C> {
     }
 }
 
+/// The thread's loop: runs the jobs in order until the queue closes.
+fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Job<C>>, state: &Mutex<State<C>>) {
+    let lose = |err: &CommError| {
+        let mut state = lock(state);
+        state.lost.get_or_insert_with(|| err.clone()).clone()
+    };
+    for job in queue {
+        let lost = lock(state).lost.clone().or_else(|| lane.poisoned());
+        if let Some(err) = lost {
+            job(Err(lose(&err)));
+            continue;
+        }
+        match job(Ok(lane)) {
+            Ran::Returned | Ran::Refused => {
+                // A peer's loss, a timeout or a lost peer poisoned the lane
+                // during the job: the jobs after it fail at once.
+                if let Some(err) = lane.poisoned() {
+                    lose(&err);
+                }
+            }
+            Ran::Panicked => {
+                let err = lose(&CommError::Fault {
+                    rank,
+                    code: LANE_LOST,
+                });
+                // The jobs already queued fail now, not after the
+                // announcement (which may wait for the peers).
+                while let Ok(job) = queue.try_recv() {
+                    job(Err(err.clone()));
+                }
+                lane.announce_lost(&err);
+            }
+        }
+    }
+}
+
 impl<C> Drop for Worker<C> {
     fn drop(&mut self) {
-        self.jobs = None;
+        lock(&self.state).jobs = None;
+        // Queued jobs finish (they are collectives the peers also run); a
+        // lost lane's announcement gets a grace period, then is cut short.
+        let mut lost_since: Option<Instant> = None;
+        while let Err(mpsc::RecvTimeoutError::Timeout) =
+            self.finished.recv_timeout(Duration::from_millis(20))
+        {
+            let lost = lock(&self.state).lost.clone();
+            if let Some(err) = lost {
+                let since = *lost_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= ANNOUNCE_GRACE {
+                    (self.interrupt)(err);
+                    break;
+                }
+            }
+        }
         if let Some(thread) = self.thread.take() {
             // Jobs catch their panics; nothing more to report from a drop.
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// A lane whose announcement waits until it is interrupted, as
+    /// NcclComm's does when the peers never meet its fault.
+    #[derive(Default)]
+    struct Stubborn {
+        poison: Arc<Mutex<Option<CommError>>>,
+        announced: Arc<AtomicUsize>,
+    }
+
+    impl Lane for Stubborn {
+        fn poisoned(&self) -> Option<CommError> {
+            lock(&self.poison).clone()
+        }
+
+        fn announce_lost(&self, _lost: &CommError) {
+            self.announced.fetch_add(1, Ordering::SeqCst);
+            while self.poisoned().is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        fn interrupter(&self) -> Interrupter {
+            let poison = Arc::clone(&self.poison);
+            Box::new(move |err| {
+                lock(&poison).get_or_insert(err);
+            })
+        }
+    }
+
+    #[test]
+    fn a_panicking_job_fails_the_jobs_behind_it_and_every_later_one() {
+        let lane = Stubborn::default();
+        let announced = Arc::clone(&lane.announced);
+        let worker = Worker::start("test-lane".into(), 3, lane).expect("starts");
+        let ran = Arc::new(AtomicBool::new(false));
+        let first = worker.submit(|_| Ok(1)).expect("queued");
+        let boom = worker
+            .submit(|_| -> Result<()> { panic!("job fails") })
+            .expect("queued");
+        let flag = Arc::clone(&ran);
+        let behind = worker
+            .submit(move |_| {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .expect("queued");
+        assert_eq!(first.wait(), Ok(1));
+        assert!(
+            matches!(boom.wait(), Err(CommError::RankPanicked { rank: 3, message }) if message == "job fails")
+        );
+        let lost = CommError::Fault {
+            rank: 3,
+            code: LANE_LOST,
+        };
+        // Failed without running, although the announcement still waits.
+        assert_eq!(behind.wait(), Err(lost.clone()));
+        assert!(!ran.load(Ordering::SeqCst));
+        assert_eq!(worker.submit(|_| Ok(())).err(), Some(lost));
+        assert_eq!(announced.load(Ordering::SeqCst), 1);
+        // The drop cuts the announcement short after the grace period.
+        let start = Instant::now();
+        drop(worker);
+        let took = start.elapsed();
+        assert!(
+            took >= ANNOUNCE_GRACE && took < ANNOUNCE_GRACE + Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn a_poisoned_lane_refuses_jobs_and_a_drop_lets_queued_jobs_finish() {
+        let lane = Stubborn::default();
+        let poison = Arc::clone(&lane.poison);
+        let worker = Worker::start("test-lane".into(), 0, lane).expect("starts");
+        // Queued jobs all run before the drop returns.
+        let done = Arc::new(AtomicUsize::new(0));
+        let pending: Vec<_> = (0..5)
+            .map(|_| {
+                let done = Arc::clone(&done);
+                worker
+                    .submit(move |_| {
+                        std::thread::sleep(Duration::from_millis(10));
+                        done.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .expect("queued")
+            })
+            .collect();
+        drop(pending);
+        // A peer's loss poisons the lane during a job: the next ones fail.
+        let timeout = CommError::Timeout {
+            op: "barrier",
+            waited: Duration::from_secs(1),
+            missing: vec![],
+        };
+        let err = timeout.clone();
+        let during = worker
+            .submit(move |_| {
+                lock(&poison).get_or_insert(err);
+                Ok(())
+            })
+            .expect("queued");
+        assert_eq!(during.wait(), Ok(()));
+        let after = worker.submit(|_| Ok(())).and_then(Pending::wait);
+        assert_eq!(after, Err(timeout));
+        drop(worker);
+        assert_eq!(done.load(Ordering::SeqCst), 5);
     }
 }

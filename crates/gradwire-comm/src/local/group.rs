@@ -123,7 +123,8 @@ struct State {
     /// The outcome of round r is kept at `r % 2`: round r + 2 cannot resolve
     /// before every rank has arrived at it, and so has read round r's.
     outcomes: [Outcome; 2],
-    /// Set by a timeout or a lost peer: every later call fails with it.
+    /// Set by a timeout, a lost peer or a lost asynchronous lane: every
+    /// later call fails with it.
     poison: Option<CommError>,
     sleepers: usize,
 }
@@ -378,7 +379,14 @@ impl Group {
         let slot = (st.round % 2) as usize;
         let calls: Vec<Call> = posts.iter().map(Post::call).collect();
         let outcome = match crate::call::validate(&calls) {
-            Err(err) => Outcome::Failed(err),
+            Err(err) => {
+                // A lost lane's fault ends the group, as on every backend.
+                if err.is_lane_lost() {
+                    st.poison = Some(err.clone());
+                    self.poisoned.store(true, Ordering::Release);
+                }
+                Outcome::Failed(err)
+            }
             Ok(()) => match posts[0].kind {
                 Kind::Split => Outcome::Split(self.split_groups(&posts)),
                 kind => {

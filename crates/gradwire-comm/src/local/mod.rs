@@ -20,6 +20,12 @@
 //!   call on that group fails with the same error.
 //! - Isolated: sub-groups from [`Communicator::split`] and the duplicate group
 //!   used by asynchronous jobs have their own rendezvous and mailboxes.
+//! - Asynchronous jobs run on the worker every backend shares (`worker.rs`),
+//!   on a member of the duplicate group. A job that panics loses the lane
+//!   (see [`Communicator::run_async`]): its rank poisons the duplicate group
+//!   with [`CommError::Fault`] `{ rank, code: LANE_LOST }`, which fails at
+//!   once the round a peer waits in, a peer's waiting receive, and every
+//!   later call of the group, on every rank.
 //!
 //! ```
 //! use gradwire_comm::{Communicator, ReduceOp, local};
@@ -43,13 +49,12 @@ use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
+use crate::worker::{Interrupter, Lane, Worker};
 use data::Pieces;
 use group::{Group, Kind, Outcome, Post, Progress, RawBuf};
 use mailbox::Message;
 use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Settings of a local world.
@@ -84,8 +89,9 @@ pub struct LocalComm {
     rank: usize,
     /// Number of collectives this rank has started on `group`.
     seq: Cell<u64>,
-    /// The communication thread for asynchronous jobs, started on first use.
-    worker: OnceCell<Worker>,
+    /// The communication thread for asynchronous jobs (the shared worker,
+    /// on a member of the duplicate group), started on first use.
+    worker: OnceCell<Worker<LocalComm>>,
 }
 
 impl std::fmt::Debug for LocalComm {
@@ -395,14 +401,15 @@ impl Communicator for LocalComm {
                 bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&message.bytes);
                 return Ok(());
             }
+            // A poisoned group's error first: it is what every rank gets.
+            if let Some(err) = self.group.poison_error() {
+                return Err(err);
+            }
             if self.group.is_gone(src) {
                 return Err(CommError::PeerLost {
                     op: "recv",
                     ranks: vec![src],
                 });
-            }
-            if let Some(err) = self.group.poison_error() {
-                return Err(err);
             }
             match (deadline, self.group.timeout) {
                 (Some(deadline), Some(waited)) => {
@@ -486,23 +493,37 @@ impl Communicator for LocalComm {
         let worker = match self.worker.get() {
             Some(worker) => worker,
             None => {
-                let worker = Worker::start(&self.group, self.rank)?;
+                // A lane's own communicator has no duplicate group.
+                let shadow = self.group.shadow.clone().ok_or_else(|| {
+                    CommError::InvalidArgument(
+                        "asynchronous jobs cannot start further asynchronous jobs".into(),
+                    )
+                })?;
+                let lane = LocalComm::member(shadow, self.rank);
+                let worker =
+                    Worker::start(format!("gradwire-comm-{}", self.rank), self.rank, lane)?;
                 self.worker.get_or_init(|| worker)
             }
         };
-        let (completion, pending) = Pending::channel();
-        let job: Job = Box::new(move |comm: &LocalComm| completion.complete(job(comm)));
-        worker
-            .jobs
-            .as_ref()
-            .ok_or(CommError::WorkerStopped)?
-            .send(job)
-            .map_err(|_| {
-                // The worker only stops when this communicator is dropped, or if
-                // a job panicked: then the job is lost, and so is the group.
-                CommError::WorkerStopped
-            })?;
-        Ok(pending)
+        worker.submit(job)
+    }
+}
+
+/// The lane is the duplicate group: a lost lane poisons it, which fails the
+/// round any peer waits in (and wakes its receives) and every later call of
+/// every rank, at once.
+impl Lane for LocalComm {
+    fn poisoned(&self) -> Option<CommError> {
+        self.group.poison_error()
+    }
+
+    fn announce_lost(&self, lost: &CommError) {
+        self.group.poison(lost.clone());
+    }
+
+    fn interrupter(&self) -> Interrupter {
+        let group = Arc::clone(&self.group);
+        Box::new(move |err| group.poison(err))
     }
 }
 
@@ -515,62 +536,19 @@ impl Drop for LocalComm {
             // The worker's own communicator leaves the duplicate group when the
             // worker has run the jobs already queued; a panicking rank does not
             // make its peers wait for those.
-            (Some(mut worker), shadow) => {
+            (Some(worker), shadow) => {
                 if let (true, Some(shadow)) = (std::thread::panicking(), shadow) {
                     shadow.poison(CommError::PeerLost {
                         op: "async job",
                         ranks: vec![self.rank],
                     });
                 }
-                worker.stop();
+                drop(worker);
             }
             // No worker ever started: leave the duplicate group directly, so
             // peers waiting there for this rank's jobs learn it never comes.
             (None, Some(shadow)) => shadow.depart(self.rank),
             (None, None) => {}
-        }
-    }
-}
-
-type Job = Box<dyn FnOnce(&LocalComm) + Send>;
-
-/// A rank's communication thread: runs asynchronous jobs in order on the
-/// duplicate group, so they never interleave with the rank's blocking calls.
-struct Worker {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Worker {
-    fn start(group: &Arc<Group>, rank: usize) -> Result<Worker> {
-        let shadow = group.shadow.clone().ok_or_else(|| {
-            CommError::InvalidArgument(
-                "asynchronous jobs cannot start further asynchronous jobs".into(),
-            )
-        })?;
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let thread = std::thread::Builder::new()
-            .name(format!("gradwire-comm-{rank}"))
-            .spawn(move || {
-                let comm = LocalComm::member(shadow, rank);
-                for job in queue {
-                    job(&comm);
-                }
-            })
-            .map_err(|e| CommError::InvalidArgument(format!("cannot start comm thread: {e}")))?;
-        Ok(Worker {
-            jobs: Some(jobs),
-            thread: Some(thread),
-        })
-    }
-
-    /// Lets the queued jobs finish, then joins the thread.
-    fn stop(&mut self) {
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
-            // A job that panicked already failed its handle (WorkerStopped);
-            // nothing more to report from a destructor.
-            let _ = thread.join();
         }
     }
 }

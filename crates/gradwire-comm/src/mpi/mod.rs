@@ -27,14 +27,18 @@
 //!   `MPI_Isend`, so it returns at once even for large messages (a ring of
 //!   sends followed by receives cannot deadlock); the element type travels in
 //!   the tag, and [`Communicator::recv`] matches the message with
-//!   `MPI_Mprobe` and checks its type and length before it receives it
+//!   `MPI_Improbe` and checks its type and length before it receives it
 //!   (`Mismatch` otherwise, the message consumed, as LocalComm does).
 //! - **Asynchronous jobs on their own thread.** MPI is initialized with
 //!   `MPI_THREAD_MULTIPLE`. Every communicator is created with a duplicate
 //!   (`MPI_Comm_dup`, made at construction because it is collective);
 //!   [`Communicator::run_async`] runs jobs in order on a communication thread
-//!   that owns the duplicate, concurrently with the caller's blocking calls
-//!   on the original. Funnelling every call through one thread would also
+//!   (the worker every backend shares) that owns the duplicate, concurrently
+//!   with the caller's blocking calls on the original. A job that panics
+//!   loses the lane on every rank: its rank poisons the duplicate and sends
+//!   each peer a notice ([`CommError::Fault`] `{ rank, code: LANE_LOST }`),
+//!   which ends the lane's collective or `recv` a peer waits in, or its
+//!   next one. Funnelling every call through one thread would also
 //!   work at `MPI_THREAD_FUNNELED`, but then a blocking call queued behind a
 //!   job would make the two interleave in program order, which ranks need
 //!   not share (LocalComm's async group is independent of the blocking one):
@@ -43,12 +47,37 @@
 //!   and the blocking calls still work (from the initializing thread only,
 //!   below `MPI_THREAD_SERIALIZED`).
 //!
-//! What MPI cannot give: a deadline. An MPI collective has no timeout, so a
-//! peer that never arrives (a rank stuck in its own code) blocks the others;
-//! a peer *process* that dies makes `mpirun` end the whole job, so nothing
-//! waits forever. A rank that unwinds (panics) while it holds a communicator
-//! calls `MPI_Abort`, which ends the job at once instead of leaving its peers
-//! waiting in their next collective.
+//! - **A deadline instead of a hang.** [`MpiConfig::timeout`] (10 minutes
+//!   by default, [`MpiComm::world_with`] to change it; split communicators
+//!   inherit it) bounds every wait for a peer. The header exchange is a
+//!   non-blocking `MPI_Iallgather` and `recv` looks for its message with
+//!   `MPI_Improbe`, both polled: a short spin, then yields, then sleeps of
+//!   at most a 64th of the time already waited (1 ms at most), so a short
+//!   wait pays no sleep and a long one little CPU. Past the deadline the
+//!   call returns [`CommError::Timeout`] (naming the sender a `recv` waited
+//!   for; MPI cannot tell who is missing from a collective) and the
+//!   communicator is *poisoned*: every later call returns the same error.
+//!   The rank also tells every peer, in a *notice* (a point-to-point message
+//!   with a tag of its own, naming the first collective it will not take
+//!   part in), and every wait watches for notices: so the peers' calls fail
+//!   with the same error, at once, instead of at their own deadlines, as
+//!   LocalComm's shared group does. A rank that arrives at a collective after
+//!   its peers gave up on it finds their notices right after its header
+//!   exchange, before any data moves.
+//!
+//!   The data phase after a completed header exchange uses MPI's blocking
+//!   collectives (every rank has arrived, and they cannot be cancelled
+//!   anyway). One race remains: a rank whose deadline passes at the very
+//!   moment the last rank arrives may give up on a round the others
+//!   complete; their data phase then waits for it, and a notice cannot
+//!   reach a blocking MPI call. Give every rank the same deadline, far
+//!   longer than any step. A header exchange that timed out leaves its
+//!   request behind (MPI can neither cancel nor free a collective request)
+//!   with its buffers, leaked on purpose, until MPI is finalized.
+//!
+//!   A *process* that dies makes `mpirun` end the whole job. A rank that
+//!   unwinds (panics) while it holds a communicator calls `MPI_Abort`, which
+//!   ends the job at once rather than at the peers' deadlines.
 //!
 //! MPI is finalized when the last `MpiComm` (and the duplicates behind their
 //! asynchronous jobs) is dropped, if this crate initialized it. MPI allows one
@@ -71,16 +100,50 @@ mod sys;
 use crate::communicator::{Communicator, Gathered, chunk_range};
 use crate::element::{ElemType, Element};
 use crate::error::{CommError, Result};
-use crate::header::{self, Call, Kind, WORDS};
+use crate::header::{self, Call, Kind};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
-use crate::worker::Worker;
+use crate::worker::{Lane, Worker};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use sys::{Comm, Env, Layout, Outgoing, Wire};
 
 pub use sys::ThreadLevel;
+
+/// Settings of an [`MpiComm`] (and of the communicators split from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiConfig {
+    /// How long a rank waits for the others in a collective's header
+    /// exchange, or for a message in `recv`, before the call fails with
+    /// [`CommError::Timeout`] and the communicator is poisoned. `None` waits
+    /// forever. Default: 10 minutes, as LocalComm's and NcclComm's.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for MpiConfig {
+    fn default() -> Self {
+        MpiConfig {
+            timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+impl MpiConfig {
+    /// The default settings with another deadline.
+    pub fn with_timeout(timeout: Option<Duration>) -> Self {
+        MpiConfig { timeout }
+    }
+}
+
+/// A peer's word that it will not take part in `round` or any later
+/// collective of the communicator, and the error it gave up with.
+#[derive(Debug, Clone)]
+struct Notice {
+    round: u64,
+    error: CommError,
+}
 
 /// One rank of an MPI communicator. `Send` (it may move to another thread
 /// at `MPI_THREAD_MULTIPLE`) but not `Sync`: one rank's calls happen in
@@ -89,6 +152,15 @@ pub struct MpiComm {
     comm: Comm,
     rank: usize,
     size: usize,
+    config: MpiConfig,
+    /// Header exchanges started on this communicator: every rank counts the
+    /// same rounds, so a round number means the same collective everywhere.
+    rounds: Cell<u64>,
+    /// Set when this rank gave up (a timeout) or learned that a peer did:
+    /// every later call fails with it.
+    poison: RefCell<Option<CommError>>,
+    /// The earliest round a peer said it will not take part in.
+    notice: RefCell<Option<Notice>>,
     /// The duplicate that asynchronous jobs run on, until the worker takes
     /// it (`None` for a worker's own communicator: no nested jobs).
     shadow: Cell<Option<Comm>>,
@@ -119,15 +191,27 @@ impl MpiComm {
     /// the application's). Initializes MPI (`MPI_THREAD_MULTIPLE`) on first
     /// use. Collective: every process of the job must call it.
     pub fn world() -> Result<MpiComm> {
+        MpiComm::world_with(&MpiConfig::default())
+    }
+
+    /// [`MpiComm::world`] with settings (a deadline). Each call makes a new
+    /// duplicate of `MPI_COMM_WORLD`: a program may hold several, with
+    /// different deadlines.
+    pub fn world_with(config: &MpiConfig) -> Result<MpiComm> {
         let env = Env::get()?;
         env.check_thread("world")?;
         let comm = sys::dup_world()?;
-        MpiComm::adopt(env, comm, true)
+        MpiComm::adopt(env, comm, config.clone(), true)
+    }
+
+    /// The deadline of this communicator's calls.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.config.timeout
     }
 
     /// Wraps a communicator this crate created (and will free), with a
     /// duplicate for asynchronous jobs when `with_shadow`.
-    fn adopt(env: Arc<Env>, comm: Comm, with_shadow: bool) -> Result<MpiComm> {
+    fn adopt(env: Arc<Env>, comm: Comm, config: MpiConfig, with_shadow: bool) -> Result<MpiComm> {
         let (rank, size) = match sys::rank_and_size(comm) {
             Ok(rs) => rs,
             Err(e) => {
@@ -150,6 +234,10 @@ impl MpiComm {
             comm,
             rank,
             size,
+            config,
+            rounds: Cell::new(0),
+            poison: RefCell::new(None),
+            notice: RefCell::new(None),
             shadow: Cell::new(shadow),
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
@@ -171,7 +259,7 @@ impl MpiComm {
         self.agree(Call::new(Kind::SplitShared))?;
         let key = sys::int("rank", self.rank)?;
         let comm = sys::comm_split_shared(self.comm, key)?;
-        MpiComm::adopt(Arc::clone(&self.env), comm, true)
+        MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true)
     }
 
     /// This process's rank among those on its host, and how many there are,
@@ -182,9 +270,13 @@ impl MpiComm {
         Ok((node.rank, node.size))
     }
 
-    /// Fails unless this thread may call MPI.
+    /// Fails unless this thread may call MPI and the communicator is not
+    /// poisoned.
     fn enter(&self, op: &'static str) -> Result<()> {
         self.env.check_thread(op)?;
+        if let Some(err) = self.poisoned() {
+            return Err(err);
+        }
         // Completed eager sends release their copies here, on the next call.
         let mut outbox = self.outbox.borrow_mut();
         let mut i = 0;
@@ -198,15 +290,162 @@ impl MpiComm {
         Ok(())
     }
 
+    /// The error this communicator is poisoned with, if any.
+    fn poisoned(&self) -> Option<CommError> {
+        self.poison.borrow().clone()
+    }
+
+    /// Poisons the communicator with `err` (unless it already is) and
+    /// returns the error every call returns from now on.
+    fn poison(&self, err: CommError) -> CommError {
+        self.poison.borrow_mut().get_or_insert(err).clone()
+    }
+
+    /// Gives up: poisons the communicator with `err` and tells every peer,
+    /// in a notice, that this rank takes part in no collective from round
+    /// `round` on, so that the peers fail (with the same error) in the call
+    /// they wait in or their next one, instead of waiting for their own
+    /// deadline. Returns the error every call returns from now on.
+    fn give_up(&self, err: CommError, round: u64) -> CommError {
+        if let Some(err) = self.poisoned() {
+            return err;
+        }
+        let err = self.poison(err);
+        if let Some(bytes) = encode_notice(round, &err) {
+            let mut outbox = self.outbox.borrow_mut();
+            for peer in (0..self.size).filter(|&q| q != self.rank) {
+                // A notice that cannot be sent leaves that peer to its own
+                // deadline: nothing better to do with the error.
+                if let Ok(outgoing) = sys::isend(self.comm, bytes.clone(), peer, NOTICE_TAG) {
+                    outbox.push(outgoing);
+                }
+            }
+        }
+        err
+    }
+
+    /// Takes the notices the peers sent (one `MPI_Improbe` when there are
+    /// none), then [`MpiComm::check_notice`].
+    fn heed_notices(&self, round: Option<u64>) -> Result<()> {
+        while let Some(probed) = sys::improbe(self.comm, None, Some(NOTICE_TAG))? {
+            self.take_notice(probed)?;
+        }
+        self.check_notice(round)
+    }
+
+    /// Fails (poisoning the communicator) if a notice taken so far says its
+    /// sender takes no part in `round`; with no round (a point-to-point
+    /// call), if any notice was taken.
+    fn check_notice(&self, round: Option<u64>) -> Result<()> {
+        let notice = self.notice.borrow().clone();
+        match notice {
+            Some(n) if round.is_none_or(|r| n.round <= r) => Err(self.poison(n.error)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Receives a notice and keeps the earliest round any peer gave.
+    fn take_notice(&self, probed: sys::Probed) -> Result<()> {
+        let mut bytes = vec![0u8; probed.bytes];
+        let source = probed.source;
+        probed.receive(&mut bytes)?;
+        let notice = decode_notice(&bytes).unwrap_or_else(|| Notice {
+            round: 0,
+            error: CommError::PeerLost {
+                op: "notice",
+                ranks: vec![source],
+            },
+        });
+        let mut kept = self.notice.borrow_mut();
+        if kept.as_ref().is_none_or(|k| notice.round < k.round) {
+            *kept = Some(notice);
+        }
+        Ok(())
+    }
+
+    /// Polls `done` until it holds, with the deadline: spins briefly, then
+    /// yields, then sleeps a little longer each time (never more than a
+    /// 64th of the time already waited, at most 1 ms), so a short wait
+    /// costs no sleep and a long one little CPU. A peer's notice for
+    /// `round` (see [`MpiComm::heed_notices`]) ends the wait early with the
+    /// peer's error; the deadline ends it with [`CommError::Timeout`] naming
+    /// `missing`, and this rank gives up (poisoned, peers told).
+    fn poll(
+        &self,
+        op: &'static str,
+        missing: &[usize],
+        round: Option<u64>,
+        mut done: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if done()? {
+                return Ok(());
+            }
+            if let Err(err) = self.heed_notices(round) {
+                // One last look: what the peer sent before its notice (a
+                // message, its part of a collective) still counts.
+                return if done()? { Ok(()) } else { Err(err) };
+            }
+            let waited = start.elapsed();
+            if let Some(limit) = self.config.timeout
+                && waited >= limit
+            {
+                let err = CommError::Timeout {
+                    op,
+                    waited: limit,
+                    missing: missing.to_vec(),
+                };
+                // A timed-out exchange has sent this rank's header: it gives
+                // up on this round. Elsewhere, on the next one.
+                return Err(self.give_up(err, round.unwrap_or(self.rounds.get())));
+            }
+            if waited < SPIN_FOR {
+                for _ in 0..16 {
+                    std::hint::spin_loop();
+                }
+            } else if waited < YIELD_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep((waited / 64).clamp(MIN_SLEEP, MAX_SLEEP));
+            }
+        }
+    }
+
     /// The header exchange: all-gathers every rank's description of its
     /// call and validates them, identically on every rank. Returns them.
+    ///
+    /// The all-gather is non-blocking (`MPI_Iallgather`, polled with the
+    /// deadline), so a rank that never arrives is a `Timeout`, not a hang.
+    /// Once it completed every rank is present, and the data phase that
+    /// follows uses MPI's blocking collectives; a peer that gave up on this
+    /// very round (its deadline passed just before a late rank arrived) has
+    /// told everyone in a notice, which is checked here before any data
+    /// moves.
     fn agree(&self, call: Call) -> Result<Vec<Call>> {
-        self.enter(call.kind.name())?;
-        let mine = call.encode();
-        let mut all = vec![0i64; WORDS * self.size];
-        sys::all_gather(self.comm, Wire::I64, &mine, &mut all)?;
-        let calls = header::decode_all(&all)?;
-        crate::call::validate(&calls)?;
+        let op = call.kind.name();
+        self.enter(op)?;
+        let round = self.rounds.get();
+        // A peer already said it will not come.
+        self.check_notice(Some(round))?;
+        self.rounds.set(round + 1);
+        let mut gathering = sys::iallgather(self.comm, call.encode().to_vec(), self.size)?;
+        self.poll(op, &[], Some(round), || gathering.test())?;
+        self.heed_notices(Some(round))?;
+        let all = gathering.received().ok_or_else(|| CommError::Mpi {
+            op: "MPI_Iallgather",
+            code: -1,
+            message: "the header exchange completed without its data".into(),
+        })?;
+        let calls = header::decode_all(all)?;
+        crate::call::validate(&calls).map_err(|err| {
+            // A lost lane's fault ends the communicator, as on every backend.
+            if err.is_lane_lost() {
+                self.poison(err)
+            } else {
+                err
+            }
+        })?;
         Ok(calls)
     }
 
@@ -288,7 +527,7 @@ impl MpiComm {
                 "asynchronous jobs cannot start further asynchronous jobs".into(),
             )
         })?;
-        let comm = MpiComm::adopt(Arc::clone(&self.env), shadow, false)?;
+        let comm = MpiComm::adopt(Arc::clone(&self.env), shadow, self.config.clone(), false)?;
         Worker::start(format!("gradwire-mpi-{}", self.rank), self.rank, comm)
     }
 
@@ -445,6 +684,7 @@ impl Communicator for MpiComm {
     fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
         self.check_rank(dest)?;
         self.enter("send")?;
+        self.check_notice(None)?;
         let bytes = bytemuck::cast_slice::<T, u8>(buf).to_vec();
         let outgoing = sys::isend(self.comm, bytes, dest, tag_of(T::TYPE))?;
         self.outbox.borrow_mut().push(outgoing);
@@ -454,7 +694,26 @@ impl Communicator for MpiComm {
     fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
         self.check_rank(src)?;
         self.enter("recv")?;
-        let probed = sys::mprobe(self.comm, src)?;
+        self.heed_notices(None)?;
+        let mut found = None;
+        self.poll("recv", &[src], None, || {
+            if found.is_none() {
+                found = sys::improbe(self.comm, Some(src), None)?;
+            }
+            Ok(found.is_some())
+        })?;
+        let Some(probed) = found else {
+            return Err(CommError::Mpi {
+                op: "MPI_Improbe",
+                code: -1,
+                message: "a receive ended without a message".into(),
+            });
+        };
+        if probed.tag == NOTICE_TAG {
+            // The sender gave up before it sent what this rank waits for.
+            self.take_notice(probed)?;
+            return self.heed_notices(None);
+        }
         let want = std::mem::size_of_val(buf);
         match elem_of(probed.tag) {
             Some(elem) if elem == T::TYPE && probed.bytes == want => {
@@ -525,7 +784,9 @@ impl Communicator for MpiComm {
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
-            Some(comm) => MpiComm::adopt(Arc::clone(&self.env), comm, true).map(Some),
+            Some(comm) => {
+                MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true).map(Some)
+            }
         }
     }
 
@@ -542,6 +803,20 @@ impl Communicator for MpiComm {
             }
         };
         worker.submit(job)
+    }
+}
+
+/// A lost lane is announced like a timeout: the lane is poisoned and every
+/// peer gets a notice that this rank takes part in no collective from its
+/// next one on, which ends the call a peer waits in (a collective of the
+/// lane, or a receive: every wait watches for notices), or its next one.
+impl Lane for MpiComm {
+    fn poisoned(&self) -> Option<CommError> {
+        self.poison.borrow().clone()
+    }
+
+    fn announce_lost(&self, lost: &CommError) {
+        self.give_up(lost.clone(), self.rounds.get());
     }
 }
 
@@ -578,6 +853,88 @@ impl Drop for MpiComm {
 /// reduction, large enough that per-call latency is amortised.
 const SEGMENT_BYTES: usize = 1 << 20;
 
+/// How long `poll` spins before it yields.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+/// How long (since the wait began) `poll` yields before it sleeps.
+const YIELD_FOR: Duration = Duration::from_millis(1);
+/// The shortest and longest sleep of `poll`.
+const MIN_SLEEP: Duration = Duration::from_micros(10);
+const MAX_SLEEP: Duration = Duration::from_millis(1);
+
+/// The tag of a notice (point-to-point messages of data use the element
+/// types' tags, 1 to 9).
+const NOTICE_TAG: c_int = 64;
+
+/// The operations a notice can name (what `CommError::Timeout::op` holds).
+const NOTICE_OPS: &[&str] = &[
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_varied",
+    "reduce_scatter",
+    "barrier",
+    "split",
+    "split_shared",
+    "fault",
+    "recv",
+];
+
+const NOTICE_TIMEOUT: u64 = 1;
+const NOTICE_FAULT: u64 = 2;
+
+/// A notice's bytes: little-endian u64 words, the round first, then the
+/// error (only the errors a rank gives up with travel).
+fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
+    let words: Vec<u64> = match err {
+        CommError::Timeout {
+            op,
+            waited,
+            missing,
+        } => {
+            let op = NOTICE_OPS
+                .iter()
+                .position(|o| o == op)
+                .unwrap_or(usize::MAX);
+            let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+            [round, NOTICE_TIMEOUT, op as u64, waited]
+                .into_iter()
+                .chain(missing.iter().map(|&r| r as u64))
+                .collect()
+        }
+        CommError::Fault { rank, code } => {
+            vec![round, NOTICE_FAULT, *rank as u64, u64::from(*code)]
+        }
+        _ => return None,
+    };
+    Some(words.iter().flat_map(|w| w.to_le_bytes()).collect())
+}
+
+fn decode_notice(bytes: &[u8]) -> Option<Notice> {
+    let words: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| c.try_into().map(u64::from_le_bytes))
+        .collect::<std::result::Result<_, _>>()
+        .ok()?;
+    let (&[round, kind, a, b], rest) = words.split_first_chunk::<4>()?;
+    let error = match kind {
+        NOTICE_TIMEOUT => CommError::Timeout {
+            op: usize::try_from(a)
+                .ok()
+                .and_then(|i| NOTICE_OPS.get(i))
+                .copied()
+                .unwrap_or("a peer's call"),
+            waited: Duration::from_nanos(b),
+            missing: rest.iter().map(|&r| r as usize).collect(),
+        },
+        NOTICE_FAULT => CommError::Fault {
+            rank: usize::try_from(a).ok()?,
+            code: u32::try_from(b).ok()?,
+        },
+        _ => return None,
+    };
+    Some(Notice { round, error })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,5 +946,34 @@ mod tests {
         }
         assert_eq!(elem_of(0), None);
         assert_eq!(elem_of(99), None);
+        assert_eq!(elem_of(NOTICE_TAG), None);
+    }
+
+    #[test]
+    fn notices_carry_the_round_and_the_error() {
+        let errors = [
+            CommError::Timeout {
+                op: "recv",
+                waited: Duration::from_millis(1500),
+                missing: vec![3],
+            },
+            CommError::Timeout {
+                op: "all_gather_varied",
+                waited: Duration::from_secs(600),
+                missing: vec![],
+            },
+            CommError::Fault {
+                rank: 2,
+                code: u32::MAX,
+            },
+        ];
+        for (round, error) in errors.into_iter().enumerate() {
+            let bytes = encode_notice(round as u64, &error).expect("encodes");
+            let notice = decode_notice(&bytes).expect("decodes");
+            assert_eq!((notice.round, notice.error), (round as u64, error));
+        }
+        assert!(encode_notice(0, &CommError::WorkerStopped).is_none());
+        assert!(decode_notice(&[1, 2, 3]).is_none());
+        assert!(decode_notice(&[0; 8 * 4]).is_none());
     }
 }

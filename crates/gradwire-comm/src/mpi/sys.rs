@@ -558,36 +558,67 @@ impl Outgoing {
     }
 }
 
-/// A message announced by `MPI_Mprobe`: its source's tag and size, and the
+/// A message announced by `MPI_Improbe`: its source, tag and size, and the
 /// handle that receives exactly it.
 pub(super) struct Probed {
     message: ffi::MPI_Message,
+    pub(super) source: usize,
     pub(super) tag: c_int,
     pub(super) bytes: usize,
 }
 
-/// Waits for the next message from `src` (any tag) and reserves it.
-pub(super) fn mprobe(comm: Comm, src: usize) -> Result<Probed> {
-    let src = int("rank", src)?;
+/// Looks (without waiting) for the next message from `src` (`None`: any
+/// source) with `tag` (`None`: any tag), and reserves it if there is one:
+/// no other probe or receive can take it, and [`Probed::receive`] gets
+/// exactly it. The caller polls this with its own deadline, where
+/// `MPI_Mprobe` would wait forever.
+pub(super) fn improbe(
+    comm: Comm,
+    src: Option<usize>,
+    tag: Option<c_int>,
+) -> Result<Option<Probed>> {
     // SAFETY: reading predefined constants.
-    let (any_tag, null) = unsafe { (ffi::RSMPI_ANY_TAG, ffi::RSMPI_MESSAGE_NULL) };
+    let (any_source, any_tag, null) = unsafe {
+        (
+            ffi::RSMPI_ANY_SOURCE,
+            ffi::RSMPI_ANY_TAG,
+            ffi::RSMPI_MESSAGE_NULL,
+        )
+    };
+    let src = match src {
+        Some(src) => int("rank", src)?,
+        None => any_source,
+    };
+    let mut found: c_int = 0;
     let mut message = null;
     // SAFETY: MPI_Status is a plain C struct of integers: all-zero is valid.
     let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
-    // SAFETY: `comm` is live; `message` and `status` are written by MPI.
-    check("MPI_Mprobe", unsafe {
-        ffi::MPI_Mprobe(src, any_tag, comm.0, &mut message, &mut status)
+    // SAFETY: `comm` is live; `found`, `message` and `status` are written by
+    // MPI (`message` and `status` only when a message was found).
+    check("MPI_Improbe", unsafe {
+        ffi::MPI_Improbe(
+            src,
+            tag.unwrap_or(any_tag),
+            comm.0,
+            &mut found,
+            &mut message,
+            &mut status,
+        )
     })?;
+    if found == 0 {
+        return Ok(None);
+    }
     let mut count: c_int = 0;
-    // SAFETY: `status` was filled by MPI_Mprobe.
+    // SAFETY: `status` was filled by MPI_Improbe, which found a message.
     check("MPI_Get_count", unsafe {
         ffi::MPI_Get_count(&status, Wire::U8.raw(), &mut count)
     })?;
-    Ok(Probed {
+    Ok(Some(Probed {
         message,
+        source: usize::try_from(status.MPI_SOURCE).unwrap_or(usize::MAX),
         tag: status.MPI_TAG,
         bytes: usize::try_from(count).unwrap_or(0),
-    })
+    }))
 }
 
 impl Probed {
@@ -602,7 +633,7 @@ impl Probed {
         }
         let count = int("message size in bytes", buf.len())?;
         // SAFETY: `buf` holds exactly the message's bytes (checked) and lives
-        // for the call; the message handle came from MPI_Mprobe and is
+        // for the call; the message handle came from MPI_Improbe and is
         // received once (this consumes it).
         check("MPI_Mrecv", unsafe {
             ffi::MPI_Mrecv(
@@ -613,5 +644,97 @@ impl Probed {
                 ffi::RSMPI_STATUS_IGNORE,
             )
         })
+    }
+}
+
+/// An `MPI_Iallgather` of `i64` words in flight (the header exchange): it
+/// owns both buffers, which MPI may read and write until the request
+/// completes.
+///
+/// A request that never completes (a peer never arrived) cannot be
+/// cancelled or freed (MPI forbids both for a collective request), so
+/// dropping an incomplete `Gathering` leaks its buffers on purpose: MPI may
+/// still write into them if the missing rank posts its part later. Only a
+/// communicator that timed out (and is poisoned) leaves one behind.
+pub(super) struct Gathering {
+    request: MPI_Request,
+    send: Vec<i64>,
+    recv: Vec<i64>,
+    done: bool,
+}
+
+/// Starts an `MPI_Iallgather` of `send` from every rank of `comm` (of
+/// `size` ranks); poll it with [`Gathering::test`].
+pub(super) fn iallgather(comm: Comm, send: Vec<i64>, size: usize) -> Result<Gathering> {
+    let count = int("all_gather length", send.len())?;
+    let total = send
+        .len()
+        .checked_mul(size)
+        .ok_or_else(|| CommError::InvalidArgument("all_gather size overflows".into()))?;
+    let mut gathering = Gathering {
+        // SAFETY: reading a predefined handle.
+        request: unsafe { ffi::RSMPI_REQUEST_NULL },
+        send,
+        recv: vec![0; total],
+        // Nothing is in flight until MPI_Iallgather succeeds.
+        done: true,
+    };
+    let Gathering {
+        request,
+        send,
+        recv,
+        ..
+    } = &mut gathering;
+    // SAFETY: `send` holds `count` words and `recv` `size * count`; both are
+    // heap blocks owned by the returned `Gathering`, which does not free them
+    // before the request completes (its drop leaks them otherwise), and the
+    // blocks do not move when the struct does. `request` is written by MPI.
+    check("MPI_Iallgather", unsafe {
+        ffi::MPI_Iallgather(
+            send_ptr(send.as_slice(), &0),
+            count,
+            Wire::I64.raw(),
+            recv_ptr(recv.as_mut_slice(), &mut 0),
+            count,
+            Wire::I64.raw(),
+            comm.0,
+            request,
+        )
+    })?;
+    gathering.done = false;
+    Ok(gathering)
+}
+
+impl Gathering {
+    /// Whether the all-gather has completed (`MPI_Test`; it also drives
+    /// MPI's progress). Once it has, the received words are final.
+    pub(super) fn test(&mut self) -> Result<bool> {
+        if self.done {
+            return Ok(true);
+        }
+        let mut flag: c_int = 0;
+        // SAFETY: `request` came from MPI_Iallgather and has not completed
+        // (MPI_Test sets it to MPI_REQUEST_NULL when it does, and `done`
+        // records that); MPI_STATUS_IGNORE is allowed.
+        check("MPI_Test", unsafe {
+            ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+        })?;
+        self.done = flag != 0;
+        Ok(self.done)
+    }
+
+    /// The gathered words, once [`Gathering::test`] said it completed.
+    pub(super) fn received(&self) -> Option<&[i64]> {
+        self.done.then_some(&self.recv[..])
+    }
+}
+
+impl Drop for Gathering {
+    fn drop(&mut self) {
+        if !self.done {
+            // MPI may still use both buffers: leak them (see the type).
+            std::mem::forget(std::mem::take(&mut self.send));
+            std::mem::forget(std::mem::take(&mut self.recv));
+        }
     }
 }

@@ -48,7 +48,13 @@
 //!   with `Tensor::to_device`.
 //! - **Asynchronous jobs on a second communicator.** Each NcclComm splits a
 //!   duplicate of itself at construction (collective); `run_async` runs jobs
-//!   in order on a thread that owns it, concurrently with blocking calls.
+//!   in order on a thread that owns it (the worker every backend shares),
+//!   concurrently with blocking calls. A job that panics loses the lane on
+//!   every rank: its rank posts [`CommError::Fault`] `{ rank, code:
+//!   LANE_LOST }` in place of its next collective on the duplicate, which
+//!   ends the collective the peers wait in (or their next), and every rank
+//!   that sees it poisons its duplicate; a peer waiting in `recv` for the
+//!   lost rank waits for its deadline.
 //!
 //! Tested by the conformance suite on every GPU present (`cargo test -p
 //! gradwire-tests --features nccl`, which prints `SKIP` lines on a machine
@@ -74,7 +80,7 @@ use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind, WORDS};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
-use crate::worker::Worker;
+use crate::worker::{Interrupter, Lane, Worker};
 use sys::{RawComm, Transfer};
 
 pub use sys::UniqueId;
@@ -499,6 +505,9 @@ impl NcclComm {
     /// The header exchange: all-gathers every rank's description of its
     /// call and validates them, identically on every rank.
     fn agree(&self, call: Call) -> Result<Vec<Call>> {
+        if let Some(reason) = self.owner.aborted() {
+            return Err(reason);
+        }
         self.reap()?;
         let mine: Vec<u8> = call.encode().iter().flat_map(|w| w.to_le_bytes()).collect();
         let send = self.upload(&mine)?;
@@ -513,7 +522,12 @@ impl NcclComm {
             .collect();
         debug_assert_eq!(words.len(), WORDS * self.size);
         let calls = header::decode_all(&words)?;
-        crate::call::validate(&calls)?;
+        crate::call::validate(&calls).inspect_err(|err| {
+            // A lost lane's fault ends the communicator, as on every backend.
+            if err.is_lane_lost() {
+                self.owner.poison(err.clone());
+            }
+        })?;
         Ok(calls)
     }
 
@@ -842,6 +856,27 @@ fn decode_message_header(head: &[u8; 16]) -> Result<(Option<ElemType>, usize)> {
     let len = usize::try_from(word(8))
         .map_err(|_| CommError::InvalidArgument("a message longer than memory".into()))?;
     Ok((elem, len))
+}
+
+/// A lost lane is announced by a fault in place of this rank's next
+/// collective on the lane: the peers' collective (the one they wait in, or
+/// their next) ends with it on every rank, and each poisons its lane. NCCL
+/// has no message a peer's `recv` could watch for: a peer waiting to
+/// receive from the lost rank waits for its deadline.
+impl Lane for NcclComm {
+    fn poisoned(&self) -> Option<CommError> {
+        self.owner.aborted()
+    }
+
+    fn announce_lost(&self, lost: &CommError) {
+        let _ = self.post_fault(crate::LANE_LOST);
+        self.owner.poison(lost.clone());
+    }
+
+    fn interrupter(&self) -> Interrupter {
+        let state = Arc::clone(&self.owner.abort);
+        Box::new(move |reason| state.poison(reason))
+    }
 }
 
 impl Drop for NcclComm {
@@ -1405,6 +1440,22 @@ impl Owner {
             // first, and calls come from the one thread holding the Owner).
             let _ = unsafe { handle.abort() };
         }
+    }
+
+    /// Makes every later call return `reason`, without aborting (a lost
+    /// asynchronous lane: no work is in flight).
+    fn poison(&self, reason: CommError) {
+        self.abort.poison(reason);
+    }
+}
+
+impl AbortState {
+    /// Sets the reason every later call returns, unless there is one. Any
+    /// thread may call it: a wait of the thread using the communicator
+    /// (`NcclComm::wait`, which polls `async_error`) then ends with it, and
+    /// that thread aborts the communicator itself.
+    fn poison(&self, reason: CommError) {
+        lock(&self.reason).get_or_insert(reason);
     }
 }
 

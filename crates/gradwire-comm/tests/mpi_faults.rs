@@ -1,0 +1,477 @@
+//! MpiComm's failure model under `mpirun` (feature `mpi`): every wait has a
+//! deadline, and a fault is an error on every rank, never a hang.
+//!
+//! One binary, two roles. Run by `cargo test` (no argument), it starts
+//! itself under `mpirun --oversubscribe -np W` for W = 1..=4 with
+//! `--mpi-faults-rank`, and fails unless every run exits 0 with rank 0's
+//! pass line. Under mpirun, each rank runs the scenarios and checks what it
+//! sees; the ranks gather their failures over a healthy communicator, so
+//! all agree on the verdict and the exit code:
+//!
+//! - `panicking_job` (every W): on a communicator with the default
+//!   deadline (10 minutes), one rank's asynchronous job panics before,
+//!   between or after the job's two collectives (every rank in turn). Its
+//!   handle is `RankPanicked`; every other rank's job that waits in, or
+//!   later reaches, a collective of the lane fails with `Fault { rank, code:
+//!   LANE_LOST }` within seconds; every later job fails at once without
+//!   running; the blocking lane still works. Also: a peer waiting in `recv`
+//!   for the panicking rank fails the same way.
+//! - `recv_timeout` (W >= 2): rank 0 receives from rank 1, which never
+//!   sends. At a short deadline rank 0 gets `Timeout` naming rank 1, and
+//!   every later call of every rank returns that same error, promptly.
+//! - `collective_timeout` (W >= 2): the last rank does not enter an
+//!   all-reduce until well after the deadline. The others get `Timeout` at
+//!   the deadline; the late rank fails at once when it arrives (it never
+//!   blocks in a data phase nobody else enters).
+//!
+//! Without MPI (`mpirun` not on the PATH) it prints a loud SKIP and passes;
+//! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
+
+use gradwire_comm::{CommError, Communicator, LANE_LOST, MpiComm, MpiConfig, Pending, ReduceOp};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The argument that makes this binary a rank.
+const RANK_FLAG: &str = "--mpi-faults-rank";
+/// The short deadline of the timeout scenarios.
+const SHORT: Duration = Duration::from_millis(500);
+/// How soon a fault must be reported once it happened (the default
+/// deadline, 10 minutes, is far longer).
+const PROMPT: Duration = Duration::from_secs(5);
+/// How soon a call on a poisoned communicator must fail.
+const AT_ONCE: Duration = Duration::from_millis(500);
+/// One mpirun's limit: a hang is a failure, not a stuck test.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == RANK_FLAG) {
+        return rank_main();
+    }
+    if args.iter().any(|a| a == "--list") {
+        println!("mpi_faults: test");
+        return ExitCode::SUCCESS;
+    }
+    launch()
+}
+
+// ---------------------------------------------------------------- launcher
+
+/// Skips loudly, or fails when MPI is required.
+fn unavailable(why: &str) -> ExitCode {
+    let required = std::env::var("GRADWIRE_REQUIRE_MPI").is_ok_and(|v| v == "1");
+    let banner = format!(
+        "\n==================== SKIP ====================\n\
+         MpiComm fault tests NOT RUN: {why}\n\
+         (needs Open MPI's mpirun; GRADWIRE_REQUIRE_MPI=1 makes this a failure)\n\
+         ==============================================\n"
+    );
+    let _ = std::io::stderr().write_all(banner.as_bytes());
+    if required {
+        eprintln!("GRADWIRE_REQUIRE_MPI=1 but the MPI fault tests cannot run: {why}");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let uids = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            Some(uids.split_whitespace().nth(1)? == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// Runs this binary as `world` ranks; returns (success, output, duration).
+fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
+    let mut command = Command::new(mpirun);
+    if is_root() {
+        command.arg("--allow-run-as-root");
+    }
+    command
+        .args(["--oversubscribe", "-np", &world.to_string()])
+        .args(["--mca", "btl", "self,vader"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .arg(binary)
+        .arg(RANK_FLAG)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = command.spawn().expect("mpirun starts");
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for mpirun") {
+            break Some(status);
+        }
+        if start.elapsed() > RUN_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = start.elapsed();
+    let text = format!(
+        "{}{}",
+        reader.join().unwrap_or_default(),
+        err_reader.join().unwrap_or_default()
+    );
+    match status {
+        Some(status) => (status.success(), text, took),
+        None => (false, format!("{text}\n(killed after {RUN_LIMIT:?})"), took),
+    }
+}
+
+fn launch() -> ExitCode {
+    let Some(mpirun) = on_path("mpirun") else {
+        return unavailable("`mpirun` is not on the PATH (Debian: apt-get install openmpi-bin)");
+    };
+    let binary = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(e) => return unavailable(&format!("cannot find this test binary: {e}")),
+    };
+    let mut failed = false;
+    for world in 1..=4 {
+        let (ok, output, took) = run(&mpirun, &binary, world);
+        let passed = format!("mpi_faults: every scenario passed on {world} rank(s)");
+        let ok = ok && output.contains(&passed);
+        println!(
+            "--- mpirun -np {world} ({:.1}s): {} ---\n{output}",
+            took.as_secs_f64(),
+            if ok { "ok" } else { "FAILED" }
+        );
+        failed |= !ok;
+    }
+    if failed {
+        println!("test mpi_faults ... FAILED");
+        ExitCode::FAILURE
+    } else {
+        println!("test mpi_faults ... ok");
+        ExitCode::SUCCESS
+    }
+}
+
+// ------------------------------------------------------------------- ranks
+
+/// What a scenario found wrong on this rank.
+type Failures = Vec<String>;
+
+fn check(failures: &mut Failures, ok: bool, message: impl FnOnce() -> String) {
+    if !ok {
+        failures.push(message());
+    }
+}
+
+/// Where in its job the panicking rank panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    Before,
+    Between,
+    After,
+}
+
+/// One rank's job panics `at` a point; checks what this rank sees.
+fn panicking_job_once(failures: &mut Failures, panicker: usize, at: At) -> Result<(), CommError> {
+    // A fresh communicator (and lane) each time; the default deadline.
+    let comm = MpiComm::world()?;
+    let (rank, w) = (comm.rank(), comm.world_size());
+    let case = format!("rank {panicker} panics {at:?}");
+    let start = Instant::now();
+    let first = comm.run_async(move |lane| {
+        let fail_at = |here: At| {
+            if rank == panicker && at == here {
+                panic!("the job of rank {rank} fails {here:?}");
+            }
+        };
+        fail_at(At::Before);
+        let mut sum = vec![1f32; 64];
+        lane.all_reduce(&mut sum, ReduceOp::Sum)?;
+        fail_at(At::Between);
+        lane.barrier()?;
+        fail_at(At::After);
+        Ok(sum[0])
+    })?;
+    let second = comm.all_gather_async(vec![rank as u32]);
+    let first = first.wait();
+    let second = second.and_then(Pending::wait);
+    let took = start.elapsed();
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&ran);
+    let asked = Instant::now();
+    let third = comm
+        .run_async(move |_| {
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+        .and_then(Pending::wait);
+    let third_took = asked.elapsed();
+    let lost = CommError::Fault {
+        rank: panicker,
+        code: LANE_LOST,
+    };
+    if rank == panicker {
+        check(
+            failures,
+            matches!(&first, Err(CommError::RankPanicked { rank: r, message })
+                if *r == rank && message.contains("fails")),
+            || format!("{case}: the panicking job gave {first:?}"),
+        );
+    } else if at == At::After {
+        check(failures, first == Ok(w as f32), || {
+            format!("{case}: a job that completed before the panic gave {first:?}")
+        });
+    } else {
+        check(failures, first.as_ref().err() == Some(&lost), || {
+            format!("{case}: the job the panicking rank left gave {first:?}")
+        });
+    }
+    check(failures, second.as_ref().err() == Some(&lost), || {
+        format!("{case}: the job queued behind gave {second:?}")
+    });
+    check(failures, took < PROMPT, || {
+        format!("{case}: the jobs took {took:?}")
+    });
+    check(
+        failures,
+        third.as_ref().err() == Some(&lost) && !ran.load(Ordering::SeqCst),
+        || {
+            format!(
+                "{case}: a later job gave {third:?} (ran: {})",
+                ran.load(Ordering::SeqCst)
+            )
+        },
+    );
+    check(failures, third_took < AT_ONCE, || {
+        format!("{case}: a later job took {third_took:?} to fail")
+    });
+    // The blocking lane is untouched.
+    let mut one = [1u32];
+    comm.all_reduce(&mut one, ReduceOp::Sum)?;
+    check(failures, one == [w as u32], || {
+        format!("{case}: the blocking lane afterwards: {one:?}")
+    });
+    Ok(())
+}
+
+/// Every rank's job panics in turn, at every point; then a receive.
+fn panicking_job(failures: &mut Failures) -> Result<(), CommError> {
+    let w = MpiComm::world()?.world_size();
+    for panicker in 0..w {
+        for at in [At::Before, At::Between, At::After] {
+            panicking_job_once(failures, panicker, at)?;
+        }
+    }
+    if w >= 2 {
+        let comm = MpiComm::world()?;
+        let start = Instant::now();
+        let got = comm
+            .run_async(|lane| {
+                if lane.rank() == 0 {
+                    panic!("rank 0 fails before it sends");
+                }
+                lane.recv(&mut [0f32; 4], 0)
+            })
+            .and_then(Pending::wait);
+        let took = start.elapsed();
+        let ok = if comm.rank() == 0 {
+            matches!(got, Err(CommError::RankPanicked { rank: 0, .. }))
+        } else {
+            got == Err(CommError::Fault {
+                rank: 0,
+                code: LANE_LOST,
+            })
+        };
+        check(failures, ok && took < PROMPT, || {
+            format!("recv from a rank whose job panicked, after {took:?}: {got:?}")
+        });
+    }
+    Ok(())
+}
+
+/// A communicator of every rank with the short deadline.
+fn short() -> Result<MpiComm, CommError> {
+    MpiComm::world_with(&MpiConfig::with_timeout(Some(SHORT)))
+}
+
+/// Rank 0 waits for a message rank 1 never sends.
+fn recv_timeout(failures: &mut Failures) -> Result<(), CommError> {
+    let comm = short()?;
+    let rank = comm.rank();
+    let want = CommError::Timeout {
+        op: "recv",
+        waited: SHORT,
+        missing: vec![1],
+    };
+    let start = Instant::now();
+    match rank {
+        0 => {
+            let got = comm.recv(&mut [0f32; 4], 1);
+            let took = start.elapsed();
+            check(failures, got.as_ref().err() == Some(&want), || {
+                format!("recv with no sender: {got:?}")
+            });
+            check(failures, took >= SHORT && took < SHORT + PROMPT, || {
+                format!("recv with no sender returned after {took:?}")
+            });
+        }
+        // Rank 1 is alive but busy until well after rank 0 gave up; the
+        // others arrive at a barrier before rank 0's deadline.
+        1 => std::thread::sleep(SHORT * 3),
+        _ => std::thread::sleep(SHORT / 2),
+    }
+    // Every later call of every rank returns rank 0's error, at once for
+    // the ranks that arrive after it gave up (not after their own deadline).
+    let asked = Instant::now();
+    let later = comm.barrier();
+    let took = asked.elapsed();
+    check(failures, later.as_ref().err() == Some(&want), || {
+        format!("barrier after rank 0's timeout: {later:?}")
+    });
+    let bound = if rank >= 2 { SHORT } else { AT_ONCE };
+    check(failures, took < bound, || {
+        format!("barrier after rank 0's timeout took {took:?}")
+    });
+    let again = comm.all_reduce(&mut [1u32; 3], ReduceOp::Sum);
+    check(failures, again.as_ref().err() == Some(&want), || {
+        format!("the communicator stays failed: {again:?}")
+    });
+    Ok(())
+}
+
+/// The last rank enters an all-reduce long after the deadline.
+fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
+    let comm = short()?;
+    let (rank, w) = (comm.rank(), comm.world_size());
+    let late = rank == w - 1;
+    // MPI cannot tell who is missing from a collective: `missing` is empty,
+    // and every rank (the first to give up told the others) has this error.
+    let want = CommError::Timeout {
+        op: "all_reduce",
+        waited: SHORT,
+        missing: vec![],
+    };
+    if late {
+        std::thread::sleep(SHORT * 3);
+    }
+    let start = Instant::now();
+    let mut buf = [1f32; 1000];
+    let got = comm.all_reduce(&mut buf, ReduceOp::Sum);
+    let took = start.elapsed();
+    check(failures, got.as_ref().err() == Some(&want), || {
+        format!("all_reduce that the last rank missed: {got:?}")
+    });
+    if late {
+        check(failures, took < AT_ONCE, || {
+            format!("the late rank waited {took:?} to learn the others gave up")
+        });
+    } else {
+        // The first rank to reach its deadline tells the others, who may
+        // have entered a little later.
+        check(failures, took >= SHORT / 2 && took < SHORT + PROMPT, || {
+            format!("all_reduce returned after {took:?}")
+        });
+    }
+    let asked = Instant::now();
+    let later = comm.barrier();
+    let took = asked.elapsed();
+    check(
+        failures,
+        later.as_ref().err() == Some(&want) && took < AT_ONCE,
+        || format!("barrier after the timeout, {took:?}: {later:?}"),
+    );
+    Ok(())
+}
+
+fn rank_main() -> ExitCode {
+    // The verdict travels on a communicator no scenario breaks (its
+    // deadline is the default: the scenarios' bounds are far shorter).
+    let world = match MpiComm::world() {
+        Ok(comm) => comm,
+        Err(e) => {
+            eprintln!("mpi_faults: cannot start MPI: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (rank, w) = (world.rank(), world.world_size());
+    type Scenario = fn(&mut Failures) -> Result<(), CommError>;
+    let scenarios: [(&str, Scenario, usize); 3] = [
+        ("panicking_job", panicking_job, 1),
+        ("recv_timeout", recv_timeout, 2),
+        ("collective_timeout", collective_timeout, 2),
+    ];
+    let mut failed = 0;
+    for (name, scenario, least) in scenarios {
+        if w < least {
+            continue;
+        }
+        let start = Instant::now();
+        let mut failures = Failures::new();
+        if let Err(e) = scenario(&mut failures) {
+            failures.push(format!("stopped with an error: {e}"));
+        }
+        let text = failures.join("\n");
+        let gathered = match world.all_gather_varied(text.as_bytes()) {
+            Ok(gathered) => gathered,
+            Err(e) => {
+                eprintln!("rank {rank}: cannot gather the verdict of {name}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let lines: Vec<(usize, String)> = (0..w)
+            .flat_map(|r| {
+                String::from_utf8_lossy(gathered.part(r))
+                    .lines()
+                    .map(|l| (r, l.to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if lines.is_empty() {
+            if rank == 0 {
+                println!("ok      {name} ({:.2}s)", start.elapsed().as_secs_f64());
+            }
+        } else {
+            failed += 1;
+            if rank == 0 {
+                println!("FAILED  {name}");
+                for (r, line) in lines {
+                    println!("          rank {r}: {line}");
+                }
+            }
+        }
+    }
+    drop(world);
+    if failed > 0 {
+        return ExitCode::FAILURE;
+    }
+    if rank == 0 {
+        println!("mpi_faults: every scenario passed on {w} rank(s)");
+    }
+    ExitCode::SUCCESS
+}
