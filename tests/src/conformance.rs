@@ -920,145 +920,23 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
 
 /// The fault matrix of `gradwire_cli::faults` on this backend: for every
 /// mode and fault, every rank sees the same outcome at every step, the
-/// steps after the fault complete, and the ranks end bitwise equal. Each
-/// scenario runs on its own duplicate of the communicator; the ranks'
-/// records are compared through an all-gather of their digests.
+/// steps after the fault complete, and the ranks end bitwise equal (each
+/// scenario on its own duplicate; the records compared after an
+/// all-gather, `faults::run_on`).
 fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
-    use gradwire_cli::faults::{self, Outcome, Report};
-    let w = comm.world_size();
-    for (mode, fault, skip) in faults::scenarios() {
-        let Some(own) = comm.split(Some(0), comm.rank() as i64)? else {
-            continue;
-        };
-        let record = faults::run_scenario(own, mode, fault, skip)?;
-        // One word per step's outcome, then an FNV-1a digest of the
-        // parameters' bits.
-        let mut words: Vec<u64> = record
-            .outcomes
-            .iter()
-            .map(|o| match o {
-                Outcome::Done => 1,
-                Outcome::Skipped => 2,
-                Outcome::Fault(rank, kind) => {
-                    3 | u64::from(kind.code()) << 8 | rank.map_or(0xFFFF, |r| r as u64) << 16
-                }
-                Outcome::Error(_) => 4,
-            })
-            .collect();
-        let digest = record
-            .params
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        // Ranks differ by design in partial mode (local SGD) and after an
-        // optimizer error (a partial update): compare their outcomes only.
-        let equal_expected = mode != faults::ModeCase::Partial && fault.passes();
-        words.push(if equal_expected { digest } else { 0 });
-        let mut all = vec![0u64; words.len() * w];
-        comm.all_gather(&words, &mut all)?;
-        let mine = words.clone();
-        let agree = all.chunks(mine.len()).all(|c| c == mine.as_slice());
-        let single = Report::judge(mode, fault, skip, std::slice::from_ref(&record));
-        checks.check(agree && single.holds(), || {
+    for report in gradwire_cli::faults::run_on(comm)? {
+        checks.check(report.holds(), || {
             format!(
-                "{} / {} / skip {skip}: ranks agree {agree}, rank's own outcomes {:?}",
-                mode.name(),
-                fault.name(),
-                record.outcomes
+                "{} / {} / skip {}: at the fault step {:?}, agreed {}, recovered {}, equal {:?}",
+                report.mode.name(),
+                report.fault.name(),
+                report.skip_non_finite,
+                report.at_fault,
+                report.agreed,
+                report.recovered,
+                report.equal
             )
         });
-    }
-    Ok(())
-}
-
-/// A job that panics on one rank loses the asynchronous lane of every rank,
-/// promptly (the backends' deadlines are minutes): its own handle is
-/// `RankPanicked`; a peer's job waiting in (or later reaching) a collective
-/// of the lane fails with `Fault { rank, code: LANE_LOST }`; every later job
-/// fails at once without running; the blocking lane goes on. The panic
-/// comes before, between and after the job's two collectives, each time on
-/// a fresh lane (a split of the whole group has its own).
-fn panicking_async_job<C: Communicator + 'static>(
-    comm: &C,
-    checks: &mut Checks,
-) -> Result<(), CaseError> {
-    const PROMPT: Duration = Duration::from_secs(5);
-    const AT_ONCE: Duration = Duration::from_millis(500);
-    let w = comm.world_size();
-    for (i, at) in ["before", "between", "after"].into_iter().enumerate() {
-        let lane = comm
-            .split(Some(0), 0)?
-            .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?;
-        let rank = lane.rank();
-        let panicker = (i + 1) % w;
-        let case = format!("rank {panicker} panics {at} its job's collectives");
-        let start = Instant::now();
-        let first = lane.run_async(move |c| {
-            let fail_at = |here: &str| {
-                if rank == panicker && at == here {
-                    panic!("the job of rank {rank} fails {here}");
-                }
-            };
-            fail_at("before");
-            let mut sum = vec![1f32; 17];
-            c.all_reduce(&mut sum, ReduceOp::Sum)?;
-            fail_at("between");
-            c.barrier()?;
-            fail_at("after");
-            Ok(sum[0])
-        })?;
-        let second = lane.all_gather_async(vec![rank as u32]);
-        let first = first.wait();
-        let second = second.and_then(Pending::wait);
-        let took = start.elapsed();
-        let ran = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&ran);
-        let asked = Instant::now();
-        let third = lane
-            .run_async(move |_| {
-                flag.store(true, Ordering::SeqCst);
-                Ok(())
-            })
-            .and_then(Pending::wait);
-        let third_took = asked.elapsed();
-        let lost = CommError::Fault {
-            rank: panicker,
-            code: LANE_LOST,
-        };
-        if rank == panicker {
-            checks.check(
-                matches!(&first, Err(CommError::RankPanicked { rank: r, message })
-                    if *r == rank && message.contains("fails")),
-                || format!("{case}: the panicking job gave {first:?}"),
-            );
-        } else if at == "after" {
-            checks.check(first == Ok(w as f32), || {
-                format!("{case}: a job done before the panic gave {first:?}")
-            });
-        } else {
-            checks.check(first.as_ref().err() == Some(&lost), || {
-                format!("{case}: the job the panicking rank left gave {first:?}")
-            });
-        }
-        checks.check(second.as_ref().err() == Some(&lost), || {
-            format!("{case}: the job queued behind gave {second:?}")
-        });
-        checks.check(took < PROMPT, || format!("{case}: the jobs took {took:?}"));
-        checks.check(
-            third.as_ref().err() == Some(&lost) && !ran.load(Ordering::SeqCst),
-            || format!("{case}: a later job gave {third:?}"),
-        );
-        checks.check(third_took < AT_ONCE, || {
-            format!("{case}: a later job took {third_took:?} to fail")
-        });
-        // The lane's blocking calls, and the parent, are untouched.
-        let mut one = [1u32];
-        lane.all_reduce(&mut one, ReduceOp::Sum)?;
-        checks.check(one == [w as u32], || {
-            format!("{case}: blocking calls: {one:?}")
-        });
-        still_works(comm, checks, &case)?;
     }
     Ok(())
 }

@@ -104,3 +104,19 @@ fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
         }
     }
 }
+
+/// A rank that panics, drops its communicator, or whose combiner panics is
+/// lost: every other rank's step fails naming it, promptly, never a hang.
+#[test]
+fn a_rank_that_panics_or_leaves_is_lost_on_every_other_rank_promptly() {
+    for world in 1..=8 {
+        let reports = faults::run_local_terminal(world, DEADLINE).expect("the matrix ran");
+        for r in &reports {
+            assert!(
+                r.holds() && r.time_to_outcome < PROMPT,
+                "W = {world}:\n{}",
+                faults::terminal_table(std::slice::from_ref(r), "local", world)
+            );
+        }
+    }
+}

@@ -51,6 +51,13 @@ pub enum Fault {
     WrongShape,
     /// The optimizer's update fails.
     OptimizerError,
+    /// The combiner (AdaSum) panics, on the communication thread in
+    /// adasum-grad mode and on the rank's own thread in adasum-delta mode.
+    PanickingCombiner,
+    /// The rank's thread panics between its pushes and `finish`.
+    RankPanics,
+    /// The rank returns early and drops its DistOpt and communicator.
+    DropsCommunicator,
 }
 
 impl Fault {
@@ -65,9 +72,20 @@ impl Fault {
         Fault::OptimizerError,
     ];
 
+    /// The faults that end the run: the faulty rank is gone, and every
+    /// other rank must learn it promptly, at the same step.
+    pub const TERMINAL: [Fault; 3] = [
+        Fault::PanickingCombiner,
+        Fault::RankPanics,
+        Fault::DropsCommunicator,
+    ];
+
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
+            Fault::PanickingCombiner => "panicking combiner",
+            Fault::RankPanics => "rank panics",
+            Fault::DropsCommunicator => "rank drops its comm",
             Fault::None => "none",
             Fault::Nan => "NaN",
             Fault::Inf => "inf",
@@ -82,7 +100,7 @@ impl Fault {
     /// still equal (everything but an optimizer error, after which the
     /// failing rank's update may be partial).
     pub fn passes(self) -> bool {
-        self != Fault::OptimizerError
+        !matches!(self, Fault::OptimizerError) && !Fault::TERMINAL.contains(&self)
     }
 }
 
@@ -167,6 +185,10 @@ pub enum Outcome {
     Skipped,
     /// The step failed with a fault of this kind, naming this rank.
     Fault(Option<usize>, FaultKind),
+    /// The step failed because a rank is gone (its thread panicked, it
+    /// dropped its communicator, or its asynchronous lane was lost to a
+    /// panicking job): the run cannot go on.
+    Lost(usize),
     /// Another error (its text).
     Error(String),
 }
@@ -177,7 +199,10 @@ impl Outcome {
             Ok(stats) if stats.non_finite => Outcome::Skipped,
             Ok(_) => Outcome::Done,
             Err(OptimError::Fault { rank, kind, .. }) => Outcome::Fault(*rank, *kind),
-            Err(e) => Outcome::Error(e.to_string()),
+            Err(e) => match lost_rank(e) {
+                Some(rank) => Outcome::Lost(rank),
+                None => Outcome::Error(e.to_string()),
+            },
         }
     }
 
@@ -188,8 +213,27 @@ impl Outcome {
             Outcome::Skipped => "skipped".into(),
             Outcome::Fault(Some(r), kind) => format!("{kind} (rank {r})"),
             Outcome::Fault(None, kind) => kind.to_string(),
+            Outcome::Lost(r) => format!("rank {r} lost"),
             Outcome::Error(e) => format!("error: {e}"),
         }
+    }
+}
+
+/// The rank a "lost rank" error names: a peer gone ([`CommError::PeerLost`]),
+/// this rank's own panicking job ([`CommError::RankPanicked`]), or a lane
+/// lost to another rank's panicking job ([`gradwire_comm::LANE_LOST`]).
+fn lost_rank(e: &OptimError) -> Option<usize> {
+    use gradwire_algos::AlgoError;
+    use gradwire_comm::{CommError, LANE_LOST};
+    let comm = match e {
+        OptimError::Distributed(AlgoError::Comm(c)) => c,
+        _ => return None,
+    };
+    match comm {
+        CommError::PeerLost { ranks, .. } => ranks.first().copied(),
+        CommError::RankPanicked { rank, .. } => Some(*rank),
+        CommError::Fault { rank, code } if *code == LANE_LOST => Some(*rank),
+        _ => None,
     }
 }
 
@@ -266,6 +310,27 @@ impl Optimizer for FaultyOptimizer {
     }
 }
 
+/// AdaSum, or a panic when armed (the scenario arms it on the injecting
+/// rank at the fault's step).
+struct PanickingCombiner<C: Communicator> {
+    inner: AdaSum<C>,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<C: Communicator + 'static> gradwire_optim::Combiner<C> for PanickingCombiner<C> {
+    fn combine(
+        &mut self,
+        comm: &C,
+        bucket: usize,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<gradwire_optim::Combined> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected panic in the combiner of rank {}", comm.rank());
+        }
+        gradwire_optim::Combiner::combine(&mut self.inner, comm, bucket, tensors)
+    }
+}
+
 /// This rank's gradient of parameter `k` at `step` (deterministic).
 fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
     (0..n)
@@ -316,6 +381,7 @@ pub fn run_schedule<C: Communicator + 'static>(
         })?,
         armed: false,
     };
+    let combiner_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
         mode: mode.mode(),
         fusion_threshold: FUSION_THRESHOLD,
@@ -324,8 +390,12 @@ pub fn run_schedule<C: Communicator + 'static>(
     };
     let mut dist = match mode {
         ModeCase::AdaSumGrad | ModeCase::DeltaWeight => {
-            let adasum = AdaSum::new(&comm).map_err(OptimError::from)?;
-            DistOpt::with_combiner(optimizer, comm, specs.clone(), config, adasum)?
+            let inner = AdaSum::new(&comm).map_err(OptimError::from)?;
+            let combiner = PanickingCombiner {
+                inner,
+                armed: std::sync::Arc::clone(&combiner_armed),
+            };
+            DistOpt::with_combiner(optimizer, comm, specs.clone(), config, combiner)?
         }
         _ => DistOpt::new(optimizer, comm, specs.clone(), config)?,
     };
@@ -355,6 +425,10 @@ pub fn run_schedule<C: Communicator + 'static>(
         let fault = fault_at(step);
         let inject = fault != Fault::None;
         dist.optimizer_mut().armed = fault == Fault::OptimizerError;
+        combiner_armed.store(
+            fault == Fault::PanickingCombiner,
+            std::sync::atomic::Ordering::SeqCst,
+        );
         let start = Instant::now();
         // Backward order: the last parameter first.
         for (k, spec) in specs.iter().enumerate().rev() {
@@ -379,6 +453,12 @@ pub fn run_schedule<C: Communicator + 'static>(
             // with finish, where every rank learns of it.
             let _ = dist.push(name, Tensor::from_vec(g, shape)?);
         }
+        match fault {
+            Fault::RankPanics => panic!("injected panic on rank {rank}"),
+            // The early return drops DistOpt, and with it the communicator.
+            Fault::DropsCommunicator => return Ok(record),
+            _ => {}
+        }
         let mut wrong = Tensor::from_vec(vec![0f32; 15], 15)?;
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         let mut targets: Vec<(&str, &mut Tensor)> =
@@ -394,6 +474,9 @@ pub fn run_schedule<C: Communicator + 'static>(
         };
         record.times.push(start.elapsed());
         record.outcomes.push(Outcome::of(&result));
+        if matches!(record.outcomes.last(), Some(Outcome::Lost(_))) {
+            break; // a rank is gone: the run cannot go on
+        }
     }
     for p in &params {
         record
@@ -475,6 +558,8 @@ impl Report {
             Fault::OptimizerError => {
                 matches!(self.at_fault, Outcome::Fault(Some(_), FaultKind::Optimizer))
             }
+            // Judged by [`TerminalReport`]: the run does not go on.
+            Fault::PanickingCombiner | Fault::RankPanics | Fault::DropsCommunicator => false,
         };
         let equal = self.equal.unwrap_or(true) || !self.fault.passes();
         expected && self.agreed && self.recovered && equal
@@ -498,6 +583,268 @@ pub fn scenarios() -> Vec<(ModeCase, Fault, bool)> {
         }
     }
     all
+}
+
+/// The faults that end a run, judged: every surviving rank's run ends with
+/// a step that fails naming the lost rank, promptly.
+///
+/// The failing step is [`FAULT_STEP`], or the step before it on a rank that
+/// was still finishing that step when the faulty rank, done with it,
+/// left: a group that lost a rank fails every later call on it (LocalComm's
+/// rule), so a survivor's last exchanges with the other survivors fail too.
+#[derive(Debug, Clone)]
+pub struct TerminalReport {
+    /// The mode.
+    pub mode: ModeCase,
+    /// The fault.
+    pub fault: Fault,
+    /// Each rank's last step and its outcome (`None`: the rank is gone).
+    pub outcomes: Vec<Option<(usize, Outcome)>>,
+    /// Whether every step before a rank's last one completed.
+    pub done_before: bool,
+    /// The slowest surviving rank's time for its last step.
+    pub time_to_outcome: Duration,
+}
+
+impl TerminalReport {
+    /// Judges every rank's record (`None` for the rank that panicked).
+    pub fn judge(mode: ModeCase, fault: Fault, records: &[Option<RankRecord>]) -> TerminalReport {
+        let last = |r: &RankRecord| r.outcomes.last().map(|o| (r.outcomes.len() - 1, o.clone()));
+        let outcomes = records.iter().map(|r| r.as_ref().and_then(last)).collect();
+        let done_before = records.iter().flatten().all(|r| {
+            let n = r.outcomes.len().saturating_sub(1);
+            r.outcomes[..n].iter().all(|o| *o == Outcome::Done)
+        });
+        let time_to_outcome = records
+            .iter()
+            .flatten()
+            .filter_map(|r| r.times.last())
+            .max()
+            .copied()
+            .unwrap_or_default();
+        TerminalReport {
+            mode,
+            fault,
+            outcomes,
+            done_before,
+            time_to_outcome,
+        }
+    }
+
+    /// Whether every rank still there ended with a step that failed naming
+    /// the lost rank (the last one), at the fault step or the one before,
+    /// every earlier step done. The faulty rank itself may be gone, may have
+    /// returned after its last completed step, or (a panicking combiner on
+    /// its communication thread) fail naming itself.
+    pub fn holds(&self) -> bool {
+        let lost = self.outcomes.len() - 1;
+        let ends_lost = self.outcomes.iter().enumerate().all(|(rank, o)| match o {
+            // The faulty rank: gone, left after its last completed step, or
+            // failed naming itself (its own job panicked).
+            _ if rank == lost => true,
+            Some((step, o)) => {
+                *o == Outcome::Lost(lost) && (FAULT_STEP - 1..=FAULT_STEP).contains(step)
+            }
+            None => false,
+        });
+        // A world of one has nobody to tell.
+        self.done_before && (ends_lost || lost == 0)
+    }
+}
+
+/// The terminal scenarios: a rank that panics or drops its communicator in
+/// every mode, a panicking combiner in the modes that have one.
+pub fn terminal_scenarios() -> Vec<(ModeCase, Fault)> {
+    let mut all = Vec::new();
+    for mode in ModeCase::ALL {
+        for fault in Fault::TERMINAL {
+            let has_combiner = matches!(mode, ModeCase::AdaSumGrad | ModeCase::DeltaWeight);
+            if fault != Fault::PanickingCombiner || has_combiner {
+                all.push((mode, fault));
+            }
+        }
+    }
+    all
+}
+
+/// Runs every terminal scenario on `world` in-process ranks.
+pub fn run_local_terminal(world: usize, deadline: Duration) -> crate::Result<Vec<TerminalReport>> {
+    use gradwire_comm::{LocalConfig, local};
+    if world == 0 {
+        return Err(crate::CliError::Usage("--world must be at least 1".into()));
+    }
+    let config = LocalConfig::with_timeout(Some(deadline));
+    let _quiet = QuietInjectedPanics::install();
+    let mut reports = Vec::new();
+    for (mode, fault) in terminal_scenarios() {
+        let results = local::run_with(world, &config, |comm| {
+            run_scenario(comm, mode, fault, false)
+        })?;
+        // A panicked rank has no record; any other failure is a real error.
+        let records = results
+            .into_iter()
+            .map(|r| match r {
+                Ok(record) => record.map(Some).map_err(crate::CliError::from),
+                Err(gradwire_comm::CommError::RankPanicked { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        reports.push(TerminalReport::judge(mode, fault, &records));
+    }
+    Ok(reports)
+}
+
+/// Silences the panic hook for this module's injected panics (their
+/// messages start with "injected") while it lives; every other panic is
+/// reported by the hook that was there before.
+struct QuietInjectedPanics;
+
+type PanicHook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
+
+static PREVIOUS_HOOK: std::sync::Mutex<Option<std::sync::Arc<PanicHook>>> =
+    std::sync::Mutex::new(None);
+
+impl QuietInjectedPanics {
+    fn install() -> QuietInjectedPanics {
+        let previous: std::sync::Arc<PanicHook> = std::sync::Arc::new(std::panic::take_hook());
+        if let Ok(mut slot) = PREVIOUS_HOOK.lock() {
+            *slot = Some(std::sync::Arc::clone(&previous));
+        }
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("");
+            if !message.starts_with("injected") {
+                previous(info);
+            }
+        }));
+        QuietInjectedPanics
+    }
+}
+
+impl Drop for QuietInjectedPanics {
+    fn drop(&mut self) {
+        let previous = PREVIOUS_HOOK.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(previous) = previous {
+            std::panic::set_hook(Box::new(move |info| previous(info)));
+        }
+    }
+}
+
+/// The terminal scenarios as a table.
+pub fn terminal_table(reports: &[TerminalReport], backend: &str, world: usize) -> String {
+    use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "mode".to_string(),
+        "fault (last rank)".to_string(),
+        format!("last step per rank: outcome, {backend} W={world}"),
+        "ms".to_string(),
+        "holds".to_string(),
+    ]);
+    for r in reports {
+        let outcomes: Vec<String> = r
+            .outcomes
+            .iter()
+            .map(|o| {
+                o.as_ref().map_or_else(
+                    || "gone".to_string(),
+                    |(step, o)| format!("{step}: {}", o.label()),
+                )
+            })
+            .collect();
+        table.add_row(vec![
+            r.mode.name().to_string(),
+            r.fault.name().to_string(),
+            outcomes.join(" | "),
+            format!("{:.1}", r.time_to_outcome.as_secs_f64() * 1e3),
+            if r.holds() { "yes" } else { "NO" }.to_string(),
+        ]);
+    }
+    table.to_string()
+}
+
+impl RankRecord {
+    /// The record as words for an all-gather: per step its outcome code
+    /// and its time in microseconds, then a 64-bit FNV-1a digest of the
+    /// parameters (an error's text does not travel).
+    fn encode(&self) -> Vec<u64> {
+        let mut words = vec![self.outcomes.len() as u64];
+        for (o, t) in self.outcomes.iter().zip(&self.times) {
+            words.push(match o {
+                Outcome::Done => 1,
+                Outcome::Skipped => 2,
+                Outcome::Fault(rank, kind) => {
+                    3 | u64::from(kind.code()) << 8 | rank.map_or(0xFFFF, |r| r as u64) << 16
+                }
+                Outcome::Lost(r) => 5 | (*r as u64) << 16,
+                Outcome::Error(_) => 4,
+            });
+            words.push(t.as_micros() as u64);
+        }
+        let digest = self.params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        words.push(digest);
+        words
+    }
+
+    /// What [`RankRecord::encode`] wrote (parameters as their digest).
+    fn decode(words: &[u64]) -> Option<RankRecord> {
+        let (&n, rest) = words.split_first()?;
+        let n = usize::try_from(n).ok()?;
+        let mut record = RankRecord {
+            outcomes: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+            params: Vec::new(),
+        };
+        for pair in rest.get(..2 * n)?.chunks(2) {
+            let code = pair[0];
+            let rank = (code >> 16) as usize;
+            record.outcomes.push(match code & 0xFF {
+                1 => Outcome::Done,
+                2 => Outcome::Skipped,
+                3 => Outcome::Fault(
+                    (rank != 0xFFFF).then_some(rank),
+                    FaultKind::from_code(((code >> 8) & 0xFF) as u32)?,
+                ),
+                5 => Outcome::Lost(rank),
+                _ => Outcome::Error("(on another rank)".into()),
+            });
+            record.times.push(Duration::from_micros(pair[1]));
+        }
+        let digest = *rest.get(2 * n)?;
+        record.params = vec![digest as u32, (digest >> 32) as u32];
+        Some(record)
+    }
+}
+
+/// Runs every scenario on the ranks of `comm` (each on its own duplicate,
+/// so a scenario's faults stay in it), gathers every rank's record over
+/// `comm` and judges each; every rank gets the same reports.
+pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>> {
+    let w = comm.world_size();
+    let mut reports = Vec::new();
+    for (mode, fault, skip) in scenarios() {
+        let own = comm
+            .split(Some(0), comm.rank() as i64)?
+            .ok_or_else(|| crate::CliError::Usage("a split left this rank out".into()))?;
+        let record = run_scenario(own, mode, fault, skip)?;
+        // Records have one length on every rank that completed the run.
+        let gathered = comm.all_gather_varied(&record.encode())?;
+        let records = (0..w)
+            .map(|r| {
+                RankRecord::decode(gathered.part(r)).ok_or_else(|| {
+                    crate::CliError::Usage(format!("rank {r} sent a record this rank cannot read"))
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        reports.push(Report::judge(mode, fault, skip, &records));
+    }
+    Ok(reports)
 }
 
 /// Runs every scenario on `world` in-process ranks (LocalComm, with a

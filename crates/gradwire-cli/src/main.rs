@@ -39,9 +39,10 @@ enum Command {
     /// Measure all-reduce or compression throughput against memcpy.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Inject faults into DistOpt (a NaN, a bad call, an optimizer error on
-    /// one rank) in every mode and print whether every rank saw the same
-    /// outcome and the run went on (the failure model).
+    /// Inject faults into DistOpt (a NaN, a bad call, an optimizer error, a
+    /// panic, a dropped communicator on one rank) in every mode and print
+    /// whether every rank saw the same outcome and the run went on (the
+    /// failure model).
     Faults(FaultsArgs),
 }
 
@@ -54,6 +55,12 @@ struct FaultsArgs {
     /// The communicator's deadline, in seconds.
     #[arg(long, default_value_t = 60)]
     deadline: u64,
+    /// Where the ranks run: `local` threads (`--world` of them), or `mpi`
+    /// processes under `mpirun` (build with `--features mpi`; rank 0
+    /// prints; the terminal faults, which end a process, run on `local`
+    /// only).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    backend: Backend,
 }
 
 /// Which communicator the workers use.
@@ -480,17 +487,57 @@ impl Drop for RunBar {
 fn run_faults(args: FaultsArgs) -> Result<(), CliError> {
     use gradwire_cli::faults;
     let deadline = std::time::Duration::from_secs(args.deadline);
+    match args.backend {
+        Backend::Local => {}
+        Backend::Mpi => return faults_mpi(deadline),
+        Backend::Nccl => {
+            return Err(CliError::Usage(
+                "faults runs on --backend local or mpi".into(),
+            ));
+        }
+    }
     let reports = faults::run_local(args.world, deadline)?;
     println!("{}", faults::table(&reports, "local", args.world));
+    let terminal = faults::run_local_terminal(args.world, deadline)?;
+    println!("{}", faults::terminal_table(&terminal, "local", args.world));
+    let total = reports.len() + terminal.len();
+    let broken = reports.iter().filter(|r| !r.holds()).count()
+        + terminal.iter().filter(|r| !r.holds()).count();
+    if broken > 0 {
+        return Err(CliError::Usage(format!(
+            "{broken} of {total} scenarios break the failure model"
+        )));
+    }
+    println!("all {total} scenarios keep the failure model");
+    Ok(())
+}
+
+/// The fault matrix on `MpiComm::world()` under mpirun; rank 0 prints.
+#[cfg(feature = "mpi")]
+fn faults_mpi(deadline: std::time::Duration) -> Result<(), CliError> {
+    use gradwire_cli::faults;
+    use gradwire_comm::{Communicator, MpiComm, MpiConfig};
+    let comm = MpiComm::world_with(&MpiConfig::with_timeout(Some(deadline)))?;
+    let reports = faults::run_on(&comm)?;
     let broken = reports.iter().filter(|r| !r.holds()).count();
+    if comm.rank() == 0 {
+        println!("{}", faults::table(&reports, "mpi", comm.world_size()));
+    }
     if broken > 0 {
         return Err(CliError::Usage(format!(
             "{broken} of {} scenarios break the failure model",
             reports.len()
         )));
     }
-    println!("all {} scenarios keep the failure model", reports.len());
+    if comm.rank() == 0 {
+        println!("all {} scenarios keep the failure model", reports.len());
+    }
     Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn faults_mpi(_: std::time::Duration) -> Result<(), CliError> {
+    Err(mpi_missing())
 }
 
 fn run_compare(args: CompareArgs) -> Result<(), CliError> {

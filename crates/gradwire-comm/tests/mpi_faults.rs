@@ -24,6 +24,12 @@
 //!   the deadline; the late rank fails at once when it arrives (it never
 //!   blocks in a data phase nobody else enters).
 //!
+//! - `sigkill` (its own mpirun, W = 3): the last rank kills itself with
+//!   SIGKILL in the middle of a loop of all-reduces. No rank may hang: the
+//!   job must end within [`KILL_LIMIT`] with a failure status (Open MPI's
+//!   runtime sees the process die and terminates the others), and no
+//!   surviving rank may report the loop completed.
+//!
 //! Without MPI (`mpirun` not on the PATH) it prints a loud SKIP and passes;
 //! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
 
@@ -37,6 +43,10 @@ use std::time::{Duration, Instant};
 
 /// The argument that makes this binary a rank.
 const RANK_FLAG: &str = "--mpi-faults-rank";
+/// The argument that makes this binary a rank of the SIGKILL run.
+const KILL_FLAG: &str = "--mpi-faults-sigkill";
+/// How long the job may take to end once a rank was killed.
+const KILL_LIMIT: Duration = Duration::from_secs(60);
 /// The short deadline of the timeout scenarios.
 const SHORT: Duration = Duration::from_millis(500);
 /// How soon a fault must be reported once it happened (the default
@@ -51,6 +61,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == RANK_FLAG) {
         return rank_main();
+    }
+    if args.iter().any(|a| a == KILL_FLAG) {
+        return sigkill_main();
     }
     if args.iter().any(|a| a == "--list") {
         println!("mpi_faults: test");
@@ -99,6 +112,16 @@ fn is_root() -> bool {
 
 /// Runs this binary as `world` ranks; returns (success, output, duration).
 fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
+    run_with(mpirun, binary, world, RANK_FLAG, RUN_LIMIT)
+}
+
+fn run_with(
+    mpirun: &Path,
+    binary: &Path,
+    world: usize,
+    flag: &str,
+    limit: Duration,
+) -> (bool, String, Duration) {
     let mut command = Command::new(mpirun);
     if is_root() {
         command.arg("--allow-run-as-root");
@@ -108,7 +131,7 @@ fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
         .args(["--mca", "btl", "self,vader"])
         .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .arg(binary)
-        .arg(RANK_FLAG)
+        .arg(flag)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -130,7 +153,7 @@ fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
         if let Some(status) = child.try_wait().expect("wait for mpirun") {
             break Some(status);
         }
-        if start.elapsed() > RUN_LIMIT {
+        if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -145,7 +168,7 @@ fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
     );
     match status {
         Some(status) => (status.success(), text, took),
-        None => (false, format!("{text}\n(killed after {RUN_LIMIT:?})"), took),
+        None => (false, format!("{text}\n(killed after {limit:?})"), took),
     }
 }
 
@@ -169,6 +192,21 @@ fn launch() -> ExitCode {
         );
         failed |= !ok;
     }
+    // SIGKILL: the job ends, promptly and as a failure, on every rank.
+    let (ok, output, took) = run_with(&mpirun, &binary, 3, KILL_FLAG, KILL_LIMIT);
+    let completed = output.contains("sigkill: loop completed");
+    let prompt = took < KILL_LIMIT;
+    let good = !ok && !completed && prompt;
+    println!(
+        "--- mpirun -np 3, rank 2 killed with SIGKILL ({:.1}s): {} ---\n{output}",
+        took.as_secs_f64(),
+        if good {
+            "ok (the job ended as a failure)"
+        } else {
+            "FAILED"
+        }
+    );
+    failed |= !good;
     if failed {
         println!("test mpi_faults ... FAILED");
         ExitCode::FAILURE
@@ -407,6 +445,35 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
         || format!("barrier after the timeout, {took:?}: {later:?}"),
     );
     Ok(())
+}
+
+/// A rank of the SIGKILL run: all-reduces in a loop; the last rank kills
+/// itself in the middle. A survivor that got out of the loop says so, which
+/// the launcher counts as a failure (it should have been terminated or
+/// failed).
+fn sigkill_main() -> ExitCode {
+    let world = match MpiComm::world() {
+        Ok(comm) => comm,
+        Err(e) => {
+            eprintln!("sigkill: cannot start MPI: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (rank, w) = (world.rank(), world.world_size());
+    for step in 0..200 {
+        if step == 20 && rank == w - 1 {
+            let pid = std::process::id().to_string();
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        let mut v = [1f32; 1024];
+        if let Err(e) = world.all_reduce(&mut v, ReduceOp::Sum) {
+            println!("sigkill: rank {rank} failed at step {step}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    println!("sigkill: loop completed on rank {rank}");
+    ExitCode::SUCCESS
 }
 
 fn rank_main() -> ExitCode {
