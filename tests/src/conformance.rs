@@ -941,6 +941,97 @@ fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Res
     Ok(())
 }
 
+/// A job that panics on one rank loses the asynchronous lane of every rank,
+/// promptly (the backends' deadlines are minutes): its own handle is
+/// `RankPanicked`; a peer's job waiting in (or later reaching) a collective
+/// of the lane fails with `Fault { rank, code: LANE_LOST }`; every later job
+/// fails at once without running; the blocking lane goes on. The panic
+/// comes before, between and after the job's two collectives, each time on
+/// a fresh lane (a split of the whole group has its own).
+fn panicking_async_job<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    const PROMPT: Duration = Duration::from_secs(5);
+    const AT_ONCE: Duration = Duration::from_millis(500);
+    let w = comm.world_size();
+    for (i, at) in ["before", "between", "after"].into_iter().enumerate() {
+        let lane = comm
+            .split(Some(0), 0)?
+            .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?;
+        let rank = lane.rank();
+        let panicker = (i + 1) % w;
+        let case = format!("rank {panicker} panics {at} its job's collectives");
+        let start = Instant::now();
+        let first = lane.run_async(move |c| {
+            let fail_at = |here: &str| {
+                if rank == panicker && at == here {
+                    panic!("the job of rank {rank} fails {here}");
+                }
+            };
+            fail_at("before");
+            let mut sum = vec![1f32; 17];
+            c.all_reduce(&mut sum, ReduceOp::Sum)?;
+            fail_at("between");
+            c.barrier()?;
+            fail_at("after");
+            Ok(sum[0])
+        })?;
+        let second = lane.all_gather_async(vec![rank as u32]);
+        let first = first.wait();
+        let second = second.and_then(Pending::wait);
+        let took = start.elapsed();
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ran);
+        let asked = Instant::now();
+        let third = lane
+            .run_async(move |_| {
+                flag.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .and_then(Pending::wait);
+        let third_took = asked.elapsed();
+        let lost = CommError::Fault {
+            rank: panicker,
+            code: LANE_LOST,
+        };
+        if rank == panicker {
+            checks.check(
+                matches!(&first, Err(CommError::RankPanicked { rank: r, message })
+                    if *r == rank && message.contains("fails")),
+                || format!("{case}: the panicking job gave {first:?}"),
+            );
+        } else if at == "after" {
+            checks.check(first == Ok(w as f32), || {
+                format!("{case}: a job done before the panic gave {first:?}")
+            });
+        } else {
+            checks.check(first.as_ref().err() == Some(&lost), || {
+                format!("{case}: the job the panicking rank left gave {first:?}")
+            });
+        }
+        checks.check(second.as_ref().err() == Some(&lost), || {
+            format!("{case}: the job queued behind gave {second:?}")
+        });
+        checks.check(took < PROMPT, || format!("{case}: the jobs took {took:?}"));
+        checks.check(
+            third.as_ref().err() == Some(&lost) && !ran.load(Ordering::SeqCst),
+            || format!("{case}: a later job gave {third:?}"),
+        );
+        checks.check(third_took < AT_ONCE, || {
+            format!("{case}: a later job took {third_took:?} to fail")
+        });
+        // The lane's blocking calls, and the parent, are untouched.
+        let mut one = [1u32];
+        lane.all_reduce(&mut one, ReduceOp::Sum)?;
+        checks.check(one == [w as u32], || {
+            format!("{case}: blocking calls: {one:?}")
+        });
+        still_works(comm, checks, &case)?;
+    }
+    Ok(())
+}
+
 fn invalid_arguments<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
     let (w, rank) = (comm.world_size(), comm.rank());
     expect_invalid(

@@ -870,3 +870,31 @@ fn restoring_into_another_configuration_names_the_difference() {
     })
     .unwrap();
 }
+
+/// Sizes computed from declared shapes are checked: a shape whose product
+/// overflows, or parameters whose total does, is an error at construction
+/// (neither a panic in debug nor a wrapped size in release).
+#[test]
+fn overflowing_declarations_are_errors() {
+    local::run(1, |comm: LocalComm| {
+        let sgd = || Sgd::new(SgdConfig::default());
+        let huge = vec![ParamSpec::new("w", [usize::MAX, 2])];
+        let err = DistOpt::new(sgd()?, comm, huge, DistOptConfig::default()).err();
+        assert!(
+            matches!(err, Some(OptimError::InvalidArgument(ref m)) if m.contains("w")),
+            "{err:?}"
+        );
+        let comm = LocalComm::create(1)
+            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?
+            .pop()
+            .expect("one rank");
+        let total = vec![ParamSpec::new("a", [usize::MAX]), ParamSpec::new("b", [2])];
+        let err = DistOpt::new(sgd()?, comm, total, DistOptConfig::default()).err();
+        assert!(
+            matches!(err, Some(OptimError::InvalidArgument(_))),
+            "{err:?}"
+        );
+        Ok::<_, OptimError>(())
+    })
+    .unwrap();
+}

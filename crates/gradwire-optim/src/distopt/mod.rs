@@ -337,6 +337,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .iter()
             .map(ParamSpec::checked_len)
             .collect::<Result<Vec<_>>>()?;
+        // The flat model (DimReduce, checkpoints) must be addressable too.
+        if lens
+            .iter()
+            .try_fold(0usize, |sum, &n| sum.checked_add(n))
+            .is_none()
+        {
+            return Err(OptimError::InvalidArgument(
+                "the declared parameters hold more elements than fit in memory".into(),
+            ));
+        }
         let buckets = plan_buckets(&params, &lens, config.fusion_threshold, config.capacity)?;
         let grads = vec![None; params.len()];
         let residuals = buckets
