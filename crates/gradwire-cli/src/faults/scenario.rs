@@ -1,0 +1,255 @@
+//! One scenario on one rank: the model, the injected faults (a faulty
+//! optimizer, a panicking combiner, bad pushes and parameters, panics and
+//! early returns) and the record of every step.
+
+use super::*;
+use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
+use gradwire_comm::Communicator;
+use gradwire_optim::{
+    DistOpt, DistOptConfig, Optimizer, OptimizerState, ParamSpec, ParamState, Sgd, SgdConfig,
+};
+use gradwire_tensor::Tensor;
+use std::time::Instant;
+
+/// The parameters: two buckets under the fusion threshold of 16.
+const PARAMS: [(&str, &[usize]); 3] = [("a", &[3, 5]), ("b", &[7]), ("c", &[11])];
+const FUSION_THRESHOLD: usize = 16;
+
+/// An SGD whose next update of parameter `b` fails once when armed (the
+/// scenario arms it on the injecting rank at the fault's step).
+#[derive(Debug)]
+struct FaultyOptimizer {
+    inner: Sgd,
+    armed: bool,
+}
+
+impl Optimizer for FaultyOptimizer {
+    type Config = SgdConfig;
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn config(&self) -> &SgdConfig {
+        self.inner.config()
+    }
+    fn register(&mut self, name: &str, config: SgdConfig) -> gradwire_optim::Result<()> {
+        self.inner.register(name, config)
+    }
+    fn update(
+        &mut self,
+        name: &str,
+        param: &mut Tensor,
+        grad: &Tensor,
+    ) -> gradwire_optim::Result<()> {
+        if self.armed && name == "b" {
+            self.armed = false;
+            return Err(OptimError::InvalidArgument(
+                "injected optimizer failure".into(),
+            ));
+        }
+        self.inner.update(name, param, grad)
+    }
+    fn step(&mut self) {
+        self.inner.step();
+    }
+    fn step_count(&self) -> u64 {
+        self.inner.step_count()
+    }
+    fn param_state(&self, name: &str) -> Option<&ParamState> {
+        self.inner.param_state(name)
+    }
+    fn buffer_names(&self) -> &'static [&'static str] {
+        self.inner.buffer_names()
+    }
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> gradwire_optim::Result<()> {
+        self.inner.set_buffer(name, shape, buffer, values)
+    }
+    fn state(&self) -> gradwire_optim::Result<OptimizerState> {
+        self.inner.state()
+    }
+    fn load_state(&mut self, state: &OptimizerState) -> gradwire_optim::Result<()> {
+        self.inner.load_state(state)
+    }
+}
+
+/// AdaSum, or a panic when armed (the scenario arms it on the injecting
+/// rank at the fault's step).
+struct PanickingCombiner<C: Communicator> {
+    inner: AdaSum<C>,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<C: Communicator + 'static> gradwire_optim::Combiner<C> for PanickingCombiner<C> {
+    fn combine(
+        &mut self,
+        comm: &C,
+        bucket: usize,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<gradwire_optim::Combined> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected panic in the combiner of rank {}", comm.rank());
+        }
+        gradwire_optim::Combiner::combine(&mut self.inner, comm, bucket, tensors)
+    }
+}
+
+/// This rank's gradient of parameter `k` at `step` (deterministic).
+fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((rank * 31 + step * 7 + k * 3 + i) as f32) * 0.37).sin() * 0.1)
+        .collect()
+}
+
+/// Runs one scenario on this rank: [`STEPS`] steps, the last rank
+/// injecting `fault` at [`FAULT_STEP`].
+pub fn run_scenario<C: Communicator + 'static>(
+    comm: C,
+    mode: ModeCase,
+    fault: Fault,
+    skip_non_finite: bool,
+) -> gradwire_optim::Result<RankRecord> {
+    let faulty = comm.world_size() - 1;
+    run_schedule(
+        comm,
+        mode,
+        &[(FAULT_STEP, faulty, fault)],
+        skip_non_finite,
+        STEPS,
+    )
+}
+
+/// Runs `steps` steps on this rank, injecting each `(step, rank, fault)` of
+/// `schedule` (at most one fault per rank and step: the first listed).
+pub fn run_schedule<C: Communicator + 'static>(
+    comm: C,
+    mode: ModeCase,
+    schedule: &[(usize, usize, Fault)],
+    skip_non_finite: bool,
+    steps: usize,
+) -> gradwire_optim::Result<RankRecord> {
+    let rank = comm.rank();
+    let fault_at = |step: usize| {
+        schedule
+            .iter()
+            .find(|(s, r, _)| *s == step && *r == rank)
+            .map_or(Fault::None, |(_, _, f)| *f)
+    };
+    let specs: Vec<ParamSpec> = PARAMS.iter().map(|(n, s)| ParamSpec::new(*n, *s)).collect();
+    let optimizer = FaultyOptimizer {
+        inner: Sgd::new(SgdConfig {
+            lr: gradwire_optim::Schedule::Constant { value: 0.1 },
+            momentum: gradwire_optim::Schedule::Constant { value: 0.9 },
+            ..SgdConfig::default()
+        })?,
+        armed: false,
+    };
+    let combiner_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let config = DistOptConfig {
+        mode: mode.mode(),
+        fusion_threshold: FUSION_THRESHOLD,
+        skip_non_finite,
+        ..DistOptConfig::default()
+    };
+    let mut dist = match mode {
+        ModeCase::AdaSumGrad | ModeCase::DeltaWeight => {
+            let inner = AdaSum::new(&comm).map_err(OptimError::from)?;
+            let combiner = PanickingCombiner {
+                inner,
+                armed: std::sync::Arc::clone(&combiner_armed),
+            };
+            DistOpt::with_combiner(optimizer, comm, specs.clone(), config, combiner)?
+        }
+        _ => DistOpt::new(optimizer, comm, specs.clone(), config)?,
+    };
+    let mut params: Vec<Tensor> = specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            Tensor::from_vec(
+                gradient(99, 0, k, s.shape.iter().product()),
+                s.shape.clone(),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    if mode == ModeCase::DimReduce {
+        // Two components over the whole model, the same on every rank.
+        let total: usize = params.iter().map(Tensor::len).sum();
+        let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
+        let pca = Pca::fit(&snapshots, 2).map_err(OptimError::from)?;
+        dist.start_dimreduce(&pca, DimReduceConfig::default())?;
+    }
+    let mut record = RankRecord {
+        outcomes: Vec::new(),
+        times: Vec::new(),
+        params: Vec::new(),
+    };
+    for step in 0..steps {
+        let fault = fault_at(step);
+        let inject = fault != Fault::None;
+        dist.optimizer_mut().armed = fault == Fault::OptimizerError;
+        combiner_armed.store(
+            fault == Fault::PanickingCombiner,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        let start = Instant::now();
+        // Backward order: the last parameter first.
+        for (k, spec) in specs.iter().enumerate().rev() {
+            let n: usize = spec.shape.iter().product();
+            let mut g = gradient(rank, step, k, n);
+            let mut name = spec.name.as_str();
+            if inject {
+                match (fault, k) {
+                    (Fault::Nan, 0) => g[3] = f32::NAN,
+                    (Fault::Inf, 2) => g[0] = f32::INFINITY,
+                    (Fault::WrongLength, 1) => g.push(0.5),
+                    (Fault::UnknownName, 1) => name = "nope",
+                    _ => {}
+                }
+            }
+            let shape = if g.len() == n {
+                spec.shape.clone()
+            } else {
+                vec![g.len()]
+            };
+            // A push error is this rank's to report; the step still ends
+            // with finish, where every rank learns of it.
+            let _ = dist.push(name, Tensor::from_vec(g, shape)?);
+        }
+        match fault {
+            Fault::RankPanics => panic!("injected panic on rank {rank}"),
+            // The early return drops DistOpt, and with it the communicator.
+            Fault::DropsCommunicator => return Ok(record),
+            _ => {}
+        }
+        let mut wrong = Tensor::from_vec(vec![0f32; 15], 15)?;
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        let mut targets: Vec<(&str, &mut Tensor)> =
+            names.iter().copied().zip(params.iter_mut()).collect();
+        if inject && fault == Fault::WrongShape {
+            targets[0].1 = &mut wrong;
+        }
+        let result = if mode == ModeCase::DimReduce {
+            let loss = 1.0 + step as f64;
+            dist.finish_dimreduce(targets, loss, |_| Ok(0.5))
+        } else {
+            dist.finish(targets)
+        };
+        record.times.push(start.elapsed());
+        record.outcomes.push(Outcome::of(&result));
+        if matches!(record.outcomes.last(), Some(Outcome::Lost(_))) {
+            break; // a rank is gone: the run cannot go on
+        }
+    }
+    for p in &params {
+        record
+            .params
+            .extend(p.to_vec::<f32>()?.into_iter().map(f32::to_bits));
+    }
+    Ok(record)
+}
