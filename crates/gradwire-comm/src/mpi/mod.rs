@@ -95,6 +95,8 @@
 //! # Ok::<(), gradwire_comm::CommError>(())
 //! ```
 
+mod deadline;
+use deadline::{NOTICE_TAG, Notice};
 mod sys;
 
 use crate::communicator::{Communicator, Gathered, chunk_range};
@@ -135,14 +137,6 @@ impl MpiConfig {
     pub fn with_timeout(timeout: Option<Duration>) -> Self {
         MpiConfig { timeout }
     }
-}
-
-/// A peer's word that it will not take part in `round` or any later
-/// collective of the communicator, and the error it gave up with.
-#[derive(Debug, Clone)]
-struct Notice {
-    round: u64,
-    error: CommError,
 }
 
 /// One rank of an MPI communicator. `Send` (it may move to another thread
@@ -268,148 +262,6 @@ impl MpiComm {
     pub fn local_rank(&self) -> Result<(usize, usize)> {
         let node = self.node()?;
         Ok((node.rank, node.size))
-    }
-
-    /// Fails unless this thread may call MPI and the communicator is not
-    /// poisoned.
-    fn enter(&self, op: &'static str) -> Result<()> {
-        self.env.check_thread(op)?;
-        if let Some(err) = self.poisoned() {
-            return Err(err);
-        }
-        // Completed eager sends release their copies here, on the next call.
-        let mut outbox = self.outbox.borrow_mut();
-        let mut i = 0;
-        while i < outbox.len() {
-            if outbox[i].test()? {
-                outbox.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// The error this communicator is poisoned with, if any.
-    fn poisoned(&self) -> Option<CommError> {
-        self.poison.borrow().clone()
-    }
-
-    /// Poisons the communicator with `err` (unless it already is) and
-    /// returns the error every call returns from now on.
-    fn poison(&self, err: CommError) -> CommError {
-        self.poison.borrow_mut().get_or_insert(err).clone()
-    }
-
-    /// Gives up: poisons the communicator with `err` and tells every peer,
-    /// in a notice, that this rank takes part in no collective from round
-    /// `round` on, so that the peers fail (with the same error) in the call
-    /// they wait in or their next one, instead of waiting for their own
-    /// deadline. Returns the error every call returns from now on.
-    fn give_up(&self, err: CommError, round: u64) -> CommError {
-        if let Some(err) = self.poisoned() {
-            return err;
-        }
-        let err = self.poison(err);
-        if let Some(bytes) = encode_notice(round, &err) {
-            let mut outbox = self.outbox.borrow_mut();
-            for peer in (0..self.size).filter(|&q| q != self.rank) {
-                // A notice that cannot be sent leaves that peer to its own
-                // deadline: nothing better to do with the error.
-                if let Ok(outgoing) = sys::isend(self.comm, bytes.clone(), peer, NOTICE_TAG) {
-                    outbox.push(outgoing);
-                }
-            }
-        }
-        err
-    }
-
-    /// Takes the notices the peers sent (one `MPI_Improbe` when there are
-    /// none), then [`MpiComm::check_notice`].
-    fn heed_notices(&self, round: Option<u64>) -> Result<()> {
-        while let Some(probed) = sys::improbe(self.comm, None, Some(NOTICE_TAG))? {
-            self.take_notice(probed)?;
-        }
-        self.check_notice(round)
-    }
-
-    /// Fails (poisoning the communicator) if a notice taken so far says its
-    /// sender takes no part in `round`; with no round (a point-to-point
-    /// call), if any notice was taken.
-    fn check_notice(&self, round: Option<u64>) -> Result<()> {
-        let notice = self.notice.borrow().clone();
-        match notice {
-            Some(n) if round.is_none_or(|r| n.round <= r) => Err(self.poison(n.error)),
-            _ => Ok(()),
-        }
-    }
-
-    /// Receives a notice and keeps the earliest round any peer gave.
-    fn take_notice(&self, probed: sys::Probed) -> Result<()> {
-        let mut bytes = vec![0u8; probed.bytes];
-        let source = probed.source;
-        probed.receive(&mut bytes)?;
-        let notice = decode_notice(&bytes).unwrap_or_else(|| Notice {
-            round: 0,
-            error: CommError::PeerLost {
-                op: "notice",
-                ranks: vec![source],
-            },
-        });
-        let mut kept = self.notice.borrow_mut();
-        if kept.as_ref().is_none_or(|k| notice.round < k.round) {
-            *kept = Some(notice);
-        }
-        Ok(())
-    }
-
-    /// Polls `done` until it holds, with the deadline: spins briefly, then
-    /// yields, then sleeps a little longer each time (never more than a
-    /// 64th of the time already waited, at most 1 ms), so a short wait
-    /// costs no sleep and a long one little CPU. A peer's notice for
-    /// `round` (see [`MpiComm::heed_notices`]) ends the wait early with the
-    /// peer's error; the deadline ends it with [`CommError::Timeout`] naming
-    /// `missing`, and this rank gives up (poisoned, peers told).
-    fn poll(
-        &self,
-        op: &'static str,
-        missing: &[usize],
-        round: Option<u64>,
-        mut done: impl FnMut() -> Result<bool>,
-    ) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            if done()? {
-                return Ok(());
-            }
-            if let Err(err) = self.heed_notices(round) {
-                // One last look: what the peer sent before its notice (a
-                // message, its part of a collective) still counts.
-                return if done()? { Ok(()) } else { Err(err) };
-            }
-            let waited = start.elapsed();
-            if let Some(limit) = self.config.timeout
-                && waited >= limit
-            {
-                let err = CommError::Timeout {
-                    op,
-                    waited: limit,
-                    missing: missing.to_vec(),
-                };
-                // A timed-out exchange has sent this rank's header: it gives
-                // up on this round. Elsewhere, on the next one.
-                return Err(self.give_up(err, round.unwrap_or(self.rounds.get())));
-            }
-            if waited < SPIN_FOR {
-                for _ in 0..16 {
-                    std::hint::spin_loop();
-                }
-            } else if waited < YIELD_FOR {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep((waited / 64).clamp(MIN_SLEEP, MAX_SLEEP));
-            }
-        }
     }
 
     /// The header exchange: all-gathers every rank's description of its
@@ -853,88 +705,6 @@ impl Drop for MpiComm {
 /// reduction, large enough that per-call latency is amortised.
 const SEGMENT_BYTES: usize = 1 << 20;
 
-/// How long `poll` spins before it yields.
-const SPIN_FOR: Duration = Duration::from_micros(50);
-/// How long (since the wait began) `poll` yields before it sleeps.
-const YIELD_FOR: Duration = Duration::from_millis(1);
-/// The shortest and longest sleep of `poll`.
-const MIN_SLEEP: Duration = Duration::from_micros(10);
-const MAX_SLEEP: Duration = Duration::from_millis(1);
-
-/// The tag of a notice (point-to-point messages of data use the element
-/// types' tags, 1 to 9).
-const NOTICE_TAG: c_int = 64;
-
-/// The operations a notice can name (what `CommError::Timeout::op` holds).
-const NOTICE_OPS: &[&str] = &[
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_varied",
-    "reduce_scatter",
-    "barrier",
-    "split",
-    "split_shared",
-    "fault",
-    "recv",
-];
-
-const NOTICE_TIMEOUT: u64 = 1;
-const NOTICE_FAULT: u64 = 2;
-
-/// A notice's bytes: little-endian u64 words, the round first, then the
-/// error (only the errors a rank gives up with travel).
-fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
-    let words: Vec<u64> = match err {
-        CommError::Timeout {
-            op,
-            waited,
-            missing,
-        } => {
-            let op = NOTICE_OPS
-                .iter()
-                .position(|o| o == op)
-                .unwrap_or(usize::MAX);
-            let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-            [round, NOTICE_TIMEOUT, op as u64, waited]
-                .into_iter()
-                .chain(missing.iter().map(|&r| r as u64))
-                .collect()
-        }
-        CommError::Fault { rank, code } => {
-            vec![round, NOTICE_FAULT, *rank as u64, u64::from(*code)]
-        }
-        _ => return None,
-    };
-    Some(words.iter().flat_map(|w| w.to_le_bytes()).collect())
-}
-
-fn decode_notice(bytes: &[u8]) -> Option<Notice> {
-    let words: Vec<u64> = bytes
-        .chunks_exact(8)
-        .map(|c| c.try_into().map(u64::from_le_bytes))
-        .collect::<std::result::Result<_, _>>()
-        .ok()?;
-    let (&[round, kind, a, b], rest) = words.split_first_chunk::<4>()?;
-    let error = match kind {
-        NOTICE_TIMEOUT => CommError::Timeout {
-            op: usize::try_from(a)
-                .ok()
-                .and_then(|i| NOTICE_OPS.get(i))
-                .copied()
-                .unwrap_or("a peer's call"),
-            waited: Duration::from_nanos(b),
-            missing: rest.iter().map(|&r| r as usize).collect(),
-        },
-        NOTICE_FAULT => CommError::Fault {
-            rank: usize::try_from(a).ok()?,
-            code: u32::try_from(b).ok()?,
-        },
-        _ => return None,
-    };
-    Some(Notice { round, error })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -947,33 +717,5 @@ mod tests {
         assert_eq!(elem_of(0), None);
         assert_eq!(elem_of(99), None);
         assert_eq!(elem_of(NOTICE_TAG), None);
-    }
-
-    #[test]
-    fn notices_carry_the_round_and_the_error() {
-        let errors = [
-            CommError::Timeout {
-                op: "recv",
-                waited: Duration::from_millis(1500),
-                missing: vec![3],
-            },
-            CommError::Timeout {
-                op: "all_gather_varied",
-                waited: Duration::from_secs(600),
-                missing: vec![],
-            },
-            CommError::Fault {
-                rank: 2,
-                code: u32::MAX,
-            },
-        ];
-        for (round, error) in errors.into_iter().enumerate() {
-            let bytes = encode_notice(round as u64, &error).expect("encodes");
-            let notice = decode_notice(&bytes).expect("decodes");
-            assert_eq!((notice.round, notice.error), (round as u64, error));
-        }
-        assert!(encode_notice(0, &CommError::WorkerStopped).is_none());
-        assert!(decode_notice(&[1, 2, 3]).is_none());
-        assert!(decode_notice(&[0; 8 * 4]).is_none());
     }
 }
