@@ -27,7 +27,6 @@ use std::time::Instant;
 /// `gradwire compare` draws its PNG plots with.
 const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "pkg-config",
-    "libopenblas-dev",
     "libopenmpi-dev",
     "openmpi-bin",
     "libclang-dev",

@@ -28,8 +28,8 @@
 
 use crate::error::{AlgoError, Result};
 use gradwire_comm::{Communicator, ReduceOp, chunk_range};
+use nalgebra::{DMatrix, SymmetricEigen};
 use ndarray::{Array1, Array2, Axis, s};
-use ndarray_linalg::{Eigh, UPLO};
 use std::ops::Range;
 
 /// The principal components of a trajectory: `components` is `n x M` with
@@ -54,7 +54,6 @@ impl Pca {
     /// many snapshots, where the Gram matrix would be large. Seeded, so every
     /// rank computes the same components from the same snapshots.
     pub fn fit_randomized(snapshots: &[Vec<f32>], n_components: usize, seed: u64) -> Result<Pca> {
-        use ndarray_linalg::QR;
         use rand::{Rng, SeedableRng};
         let x = centred(snapshots, n_components)?;
         let (rows, m) = x.dim();
@@ -68,9 +67,7 @@ impl Pca {
         // Range of X X^T X (one power iteration), orthonormalised.
         let y = x.dot(&omega);
         let y = x.dot(&x.t().dot(&y));
-        let (q, _) = y
-            .qr()
-            .map_err(|e| AlgoError::InvalidArgument(format!("QR failed: {e}")))?;
+        let q = from_nalgebra(&to_nalgebra(&y).qr().q());
         // The components of the small B = Q^T X are X's.
         let b = q.t().dot(&x);
         top_components(&b, n_components)
@@ -129,13 +126,19 @@ fn centred(snapshots: &[Vec<f32>], n_components: usize) -> Result<Array2<f64>> {
 fn top_components(x: &Array2<f64>, n_components: usize) -> Result<Pca> {
     let (rows, m) = x.dim();
     let gram = x.dot(&x.t());
-    let (values, vectors) = gram
-        .eigh(UPLO::Lower)
-        .map_err(|e| AlgoError::InvalidArgument(format!("eigen-decomposition failed: {e}")))?;
-    // Eigenvalues come in ascending order: take from the top.
+    if gram.iter().any(|v| !v.is_finite()) {
+        return Err(AlgoError::InvalidArgument(
+            "PCA: the snapshots hold a NaN or an infinity".into(),
+        ));
+    }
+    let eigen = SymmetricEigen::new(to_nalgebra(&gram));
+    let (values, vectors) = (eigen.eigenvalues, from_nalgebra(&eigen.eigenvectors));
+    // Largest first; ties in index order, so the choice is deterministic.
+    let mut order: Vec<usize> = (0..rows).collect();
+    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]).then(a.cmp(&b)));
     let largest = values.iter().copied().fold(0.0, f64::max);
     let mut components = Vec::new();
-    for i in (0..rows).rev() {
+    for i in order {
         if components.len() == n_components || values[i] <= largest * 1e-12 || values[i] <= 0.0 {
             break;
         }
@@ -154,6 +157,18 @@ fn top_components(x: &Array2<f64>, n_components: usize) -> Result<Pca> {
         row.assign(&v);
     }
     Ok(Pca { components: out })
+}
+
+/// An ndarray matrix as nalgebra's (the linear algebra is nalgebra's pure
+/// Rust: no system BLAS or LAPACK).
+fn to_nalgebra(a: &Array2<f64>) -> DMatrix<f64> {
+    let (rows, cols) = a.dim();
+    DMatrix::from_fn(rows, cols, |i, j| a[[i, j]])
+}
+
+/// nalgebra's matrix as ndarray's.
+fn from_nalgebra(a: &DMatrix<f64>) -> Array2<f64> {
+    Array2::from_shape_fn((a.nrows(), a.ncols()), |(i, j)| a[(i, j)])
 }
 
 /// Collects flattened parameter snapshots during a first training stage,
