@@ -28,6 +28,7 @@
 pub mod checkpoint;
 mod distopt;
 mod error;
+pub mod grad_sync;
 mod optimizer;
 mod rules;
 mod schedule;
@@ -38,6 +39,7 @@ pub use distopt::{
     SkipVote, StepStats,
 };
 pub use error::{OptimError, Result};
+pub use grad_sync::{GradSync, ParamRef};
 pub use optimizer::{Optim, Optimizer, UpdateRule};
 pub use rules::{
     AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,

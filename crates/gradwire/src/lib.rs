@@ -66,7 +66,7 @@ pub use gradwire_algos as algos;
 #[cfg(feature = "optim")]
 pub use gradwire_optim as optim;
 #[cfg(feature = "optim")]
-pub use gradwire_optim::{DistOpt, DistOptConfig, Mode};
+pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, Mode};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

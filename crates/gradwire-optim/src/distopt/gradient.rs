@@ -76,6 +76,66 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Ok(stats)
     }
 
+    /// The gradient-level form of [`DistOpt::finish`]: the same step (the
+    /// buckets not yet sent, the waits, the agreed outcome, averaging,
+    /// clipping, the non-finite check) but no parameter is updated: each
+    /// averaged gradient some rank wrote goes to `apply(index, gradient)`
+    /// (declaration index; the tensor is the one pushed, now holding the
+    /// combined values, handed back for reuse) instead of the optimizer,
+    /// whose step counter
+    /// still advances. An `apply` error on one rank is an error on every
+    /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
+    /// optimizer error. Gradient-combining modes only (`Dense`, `Half`,
+    /// `Sparse`, `Custom`); [`crate::GradSync`] is built on it.
+    pub fn finish_gradients(
+        &mut self,
+        apply: impl FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<StepStats> {
+        let result = self.finish_gradients_step(apply);
+        self.end_step();
+        result
+    }
+
+    fn finish_gradients_step(
+        &mut self,
+        mut apply: impl FnMut(usize, Tensor) -> Result<()>,
+    ) -> Result<StepStats> {
+        if !matches!(
+            self.config.mode,
+            Mode::Dense | Mode::Half { .. } | Mode::Sparse { .. } | Mode::Custom
+        ) {
+            self.record(
+                FaultKind::InvalidArgument,
+                &format!(
+                    "finish_gradients combines gradients; mode {:?} steps the parameters",
+                    self.config.mode
+                ),
+            );
+        }
+        let (mut stats, reduced) = match self.reduce_gradients()? {
+            Reduction::Skipped(stats) => return Ok(stats),
+            Reduction::Reduced(stats, reduced) => (stats, reduced),
+        };
+        let mut failure = None;
+        for (i, grad, _) in reduced {
+            if failure.is_none() {
+                match apply(i, grad) {
+                    Ok(()) => stats.updated += 1,
+                    Err(e) => failure = Some(e),
+                }
+            }
+        }
+        self.agree_update(failure)?;
+        self.optimizer.step();
+        Ok(stats)
+    }
+
+    /// Records a fault found outside DistOpt (by a wrapper checking its own
+    /// arguments) as this step's: the step's next collective carries it.
+    pub(crate) fn record_fault(&mut self, kind: FaultKind, err: &dyn std::fmt::Display) {
+        self.record(kind, err);
+    }
+
     /// Ends the step whatever happened: nothing of it stays behind.
     pub(super) fn end_step(&mut self) {
         for pending in self.in_flight.drain(..) {

@@ -1,0 +1,381 @@
+//! `GradSync`: the gradient-level API, for a framework that keeps its own
+//! parameters and optimizer (candle, burn, a hand-written loop).
+//!
+//! During backward, hand over each gradient as a slice (`&[f32]`, `&[f16]`,
+//! `&[bf16]`) or a gradwire [`Tensor`], by name or by declaration index
+//! ([`GradSync::push`], [`GradSync::push_tensor`]); each is copied once
+//! into a buffer `GradSync` keeps per parameter (reused from step to step)
+//! and its bucket travels as soon as it is complete, overlapping the rest
+//! of backward, exactly as in [`DistOpt`]. [`GradSync::finish`] waits and
+//! writes the combined gradients back into the caller's buffers, in place;
+//! the caller's optimizer steps with them.
+//!
+//! Every gradient-combining mode of DistOpt works (`Dense`, `Half`,
+//! `Sparse` with or without error feedback, `Custom` with a [`Combiner`]
+//! such as AdaSum), with the same buckets, votes, clipping, non-finite
+//! skipping and failure model, because it *is* DistOpt's step
+//! ([`DistOpt::finish_gradients`]) with the parameter update left to the
+//! caller: results are bitwise DistOpt's. The modes that need the
+//! optimizer's step (delta weight, partial, DimReduce) stay on `DistOpt`.
+//!
+//! [`GradSync::set_samples`] weights the average by each rank's number of
+//! samples (uneven shards); [`GradSync::broadcast`] copies a root rank's
+//! initial parameters to every rank; [`GradSync::checkpoint`] saves the
+//! residuals and counters on their own.
+//!
+//! ```
+//! use gradwire_comm::local;
+//! use gradwire_optim::{DistOptConfig, GradSync, ParamSpec};
+//!
+//! let out = local::run(2, |comm| {
+//!     let specs = vec![ParamSpec::new("w", [2, 2]), ParamSpec::new("b", [2])];
+//!     let mut sync = GradSync::new(comm, specs, DistOptConfig::default())?;
+//!     let rank = sync.rank() as f32;
+//!     // Backward produces b's gradient first, then w's.
+//!     let (mut gw, mut gb) = (vec![rank; 4], vec![1.0 + rank; 2]);
+//!     sync.push("b", &gb)?;
+//!     sync.push("w", &gw)?;
+//!     sync.finish(&mut [&mut gw[..], &mut gb[..]])?;
+//!     Ok::<_, gradwire_optim::OptimError>((gw, gb))
+//! })
+//! .unwrap();
+//! for r in out {
+//!     assert_eq!(r.unwrap(), (vec![0.5; 4], vec![1.5; 2]));
+//! }
+//! ```
+
+use crate::checkpoint::Checkpoint;
+use crate::distopt::{Combiner, DistOpt, DistOptConfig, Mode, ParamSpec, StepStats};
+use crate::error::{OptimError, Result};
+use crate::optimizer::Optimizer;
+use crate::state::{OptimizerState, ParamState};
+use gradwire_algos::FaultKind;
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_tensor::{Tensor, WithDType};
+
+/// A parameter named by its declared name or its declaration index.
+pub trait ParamRef {
+    /// Its declaration index in `sync`, if any.
+    fn index_in<C: Communicator + 'static>(&self, sync: &GradSync<C>) -> Option<usize>;
+}
+
+impl ParamRef for &str {
+    fn index_in<C: Communicator + 'static>(&self, sync: &GradSync<C>) -> Option<usize> {
+        sync.specs.iter().position(|s| s.name == *self)
+    }
+}
+
+impl ParamRef for usize {
+    fn index_in<C: Communicator + 'static>(&self, sync: &GradSync<C>) -> Option<usize> {
+        (*self < sync.specs.len()).then_some(*self)
+    }
+}
+
+/// The "optimizer" of a gradient-level DistOpt: it updates nothing (the
+/// caller's optimizer does) and only counts steps (random-k draws its
+/// indices from the step).
+#[derive(Debug, Default)]
+struct Passthrough {
+    step: u64,
+}
+
+impl Optimizer for Passthrough {
+    type Config = ();
+    fn kind(&self) -> &'static str {
+        "gradsync"
+    }
+    fn config(&self) -> &() {
+        &()
+    }
+    fn register(&mut self, _: &str, (): ()) -> Result<()> {
+        Ok(())
+    }
+    fn update(&mut self, _: &str, _: &mut Tensor, _: &Tensor) -> Result<()> {
+        Err(OptimError::InvalidArgument(
+            "GradSync updates no parameter".into(),
+        ))
+    }
+    fn step(&mut self) {
+        self.step += 1;
+    }
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+    fn param_state(&self, _: &str) -> Option<&ParamState> {
+        None
+    }
+    fn buffer_names(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn set_buffer(&mut self, name: &str, _: &[usize], buffer: &str, _: Vec<f32>) -> Result<()> {
+        Err(OptimError::StateMismatch(format!(
+            "{name}: GradSync keeps no buffer {buffer}"
+        )))
+    }
+    fn state(&self) -> Result<OptimizerState> {
+        Ok(OptimizerState {
+            kind: "gradsync".into(),
+            step: self.step,
+            config: serde_json::Value::Null,
+            overrides: Default::default(),
+            params: Default::default(),
+        })
+    }
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        if state.kind != "gradsync" {
+            return Err(OptimError::StateMismatch(format!(
+                "a {} state cannot be loaded into GradSync",
+                state.kind
+            )));
+        }
+        self.step = state.step;
+        Ok(())
+    }
+}
+
+/// Data-parallel gradients for a framework's own parameters and optimizer.
+#[derive(Debug)]
+pub struct GradSync<C: Communicator + 'static> {
+    dist: DistOpt<Passthrough, C>,
+    specs: Vec<ParamSpec>,
+    /// One buffer per parameter, handed to DistOpt for a step and given
+    /// back by `finish` (so no step allocates one).
+    pool: Vec<Option<Tensor>>,
+    /// The factor this rank's gradients are scaled by this step (the
+    /// sample weighting), 1 without it.
+    scale: f32,
+}
+
+impl<C: Communicator + 'static> GradSync<C> {
+    /// Gradients of `params` (declared in the order backward produces
+    /// them), combined by `config.mode`: `Dense`, `Half` or `Sparse`.
+    pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
+        Self::check_mode(config.mode)?;
+        let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;
+        Ok(Self::around(dist, params))
+    }
+
+    /// [`GradSync::new`] in `Mode::Custom`, combined by `combiner` (AdaSum
+    /// by gradient, or a strategy of your own).
+    pub fn with_combiner(
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+        combiner: impl Combiner<C>,
+    ) -> Result<Self> {
+        Self::check_mode(config.mode)?;
+        let dist = DistOpt::with_combiner(
+            Passthrough::default(),
+            comm,
+            params.clone(),
+            config,
+            combiner,
+        )?;
+        Ok(Self::around(dist, params))
+    }
+
+    fn check_mode(mode: Mode) -> Result<()> {
+        match mode {
+            Mode::Dense | Mode::Half { .. } | Mode::Sparse { .. } | Mode::Custom => Ok(()),
+            other => Err(OptimError::InvalidArgument(format!(
+                "GradSync combines gradients; mode {other:?} steps the parameters (use DistOpt)"
+            ))),
+        }
+    }
+
+    fn around(dist: DistOpt<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
+        let pool = specs.iter().map(|_| None).collect();
+        GradSync {
+            dist,
+            specs,
+            pool,
+            scale: 1.0,
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.dist.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.dist.world_size()
+    }
+
+    /// The declared parameters.
+    pub fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &C {
+        self.dist.comm()
+    }
+
+    /// Hands over the gradient of `param` (a name or a declaration index)
+    /// as a slice in the declared dtype; it is copied once into this
+    /// parameter's buffer, and its bucket starts as soon as it is complete.
+    /// A bad call (an unknown parameter, a wrong length or dtype) is an
+    /// error here and fails the step on every rank: end it with
+    /// [`GradSync::finish`] as usual.
+    pub fn push<T: WithDType>(&mut self, param: impl ParamRef, grad: &[T]) -> Result<()> {
+        let Some(i) = param.index_in(self) else {
+            // DistOpt records the fault and names the parameter.
+            let err = OptimError::InvalidArgument(format!(
+                "unknown parameter given to GradSync::push ({} declared)",
+                self.specs.len()
+            ));
+            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            return Err(err);
+        };
+        let spec = &self.specs[i];
+        let n: usize = spec.shape.iter().product();
+        if grad.len() != n || T::DTYPE != spec.dtype || !spec.device.is_cpu() {
+            let err = OptimError::InvalidArgument(format!(
+                "gradient of {}: {} elements of {} given, {n} of {} on {:?} declared",
+                spec.name,
+                grad.len(),
+                T::DTYPE,
+                spec.dtype,
+                spec.device
+            ));
+            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            return Err(err);
+        }
+        let mut buffer = match self.pool[i].take() {
+            Some(buffer) => buffer,
+            None => Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?,
+        };
+        let slot = buffer.as_mut_slice::<T>()?;
+        slot.copy_from_slice(grad);
+        if self.scale != 1.0 {
+            buffer.scale(self.scale)?;
+        }
+        let name = spec.name.clone();
+        self.dist.push(&name, buffer)
+    }
+
+    /// Hands over the gradient of `param` as a gradwire tensor (any device
+    /// DistOpt supports), without a copy.
+    pub fn push_tensor(&mut self, param: impl ParamRef, mut grad: Tensor) -> Result<()> {
+        let Some(i) = param.index_in(self) else {
+            let err = OptimError::InvalidArgument("unknown parameter given to GradSync".into());
+            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            return Err(err);
+        };
+        if self.scale != 1.0 {
+            grad.scale(self.scale)?;
+        }
+        let name = self.specs[i].name.clone();
+        self.dist.push(&name, grad)
+    }
+
+    /// Weights this step's average by samples: this rank saw `samples` of
+    /// the step's global batch, and the combined gradient becomes
+    /// `sum_r samples_r * g_r / sum_r samples_r` (each rank's gradient being
+    /// the mean over its own samples) instead of the plain mean over ranks.
+    /// Call before the step's first push, on every rank (one all-reduce of
+    /// a u64). Not for `Custom` (AdaSum is not an average).
+    pub fn set_samples(&mut self, samples: u64) -> Result<()> {
+        if self.dist.mode() == Mode::Custom {
+            return Err(OptimError::InvalidArgument(
+                "a combiner is not an average: sample weights do not apply".into(),
+            ));
+        }
+        let mut total = [samples];
+        self.dist
+            .comm()
+            .all_reduce(&mut total, ReduceOp::Sum)
+            .map_err(gradwire_algos::AlgoError::from)?;
+        self.scale = if total[0] == 0 {
+            // Nobody saw a sample: nothing to weight.
+            1.0
+        } else {
+            (self.world_size() as f64 * samples as f64 / total[0] as f64) as f32
+        };
+        Ok(())
+    }
+
+    /// Waits for every bucket and writes the combined gradients into
+    /// `grads` (one buffer per declared parameter, in declaration order, of
+    /// its declared dtype and length), in place. A gradient no rank pushed
+    /// leaves its buffer as it was (see [`StepStats::skipped`]). A skipped
+    /// step (a non-finite gradient with `skip_non_finite`) writes nothing.
+    ///
+    /// Completes on every rank or fails on every rank (DistOpt's failure
+    /// model): buffers of the wrong number, length or dtype are found
+    /// before the step's last collective, which carries the fault.
+    pub fn finish<T: WithDType>(&mut self, grads: &mut [&mut [T]]) -> Result<StepStats> {
+        let shape_error = if grads.len() != self.specs.len() {
+            Some(format!(
+                "{} buffers given to GradSync::finish, {} parameters declared",
+                grads.len(),
+                self.specs.len()
+            ))
+        } else {
+            self.specs.iter().zip(grads.iter()).find_map(|(spec, g)| {
+                let n: usize = spec.shape.iter().product();
+                (g.len() != n || T::DTYPE != spec.dtype).then(|| {
+                    format!(
+                        "buffer of {}: {} elements of {} given, {n} of {} declared",
+                        spec.name,
+                        g.len(),
+                        T::DTYPE,
+                        spec.dtype
+                    )
+                })
+            })
+        };
+        if let Some(e) = &shape_error {
+            self.dist.record_fault(FaultKind::InvalidArgument, e);
+        }
+        self.scale = 1.0;
+        let pool = &mut self.pool;
+        let result = self.dist.finish_gradients(|i, g| {
+            if let Some(out) = grads.get_mut(i) {
+                out.copy_from_slice(g.as_slice::<T>()?);
+            }
+            // The buffer comes back for the next step (one that did not,
+            // after a failed step, is made again on first use).
+            if let Some(slot) = pool.get_mut(i) {
+                *slot = Some(g);
+            }
+            Ok(())
+        });
+        match (result, shape_error) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(e)) => Err(OptimError::InvalidArgument(e)),
+            (Ok(stats), None) => Ok(stats),
+        }
+    }
+
+    /// Copies `root`'s parameters into every rank's (collective): call once
+    /// at start, so that every rank trains the same model.
+    pub fn broadcast<T: WithDType + gradwire_comm::Element>(
+        &self,
+        params: &mut [&mut [T]],
+        root: usize,
+    ) -> Result<()> {
+        for p in params.iter_mut() {
+            self.dist
+                .comm()
+                .broadcast(p, root)
+                .map_err(gradwire_algos::AlgoError::from)?;
+        }
+        Ok(())
+    }
+
+    /// GradSync's own state: the error-feedback residuals, the step
+    /// counter and the configuration it runs (see
+    /// [`DistOpt::checkpoint`]); the caller saves its parameters and
+    /// optimizer beside it.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        self.dist.checkpoint()
+    }
+
+    /// Restores what [`GradSync::checkpoint`] saved (same configuration).
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.dist.restore(ckpt)
+    }
+}

@@ -1,0 +1,361 @@
+//! GradSync, the gradient-level API: its combined gradients are bitwise
+//! those DistOpt hands its optimizer in the same mode (dense, fp16, sparse
+//! with and without error feedback, AdaSum) on 1 to 5 ranks; sample
+//! weighting matches an f64 reference; broadcast copies the root's
+//! parameters; a bad call on one rank fails the step everywhere and the
+//! next step works.
+
+use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::{FaultKind, HalfPrecision};
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_compress::SparseCodec;
+use gradwire_optim::{
+    DistOpt, DistOptConfig, GradSync, Mode, OptimError, Optimizer, OptimizerState, ParamSpec,
+    ParamState, Result,
+};
+use gradwire_tensor::Tensor;
+use std::collections::BTreeMap;
+
+/// Three parameters, two buckets (fusion threshold 16), in backward order.
+fn specs() -> Vec<ParamSpec> {
+    vec![
+        ParamSpec::new("c", [11]),
+        ParamSpec::new("b", [7]),
+        ParamSpec::new("a", [3, 5]),
+    ]
+}
+
+fn len(spec: &ParamSpec) -> usize {
+    spec.shape.iter().product()
+}
+
+/// Rank `rank`'s gradient of parameter `k` at `step`; parameter 1 is not
+/// written by rank 0 at odd steps (skipping and zeros in play).
+fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Option<Vec<f32>> {
+    if k == 1 && rank == 0 && step % 2 == 1 {
+        return None;
+    }
+    Some(
+        (0..n)
+            .map(|i| (((rank * 13 + step * 7 + k * 5 + i) as f32) * 0.61).sin() * 0.2)
+            .collect(),
+    )
+}
+
+fn config(mode: Mode) -> DistOptConfig {
+    DistOptConfig {
+        mode,
+        fusion_threshold: 16,
+        ..DistOptConfig::default()
+    }
+}
+
+/// An optimizer that records the gradient DistOpt hands it and changes
+/// nothing.
+#[derive(Debug, Default)]
+struct Recorder {
+    seen: BTreeMap<String, Vec<f32>>,
+    step: u64,
+}
+
+impl Optimizer for Recorder {
+    type Config = ();
+    fn kind(&self) -> &'static str {
+        "recorder"
+    }
+    fn config(&self) -> &() {
+        &()
+    }
+    fn register(&mut self, _: &str, (): ()) -> Result<()> {
+        Ok(())
+    }
+    fn update(&mut self, name: &str, _: &mut Tensor, grad: &Tensor) -> Result<()> {
+        self.seen.insert(name.to_string(), grad.to_vec::<f32>()?);
+        Ok(())
+    }
+    fn step(&mut self) {
+        self.step += 1;
+    }
+    fn step_count(&self) -> u64 {
+        self.step
+    }
+    fn param_state(&self, _: &str) -> Option<&ParamState> {
+        None
+    }
+    fn buffer_names(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn set_buffer(&mut self, _: &str, _: &[usize], _: &str, _: Vec<f32>) -> Result<()> {
+        Ok(())
+    }
+    fn state(&self) -> Result<OptimizerState> {
+        Err(OptimError::InvalidArgument("not saved".into()))
+    }
+    fn load_state(&mut self, _: &OptimizerState) -> Result<()> {
+        Ok(())
+    }
+}
+
+const STEPS: usize = 4;
+
+/// Per step, per parameter: what DistOpt's optimizer saw (None: skipped).
+type Seen = Vec<Vec<Option<Vec<f32>>>>;
+
+fn through_distopt(comm: LocalComm, mode: Mode) -> Result<Seen> {
+    let rank = comm.rank();
+    let specs = specs();
+    let mut dist = match mode {
+        Mode::Custom => {
+            let adasum = AdaSum::new(&comm)?;
+            DistOpt::with_combiner(
+                Recorder::default(),
+                comm,
+                specs.clone(),
+                config(mode),
+                adasum,
+            )?
+        }
+        _ => DistOpt::new(Recorder::default(), comm, specs.clone(), config(mode))?,
+    };
+    let mut params: Vec<Tensor> = specs
+        .iter()
+        .map(|s| {
+            Tensor::zeros(
+                s.shape.clone(),
+                gradwire_tensor::DType::F32,
+                Default::default(),
+            )
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let mut seen = Vec::new();
+    for step in 0..STEPS {
+        for (k, spec) in specs.iter().enumerate() {
+            if let Some(g) = gradient(rank, step, k, len(spec)) {
+                dist.push(&spec.name, Tensor::from_vec(g, spec.shape.clone())?)?;
+            }
+        }
+        dist.optimizer_mut().seen.clear();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        dist.finish(names.iter().copied().zip(params.iter_mut()))?;
+        let got = &dist.optimizer().seen;
+        seen.push(specs.iter().map(|s| got.get(&s.name).cloned()).collect());
+    }
+    Ok(seen)
+}
+
+fn through_gradsync(comm: LocalComm, mode: Mode) -> Result<Seen> {
+    let rank = comm.rank();
+    let specs = specs();
+    let mut sync = match mode {
+        Mode::Custom => {
+            let adasum = AdaSum::new(&comm)?;
+            GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
+        }
+        _ => GradSync::new(comm, specs.clone(), config(mode))?,
+    };
+    let mut seen = Vec::new();
+    for step in 0..STEPS {
+        // Sentinel values: a parameter no rank wrote keeps them.
+        let mut out: Vec<Vec<f32>> = specs.iter().map(|s| vec![f32::MAX; len(s)]).collect();
+        for (k, spec) in specs.iter().enumerate() {
+            if let Some(g) = gradient(rank, step, k, len(spec)) {
+                // By index for one parameter, by name for the others.
+                if k == 0 {
+                    sync.push(0usize, &g)?;
+                } else {
+                    sync.push(spec.name.as_str(), &g)?;
+                }
+            }
+        }
+        let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+        let stats = sync.finish(&mut views)?;
+        assert_eq!(stats.skipped + stats.updated, specs.len());
+        seen.push(
+            out.into_iter()
+                .map(|v| (v[0] != f32::MAX).then_some(v))
+                .collect(),
+        );
+    }
+    Ok(seen)
+}
+
+#[test]
+fn combined_gradients_are_bitwise_distopts_in_every_gradient_mode() {
+    let modes = [
+        Mode::Dense,
+        Mode::Half {
+            precision: HalfPrecision::F16,
+            clip: None,
+        },
+        Mode::Sparse {
+            codec: SparseCodec::TopK(0.3),
+            error_feedback: true,
+        },
+        Mode::Sparse {
+            codec: SparseCodec::Threshold(0.1),
+            error_feedback: false,
+        },
+        Mode::Sparse {
+            codec: SparseCodec::RandomK {
+                ratio: 0.5,
+                seed: 3,
+            },
+            error_feedback: false,
+        },
+        Mode::Custom,
+    ];
+    for mode in modes {
+        for world in 1..=5 {
+            let reference = local::run(world, |comm| through_distopt(comm, mode)).unwrap();
+            let got = local::run(world, |comm| through_gradsync(comm, mode)).unwrap();
+            for (rank, (want, got)) in reference.into_iter().zip(got).enumerate() {
+                let (want, got) = (want.unwrap(), got.unwrap());
+                assert!(
+                    want.iter().flatten().filter(|g| g.is_some()).count() >= STEPS * 2,
+                    "{mode:?}: DistOpt updated too little to compare"
+                );
+                for step in 0..STEPS {
+                    for k in 0..3 {
+                        let bits = |v: &Option<Vec<f32>>| {
+                            v.as_ref()
+                                .map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                        };
+                        assert_eq!(
+                            bits(&got[step][k]),
+                            bits(&want[step][k]),
+                            "{mode:?}, W = {world}, rank {rank}, step {step}, parameter {k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sample_weights_give_the_weighted_mean() {
+    for world in 1..=5 {
+        let samples: Vec<u64> = (0..world as u64).map(|r| 1 + 3 * r).collect();
+        let total: u64 = samples.iter().sum();
+        let results = local::run(world, |comm| {
+            let rank = comm.rank();
+            let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+            sync.set_samples(samples[rank])?;
+            let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
+            for (k, spec) in specs().iter().enumerate() {
+                sync.push(k, &gradient(1, 0, k, len(spec)).unwrap_or_default())?;
+            }
+            let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            sync.finish(&mut views)?;
+            Ok::<_, OptimError>(out)
+        })
+        .unwrap();
+        // Every rank pushed rank 1's gradient scaled by its own weight: the
+        // weighted mean of equal gradients is that gradient.
+        let _ = total;
+        for r in results {
+            let out = r.unwrap();
+            for (k, spec) in specs().iter().enumerate() {
+                let want = gradient(1, 0, k, len(spec)).unwrap_or_default();
+                for (got, want) in out[k].iter().zip(&want) {
+                    let tol = 4.0 * f32::EPSILON * world as f32 * want.abs().max(1e-3);
+                    assert!((got - want).abs() <= tol, "W = {world}: {got} vs {want}");
+                }
+            }
+        }
+    }
+    // Different gradients: sum_r n_r g_r / sum_r n_r against f64.
+    let world = 3;
+    let samples = [5u64, 1, 2];
+    let results = local::run(world, |comm| {
+        let rank = comm.rank();
+        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        sync.set_samples(samples[rank])?;
+        let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
+        for (k, spec) in specs().iter().enumerate() {
+            sync.push(k, &gradient(rank + 2, 0, k, len(spec)).unwrap_or_default())?;
+        }
+        let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+        sync.finish(&mut views)?;
+        Ok::<_, OptimError>(out)
+    })
+    .unwrap();
+    let total: f64 = samples.iter().map(|&s| s as f64).sum();
+    for r in results {
+        let out = r.unwrap();
+        for (k, spec) in specs().iter().enumerate() {
+            for (i, &got) in out[k].iter().enumerate() {
+                let want: f64 = (0..world)
+                    .map(|r| {
+                        samples[r] as f64 * f64::from(gradient(r + 2, 0, k, len(spec)).unwrap()[i])
+                    })
+                    .sum::<f64>()
+                    / total;
+                let got = f64::from(got);
+                assert!(
+                    (got - want).abs() <= 8.0 * f64::from(f32::EPSILON) * (want.abs() + 0.2),
+                    "parameter {k}[{i}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn broadcast_copies_the_roots_parameters() {
+    let results = local::run(4, |comm| {
+        let rank = comm.rank() as f32;
+        let sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        let mut a = vec![rank; 15];
+        let mut b = vec![rank + 10.0; 7];
+        sync.broadcast(&mut [&mut a[..], &mut b[..]], 2)?;
+        Ok::<_, OptimError>((a, b))
+    })
+    .unwrap();
+    for r in results {
+        assert_eq!(r.unwrap(), (vec![2.0; 15], vec![12.0; 7]));
+    }
+}
+
+#[test]
+fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
+    let results = local::run(3, |comm| {
+        let rank = comm.rank();
+        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        let mut outcomes = Vec::new();
+        for step in 0..3 {
+            let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
+            for (k, spec) in specs().iter().enumerate() {
+                let mut g = gradient(rank, step, k, len(spec)).unwrap_or(vec![0.0; len(spec)]);
+                if step == 1 && rank == 2 && k == 1 {
+                    g.push(1.0); // a wrong length
+                }
+                let _ = sync.push(k, &g);
+            }
+            let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            outcomes.push(match sync.finish(&mut views) {
+                Ok(_) => None,
+                Err(OptimError::Fault { rank, kind, .. }) => Some((rank, kind)),
+                Err(e) => panic!("{e}"),
+            });
+        }
+        Ok::<_, OptimError>(outcomes)
+    })
+    .unwrap();
+    for r in results {
+        assert_eq!(
+            r.unwrap(),
+            vec![None, Some((Some(2), FaultKind::InvalidArgument)), None]
+        );
+    }
+}
+
+#[test]
+fn modes_that_step_the_parameters_are_refused() {
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let err = GradSync::new(comm, specs(), config(Mode::DeltaWeight)).err();
+    assert!(
+        matches!(err, Some(OptimError::InvalidArgument(_))),
+        "{err:?}"
+    );
+}
