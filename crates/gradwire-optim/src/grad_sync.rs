@@ -330,16 +330,9 @@ impl<C: Communicator + 'static> GradSync<C> {
         if let Some(e) = &shape_error {
             self.dist.record_fault(FaultKind::InvalidArgument, e);
         }
-        self.scale = 1.0;
-        let pool = &mut self.pool;
-        let result = self.dist.finish_gradients(|i, g| {
+        let result = self.finish_each(|i, combined: &[T]| {
             if let Some(out) = grads.get_mut(i) {
-                out.copy_from_slice(g.as_slice::<T>()?);
-            }
-            // The buffer comes back for the next step (one that did not,
-            // after a failed step, is made again on first use).
-            if let Some(slot) = pool.get_mut(i) {
-                *slot = Some(g);
+                out.copy_from_slice(combined);
             }
             Ok(())
         });
@@ -348,6 +341,28 @@ impl<C: Communicator + 'static> GradSync<C> {
             (Ok(_), Some(e)) => Err(OptimError::InvalidArgument(e)),
             (Ok(stats), None) => Ok(stats),
         }
+    }
+
+    /// [`GradSync::finish`] handing each combined gradient some rank wrote
+    /// to `write(index, values)` (declaration index, values in the declared
+    /// dtype `T`) instead of copying it into a buffer: for a framework that
+    /// builds its own gradient objects from them. A `write` error on one
+    /// rank is an error on every rank.
+    pub fn finish_each<T: WithDType>(
+        &mut self,
+        mut write: impl FnMut(usize, &[T]) -> Result<()>,
+    ) -> Result<StepStats> {
+        self.scale = 1.0;
+        let pool = &mut self.pool;
+        self.dist.finish_gradients(|i, g| {
+            write(i, g.as_slice::<T>()?)?;
+            // The buffer comes back for the next step (one that did not,
+            // after a failed step, is made again on first use).
+            if let Some(slot) = pool.get_mut(i) {
+                *slot = Some(g);
+            }
+            Ok(())
+        })
     }
 
     /// Copies `root`'s parameters into every rank's (collective): call once
