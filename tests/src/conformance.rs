@@ -78,6 +78,9 @@ pub enum CaseError {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+    /// A candle computation failed.
+    #[error("candle: {0}")]
+    Candle(String),
     /// A training run of gradwire-cli failed.
     #[error(transparent)]
     Cli(#[from] gradwire_cli::CliError),
@@ -172,6 +175,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
             body: fault_matrix::<C>,
         },
         Case {
+            name: "candle_training",
+            body: candle_training::<C>,
+        },
+        Case {
             name: "training_runs_match_local",
             body: training_runs_match_local::<C>,
         },
@@ -223,6 +230,7 @@ macro_rules! conformance_tests {
             sparse_all_reduce,
             skipping_unwritten_gradients,
             fault_matrix,
+            candle_training,
             training_runs_match_local,
         );
     };
@@ -1029,6 +1037,36 @@ fn panicking_async_job<C: Communicator + 'static>(
         });
         still_works(comm, checks, &case)?;
     }
+    Ok(())
+}
+
+/// A candle MLP trained through gradwire-candle on this backend equals one
+/// process on the global batch, and every rank ends bitwise equal (dense,
+/// SGD; the model and data of [`crate::candle_model`]).
+fn candle_training<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    use crate::candle_model::{first_far, single, worker};
+    let own = comm
+        .split(Some(0), comm.rank() as i64)?
+        .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
+    let run = |r: candle_core::Result<_>| r.map_err(|e| CaseError::Candle(e.to_string()));
+    let (got, _) = run(worker::<candle_nn::SGD, _>(
+        own,
+        0.5,
+        DistOptConfig::default(),
+    ))?;
+    let (want, _) = run(single::<candle_nn::SGD>(0.5))?;
+    checks.check(first_far(&got, &want).is_none(), || {
+        format!("far from one process: {:?}", first_far(&got, &want))
+    });
+    let bits: Vec<u32> = got.iter().flatten().map(|x| x.to_bits()).collect();
+    let mut all = vec![0u32; bits.len() * comm.world_size()];
+    comm.all_gather(&bits, &mut all)?;
+    checks.check(all.chunks(bits.len()).all(|c| c == bits.as_slice()), || {
+        "ranks differ after candle training".into()
+    });
     Ok(())
 }
 

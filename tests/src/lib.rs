@@ -15,6 +15,13 @@
 //!   `mpirun --oversubscribe -np W` for W = 1 to 4. Without MPI it prints a
 //!   loud SKIP line; with `GRADWIRE_REQUIRE_MPI=1` a missing MPI fails.
 
+//! - `candle.rs`: a candle MLP through gradwire-candle ([`candle_model`])
+//!   on 1 to 8 workers against one process; the conformance suite's
+//!   `candle_training` case runs it on every backend.
+//! - `fault_matrix.rs`: DistOpt under injected faults (gradwire-cli's
+//!   fault matrix), every mode, 1 to 8 ranks.
+
 #![deny(missing_docs)]
 
+pub mod candle_model;
 pub mod conformance;
