@@ -87,14 +87,17 @@ pub fn prepare<C: Communicator, T>(comm: &C, local: impl FnOnce() -> Result<T>) 
     local().map_err(|e| fail(comm, e))
 }
 
-/// An agreement on its own: one header-only collective (a barrier, or this
-/// rank's fault) after which every rank knows whether `local` failed
-/// anywhere. Returns `local`'s error on the rank that had it, and
-/// [`AlgoError::Fault`] (the lowest failing rank) on every other rank.
-pub fn agree<C: Communicator>(comm: &C, local: Result<()>) -> Result<()> {
-    match local {
-        Err(e) => Err(fail(comm, e)),
-        Ok(()) => Ok(comm.barrier()?),
+/// An agreement on its own: one header-only collective in which this rank
+/// posts `fault`, if it has one, or else waits at a barrier. Afterwards
+/// every rank knows whether any rank had a fault: `Ok` on every rank when
+/// none did, else [`AlgoError::Fault`] naming the lowest faulting rank and
+/// its kind on every rank (the faulting ones too). For a step that has no
+/// collective of its own to carry a fault (DistOpt's local-step modes, the
+/// agreement after its updates).
+pub fn agree<C: Communicator>(comm: &C, fault: Option<FaultKind>) -> Result<()> {
+    match fault {
+        Some(kind) => Err(comm.post_fault(kind.code()).into()),
+        None => Ok(comm.barrier()?),
     }
 }
 

@@ -38,5 +38,5 @@ pub use handle::{Handle, Reduced, Traffic};
 pub use reduce::{
     DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, all_reduce, all_reduce_async,
     fused_all_reduce, fused_all_reduce_async, half_all_reduce, half_all_reduce_async,
-    sparse_all_reduce, sparse_all_reduce_async,
+    sparse_all_reduce, sparse_all_reduce_async, sparse_exchange,
 };

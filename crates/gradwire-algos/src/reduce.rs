@@ -174,10 +174,10 @@ pub fn sparse_all_reduce<C: Communicator>(
     feedback: Option<&mut ErrorFeedback>,
 ) -> Result<Traffic> {
     match feedback {
-        None => sparse_all_reduce_from(comm, tensors, codec, None),
+        None => sparse_exchange(comm, tensors, codec, None),
         Some(memory) => {
             let before = memory.clone();
-            let result = sparse_all_reduce_from(comm, tensors, codec, Some(memory));
+            let result = sparse_exchange(comm, tensors, codec, Some(memory));
             if result.is_err() {
                 *memory = before;
             }
@@ -186,7 +186,12 @@ pub fn sparse_all_reduce<C: Communicator>(
     }
 }
 
-fn sparse_all_reduce_from<C: Communicator>(
+/// [`sparse_all_reduce`] without its copy of the feedback memory: if the
+/// operation fails, `feedback` may hold this step's gradient. For callers
+/// that keep a copy of their own anyway (DistOpt keeps the memory as it was
+/// before the step, to put back when any bucket of the step fails), so the
+/// hot path copies the memory once, not twice.
+pub fn sparse_exchange<C: Communicator>(
     comm: &C,
     tensors: &mut [Tensor],
     codec: &SparseCodec,

@@ -226,7 +226,7 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "unknown parameter given to GradSync::push ({} declared)",
                 self.specs.len()
             ));
-            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            self.dist.record(FaultKind::InvalidArgument, &err);
             return Err(err);
         };
         let spec = &self.specs[i];
@@ -240,7 +240,7 @@ impl<C: Communicator + 'static> GradSync<C> {
                 spec.dtype,
                 spec.device
             ));
-            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            self.dist.record(FaultKind::InvalidArgument, &err);
             return Err(err);
         }
         let mut buffer = match self.pool[i].take() {
@@ -261,7 +261,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     pub fn push_tensor(&mut self, param: impl ParamRef, mut grad: Tensor) -> Result<()> {
         let Some(i) = param.index_in(self) else {
             let err = OptimError::InvalidArgument("unknown parameter given to GradSync".into());
-            self.dist.record_fault(FaultKind::InvalidArgument, &err);
+            self.dist.record(FaultKind::InvalidArgument, &err);
             return Err(err);
         };
         if self.scale != 1.0 {
@@ -328,7 +328,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             })
         };
         if let Some(e) = &shape_error {
-            self.dist.record_fault(FaultKind::InvalidArgument, e);
+            self.dist.record(FaultKind::InvalidArgument, e);
         }
         let result = self.finish_each(|i, combined: &[T]| {
             if let Some(out) = grads.get_mut(i) {

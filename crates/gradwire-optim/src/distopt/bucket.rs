@@ -7,7 +7,7 @@ use super::{DistOpt, Mode, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{
-    FaultKind, HalfOptions, Reduced, Traffic, fused_all_reduce, half_all_reduce, sparse_all_reduce,
+    FaultKind, HalfOptions, Reduced, Traffic, fused_all_reduce, half_all_reduce, sparse_exchange,
 };
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
@@ -142,6 +142,16 @@ pub(super) fn first_non_finite<'t>(
         }
     }
     Ok(None)
+}
+
+/// This rank's non-finite check of `grads` (those pushed), as the fault to
+/// record: `None` when every value is finite.
+pub(super) fn scan_non_finite(grads: &[Option<Tensor>]) -> Option<(FaultKind, String)> {
+    match first_non_finite(grads.iter().flatten()) {
+        Ok(None) => None,
+        Ok(Some(kind)) => Some((kind, "a gradient holds a NaN or an infinity".into())),
+        Err(e) => Some((FaultKind::Other, e.to_string())),
+    }
 }
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
@@ -279,9 +289,11 @@ fn reduce_bucket<C: Communicator + 'static>(
                 half_all_reduce(comm, &mut live, &options, capacity)?
             }
             Mode::Sparse { codec, .. } => match residual.as_mut() {
-                None => sparse_all_reduce(comm, &mut live, &codec, None)?,
+                // The job keeps the residual as it was (`BucketJob::run`),
+                // so the exchange need not keep a copy of its own.
+                None => sparse_exchange(comm, &mut live, &codec, None)?,
                 Some(memory) if written.iter().all(|&w| w) => {
-                    sparse_all_reduce(comm, &mut live, &codec, Some(memory))?
+                    sparse_exchange(comm, &mut live, &codec, Some(memory))?
                 }
                 Some(memory) => {
                     // Only the written parameters take part: their part of the
@@ -304,7 +316,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                         momentum: None,
                         steps: full.steps,
                     })?;
-                    let t = sparse_all_reduce(comm, &mut live, &codec, Some(&mut sub))?;
+                    let t = sparse_exchange(comm, &mut live, &codec, Some(&mut sub))?;
                     let mut merged = full.residual;
                     let mut from = sub.residual().iter().copied();
                     for r in &ranges {

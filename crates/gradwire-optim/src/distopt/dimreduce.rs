@@ -3,7 +3,7 @@
 //! with a line search through the caller's loss closure).
 
 use super::gradient::Reduction;
-use super::{DistOpt, LocalFault, Mode, StepStats};
+use super::{DistOpt, Mode, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
@@ -111,15 +111,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .map_err(AlgoError::from)?;
         if !avg_loss[0].is_finite() {
             // The same averaged value on every rank: the same decision.
-            if self.config.skip_non_finite {
-                stats.non_finite = true;
-                return Ok(stats);
-            }
-            return Err(OptimError::Fault {
-                rank: None,
-                kind: FaultKind::NonFinite,
-                detail: "the averaged loss is not finite".into(),
-            });
+            return self.non_finite_everywhere(stats, "the averaged loss is");
         }
         // Trial points are evaluated on scratch copies of the parameters.
         let mut scratch: Vec<Tensor> = self
@@ -164,7 +156,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let n = dimreduce.b().nrows();
         // A closure that failed on one rank: every rank learns it here, so
         // that the step's outcome is the same everywhere.
-        self.agree_closure(user_error)?;
+        self.agree_after(
+            FaultKind::Other,
+            user_error.map(|e| format!("the loss closure failed: {e}")),
+        )?;
         // The loss, the projection's all-gather, the back-projection's
         // all-reduce (2 x f64 per parameter) and one loss per trial.
         stats.traffic += Traffic::all_reduce(8 * (1 + trials), world)
@@ -173,25 +168,5 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         stats.updated = self.params.len();
         stats.dimreduce = Some(outcome);
         Ok(stats)
-    }
-
-    /// The agreement after a DimReduce step whose loss closure failed on
-    /// some rank: every rank returns the fault.
-    fn agree_closure(&mut self, user_error: Option<OptimError>) -> Result<()> {
-        let outcome = match &user_error {
-            Some(_) => Err(self.comm.post_fault(FaultKind::Other.code())),
-            None => self.comm.barrier(),
-        };
-        match outcome.map_err(AlgoError::from) {
-            Ok(()) => Ok(()),
-            Err(AlgoError::Fault { rank, kind }) => {
-                let own = user_error.map(|e| LocalFault {
-                    kind: FaultKind::Other,
-                    detail: format!("the loss closure failed: {e}"),
-                });
-                Err(self.fault_error(Some(rank), kind, own.as_ref()))
-            }
-            Err(e) => Err(e.into()),
-        }
     }
 }

@@ -2,10 +2,11 @@
 //! averaging half of `DimReduce`): wait for the buckets, agree on the
 //! step's outcome, average, check, clip, update.
 
-use super::bucket::{BucketOutput, checks_finite_locally, first_non_finite};
+use super::bucket::{BucketOutput, checks_finite_locally, scan_non_finite};
 use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use gradwire_algos::fault::agree;
 use gradwire_algos::{AlgoError, FaultKind, Reduced, Traffic};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::ErrorFeedback;
@@ -54,26 +55,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             ),
             _ => {}
         }
-        let (mut stats, reduced) = match self.reduce_gradients()? {
-            Reduction::Skipped(stats) => return Ok(stats),
-            Reduction::Reduced(stats, reduced) => (stats, reduced),
-        };
-        let mut failure = None;
-        for (i, grad, _) in &reduced {
-            let name = self.params[*i].name.as_str();
+        self.apply_reduced(|optimizer, name, i, grad| match targets[i].as_deref_mut() {
+            Some(param) => optimizer.update(name, param, &grad),
             // Every target was checked present before the step's last vote.
-            let Some(param) = targets[*i].as_deref_mut() else {
-                continue;
-            };
-            if let Err(e) = self.optimizer.update(name, param, grad) {
-                failure = Some(e);
-                break;
-            }
-            stats.updated += 1;
-        }
-        self.agree_update(failure)?;
-        self.optimizer.step();
-        Ok(stats)
+            None => Ok(()),
+        })
     }
 
     /// The gradient-level form of [`DistOpt::finish`]: the same step (the
@@ -112,6 +98,17 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 ),
             );
         }
+        self.apply_reduced(|_, _, i, grad| apply(i, grad))
+    }
+
+    /// The gradient modes' step after the checks: the reduction, then
+    /// `apply(optimizer, name, index, gradient)` for every averaged gradient
+    /// (until one fails), the agreement on the outcome, the optimizer's
+    /// step.
+    fn apply_reduced(
+        &mut self,
+        mut apply: impl FnMut(&mut O, &str, usize, Tensor) -> Result<()>,
+    ) -> Result<StepStats> {
         let (mut stats, reduced) = match self.reduce_gradients()? {
             Reduction::Skipped(stats) => return Ok(stats),
             Reduction::Reduced(stats, reduced) => (stats, reduced),
@@ -119,21 +116,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let mut failure = None;
         for (i, grad, _) in reduced {
             if failure.is_none() {
-                match apply(i, grad) {
+                let name = self.params[i].name.as_str();
+                match apply(&mut self.optimizer, name, i, grad) {
                     Ok(()) => stats.updated += 1,
-                    Err(e) => failure = Some(e),
+                    Err(e) => failure = Some(e.to_string()),
                 }
             }
         }
-        self.agree_update(failure)?;
+        self.agree_after(FaultKind::Optimizer, failure)?;
         self.optimizer.step();
         Ok(stats)
-    }
-
-    /// Records a fault found outside DistOpt (by a wrapper checking its own
-    /// arguments) as this step's: the step's next collective carries it.
-    pub(crate) fn record_fault(&mut self, kind: FaultKind, err: &dyn std::fmt::Display) {
-        self.record(kind, err);
     }
 
     /// Ends the step whatever happened: nothing of it stays behind.
@@ -147,25 +139,36 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         self.fault = None;
     }
 
-    /// The agreement after the updates: one header-only collective in
-    /// which a rank whose optimizer failed posts the fault, so that every
-    /// rank returns an error from the same step.
-    pub(super) fn agree_update(&mut self, failure: Option<OptimError>) -> Result<()> {
-        let outcome = match &failure {
-            Some(_) => Err(self.comm.post_fault(FaultKind::Optimizer.code())),
-            None => self.comm.barrier(),
-        };
-        match outcome.map_err(AlgoError::from) {
+    /// The agreement after work that issues no collective (the updates, a
+    /// loss closure): one header-only collective in which a rank that
+    /// failed (`failure`, its description) posts a fault of `kind`, so that
+    /// every rank returns an error from the same step.
+    pub(super) fn agree_after(&mut self, kind: FaultKind, failure: Option<String>) -> Result<()> {
+        match agree(&self.comm, failure.as_ref().map(|_| kind)) {
             Ok(()) => Ok(()),
             Err(AlgoError::Fault { rank, kind }) => {
-                let own = failure.map(|e| LocalFault {
-                    kind: FaultKind::Optimizer,
-                    detail: e.to_string(),
-                });
+                let own = failure.map(|detail| LocalFault { kind, detail });
                 Err(self.fault_error(Some(rank), kind, own.as_ref()))
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// How a step ends when a value every rank computed alike (an averaged
+    /// gradient, the averaged loss) is not finite: skipped with
+    /// `skip_non_finite`, else a fault naming no rank.
+    pub(super) fn non_finite_everywhere(&self, stats: StepStats, what: &str) -> Result<StepStats> {
+        if self.config.skip_non_finite {
+            return Ok(StepStats {
+                non_finite: true,
+                ..stats
+            });
+        }
+        Err(OptimError::Fault {
+            rank: None,
+            kind: FaultKind::NonFinite,
+            detail: format!("{what} not finite"),
+        })
     }
 
     /// How a step ends after an agreed failure `err` (the same on every
@@ -208,12 +211,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         // carries this rank's faults (its non-finite check included).
         let mut decided: Option<Vec<bool>> = None;
         if self.config.vote == SkipVote::PerStep {
-            if self.fault.is_none() && checks_finite_locally(self.config.mode) {
-                match first_non_finite(self.grads.iter().flatten()) {
-                    Ok(None) => {}
-                    Ok(Some(kind)) => self.record(kind, &"a gradient holds a NaN or an infinity"),
-                    Err(e) => self.record(FaultKind::Other, &e),
-                }
+            if self.fault.is_none()
+                && checks_finite_locally(self.config.mode)
+                && let Some((kind, detail)) = scan_non_finite(&self.grads)
+            {
+                self.record(kind, &detail);
             }
             let mut votes: Vec<u8> = self
                 .grads
@@ -231,12 +233,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             decided = Some(votes.iter().map(|&v| v != 0).collect());
         } else if self.buckets.is_empty() {
             // No bucket to carry a fault: an agreement of its own.
-            let agreed = match &self.fault {
-                Some(f) => Err(self.comm.post_fault(f.kind.code())),
-                None => self.comm.barrier(),
-            };
-            if let Err(e) = agreed {
-                return self.step_failed(e.into(), stats).map(Reduction::Skipped);
+            if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
+                return self.step_failed(e, stats).map(Reduction::Skipped);
             }
         }
         while self.in_flight.len() < self.buckets.len() {
@@ -312,15 +310,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Ok(Some(sum_sq)) => sum_sq,
             Ok(None) => {
                 self.restore_residuals(before);
-                if self.config.skip_non_finite {
-                    stats.non_finite = true;
-                    return Ok(Reduction::Skipped(stats));
-                }
-                return Err(OptimError::Fault {
-                    rank: None,
-                    kind: FaultKind::NonFinite,
-                    detail: "the averaged gradients hold a NaN or an infinity".into(),
-                });
+                return self
+                    .non_finite_everywhere(stats, "the averaged gradients are")
+                    .map(Reduction::Skipped);
             }
             Err(e) => {
                 // A tensor error on identical data and shapes: every rank.

@@ -6,12 +6,12 @@
 //! changes; a failure after the local update is carried by the next
 //! collective of the step.
 
-use super::bucket::first_non_finite;
+use super::bucket::scan_non_finite;
 use super::combiner::run_combiner;
 use super::{DistOpt, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
-use gradwire_algos::fault::fail;
+use gradwire_algos::fault::{agree, fail};
 use gradwire_algos::{AlgoError, FaultKind, Traffic, fused_all_reduce};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
@@ -23,17 +23,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// (as [`DistOpt::step_failed`] ends it).
     fn open_local_step(&mut self) -> std::result::Result<Vec<Option<Tensor>>, AlgoError> {
         let grads: Vec<Option<Tensor>> = self.grads.iter_mut().map(Option::take).collect();
-        if self.fault.is_none() {
-            match first_non_finite(grads.iter().flatten()) {
-                Ok(None) => {}
-                Ok(Some(kind)) => self.record(kind, &"a gradient holds a NaN or an infinity"),
-                Err(e) => self.record(FaultKind::Other, &e),
-            }
+        if self.fault.is_none()
+            && let Some((kind, detail)) = scan_non_finite(&grads)
+        {
+            self.record(kind, &detail);
         }
-        match &self.fault {
-            Some(f) => Err(self.comm.post_fault(f.kind.code()).into()),
-            None => self.comm.barrier().map_err(AlgoError::from),
-        }?;
+        agree(&self.comm, self.fault.as_ref().map(|f| f.kind))?;
         Ok(grads)
     }
 
@@ -81,7 +76,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let failure = self.update_locally(&mut targets, grads, &mut stats);
         let k = self.buckets.len() as u64;
         if k == 0 {
-            self.agree_update(failure)?;
+            self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
             self.optimizer.step();
             return Ok(stats);
         }
@@ -192,7 +187,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Ok(())
         };
         if self.buckets.is_empty() {
-            self.agree_update(failure)?;
+            self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
             self.optimizer.step();
             return Ok(stats);
         }

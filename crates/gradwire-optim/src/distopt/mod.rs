@@ -423,8 +423,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// Records this step's first local fault (later ones add nothing: the
-    /// first is what the others learn).
-    fn record(&mut self, kind: FaultKind, err: &dyn std::fmt::Display) {
+    /// first is what the others learn); the step's next collective carries
+    /// it. GradSync records the faults it finds in its own arguments here.
+    pub(crate) fn record(&mut self, kind: FaultKind, err: &dyn std::fmt::Display) {
         if self.fault.is_none() {
             self.fault = Some(LocalFault {
                 kind,
