@@ -953,9 +953,12 @@ fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Res
 /// promptly (the backends' deadlines are minutes): its own handle is
 /// `RankPanicked`; a peer's job waiting in (or later reaching) a collective
 /// of the lane fails with `Fault { rank, code: LANE_LOST }`; every later job
-/// fails at once without running; the blocking lane goes on. The panic
-/// comes before, between and after the job's two collectives, each time on
-/// a fresh lane (a split of the whole group has its own).
+/// fails at once without running; the blocking lane goes on. Every rank in
+/// turn panics before, between and after the job's two collectives, each
+/// time on a fresh lane (a split of the whole group has its own); then a
+/// peer waiting to receive from a rank whose job panicked fails the same
+/// way. (The one implementation of this scenario: it runs on LocalComm,
+/// on MpiComm under mpirun and on NcclComm.)
 fn panicking_async_job<C: Communicator + 'static>(
     comm: &C,
     checks: &mut Checks,
@@ -963,12 +966,15 @@ fn panicking_async_job<C: Communicator + 'static>(
     const PROMPT: Duration = Duration::from_secs(5);
     const AT_ONCE: Duration = Duration::from_millis(500);
     let w = comm.world_size();
-    for (i, at) in ["before", "between", "after"].into_iter().enumerate() {
-        let lane = comm
+    let fresh_lane = || -> Result<C, CaseError> {
+        Ok(comm
             .split(Some(0), 0)?
-            .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?;
+            .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?)
+    };
+    let points = ["before", "between", "after"];
+    for (panicker, at) in (0..w).flat_map(|p| points.map(|at| (p, at))) {
+        let lane = fresh_lane()?;
         let rank = lane.rank();
-        let panicker = (i + 1) % w;
         let case = format!("rank {panicker} panics {at} its job's collectives");
         let start = Instant::now();
         let first = lane.run_async(move |c| {
@@ -1036,6 +1042,30 @@ fn panicking_async_job<C: Communicator + 'static>(
             format!("{case}: blocking calls: {one:?}")
         });
         still_works(comm, checks, &case)?;
+    }
+    if w >= 2 {
+        let lane = fresh_lane()?;
+        let start = Instant::now();
+        let got = lane
+            .run_async(|lane| {
+                if lane.rank() == 0 {
+                    panic!("rank 0 fails before it sends");
+                }
+                lane.recv(&mut [0f32; 4], 0)
+            })
+            .and_then(Pending::wait);
+        let took = start.elapsed();
+        let ok = if lane.rank() == 0 {
+            matches!(got, Err(CommError::RankPanicked { rank: 0, .. }))
+        } else {
+            got == Err(CommError::Fault {
+                rank: 0,
+                code: LANE_LOST,
+            })
+        };
+        checks.check(ok && took < PROMPT, || {
+            format!("recv from a rank whose job panicked, after {took:?}: {got:?}")
+        });
     }
     Ok(())
 }

@@ -8,16 +8,12 @@
 use gradwire_comm::{
     CommError, Communicator, LANE_LOST, LocalComm, LocalConfig, Pending, ReduceOp, local,
 };
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Long enough never to fire in a passing test.
 const LONG: Duration = Duration::from_secs(120);
 /// How soon a fault must be reported once it happened.
 const PROMPT: Duration = Duration::from_secs(5);
-/// How soon a job on a lost lane must fail ("at once").
-const AT_ONCE: Duration = Duration::from_millis(500);
 
 fn config(timeout: Duration) -> LocalConfig {
     LocalConfig::with_timeout(Some(timeout))
@@ -347,161 +343,9 @@ fn run_reports_the_first_panic() {
     );
 }
 
-/// Where in its job the panicking rank panics: before the job's first
-/// collective, between its two collectives, or after both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum At {
-    Before,
-    Between,
-    After,
-}
-
-/// What one rank saw in [`panicking_job`].
-#[derive(Debug)]
-struct Seen {
-    /// The job that panics on one rank (an all-reduce, then a barrier).
-    first: Result<f32, CommError>,
-    /// A job queued behind it (an all-gather).
-    second: Result<Vec<u32>, CommError>,
-    /// A job submitted once both returned: fails without running.
-    third: Result<(), CommError>,
-    third_ran: bool,
-    third_took: Duration,
-    /// The blocking lane afterwards (an all-reduce of ones).
-    blocking: Result<u32, CommError>,
-}
-
-/// Runs the panicking-job scenario on `world` ranks, with rank `panicker`'s
-/// first job panicking `at` the given point, and checks what every rank saw.
-fn panicking_job(world: usize, panicker: usize, at: At) {
-    let start = Instant::now();
-    let results = local::run_with(world, &config(LONG), |comm| {
-        let rank = comm.rank();
-        let first = comm
-            .run_async(move |lane| {
-                let fail_at = |here: At| {
-                    if rank == panicker && at == here {
-                        panic!("the job of rank {rank} fails {here:?}");
-                    }
-                };
-                fail_at(At::Before);
-                let mut sum = vec![1f32; 64];
-                lane.all_reduce(&mut sum, ReduceOp::Sum)?;
-                fail_at(At::Between);
-                lane.barrier()?;
-                fail_at(At::After);
-                Ok(sum[0])
-            })
-            .expect("a fresh lane takes a job");
-        let second = comm.all_gather_async(vec![rank as u32]);
-        let first = first.wait();
-        let second = second.and_then(Pending::wait);
-        let ran = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&ran);
-        let asked = Instant::now();
-        let third = comm
-            .run_async(move |_| {
-                flag.store(true, Ordering::SeqCst);
-                Ok(())
-            })
-            .and_then(Pending::wait);
-        let third_took = asked.elapsed();
-        let mut one = [1u32];
-        let blocking = comm.all_reduce(&mut one, ReduceOp::Sum).map(|()| one[0]);
-        Seen {
-            first,
-            second,
-            third,
-            third_ran: ran.load(Ordering::SeqCst),
-            third_took,
-            blocking,
-        }
-    })
-    .unwrap();
-    let took = start.elapsed();
-    let case = format!("world {world}, rank {panicker} panics {at:?}");
-    assert!(took < PROMPT, "{case}: took {took:?}");
-    let lost = CommError::Fault {
-        rank: panicker,
-        code: LANE_LOST,
-    };
-    for (rank, seen) in results.into_iter().enumerate() {
-        let seen = seen.unwrap_or_else(|e| panic!("{case}: rank {rank} did not return: {e}"));
-        if rank == panicker {
-            match &seen.first {
-                Err(CommError::RankPanicked { rank: r, message }) => {
-                    assert_eq!(*r, rank, "{case}");
-                    assert!(message.contains("fails"), "{case}: {message}");
-                }
-                other => panic!("{case}: the panicking job gave {other:?}"),
-            }
-        } else if at == At::After {
-            // Both collectives completed before the panic.
-            assert_eq!(seen.first, Ok(world as f32), "{case}: rank {rank}");
-        } else {
-            assert_eq!(seen.first, Err(lost.clone()), "{case}: rank {rank}");
-        }
-        assert_eq!(seen.second, Err(lost.clone()), "{case}: rank {rank}");
-        assert_eq!(seen.third, Err(lost.clone()), "{case}: rank {rank}");
-        assert!(
-            !seen.third_ran,
-            "{case}: rank {rank} ran a job on a lost lane"
-        );
-        assert!(
-            seen.third_took < AT_ONCE,
-            "{case}: rank {rank} took {:?} to refuse a job",
-            seen.third_took
-        );
-        assert_eq!(seen.blocking, Ok(world as u32), "{case}: rank {rank}");
-    }
-}
-
-#[test]
-fn a_panicking_job_loses_the_lane_on_every_rank_promptly() {
-    for world in 1..=4 {
-        for panicker in 0..world {
-            for at in [At::Before, At::Between, At::After] {
-                panicking_job(world, panicker, at);
-            }
-        }
-    }
-}
-
-#[test]
-fn a_panicking_job_fails_a_peer_waiting_to_receive_from_it() {
-    for world in 2..=4 {
-        let start = Instant::now();
-        let results = local::run_with(world, &config(LONG), |comm| {
-            comm.run_async(|lane| {
-                if lane.rank() == 0 {
-                    panic!("rank 0 fails before it sends");
-                }
-                lane.recv(&mut [0f32; 4], 0)
-            })
-            .and_then(Pending::wait)
-        })
-        .unwrap();
-        assert!(start.elapsed() < PROMPT, "took {:?}", start.elapsed());
-        for (rank, r) in results.into_iter().enumerate() {
-            let r = r.unwrap();
-            if rank == 0 {
-                assert!(
-                    matches!(r, Err(CommError::RankPanicked { rank: 0, .. })),
-                    "{r:?}"
-                );
-            } else {
-                assert_eq!(
-                    r,
-                    Err(CommError::Fault {
-                        rank: 0,
-                        code: LANE_LOST
-                    }),
-                    "world {world}, rank {rank}"
-                );
-            }
-        }
-    }
-}
+// A single rank's panicking job (every rank in turn, before, between and
+// after the job's collectives, and a peer receiving from it) is the
+// conformance suite's `panicking_async_job`, run on every backend.
 
 #[test]
 fn jobs_panicking_on_every_rank_end_every_lane() {

@@ -1,5 +1,7 @@
 //! MpiComm's failure model under `mpirun` (feature `mpi`): every wait has a
-//! deadline, and a fault is an error on every rank, never a hang.
+//! deadline, and a fault is an error on every rank, never a hang. (A
+//! panicking asynchronous job is the conformance suite's
+//! `panicking_async_job`, which runs on MpiComm under mpirun too.)
 //!
 //! One binary, two roles. Run by `cargo test` (no argument), it starts
 //! itself under `mpirun --oversubscribe -np W` for W = 1..=4 with
@@ -8,14 +10,6 @@
 //! sees; the ranks gather their failures over a healthy communicator, so
 //! all agree on the verdict and the exit code:
 //!
-//! - `panicking_job` (every W): on a communicator with the default
-//!   deadline (10 minutes), one rank's asynchronous job panics before,
-//!   between or after the job's two collectives (every rank in turn). Its
-//!   handle is `RankPanicked`; every other rank's job that waits in, or
-//!   later reaches, a collective of the lane fails with `Fault { rank, code:
-//!   LANE_LOST }` within seconds; every later job fails at once without
-//!   running; the blocking lane still works. Also: a peer waiting in `recv`
-//!   for the panicking rank fails the same way.
 //! - `recv_timeout` (W >= 2): rank 0 receives from rank 1, which never
 //!   sends. At a short deadline rank 0 gets `Timeout` naming rank 1, and
 //!   every later call of every rank returns that same error, promptly.
@@ -33,12 +27,10 @@
 //! Without MPI (`mpirun` not on the PATH) it prints a loud SKIP and passes;
 //! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
 
-use gradwire_comm::{CommError, Communicator, LANE_LOST, MpiComm, MpiConfig, Pending, ReduceOp};
+use gradwire_comm::{CommError, Communicator, MpiComm, MpiConfig, ReduceOp};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The argument that makes this binary a rank.
@@ -227,132 +219,6 @@ fn check(failures: &mut Failures, ok: bool, message: impl FnOnce() -> String) {
     }
 }
 
-/// Where in its job the panicking rank panics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum At {
-    Before,
-    Between,
-    After,
-}
-
-/// One rank's job panics `at` a point; checks what this rank sees.
-fn panicking_job_once(failures: &mut Failures, panicker: usize, at: At) -> Result<(), CommError> {
-    // A fresh communicator (and lane) each time; the default deadline.
-    let comm = MpiComm::world()?;
-    let (rank, w) = (comm.rank(), comm.world_size());
-    let case = format!("rank {panicker} panics {at:?}");
-    let start = Instant::now();
-    let first = comm.run_async(move |lane| {
-        let fail_at = |here: At| {
-            if rank == panicker && at == here {
-                panic!("the job of rank {rank} fails {here:?}");
-            }
-        };
-        fail_at(At::Before);
-        let mut sum = vec![1f32; 64];
-        lane.all_reduce(&mut sum, ReduceOp::Sum)?;
-        fail_at(At::Between);
-        lane.barrier()?;
-        fail_at(At::After);
-        Ok(sum[0])
-    })?;
-    let second = comm.all_gather_async(vec![rank as u32]);
-    let first = first.wait();
-    let second = second.and_then(Pending::wait);
-    let took = start.elapsed();
-    let ran = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&ran);
-    let asked = Instant::now();
-    let third = comm
-        .run_async(move |_| {
-            flag.store(true, Ordering::SeqCst);
-            Ok(())
-        })
-        .and_then(Pending::wait);
-    let third_took = asked.elapsed();
-    let lost = CommError::Fault {
-        rank: panicker,
-        code: LANE_LOST,
-    };
-    if rank == panicker {
-        check(
-            failures,
-            matches!(&first, Err(CommError::RankPanicked { rank: r, message })
-                if *r == rank && message.contains("fails")),
-            || format!("{case}: the panicking job gave {first:?}"),
-        );
-    } else if at == At::After {
-        check(failures, first == Ok(w as f32), || {
-            format!("{case}: a job that completed before the panic gave {first:?}")
-        });
-    } else {
-        check(failures, first.as_ref().err() == Some(&lost), || {
-            format!("{case}: the job the panicking rank left gave {first:?}")
-        });
-    }
-    check(failures, second.as_ref().err() == Some(&lost), || {
-        format!("{case}: the job queued behind gave {second:?}")
-    });
-    check(failures, took < PROMPT, || {
-        format!("{case}: the jobs took {took:?}")
-    });
-    check(
-        failures,
-        third.as_ref().err() == Some(&lost) && !ran.load(Ordering::SeqCst),
-        || {
-            format!(
-                "{case}: a later job gave {third:?} (ran: {})",
-                ran.load(Ordering::SeqCst)
-            )
-        },
-    );
-    check(failures, third_took < AT_ONCE, || {
-        format!("{case}: a later job took {third_took:?} to fail")
-    });
-    // The blocking lane is untouched.
-    let mut one = [1u32];
-    comm.all_reduce(&mut one, ReduceOp::Sum)?;
-    check(failures, one == [w as u32], || {
-        format!("{case}: the blocking lane afterwards: {one:?}")
-    });
-    Ok(())
-}
-
-/// Every rank's job panics in turn, at every point; then a receive.
-fn panicking_job(failures: &mut Failures) -> Result<(), CommError> {
-    let w = MpiComm::world()?.world_size();
-    for panicker in 0..w {
-        for at in [At::Before, At::Between, At::After] {
-            panicking_job_once(failures, panicker, at)?;
-        }
-    }
-    if w >= 2 {
-        let comm = MpiComm::world()?;
-        let start = Instant::now();
-        let got = comm
-            .run_async(|lane| {
-                if lane.rank() == 0 {
-                    panic!("rank 0 fails before it sends");
-                }
-                lane.recv(&mut [0f32; 4], 0)
-            })
-            .and_then(Pending::wait);
-        let took = start.elapsed();
-        let ok = if comm.rank() == 0 {
-            matches!(got, Err(CommError::RankPanicked { rank: 0, .. }))
-        } else {
-            got == Err(CommError::Fault {
-                rank: 0,
-                code: LANE_LOST,
-            })
-        };
-        check(failures, ok && took < PROMPT, || {
-            format!("recv from a rank whose job panicked, after {took:?}: {got:?}")
-        });
-    }
-    Ok(())
-}
-
 /// A communicator of every rank with the short deadline.
 fn short() -> Result<MpiComm, CommError> {
     MpiComm::world_with(&MpiConfig::with_timeout(Some(SHORT)))
@@ -488,8 +354,7 @@ fn rank_main() -> ExitCode {
     };
     let (rank, w) = (world.rank(), world.world_size());
     type Scenario = fn(&mut Failures) -> Result<(), CommError>;
-    let scenarios: [(&str, Scenario, usize); 3] = [
-        ("panicking_job", panicking_job, 1),
+    let scenarios: [(&str, Scenario, usize); 2] = [
         ("recv_timeout", recv_timeout, 2),
         ("collective_timeout", collective_timeout, 2),
     ];
