@@ -220,15 +220,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// error here and fails the step on every rank: end it with
     /// [`GradSync::finish`] as usual.
     pub fn push<T: WithDType>(&mut self, param: impl ParamRef, grad: &[T]) -> Result<()> {
-        let Some(i) = param.index_in(self) else {
-            // DistOpt records the fault and names the parameter.
-            let err = OptimError::InvalidArgument(format!(
-                "unknown parameter given to GradSync::push ({} declared)",
-                self.specs.len()
-            ));
-            self.dist.record(FaultKind::InvalidArgument, &err);
-            return Err(err);
-        };
+        let i = self.index_of(param)?;
         let spec = &self.specs[i];
         let n: usize = spec.shape.iter().product();
         if grad.len() != n || T::DTYPE != spec.dtype || !spec.device.is_cpu() {
@@ -247,10 +239,9 @@ impl<C: Communicator + 'static> GradSync<C> {
             Some(buffer) => buffer,
             None => Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?,
         };
-        let slot = buffer.as_mut_slice::<T>()?;
-        slot.copy_from_slice(grad);
+        buffer.as_mut_slice::<T>()?.copy_from_slice(grad);
         if self.scale != 1.0 {
-            buffer.scale(self.scale)?;
+            buffer.scale(self.scale)?; // a second pass, only when weighting
         }
         let name = spec.name.clone();
         self.dist.push(&name, buffer)
@@ -259,11 +250,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// Hands over the gradient of `param` as a gradwire tensor (any device
     /// DistOpt supports), without a copy.
     pub fn push_tensor(&mut self, param: impl ParamRef, mut grad: Tensor) -> Result<()> {
-        let Some(i) = param.index_in(self) else {
-            let err = OptimError::InvalidArgument("unknown parameter given to GradSync".into());
-            self.dist.record(FaultKind::InvalidArgument, &err);
-            return Err(err);
-        };
+        let i = self.index_of(param)?;
         if self.scale != 1.0 {
             grad.scale(self.scale)?;
         }
@@ -271,12 +258,26 @@ impl<C: Communicator + 'static> GradSync<C> {
         self.dist.push(&name, grad)
     }
 
+    /// The declaration index of `param`; an unknown one is an error, and
+    /// this step's fault (every rank fails the step).
+    fn index_of(&mut self, param: impl ParamRef) -> Result<usize> {
+        param.index_in(self).ok_or_else(|| {
+            let err = OptimError::InvalidArgument(format!(
+                "unknown parameter given to GradSync ({} declared)",
+                self.specs.len()
+            ));
+            self.dist.record(FaultKind::InvalidArgument, &err);
+            err
+        })
+    }
+
     /// Weights this step's average by samples: this rank saw `samples` of
     /// the step's global batch, and the combined gradient becomes
     /// `sum_r samples_r * g_r / sum_r samples_r` (each rank's gradient being
     /// the mean over its own samples) instead of the plain mean over ranks.
     /// Call before the step's first push, on every rank (one all-reduce of
-    /// a u64). Not for `Custom` (AdaSum is not an average).
+    /// a u64; each push then scales its gradient in place after the copy).
+    /// Not for `Custom` (AdaSum is not an average).
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
         if self.dist.mode() == Mode::Custom {
             return Err(OptimError::InvalidArgument(

@@ -28,8 +28,7 @@ impl Report {
     /// Judges the records of every rank (rank order).
     pub fn judge(mode: ModeCase, fault: Fault, skip: bool, records: &[RankRecord]) -> Report {
         let first = &records[0];
-        // A fault's rank may differ between ranks only where every rank
-        // computed it alike (None); compare kinds and ranks as they are.
+        // Outcomes compared whole: the same kind and the same named rank.
         let agreed = records.iter().all(|r| r.outcomes == first.outcomes);
         let recovered = records.iter().all(|r| {
             r.outcomes[FAULT_STEP + 1..]
