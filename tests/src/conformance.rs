@@ -1082,21 +1082,43 @@ fn candle_training<C: Communicator + 'static>(
         .split(Some(0), comm.rank() as i64)?
         .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
     let run = |r: candle_core::Result<_>| r.map_err(|e| CaseError::Candle(e.to_string()));
-    let (got, _) = run(worker::<candle_nn::SGD, _>(
-        own,
-        0.5,
-        DistOptConfig::default(),
-    ))?;
-    let (want, _) = run(single::<candle_nn::SGD>(0.5))?;
-    checks.check(first_far(&got, &want).is_none(), || {
-        format!("far from one process: {:?}", first_far(&got, &want))
-    });
-    let bits: Vec<u32> = got.iter().flatten().map(|x| x.to_bits()).collect();
-    let mut all = vec![0u32; bits.len() * comm.world_size()];
-    comm.all_gather(&bits, &mut all)?;
-    checks.check(all.chunks(bits.len()).all(|c| c == bits.as_slice()), || {
-        "ranks differ after candle training".into()
-    });
+    // candle-nn's SGD, and gradwire's SGD with momentum in place on
+    // candle's variables (gradwire-candle's optimizer).
+    let momentum = gradwire_optim::SgdConfig::default().lr(0.2).momentum(0.9);
+    let runs = [
+        (
+            "candle SGD",
+            run(worker::<candle_nn::SGD, _>(
+                own.split(Some(0), 0)?
+                    .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?,
+                0.5,
+                DistOptConfig::default(),
+            ))?
+            .0,
+            run(single::<candle_nn::SGD>(0.5))?.0,
+        ),
+        (
+            "gradwire SGD with momentum",
+            run(worker::<gradwire_candle::Sgd, _>(
+                own,
+                momentum.clone(),
+                DistOptConfig::default(),
+            ))?
+            .0,
+            run(single::<gradwire_candle::Sgd>(momentum))?.0,
+        ),
+    ];
+    for (name, got, want) in runs {
+        checks.check(first_far(&got, &want).is_none(), || {
+            format!("{name}: far from one process: {:?}", first_far(&got, &want))
+        });
+        let bits: Vec<u32> = got.iter().flatten().map(|x| x.to_bits()).collect();
+        let mut all = vec![0u32; bits.len() * comm.world_size()];
+        comm.all_gather(&bits, &mut all)?;
+        checks.check(all.chunks(bits.len()).all(|c| c == bits.as_slice()), || {
+            format!("{name}: ranks differ after candle training")
+        });
+    }
     Ok(())
 }
 
@@ -1440,23 +1462,37 @@ fn training_runs_match_local<C: Communicator + 'static>(
     use gradwire_cli::train::{Silent, train, train_rank};
     use gradwire_cli::{Strategy, TrainConfig, data::Digits};
     let data = Digits::load(42);
-    for strategy in [
+    let mlp = TrainConfig {
+        world: comm.world_size(),
+        epochs: 2,
+        hidden: vec![16],
+        ratio: 0.05,
+        dimreduce_dense_epochs: Some(1),
+        components: 8,
+        ..TrainConfig::default()
+    };
+    // The convolutional network too, with AdamW's state.
+    let cnn = TrainConfig {
+        strategy: Strategy::Fp16,
+        model: gradwire_cli::ModelKind::Cnn,
+        channels: vec![4, 8],
+        optimizer: gradwire_cli::OptimizerKind::Adamw,
+        lr: 0.01,
+        ..mlp.clone()
+    };
+    let configs = [
         Strategy::Dense,
         Strategy::Topk,
         Strategy::Partial,
         Strategy::AdasumDelta,
         Strategy::Dimreduce,
-    ] {
-        let config = TrainConfig {
-            strategy,
-            world: comm.world_size(),
-            epochs: 2,
-            hidden: vec![16],
-            ratio: 0.05,
-            dimreduce_dense_epochs: Some(1),
-            components: 8,
-            ..TrainConfig::default()
-        };
+    ]
+    .map(|strategy| TrainConfig {
+        strategy,
+        ..mlp.clone()
+    });
+    for config in configs.iter().chain([&cnn]) {
+        let (config, strategy) = (config.clone(), config.strategy);
         // A copy of the communicator for the run: train_rank takes it.
         let Some(run_comm) = comm.split(Some(0), comm.rank() as i64)? else {
             checks.check(false, || "split(Some(0)) gave no communicator".into());

@@ -10,7 +10,7 @@ use gradwire_algos::HalfPrecision;
 use gradwire_candle::named_vars;
 use gradwire_comm::local;
 use gradwire_compress::SparseCodec;
-use gradwire_optim::{DistOptConfig, Mode};
+use gradwire_optim::{AdamConfig, DistOptConfig, Mode, SgdConfig};
 use gradwire_tests::candle_model::{BATCH, Mlp, STEPS, data, first_far, single, worker};
 
 fn parallel<O: candle_nn::Optimizer>(
@@ -52,6 +52,40 @@ fn sgd_and_adamw_on_1_to_8_workers_equal_one_process_on_the_global_batch() {
             (
                 "adamw",
                 parallel::<AdamW>(world, adamw.clone(), DistOptConfig::default()),
+                &adamw_want,
+            ),
+        ] {
+            for (rank, (got, _)) in results.iter().enumerate() {
+                assert_eq!(
+                    bits(got),
+                    bits(&results[0].0),
+                    "{name}, W = {world}: rank {rank} differs"
+                );
+            }
+            assert_eq!(first_far(&results[0].0, want), None, "{name}, W = {world}");
+        }
+    }
+}
+
+/// gradwire's own update rules through gradwire-candle (SGD with momentum,
+/// which candle-nn lacks, and gradwire's AdamW), in place on candle's
+/// variables: the same equality with one process.
+#[test]
+fn sgd_with_momentum_and_gradwire_adamw_on_1_to_8_workers_equal_one_process() {
+    let sgd = SgdConfig::default().lr(0.2).momentum(0.9);
+    let adamw = AdamConfig::adamw().lr(0.01);
+    let (sgd_want, _) = single::<gradwire_candle::Sgd>(sgd.clone()).unwrap();
+    let (adamw_want, _) = single::<gradwire_candle::AdamW>(adamw.clone()).unwrap();
+    for world in 1..=8 {
+        for (name, results, want) in [
+            (
+                "sgd, momentum 0.9",
+                parallel::<gradwire_candle::Sgd>(world, sgd.clone(), DistOptConfig::default()),
+                &sgd_want,
+            ),
+            (
+                "gradwire adamw",
+                parallel::<gradwire_candle::AdamW>(world, adamw.clone(), DistOptConfig::default()),
                 &adamw_want,
             ),
         ] {

@@ -1,4 +1,5 @@
-//! End-to-end: the digits MLP trained data-parallel on 4 LocalComm ranks.
+//! End-to-end: the digits MLP (the CLI's candle model) trained data-parallel
+//! on 4 LocalComm ranks through gradwire-candle.
 //!
 //! Every rank takes its quarter of each global batch of 64 (16 each); SGD
 //! with lr 0.05 and momentum 0.9 everywhere; test accuracy is measured four
@@ -22,18 +23,14 @@
 //! steps: it must reach a clearly lower training loss and stay within a point
 //! of dense test accuracy.
 
+use candle_nn::Optimizer as _;
 use gradwire_algos::{AdaSum, fused_all_reduce};
-use gradwire_cli::data::{Digits, FEATURES, epoch_order};
-use gradwire_cli::model::Mlp;
+use gradwire_candle::DistOptVars;
+use gradwire_cli::data::{Digits, epoch_order};
+use gradwire_cli::model::Model;
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
-use gradwire_optim::{
-    Combined, Combiner, DistOpt, DistOptConfig, Mode, OptimError, Optimizer, ParamSpec, Sgd,
-    SgdConfig,
-};
+use gradwire_optim::{Combined, Combiner, DistOptConfig, Mode, Sgd, SgdConfig};
 use gradwire_tensor::Tensor;
-
-/// Parameter names in the order backward produces their gradients.
-const BACKWARD_ORDER: [&str; 4] = ["b2", "w2", "b1", "w1"];
 
 const HIDDEN: usize = 32;
 const BATCH: usize = 16;
@@ -44,28 +41,16 @@ const MAX_EPOCHS: usize = 15;
 const EVALS_PER_EPOCH: usize = 4;
 const TARGET: f64 = 0.95;
 
+fn sgd_config() -> SgdConfig {
+    SgdConfig::default().lr(LR).momentum(0.9)
+}
+
 fn sgd() -> Sgd {
-    Sgd::new(SgdConfig::default().lr(LR).momentum(0.9)).expect("sgd")
+    Sgd::new(sgd_config()).expect("sgd")
 }
 
-fn specs() -> Vec<ParamSpec> {
-    let shape = |name: &str| match name {
-        "w1" => vec![HIDDEN, FEATURES],
-        "b1" => vec![HIDDEN],
-        "w2" => vec![10, HIDDEN],
-        _ => vec![10],
-    };
-    BACKWARD_ORDER
-        .iter()
-        .map(|&n| ParamSpec::new(n, shape(n)))
-        .collect()
-}
-
-fn index_of(name: &str) -> usize {
-    ["w1", "b1", "w2", "b2"]
-        .iter()
-        .position(|&n| n == name)
-        .expect("known name")
+fn mlp() -> Model {
+    Model::mlp(&[HIDDEN], 7).expect("mlp")
 }
 
 /// Whether an evaluation falls after batch `index` of `batches` in an epoch.
@@ -76,8 +61,9 @@ fn evaluate_after(index: usize, batches: usize) -> bool {
 /// Test accuracy, `EVALS_PER_EPOCH` times per epoch, of one worker taking
 /// batches of `batch`.
 fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
-    let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
-    let mut opt = sgd();
+    let mlp = mlp();
+    let mut opt =
+        gradwire_candle::Sgd::with_names(mlp.vars().to_vec(), sgd_config()).expect("optimizer");
     let mut accuracy = Vec::new();
     let batches = data.train_len().div_ceil(batch);
     for epoch in 0..MAX_EPOCHS {
@@ -88,18 +74,7 @@ fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
             let (_, grads) = mlp
                 .loss_and_grads(&data.train_x, &data.train_y, samples)
                 .expect("backward");
-            for ((name, param), g) in mlp.named().zip(grads) {
-                let n = g.len();
-                opt.update(
-                    name,
-                    param,
-                    &Tensor::from_vec(g, n)
-                        .and_then(|t| t.reshape(param.dims().to_vec()))
-                        .expect("grad"),
-                )
-                .expect("update");
-            }
-            opt.step();
+            opt.step(&grads).expect("update");
             if evaluate_after(index, batches) {
                 accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
             }
@@ -139,11 +114,12 @@ fn data_parallel<K: Combiner<LocalComm>>(
             mode,
             ..DistOptConfig::default()
         };
+        let mlp = mlp();
+        let vars = mlp.vars().to_vec();
         let mut dist = match combiner(&comm) {
-            Some(k) => DistOpt::with_combiner(sgd(), comm, specs(), config, k)?,
-            None => DistOpt::new(sgd(), comm, specs(), config)?,
+            Some(k) => DistOptVars::with_combiner(vars, sgd(), comm, config, k)?,
+            None => DistOptVars::new(vars, sgd(), comm, config)?,
         };
-        let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
         let mut accuracy = Vec::new();
         let batches = data.train_len().div_ceil(WORLD * BATCH);
         for epoch in 0..MAX_EPOCHS {
@@ -152,14 +128,16 @@ fn data_parallel<K: Combiner<LocalComm>>(
                 .enumerate()
             {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                backward(&mut dist, &mlp, data, &mine)?;
-                dist.finish(mlp.named())?;
+                let (_, grads) = mlp
+                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
+                    .expect("backward");
+                dist.step(&grads)?;
                 if evaluate_after(index, batches) {
                     accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
                 }
             }
         }
-        Ok::<_, OptimError>(accuracy)
+        Ok::<_, candle_core::Error>(accuracy)
     })
     .expect("ranks");
     results
@@ -167,26 +145,6 @@ fn data_parallel<K: Combiner<LocalComm>>(
         .next()
         .expect("rank 0")
         .expect("training")
-}
-
-/// This rank's loss on `samples`; its gradients pushed to `dist` in backward
-/// order.
-fn backward<O: Optimizer + 'static>(
-    dist: &mut DistOpt<O, LocalComm>,
-    mlp: &Mlp,
-    data: &Digits,
-    samples: &[usize],
-) -> Result<f32, OptimError> {
-    let (loss, grads) = mlp
-        .loss_and_grads(&data.train_x, &data.train_y, samples)
-        .expect("backward");
-    let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
-    for name in BACKWARD_ORDER {
-        let i = index_of(name);
-        let g = grads[i].take().expect("each gradient once");
-        dist.push(name, Tensor::from_vec(g, mlp.params()[i].dims().to_vec())?)?;
-    }
-    Ok(loss)
 }
 
 /// Epochs until the accuracy, measured `per_epoch` times per epoch, first
@@ -271,16 +229,15 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
     use gradwire_algos::dimreduce::{DimReduceConfig, TrajectoryRecorder};
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut mlp = Mlp::new(&[HIDDEN], 7).expect("mlp");
+        let mlp = mlp();
         let mut accuracy = Vec::new();
         let mut recorder = TrajectoryRecorder::new(60);
-        let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
+        let mut dist =
+            DistOptVars::new(mlp.vars().to_vec(), sgd(), comm, DistOptConfig::default())?;
         let mut accepted = (0usize, 0usize);
         for epoch in 0..total_epochs {
             if epoch == dense_epochs {
-                let pca = recorder
-                    .fit(32)
-                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                let pca = recorder.fit(32).map_err(candle_core::Error::wrap)?;
                 // MindSpore's defaults, but the residual momentum's rate set
                 // to the SGD learning rate: it is what moves the parameters
                 // outside the 32-dimensional subspace, and at MindSpore's
@@ -289,33 +246,25 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     alpha: LR,
                     ..DimReduceConfig::default()
                 };
-                dist.start_dimreduce(&pca, config)?;
+                dist.dist_mut()
+                    .start_dimreduce(&pca, config)
+                    .map_err(candle_core::Error::wrap)?;
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let loss = backward(&mut dist, &mlp, data, &mine)?;
+                let (loss, grads) = mlp
+                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
+                    .expect("backward");
                 if epoch < dense_epochs {
-                    dist.finish(mlp.named())?;
-                    // DistOpt flattens in declaration (backward) order.
-                    let ordered: Vec<&Tensor> = BACKWARD_ORDER
-                        .iter()
-                        .map(|&n| &mlp.params()[index_of(n)])
-                        .collect();
-                    recorder
-                        .record(&ordered)
-                        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+                    dist.step(&grads)?;
+                    // DistOpt flattens in declaration order.
+                    let params: Vec<&Tensor> = dist.params().iter().collect();
+                    recorder.record(&params).map_err(candle_core::Error::wrap)?;
                 } else {
-                    let mut probe = Mlp::new(&[HIDDEN], 7).expect("mlp");
-                    let stats = dist.finish_dimreduce(mlp.named(), f64::from(loss), |trial| {
-                        for (name, t) in trial {
-                            probe
-                                .set(name, t)
-                                .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-                        }
-                        let trial_loss = probe
-                            .loss(&data.train_x, &data.train_y, &mine)
-                            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-                        Ok(f64::from(trial_loss))
+                    let stats = dist.step_dimreduce(&grads, f64::from(loss), || {
+                        mlp.loss(&data.train_x, &data.train_y, &mine)
+                            .map(f64::from)
+                            .map_err(candle_core::Error::wrap)
                     })?;
                     accepted.1 += 1;
                     if stats.dimreduce.is_some_and(|d| d.step > 0.0) {
@@ -326,7 +275,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
             accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
         }
         let everything: Vec<usize> = (0..data.train_len()).collect();
-        Ok::<_, OptimError>(DimReduceRun {
+        Ok::<_, candle_core::Error>(DimReduceRun {
             accuracy,
             train_loss: f64::from(
                 mlp.loss(&data.train_x, &data.train_y, &everything)

@@ -79,6 +79,16 @@ impl Strategy {
     }
 }
 
+/// The network trained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// A multi-layer perceptron (`--hidden` widths).
+    Mlp,
+    /// A convolutional network (`--channels` widths).
+    Cnn,
+}
+
 /// The local optimizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -120,8 +130,12 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Samples per worker per step; a global batch is `world * batch`.
     pub batch: usize,
-    /// Hidden layer widths.
+    /// The network.
+    pub model: ModelKind,
+    /// Hidden layer widths (MLP).
     pub hidden: Vec<usize>,
+    /// Channels of each 3x3 convolution (CNN; one to three).
+    pub channels: Vec<usize>,
     /// Fraction sent by top-k, sampled top-k and random-k, in (0, 1].
     pub ratio: f64,
     /// Magnitude threshold of the threshold strategy (> 0).
@@ -164,7 +178,9 @@ impl Default for TrainConfig {
             world: 4,
             epochs: 20,
             batch: 16,
+            model: ModelKind::Mlp,
             hidden: vec![128],
+            channels: vec![16, 32],
             ratio: 0.01,
             threshold: 0.01,
             error_feedback: true,
@@ -208,6 +224,9 @@ impl TrainConfig {
         }
         if self.hidden.contains(&0) {
             return bad("--hidden widths must be at least 1".into());
+        }
+        if self.channels.is_empty() || self.channels.len() > 3 || self.channels.contains(&0) {
+            return bad("--channels takes one to three widths, each at least 1".into());
         }
         if !(self.ratio > 0.0 && self.ratio <= 1.0) {
             return bad(format!("--ratio must be in (0, 1], got {}", self.ratio));

@@ -24,6 +24,10 @@ pub enum CliError {
     /// A codec failed.
     #[error(transparent)]
     Compress(#[from] gradwire_compress::CompressError),
+    /// The candle model failed (or gradwire-candle, whose errors are
+    /// candle's).
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
     /// A tensor could not be built or used.
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),

@@ -1,5 +1,6 @@
-//! The `gradwire` command line as a library: data-parallel training of a
-//! small MLP on smartcore's digits with every gradwire strategy
+//! The `gradwire` command line as a library: data-parallel training of
+//! candle models (an MLP, a small convolutional network) on smartcore's
+//! digits through gradwire-candle, with every gradwire strategy
 //! ([`train`](mod@train)), several strategies side by side with plots
 //! ([`compare`]), and the communication and compression benchmarks
 //! ([`bench`](mod@bench)).
@@ -31,12 +32,13 @@ pub mod bench;
 pub mod compare;
 pub mod config;
 pub mod data;
+mod engine;
 pub mod error;
 pub mod faults;
 pub mod model;
 pub mod plot;
 pub mod train;
 
-pub use config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+pub use config::{ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 pub use error::{CliError, Result};
 pub use train::{EpochRecord, RunReport, train};

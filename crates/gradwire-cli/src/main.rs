@@ -12,7 +12,7 @@ use gradwire_cli::compare;
 use gradwire_cli::data::Digits;
 use gradwire_cli::plot;
 use gradwire_cli::train::{CheckpointPlan, EpochRecord, Observer, TARGET_ACCURACY, train};
-use gradwire_cli::{CliError, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,9 +88,16 @@ struct Common {
     /// Samples per worker per step (the global batch is world x batch).
     #[arg(long, default_value_t = TrainConfig::default().batch)]
     batch: usize,
-    /// Hidden layer widths, comma-separated.
+    /// The network: an MLP (--hidden) or a convolutional network
+    /// (--channels), built with candle.
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    model: ModelKind,
+    /// MLP hidden layer widths, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "128")]
     hidden: Vec<usize>,
+    /// CNN channels per 3x3 convolution (one to three), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,32")]
+    channels: Vec<usize>,
     /// Fraction sent by topk, sampled-topk and randomk, in (0, 1].
     #[arg(long, default_value_t = TrainConfig::default().ratio)]
     ratio: f64,
@@ -153,7 +160,9 @@ impl Common {
             world: self.world,
             epochs: self.epochs,
             batch: self.batch,
+            model: self.model,
             hidden: self.hidden.clone(),
+            channels: self.channels.clone(),
             ratio: self.ratio,
             threshold: self.threshold,
             error_feedback: !self.no_error_feedback,

@@ -1,258 +1,261 @@
-//! A multi-layer perceptron with ReLU hidden layers and softmax
-//! cross-entropy, forward and backward written out by hand: the model the
-//! CLI and the end-to-end tests train. Parameters are f32 tensors named
-//! `w1, b1, w2, b2, ...` (`w<k>` is `out x in`, row-major); backward produces
-//! gradients from the last layer to the first.
+//! The models the CLI trains, built with candle: the digits MLP
+//! (`64 - hidden... - 10`, ReLU) and a small convolutional network (3x3
+//! convolutions with ReLU and 2x2 max-pooling over the 8x8 image, then a
+//! linear layer), both ending in softmax cross-entropy. Forward and
+//! backward are candle's; the weights are drawn from the run's seed
+//! (Glorot-uniform, zero biases) because candle's CPU initialisation cannot
+//! be seeded, so every worker and every run start from the same model.
 
+use crate::config::ModelKind;
 use crate::data::{CLASSES, FEATURES, xorshift};
 use crate::error::{CliError, Result};
-use gradwire_tensor::Tensor;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, VarMap};
 
-/// The MLP.
-#[derive(Debug, Clone)]
-pub struct Mlp {
-    /// Units per layer, input and output included: `[64, hidden..., 10]`.
-    sizes: Vec<usize>,
-    names: Vec<String>,
-    /// `[w1, b1, w2, b2, ...]`.
-    params: Vec<Tensor>,
+/// Side of the square digit images.
+const SIDE: usize = 8;
+
+/// 2x2 max-pooling with stride 2 of `[n, c, h, w]` (even `h`, `w`), as
+/// two max reductions: candle 0.11's `max_pool2d` backward multiplies the
+/// gradient by the share of the window's elements that equal the maximum
+/// (1/4 when one does) where it should divide by their count, so its
+/// gradients are 4x too small per pooling layer.
+fn max_pool_2x2(x: &Tensor) -> candle_core::Result<Tensor> {
+    let (n, c, h, w) = x.dims4()?;
+    x.reshape((n, c, h / 2, 2, w / 2, 2))?.max(5)?.max(3)
 }
 
-impl Mlp {
-    /// A `64 - hidden... - 10` network: Glorot-uniform weights drawn from
-    /// `seed` layer by layer, zero biases. Errors on a zero-width layer.
-    pub fn new(hidden: &[usize], seed: u64) -> Result<Mlp> {
+/// The layers of one architecture.
+#[derive(Debug)]
+enum Layers {
+    Mlp(Vec<Linear>),
+    Cnn { convs: Vec<Conv2d>, fc: Linear },
+}
+
+/// A candle model of the digits.
+#[derive(Debug)]
+pub struct Model {
+    layers: Layers,
+    /// Every variable, sorted by name (the declaration order of every
+    /// worker: `gradwire_candle::named_vars`).
+    vars: Vec<(String, Var)>,
+}
+
+impl Model {
+    /// The model `kind` with `hidden` units per MLP layer or `channels`
+    /// per convolution, weights from `seed`. Errors on a zero width.
+    pub fn new(kind: ModelKind, hidden: &[usize], channels: &[usize], seed: u64) -> Result<Model> {
+        match kind {
+            ModelKind::Mlp => Model::mlp(hidden, seed),
+            ModelKind::Cnn => Model::cnn(channels, seed),
+        }
+    }
+
+    /// A `64 - hidden... - 10` MLP (layers `fc1`, `fc2`, ...).
+    pub fn mlp(hidden: &[usize], seed: u64) -> Result<Model> {
         if hidden.contains(&0) {
             return Err(CliError::Usage(
                 "a hidden layer needs at least one unit".into(),
             ));
         }
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let mut sizes = vec![FEATURES];
         sizes.extend_from_slice(hidden);
         sizes.push(CLASSES);
-        let mut state = seed | 1;
-        let mut names = Vec::new();
-        let mut params = Vec::new();
-        for (k, pair) in sizes.windows(2).enumerate() {
-            let (fan_in, fan_out) = (pair[0], pair[1]);
-            let bound = (6.0 / (fan_in + fan_out) as f64).sqrt() as f32;
-            let w: Vec<f32> = (0..fan_in * fan_out)
-                .map(|_| {
-                    ((xorshift(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
-                })
-                .collect();
-            names.push(format!("w{}", k + 1));
-            params.push(Tensor::from_vec(w, vec![fan_out, fan_in])?);
-            names.push(format!("b{}", k + 1));
-            params.push(Tensor::from_vec(vec![0f32; fan_out], vec![fan_out])?);
+        let layers = sizes
+            .windows(2)
+            .enumerate()
+            .map(|(k, w)| candle_nn::linear(w[0], w[1], vb.pp(format!("fc{}", k + 1))))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Model::seeded(Layers::Mlp(layers), &varmap, seed)
+    }
+
+    /// A convolutional network: for each of `channels`, a 3x3 convolution
+    /// (padding 1), ReLU and 2x2 max-pooling (`conv1`, `conv2`, ...); then
+    /// a linear layer `fc` to the classes. At most three convolutions (the
+    /// image is 8x8).
+    pub fn cnn(channels: &[usize], seed: u64) -> Result<Model> {
+        if channels.is_empty() || channels.len() > 3 || channels.contains(&0) {
+            return Err(CliError::Usage(
+                "--channels takes one to three convolution widths, each at least 1".into(),
+            ));
         }
-        Ok(Mlp {
-            sizes,
-            names,
-            params,
-        })
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let config = Conv2dConfig {
+            padding: 1,
+            ..Conv2dConfig::default()
+        };
+        let mut convs = Vec::new();
+        let mut input = 1;
+        for (k, &c) in channels.iter().enumerate() {
+            convs.push(candle_nn::conv2d(
+                input,
+                c,
+                3,
+                config,
+                vb.pp(format!("conv{}", k + 1)),
+            )?);
+            input = c;
+        }
+        let side = SIDE >> channels.len();
+        let fc = candle_nn::linear(input * side * side, CLASSES, vb.pp("fc"))?;
+        Model::seeded(Layers::Cnn { convs, fc }, &varmap, seed)
     }
 
-    /// Units per layer, input and output included.
-    pub fn sizes(&self) -> &[usize] {
-        &self.sizes
+    /// The model with its variables overwritten from `seed`: weights
+    /// Glorot-uniform (fans from the shape), biases zero, drawn in name
+    /// order.
+    fn seeded(layers: Layers, varmap: &VarMap, seed: u64) -> Result<Model> {
+        let vars = gradwire_candle::named_vars(varmap)?;
+        let mut state = seed | 1;
+        for (name, var) in &vars {
+            let dims = var.dims();
+            let values: Vec<f32> = if name.ends_with(".bias") {
+                vec![0.0; var.elem_count()]
+            } else {
+                let receptive: usize = dims.iter().skip(2).product();
+                let fan_in = dims.get(1).copied().unwrap_or(1) * receptive;
+                let fan_out = dims[0] * receptive;
+                let bound = (6.0 / (fan_in + fan_out) as f64).sqrt() as f32;
+                (0..var.elem_count())
+                    .map(|_| {
+                        ((xorshift(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+                            * bound
+                    })
+                    .collect()
+            };
+            gradwire_candle::write_values(var, &values)?;
+        }
+        Ok(Model { layers, vars })
     }
 
-    /// Parameter names in forward order (`w1, b1, w2, ...`).
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
-    /// Parameter names in the order backward produces their gradients.
-    pub fn backward_order(&self) -> Vec<String> {
-        self.names.iter().rev().cloned().collect()
-    }
-
-    /// The shape of parameter `i` (forward order).
-    pub fn shape(&self, i: usize) -> &[usize] {
-        self.params[i].dims()
-    }
-
-    /// The parameters, forward order.
-    pub fn params(&self) -> &[Tensor] {
-        &self.params
+    /// Every variable with its name, sorted by name.
+    pub fn vars(&self) -> &[(String, Var)] {
+        &self.vars
     }
 
     /// Total number of parameters.
     pub fn len(&self) -> usize {
-        self.params.iter().map(Tensor::len).sum()
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
     }
 
-    /// Whether the network has no parameters (never: kept for clippy's
+    /// Whether the model has no parameters (never: kept for clippy's
     /// `len_without_is_empty`).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The parameters with their names, for DistOpt's `finish`.
-    pub fn named(&mut self) -> impl Iterator<Item = (&str, &mut Tensor)> {
-        self.names
-            .iter()
-            .map(String::as_str)
-            .zip(self.params.iter_mut())
-    }
-
-    /// Sets parameter `name` to `value`.
-    pub fn set(&mut self, name: &str, value: &Tensor) -> Result<()> {
-        let i = self
-            .names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| CliError::Usage(format!("no parameter {name}")))?;
-        self.params[i].copy_from(value)?;
-        Ok(())
-    }
-
-    fn values(&self) -> Result<Vec<Vec<f32>>> {
-        Ok(self
-            .params
-            .iter()
-            .map(|t| t.to_vec::<f32>())
-            .collect::<std::result::Result<_, _>>()?)
-    }
-
-    /// The activations of every layer for one input (the last holds logits).
-    fn forward(&self, values: &[Vec<f32>], x: &[f32], acts: &mut [Vec<f32>]) {
-        let layers = self.sizes.len() - 1;
-        acts[0].copy_from_slice(x);
-        for k in 0..layers {
-            let (w, b) = (&values[2 * k], &values[2 * k + 1]);
-            let (before, after) = acts.split_at_mut(k + 1);
-            let input = &before[k];
-            let hidden = k + 1 < layers;
-            for ((o, row), bias) in after[0].iter_mut().zip(w.chunks_exact(input.len())).zip(b) {
-                let z = bias + row.iter().zip(input).map(|(a, c)| a * c).sum::<f32>();
-                *o = if hidden { z.max(0.0) } else { z };
+    /// The logits of a batch of images (`[n, 64]`).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match &self.layers {
+            Layers::Mlp(layers) => {
+                let mut h = x.clone();
+                for (k, layer) in layers.iter().enumerate() {
+                    h = layer.forward(&h)?;
+                    if k + 1 < layers.len() {
+                        h = h.relu()?;
+                    }
+                }
+                Ok(h)
+            }
+            Layers::Cnn { convs, fc } => {
+                let n = x.dim(0)?;
+                let mut h = x.reshape((n, 1, SIDE, SIDE))?;
+                for conv in convs {
+                    h = max_pool_2x2(&conv.forward(&h)?.relu()?)?;
+                }
+                fc.forward(&h.flatten_from(1)?)
             }
         }
     }
 
-    fn activations(&self) -> Vec<Vec<f32>> {
-        self.sizes.iter().map(|&n| vec![0f32; n]).collect()
+    /// The images and labels of `samples` as a batch.
+    fn batch(x: &[f32], y: &[usize], samples: &[usize]) -> Result<(Tensor, Tensor)> {
+        let mut rows = Vec::with_capacity(samples.len() * FEATURES);
+        let mut labels = Vec::with_capacity(samples.len());
+        for &s in samples {
+            let row = x
+                .get(s * FEATURES..(s + 1) * FEATURES)
+                .ok_or_else(|| CliError::Usage(format!("no sample {s}")))?;
+            rows.extend_from_slice(row);
+            labels.push(u32::try_from(y[s]).unwrap_or(u32::MAX));
+        }
+        let n = samples.len();
+        Ok((
+            Tensor::from_vec(rows, (n, FEATURES), &Device::Cpu)?,
+            Tensor::from_vec(labels, n, &Device::Cpu)?,
+        ))
     }
 
-    /// Mean cross-entropy over `samples` of (`x`, `y`) and its gradients in
-    /// forward order (`[w1, b1, w2, ...]`).
+    /// The mean cross-entropy over `samples` of (`x`, `y`), as a candle
+    /// scalar (differentiable).
+    fn loss_tensor(&self, x: &[f32], y: &[usize], samples: &[usize]) -> Result<Tensor> {
+        let (inputs, labels) = Model::batch(x, y, samples)?;
+        Ok(candle_nn::loss::cross_entropy(
+            &self.forward(&inputs)?,
+            &labels,
+        )?)
+    }
+
+    /// Mean cross-entropy over `samples` and its gradients. No samples (a
+    /// worker past the end of the last batch): loss 0 and no gradient.
     pub fn loss_and_grads(
         &self,
         x: &[f32],
         y: &[usize],
         samples: &[usize],
-    ) -> Result<(f32, Vec<Vec<f32>>)> {
-        let values = self.values()?;
-        let mut grads: Vec<Vec<f32>> = values.iter().map(|v| vec![0f32; v.len()]).collect();
-        let mut deltas = self.activations();
-        let layers = self.sizes.len() - 1;
-        let loss = self.cross_entropy(&values, x, y, samples, |acts, dlogits| {
-            deltas[layers].copy_from_slice(dlogits);
-            for k in (0..layers).rev() {
-                let inputs = self.sizes[k];
-                let (lower, upper) = deltas.split_at_mut(k + 1);
-                let delta = &upper[0];
-                let below = &mut lower[k];
-                below.iter_mut().for_each(|d| *d = 0.0);
-                let w = &values[2 * k];
-                let (gw, rest) = grads[2 * k..].split_at_mut(1);
-                let (gw, gb) = (&mut gw[0], &mut rest[0]);
-                for (o, &d) in delta.iter().enumerate() {
-                    if d == 0.0 {
-                        continue; // an inactive ReLU: nothing flows back
-                    }
-                    gb[o] += d;
-                    let row = o * inputs..(o + 1) * inputs;
-                    for ((g, &a), (db, &wv)) in gw[row.clone()]
-                        .iter_mut()
-                        .zip(&acts[k])
-                        .zip(below.iter_mut().zip(&w[row]))
-                    {
-                        *g += d * a;
-                        *db += d * wv;
-                    }
-                }
-                if k > 0 {
-                    // Through the ReLU of layer k.
-                    for (db, &a) in below.iter_mut().zip(&acts[k]) {
-                        if a <= 0.0 {
-                            *db = 0.0;
-                        }
-                    }
-                }
-            }
-        });
-        Ok((loss, grads))
-    }
-
-    /// Mean cross-entropy over `samples` (forward only).
-    pub fn loss(&self, x: &[f32], y: &[usize], samples: &[usize]) -> Result<f32> {
-        let values = self.values()?;
-        Ok(self.cross_entropy(&values, x, y, samples, |_, _| {}))
-    }
-
-    /// The forward pass over `samples` with parameter `values`: returns the
-    /// mean cross-entropy, and hands `backward` each sample's activations and
-    /// the loss's gradient with respect to its logits (softmax - one-hot,
-    /// scaled by 1 / samples).
-    fn cross_entropy(
-        &self,
-        values: &[Vec<f32>],
-        x: &[f32],
-        y: &[usize],
-        samples: &[usize],
-        mut backward: impl FnMut(&[Vec<f32>], &[f32]),
-    ) -> f32 {
-        let mut acts = self.activations();
-        let layers = self.sizes.len() - 1;
-        let scale = 1.0 / samples.len().max(1) as f32;
-        let mut loss = 0f32;
-        let mut dlogits = vec![0f32; self.sizes[layers]];
-        for &s in samples {
-            self.forward(values, &x[s * FEATURES..(s + 1) * FEATURES], &mut acts);
-            let (exp, total) = softmax_parts(&acts[layers]);
-            loss -= (exp[y[s]] / total).ln() * scale;
-            for (c, d) in dlogits.iter_mut().enumerate() {
-                *d = (exp[c] / total - f32::from(u8::from(c == y[s]))) * scale;
-            }
-            backward(&acts, &dlogits);
+    ) -> Result<(f32, GradStore)> {
+        if samples.is_empty() {
+            return Ok((0.0, GradStore::default()));
         }
-        loss
+        let loss = self.loss_tensor(x, y, samples)?;
+        let grads = loss.backward()?;
+        Ok((loss.to_scalar::<f32>()?, grads))
+    }
+
+    /// Mean cross-entropy over `samples` (forward only; 0 for none).
+    pub fn loss(&self, x: &[f32], y: &[usize], samples: &[usize]) -> Result<f32> {
+        if samples.is_empty() {
+            return Ok(0.0);
+        }
+        Ok(self.loss_tensor(x, y, samples)?.to_scalar::<f32>()?)
     }
 
     /// Fraction of `(x, y)` classified correctly.
     pub fn accuracy(&self, x: &[f32], y: &[usize]) -> Result<f64> {
-        let values = self.values()?;
-        let mut acts = self.activations();
-        let layers = self.sizes.len() - 1;
-        let mut correct = 0usize;
-        for (s, &label) in y.iter().enumerate() {
-            self.forward(&values, &x[s * FEATURES..(s + 1) * FEATURES], &mut acts);
-            let best = acts[layers]
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |acc, (c, &v)| {
-                        if v > acc.1 { (c, v) } else { acc }
-                    },
-                )
-                .0;
-            correct += usize::from(best == label);
+        if y.is_empty() {
+            return Ok(0.0);
         }
-        Ok(correct as f64 / y.len().max(1) as f64)
+        let all: Vec<usize> = (0..y.len()).collect();
+        let (inputs, labels) = Model::batch(x, y, &all)?;
+        let predicted = self.forward(&inputs)?.argmax(1)?;
+        let correct = predicted
+            .eq(&labels)?
+            .to_dtype(DType::F32)?
+            .sum_all()?
+            .to_scalar::<f32>()?;
+        Ok(f64::from(correct) / y.len() as f64)
     }
-}
 
-/// `exp(logit - max)` for each logit and their sum: the softmax is
-/// `exp / total`, computed without overflow.
-fn softmax_parts(logits: &[f32]) -> (Vec<f32>, f32) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exp: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-    let total = exp.iter().sum();
-    (exp, total)
+    /// FNV-1a over the bits of every parameter (name order): equal
+    /// checksums mean bitwise-equal models.
+    pub fn checksum(&self) -> Result<String> {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for (_, var) in &self.vars {
+            gradwire_candle::with_values(var.as_tensor(), |values| {
+                for v in values {
+                    for byte in v.to_bits().to_le_bytes() {
+                        hash ^= u64::from(byte);
+                        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+                    }
+                }
+            })?;
+        }
+        Ok(format!("{hash:016x}"))
+    }
 }
 
 #[cfg(test)]
@@ -260,49 +263,84 @@ mod tests {
     use super::*;
     use crate::data::Digits;
 
-    /// Central differences in f64 of the loss along each of a few
-    /// coordinates of every parameter.
+    /// Central differences in f64 of the loss along a few coordinates of
+    /// every parameter, against candle's gradients, for both models. The
+    /// images get a little noise and the biases small values, so that no
+    /// ReLU sits exactly at its kink and no max-pool window has a tie (the
+    /// digits have large blank areas).
     #[test]
     fn gradients_match_finite_differences() {
-        let data = Digits::load(1);
-        let mut mlp = Mlp::new(&[7, 5], 3).unwrap();
+        let mut data = Digits::load(1);
+        let mut state = 5u64;
+        for x in &mut data.train_x {
+            *x += (xorshift(&mut state) >> 40) as f32 / (1u64 << 24) as f32 * 0.1;
+        }
         let samples: Vec<usize> = (0..13).collect();
-        let (_, grads) = mlp
-            .loss_and_grads(&data.train_x, &data.train_y, &samples)
-            .unwrap();
-        let names = mlp.names().to_vec();
-        for (i, name) in names.iter().enumerate() {
-            let base = mlp.params()[i].clone();
-            for j in [0, base.len() / 2, base.len() - 1] {
-                let h = 1e-3f32;
-                let mut at = |delta: f32| {
-                    let mut v = base.to_vec::<f32>().unwrap();
-                    v[j] += delta;
-                    let t = Tensor::from_vec(v, base.dims().to_vec()).unwrap();
-                    mlp.set(name, &t).unwrap();
-                    f64::from(mlp.loss(&data.train_x, &data.train_y, &samples).unwrap())
-                };
-                let numeric = (at(h) - at(-h)) / (2.0 * f64::from(h));
-                mlp.set(name, &base).unwrap();
-                let analytic = f64::from(grads[i][j]);
-                assert!(
-                    (numeric - analytic).abs() <= 2e-3 + 2e-2 * analytic.abs(),
-                    "{name}[{j}]: numeric {numeric}, analytic {analytic}"
-                );
+        for model in [
+            Model::mlp(&[7, 5], 3).unwrap(),
+            Model::cnn(&[3, 4], 3).unwrap(),
+        ] {
+            for (name, var) in model.vars() {
+                if name.ends_with(".bias") {
+                    let values: Vec<f32> = (0..var.elem_count())
+                        .map(|i| 0.05 * (i as f32 + 1.0).sin())
+                        .collect();
+                    gradwire_candle::write_values(var, &values).unwrap();
+                }
+            }
+            let (_, grads) = model
+                .loss_and_grads(&data.train_x, &data.train_y, &samples)
+                .unwrap();
+            for (name, var) in model.vars() {
+                let base: Vec<f32> = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+                let grad: Vec<f32> = grads
+                    .get(var)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for j in [0, base.len() / 2, base.len() - 1] {
+                    let h = 1e-3f32;
+                    let at = |delta: f32| {
+                        let mut v = base.clone();
+                        v[j] += delta;
+                        gradwire_candle::write_values(var, &v).unwrap();
+                        f64::from(model.loss(&data.train_x, &data.train_y, &samples).unwrap())
+                    };
+                    let numeric = (at(h) - at(-h)) / (2.0 * f64::from(h));
+                    gradwire_candle::write_values(var, &base).unwrap();
+                    let analytic = f64::from(grad[j]);
+                    assert!(
+                        (numeric - analytic).abs() <= 2e-3 + 5e-2 * analytic.abs(),
+                        "{name}[{j}]: numeric {numeric}, analytic {analytic}"
+                    );
+                }
             }
         }
     }
 
     #[test]
-    fn forward_only_loss_equals_the_training_loss() {
+    fn seeded_models_are_equal_and_bad_widths_are_refused() {
+        let a = Model::cnn(&[4], 9).unwrap();
+        let b = Model::cnn(&[4], 9).unwrap();
+        assert_eq!(a.checksum().unwrap(), b.checksum().unwrap());
+        assert_ne!(
+            a.checksum().unwrap(),
+            Model::cnn(&[4], 10).unwrap().checksum().unwrap()
+        );
+        let names: Vec<&str> = a.vars().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["conv1.bias", "conv1.weight", "fc.bias", "fc.weight"]
+        );
+        assert_eq!(a.len(), 4 * 9 + 4 + 4 * 16 * 10 + 10);
+        assert!(Model::mlp(&[4, 0], 1).is_err());
+        assert!(Model::cnn(&[], 1).is_err());
+        assert!(Model::cnn(&[1, 1, 1, 1], 1).is_err());
         let data = Digits::load(2);
-        let mlp = Mlp::new(&[16], 9).unwrap();
-        let samples: Vec<usize> = (5..40).collect();
-        let (with_grads, _) = mlp
-            .loss_and_grads(&data.train_x, &data.train_y, &samples)
-            .unwrap();
-        let forward = mlp.loss(&data.train_x, &data.train_y, &samples).unwrap();
-        assert!((with_grads - forward).abs() <= 1e-6 * with_grads.abs());
-        assert!(Mlp::new(&[4, 0], 1).is_err());
+        let (loss, grads) = a.loss_and_grads(&data.train_x, &data.train_y, &[]).unwrap();
+        assert_eq!(loss, 0.0);
+        assert!(grads.get(a.vars()[0].1.as_tensor()).is_none());
     }
 }

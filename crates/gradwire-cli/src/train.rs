@@ -13,17 +13,17 @@
 
 use crate::config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 use crate::data::{Digits, epoch_order};
+use crate::engine::Engine;
 use crate::error::{CliError, Result};
-use crate::model::Mlp;
-use gradwire_algos::adasum::AdaSum;
+use crate::model::Model;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{HalfPrecision, Traffic};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_optim::{
-    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, Mode, Optimizer,
-    ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig,
+    AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
+    RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, UpdateRule,
 };
 use gradwire_tensor::Tensor;
 use serde::{Deserialize, Serialize};
@@ -281,25 +281,24 @@ pub fn train_rank<C: Communicator + 'static>(
         steps_per_epoch,
     };
     match config.optimizer {
-        OptimizerKind::Sgd => run.go(
+        OptimizerKind::Sgd => {
+            run.go::<SgdRule, _>(comm, SgdConfig::default().lr(lr).momentum(config.momentum))
+        }
+        OptimizerKind::Adam => run.go::<AdamRule, _>(comm, AdamConfig::default().lr(lr)),
+        OptimizerKind::Adamw => run.go::<AdamWRule, _>(comm, AdamConfig::adamw().lr(lr)),
+        OptimizerKind::Rmsprop => run.go::<RmsPropRule, _>(
             comm,
-            Sgd::new(SgdConfig::default().lr(lr).momentum(config.momentum))?,
-        ),
-        OptimizerKind::Adam => run.go(comm, Adam::new(AdamConfig::default().lr(lr))?),
-        OptimizerKind::Adamw => run.go(comm, AdamW::new(AdamConfig::adamw().lr(lr))?),
-        OptimizerKind::Rmsprop => run.go(
-            comm,
-            RmsProp::new(RmsPropConfig {
+            RmsPropConfig {
                 lr,
                 ..RmsPropConfig::default()
-            })?,
+            },
         ),
-        OptimizerKind::Adagrad => run.go(
+        OptimizerKind::Adagrad => run.go::<AdaGradRule, _>(
             comm,
-            AdaGrad::new(AdaGradConfig {
+            AdaGradConfig {
                 lr,
                 ..AdaGradConfig::default()
-            })?,
+            },
         ),
     }
 }
@@ -375,20 +374,6 @@ fn dimreduce_config(config: &TrainConfig) -> DimReduceConfig {
     }
 }
 
-/// FNV-1a over the bits of every parameter.
-fn checksum(model: &Mlp) -> Result<String> {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in model.params() {
-        for v in p.to_vec::<f32>()? {
-            for byte in v.to_bits().to_le_bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-        }
-    }
-    Ok(format!("{hash:016x}"))
-}
-
 /// Per-epoch tallies.
 #[derive(Default)]
 struct Tally {
@@ -402,10 +387,10 @@ struct Tally {
 }
 
 impl Run<'_> {
-    fn go<O: Optimizer + Send + 'static, C: Communicator + 'static>(
+    fn go<R: UpdateRule, C: Communicator + 'static>(
         &self,
         comm: C,
-        optimizer: O,
+        optimizer: R::Config,
     ) -> Result<Option<RunReport>> {
         let config = self.config;
         let data = self.data;
@@ -416,14 +401,7 @@ impl Run<'_> {
                 config.world
             )));
         }
-        let mut model = Mlp::new(&config.hidden, config.seed)?;
-        let backward = model.backward_order();
-        let index_of = |name: &str| model.names().iter().position(|n| n == name);
-        let specs: Vec<ParamSpec> = backward
-            .iter()
-            .filter_map(|n| index_of(n).map(|i| ParamSpec::new(n.clone(), model.shape(i).to_vec())))
-            .collect();
-        let backward_index: Vec<usize> = backward.iter().filter_map(|n| index_of(n)).collect();
+        let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
         let dist_config = DistOptConfig {
             mode: mode_of(config),
             fusion_threshold: config.fusion_threshold,
@@ -432,39 +410,29 @@ impl Run<'_> {
                 .max(gradwire_algos::DEFAULT_FUSION_CAPACITY),
             ..DistOptConfig::default()
         };
-        let mut dist = match config.strategy {
-            Strategy::AdasumGrad | Strategy::AdasumDelta => {
-                let adasum = match config.adasum_group {
-                    Some(group) => AdaSum::hierarchical(&comm, group)?,
-                    None => AdaSum::new(&comm)?,
-                };
-                DistOpt::with_combiner(optimizer, comm, specs, dist_config, adasum)?
-            }
-            _ => DistOpt::new(optimizer, comm, specs, dist_config)?,
-        };
+        let mut engine = Engine::<R, C>::new(config, &model, comm, optimizer, dist_config)?;
         let dense_epochs = config.dense_epochs();
         let mut recorder = TrajectoryRecorder::new(TRAJECTORY_SNAPSHOTS);
         let mut history: Vec<EpochRecord> = Vec::new();
         let mut start_epoch = 0;
         if let Some(plan) = self.plan.filter(|p| p.resume) {
             let ckpt = checkpoint::load(rank_file(&plan.dir, rank))?;
-            start_epoch = self.resume(&ckpt, &mut model, &mut recorder, &mut history)?;
+            start_epoch = self.resume(&ckpt, &mut recorder, &mut history)?;
             if config.strategy == Strategy::Dimreduce && start_epoch >= dense_epochs {
                 let pca = match &config.pca {
                     Some(path) => checkpoint::load_pca(path)?,
                     None => checkpoint::load_pca(plan.dir.join(PCA_FILE))?,
                 };
-                dist.start_dimreduce(&pca, dimreduce_config(config))?;
+                engine.start_dimreduce(&pca, dimreduce_config(config))?;
             }
-            dist.restore(&ckpt)?;
+            engine.restore(&ckpt)?;
         } else if let (Strategy::Dimreduce, Some(path)) = (config.strategy, &config.pca) {
             let pca = checkpoint::load_pca(path)?;
-            dist.start_dimreduce(&pca, dimreduce_config(config))?;
+            engine.start_dimreduce(&pca, dimreduce_config(config))?;
         }
         let dense_step = Traffic::all_reduce(4 * model.len(), world).sent;
         let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
-        let mut probe = model.clone();
-        let mut dimreduce_started = dist.mode() == Mode::DimReduce;
+        let mut dimreduce_started = engine.in_dimreduce();
         let global_batch = world * config.batch;
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == Strategy::Dimreduce && epoch >= dense_epochs;
@@ -477,7 +445,7 @@ impl Run<'_> {
                 {
                     checkpoint::save_pca(plan.dir.join(PCA_FILE), &pca)?;
                 }
-                dist.start_dimreduce(&pca, dimreduce_config(config))?;
+                engine.start_dimreduce(&pca, dimreduce_config(config))?;
             }
             if rank == 0 {
                 self.observer.epoch_started(epoch + 1, self.steps_per_epoch);
@@ -488,36 +456,24 @@ impl Run<'_> {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
                 let computing = Instant::now();
                 let (loss, grads) = model.loss_and_grads(&data.train_x, &data.train_y, &mine)?;
-                let mut grads: Vec<Option<Vec<f32>>> = grads.into_iter().map(Some).collect();
-                for (name, &i) in backward.iter().zip(&backward_index) {
-                    let g = grads[i].take().unwrap_or_default();
-                    dist.push(name, Tensor::from_vec(g, model.shape(i).to_vec())?)?;
-                }
                 tally.compute += computing.elapsed();
                 let stats = if dimreduce {
-                    let x = &data.train_x;
-                    let y = &data.train_y;
-                    let stats = dist.finish_dimreduce(model.named(), f64::from(loss), |trial| {
-                        for (name, t) in trial {
-                            probe.set(name, t).map_err(|e| {
-                                gradwire_optim::OptimError::InvalidArgument(e.to_string())
-                            })?;
-                        }
-                        let l = probe.loss(x, y, &mine).map_err(|e| {
-                            gradwire_optim::OptimError::InvalidArgument(e.to_string())
-                        })?;
-                        Ok(f64::from(l))
+                    let (x, y) = (&data.train_x, &data.train_y);
+                    let stats = engine.step_dimreduce(grads, f64::from(loss), || {
+                        model
+                            .loss(x, y, &mine)
+                            .map(f64::from)
+                            .map_err(candle_core::Error::wrap)
                     })?;
                     tally.searches += 1;
                     tally.accepted += usize::from(stats.dimreduce.is_some_and(|d| d.step > 0.0));
                     stats
                 } else {
-                    dist.finish(model.named())?
+                    engine.step(grads)?
                 };
                 if config.strategy == Strategy::Dimreduce && !dimreduce {
-                    let ordered: Vec<&Tensor> =
-                        backward_index.iter().map(|&i| &model.params()[i]).collect();
-                    recorder.record(&ordered)?;
+                    let params = engine.parameters(&model)?;
+                    recorder.record(&params.iter().collect::<Vec<_>>())?;
                 }
                 tally.comm += stats.wait;
                 tally.sent += stats.traffic.sent;
@@ -528,7 +484,7 @@ impl Run<'_> {
                 }
             }
             let mut loss = [tally.loss / tally.steps.max(1) as f64];
-            dist.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
+            engine.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
             bytes_total += tally.sent;
             let dense_so_far = dense_step * (self.steps_per_epoch * (epoch + 1)) as u64;
             let record = EpochRecord {
@@ -554,7 +510,7 @@ impl Run<'_> {
                 self.save(
                     &plan.dir,
                     rank,
-                    &dist,
+                    &engine,
                     &model,
                     &recorder,
                     &history,
@@ -573,25 +529,24 @@ impl Run<'_> {
             label: config.label(),
             config: config.clone(),
             epochs: history,
-            param_checksum: checksum(&model)?,
+            param_checksum: model.checksum()?,
         }))
     }
 
     /// Writes this rank's checkpoint after `epochs_done` epochs.
     #[allow(clippy::too_many_arguments)]
-    fn save<O: Optimizer, C: Communicator + 'static>(
+    fn save<R: UpdateRule, C: Communicator + 'static>(
         &self,
         dir: &Path,
         rank: usize,
-        dist: &DistOpt<O, C>,
-        model: &Mlp,
+        engine: &Engine<R, C>,
+        model: &Model,
         recorder: &TrajectoryRecorder,
         history: &[EpochRecord],
         epochs_done: usize,
         dimreduce: bool,
     ) -> Result<()> {
-        let mut ckpt = dist.checkpoint()?;
-        ckpt.set_parameters(model.names().iter().map(String::as_str).zip(model.params()));
+        let mut ckpt = engine.checkpoint(model)?;
         ckpt.values.insert(KEY_EPOCH.into(), epochs_done.into());
         ckpt.values
             .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
@@ -609,12 +564,11 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Restores the model, the trajectory and the history from `ckpt`;
-    /// returns the epochs already done.
+    /// Restores the trajectory and the history from `ckpt` (the engine
+    /// restores the model); returns the epochs already done.
     fn resume(
         &self,
         ckpt: &Checkpoint,
-        model: &mut Mlp,
         recorder: &mut TrajectoryRecorder,
         history: &mut Vec<EpochRecord>,
     ) -> Result<usize> {
@@ -664,11 +618,6 @@ impl Run<'_> {
                 .cloned()
                 .ok_or_else(|| bad("the checkpoint holds no history"))?,
         )?;
-        for (i, name) in model.names().to_vec().iter().enumerate() {
-            let flat = ckpt.flat_parameters(&[name.as_str()])?;
-            let value = Tensor::from_vec(flat, model.shape(i).to_vec())?;
-            model.set(name, &value)?;
-        }
         if let Some(rows) = ckpt.tensors.get(KEY_TRAJECTORY) {
             let width = rows.dims().get(1).copied().unwrap_or(0);
             let flat = rows.to_vec::<f32>()?;

@@ -20,6 +20,7 @@
 //! match (the CPU widens any gradient to f32 first).
 
 use crate::error::{OptimError, Result};
+use crate::schedule::Schedule;
 use crate::state::{OptimizerState, ParamState};
 #[cfg(feature = "cuda")]
 use gradwire_tensor::CudaStorage;
@@ -109,6 +110,13 @@ pub trait UpdateRule: Send + Sync + 'static {
     /// Checks a configuration (schedules' own parameters, flag combinations).
     fn validate(config: &Self::Config) -> Result<()>;
 
+    /// The learning rate of `config` (every rule has one; a framework's
+    /// optimizer interface reads and sets it).
+    fn learning_rate(config: &Self::Config) -> &Schedule;
+
+    /// `config` with its learning rate replaced by `lr`.
+    fn set_learning_rate(config: &mut Self::Config, lr: Schedule);
+
     /// The values at global step `step`, checked (SINGA's argument checks
     /// apply to the values in force at each step).
     fn values(config: &Self::Config, step: u64) -> Result<Self::Values>;
@@ -164,6 +172,51 @@ impl<R: UpdateRule> Optim<R> {
 
     fn config_for(&self, name: &str) -> &R::Config {
         self.overrides.get(name).unwrap_or(&self.config)
+    }
+
+    /// Replaces the default configuration (validated like [`Optim::new`]'s);
+    /// parameters with their own keep theirs.
+    pub fn set_config(&mut self, config: R::Config) -> Result<()> {
+        R::validate(&config)?;
+        R::values(&config, self.step)?;
+        self.config = config;
+        Ok(())
+    }
+
+    /// The default learning rate at the current step.
+    pub fn learning_rate(&self) -> f64 {
+        R::learning_rate(&self.config).value(self.step)
+    }
+
+    /// The update of an f32 parameter held in the caller's memory (a
+    /// framework's tensor storage, updated in place): the same update as
+    /// [`Optimizer::update`] of an f32 CPU tensor of `shape`, bitwise, with
+    /// the same per-parameter state.
+    pub fn update_slice(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        param: &mut [f32],
+        grad: &[f32],
+    ) -> Result<()> {
+        let n = checked_len(shape)?;
+        if param.len() != n || grad.len() != n {
+            return Err(OptimError::ShapeMismatch {
+                what: format!(
+                    "parameter and gradient of {name} (lengths {} and {})",
+                    param.len(),
+                    grad.len()
+                ),
+                expected: shape.to_vec(),
+                got: vec![param.len().max(grad.len())],
+            });
+        }
+        #[cfg(feature = "cuda")]
+        self.buffers_to_host(name)?;
+        let values = R::values(self.config_for(name), self.step)?;
+        let state = state_entry(&mut self.params, name, shape)?;
+        apply_host::<R>(&values, state, param, grad);
+        Ok(())
     }
 
     /// Moves parameter `name`'s buffers from the device to its host state
@@ -249,6 +302,32 @@ fn download_buffers(names: &[&str], device: &[CudaStorage]) -> Result<BTreeMap<S
         .collect()
 }
 
+/// The host update of one f32 parameter with `state` (its buffers created
+/// on first need): the one place [`UpdateRule::apply`] runs on the CPU.
+fn apply_host<R: UpdateRule>(values: &R::Values, state: &mut ParamState, p: &mut [f32], g: &[f32]) {
+    if R::needs_buffers(values) && state.buffers.is_empty() {
+        for &b in R::BUFFERS {
+            state.buffers.insert(b.to_string(), vec![0.0; p.len()]);
+        }
+    }
+    state.updates += 1;
+    let t = state.updates;
+    let mut buffers: Vec<&mut [f32]> = state
+        .buffers
+        .values_mut()
+        .map(|b| b.as_mut_slice())
+        .collect();
+    R::apply(values, t, &mut buffers, p, g);
+}
+
+/// The element count of `shape`, checked.
+fn checked_len(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| OptimError::InvalidArgument(format!("shape {shape:?} overflows")))
+}
+
 /// Parameter `name`'s state, created empty for a parameter of `shape` on
 /// first use; [`OptimError::ShapeMismatch`] if it exists with another shape.
 fn state_entry<'p>(
@@ -326,30 +405,11 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         };
         // Everything that can fail has been checked: from here the update
         // happens in full.
-        let n = param.len();
-        if R::needs_buffers(&values) && state.buffers.is_empty() {
-            for &b in R::BUFFERS {
-                state.buffers.insert(b.to_string(), vec![0.0; n]);
-            }
-        }
-        state.updates += 1;
-        let t = state.updates;
-        let mut buffers: Vec<&mut [f32]> = state
-            .buffers
-            .values_mut()
-            .map(|b| b.as_mut_slice())
-            .collect();
         match param.dtype() {
-            DType::F32 => R::apply(
-                &values,
-                t,
-                &mut buffers,
-                param.as_mut_slice::<f32>()?,
-                &grad32,
-            ),
+            DType::F32 => apply_host::<R>(&values, state, param.as_mut_slice::<f32>()?, &grad32),
             dtype => {
                 let mut p32 = param.to_f32_vec()?;
-                R::apply(&values, t, &mut buffers, &mut p32, &grad32);
+                apply_host::<R>(&values, state, &mut p32, &grad32);
                 let rounded = Tensor::from_f32(&p32, param.dims().to_vec(), dtype)?;
                 param.copy_from(&rounded)?;
             }

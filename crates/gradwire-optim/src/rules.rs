@@ -128,6 +128,14 @@ impl UpdateRule for SgdRule {
     const KIND: &'static str = "sgd";
     const BUFFERS: &'static [&'static str] = &["momentum"];
 
+    fn learning_rate(config: &SgdConfig) -> &Schedule {
+        &config.lr
+    }
+
+    fn set_learning_rate(config: &mut SgdConfig, lr: Schedule) {
+        config.lr = lr;
+    }
+
     fn validate(config: &SgdConfig) -> Result<()> {
         config.lr.validate("lr", false)?;
         config.momentum.validate("momentum", true)?;
@@ -256,6 +264,14 @@ impl UpdateRule for RmsPropRule {
     const KIND: &'static str = "rmsprop";
     const BUFFERS: &'static [&'static str] = &["square_avg"];
 
+    fn learning_rate(config: &RmsPropConfig) -> &Schedule {
+        &config.lr
+    }
+
+    fn set_learning_rate(config: &mut RmsPropConfig, lr: Schedule) {
+        config.lr = lr;
+    }
+
     fn validate(config: &RmsPropConfig) -> Result<()> {
         config.lr.validate("lr", false)?;
         config.rho.validate("rho", true)?;
@@ -341,6 +357,14 @@ impl UpdateRule for AdaGradRule {
     type Values = AdaGradValues;
     const KIND: &'static str = "adagrad";
     const BUFFERS: &'static [&'static str] = &["sum_sq"];
+
+    fn learning_rate(config: &AdaGradConfig) -> &Schedule {
+        &config.lr
+    }
+
+    fn set_learning_rate(config: &mut AdaGradConfig, lr: Schedule) {
+        config.lr = lr;
+    }
 
     fn validate(config: &AdaGradConfig) -> Result<()> {
         config.lr.validate("lr", false)?;
@@ -517,6 +541,14 @@ impl UpdateRule for AdamRule {
     const KIND: &'static str = "adam";
     const BUFFERS: &'static [&'static str] = &["m", "v"];
 
+    fn learning_rate(config: &AdamConfig) -> &Schedule {
+        &config.lr
+    }
+
+    fn set_learning_rate(config: &mut AdamConfig, lr: Schedule) {
+        config.lr = lr;
+    }
+
     fn validate(config: &AdamConfig) -> Result<()> {
         adam_validate(config)
     }
@@ -556,6 +588,14 @@ impl UpdateRule for AdamWRule {
     type Values = AdamValues;
     const KIND: &'static str = "adamw";
     const BUFFERS: &'static [&'static str] = &["m", "v"];
+
+    fn learning_rate(config: &AdamConfig) -> &Schedule {
+        &config.lr
+    }
+
+    fn set_learning_rate(config: &mut AdamConfig, lr: Schedule) {
+        config.lr = lr;
+    }
 
     fn validate(config: &AdamConfig) -> Result<()> {
         adam_validate(config)

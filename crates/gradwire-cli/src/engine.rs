@@ -1,0 +1,184 @@
+//! How a run's steps are taken, through gradwire-candle: the
+//! gradient-combining strategies with [`DataParallel`] (gradwire's
+//! optimizer updating candle's variables in place; no copy of the
+//! parameters), the strategies that step the parameters themselves
+//! (partial averaging, AdaSum by delta weight, DimReduce) with
+//! [`DistOptVars`] (DistOpt over a gradwire copy of the variables).
+
+use crate::config::{Strategy, TrainConfig};
+use crate::error::Result;
+use crate::model::Model;
+use candle_core::backprop::GradStore;
+use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
+use gradwire_candle::{CandleOptim, DataParallel, DistOptVars, with_values, write_values};
+use gradwire_comm::Communicator;
+use gradwire_optim::checkpoint::Checkpoint;
+use gradwire_optim::{DistOptConfig, Mode, Optim, StepStats, UpdateRule};
+use gradwire_tensor::Tensor;
+
+/// One worker's training engine.
+pub(crate) enum Engine<R: UpdateRule, C: Communicator + 'static> {
+    /// Gradients combined, then the optimizer steps on every worker.
+    Gradients(Box<DataParallel<CandleOptim<R>, C>>),
+    /// DistOpt steps the parameters (local steps, DimReduce).
+    Params(Box<DistOptVars<Optim<R>, C>>),
+}
+
+/// The AdaSum combiner of a run (hierarchical with `--adasum-group`).
+fn adasum<C: Communicator + 'static>(config: &TrainConfig, comm: &C) -> Result<AdaSum<C>> {
+    Ok(match config.adasum_group {
+        Some(group) => AdaSum::hierarchical(comm, group)?,
+        None => AdaSum::new(comm)?,
+    })
+}
+
+impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
+    /// The engine of `config.strategy` for `model`'s variables.
+    pub(crate) fn new(
+        config: &TrainConfig,
+        model: &Model,
+        comm: C,
+        optimizer: R::Config,
+        dist: DistOptConfig,
+    ) -> Result<Self> {
+        let vars = model.vars().to_vec();
+        Ok(match config.strategy {
+            Strategy::Partial | Strategy::Dimreduce => Engine::Params(Box::new(DistOptVars::new(
+                vars,
+                Optim::<R>::new(optimizer)?,
+                comm,
+                dist,
+            )?)),
+            Strategy::AdasumDelta => {
+                let combiner = adasum(config, &comm)?;
+                Engine::Params(Box::new(DistOptVars::with_combiner(
+                    vars,
+                    Optim::<R>::new(optimizer)?,
+                    comm,
+                    dist,
+                    combiner,
+                )?))
+            }
+            Strategy::AdasumGrad => {
+                let combiner = adasum(config, &comm)?;
+                Engine::Gradients(Box::new(DataParallel::with_combiner(
+                    vars, optimizer, comm, dist, combiner,
+                )?))
+            }
+            _ => Engine::Gradients(Box::new(DataParallel::from_vars(
+                vars, optimizer, comm, dist,
+            )?)),
+        })
+    }
+
+    /// The communicator.
+    pub(crate) fn comm(&self) -> &C {
+        match self {
+            Engine::Gradients(dp) => dp.sync().comm(),
+            Engine::Params(dv) => dv.dist().comm(),
+        }
+    }
+
+    /// Whether DistOpt is in DimReduce's mode.
+    pub(crate) fn in_dimreduce(&self) -> bool {
+        matches!(self, Engine::Params(dv) if dv.dist().mode() == Mode::DimReduce)
+    }
+
+    /// Switches to DimReduce with `pca` (the DimReduce strategy only).
+    pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+        match self {
+            Engine::Params(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
+            Engine::Gradients(_) => Err(crate::CliError::Usage(
+                "DimReduce runs on DistOpt's parameter engine".into(),
+            )),
+        }
+    }
+
+    /// One step with this worker's gradients.
+    pub(crate) fn step(&mut self, grads: GradStore) -> Result<StepStats> {
+        Ok(match self {
+            Engine::Gradients(dp) => dp.step(grads)?,
+            Engine::Params(dv) => dv.step(&grads)?,
+        })
+    }
+
+    /// One DimReduce step: `loss_at` is this worker's loss at the
+    /// variables' current values.
+    pub(crate) fn step_dimreduce(
+        &mut self,
+        grads: GradStore,
+        loss: f64,
+        loss_at: impl FnMut() -> candle_core::Result<f64>,
+    ) -> Result<StepStats> {
+        match self {
+            Engine::Params(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
+            Engine::Gradients(_) => Err(crate::CliError::Usage(
+                "DimReduce runs on DistOpt's parameter engine".into(),
+            )),
+        }
+    }
+
+    /// The parameters as gradwire tensors, in declaration order (a
+    /// trajectory snapshot; a checkpoint).
+    pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
+        match self {
+            Engine::Params(dv) => Ok(dv.params().to_vec()),
+            Engine::Gradients(_) => model
+                .vars()
+                .iter()
+                .map(|(_, var)| {
+                    let values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
+                    Ok(Tensor::from_vec(values, var.dims().to_vec())?)
+                })
+                .collect(),
+        }
+    }
+
+    /// gradwire's whole state and the parameters (`param/<name>`).
+    pub(crate) fn checkpoint(&self, model: &Model) -> Result<Checkpoint> {
+        match self {
+            Engine::Params(dv) => Ok(dv.checkpoint()?),
+            Engine::Gradients(dp) => {
+                let mut ckpt = dp.checkpoint()?;
+                dp.optimizer().save_into(&mut ckpt)?;
+                let params = self.parameters(model)?;
+                ckpt.set_parameters(
+                    model
+                        .vars()
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .zip(params.iter()),
+                );
+                Ok(ckpt)
+            }
+        }
+    }
+
+    /// Restores a [`Engine::checkpoint`], the variables included.
+    pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        match self {
+            Engine::Params(dv) => dv.restore(ckpt)?,
+            Engine::Gradients(dp) => {
+                let mut values = Vec::with_capacity(dp.vars().len());
+                for (name, var) in dp.vars() {
+                    let flat = ckpt.flat_parameters(&[name.as_str()])?;
+                    if flat.len() != var.elem_count() {
+                        return Err(crate::CliError::Resume(format!(
+                            "{name} has {} values in the checkpoint, the model {}",
+                            flat.len(),
+                            var.elem_count()
+                        )));
+                    }
+                    values.push(flat);
+                }
+                dp.restore(ckpt)?;
+                dp.optimizer_mut().restore_from(ckpt)?;
+                for ((_, var), flat) in dp.vars().iter().zip(&values) {
+                    write_values(var, flat)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
