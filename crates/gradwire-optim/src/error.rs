@@ -1,4 +1,6 @@
-//! The error type of the optimizers and checkpoints.
+//! The error type of the optimizers and checkpoints, and the one every
+//! core crate's error converts into: a tensor's, a communicator's, a
+//! codec's and a strategy's (`?` works across the layers).
 
 /// What can go wrong in an update, a configuration or a checkpoint.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +52,22 @@ pub enum OptimError {
     /// A tensor could not be used (wrong dtype, device...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
+}
+
+/// A communicator's error (a lost peer, a timeout, a mismatch), as the
+/// strategies report it: so `?` works on a collective inside a function
+/// returning [`OptimError`].
+impl From<gradwire_comm::CommError> for OptimError {
+    fn from(e: gradwire_comm::CommError) -> Self {
+        OptimError::Distributed(e.into())
+    }
+}
+
+/// A codec's error, as the strategies report it.
+impl From<gradwire_compress::CompressError> for OptimError {
+    fn from(e: gradwire_compress::CompressError) -> Self {
+        OptimError::Distributed(e.into())
+    }
 }
 
 /// Result alias of this crate.

@@ -25,6 +25,7 @@
 
 #![deny(missing_docs)]
 
+mod any;
 pub mod checkpoint;
 mod distopt;
 mod error;
@@ -34,6 +35,7 @@ mod rules;
 mod schedule;
 mod state;
 
+pub use any::AnyOptimizer;
 pub use distopt::{
     Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec,
     SkipVote, StepStats,

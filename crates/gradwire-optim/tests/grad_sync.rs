@@ -359,3 +359,25 @@ fn modes_that_step_the_parameters_are_refused() {
         "{err:?}"
     );
 }
+
+/// Every core crate's error converts into `OptimError` with `?`, keeping
+/// what it says.
+#[test]
+fn every_layers_error_converts_into_optim_error() {
+    fn comm() -> Result<(), OptimError> {
+        Err(gradwire_comm::CommError::InvalidArgument(
+            "comm says no".into(),
+        ))?
+    }
+    fn compress() -> Result<(), OptimError> {
+        gradwire_compress::select::top_k(&[1.0, 2.0], 2.0)?;
+        Ok(())
+    }
+    fn tensor() -> Result<(), OptimError> {
+        Tensor::from_vec(vec![1f32; 3], vec![2])?;
+        Ok(())
+    }
+    assert!(comm().unwrap_err().to_string().contains("comm says no"));
+    assert!(matches!(compress(), Err(OptimError::Distributed(_))));
+    assert!(matches!(tensor(), Err(OptimError::Tensor(_))));
+}

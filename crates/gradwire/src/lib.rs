@@ -65,6 +65,11 @@ pub use gradwire_algos as algos;
 
 #[cfg(feature = "optim")]
 pub use gradwire_optim as optim;
+/// The error every layer's error converts into with `?` (a tensor's, a
+/// communicator's, a codec's, a strategy's, an optimizer's): one error type
+/// for a training loop.
+#[cfg(feature = "optim")]
+pub use gradwire_optim::OptimError as Error;
 #[cfg(feature = "optim")]
 pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, Mode};
 
