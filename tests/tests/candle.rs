@@ -7,11 +7,13 @@
 use candle_core::{D, Device, Tensor};
 use candle_nn::{AdamW, ParamsAdamW, SGD, VarMap};
 use gradwire_algos::HalfPrecision;
-use gradwire_candle::named_vars;
+use gradwire_algos::adasum::AdaSum;
+use gradwire_candle::{DataParallel, named_vars};
+use gradwire_comm::Communicator;
 use gradwire_comm::local;
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{AdamConfig, DistOptConfig, Mode, SgdConfig};
-use gradwire_tests::candle_model::{BATCH, Mlp, STEPS, data, first_far, single, worker};
+use gradwire_tests::candle_model::{BATCH, Mlp, STEPS, data, first_far, single, values, worker};
 
 fn parallel<O: candle_nn::Optimizer>(
     world: usize,
@@ -126,6 +128,76 @@ fn compressed_modes_learn() {
         );
         for r in &results {
             assert_eq!(bits(&r.0), bits(&results[0].0), "{mode:?}: workers differ");
+        }
+    }
+}
+
+/// candle-nn's own SGD as the local step of the parameter-stepping modes:
+/// AdaSum by delta weight keeps the workers bitwise equal and learns;
+/// partial averaging learns (its workers differ by design).
+#[test]
+fn a_candle_optimizer_steps_locally_in_partial_and_delta_weight_modes() {
+    for world in 1..=4 {
+        let results = local::run(world, |comm| {
+            let rank = comm.rank();
+            let mut runs = Vec::new();
+            for mode in [
+                Mode::DeltaWeight,
+                Mode::Partial {
+                    average_state: false,
+                },
+            ] {
+                let own = comm
+                    .split(Some(0), rank as i64)
+                    .map_err(candle_core::Error::wrap)?
+                    .expect("a member");
+                let varmap = VarMap::new();
+                let model = Mlp::new(&varmap)?;
+                let vars = named_vars(&varmap)?;
+                let dist = DistOptConfig {
+                    mode,
+                    fusion_threshold: 64,
+                    ..DistOptConfig::default()
+                };
+                let mut dp = if mode == Mode::DeltaWeight {
+                    let adasum = AdaSum::new(&own).map_err(candle_core::Error::wrap)?;
+                    DataParallel::<SGD, _>::with_combiner(vars, 0.5, own, dist, adasum)?
+                } else {
+                    DataParallel::<SGD, _>::from_vars(vars, 0.5, own, dist)?
+                };
+                let shard = BATCH / world;
+                let (x, y) = data(rank * shard..(rank + 1) * shard)?;
+                let mut losses = Vec::new();
+                for _ in 0..STEPS {
+                    let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+                    losses.push(loss.to_scalar::<f32>()?);
+                    dp.backward_step(&loss)?;
+                }
+                runs.push((values(&varmap)?, losses));
+            }
+            Ok::<_, candle_core::Error>(runs)
+        })
+        .expect("workers ran");
+        let results: Vec<_> = results
+            .into_iter()
+            .map(|r| r.expect("a worker failed"))
+            .collect();
+        for (rank, runs) in results.iter().enumerate() {
+            let (delta, delta_losses) = &runs[0];
+            assert_eq!(
+                bits(delta),
+                bits(&results[0][0].0),
+                "delta weight, W = {world}: rank {rank} differs"
+            );
+            assert!(
+                delta_losses[STEPS - 1] < 0.9 * delta_losses[0],
+                "delta weight: {delta_losses:?}"
+            );
+            let partial_losses = &runs[1].1;
+            assert!(
+                partial_losses[STEPS - 1] < 0.9 * partial_losses[0],
+                "partial: {partial_losses:?}"
+            );
         }
     }
 }

@@ -1,6 +1,8 @@
-//! [`DataParallel`]: a candle optimizer whose gradients are combined
-//! across the workers before it steps (the gradient-combining modes, on
-//! [`GradSync`]).
+//! [`DataParallel`]: a candle optimizer made data-parallel, on
+//! [`GradSync`]: its gradients combined across the workers before it steps
+//! (the gradient-combining modes), or its local step followed by the
+//! averaging of parameters (`Partial`) or the combination of the weight
+//! changes (`DeltaWeight`, AdaSum).
 
 use crate::vars::{named_vars, specs_of, with_values, write_values};
 use crate::wrap;
@@ -9,7 +11,40 @@ use candle_core::{Device, Tensor, Var};
 use candle_nn::{Optimizer, VarMap};
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{Combiner, DistOptConfig, GradSync, StepStats};
+use gradwire_optim::{Combiner, DistOptConfig, GradSync, OptimError, ParamAccess, StepStats};
+
+/// Candle variables as GradSync reads and writes them, in place.
+struct VarAccess<'v>(&'v [(String, Var)]);
+
+impl ParamAccess for VarAccess<'_> {
+    fn read(&self, index: usize, out: &mut [f32]) -> gradwire_optim::Result<()> {
+        let (name, var) = self
+            .0
+            .get(index)
+            .ok_or_else(|| OptimError::InvalidArgument(format!("no variable {index}")))?;
+        with_values(var.as_tensor(), |values| {
+            if values.len() == out.len() {
+                out.copy_from_slice(values);
+                Ok(())
+            } else {
+                Err(OptimError::InvalidArgument(format!(
+                    "{name} has {} values, {} declared",
+                    values.len(),
+                    out.len()
+                )))
+            }
+        })
+        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?
+    }
+
+    fn write(&mut self, index: usize, values: &[f32]) -> gradwire_optim::Result<()> {
+        let (_, var) = self
+            .0
+            .get(index)
+            .ok_or_else(|| OptimError::InvalidArgument(format!("no variable {index}")))?;
+        write_values(var, values).map_err(|e| OptimError::InvalidArgument(e.to_string()))
+    }
+}
 
 /// A candle optimizer made data-parallel.
 #[derive(Debug)]
@@ -23,7 +58,8 @@ pub struct DataParallel<O, C: Communicator + 'static> {
 impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// Every variable of `varmap`, an optimizer `O` made from `config` over
     /// them, gradients combined as `dist.mode` says (`Dense`, `Half`,
-    /// `Sparse`) over `comm`.
+    /// `Sparse`; or `Partial` without `average_state`: local steps, one
+    /// bucket of parameters averaged per step) over `comm`.
     pub fn new(
         varmap: &VarMap,
         config: O::Config,
@@ -46,7 +82,9 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     }
 
     /// [`DataParallel::from_vars`] with gradients combined by `combiner`
-    /// (`Mode::Custom`: AdaSum by gradient, or a strategy of your own).
+    /// (`Mode::Custom`: AdaSum by gradient, or a strategy of your own), or
+    /// the weight changes of local steps (`Mode::DeltaWeight`: AdaSum by
+    /// delta weight).
     pub fn with_combiner(
         vars: Vec<(String, Var)>,
         config: O::Config,
@@ -93,15 +131,7 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// store comes back without gradients, so an optimizer step changes
     /// nothing. Every worker must call it, each step.
     pub fn reduce(&mut self, mut grads: GradStore) -> candle_core::Result<GradStore> {
-        for (i, (_, var)) in self.vars.iter().enumerate() {
-            let Some(grad) = grads.get(var.as_tensor()) else {
-                continue; // not written on this worker
-            };
-            let sync = &mut self.sync;
-            let pushed = with_values(grad, |values| sync.push(i, values))?;
-            // A bad gradient fails the step on every worker at finish.
-            let _ = pushed;
-        }
+        self.push_all(&grads)?;
         let vars = &self.vars;
         let mut combined: Vec<(usize, Tensor)> = Vec::new();
         let stats = self.sync.finish_each(|i, values: &[f32]| {
@@ -123,8 +153,24 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     }
 
     /// The gradients of `grads` combined across the workers, then the
-    /// optimizer's step with them (none after a skipped step).
+    /// optimizer's step with them (none after a skipped step). In
+    /// `Partial` and `DeltaWeight` modes the optimizer steps first with
+    /// this worker's own gradients, then the parameters (or their changes)
+    /// are combined ([`GradSync::step_locally`]; the gradients are only
+    /// checked for NaN and infinities).
     pub fn step(&mut self, grads: GradStore) -> candle_core::Result<StepStats> {
+        if self.sync.steps_locally() {
+            self.push_all(&grads)?;
+            let optimizer = &mut self.optimizer;
+            let mut vars = VarAccess(&self.vars);
+            let stats = self.sync.step_locally(&mut vars, |_| {
+                optimizer
+                    .step(&grads)
+                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))
+            });
+            self.last = stats.map_err(wrap)?;
+            return Ok(self.last);
+        }
         let grads = self.reduce(grads)?;
         if !self.last.non_finite {
             self.optimizer.step(&grads)?;
@@ -136,6 +182,20 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// then the optimizer's step: the data-parallel `backward_step`.
     pub fn backward_step(&mut self, loss: &Tensor) -> candle_core::Result<()> {
         self.step(loss.backward()?).map(drop)
+    }
+
+    /// Hands every gradient of `grads` to GradSync (declaration order). A
+    /// bad gradient is recorded and fails the step on every worker.
+    fn push_all(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        for (i, (_, var)) in self.vars.iter().enumerate() {
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                continue; // not written on this worker
+            };
+            let sync = &mut self.sync;
+            // A refused gradient fails the step on every worker.
+            let _ = with_values(grad, |values| sync.push(i, values))?;
+        }
+        Ok(())
     }
 
     /// What the last step did (traffic, waiting time, skips).

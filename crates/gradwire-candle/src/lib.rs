@@ -37,15 +37,19 @@
 //! ```
 //!
 //! The pieces:
-//! - [`DataParallel`]: the gradient-combining modes over any candle
-//!   optimizer (the example above), on gradwire's [`gradwire_optim::GradSync`];
+//! - [`DataParallel`]: any candle optimizer made data-parallel (the
+//!   example above), on gradwire's [`gradwire_optim::GradSync`]: its
+//!   gradients combined before it steps (dense, fp16/bf16, sparse with
+//!   error feedback, AdaSum by gradient), or its step taken locally and
+//!   then the parameters averaged a bucket at a time (`Partial`) or the
+//!   weight changes combined (`DeltaWeight`, AdaSum);
 //! - [`optim`]: gradwire's optimizers as candle optimizers ([`Sgd`] with
 //!   momentum, which candle-nn lacks, [`Adam`], [`AdamW`], [`RmsProp`],
 //!   [`AdaGrad`], with gradwire's schedules), updating the variables in
 //!   place, their state saved in a gradwire checkpoint;
-//! - [`DistOptVars`]: DistOpt in any mode over candle variables, for the
-//!   strategies that step the parameters themselves (partial averaging,
-//!   AdaSum by delta weight, DimReduce);
+//! - [`DistOptVars`]: DistOpt in any mode with a gradwire optimizer over
+//!   candle variables, for DimReduce (whose update is its own) and the
+//!   averaging of optimizer state;
 //! - [`named_vars`], [`specs_of`], [`with_values`], [`write_values`],
 //!   [`update_in_place`]: the variables in declaration order and their
 //!   values read and written in place.
@@ -55,9 +59,11 @@
 //! combined gradient becomes a new candle tensor, because a candle
 //! `GradStore` owns its tensors (and one storage may back several of
 //! them, so writing into one in place is not safe). Parameters are updated
-//! in place by [`optim`]'s optimizers; [`DistOptVars`] keeps one gradwire
-//! copy of the parameters, because DistOpt's parameter-stepping modes
-//! update gradwire tensors. Parameters must be f32 on the CPU in this
+//! in place by [`optim`]'s optimizers. In `Partial` and `DeltaWeight`
+//! modes the parameters are copied into gradwire's buffers before and
+//! after the local step and written back once (the combination works on
+//! gradwire tensors); [`DistOptVars`] keeps one gradwire copy of the
+//! parameters, because DistOpt's optimizers update gradwire tensors. Parameters must be f32 on the CPU in this
 //! version (a typed error otherwise).
 //!
 //! Errors come back as [`candle_core::Error`] (gradwire's wrapped), so `?`

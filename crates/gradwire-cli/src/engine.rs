@@ -1,9 +1,10 @@
-//! How a run's steps are taken, through gradwire-candle: the
-//! gradient-combining strategies with [`DataParallel`] (gradwire's
-//! optimizer updating candle's variables in place; no copy of the
-//! parameters), the strategies that step the parameters themselves
-//! (partial averaging, AdaSum by delta weight, DimReduce) with
-//! [`DistOptVars`] (DistOpt over a gradwire copy of the variables).
+//! How a run's steps are taken, through gradwire-candle: with
+//! [`DataParallel`] (gradwire's optimizer updating candle's variables in
+//! place, no copy of the parameters kept) every strategy it runs, the
+//! gradient-combining ones, partial averaging and AdaSum by delta weight;
+//! with [`DistOptVars`] (DistOpt over a gradwire copy of the variables)
+//! DimReduce, whose update is its own, and partial averaging of the
+//! optimizer's state too (`--average-state`).
 
 use crate::config::{Strategy, TrainConfig};
 use crate::error::Result;
@@ -19,10 +20,10 @@ use gradwire_tensor::Tensor;
 
 /// One worker's training engine.
 pub(crate) enum Engine<R: UpdateRule, C: Communicator + 'static> {
-    /// Gradients combined, then the optimizer steps on every worker.
-    Gradients(Box<DataParallel<CandleOptim<R>, C>>),
-    /// DistOpt steps the parameters (local steps, DimReduce).
-    Params(Box<DistOptVars<Optim<R>, C>>),
+    /// DataParallel: the variables updated in place.
+    InPlace(Box<DataParallel<CandleOptim<R>, C>>),
+    /// DistOpt over a copy of the variables.
+    Copied(Box<DistOptVars<Optim<R>, C>>),
 }
 
 /// The AdaSum combiner of a run (hierarchical with `--adasum-group`).
@@ -43,30 +44,24 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         dist: DistOptConfig,
     ) -> Result<Self> {
         let vars = model.vars().to_vec();
+        // DimReduce's update is its own; the caller's optimizer state
+        // cannot be averaged through DataParallel.
+        let copied = config.strategy == Strategy::Dimreduce
+            || (config.strategy == Strategy::Partial && config.average_state);
+        if copied {
+            let optimizer = Optim::<R>::new(optimizer)?;
+            return Ok(Engine::Copied(Box::new(DistOptVars::new(
+                vars, optimizer, comm, dist,
+            )?)));
+        }
         Ok(match config.strategy {
-            Strategy::Partial | Strategy::Dimreduce => Engine::Params(Box::new(DistOptVars::new(
-                vars,
-                Optim::<R>::new(optimizer)?,
-                comm,
-                dist,
-            )?)),
-            Strategy::AdasumDelta => {
+            Strategy::AdasumGrad | Strategy::AdasumDelta => {
                 let combiner = adasum(config, &comm)?;
-                Engine::Params(Box::new(DistOptVars::with_combiner(
-                    vars,
-                    Optim::<R>::new(optimizer)?,
-                    comm,
-                    dist,
-                    combiner,
-                )?))
-            }
-            Strategy::AdasumGrad => {
-                let combiner = adasum(config, &comm)?;
-                Engine::Gradients(Box::new(DataParallel::with_combiner(
+                Engine::InPlace(Box::new(DataParallel::with_combiner(
                     vars, optimizer, comm, dist, combiner,
                 )?))
             }
-            _ => Engine::Gradients(Box::new(DataParallel::from_vars(
+            _ => Engine::InPlace(Box::new(DataParallel::from_vars(
                 vars, optimizer, comm, dist,
             )?)),
         })
@@ -75,22 +70,22 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     /// The communicator.
     pub(crate) fn comm(&self) -> &C {
         match self {
-            Engine::Gradients(dp) => dp.sync().comm(),
-            Engine::Params(dv) => dv.dist().comm(),
+            Engine::InPlace(dp) => dp.sync().comm(),
+            Engine::Copied(dv) => dv.dist().comm(),
         }
     }
 
     /// Whether DistOpt is in DimReduce's mode.
     pub(crate) fn in_dimreduce(&self) -> bool {
-        matches!(self, Engine::Params(dv) if dv.dist().mode() == Mode::DimReduce)
+        matches!(self, Engine::Copied(dv) if dv.dist().mode() == Mode::DimReduce)
     }
 
     /// Switches to DimReduce with `pca` (the DimReduce strategy only).
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         match self {
-            Engine::Params(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
-            Engine::Gradients(_) => Err(crate::CliError::Usage(
-                "DimReduce runs on DistOpt's parameter engine".into(),
+            Engine::Copied(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
+            Engine::InPlace(_) => Err(crate::CliError::Usage(
+                "DimReduce runs on DistOptVars".into(),
             )),
         }
     }
@@ -98,8 +93,8 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     /// One step with this worker's gradients.
     pub(crate) fn step(&mut self, grads: GradStore) -> Result<StepStats> {
         Ok(match self {
-            Engine::Gradients(dp) => dp.step(grads)?,
-            Engine::Params(dv) => dv.step(&grads)?,
+            Engine::InPlace(dp) => dp.step(grads)?,
+            Engine::Copied(dv) => dv.step(&grads)?,
         })
     }
 
@@ -112,9 +107,9 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         loss_at: impl FnMut() -> candle_core::Result<f64>,
     ) -> Result<StepStats> {
         match self {
-            Engine::Params(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
-            Engine::Gradients(_) => Err(crate::CliError::Usage(
-                "DimReduce runs on DistOpt's parameter engine".into(),
+            Engine::Copied(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
+            Engine::InPlace(_) => Err(crate::CliError::Usage(
+                "DimReduce runs on DistOptVars".into(),
             )),
         }
     }
@@ -123,8 +118,8 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     /// trajectory snapshot; a checkpoint).
     pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
         match self {
-            Engine::Params(dv) => Ok(dv.params().to_vec()),
-            Engine::Gradients(_) => model
+            Engine::Copied(dv) => Ok(dv.params().to_vec()),
+            Engine::InPlace(_) => model
                 .vars()
                 .iter()
                 .map(|(_, var)| {
@@ -138,8 +133,8 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     /// gradwire's whole state and the parameters (`param/<name>`).
     pub(crate) fn checkpoint(&self, model: &Model) -> Result<Checkpoint> {
         match self {
-            Engine::Params(dv) => Ok(dv.checkpoint()?),
-            Engine::Gradients(dp) => {
+            Engine::Copied(dv) => Ok(dv.checkpoint()?),
+            Engine::InPlace(dp) => {
                 let mut ckpt = dp.checkpoint()?;
                 dp.optimizer().save_into(&mut ckpt)?;
                 let params = self.parameters(model)?;
@@ -158,8 +153,8 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     /// Restores a [`Engine::checkpoint`], the variables included.
     pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         match self {
-            Engine::Params(dv) => dv.restore(ckpt)?,
-            Engine::Gradients(dp) => {
+            Engine::Copied(dv) => dv.restore(ckpt)?,
+            Engine::InPlace(dp) => {
                 let mut values = Vec::with_capacity(dp.vars().len());
                 for (name, var) in dp.vars() {
                     let flat = ckpt.flat_parameters(&[name.as_str()])?;

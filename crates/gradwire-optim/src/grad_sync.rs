@@ -15,8 +15,14 @@
 //! such as AdaSum), with the same buckets, votes, clipping, non-finite
 //! skipping and failure model, because it *is* DistOpt's step
 //! ([`DistOpt::finish_gradients`]) with the parameter update left to the
-//! caller: results are bitwise DistOpt's. The modes that need the
-//! optimizer's step (delta weight, partial, DimReduce) stay on `DistOpt`.
+//! caller: results are bitwise DistOpt's. The modes that step the
+//! parameters locally first take the caller's own step as a closure
+//! ([`GradSync::step_locally`]): `Partial` (local steps, one bucket of
+//! parameters averaged per step) and `DeltaWeight` (the weight changes
+//! combined, AdaSum's delta-weight mode); the parameters are read and
+//! written through [`ParamAccess`] (plain slices, or a framework's
+//! storage). DimReduce, which replaces the optimizer's update with its own,
+//! stays on `DistOpt`.
 //!
 //! [`GradSync::set_samples`] weights the average by each rank's number of
 //! samples (uneven shards); [`GradSync::broadcast`] copies a root rank's
@@ -51,7 +57,7 @@ use crate::optimizer::Optimizer;
 use crate::state::{OptimizerState, ParamState};
 use gradwire_algos::FaultKind;
 use gradwire_comm::{Communicator, ReduceOp};
-use gradwire_tensor::{Tensor, WithDType};
+use gradwire_tensor::{DType, Device, Tensor, WithDType};
 
 /// A parameter named by its declared name or its declaration index.
 pub trait ParamRef {
@@ -68,6 +74,46 @@ impl ParamRef for &str {
 impl ParamRef for usize {
     fn index_in<C: Communicator + 'static>(&self, sync: &GradSync<C>) -> Option<usize> {
         (*self < sync.specs.len()).then_some(*self)
+    }
+}
+
+/// Where a framework keeps its parameters, for
+/// [`GradSync::step_locally`]: parameter `index` (declaration order) read
+/// into and written from f32 values of its declared length.
+pub trait ParamAccess {
+    /// Copies parameter `index`'s values into `out`.
+    fn read(&self, index: usize, out: &mut [f32]) -> Result<()>;
+    /// Sets parameter `index`'s values to `values`.
+    fn write(&mut self, index: usize, values: &[f32]) -> Result<()>;
+}
+
+/// Parameters as the caller's own f32 slices, in declaration order.
+impl ParamAccess for [&mut [f32]] {
+    fn read(&self, index: usize, out: &mut [f32]) -> Result<()> {
+        match self.get(index) {
+            Some(p) if p.len() == out.len() => {
+                out.copy_from_slice(p);
+                Ok(())
+            }
+            p => Err(OptimError::InvalidArgument(format!(
+                "parameter {index}: {} values given, {} declared",
+                p.map_or(0, |p| p.len()),
+                out.len()
+            ))),
+        }
+    }
+
+    fn write(&mut self, index: usize, values: &[f32]) -> Result<()> {
+        match self.get_mut(index) {
+            Some(p) if p.len() == values.len() => {
+                p.copy_from_slice(values);
+                Ok(())
+            }
+            _ => Err(OptimError::InvalidArgument(format!(
+                "parameter {index}: no buffer of {} values",
+                values.len()
+            ))),
+        }
     }
 }
 
@@ -144,6 +190,9 @@ pub struct GradSync<C: Communicator + 'static> {
     /// The factor this rank's gradients are scaled by this step (the
     /// sample weighting), 1 without it.
     scale: f32,
+    /// The parameters' values during a [`GradSync::step_locally`] (made
+    /// on first use, reused).
+    values: Vec<Tensor>,
 }
 
 impl<C: Communicator + 'static> GradSync<C> {
@@ -177,10 +226,92 @@ impl<C: Communicator + 'static> GradSync<C> {
     fn check_mode(mode: Mode) -> Result<()> {
         match mode {
             Mode::Dense | Mode::Half { .. } | Mode::Sparse { .. } | Mode::Custom => Ok(()),
+            Mode::Partial {
+                average_state: false,
+            }
+            | Mode::DeltaWeight => Ok(()),
+            Mode::Partial {
+                average_state: true,
+            } => Err(OptimError::InvalidArgument(
+                "GradSync cannot average the caller's optimizer state (average_state)".into(),
+            )),
             other => Err(OptimError::InvalidArgument(format!(
-                "GradSync combines gradients; mode {other:?} steps the parameters (use DistOpt)"
+                "GradSync does not run mode {other:?} (use DistOpt)"
             ))),
         }
+    }
+
+    /// Whether the mode steps the parameters locally first (`Partial`,
+    /// `DeltaWeight`: [`GradSync::step_locally`]) rather than combining
+    /// gradients ([`GradSync::finish`]).
+    pub fn steps_locally(&self) -> bool {
+        matches!(self.dist.mode(), Mode::Partial { .. } | Mode::DeltaWeight)
+    }
+
+    /// A step of `Partial` or `DeltaWeight` with the caller's own local
+    /// step: `step(params)` updates the caller's parameters (its optimizer,
+    /// with this rank's own gradients), then GradSync averages one bucket
+    /// of them across ranks (`Partial`, a bucket in turn) or combines the
+    /// weight changes (`DeltaWeight`: `p = p0 - combined(p0 - p)`, the
+    /// combiner's AdaSum), writing the result through `params`. Gradients
+    /// pushed before ([`GradSync::push`], optional) are checked for NaN and
+    /// infinities, which fail (or, with `skip_non_finite`, skip) the step
+    /// on every rank before anything changes.
+    ///
+    /// Completes on every rank or fails on every rank: a `step` or a
+    /// `params.read` error on one rank is an error on every rank
+    /// ([`OptimError::Fault`]), and `DeltaWeight` puts `p0` back. Copies:
+    /// the parameters are read into GradSync's buffers before and after the
+    /// step and written back once.
+    pub fn step_locally<P: ParamAccess + ?Sized>(
+        &mut self,
+        params: &mut P,
+        step: impl FnOnce(&mut P) -> Result<()>,
+    ) -> Result<StepStats> {
+        self.scale = 1.0;
+        if self.values.len() != self.specs.len() {
+            self.values = self
+                .specs
+                .iter()
+                .map(|spec| Tensor::zeros(spec.shape.clone(), DType::F32, Device::Cpu))
+                .collect::<std::result::Result<_, _>>()?;
+        }
+        let mut unreadable = None;
+        for (i, value) in self.values.iter_mut().enumerate() {
+            if let Err(e) = params.read(i, value.as_mut_slice::<f32>()?) {
+                unreadable.get_or_insert(e);
+            }
+        }
+        if let Some(e) = &unreadable {
+            // Carried by the step's opening agreement.
+            self.dist.record(FaultKind::InvalidArgument, e);
+        }
+        let mut step = Some(step);
+        let mut values = std::mem::take(&mut self.values);
+        let names = self.specs.iter().map(|s| s.name.as_str());
+        let result =
+            self.dist
+                .finish_with_caller_step(names.zip(values.iter_mut()), &mut |targets| {
+                    let step = step.take().ok_or_else(|| {
+                        OptimError::InvalidArgument("the local step ran twice".into())
+                    })?;
+                    step(params)?;
+                    for (i, target) in targets.iter_mut().enumerate() {
+                        if let Some(t) = target {
+                            params.read(i, t.as_mut_slice::<f32>()?)?;
+                        }
+                    }
+                    Ok(())
+                });
+        // The step's outcome is agreed; the values are the combined ones
+        // (or p0 put back, or the local step when the averaging failed).
+        if unreadable.is_none() {
+            for (i, value) in values.iter().enumerate() {
+                params.write(i, value.as_slice::<f32>()?)?;
+            }
+        }
+        self.values = values;
+        result
     }
 
     fn around(dist: DistOpt<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
@@ -190,6 +321,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             specs,
             pool,
             scale: 1.0,
+            values: Vec::new(),
         }
     }
 
@@ -279,6 +411,12 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// a u64; each push then scales its gradient in place after the copy).
     /// Not for `Custom` (AdaSum is not an average).
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
+        if self.steps_locally() {
+            return Err(OptimError::InvalidArgument(
+                "the local-step modes send parameters, not gradients: sample weights do not apply"
+                    .into(),
+            ));
+        }
         if self.dist.mode() == Mode::Custom {
             return Err(OptimError::InvalidArgument(
                 "a combiner is not an average: sample weights do not apply".into(),

@@ -41,7 +41,7 @@ pub use distopt::{
     SkipVote, StepStats,
 };
 pub use error::{OptimError, Result};
-pub use grad_sync::{GradSync, ParamRef};
+pub use grad_sync::{GradSync, ParamAccess, ParamRef};
 pub use optimizer::{Optim, Optimizer, UpdateRule};
 pub use rules::{
     AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,

@@ -3,6 +3,7 @@
 //! step's outcome, average, check, clip, update.
 
 use super::bucket::{BucketOutput, checks_finite_locally, scan_non_finite};
+use super::local_step::LocalUpdate;
 use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -47,8 +48,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     ) -> Result<StepStats> {
         let mut targets = self.take_targets(params);
         match self.config.mode {
-            Mode::Partial { average_state } => return self.finish_partial(targets, average_state),
-            Mode::DeltaWeight => return self.finish_delta_weight(targets),
+            Mode::Partial { average_state } => {
+                return self.finish_partial(targets, average_state, LocalUpdate::Optimizer);
+            }
+            Mode::DeltaWeight => return self.finish_delta_weight(targets, LocalUpdate::Optimizer),
             Mode::DimReduce => self.record(
                 FaultKind::InvalidArgument,
                 &"DimReduce mode steps with finish_dimreduce, which takes the loss",

@@ -8,7 +8,7 @@
 
 use super::bucket::scan_non_finite;
 use super::combiner::run_combiner;
-use super::{DistOpt, StepStats};
+use super::{DistOpt, Mode, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::{agree, fail};
@@ -17,7 +17,70 @@ use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::time::Instant;
 
+/// Who takes the local step of `Partial` and `DeltaWeight`.
+pub(crate) enum LocalUpdate<'f> {
+    /// DistOpt's optimizer, with the pushed gradients.
+    Optimizer,
+    /// The caller's own step (a framework's optimizer): it leaves the
+    /// stepped values in the targets. The pushed gradients, if any, are
+    /// only checked for non-finite values.
+    Caller(&'f mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>),
+}
+
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// `Partial` or `DeltaWeight` with the caller's own local step
+    /// ([`crate::GradSync::step_locally`]): `params` hold every declared
+    /// parameter's current values; `step` steps the caller's parameters
+    /// and leaves the new values in the targets. In any other mode (the
+    /// same on every rank) an error on every rank, with no collective.
+    pub(crate) fn finish_with_caller_step<'n, 'p>(
+        &mut self,
+        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+        step: &mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>,
+    ) -> Result<StepStats> {
+        let result = match self.config.mode {
+            Mode::Partial {
+                average_state: false,
+            } => {
+                let targets = self.take_targets(params);
+                self.finish_partial(targets, false, LocalUpdate::Caller(step))
+            }
+            Mode::DeltaWeight => {
+                let targets = self.take_targets(params);
+                self.finish_delta_weight(targets, LocalUpdate::Caller(step))
+            }
+            mode => Err(OptimError::InvalidArgument(format!(
+                "a step of the caller's own takes Partial (without average_state) or DeltaWeight, not {mode:?}"
+            ))),
+        };
+        self.end_step();
+        result
+    }
+
+    /// The local step by `local`; its failure (returned) is recorded as this
+    /// rank's fault for the next collective to carry.
+    fn step_locally(
+        &mut self,
+        targets: &mut [Option<&mut Tensor>],
+        grads: Vec<Option<Tensor>>,
+        stats: &mut StepStats,
+        local: LocalUpdate<'_>,
+    ) -> Option<OptimError> {
+        match local {
+            LocalUpdate::Optimizer => self.update_locally(targets, grads, stats),
+            LocalUpdate::Caller(step) => match step(targets) {
+                Ok(()) => {
+                    stats.updated += targets.iter().flatten().count();
+                    None
+                }
+                Err(e) => {
+                    self.record(FaultKind::Optimizer, &e);
+                    Some(e)
+                }
+            },
+        }
+    }
+
     /// This step's gradients, taken, after this rank's non-finite check; then
     /// the agreement that opens the step. `Err` carries the agreed failure
     /// (as [`DistOpt::step_failed`] ends it).
@@ -60,10 +123,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// bucket's parameters across ranks (and, with `average_state`, of
     /// their optimizer buffers). The counter advances only when the step
     /// completes.
-    pub(super) fn finish_partial(
+    pub(crate) fn finish_partial(
         &mut self,
         mut targets: Vec<Option<&mut Tensor>>,
         average_state: bool,
+        local: LocalUpdate<'_>,
     ) -> Result<StepStats> {
         let mut stats = StepStats {
             buckets: 1,
@@ -73,7 +137,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Ok(grads) => grads,
             Err(e) => return self.step_failed(e, stats),
         };
-        let failure = self.update_locally(&mut targets, grads, &mut stats);
+        let failure = self.step_locally(&mut targets, grads, &mut stats, local);
         let k = self.buckets.len() as u64;
         if k == 0 {
             self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
@@ -163,9 +227,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// changes combined bucket by bucket, then `p = p0 - combined`. If the
     /// combination fails (on any rank: every rank alike), every parameter
     /// is put back to its `p0`.
-    pub(super) fn finish_delta_weight(
+    pub(crate) fn finish_delta_weight(
         &mut self,
         mut targets: Vec<Option<&mut Tensor>>,
+        local: LocalUpdate<'_>,
     ) -> Result<StepStats> {
         let mut stats = StepStats {
             buckets: self.buckets.len(),
@@ -177,7 +242,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         };
         // Every parameter keeps its p0 (all are present: checked above).
         let start: Vec<Option<Tensor>> = targets.iter().map(|t| t.as_deref().cloned()).collect();
-        let failure = self.update_locally(&mut targets, grads, &mut stats);
+        let failure = self.step_locally(&mut targets, grads, &mut stats, local);
         let restore = |targets: &mut [Option<&mut Tensor>]| -> Result<()> {
             for (param, p0) in targets.iter_mut().zip(&start) {
                 if let (Some(param), Some(p0)) = (param.as_deref_mut(), p0) {

@@ -459,7 +459,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Checks the caller's parameters against the declarations (every one
     /// given once, no unknown name, shapes, dtypes and devices) and records
     /// the first problem as this step's fault. Returns them by index.
-    fn take_targets<'n, 'p>(
+    pub(super) fn take_targets<'n, 'p>(
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Vec<Option<&'p mut Tensor>> {

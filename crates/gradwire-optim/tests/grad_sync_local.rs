@@ -1,0 +1,275 @@
+//! `GradSync::step_locally`: partial averaging and delta-weight AdaSum with
+//! the caller's own local step give bitwise DistOpt's results with
+//! DistOpt's optimizer taking that step; a step that fails on one rank
+//! fails on every rank (and delta weight puts p0 back); a NaN gradient is
+//! skipped on every rank; the next step works.
+
+use gradwire_algos::FaultKind;
+use gradwire_algos::adasum::AdaSum;
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::{
+    DistOpt, DistOptConfig, GradSync, Mode, OptimError, Optimizer, ParamSpec, Result, Sgd,
+    SgdConfig,
+};
+use gradwire_tensor::Tensor;
+
+/// Lengths 1, a prime and a matrix; three buckets (fusion threshold 12).
+fn specs() -> Vec<ParamSpec> {
+    vec![
+        ParamSpec::new("s", [1]),
+        ParamSpec::new("p", [13]),
+        ParamSpec::new("m", [4, 7]),
+    ]
+}
+
+fn config(mode: Mode) -> DistOptConfig {
+    DistOptConfig {
+        mode,
+        fusion_threshold: 12,
+        skip_non_finite: true,
+        ..DistOptConfig::default()
+    }
+}
+
+fn sgd() -> Sgd {
+    Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9)).expect("sgd")
+}
+
+fn initial(k: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((k * 31 + i) as f32 * 0.37).cos()).collect()
+}
+
+fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((rank * 13 + step * 7 + k * 5 + i) as f32) * 0.61).sin() * 0.2)
+        .collect()
+}
+
+const STEPS: usize = 5;
+
+fn bits(v: &[Vec<f32>]) -> Vec<u32> {
+    v.iter().flatten().map(|x| x.to_bits()).collect()
+}
+
+/// DistOpt with SGD as the local step: every rank's parameters after
+/// `STEPS` steps.
+fn through_distopt(comm: LocalComm, mode: Mode) -> Result<Vec<Vec<f32>>> {
+    let rank = comm.rank();
+    let specs = specs();
+    let mut dist = match mode {
+        Mode::DeltaWeight => {
+            let adasum = AdaSum::new(&comm)?;
+            DistOpt::with_combiner(sgd(), comm, specs.clone(), config(mode), adasum)?
+        }
+        _ => DistOpt::new(sgd(), comm, specs.clone(), config(mode))?,
+    };
+    let mut params: Vec<Tensor> = specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| Tensor::from_vec(initial(k, s.shape.iter().product()), s.shape.clone()))
+        .collect::<std::result::Result<_, _>>()?;
+    for step in 0..STEPS {
+        for (k, s) in specs.iter().enumerate() {
+            let g = gradient(rank, step, k, s.shape.iter().product());
+            dist.push(&s.name, Tensor::from_vec(g, s.shape.clone())?)?;
+        }
+        dist.finish(specs.iter().map(|s| s.name.as_str()).zip(params.iter_mut()))?;
+    }
+    params.iter().map(|p| Ok(p.to_vec::<f32>()?)).collect()
+}
+
+/// How a step ended: done (whether skipped), or the agreed fault.
+type Outcome = std::result::Result<bool, (Option<usize>, FaultKind)>;
+
+/// The caller's own SGD over plain slices, through `step_locally`; with
+/// `fail` the last rank's step fails at step 2 and a NaN appears on rank 0
+/// at step 3. Every rank's parameters, and every step's outcome.
+fn through_grad_sync(
+    comm: LocalComm,
+    mode: Mode,
+    fail: bool,
+) -> Result<(Vec<Vec<f32>>, Vec<Outcome>)> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let specs = specs();
+    let mut sync = match mode {
+        Mode::DeltaWeight => {
+            let adasum = AdaSum::new(&comm)?;
+            GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
+        }
+        _ => GradSync::new(comm, specs.clone(), config(mode))?,
+    };
+    assert!(sync.steps_locally());
+    let mut own = sgd();
+    let mut params: Vec<Vec<f32>> = specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| initial(k, s.shape.iter().product()))
+        .collect();
+    let mut outcomes = Vec::new();
+    for step in 0..STEPS {
+        let grads: Vec<Vec<f32>> = specs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let mut g = gradient(rank, step, k, s.shape.iter().product());
+                if fail && step == 3 && rank == 0 && k == 1 {
+                    g[5] = f32::NAN;
+                }
+                g
+            })
+            .collect();
+        for (k, g) in grads.iter().enumerate() {
+            sync.push(k, g)?;
+        }
+        let before = params.clone();
+        let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+        let result = sync.step_locally(&mut slices[..], |p| {
+            if fail && step == 2 && rank == world - 1 {
+                return Err(OptimError::InvalidArgument(
+                    "the caller's optimizer failed".into(),
+                ));
+            }
+            for ((spec, values), g) in specs.iter().zip(p.iter_mut()).zip(&grads) {
+                own.update_slice(&spec.name, &spec.shape, values, g)?;
+            }
+            own.step();
+            Ok(())
+        });
+        outcomes.push(match result {
+            Ok(stats) => Ok(stats.non_finite),
+            Err(OptimError::Fault { rank, kind, .. }) => {
+                if mode == Mode::DeltaWeight {
+                    assert_eq!(bits(&params), bits(&before), "p0 put back after a failure");
+                }
+                Err((rank, kind))
+            }
+            Err(e) => return Err(e),
+        });
+        if outcomes.last() == Some(&Ok(true)) {
+            assert_eq!(
+                bits(&params),
+                bits(&before),
+                "a skipped step changes nothing"
+            );
+        }
+    }
+    Ok((params, outcomes))
+}
+
+fn modes() -> [Mode; 2] {
+    [
+        Mode::Partial {
+            average_state: false,
+        },
+        Mode::DeltaWeight,
+    ]
+}
+
+#[test]
+fn the_callers_step_gives_distopts_results_bitwise() {
+    for mode in modes() {
+        for world in 1..=4 {
+            let want = local::run(world, |c| through_distopt(c, mode)).unwrap();
+            let got = local::run(world, |c| through_grad_sync(c, mode, false)).unwrap();
+            for (rank, (w, g)) in want.into_iter().zip(got).enumerate() {
+                let (w, (g, outcomes)) = (w.unwrap(), g.unwrap());
+                assert!(
+                    outcomes.iter().all(|o| *o == Ok(false)),
+                    "{mode:?}: {outcomes:?}"
+                );
+                assert_eq!(bits(&g), bits(&w), "{mode:?}, W = {world}, rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failing_local_step_or_a_nan_ends_the_step_alike_on_every_rank() {
+    for mode in modes() {
+        for world in 2..=4 {
+            let runs = local::run(world, |c| through_grad_sync(c, mode, true)).unwrap();
+            let runs: Vec<_> = runs.into_iter().map(|r| r.unwrap()).collect();
+            for (params, outcomes) in &runs {
+                assert_eq!(outcomes[..2], [Ok(false), Ok(false)], "{mode:?}");
+                assert_eq!(
+                    outcomes[2],
+                    Err((Some(world - 1), FaultKind::Optimizer)),
+                    "{mode:?}, W = {world}"
+                );
+                assert_eq!(
+                    outcomes[3],
+                    Ok(true),
+                    "{mode:?}: the NaN is skipped everywhere"
+                );
+                assert_eq!(outcomes[4], Ok(false), "{mode:?}: the next step works");
+                if mode == Mode::DeltaWeight {
+                    // Delta weight ends every step with equal parameters.
+                    assert_eq!(bits(params), bits(&runs[0].0));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn modes_and_buffers_that_cannot_work_are_refused() {
+    local::run(2, |comm| {
+        let average_state = Mode::Partial {
+            average_state: true,
+        };
+        let other = comm.split(Some(0), comm.rank() as i64).unwrap().unwrap();
+        assert!(GradSync::new(other, specs(), config(average_state)).is_err());
+        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense)).unwrap();
+        assert!(!sync.steps_locally());
+        let mut params = [vec![0f32; 1], vec![0f32; 13], vec![0f32; 28]];
+        let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+        let err = sync.step_locally(&mut slices[..], |_| Ok(())).unwrap_err();
+        assert!(matches!(err, OptimError::InvalidArgument(_)), "{err}");
+        // Dense mode still works after it.
+        sync.push(0, &[1f32]).unwrap();
+        let mut g = [vec![0f32; 1], vec![0f32; 13], vec![0f32; 28]];
+        let mut out: Vec<&mut [f32]> = g.iter_mut().map(Vec::as_mut_slice).collect();
+        sync.finish(&mut out).unwrap();
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_wrong_buffer_on_one_rank_fails_the_step_on_every_rank() {
+    for mode in modes() {
+        let out = local::run(3, |comm| {
+            let rank = comm.rank();
+            let mut sync = match mode {
+                Mode::DeltaWeight => {
+                    let adasum = AdaSum::new(&comm)?;
+                    GradSync::with_combiner(comm, specs(), config(mode), adasum)?
+                }
+                _ => GradSync::new(comm, specs(), config(mode))?,
+            };
+            let short = if rank == 1 { 12 } else { 13 };
+            let mut params = [vec![0f32; 1], vec![0f32; short], vec![0f32; 28]];
+            let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+            let first = sync.step_locally(&mut slices[..], |_| Ok(()));
+            params[1].resize(13, 0.0);
+            let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+            let second = sync.step_locally(&mut slices[..], |_| Ok(()));
+            Ok::<_, OptimError>((first.err(), second.is_ok()))
+        })
+        .unwrap();
+        for r in out {
+            let (first, second) = r.unwrap();
+            assert!(
+                matches!(
+                    first,
+                    Some(OptimError::Fault {
+                        rank: Some(1),
+                        kind: FaultKind::InvalidArgument,
+                        ..
+                    })
+                ),
+                "{mode:?}: {first:?}"
+            );
+            assert!(second, "{mode:?}: the next step works");
+        }
+    }
+}
