@@ -36,7 +36,8 @@ pub use error::{AlgoError, Result};
 pub use fault::FaultKind;
 pub use handle::{Handle, Reduced, Traffic};
 pub use reduce::{
-    DEFAULT_FUSION_CAPACITY, HalfOptions, HalfPrecision, all_reduce, all_reduce_async,
-    fused_all_reduce, fused_all_reduce_async, half_all_reduce, half_all_reduce_async,
-    sparse_all_reduce, sparse_all_reduce_async, sparse_exchange,
+    DEFAULT_FUSION_CAPACITY, FusionBuffers, HalfOptions, HalfPrecision, all_reduce,
+    all_reduce_async, fused_all_reduce, fused_all_reduce_async, fused_all_reduce_with,
+    half_all_reduce, half_all_reduce_async, half_all_reduce_with, sparse_all_reduce,
+    sparse_all_reduce_async, sparse_exchange,
 };

@@ -61,6 +61,22 @@ fn unpack(buffer: &Tensor, layout: &flat::FlatLayout, tensors: &mut [Tensor]) ->
     Ok(flat::unpack(buffer, layout, &mut outs)?)
 }
 
+/// The buffers the fused strategies pack into and put on the wire, kept by
+/// a caller that runs them every step (DistOpt keeps one per bucket): they
+/// grow to the largest size seen and are reused, so the steady state
+/// allocates nothing for them. `Default` is empty.
+#[derive(Debug, Default)]
+pub struct FusionBuffers {
+    f32: Vec<f32>,
+    f16: Vec<f16>,
+    bf16: Vec<bf16>,
+}
+
+/// Whether every tensor is in CPU memory (the reused buffers' path).
+fn all_on_cpu(tensors: &[Tensor]) -> bool {
+    tensors.iter().all(|t| t.device().is_cpu())
+}
+
 /// All-reduces a list of tensors through one fusion buffer of at most
 /// `capacity` elements (SINGA's `fused_all_reduce`, checked instead of
 /// overflowing): one collective instead of one per tensor. The buffer has the
@@ -71,6 +87,39 @@ pub fn fused_all_reduce<C: Communicator>(
     op: ReduceOp,
     capacity: usize,
 ) -> Result<Traffic> {
+    fused_all_reduce_with(comm, tensors, op, capacity, &mut FusionBuffers::default())
+}
+
+/// [`fused_all_reduce`] through `buffers`, reused from call to call (CPU
+/// tensors; device tensors take a buffer of their own each call). The same
+/// result, bit for bit.
+pub fn fused_all_reduce_with<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    op: ReduceOp,
+    capacity: usize,
+    buffers: &mut FusionBuffers,
+) -> Result<Traffic> {
+    if tensors.len() > 1 && all_on_cpu(tensors) {
+        let dtype = common_dtype(tensors);
+        let n = prepare(comm, || {
+            check_capacity(tensors, capacity)?;
+            Ok(match dtype {
+                DType::F32 => flat::pack_into(tensors, &mut buffers.f32)?,
+                DType::F16 => flat::pack_into(tensors, &mut buffers.f16)?,
+                DType::BF16 => flat::pack_into(tensors, &mut buffers.bf16)?,
+            })
+        })?;
+        match dtype {
+            DType::F32 => reduce_packed(comm, &mut buffers.f32[..n], op, tensors)?,
+            DType::F16 => reduce_packed(comm, &mut buffers.f16[..n], op, tensors)?,
+            DType::BF16 => reduce_packed(comm, &mut buffers.bf16[..n], op, tensors)?,
+        }
+        return Ok(Traffic::all_reduce(
+            n * dtype.size_in_bytes(),
+            comm.world_size(),
+        ));
+    }
     let packed = prepare(comm, || {
         check_capacity(tensors, capacity)?;
         match tensors {
@@ -84,6 +133,17 @@ pub fn fused_all_reduce<C: Communicator>(
     let traffic = all_reduce(comm, &mut buffer, op)?;
     unpack(&buffer, &layout, tensors)?;
     Ok(traffic)
+}
+
+/// The all-reduce of a packed buffer, unpacked into `tensors`.
+fn reduce_packed<C: Communicator, D: WithDType + gradwire_comm::Element>(
+    comm: &C,
+    packed: &mut [D],
+    op: ReduceOp,
+    tensors: &mut [Tensor],
+) -> Result<()> {
+    comm.all_reduce(packed, op)?;
+    Ok(flat::unpack_from(packed, tensors)?)
 }
 
 /// The precision on the wire of [`half_all_reduce`].
@@ -118,35 +178,75 @@ pub fn half_all_reduce<C: Communicator>(
     options: &HalfOptions,
     capacity: usize,
 ) -> Result<Traffic> {
+    half_all_reduce_with(
+        comm,
+        tensors,
+        options,
+        capacity,
+        &mut FusionBuffers::default(),
+    )
+}
+
+/// [`half_all_reduce`] through `buffers` (the f32 fusion buffer and the
+/// wire buffer), reused from call to call: the same result, bit for bit.
+pub fn half_all_reduce_with<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    options: &HalfOptions,
+    capacity: usize,
+    buffers: &mut FusionBuffers,
+) -> Result<Traffic> {
+    let FusionBuffers { f32, f16, bf16 } = buffers;
     match options.precision {
-        HalfPrecision::F16 => half_all_reduce_as::<C, f16>(comm, tensors, options, capacity),
-        HalfPrecision::BF16 => half_all_reduce_as::<C, bf16>(comm, tensors, options, capacity),
+        HalfPrecision::F16 => half_all_reduce_as(comm, tensors, options, capacity, f32, f16),
+        HalfPrecision::BF16 => half_all_reduce_as(comm, tensors, options, capacity, f32, bf16),
     }
 }
 
-/// [`half_all_reduce`] with `H` on the wire.
+/// [`half_all_reduce`] with `H` on the wire: every tensor packed into
+/// `flat` as f32 (CPU tensors; device tensors are copied out), encoded into
+/// `wire`, all-reduced, decoded and unpacked.
 fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
     comm: &C,
     tensors: &mut [Tensor],
     options: &HalfOptions,
     capacity: usize,
+    flat_buf: &mut Vec<f32>,
+    wire: &mut Vec<H>,
 ) -> Result<Traffic> {
     let cast_options = CastOptions {
         clip: options.clip,
         scale: 1.0,
     };
-    let (mut buffer, layout, mut wire_buf) = prepare(comm, || {
+    let on_cpu = all_on_cpu(tensors);
+    let (n, layout) = prepare(comm, || {
         let n = check_capacity(tensors, capacity)?;
-        let (buffer, layout) = pack(tensors, DType::F32)?;
-        let mut wire_buf = vec![H::zeroed(); n];
-        cast::encode(buffer.as_slice::<f32>()?, &mut wire_buf, &cast_options)?;
-        Ok((buffer, layout, wire_buf))
+        let layout = if on_cpu {
+            flat::pack_into(tensors, flat_buf)?;
+            None
+        } else {
+            let (buffer, layout) = pack(tensors, DType::F32)?;
+            flat_buf.clear();
+            flat_buf.extend_from_slice(buffer.as_slice::<f32>()?);
+            Some(layout)
+        };
+        if wire.len() < n {
+            wire.resize(n, H::zeroed());
+        }
+        cast::encode(&flat_buf[..n], &mut wire[..n], &cast_options)?;
+        Ok((n, layout))
     })?;
-    comm.all_reduce(&mut wire_buf, options.op)?;
-    cast::decode(&wire_buf, buffer.as_mut_slice::<f32>()?)?;
-    unpack(&buffer, &layout, tensors)?;
+    comm.all_reduce(&mut wire[..n], options.op)?;
+    cast::decode(&wire[..n], &mut flat_buf[..n])?;
+    match layout {
+        None => flat::unpack_from(&flat_buf[..n], tensors)?,
+        Some(layout) => {
+            let buffer = Tensor::from_vec(flat_buf[..n].to_vec(), n)?;
+            unpack(&buffer, &layout, tensors)?;
+        }
+    }
     Ok(Traffic::all_reduce(
-        wire_buf.len() * H::DTYPE.size_in_bytes(),
+        n * H::DTYPE.size_in_bytes(),
         comm.world_size(),
     ))
 }

@@ -197,9 +197,17 @@ pub struct GradSync<C: Communicator + 'static> {
 
 impl<C: Communicator + 'static> GradSync<C> {
     /// Gradients of `params` (declared in the order backward produces
-    /// them), combined by `config.mode`: `Dense`, `Half` or `Sparse`.
+    /// them), combined by `config.mode`: `Dense`, `Half` or `Sparse`; or
+    /// `Partial` (without `average_state`), stepped with
+    /// [`GradSync::step_locally`].
     pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
         Self::check_mode(config.mode)?;
+        if matches!(config.mode, Mode::Custom | Mode::DeltaWeight) {
+            return Err(OptimError::InvalidArgument(format!(
+                "mode {:?} combines with a combiner: GradSync::with_combiner",
+                config.mode
+            )));
+        }
         let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;
         Ok(Self::around(dist, params))
     }
@@ -375,8 +383,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         if self.scale != 1.0 {
             buffer.scale(self.scale)?; // a second pass, only when weighting
         }
-        let name = spec.name.clone();
-        self.dist.push(&name, buffer)
+        self.dist.push(&self.specs[i].name, buffer)
     }
 
     /// Hands over the gradient of `param` as a gradwire tensor (any device
@@ -386,8 +393,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         if self.scale != 1.0 {
             grad.scale(self.scale)?;
         }
-        let name = self.specs[i].name.clone();
-        self.dist.push(&name, grad)
+        self.dist.push(&self.specs[i].name, grad)
     }
 
     /// The declaration index of `param`; an unknown one is an error, and

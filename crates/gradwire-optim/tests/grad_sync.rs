@@ -351,13 +351,23 @@ fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
 }
 
 #[test]
-fn modes_that_step_the_parameters_are_refused() {
-    let comm = LocalComm::create(1).unwrap().pop().unwrap();
-    let err = GradSync::new(comm, specs(), config(Mode::DeltaWeight)).err();
-    assert!(
-        matches!(err, Some(OptimError::InvalidArgument(_))),
-        "{err:?}"
-    );
+fn modes_it_cannot_run_are_refused() {
+    for mode in [
+        Mode::DimReduce,
+        Mode::Partial {
+            average_state: true,
+        },
+        // A combiner's modes without a combiner.
+        Mode::DeltaWeight,
+        Mode::Custom,
+    ] {
+        let comm = LocalComm::create(1).unwrap().pop().unwrap();
+        let err = GradSync::new(comm, specs(), config(mode)).err();
+        assert!(
+            matches!(err, Some(OptimError::InvalidArgument(_))),
+            "{mode:?}: {err:?}"
+        );
+    }
 }
 
 /// Every core crate's error converts into `OptimError` with `?`, keeping

@@ -283,3 +283,63 @@ pub fn unpack(flat: &Tensor, layout: &FlatLayout, tensors: &mut [&mut Tensor]) -
     });
     Ok(())
 }
+
+/// [`pack`] of CPU tensors into the front of a buffer the caller reuses from
+/// call to call: `buffer` grows to the total element count when it is
+/// shorter (and never shrinks), so a caller that packs the same tensors
+/// every step allocates nothing after the first. Each tensor is cast to
+/// `D`; a zeroed tensor packs as zeros. Returns the total; the packed
+/// values are `buffer[..total]`, laid out back to back in order (the
+/// layout [`FlatLayout::of`] would give).
+///
+/// Errors, before anything is written: a tensor not in CPU memory
+/// ([`Error::DeviceMismatch`]).
+pub fn pack_into<D: crate::WithDType>(tensors: &[Tensor], buffer: &mut Vec<D>) -> Result<usize> {
+    for t in tensors {
+        require_device("pack_into", t, Device::Cpu)?;
+    }
+    let total = tensors.iter().map(Tensor::len).sum::<usize>();
+    if buffer.len() < total {
+        buffer.resize(total, D::zeroed());
+    }
+    let mut offset = 0;
+    for t in tensors {
+        let part = &mut buffer[offset..offset + t.len()];
+        if t.is_zeroed() {
+            part.fill(D::zeroed());
+        } else {
+            with_dtype!(t.dtype(), S => ops::cast(t.as_slice::<S>()?, part)?);
+        }
+        offset += t.len();
+    }
+    Ok(total)
+}
+
+/// [`unpack`] of a buffer packed by [`pack_into`]: each tensor takes its
+/// range of `flat` (back to back, in order), cast to its dtype, and its
+/// zeroed flag is cleared.
+///
+/// Errors, before anything is written: a tensor not in CPU memory
+/// ([`Error::DeviceMismatch`]); `flat` shorter than the tensors' total
+/// ([`Error::LengthMismatch`]).
+pub fn unpack_from<S: crate::WithDType>(flat: &[S], tensors: &mut [Tensor]) -> Result<()> {
+    let total = tensors.iter().map(Tensor::len).sum::<usize>();
+    if flat.len() < total {
+        return Err(Error::LengthMismatch {
+            op: "unpack_from",
+            expected: total,
+            got: flat.len(),
+        });
+    }
+    for t in tensors.iter() {
+        require_device("unpack_from", t, Device::Cpu)?;
+    }
+    let mut offset = 0;
+    for t in tensors.iter_mut() {
+        let n = t.len();
+        let part = &flat[offset..offset + n];
+        with_dtype!(t.dtype(), D => ops::cast(part, t.overwrite_slice::<D>("unpack_from")?)?);
+        offset += n;
+    }
+    Ok(())
+}

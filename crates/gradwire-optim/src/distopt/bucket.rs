@@ -7,7 +7,8 @@ use super::{DistOpt, Mode, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{
-    FaultKind, HalfOptions, Reduced, Traffic, fused_all_reduce, half_all_reduce, sparse_exchange,
+    FaultKind, FusionBuffers, HalfOptions, Reduced, Traffic, fused_all_reduce_with,
+    half_all_reduce_with, sparse_exchange,
 };
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
@@ -91,6 +92,8 @@ impl std::fmt::Debug for BucketResult {
 #[derive(Debug)]
 pub(super) struct BucketOutput {
     pub(super) residual_before: Option<ErrorFeedback>,
+    /// The bucket's buffers, for its next step.
+    pub(super) buffers: FusionBuffers,
     pub(super) result: gradwire_algos::Result<Reduced<BucketResult>>,
 }
 
@@ -108,16 +111,20 @@ pub(super) struct BucketJob<C: Communicator> {
     /// Look for NaN and infinities in this rank's gradients before the vote
     /// (modes whose combination would not carry them to every rank).
     check_finite: bool,
+    /// The bucket's reused fusion and wire buffers.
+    buffers: FusionBuffers,
 }
 
 impl<C: Communicator + 'static> BucketJob<C> {
     /// The vote (or this rank's fault), then the combination; the residual
     /// before the step comes back whatever happens.
-    fn run(self, comm: &C, grads: Vec<Tensor>) -> BucketOutput {
+    fn run(mut self, comm: &C, grads: Vec<Tensor>) -> BucketOutput {
         let residual_before = self.residual.clone();
+        let mut buffers = std::mem::take(&mut self.buffers);
         BucketOutput {
             residual_before,
-            result: reduce_bucket(self, comm, grads),
+            result: reduce_bucket(self, comm, grads, &mut buffers),
+            buffers,
         }
     }
 }
@@ -211,6 +218,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 .filter(|_| written.is_none()),
             check_finite: written.is_none() && checks_finite_locally(mode),
             written,
+            buffers: std::mem::take(&mut self.fusion[b]),
         };
         let pending = self
             .comm
@@ -228,6 +236,7 @@ fn reduce_bucket<C: Communicator + 'static>(
     job: BucketJob<C>,
     comm: &C,
     grads: Vec<Tensor>,
+    buffers: &mut FusionBuffers,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let BucketJob {
         bucket,
@@ -238,6 +247,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         written: decided,
         fault,
         check_finite,
+        buffers: _,
     } = job;
     // This rank's fault, if any, takes the place of the bucket's first
     // collective: every rank's job ends there with the same error.
@@ -278,7 +288,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                 combined.traffic
             }
             Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => {
-                fused_all_reduce(comm, &mut live, ReduceOp::Sum, capacity)?
+                fused_all_reduce_with(comm, &mut live, ReduceOp::Sum, capacity, buffers)?
             }
             Mode::Half { precision, clip } => {
                 let options = HalfOptions {
@@ -286,7 +296,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                     clip,
                     op: ReduceOp::Avg,
                 };
-                half_all_reduce(comm, &mut live, &options, capacity)?
+                half_all_reduce_with(comm, &mut live, &options, capacity, buffers)?
             }
             Mode::Sparse { codec, .. } => match residual.as_mut() {
                 // The job keeps the residual as it was (`BucketJob::run`),

@@ -255,6 +255,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .map(|pending| {
                 pending.wait().unwrap_or_else(|e| BucketOutput {
                     residual_before: None,
+                    buffers: Default::default(),
                     result: Err(e.into()),
                 })
             })
@@ -266,6 +267,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let mut failure = None;
         for (b, output) in outputs.into_iter().enumerate() {
             before.push(output.residual_before);
+            self.fusion[b] = output.buffers;
             match output.result {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;

@@ -62,7 +62,7 @@ use bucket::{BucketOutput, plan_buckets};
 use combiner::SharedCombiner;
 pub use combiner::{Combined, Combiner};
 use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
-use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, Traffic};
+use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, FusionBuffers, HalfPrecision, Traffic};
 use gradwire_comm::{Communicator, Pending};
 use gradwire_compress::{ErrorFeedback, SparseCodec};
 use gradwire_tensor::Tensor;
@@ -222,6 +222,10 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Sparse mode's error-feedback memory, one per bucket (taken by a
     /// bucket's job while it runs, given back with its result).
     residuals: Vec<Option<ErrorFeedback>>,
+    /// Each bucket's fusion and wire buffers, reused from step to step
+    /// (taken by the bucket's job while it runs, given back with its
+    /// result; one lost with a failed job is made afresh).
+    fusion: Vec<FusionBuffers>,
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
@@ -280,6 +284,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 _ => None,
             })
             .collect();
+        let fusion = buckets.iter().map(|_| FusionBuffers::default()).collect();
         Ok(DistOpt {
             optimizer,
             comm,
@@ -287,6 +292,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             params,
             lens,
             index,
+            fusion,
             buckets,
             grads,
             in_flight: Vec::new(),
