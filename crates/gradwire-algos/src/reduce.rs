@@ -259,10 +259,14 @@ fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
 /// Each rank encodes its selection in the validated wire format; the payloads
 /// are exchanged with the variable-length all-gather and added, in rank order,
 /// into a dense buffer of zeros (so the result is bitwise the same on every
-/// rank). If the largest selection of any rank would be bigger sparse than
-/// dense (one small max all-reduce decides, the same on every rank), every
-/// rank sends its whole accumulator dense instead and the residual is flushed:
-/// nothing is lost and no rank runs out of memory on a dense all-gather.
+/// rank). If exchanging the largest selection of any rank would cost more
+/// than a dense all-reduce ([`sparse_costs_more`]: the all-gather's bytes
+/// grow with the world size; one small max all-reduce decides, the same on
+/// every rank), every rank sends its whole accumulator dense instead and the
+/// residual is flushed: nothing is lost and no rank runs out of memory on an
+/// all-gather. When every rank selected the same indices (random-k from a
+/// shared seed: the same vote finds it out), only the values travel, summed
+/// by an all-reduce of `k` entries.
 ///
 /// The result is the sum, not the average. If the operation fails (on any
 /// rank: a NaN refused by the codec on one rank fails it everywhere, see
@@ -309,11 +313,31 @@ pub fn sparse_exchange<C: Communicator>(
     let values = buffer.as_mut_slice::<f32>()?;
     let n = values.len();
     let world = comm.world_size();
-    let mut largest = [selected.nnz() as u64];
-    comm.all_reduce(&mut largest, ReduceOp::Max)?;
-    let vote = Traffic::all_reduce(8, world);
-    let largest = usize::try_from(largest[0]).unwrap_or(usize::MAX);
-    if wire::should_send_dense(largest, n, DType::F32) {
+    // One vote decides, the same on every rank: the largest selection, and
+    // (random-k) whether every rank selected the same indices, as the
+    // maximum and the minimum of their fingerprint.
+    let fingerprint = match codec {
+        SparseCodec::RandomK { .. } => index_fingerprint(selected.indices()),
+        _ => 0,
+    };
+    let mut vote = [selected.nnz() as u64, fingerprint, !fingerprint];
+    comm.all_reduce(&mut vote, ReduceOp::Max)?;
+    let vote_traffic = Traffic::all_reduce(8 * vote.len(), world);
+    let largest = usize::try_from(vote[0]).unwrap_or(usize::MAX);
+    let shared_indices = matches!(codec, SparseCodec::RandomK { .. }) && vote[1] == !vote[2];
+    if shared_indices && world > 1 {
+        // Every rank kept the same indices (random-k from a shared seed):
+        // the values alone are summed, by a dense all-reduce of k entries.
+        let mut kept = selected.values().to_vec();
+        comm.all_reduce(&mut kept, ReduceOp::Sum)?;
+        values.iter_mut().for_each(|v| *v = 0.0);
+        for (&i, &v) in selected.indices().iter().zip(&kept) {
+            values[i as usize] = v;
+        }
+        unpack(&buffer, &layout, tensors)?;
+        return Ok(vote_traffic + Traffic::all_reduce(kept.len() * 4, world));
+    }
+    if sparse_costs_more(largest, n, world) {
         // Dense: what was selected plus what the memory still holds is the
         // whole accumulator (without feedback: the gradient itself).
         if let Some(memory) = feedback {
@@ -323,7 +347,7 @@ pub fn sparse_exchange<C: Communicator>(
         }
         comm.all_reduce(values, ReduceOp::Sum)?;
         unpack(&buffer, &layout, tensors)?;
-        return Ok(vote + Traffic::all_reduce(n * 4, world));
+        return Ok(vote_traffic + Traffic::all_reduce(n * 4, world));
     }
     let payload = wire::encode(&selected, codec.wire_id(), DType::F32);
     let gathered = comm.all_gather_varied(&payload)?;
@@ -332,7 +356,39 @@ pub fn sparse_exchange<C: Communicator>(
         wire::scatter_add(gathered.part(rank), values)?;
     }
     unpack(&buffer, &layout, tensors)?;
-    Ok(vote + Traffic::all_gather(payload.len(), gathered.data().len(), world))
+    Ok(vote_traffic + Traffic::all_gather(payload.len(), gathered.data().len(), world))
+}
+
+/// Whether exchanging selections of at most `largest` of `n` f32 entries
+/// would cost more than a dense all-reduce of all `n`, on `world` ranks.
+///
+/// The all-gather delivers the other `world - 1` payloads to every rank
+/// (and holds all `world` of them), while a ring all-reduce moves
+/// `2 (world - 1) / world` of the dense buffer: sparse wins only while
+/// `world * payload < 2 * dense` (about `1 / world` density once indices
+/// count), which also bounds the gathered payloads to two dense buffers of
+/// memory. On one rank nothing moves, and the payload alone is compared
+/// with the dense buffer. Exact integer arithmetic.
+pub fn sparse_costs_more(largest: usize, n: usize, world: usize) -> bool {
+    let payload = wire::encoded_len(largest, DType::F32) as u128;
+    let dense = n as u128 * 4;
+    if world <= 1 {
+        return payload > dense;
+    }
+    world as u128 * payload >= 2 * dense
+}
+
+/// A fingerprint of a selection's indices (FNV-1a over their bytes, with
+/// the count): equal selections have equal fingerprints.
+fn index_fingerprint(indices: &[u32]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ indices.len() as u64;
+    for i in indices {
+        for byte in i.to_le_bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    hash
 }
 
 /// [`all_reduce`] on the communication thread.

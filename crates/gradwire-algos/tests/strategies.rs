@@ -136,7 +136,7 @@ proptest! {
         let selections: Vec<_> = flat.iter().map(|x| select::top_k(x, ratio).unwrap()).collect();
         let largest = selections.iter().map(|s| s.nnz()).max().unwrap_or(0);
         let mut want = vec![0f32; n];
-        if gradwire_compress::wire::should_send_dense(largest, n, DType::F32) {
+        if gradwire_algos::sparse_costs_more(largest, n, world) {
             for (i, w) in want.iter_mut().enumerate() {
                 // LocalComm sums in rank order, starting from rank 0's value.
                 *w = flat.iter().skip(1).fold(flat[0][i], |acc, x| acc + x[i]);
@@ -150,6 +150,71 @@ proptest! {
             let got = r.unwrap();
             prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         }
+    }
+
+    /// Random-k from one seed selects the same indices on every rank: the
+    /// values alone are all-reduced (k entries, rank-ordered sum), and the
+    /// traffic is that of an all-reduce of k values. From a seed of its own
+    /// per rank, the selections differ and are all-gathered as before.
+    #[test]
+    fn shared_random_k_all_reduces_its_values_only((world, sizes, seed) in setup(), ratio in prop_oneof![Just(0.05), Just(0.2), Just(1.0)]) {
+        let n: usize = sizes.iter().sum();
+        let flat: Vec<Vec<f32>> = (0..world).map(|r| grads(seed, r, &sizes).concat()).collect();
+        for own_seeds in [false, true] {
+            let codec_of = |rank: usize| SparseCodec::RandomK {
+                ratio,
+                seed: if own_seeds { seed ^ rank as u64 } else { seed },
+            };
+            let results = local::run(world, |comm| {
+                let mut mine = tensors(&grads(seed, comm.rank(), &sizes), DType::F32);
+                let traffic = sparse_all_reduce(&comm, &mut mine, &codec_of(comm.rank()), None)?;
+                Ok::<_, AlgoError>((mine.iter().flat_map(|t| t.to_vec::<f32>().unwrap()).collect::<Vec<_>>(), traffic))
+            }).unwrap();
+            let selections: Vec<_> = (0..world)
+                .map(|r| codec_of(r).select(&flat[r]).unwrap())
+                .collect();
+            // Seeds of their own may still draw the same indices (small n):
+            // what counts is that every selection is the same.
+            let shared = world > 1 && selections.iter().all(|s| s.indices() == selections[0].indices());
+            prop_assert!(own_seeds || world == 1 || shared);
+            let mut want = vec![0f32; n];
+            if shared {
+                // The values' rank-ordered sum, starting from rank 0's.
+                for (j, &i) in selections[0].indices().iter().enumerate() {
+                    want[i as usize] = selections.iter().skip(1).fold(selections[0].values()[j], |acc, s| acc + s.values()[j]);
+                }
+            } else {
+                let largest = selections.iter().map(|s| s.nnz()).max().unwrap_or(0);
+                if gradwire_algos::sparse_costs_more(largest, n, world) {
+                    for (i, w) in want.iter_mut().enumerate() {
+                        *w = flat.iter().skip(1).fold(flat[0][i], |acc, x| acc + x[i]);
+                    }
+                } else {
+                    for sel in &selections {
+                        sel.scatter_add(&mut want).unwrap();
+                    }
+                }
+            }
+            for r in results {
+                let (got, traffic) = r.unwrap();
+                prop_assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                if shared {
+                    let k = selections[0].nnz();
+                    let expected = gradwire_algos::Traffic::all_reduce(24, world) + gradwire_algos::Traffic::all_reduce(4 * k, world);
+                    prop_assert_eq!(traffic, expected);
+                }
+            }
+        }
+    }
+
+    /// The sparse-or-dense decision: an all-gather of the largest payload
+    /// from every rank against a ring all-reduce of the dense buffer.
+    #[test]
+    fn sparse_costs_more_is_the_world_aware_byte_count(largest in 0usize..1 << 20, n in 0usize..1 << 22, world in 1usize..=1024) {
+        let payload = (24 + 8 * largest) as u128;
+        let dense = 4 * n as u128;
+        let want = if world == 1 { payload > dense } else { world as u128 * payload >= 2 * dense };
+        prop_assert_eq!(gradwire_algos::sparse_costs_more(largest, n, world), want);
     }
 
     #[test]
