@@ -48,8 +48,9 @@ unsafe fn view_mut<'a, T>(base: *mut u8, offset: usize, len: usize) -> &'a mut [
 /// # Safety
 /// Every `sources[k]` is a live buffer of `T` covering `range` that no one
 /// writes while this runs, except through `store` for the block just reduced.
-unsafe fn reduce_blocks<T: Element>(
-    sources: &[*const u8],
+unsafe fn reduce_blocks<T: Element, S>(
+    sources: &[S],
+    address: impl Fn(&S) -> *const u8,
     range: Range<usize>,
     op: ReduceOp,
     store: impl FnMut(usize, &[T]),
@@ -61,10 +62,10 @@ unsafe fn reduce_blocks<T: Element>(
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above); the caller's guarantees
         // are passed on unchanged.
-        return unsafe { reduce_blocks_avx2(sources, range, op, store) };
+        return unsafe { reduce_blocks_avx2(sources, address, range, op, store) };
     }
     // SAFETY: the caller's guarantees are passed on unchanged.
-    unsafe { reduce_blocks_portable(sources, range, op, store) }
+    unsafe { reduce_blocks_portable(sources, address, range, op, store) }
 }
 
 /// [`reduce_blocks_portable`] compiled with AVX2 enabled.
@@ -73,14 +74,15 @@ unsafe fn reduce_blocks<T: Element>(
 /// As [`reduce_blocks`], and the CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn reduce_blocks_avx2<T: Element>(
-    sources: &[*const u8],
+unsafe fn reduce_blocks_avx2<T: Element, S>(
+    sources: &[S],
+    address: impl Fn(&S) -> *const u8,
     range: Range<usize>,
     op: ReduceOp,
     store: impl FnMut(usize, &[T]),
 ) {
     // SAFETY: as the caller's.
-    unsafe { reduce_blocks_portable(sources, range, op, store) }
+    unsafe { reduce_blocks_portable(sources, address, range, op, store) }
 }
 
 /// The block reduction itself; always inlined, so that each caller compiles
@@ -89,16 +91,18 @@ unsafe fn reduce_blocks_avx2<T: Element>(
 /// # Safety
 /// As [`reduce_blocks`].
 #[inline(always)]
-unsafe fn reduce_blocks_portable<T: Element>(
-    sources: &[*const u8],
+unsafe fn reduce_blocks_portable<T: Element, S>(
+    sources: &[S],
+    address: impl Fn(&S) -> *const u8,
     range: Range<usize>,
     op: ReduceOp,
     mut store: impl FnMut(usize, &[T]),
 ) {
     let world = sources.len();
-    let Some((&first, rest)) = sources.split_first() else {
+    let Some((first, rest)) = sources.split_first() else {
         return;
     };
+    let first = address(first);
     let mut acc = [T::Acc::default(); BLOCK];
     let mut out = [T::zeroed(); BLOCK];
     let mut start = range.start;
@@ -107,9 +111,9 @@ unsafe fn reduce_blocks_portable<T: Element>(
         let acc = &mut acc[..n];
         // SAFETY: within `range`, which the caller guarantees.
         T::load(unsafe { view(first, start, n) }, acc);
-        for &src in rest {
+        for src in rest {
             // SAFETY: as above.
-            T::combine(unsafe { view(src, start, n) }, acc, op);
+            T::combine(unsafe { view(address(src), start, n) }, acc, op);
         }
         if op == ReduceOp::Avg {
             T::average(acc, world);
@@ -183,16 +187,21 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     op: ReduceOp,
     progress: &Progress<'_>,
 ) {
-    let buffers: Vec<*const u8> = posts.iter().map(|p| p.recv.0.cast_const()).collect();
     while let Some(id) = progress.claim() {
         if let Some((_, range)) = pieces.get(id) {
             // SAFETY: a claimed piece is read and written by its claimant only.
             unsafe {
-                reduce_blocks::<T>(&buffers, range, op, |offset, block| {
-                    for p in posts {
-                        view_mut(p.recv.0, offset, block.len()).copy_from_slice(block);
-                    }
-                });
+                reduce_blocks::<T, _>(
+                    posts,
+                    |p| p.recv.0.cast_const(),
+                    range,
+                    op,
+                    |offset, block| {
+                        for p in posts {
+                            view_mut(p.recv.0, offset, block.len()).copy_from_slice(block);
+                        }
+                    },
+                );
             }
         }
         progress.finish();
@@ -214,7 +223,6 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     progress: &Progress<'_>,
 ) {
     let world = posts.len();
-    let sources: Vec<*const u8> = posts.iter().map(|p| p.send.0.cast_const()).collect();
     while let Some(id) = progress.claim() {
         if let Some((owner, range)) = pieces.get(id) {
             let base = chunk_range(posts[0].len, world, owner).start;
@@ -222,9 +230,15 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
             // SAFETY: a claimed piece of the owner's chunk is written by its
             // claimant only; send buffers are only read.
             unsafe {
-                reduce_blocks::<T>(&sources, range, op, |offset, block| {
-                    view_mut(recv, offset - base, block.len()).copy_from_slice(block);
-                });
+                reduce_blocks::<T, _>(
+                    posts,
+                    |p| p.send.0.cast_const(),
+                    range,
+                    op,
+                    |offset, block| {
+                        view_mut(recv, offset - base, block.len()).copy_from_slice(block);
+                    },
+                );
             }
         }
         progress.finish();
@@ -292,12 +306,20 @@ mod tests {
             let (mut dispatched, mut portable) = (vec![T::zeroed(); len], vec![T::zeroed(); len]);
             // SAFETY: the sources are live, of `len` elements, and only read.
             unsafe {
-                reduce_blocks::<T>(&sources, 0..len, op, |o, b| {
-                    dispatched[o..o + b.len()].copy_from_slice(b)
-                });
-                reduce_blocks_portable::<T>(&sources, 0..len, op, |o, b| {
-                    portable[o..o + b.len()].copy_from_slice(b)
-                });
+                reduce_blocks::<T, _>(
+                    &sources,
+                    |p| *p,
+                    0..len,
+                    op,
+                    |o, b| dispatched[o..o + b.len()].copy_from_slice(b),
+                );
+                reduce_blocks_portable::<T, _>(
+                    &sources,
+                    |p| *p,
+                    0..len,
+                    op,
+                    |o, b| portable[o..o + b.len()].copy_from_slice(b),
+                );
             }
             assert!(
                 bytemuck::cast_slice::<T, u8>(&dispatched)

@@ -127,6 +127,10 @@ struct State {
     /// later call fails with it.
     poison: Option<CommError>,
     sleepers: usize,
+    /// The resolving rank's lists, kept between rounds so that resolving a
+    /// round allocates nothing.
+    scratch_posts: Vec<Post>,
+    scratch_calls: Vec<Call>,
 }
 
 /// One group of ranks: the world, a sub-group from `split`, or the duplicate
@@ -187,6 +191,8 @@ impl Group {
                 round: 0,
                 arrived: 0,
                 posts: vec![None; size],
+                scratch_posts: Vec::with_capacity(size),
+                scratch_calls: Vec::with_capacity(size),
                 outcomes: [Outcome::Open, Outcome::Open],
                 poison: None,
                 sleepers: 0,
@@ -375,9 +381,17 @@ impl Group {
 
     /// Validates the posts of a full round and stores its outcome.
     fn resolve(&self, st: &mut MutexGuard<'_, State>) {
-        let posts: Vec<Post> = st.posts.iter().flatten().copied().collect();
         let slot = (st.round % 2) as usize;
-        let calls: Vec<Call> = posts.iter().map(Post::call).collect();
+        // The posts of round r - 2, whose outcome this slot held: every rank
+        // has finished that round (all arrived at this one), so its list is
+        // reused when no rank still holds it.
+        let previous = std::mem::replace(&mut st.outcomes[slot], Outcome::Open);
+        let mut posts = std::mem::take(&mut st.scratch_posts);
+        posts.clear();
+        posts.extend(st.posts.iter().flatten().copied());
+        let mut calls = std::mem::take(&mut st.scratch_calls);
+        calls.clear();
+        calls.extend(posts.iter().map(Post::call));
         let outcome = match crate::call::validate(&calls) {
             Err(err) => {
                 // A lost lane's fault ends the group, as on every backend.
@@ -395,10 +409,22 @@ impl Group {
                         self.finished[slot].store(0, Ordering::Relaxed);
                         self.data_failed[slot].store(0, Ordering::Relaxed);
                     }
-                    Outcome::Go(posts.into())
+                    let reused = match previous {
+                        Outcome::Go(mut shared) => match Arc::get_mut(&mut shared) {
+                            Some(list) if list.len() == posts.len() => {
+                                list.copy_from_slice(&posts);
+                                Some(shared)
+                            }
+                            _ => None,
+                        },
+                        _ => None,
+                    };
+                    Outcome::Go(reused.unwrap_or_else(|| Arc::from(posts.as_slice())))
                 }
             },
         };
+        st.scratch_posts = posts;
+        st.scratch_calls = calls;
         st.outcomes[slot] = outcome;
         self.advance(st);
     }

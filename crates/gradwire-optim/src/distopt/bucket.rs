@@ -68,10 +68,9 @@ pub(super) fn plan_buckets(
     Ok(buckets)
 }
 
-/// What a bucket's job hands back: which parameters some rank wrote, and
-/// their combined gradients (only those).
+/// What a bucket's job hands back: the combined gradients of the
+/// parameters some rank wrote (which ones: the buffers' `written`).
 pub(super) struct BucketResult {
-    pub(super) written: Vec<bool>,
     pub(super) grads: Vec<Tensor>,
     pub(super) residual: Option<ErrorFeedback>,
     /// Whether `grads` are averaged already (else summed).
@@ -81,9 +80,24 @@ pub(super) struct BucketResult {
 impl std::fmt::Debug for BucketResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BucketResult")
-            .field("written", &self.written)
+            .field("grads", &self.grads.len())
             .finish_non_exhaustive()
     }
+}
+
+/// A bucket's buffers, reused from step to step: taken by its job, given
+/// back with its output (a job that is lost takes them along, and the
+/// next step starts afresh). In steady state a step allocates none.
+#[derive(Debug, Default)]
+pub(super) struct BucketBuffers {
+    /// The fusion and wire buffers of the combination.
+    pub(super) fusion: FusionBuffers,
+    /// The list of the bucket's gradients (emptied, its capacity kept).
+    pub(super) grads: Vec<Tensor>,
+    /// The written-anywhere vote.
+    pub(super) votes: Vec<u8>,
+    /// Which of the bucket's parameters some rank wrote, once decided.
+    pub(super) written: Vec<bool>,
 }
 
 /// Everything a bucket's job returns: its result, and the error-feedback
@@ -93,7 +107,7 @@ impl std::fmt::Debug for BucketResult {
 pub(super) struct BucketOutput {
     pub(super) residual_before: Option<ErrorFeedback>,
     /// The bucket's buffers, for its next step.
-    pub(super) buffers: FusionBuffers,
+    pub(super) buffers: BucketBuffers,
     pub(super) result: gradwire_algos::Result<Reduced<BucketResult>>,
 }
 
@@ -104,15 +118,16 @@ pub(super) struct BucketJob<C: Communicator> {
     capacity: usize,
     residual: Option<ErrorFeedback>,
     combiner: Option<SharedCombiner<C>>,
-    /// Which parameters some rank wrote, when the step's vote decided it.
-    written: Option<Vec<bool>>,
+    /// Whether the step's vote decided which parameters some rank wrote
+    /// (then in the buffers' `written`).
+    decided: bool,
     /// This rank's fault so far in the step, posted instead of the vote.
     fault: Option<FaultKind>,
     /// Look for NaN and infinities in this rank's gradients before the vote
     /// (modes whose combination would not carry them to every rank).
     check_finite: bool,
-    /// The bucket's reused fusion and wire buffers.
-    buffers: FusionBuffers,
+    /// The bucket's reused buffers.
+    buffers: BucketBuffers,
 }
 
 impl<C: Communicator + 'static> BucketJob<C> {
@@ -164,10 +179,12 @@ pub(super) fn scan_non_finite(grads: &[Option<Tensor>]) -> Option<(FaultKind, St
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Starts the next bucket's job on the communication thread, carrying
     /// this rank's fault so far.
-    pub(super) fn launch_next(&mut self, written: Option<Vec<bool>>) -> Result<()> {
+    pub(super) fn launch_next(&mut self, written: Option<&[bool]>) -> Result<()> {
         let b = self.in_flight.len();
         let range = self.buckets[b].clone();
-        let mut grads = Vec::with_capacity(range.len());
+        let mut buffers = std::mem::take(&mut self.buffers[b]);
+        let mut grads = std::mem::take(&mut buffers.grads);
+        grads.clear();
         for i in range {
             let grad = match self.grads[i].take() {
                 Some(g) => g,
@@ -182,6 +199,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 }
             };
             grads.push(grad);
+        }
+        if let Some(written) = written {
+            buffers.written.clear();
+            buffers.written.extend_from_slice(written);
         }
         let mode = match self.config.mode {
             // Without error feedback nothing counts the steps for random-k:
@@ -217,8 +238,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 .map(|f| f.kind)
                 .filter(|_| written.is_none()),
             check_finite: written.is_none() && checks_finite_locally(mode),
-            written,
-            buffers: std::mem::take(&mut self.fusion[b]),
+            decided: written.is_some(),
+            buffers,
         };
         let pending = self
             .comm
@@ -235,8 +256,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 fn reduce_bucket<C: Communicator + 'static>(
     job: BucketJob<C>,
     comm: &C,
-    grads: Vec<Tensor>,
-    buffers: &mut FusionBuffers,
+    mut grads: Vec<Tensor>,
+    buffers: &mut BucketBuffers,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let BucketJob {
         bucket,
@@ -244,7 +265,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         capacity,
         mut residual,
         combiner,
-        written: decided,
+        decided,
         fault,
         check_finite,
         buffers: _,
@@ -262,23 +283,32 @@ fn reduce_bucket<C: Communicator + 'static>(
     let combiner = &combiner;
     let world = comm.world_size();
     let mut traffic = Traffic::default();
-    let written: Vec<bool> = match decided {
-        // Decided by the step's vote, which carried this rank's faults.
-        Some(written) => written,
-        None => {
-            let mut votes: Vec<u8> = grads.iter().map(|g| u8::from(!g.is_zeroed())).collect();
-            comm.all_reduce(&mut votes, ReduceOp::Max)?;
-            traffic = Traffic::all_reduce(votes.len(), world);
-            votes.iter().map(|&v| v != 0).collect()
+    if !decided {
+        let votes = &mut buffers.votes;
+        votes.clear();
+        votes.extend(grads.iter().map(|g| u8::from(!g.is_zeroed())));
+        comm.all_reduce(votes, ReduceOp::Max)?;
+        traffic = Traffic::all_reduce(votes.len(), world);
+        buffers.written.clear();
+        buffers.written.extend(votes.iter().map(|&v| v != 0));
+    }
+    let written = &buffers.written;
+    // The lengths of every parameter, for a residual that only some of
+    // them go through (the only case that needs them).
+    let lens: Vec<usize> = match (&mode, &residual) {
+        (Mode::Sparse { .. }, Some(_)) if !written.iter().all(|&w| w) => {
+            grads.iter().map(Tensor::len).collect()
         }
+        _ => Vec::new(),
     };
-    let lens: Vec<usize> = grads.iter().map(Tensor::len).collect();
-    let mut live: Vec<Tensor> = grads
-        .into_iter()
-        .zip(&written)
-        .filter(|(_, w)| **w)
-        .map(|(g, _)| g)
-        .collect();
+    // The written gradients only, in place.
+    let mut k = 0;
+    grads.retain(|_| {
+        let keep = written.get(k).copied().unwrap_or(false);
+        k += 1;
+        keep
+    });
+    let mut live = grads;
     let mut averaged = matches!(mode, Mode::Half { .. });
     if !live.is_empty() {
         traffic += match mode {
@@ -287,16 +317,20 @@ fn reduce_bucket<C: Communicator + 'static>(
                 averaged = combined.averaged;
                 combined.traffic
             }
-            Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => {
-                fused_all_reduce_with(comm, &mut live, ReduceOp::Sum, capacity, buffers)?
-            }
+            Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => fused_all_reduce_with(
+                comm,
+                &mut live,
+                ReduceOp::Sum,
+                capacity,
+                &mut buffers.fusion,
+            )?,
             Mode::Half { precision, clip } => {
                 let options = HalfOptions {
                     precision,
                     clip,
                     op: ReduceOp::Avg,
                 };
-                half_all_reduce_with(comm, &mut live, &options, capacity, buffers)?
+                half_all_reduce_with(comm, &mut live, &options, capacity, &mut buffers.fusion)?
             }
             Mode::Sparse { codec, .. } => match residual.as_mut() {
                 // The job keeps the residual as it was (`BucketJob::run`),
@@ -310,7 +344,7 @@ fn reduce_bucket<C: Communicator + 'static>(
                     // residual goes through the step, the rest stays as it is.
                     let mut ranges = Vec::new();
                     let mut offset = 0;
-                    for (&n, &w) in lens.iter().zip(&written) {
+                    for (&n, &w) in lens.iter().zip(written.iter()) {
                         if w {
                             ranges.push(offset..offset + n);
                         }
@@ -346,7 +380,6 @@ fn reduce_bucket<C: Communicator + 'static>(
     }
     Ok(Reduced {
         value: BucketResult {
-            written,
             grads: live,
             residual,
             averaged,

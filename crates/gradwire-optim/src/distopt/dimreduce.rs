@@ -86,10 +86,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             );
             self.record(FaultKind::InvalidArgument, &err);
         }
-        let (mut stats, reduced) = match self.reduce_gradients()? {
+        let mut stats = match self.reduce_gradients()? {
             Reduction::Skipped(stats) => return Ok(stats),
-            Reduction::Reduced(stats, reduced) => (stats, reduced),
+            Reduction::Reduced(stats) => stats,
         };
+        let reduced = std::mem::take(&mut self.scratch.reduced);
         // The flat parameters and averaged gradient, in declaration order
         // (every target is present and f32: checked before the last vote).
         let total: usize = self.lens.iter().sum();

@@ -17,10 +17,35 @@ use std::time::Instant;
 /// An averaged gradient: parameter index, value, whether it arrived averaged.
 pub(super) type ReducedGrad = (usize, Tensor, bool);
 
+/// The lists a step fills, kept by DistOpt between steps (emptied, their
+/// capacity kept) so that a step in steady state allocates none.
+#[derive(Debug, Default)]
+pub(super) struct StepScratch {
+    outputs: Vec<BucketOutput>,
+    before: Vec<Option<ErrorFeedback>>,
+    after: Vec<Option<ErrorFeedback>>,
+    /// The averaged gradients of the step, by parameter index.
+    pub(super) reduced: Vec<ReducedGrad>,
+    votes: Vec<u8>,
+    decided: Vec<bool>,
+}
+
+impl StepScratch {
+    fn clear(&mut self) {
+        self.outputs.clear();
+        self.before.clear();
+        self.after.clear();
+        self.reduced.clear();
+        self.votes.clear();
+        self.decided.clear();
+    }
+}
+
 /// How the communication half of a step ended, alike on every rank.
 pub(super) enum Reduction {
-    /// The averaged gradients some rank wrote, by parameter index.
-    Reduced(StepStats, Vec<ReducedGrad>),
+    /// The averaged gradients some rank wrote, by parameter index, are in
+    /// the step's scratch (`StepScratch::reduced`).
+    Reduced(StepStats),
     /// A non-finite gradient somewhere, with `skip_non_finite`: nothing
     /// changed.
     Skipped(StepStats),
@@ -112,12 +137,13 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         mut apply: impl FnMut(&mut O, &str, usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
-        let (mut stats, reduced) = match self.reduce_gradients()? {
+        let mut stats = match self.reduce_gradients()? {
             Reduction::Skipped(stats) => return Ok(stats),
-            Reduction::Reduced(stats, reduced) => (stats, reduced),
+            Reduction::Reduced(stats) => stats,
         };
+        let mut reduced = std::mem::take(&mut self.scratch.reduced);
         let mut failure = None;
-        for (i, grad, _) in reduced {
+        for (i, grad, _) in reduced.drain(..) {
             if failure.is_none() {
                 let name = self.params[i].name.as_str();
                 match apply(&mut self.optimizer, name, i, grad) {
@@ -126,6 +152,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 }
             }
         }
+        self.scratch.reduced = reduced;
         self.agree_after(FaultKind::Optimizer, failure)?;
         self.optimizer.step();
         Ok(stats)
@@ -210,103 +237,128 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let result = self.reduce_with(&mut stats, &mut scratch);
+        self.scratch = scratch;
+        result.map(|reduced| match reduced {
+            true => Reduction::Reduced(stats),
+            false => Reduction::Skipped(stats),
+        })
+    }
+
+    /// [`DistOpt::reduce_gradients`] with its lists in `scratch`: `true`
+    /// when the averaged gradients are in `scratch.reduced`, `false` for a
+    /// skipped step.
+    fn reduce_with(&mut self, stats: &mut StepStats, scratch: &mut StepScratch) -> Result<bool> {
         // With one vote per step, it happens now, for every parameter, and
         // carries this rank's faults (its non-finite check included).
-        let mut decided: Option<Vec<bool>> = None;
-        if self.config.vote == SkipVote::PerStep {
+        let per_step = self.config.vote == SkipVote::PerStep;
+        if per_step {
             if self.fault.is_none()
                 && checks_finite_locally(self.config.mode)
                 && let Some((kind, detail)) = scan_non_finite(&self.grads)
             {
                 self.record(kind, &detail);
             }
-            let mut votes: Vec<u8> = self
-                .grads
-                .iter()
-                .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed())))
-                .collect();
+            scratch.votes.extend(
+                self.grads
+                    .iter()
+                    .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed()))),
+            );
             let voted = match &self.fault {
                 Some(f) => Err(self.comm.post_fault(f.kind.code())),
-                None => self.comm.all_reduce(&mut votes, ReduceOp::Max),
+                None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),
             };
             if let Err(e) = voted {
-                return self.step_failed(e.into(), stats).map(Reduction::Skipped);
+                return self.step_failed(e.into(), *stats).map(|s| {
+                    *stats = s;
+                    false
+                });
             }
-            stats.traffic = Traffic::all_reduce(votes.len(), self.world_size());
-            decided = Some(votes.iter().map(|&v| v != 0).collect());
+            stats.traffic = Traffic::all_reduce(scratch.votes.len(), self.world_size());
+            scratch
+                .decided
+                .extend(scratch.votes.iter().map(|&v| v != 0));
         } else if self.buckets.is_empty() {
             // No bucket to carry a fault: an agreement of its own.
             if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
-                return self.step_failed(e, stats).map(Reduction::Skipped);
+                return self.step_failed(e, *stats).map(|s| {
+                    *stats = s;
+                    false
+                });
             }
         }
         while self.in_flight.len() < self.buckets.len() {
-            let written = decided
-                .as_ref()
-                .map(|d| d[self.buckets[self.in_flight.len()].clone()].to_vec());
+            let range = self.buckets[self.in_flight.len()].clone();
+            let written = per_step.then(|| &scratch.decided[range]);
             // Only a lost communication thread fails here; the other ranks
             // learn it from their own lanes.
             self.launch_next(written)?;
         }
         let start = Instant::now();
-        let outputs: Vec<BucketOutput> = self
-            .in_flight
-            .drain(..)
-            .map(|pending| {
+        scratch
+            .outputs
+            .extend(self.in_flight.drain(..).map(|pending| {
                 pending.wait().unwrap_or_else(|e| BucketOutput {
                     residual_before: None,
                     buffers: Default::default(),
                     result: Err(e.into()),
                 })
-            })
-            .collect();
+            }));
         stats.wait = start.elapsed();
-        let mut before: Vec<Option<ErrorFeedback>> = Vec::with_capacity(outputs.len());
-        let mut after: Vec<Option<ErrorFeedback>> = Vec::with_capacity(outputs.len());
-        let mut reduced: Vec<ReducedGrad> = Vec::new();
         let mut failure = None;
-        for (b, output) in outputs.into_iter().enumerate() {
-            before.push(output.residual_before);
-            self.fusion[b] = output.buffers;
+        for (b, output) in scratch.outputs.drain(..).enumerate() {
+            scratch.before.push(output.residual_before);
+            let mut buffers = output.buffers;
             match output.result {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;
-                    after.push(value.residual);
+                    scratch.after.push(value.residual);
                     let averaged = value.averaged;
-                    let mut grads = value.grads.into_iter();
-                    for (i, written) in self.buckets[b].clone().zip(value.written) {
+                    let mut grads = value.grads;
+                    let mut combined = grads.drain(..);
+                    for (i, &written) in self.buckets[b].clone().zip(&buffers.written) {
                         if written {
-                            if let Some(g) = grads.next() {
-                                reduced.push((i, g, averaged));
+                            if let Some(g) = combined.next() {
+                                scratch.reduced.push((i, g, averaged));
                             }
                         } else {
                             stats.skipped += 1;
                         }
                     }
+                    drop(combined);
+                    // The emptied list goes back for the next step.
+                    buffers.grads = grads;
                 }
                 Err(e) => {
-                    after.push(None);
+                    scratch.after.push(None);
                     failure = failure.or(Some(e));
                 }
             }
+            self.buffers[b] = buffers;
         }
         if let Some(e) = failure {
-            self.restore_residuals(before);
-            return self.step_failed(e, stats).map(Reduction::Skipped);
+            self.restore_residuals(&mut scratch.before);
+            return self.step_failed(e, *stats).map(|s| {
+                *stats = s;
+                false
+            });
         }
 
         // Average (some combinations arrive averaged), then check and clip:
         // the averaged values are bitwise the same on every rank, and so is
         // every decision taken from them.
         let inverse = 1.0 / self.world_size() as f32;
+        let reduced = &mut scratch.reduced;
         let checked = (|| -> gradwire_algos::Result<Option<f64>> {
-            for (_, g, averaged) in &mut reduced {
+            for (_, g, averaged) in reduced.iter_mut() {
                 if !*averaged {
                     g.scale(inverse)?;
                 }
             }
             let mut sum_sq = 0f64;
-            for (_, g, _) in &reduced {
+            for (_, g, _) in reduced.iter() {
                 sum_sq += g.sum_sq()?;
             }
             Ok(sum_sq.is_finite().then_some(sum_sq))
@@ -314,14 +366,13 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let sum_sq = match checked {
             Ok(Some(sum_sq)) => sum_sq,
             Ok(None) => {
-                self.restore_residuals(before);
-                return self
-                    .non_finite_everywhere(stats, "the averaged gradients are")
-                    .map(Reduction::Skipped);
+                self.restore_residuals(&mut scratch.before);
+                *stats = self.non_finite_everywhere(*stats, "the averaged gradients are")?;
+                return Ok(false);
             }
             Err(e) => {
                 // A tensor error on identical data and shapes: every rank.
-                self.restore_residuals(before);
+                self.restore_residuals(&mut scratch.before);
                 return Err(e.into());
             }
         };
@@ -329,22 +380,22 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             let norm = sum_sq.sqrt();
             if norm > max_norm {
                 let factor = (max_norm / norm) as f32;
-                for (_, g, _) in &mut reduced {
+                for (_, g, _) in reduced.iter_mut() {
                     g.scale(factor)?;
                 }
             }
         }
-        for (slot, residual) in self.residuals.iter_mut().zip(after) {
+        for (slot, residual) in self.residuals.iter_mut().zip(scratch.after.drain(..)) {
             if residual.is_some() {
                 *slot = residual;
             }
         }
-        Ok(Reduction::Reduced(stats, reduced))
+        Ok(true)
     }
 
     /// Puts back the residuals as they were before the step (a bucket whose
     /// job lost its residual starts afresh).
-    fn restore_residuals(&mut self, before: Vec<Option<ErrorFeedback>>) {
+    fn restore_residuals(&mut self, before: &mut Vec<Option<ErrorFeedback>>) {
         if !matches!(
             self.config.mode,
             Mode::Sparse {
@@ -354,7 +405,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         ) {
             return;
         }
-        for (b, saved) in before.into_iter().enumerate() {
+        for (b, saved) in before.drain(..).enumerate() {
             self.residuals[b] = Some(saved.unwrap_or_else(|| {
                 ErrorFeedback::new(self.lens[self.buckets[b].clone()].iter().sum())
             }));

@@ -58,11 +58,12 @@ mod state;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
-use bucket::{BucketOutput, plan_buckets};
+use bucket::{BucketBuffers, BucketOutput, plan_buckets};
 use combiner::SharedCombiner;
 pub use combiner::{Combined, Combiner};
+use gradient::StepScratch;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
-use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, FusionBuffers, HalfPrecision, Traffic};
+use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, Traffic};
 use gradwire_comm::{Communicator, Pending};
 use gradwire_compress::{ErrorFeedback, SparseCodec};
 use gradwire_tensor::Tensor;
@@ -222,10 +223,13 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Sparse mode's error-feedback memory, one per bucket (taken by a
     /// bucket's job while it runs, given back with its result).
     residuals: Vec<Option<ErrorFeedback>>,
-    /// Each bucket's fusion and wire buffers, reused from step to step
-    /// (taken by the bucket's job while it runs, given back with its
-    /// result; one lost with a failed job is made afresh).
-    fusion: Vec<FusionBuffers>,
+    /// Each bucket's buffers, reused from step to step (taken by the
+    /// bucket's job while it runs, given back with its result; one lost
+    /// with a failed job is made afresh).
+    buffers: Vec<BucketBuffers>,
+    /// The step's bucket outputs, residuals and averaged gradients: lists
+    /// kept between steps so that a step allocates none.
+    scratch: StepScratch,
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
@@ -284,7 +288,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 _ => None,
             })
             .collect();
-        let fusion = buckets.iter().map(|_| FusionBuffers::default()).collect();
+        let buffers = buckets.iter().map(|_| BucketBuffers::default()).collect();
         Ok(DistOpt {
             optimizer,
             comm,
@@ -292,7 +296,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             params,
             lens,
             index,
-            fusion,
+            buffers,
+            scratch: StepScratch::default(),
             buckets,
             grads,
             in_flight: Vec::new(),
