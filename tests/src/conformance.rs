@@ -25,7 +25,8 @@
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
 use gradwire_comm::{
-    CommError, Communicator, Element, LANE_LOST, LocalComm, Pending, ReduceOp, chunk_range, local,
+    AsyncJob, CommError, Communicator, Element, JobSlot, LANE_LOST, LocalComm, Pending, ReduceOp,
+    chunk_range, local,
 };
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
@@ -155,6 +156,10 @@ pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
             body: panicking_async_job::<C>,
         },
         Case {
+            name: "reused_job_slots",
+            body: reused_job_slots::<C>,
+        },
+        Case {
             name: "distopt_equals_single_process",
             body: distopt_equals_single_process::<C>,
         },
@@ -225,6 +230,7 @@ macro_rules! conformance_tests {
             invalid_arguments,
             posted_faults,
             panicking_async_job,
+            reused_job_slots,
             distopt_equals_single_process,
             adasum_matches_reference,
             sparse_all_reduce,
@@ -959,6 +965,120 @@ fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Res
 /// peer waiting to receive from a rank whose job panicked fails the same
 /// way. (The one implementation of this scenario: it runs on LocalComm,
 /// on MpiComm under mpirun and on NcclComm.)
+/// The job of `reused_job_slots`: an all-reduce of `value` on every rank,
+/// panicking first on rank `panicker` if one is named.
+struct SumJob {
+    value: f32,
+    panicker: Option<usize>,
+}
+
+impl<C: Communicator> AsyncJob<C> for SumJob {
+    type Output = f32;
+
+    fn run(self, comm: &C) -> gradwire_comm::Result<f32> {
+        if self.panicker == Some(comm.rank()) {
+            panic!("the slot's job of rank {} fails", comm.rank());
+        }
+        let mut sum = [self.value];
+        comm.all_reduce(&mut sum, ReduceOp::Sum)?;
+        Ok(sum[0])
+    }
+}
+
+/// `run_job` through one slot, reused: every result right (waited, polled,
+/// or after a handle dropped unwaited, which leaves the slot to a new
+/// cell); a job that panics on one rank fails as `run_async`'s does (its
+/// own handle `RankPanicked`, the others `LANE_LOST`) and later jobs fail
+/// at once.
+fn reused_job_slots<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    let w = comm.world_size();
+    let lane = comm
+        .split(Some(0), 0)?
+        .ok_or_else(|| CommError::InvalidArgument("split left a rank out".into()))?;
+    let rank = lane.rank();
+    let mut slot = JobSlot::default();
+    let expected = |step: usize| (0..w).map(|r| (r + step) as f32).sum::<f32>();
+    for step in 0..6 {
+        let job = SumJob {
+            value: (rank + step) as f32,
+            panicker: None,
+        };
+        let mut pending = lane.run_job(&mut slot, job)?;
+        let got = if step % 2 == 0 {
+            pending.wait()
+        } else {
+            while !pending.is_ready() {
+                std::thread::yield_now();
+            }
+            pending.wait()
+        };
+        checks.check(got == Ok(expected(step)), || {
+            format!("step {step}: the slot's job gave {got:?}")
+        });
+        if step == 3 {
+            // A handle dropped unwaited: the job still runs with the peers.
+            let dropped = lane.run_job(
+                &mut slot,
+                SumJob {
+                    value: 1.0,
+                    panicker: None,
+                },
+            )?;
+            drop(dropped);
+            let after = lane.all_gather_async(vec![rank as u32])?.wait()?;
+            checks.check(after.len() == w, || "a job after a dropped handle".into());
+        }
+    }
+    // A panicking job on the last rank. A rank that submits after the loss
+    // reached its lane is refused at once, with the same error.
+    let panicker = w - 1;
+    let failed = lane
+        .run_job(
+            &mut slot,
+            SumJob {
+                value: 1.0,
+                panicker: Some(panicker),
+            },
+        )
+        .and_then(Pending::wait);
+    let lost = CommError::Fault {
+        rank: panicker,
+        code: LANE_LOST,
+    };
+    if rank == panicker {
+        checks.check(
+            matches!(&failed, Err(CommError::RankPanicked { rank: r, .. }) if *r == rank),
+            || format!("the panicking slot's job gave {failed:?}"),
+        );
+    } else {
+        checks.check(failed.as_ref().err() == Some(&lost), || {
+            format!("the job the panicking rank left gave {failed:?}")
+        });
+    }
+    let later = lane
+        .run_job(
+            &mut slot,
+            SumJob {
+                value: 1.0,
+                panicker: None,
+            },
+        )
+        .and_then(Pending::wait);
+    checks.check(later.as_ref().err() == Some(&lost), || {
+        format!("a later slot job gave {later:?}")
+    });
+    // The parent communicator is untouched.
+    let mut one = [1u32];
+    comm.all_reduce(&mut one, ReduceOp::Sum)?;
+    checks.check(one == [w as u32], || {
+        format!("the parent after the loss: {one:?}")
+    });
+    Ok(())
+}
+
 fn panicking_async_job<C: Communicator + 'static>(
     comm: &C,
     checks: &mut Checks,

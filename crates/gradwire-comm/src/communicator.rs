@@ -13,6 +13,7 @@
 
 use crate::element::Element;
 use crate::error::{CommError, Result};
+use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
 use gradwire_tensor::{DType, Tensor};
@@ -206,6 +207,25 @@ pub trait Communicator: Send + Sized {
     where
         R: Send + 'static,
         F: FnOnce(&Self) -> Result<R> + Send + 'static;
+
+    /// [`Communicator::run_async`] of a job type `J`, through `slot`, which
+    /// the caller keeps and passes again with its next job: once the slot
+    /// exists and each handle is waited for before the next submission,
+    /// submitting, running and waiting allocate nothing (a job submitted
+    /// every training step). The failure model is `run_async`'s. The
+    /// default, for communicators outside this crate, boxes the job as
+    /// `run_async` does.
+    fn run_job<J: AsyncJob<Self>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>>
+    where
+        Self: Sized,
+    {
+        let _ = slot;
+        self.run_async(move |comm| job.run(comm))
+    }
 
     /// [`Communicator::all_reduce`] on the communication thread.
     fn all_reduce_async<T: Element>(

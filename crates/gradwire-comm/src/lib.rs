@@ -52,6 +52,7 @@ mod element;
 mod error;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod header;
+mod job_slot;
 mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
@@ -67,6 +68,7 @@ mod worker;
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};
 pub use error::{CommError, FIRST_RESERVED_FAULT, LANE_LOST, Result};
+pub use job_slot::{AsyncJob, JobSlot};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]

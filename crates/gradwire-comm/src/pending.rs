@@ -7,7 +7,9 @@
 //! the collective still completes with the other ranks.
 
 use crate::error::{CommError, Result};
+use crate::job_slot::Awaited;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 
 /// The result of an asynchronous operation, once it completes.
@@ -17,6 +19,8 @@ pub struct Pending<T> {
 
 enum State<T> {
     Waiting(Receiver<Result<T>>),
+    /// A job in a reusable cell ([`crate::JobSlot`]).
+    InCell(Arc<dyn Awaited<T>>),
     Done(Result<T>),
 }
 
@@ -46,6 +50,13 @@ impl<T> Pending<T> {
         )
     }
 
+    /// A handle on a job in a reusable cell.
+    pub(crate) fn from_cell(cell: Arc<dyn Awaited<T>>) -> Pending<T> {
+        Pending {
+            state: State::InCell(cell),
+        }
+    }
+
     /// A handle that is already complete.
     pub fn ready(result: Result<T>) -> Pending<T> {
         Pending {
@@ -55,14 +66,19 @@ impl<T> Pending<T> {
 
     /// Whether the operation has completed (never blocks).
     pub fn is_ready(&mut self) -> bool {
-        if let State::Waiting(rx) = &self.state {
-            match rx.try_recv() {
+        match &self.state {
+            State::Waiting(rx) => match rx.try_recv() {
                 Ok(result) => self.state = State::Done(result),
                 Err(TryRecvError::Empty) => return false,
                 Err(TryRecvError::Disconnected) => {
                     self.state = State::Done(Err(CommError::WorkerStopped));
                 }
-            }
+            },
+            State::InCell(cell) => match cell.try_take() {
+                Some(result) => self.state = State::Done(result),
+                None => return false,
+            },
+            State::Done(_) => {}
         }
         true
     }
@@ -72,6 +88,7 @@ impl<T> Pending<T> {
         match self.state {
             State::Done(result) => result,
             State::Waiting(rx) => rx.recv().unwrap_or(Err(CommError::WorkerStopped)),
+            State::InCell(cell) => cell.wait(),
         }
     }
 }
@@ -79,7 +96,7 @@ impl<T> Pending<T> {
 impl<T> fmt::Debug for Pending<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
-            State::Waiting(_) => "waiting",
+            State::Waiting(_) | State::InCell(_) => "waiting",
             State::Done(Ok(_)) => "done",
             State::Done(Err(_)) => "failed",
         };

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 #[cfg(doc)]
 use crate::communicator::Communicator;
 use crate::error::{CommError, LANE_LOST, Result};
+use crate::job_slot::{AsyncJob, Cell, JobSlot};
 use crate::pending::{Pending, panic_message};
 
 /// What a backend's lane communicator does for the worker (a
@@ -69,8 +70,93 @@ pub(crate) const ANNOUNCE_GRACE: Duration = Duration::from_secs(2);
 /// A job: run on the lane (`Ok`), or refused with the lane's error (`Err`).
 type Job<C> = Box<dyn FnOnce(std::result::Result<&C, CommError>) -> Ran + Send>;
 
+/// How many jobs may wait in a rank's queue; a submission beyond waits for
+/// room. A bounded queue is one preallocated ring: queuing allocates
+/// nothing.
+const QUEUE_CAPACITY: usize = 1024;
+
+/// A job in a reusable cell ([`JobSlot`]), its type erased for the queue.
+pub(crate) trait Runnable<C>: Send + Sync {
+    /// Runs the cell's job on the lane (or refuses it with the lane's
+    /// error), completing its handle.
+    fn run_on(&self, lane: std::result::Result<&C, CommError>, rank: usize) -> Ran;
+    /// Completes the handle with `err` without running the job.
+    fn refuse(&self, err: CommError);
+}
+
+impl<C, J: AsyncJob<C>> Runnable<C> for Cell<J, J::Output> {
+    fn run_on(&self, lane: std::result::Result<&C, CommError>, rank: usize) -> Ran {
+        let Some(job) = self.take_job() else {
+            return Ran::Refused; // nothing queued: cannot happen
+        };
+        match lane {
+            Err(lost) => {
+                self.finish(Err(lost));
+                Ran::Refused
+            }
+            Ok(comm) => {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(comm))) {
+                    Ok(result) => {
+                        self.finish(result);
+                        Ran::Returned
+                    }
+                    Err(payload) => {
+                        self.finish(Err(CommError::RankPanicked {
+                            rank,
+                            message: panic_message(payload.as_ref()),
+                        }));
+                        Ran::Panicked
+                    }
+                }
+            }
+        }
+    }
+
+    fn refuse(&self, err: CommError) {
+        if self.take_job().is_some() {
+            self.finish(Err(err));
+        }
+    }
+}
+
+/// A queued cell; one dropped without running (the queue itself dropped)
+/// completes its handle with [`CommError::WorkerStopped`], as a dropped
+/// boxed job's channel does.
+struct QueuedCell<C> {
+    cell: Arc<dyn Runnable<C>>,
+    ran: bool,
+}
+
+impl<C> Drop for QueuedCell<C> {
+    fn drop(&mut self) {
+        if !self.ran {
+            self.cell.refuse(CommError::WorkerStopped);
+        }
+    }
+}
+
+/// What the queue carries.
+enum Item<C> {
+    /// A closure, boxed ([`Worker::submit`]).
+    Boxed(Job<C>),
+    /// A job in its reusable cell ([`Worker::submit_slot`]).
+    Slot(QueuedCell<C>),
+}
+
+impl<C> Item<C> {
+    fn run(self, lane: std::result::Result<&C, CommError>, rank: usize) -> Ran {
+        match self {
+            Item::Boxed(job) => job(lane),
+            Item::Slot(mut queued) => {
+                queued.ran = true;
+                queued.cell.run_on(lane, rank)
+            }
+        }
+    }
+}
+
 /// What became of a job.
-enum Ran {
+pub(crate) enum Ran {
     /// It ran and returned (its handle has its result).
     Returned,
     /// It ran and panicked (its handle has `RankPanicked`).
@@ -79,10 +165,12 @@ enum Ran {
     Refused,
 }
 
-/// The queue and the lane's state, under one lock, so that no job can be
-/// queued after the lane was found lost.
+/// The queue and the lane's state, under one lock. A job queued while the
+/// lane is being found lost is refused when the thread reaches it (the
+/// thread checks the state before every job), so its handle still gets the
+/// lane's error.
 struct State<C> {
-    jobs: Option<mpsc::Sender<Job<C>>>,
+    jobs: Option<mpsc::SyncSender<Item<C>>>,
     /// Why the lane is lost, once it is: every later job fails with it.
     lost: Option<CommError>,
 }
@@ -104,7 +192,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl<C: Lane> Worker<C> {
     /// Starts the thread `name` owning `lane`, rank `rank`'s lane.
     pub(crate) fn start(name: String, rank: usize, lane: C) -> Result<Worker<C>> {
-        let (jobs, queue) = mpsc::channel::<Job<C>>();
+        let (jobs, queue) = mpsc::sync_channel::<Item<C>>(QUEUE_CAPACITY);
         let (finishing, finished) = mpsc::channel::<()>();
         let state = Arc::new(Mutex::new(State {
             jobs: Some(jobs),
@@ -159,22 +247,43 @@ impl<C: Lane> Worker<C> {
                 }
             }
         });
+        self.queue(Item::Boxed(job))?;
+        Ok(pending)
+    }
+
+    /// Queues `job` in `slot`'s cell (reused when its last job was waited
+    /// for): the same as [`Worker::submit`], without allocating.
+    pub(crate) fn submit_slot<J: AsyncJob<C>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>> {
+        let cell = slot.prepare(job);
+        let queued = QueuedCell {
+            cell: Arc::clone(&cell) as Arc<dyn Runnable<C>>,
+            ran: false,
+        };
+        // A refused submission completes the cell (the queued item's drop),
+        // so the slot is free again once this handle is dropped.
+        self.queue(Item::Slot(queued))?;
+        Ok(Pending::from_cell(cell))
+    }
+
+    /// Puts `item` in the queue, unless the lane is lost or stopped.
+    fn queue(&self, item: Item<C>) -> Result<()> {
         let state = lock(&self.state);
         if let Some(lost) = &state.lost {
             return Err(lost.clone());
         }
-        state
-            .jobs
-            .as_ref()
-            .ok_or(CommError::WorkerStopped)?
-            .send(job)
-            .map_err(|_| CommError::WorkerStopped)?;
-        Ok(pending)
+        let jobs = state.jobs.clone().ok_or(CommError::WorkerStopped)?;
+        // Not under the lock: a full queue waits for room.
+        drop(state);
+        jobs.send(item).map_err(|_| CommError::WorkerStopped)
     }
 }
 
 /// The thread's loop: runs the jobs in order until the queue closes.
-fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Job<C>>, state: &Mutex<State<C>>) {
+fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Item<C>>, state: &Mutex<State<C>>) {
     let lose = |err: &CommError| {
         let mut state = lock(state);
         state.lost.get_or_insert_with(|| err.clone()).clone()
@@ -182,10 +291,10 @@ fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Job<C>>, state: 
     for job in queue {
         let lost = lock(state).lost.clone().or_else(|| lane.poisoned());
         if let Some(err) = lost {
-            job(Err(lose(&err)));
+            job.run(Err(lose(&err)), rank);
             continue;
         }
-        match job(Ok(lane)) {
+        match job.run(Ok(lane), rank) {
             Ran::Returned | Ran::Refused => {
                 // A peer's loss, a timeout or a lost peer poisoned the lane
                 // during the job: the jobs after it fail at once.
@@ -201,7 +310,7 @@ fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Job<C>>, state: 
                 // The jobs already queued fail now, not after the
                 // announcement (which may wait for the peers).
                 while let Ok(job) = queue.try_recv() {
-                    job(Err(err.clone()));
+                    job.run(Err(err.clone()), rank);
                 }
                 lane.announce_lost(&err);
             }

@@ -47,6 +47,7 @@ mod mailbox;
 use crate::communicator::{Communicator, Gathered};
 use crate::element::Element;
 use crate::error::{CommError, Result};
+use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
 use crate::worker::{Interrupter, Lane, Worker};
@@ -490,22 +491,33 @@ impl Communicator for LocalComm {
         R: Send + 'static,
         F: FnOnce(&Self) -> Result<R> + Send + 'static,
     {
-        let worker = match self.worker.get() {
-            Some(worker) => worker,
-            None => {
-                // A lane's own communicator has no duplicate group.
-                let shadow = self.group.shadow.clone().ok_or_else(|| {
-                    CommError::InvalidArgument(
-                        "asynchronous jobs cannot start further asynchronous jobs".into(),
-                    )
-                })?;
-                let lane = LocalComm::member(shadow, self.rank);
-                let worker =
-                    Worker::start(format!("gradwire-comm-{}", self.rank), self.rank, lane)?;
-                self.worker.get_or_init(|| worker)
-            }
-        };
-        worker.submit(job)
+        self.lane_worker()?.submit(job)
+    }
+
+    fn run_job<J: AsyncJob<Self>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>> {
+        self.lane_worker()?.submit_slot(slot, job)
+    }
+}
+
+impl LocalComm {
+    /// The rank's asynchronous lane, started on first use.
+    fn lane_worker(&self) -> Result<&Worker<LocalComm>> {
+        if let Some(worker) = self.worker.get() {
+            return Ok(worker);
+        }
+        // A lane's own communicator has no duplicate group.
+        let shadow = self.group.shadow.clone().ok_or_else(|| {
+            CommError::InvalidArgument(
+                "asynchronous jobs cannot start further asynchronous jobs".into(),
+            )
+        })?;
+        let lane = LocalComm::member(shadow, self.rank);
+        let worker = Worker::start(format!("gradwire-comm-{}", self.rank), self.rank, lane)?;
+        Ok(self.worker.get_or_init(|| worker))
     }
 }
 

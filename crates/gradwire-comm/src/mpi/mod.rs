@@ -103,6 +103,7 @@ use crate::communicator::{Communicator, Gathered, chunk_range};
 use crate::element::{ElemType, Element};
 use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind};
+use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
 use crate::worker::{Lane, Worker};
@@ -647,14 +648,26 @@ impl Communicator for MpiComm {
         R: Send + 'static,
         F: FnOnce(&Self) -> Result<R> + Send + 'static,
     {
-        let worker = match self.worker.get() {
-            Some(worker) => worker,
-            None => {
-                let worker = self.start_worker()?;
-                self.worker.get_or_init(|| worker)
-            }
-        };
-        worker.submit(job)
+        self.lane_worker()?.submit(job)
+    }
+
+    fn run_job<J: AsyncJob<Self>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>> {
+        self.lane_worker()?.submit_slot(slot, job)
+    }
+}
+
+impl MpiComm {
+    /// The rank's asynchronous lane, started on first use.
+    fn lane_worker(&self) -> Result<&Worker<MpiComm>> {
+        if let Some(worker) = self.worker.get() {
+            return Ok(worker);
+        }
+        let worker = self.start_worker()?;
+        Ok(self.worker.get_or_init(|| worker))
     }
 }
 

@@ -78,6 +78,7 @@ use crate::communicator::{Communicator, Gathered, chunk_range};
 use crate::element::{ElemType, Element};
 use crate::error::{CommError, Result};
 use crate::header::{self, Call, Kind, WORDS};
+use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
 use crate::worker::{Interrupter, Lane, Worker};
@@ -170,6 +171,24 @@ fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
 }
 
 impl NcclComm {
+    /// The rank's asynchronous lane, started on first use.
+    fn lane_worker(&self) -> Result<&Worker<NcclComm>> {
+        if let Some(worker) = self.worker.get() {
+            return Ok(worker);
+        }
+        let shadow = self.shadow.borrow_mut().take().ok_or_else(|| {
+            CommError::InvalidArgument(
+                "asynchronous jobs cannot start further asynchronous jobs".into(),
+            )
+        })?;
+        let worker = Worker::start(
+            format!("gradwire-nccl-async-{}", self.rank),
+            self.rank,
+            *shadow,
+        )?;
+        Ok(self.worker.get_or_init(|| worker))
+    }
+
     /// Joins the communicator of `world` ranks identified by `id` as `rank`,
     /// on CUDA device `ordinal`. Collective: every rank calls it with the
     /// same id and world size (each with its own rank and device), and it
@@ -1103,23 +1122,15 @@ impl Communicator for NcclComm {
         R: Send + 'static,
         F: FnOnce(&Self) -> Result<R> + Send + 'static,
     {
-        let worker = match self.worker.get() {
-            Some(worker) => worker,
-            None => {
-                let shadow = self.shadow.borrow_mut().take().ok_or_else(|| {
-                    CommError::InvalidArgument(
-                        "asynchronous jobs cannot start further asynchronous jobs".into(),
-                    )
-                })?;
-                let worker = Worker::start(
-                    format!("gradwire-nccl-async-{}", self.rank),
-                    self.rank,
-                    *shadow,
-                )?;
-                self.worker.get_or_init(|| worker)
-            }
-        };
-        worker.submit(job)
+        self.lane_worker()?.submit(job)
+    }
+
+    fn run_job<J: AsyncJob<Self>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>> {
+        self.lane_worker()?.submit_slot(slot, job)
     }
 
     fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {

@@ -10,7 +10,7 @@ use gradwire_algos::{
     FaultKind, FusionBuffers, HalfOptions, Reduced, Traffic, fused_all_reduce_with,
     half_all_reduce_with, sparse_exchange,
 };
-use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
@@ -243,10 +243,25 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         };
         let pending = self
             .comm
-            .run_async(move |comm| Ok(job.run(comm, grads)))
+            .run_job(&mut self.slots[b], BucketTask { job, grads })
             .map_err(gradwire_algos::AlgoError::from)?;
         self.in_flight.push(pending);
         Ok(())
+    }
+}
+
+/// A bucket's job with its gradients: what travels in the bucket's
+/// reusable job slot ([`gradwire_comm::JobSlot`]).
+pub(super) struct BucketTask<C: Communicator> {
+    job: BucketJob<C>,
+    grads: Vec<Tensor>,
+}
+
+impl<C: Communicator + 'static> AsyncJob<C> for BucketTask<C> {
+    type Output = BucketOutput;
+
+    fn run(self, comm: &C) -> gradwire_comm::Result<BucketOutput> {
+        Ok(self.job.run(comm, self.grads))
     }
 }
 

@@ -58,13 +58,13 @@ mod state;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
-use bucket::{BucketBuffers, BucketOutput, plan_buckets};
+use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
 use combiner::SharedCombiner;
 pub use combiner::{Combined, Combiner};
 use gradient::StepScratch;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
 use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, Traffic};
-use gradwire_comm::{Communicator, Pending};
+use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_compress::{ErrorFeedback, SparseCodec};
 use gradwire_tensor::Tensor;
 pub use spec::ParamSpec;
@@ -227,6 +227,8 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// bucket's job while it runs, given back with its result; one lost
     /// with a failed job is made afresh).
     buffers: Vec<BucketBuffers>,
+    /// Each bucket's slot on the communication thread, reused every step.
+    slots: Vec<JobSlot<BucketTask<C>, BucketOutput>>,
     /// The step's bucket outputs, residuals and averaged gradients: lists
     /// kept between steps so that a step allocates none.
     scratch: StepScratch,
@@ -297,6 +299,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             lens,
             index,
             buffers,
+            slots: buckets.iter().map(|_| JobSlot::default()).collect(),
             scratch: StepScratch::default(),
             buckets,
             grads,
