@@ -1202,9 +1202,10 @@ fn candle_training<C: Communicator + 'static>(
         .split(Some(0), comm.rank() as i64)?
         .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
     let run = |r: candle_core::Result<_>| r.map_err(|e| CaseError::Candle(e.to_string()));
-    // candle-nn's SGD, and gradwire's SGD with momentum in place on
-    // candle's variables (gradwire-candle's optimizer).
+    // candle-nn's SGD, and gradwire's SGD with momentum and AdamW in place
+    // on candle's variables (gradwire-candle's optimizers).
     let momentum = gradwire_optim::SgdConfig::default().lr(0.2).momentum(0.9);
+    let adamw = gradwire_optim::AdamConfig::adamw().lr(0.01);
     let runs = [
         (
             "candle SGD",
@@ -1220,12 +1221,23 @@ fn candle_training<C: Communicator + 'static>(
         (
             "gradwire SGD with momentum",
             run(worker::<gradwire_candle::Sgd, _>(
-                own,
+                own.split(Some(0), 0)?
+                    .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?,
                 momentum.clone(),
                 DistOptConfig::default(),
             ))?
             .0,
             run(single::<gradwire_candle::Sgd>(momentum))?.0,
+        ),
+        (
+            "gradwire AdamW",
+            run(worker::<gradwire_candle::AdamW, _>(
+                own,
+                adamw.clone(),
+                DistOptConfig::default(),
+            ))?
+            .0,
+            run(single::<gradwire_candle::AdamW>(adamw))?.0,
         ),
     ];
     for (name, got, want) in runs {
