@@ -74,18 +74,55 @@ impl SparseCodec {
 }
 
 /// The error-feedback memory of one partition.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// `clone_from` reuses the destination's buffers: a caller that keeps a
+/// copy of the memory every step (to put back if the step fails) allocates
+/// nothing once the copy exists.
+#[derive(Debug, PartialEq)]
 pub struct ErrorFeedback {
     residual: Vec<f32>,
     momentum: Option<Momentum>,
     steps: u64,
 }
 
+impl Clone for ErrorFeedback {
+    fn clone(&self) -> Self {
+        ErrorFeedback {
+            residual: self.residual.clone(),
+            momentum: self.momentum.clone(),
+            steps: self.steps,
+        }
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        self.residual.clone_from(&source.residual);
+        match (&mut self.momentum, &source.momentum) {
+            (Some(mine), Some(theirs)) => mine.clone_from(theirs),
+            (mine, theirs) => mine.clone_from(theirs),
+        }
+        self.steps = source.steps;
+    }
+}
+
 /// DGC's momentum correction state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 struct Momentum {
     mu: f32,
     velocity: Vec<f32>,
+}
+
+impl Clone for Momentum {
+    fn clone(&self) -> Self {
+        Momentum {
+            mu: self.mu,
+            velocity: self.velocity.clone(),
+        }
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        self.mu = source.mu;
+        self.velocity.clone_from(&source.velocity);
+    }
 }
 
 /// Everything an [`ErrorFeedback`] holds, for checkpoints.

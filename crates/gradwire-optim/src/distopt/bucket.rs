@@ -98,6 +98,9 @@ pub(super) struct BucketBuffers {
     pub(super) votes: Vec<u8>,
     /// Which of the bucket's parameters some rank wrote, once decided.
     pub(super) written: Vec<bool>,
+    /// The memory that holds the residual as it was before a step (sparse
+    /// mode with error feedback), refilled in place every step.
+    pub(super) residual_before: Option<ErrorFeedback>,
 }
 
 /// Everything a bucket's job returns: its result, and the error-feedback
@@ -134,8 +137,14 @@ impl<C: Communicator + 'static> BucketJob<C> {
     /// The vote (or this rank's fault), then the combination; the residual
     /// before the step comes back whatever happens.
     fn run(mut self, comm: &C, grads: Vec<Tensor>) -> BucketOutput {
-        let residual_before = self.residual.clone();
         let mut buffers = std::mem::take(&mut self.buffers);
+        let residual_before = match (&self.residual, buffers.residual_before.take()) {
+            (Some(residual), Some(mut copy)) => {
+                copy.clone_from(residual);
+                Some(copy)
+            }
+            (residual, _) => residual.clone(),
+        };
         BucketOutput {
             residual_before,
             result: reduce_bucket(self, comm, grads, &mut buffers),

@@ -390,6 +390,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 *slot = residual;
             }
         }
+        // The copies of the residuals before the step serve the next step.
+        for (buffers, before) in self.buffers.iter_mut().zip(scratch.before.drain(..)) {
+            if before.is_some() {
+                buffers.residual_before = before;
+            }
+        }
         Ok(true)
     }
 
