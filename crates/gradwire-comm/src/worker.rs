@@ -405,6 +405,12 @@ mod tests {
         assert_eq!(behind.wait(), Err(lost.clone()));
         assert!(!ran.load(Ordering::SeqCst));
         assert_eq!(worker.submit(|_| Ok(())).err(), Some(lost));
+        // The announcement starts right after the queue is emptied, on the
+        // lane's thread: wait for it (it then waits to be interrupted).
+        let asked = Instant::now();
+        while announced.load(Ordering::SeqCst) == 0 && asked.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert_eq!(announced.load(Ordering::SeqCst), 1);
         // The drop cuts the announcement short after the grace period.
         let start = Instant::now();
