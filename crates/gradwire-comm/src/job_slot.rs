@@ -24,7 +24,13 @@ pub trait AsyncJob<C>: Send + 'static {
 }
 
 /// The reusable home of one asynchronous job at a time of type `J`, kept by
-/// the caller between submissions (see the [module docs](self)).
+/// the caller between submissions of
+/// [`Communicator::run_job`](crate::Communicator::run_job).
+///
+/// It holds one cell: the job while it is queued, then its result until
+/// the handle takes it. Submitting through a slot whose last handle was
+/// waited for reuses the cell (no allocation); one whose last handle was
+/// dropped without waiting, or whose job still runs, gets a new cell.
 pub struct JobSlot<J, R> {
     cell: Option<Arc<Cell<J, R>>>,
 }
