@@ -36,37 +36,35 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
     v.iter().flatten().map(|x| x.to_bits()).collect()
 }
 
+/// Optimizer `O` with `config` on 1 to 8 workers: every worker bitwise
+/// equal, and equal to one process on the global batch (within
+/// [`first_far`]'s tolerance).
+fn equals_one_process<O: candle_nn::Optimizer>(name: &str, config: O::Config)
+where
+    O::Config: Clone + Sync,
+{
+    let (want, _) = single::<O>(config.clone()).unwrap();
+    for world in 1..=8 {
+        let results = parallel::<O>(world, config.clone(), DistOptConfig::default());
+        for (rank, (got, _)) in results.iter().enumerate() {
+            assert_eq!(
+                bits(got),
+                bits(&results[0].0),
+                "{name}, W = {world}: rank {rank} differs"
+            );
+        }
+        assert_eq!(first_far(&results[0].0, &want), None, "{name}, W = {world}");
+    }
+}
+
 #[test]
 fn sgd_and_adamw_on_1_to_8_workers_equal_one_process_on_the_global_batch() {
-    let (sgd_want, _) = single::<SGD>(0.5).unwrap();
+    equals_one_process::<SGD>("sgd", 0.5);
     let adamw = ParamsAdamW {
         lr: 0.01,
         ..ParamsAdamW::default()
     };
-    let (adamw_want, _) = single::<AdamW>(adamw.clone()).unwrap();
-    for world in 1..=8 {
-        for (name, results, want) in [
-            (
-                "sgd",
-                parallel::<SGD>(world, 0.5, DistOptConfig::default()),
-                &sgd_want,
-            ),
-            (
-                "adamw",
-                parallel::<AdamW>(world, adamw.clone(), DistOptConfig::default()),
-                &adamw_want,
-            ),
-        ] {
-            for (rank, (got, _)) in results.iter().enumerate() {
-                assert_eq!(
-                    bits(got),
-                    bits(&results[0].0),
-                    "{name}, W = {world}: rank {rank} differs"
-                );
-            }
-            assert_eq!(first_far(&results[0].0, want), None, "{name}, W = {world}");
-        }
-    }
+    equals_one_process::<AdamW>("adamw", adamw);
 }
 
 /// gradwire's own update rules through gradwire-candle (SGD with momentum,
@@ -75,32 +73,8 @@ fn sgd_and_adamw_on_1_to_8_workers_equal_one_process_on_the_global_batch() {
 #[test]
 fn sgd_with_momentum_and_gradwire_adamw_on_1_to_8_workers_equal_one_process() {
     let sgd = SgdConfig::default().lr(0.2).momentum(0.9);
-    let adamw = AdamConfig::adamw().lr(0.01);
-    let (sgd_want, _) = single::<gradwire_candle::Sgd>(sgd.clone()).unwrap();
-    let (adamw_want, _) = single::<gradwire_candle::AdamW>(adamw.clone()).unwrap();
-    for world in 1..=8 {
-        for (name, results, want) in [
-            (
-                "sgd, momentum 0.9",
-                parallel::<gradwire_candle::Sgd>(world, sgd.clone(), DistOptConfig::default()),
-                &sgd_want,
-            ),
-            (
-                "gradwire adamw",
-                parallel::<gradwire_candle::AdamW>(world, adamw.clone(), DistOptConfig::default()),
-                &adamw_want,
-            ),
-        ] {
-            for (rank, (got, _)) in results.iter().enumerate() {
-                assert_eq!(
-                    bits(got),
-                    bits(&results[0].0),
-                    "{name}, W = {world}: rank {rank} differs"
-                );
-            }
-            assert_eq!(first_far(&results[0].0, want), None, "{name}, W = {world}");
-        }
-    }
+    equals_one_process::<gradwire_candle::Sgd>("sgd, momentum 0.9", sgd);
+    equals_one_process::<gradwire_candle::AdamW>("gradwire adamw", AdamConfig::adamw().lr(0.01));
 }
 
 #[test]
