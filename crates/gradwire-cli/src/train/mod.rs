@@ -1,15 +1,15 @@
 //! One data-parallel training run: W workers (LocalComm threads, or any
-//! Communicator), each taking its share of every global batch, combined by
-//! DistOpt in the chosen strategy; per-epoch records of loss, accuracy,
-//! traffic and time; checkpoints that resume bitwise.
+//! Communicator), each taking its share of every global batch, combined
+//! through gradwire-candle in the chosen strategy; per-epoch records of
+//! loss, accuracy, traffic and time (`report.rs`); checkpoints that resume
+//! bitwise (`resume.rs`).
 //!
 //! Every worker runs the same loop: the global batch of `world * batch`
 //! samples comes from the epoch's seeded order, worker `r` takes samples
-//! `r, r + W, ...` of it, computes loss and gradients, pushes the gradients
-//! to DistOpt in backward order (buckets leave while later gradients are
-//! still being pushed) and finishes the step. DimReduce's first stage is a
-//! dense run that records the trajectory; at its end every worker fits the
-//! same components from the same snapshots and switches DistOpt's mode.
+//! `r, r + W, ...` of it, computes loss and gradients with candle and
+//! steps through its engine (`crate::engine`). DimReduce's first stage is
+//! a dense run that records the trajectory; at its end every worker fits
+//! the same components from the same snapshots and switches DistOpt's mode.
 
 use crate::config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 use crate::data::{Digits, epoch_order};
@@ -20,125 +20,25 @@ use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{HalfPrecision, Traffic};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_compress::SparseCodec;
-use gradwire_optim::checkpoint::{self, Checkpoint};
+use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
     RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, UpdateRule,
 };
-use gradwire_tensor::Tensor;
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+mod report;
+mod resume;
+
+pub use report::{EpochRecord, Observer, RunReport, Silent};
+pub use resume::CheckpointPlan;
+use resume::{PCA_FILE, rank_file, saved_config};
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
 
 /// Test accuracy that counts as "trained" in reports.
 pub const TARGET_ACCURACY: f64 = 0.95;
-
-/// What one epoch did (rank 0's view; the loss is averaged over workers).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EpochRecord {
-    /// 1-based.
-    pub epoch: usize,
-    /// Mean training loss over the epoch's steps and the workers.
-    pub train_loss: f64,
-    /// Accuracy on the held-out test set.
-    pub test_accuracy: f64,
-    /// Bytes one worker sent during the epoch (ring model).
-    pub bytes_sent: u64,
-    /// Bytes one worker sent since the start of the run.
-    pub bytes_total: u64,
-    /// What dense f32 all-reduce would have sent so far, divided by what was
-    /// sent (1 for dense, 100 for a 1 % selection...).
-    pub compression: f64,
-    /// Seconds computing (forward, backward, handing gradients over).
-    pub compute_secs: f64,
-    /// Seconds waiting for communication in `finish`.
-    pub comm_secs: f64,
-    /// Seconds for the whole epoch.
-    pub wall_secs: f64,
-    /// DimReduce: the fraction of this epoch's line searches that took a step.
-    pub line_search_accepted: Option<f64>,
-}
-
-/// A whole run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunReport {
-    /// The strategy and what sets it apart ("topk 1 %").
-    pub label: String,
-    /// The configuration it ran with.
-    pub config: TrainConfig,
-    /// One record per epoch, resumed ones included.
-    pub epochs: Vec<EpochRecord>,
-    /// FNV-1a of rank 0's final parameter bits: equal checksums mean
-    /// bitwise-equal models.
-    pub param_checksum: String,
-}
-
-impl RunReport {
-    /// Test accuracy after the last epoch.
-    pub fn final_accuracy(&self) -> f64 {
-        self.epochs.last().map_or(0.0, |e| e.test_accuracy)
-    }
-
-    /// The best test accuracy of any epoch.
-    pub fn best_accuracy(&self) -> f64 {
-        self.epochs
-            .iter()
-            .map(|e| e.test_accuracy)
-            .fold(0.0, f64::max)
-    }
-
-    /// The first epoch whose test accuracy reached `target`.
-    pub fn epochs_to(&self, target: f64) -> Option<usize> {
-        self.epochs
-            .iter()
-            .find(|e| e.test_accuracy >= target)
-            .map(|e| e.epoch)
-    }
-
-    /// Bytes one worker sent over the run.
-    pub fn bytes_per_worker(&self) -> u64 {
-        self.epochs.last().map_or(0, |e| e.bytes_total)
-    }
-
-    /// Dense bytes over bytes sent, for the whole run.
-    pub fn compression(&self) -> f64 {
-        self.epochs.last().map_or(1.0, |e| e.compression)
-    }
-
-    /// Seconds over all epochs.
-    pub fn wall_secs(&self) -> f64 {
-        self.epochs.iter().map(|e| e.wall_secs).sum()
-    }
-}
-
-/// Hooks the run calls on rank 0, for progress bars and tables.
-pub trait Observer: Sync {
-    /// An epoch of `steps` steps begins.
-    fn epoch_started(&self, _epoch: usize, _steps: usize) {}
-    /// One step finished.
-    fn step_done(&self) {}
-    /// An epoch finished.
-    fn epoch_done(&self, _record: &EpochRecord) {}
-}
-
-/// An observer that does nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Silent;
-
-impl Observer for Silent {}
-
-/// Where checkpoints go, and whether to continue from them.
-#[derive(Debug, Clone)]
-pub struct CheckpointPlan {
-    /// One `rank<r>.ckpt` per worker, after every epoch, and DimReduce's
-    /// `pca.safetensors`.
-    pub dir: PathBuf,
-    /// Continue from the checkpoints in `dir`.
-    pub resume: bool,
-}
 
 /// Trains `config` on `data` with `config.world` LocalComm workers; returns
 /// rank 0's report.
@@ -301,27 +201,6 @@ pub fn train_rank<C: Communicator + 'static>(
             },
         ),
     }
-}
-
-/// The checkpoint keys of the run's own state.
-const KEY_EPOCH: &str = "gradwire-cli/epoch";
-const KEY_CONFIG: &str = "gradwire-cli/config";
-const KEY_HISTORY: &str = "gradwire-cli/history";
-const KEY_TRAJECTORY: &str = "gradwire-cli/trajectory";
-const PCA_FILE: &str = "pca.safetensors";
-
-/// The run configuration a checkpoint was written with.
-fn saved_config(ckpt: &Checkpoint) -> Result<TrainConfig> {
-    let value = ckpt
-        .values
-        .get(KEY_CONFIG)
-        .cloned()
-        .ok_or_else(|| CliError::Resume("the checkpoint holds no run configuration".into()))?;
-    Ok(serde_json::from_value(value)?)
-}
-
-fn rank_file(dir: &Path, rank: usize) -> PathBuf {
-    dir.join(format!("rank{rank}.ckpt"))
 }
 
 /// Everything a worker's loop reads.
@@ -531,101 +410,5 @@ impl Run<'_> {
             epochs: history,
             param_checksum: model.checksum()?,
         }))
-    }
-
-    /// Writes this rank's checkpoint after `epochs_done` epochs.
-    #[allow(clippy::too_many_arguments)]
-    fn save<R: UpdateRule, C: Communicator + 'static>(
-        &self,
-        dir: &Path,
-        rank: usize,
-        engine: &Engine<R, C>,
-        model: &Model,
-        recorder: &TrajectoryRecorder,
-        history: &[EpochRecord],
-        epochs_done: usize,
-        dimreduce: bool,
-    ) -> Result<()> {
-        let mut ckpt = engine.checkpoint(model)?;
-        ckpt.values.insert(KEY_EPOCH.into(), epochs_done.into());
-        ckpt.values
-            .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
-        ckpt.values
-            .insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
-        if self.config.strategy == Strategy::Dimreduce && !dimreduce && !recorder.is_empty() {
-            let rows: Vec<f32> = recorder.snapshots().flatten().copied().collect();
-            let width = rows.len() / recorder.len();
-            ckpt.tensors.insert(
-                KEY_TRAJECTORY.into(),
-                Tensor::from_vec(rows, vec![recorder.len(), width])?,
-            );
-        }
-        checkpoint::save(rank_file(dir, rank), &ckpt)?;
-        Ok(())
-    }
-
-    /// Restores the trajectory and the history from `ckpt` (the engine
-    /// restores the model); returns the epochs already done.
-    fn resume(
-        &self,
-        ckpt: &Checkpoint,
-        recorder: &mut TrajectoryRecorder,
-        history: &mut Vec<EpochRecord>,
-    ) -> Result<usize> {
-        let bad = |m: &str| CliError::Resume(m.to_string());
-        let saved = saved_config(ckpt)?;
-        // Only the length of the run may change.
-        let comparable = TrainConfig {
-            epochs: self.config.epochs,
-            ..saved.clone()
-        };
-        if &comparable != self.config {
-            let (then, now) = (
-                serde_json::to_value(&comparable)?,
-                serde_json::to_value(self.config)?,
-            );
-            let differences: Vec<String> = then
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter(|(k, v)| now.get(k.as_str()) != Some(*v))
-                .map(|(k, v)| {
-                    format!(
-                        "{k} was {v}, now {}",
-                        now.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
-                    )
-                })
-                .collect();
-            return Err(CliError::Resume(format!(
-                "the checkpoint is of another run ({})",
-                differences.join("; ")
-            )));
-        }
-        let done = ckpt
-            .values
-            .get(KEY_EPOCH)
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| bad("the checkpoint holds no epoch count"))? as usize;
-        if done > self.config.epochs {
-            return Err(CliError::Resume(format!(
-                "the checkpoint is after epoch {done}, the run has {} epochs",
-                self.config.epochs
-            )));
-        }
-        *history = serde_json::from_value(
-            ckpt.values
-                .get(KEY_HISTORY)
-                .cloned()
-                .ok_or_else(|| bad("the checkpoint holds no history"))?,
-        )?;
-        if let Some(rows) = ckpt.tensors.get(KEY_TRAJECTORY) {
-            let width = rows.dims().get(1).copied().unwrap_or(0);
-            let flat = rows.to_vec::<f32>()?;
-            for row in flat.chunks(width.max(1)) {
-                let t = Tensor::from_vec(row.to_vec(), row.len())?;
-                recorder.record(&[&t])?;
-            }
-        }
-        Ok(done)
     }
 }
