@@ -27,8 +27,9 @@
 //!   which may never call the lane again) is cut short after
 //!   [`ANNOUNCE_GRACE`] by poisoning the lane from the dropping thread.
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -69,11 +70,6 @@ pub(crate) const ANNOUNCE_GRACE: Duration = Duration::from_secs(2);
 
 /// A job: run on the lane (`Ok`), or refused with the lane's error (`Err`).
 type Job<C> = Box<dyn FnOnce(std::result::Result<&C, CommError>) -> Ran + Send>;
-
-/// How many jobs may wait in a rank's queue; a submission beyond waits for
-/// room. A bounded queue is one preallocated ring: queuing allocates
-/// nothing.
-const QUEUE_CAPACITY: usize = 1024;
 
 /// A job in a reusable cell ([`JobSlot`]), its type erased for the queue.
 pub(crate) trait Runnable<C>: Send + Sync {
@@ -165,19 +161,30 @@ pub(crate) enum Ran {
     Refused,
 }
 
-/// The queue and the lane's state, under one lock. A job queued while the
-/// lane is being found lost is refused when the thread reaches it (the
-/// thread checks the state before every job), so its handle still gets the
-/// lane's error.
+/// The queue and the lane's state, under one lock, so that no job can be
+/// queued after the lane was found lost.
 struct State<C> {
-    jobs: Option<mpsc::SyncSender<Item<C>>>,
+    /// The jobs waiting, in order. Unbounded, like MPI's nonblocking calls
+    /// (a bounded queue could deadlock a rank that queues many jobs before
+    /// a blocking call); it grows when needed and never shrinks, so queuing
+    /// allocates nothing in steady state.
+    jobs: VecDeque<Item<C>>,
+    /// No more jobs are taken (the worker is dropped): the thread ends once
+    /// the queue is empty.
+    closed: bool,
     /// Why the lane is lost, once it is: every later job fails with it.
     lost: Option<CommError>,
 }
 
+/// The state and the condition the thread waits on for jobs.
+struct Shared<C> {
+    state: Mutex<State<C>>,
+    ready: Condvar,
+}
+
 /// A rank's asynchronous lane: the thread and its queue.
 pub(crate) struct Worker<C> {
-    state: Arc<Mutex<State<C>>>,
+    shared: Arc<Shared<C>>,
     thread: Option<JoinHandle<()>>,
     /// Disconnected when the thread ends (its sender is dropped there).
     finished: mpsc::Receiver<()>,
@@ -192,23 +199,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl<C: Lane> Worker<C> {
     /// Starts the thread `name` owning `lane`, rank `rank`'s lane.
     pub(crate) fn start(name: String, rank: usize, lane: C) -> Result<Worker<C>> {
-        let (jobs, queue) = mpsc::sync_channel::<Item<C>>(QUEUE_CAPACITY);
         let (finishing, finished) = mpsc::channel::<()>();
-        let state = Arc::new(Mutex::new(State {
-            jobs: Some(jobs),
-            lost: None,
-        }));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                jobs: VecDeque::new(),
+                closed: false,
+                lost: None,
+            }),
+            ready: Condvar::new(),
+        });
         let interrupt = lane.interrupter();
-        let shared = Arc::clone(&state);
+        let theirs = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
                 let _finishing = finishing;
-                serve(&lane, rank, &queue, &shared);
+                serve(&lane, rank, &theirs);
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start a comm thread: {e}")))?;
         Ok(Worker {
-            state,
+            shared,
             thread: Some(thread),
             finished,
             interrupt,
@@ -271,25 +281,45 @@ impl<C: Lane> Worker<C> {
 
     /// Puts `item` in the queue, unless the lane is lost or stopped.
     fn queue(&self, item: Item<C>) -> Result<()> {
-        let state = lock(&self.state);
+        let mut state = lock(&self.shared.state);
         if let Some(lost) = &state.lost {
             return Err(lost.clone());
         }
-        let jobs = state.jobs.clone().ok_or(CommError::WorkerStopped)?;
-        // Not under the lock: a full queue waits for room.
+        if state.closed {
+            return Err(CommError::WorkerStopped);
+        }
+        state.jobs.push_back(item);
         drop(state);
-        jobs.send(item).map_err(|_| CommError::WorkerStopped)
+        self.shared.ready.notify_one();
+        Ok(())
+    }
+}
+
+/// The next job, waiting for one; `None` once the queue is closed and empty.
+fn next_job<C>(shared: &Shared<C>) -> Option<Item<C>> {
+    let mut state = lock(&shared.state);
+    loop {
+        if let Some(job) = state.jobs.pop_front() {
+            return Some(job);
+        }
+        if state.closed {
+            return None;
+        }
+        state = shared
+            .ready
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner);
     }
 }
 
 /// The thread's loop: runs the jobs in order until the queue closes.
-fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Item<C>>, state: &Mutex<State<C>>) {
+fn serve<C: Lane>(lane: &C, rank: usize, shared: &Shared<C>) {
     let lose = |err: &CommError| {
-        let mut state = lock(state);
+        let mut state = lock(&shared.state);
         state.lost.get_or_insert_with(|| err.clone()).clone()
     };
-    for job in queue {
-        let lost = lock(state).lost.clone().or_else(|| lane.poisoned());
+    while let Some(job) = next_job(shared) {
+        let lost = lock(&shared.state).lost.clone().or_else(|| lane.poisoned());
         if let Some(err) = lost {
             job.run(Err(lose(&err)), rank);
             continue;
@@ -309,7 +339,8 @@ fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Item<C>>, state:
                 });
                 // The jobs already queued fail now, not after the
                 // announcement (which may wait for the peers).
-                while let Ok(job) = queue.try_recv() {
+                let queued = std::mem::take(&mut lock(&shared.state).jobs);
+                for job in queued {
                     job.run(Err(err.clone()), rank);
                 }
                 lane.announce_lost(&err);
@@ -320,14 +351,15 @@ fn serve<C: Lane>(lane: &C, rank: usize, queue: &mpsc::Receiver<Item<C>>, state:
 
 impl<C> Drop for Worker<C> {
     fn drop(&mut self) {
-        lock(&self.state).jobs = None;
+        lock(&self.shared.state).closed = true;
+        self.shared.ready.notify_all();
         // Queued jobs finish (they are collectives the peers also run); a
         // lost lane's announcement gets a grace period, then is cut short.
         let mut lost_since: Option<Instant> = None;
         while let Err(mpsc::RecvTimeoutError::Timeout) =
             self.finished.recv_timeout(Duration::from_millis(20))
         {
-            let lost = lock(&self.state).lost.clone();
+            let lost = lock(&self.shared.state).lost.clone();
             if let Some(err) = lost {
                 let since = *lost_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= ANNOUNCE_GRACE {

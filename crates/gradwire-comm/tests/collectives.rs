@@ -411,3 +411,46 @@ fn the_world_shares_nothing_with_a_second_world() {
     });
     assert_eq!(out, vec![1.0, 1.0, 5.0, 5.0]);
 }
+
+/// The asynchronous queue takes any number of jobs, like MPI's nonblocking
+/// calls: even ranks queue 3000 collective jobs and then make a blocking
+/// call on the parent communicator, odd ranks make that call first and
+/// queue afterwards (a valid order: they are different communicators). A
+/// bounded queue would leave an even rank blocked in `run_async` (its lane
+/// waiting for an odd rank's jobs) while the odd rank waits in the barrier.
+#[test]
+fn thousands_of_queued_jobs_before_a_blocking_call_do_not_deadlock() {
+    const JOBS: usize = 3000;
+    let out = gradwire_comm::local::run(3, |comm| {
+        let queue_all = || {
+            (0..JOBS)
+                .map(|i| {
+                    comm.run_async(move |lane| {
+                        let mut x = [i as u32];
+                        lane.all_reduce(&mut x, gradwire_comm::ReduceOp::Sum)?;
+                        Ok(x[0])
+                    })
+                })
+                .collect::<gradwire_comm::Result<Vec<_>>>()
+        };
+        let handles = if comm.rank() % 2 == 0 {
+            let handles = queue_all()?;
+            comm.barrier()?;
+            handles
+        } else {
+            comm.barrier()?;
+            queue_all()?
+        };
+        let sums: Vec<u32> = handles
+            .into_iter()
+            .map(gradwire_comm::Pending::wait)
+            .collect::<gradwire_comm::Result<_>>()?;
+        Ok::<_, gradwire_comm::CommError>(sums)
+    })
+    .unwrap();
+    for sums in out {
+        let sums = sums.unwrap();
+        assert_eq!(sums.len(), JOBS);
+        assert!(sums.iter().enumerate().all(|(i, &s)| s == 3 * i as u32));
+    }
+}
