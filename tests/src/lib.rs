@@ -20,8 +20,12 @@
 //!   `candle_training` case runs it on every backend.
 //! - `fault_matrix.rs`: DistOpt under injected faults (gradwire-cli's
 //!   fault matrix), every mode, 1 to 8 ranks.
+//! - `mpi_faults.rs` (feature `mpi`): MpiComm's failure model under
+//!   `mpirun` (deadlines, a killed rank); [`mpirun`] starts it and
+//!   `conformance_mpi.rs`.
 
 #![deny(missing_docs)]
 
 pub mod candle_model;
 pub mod conformance;
+pub mod mpirun;

@@ -170,8 +170,7 @@ fn test(test_args: &[String]) -> Result {
     step("cargo test", || {
         run(cargo().args(["test", "--workspace", "--"]).args(test_args))
     })?;
-    // MpiComm's unit tests, and its failure model under mpirun
-    // (`tests/mpi_faults.rs` starts itself there; required, as below).
+    // MpiComm's unit tests.
     step("cargo test (feature mpi)", || {
         run(cargo()
             .args([
@@ -181,16 +180,16 @@ fn test(test_args: &[String]) -> Result {
                 "--features",
                 "mpi",
                 "--lib",
-                "--test",
-                "mpi_faults",
                 "--",
             ])
             .args(test_args)
             .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
-    // The conformance suite on MpiComm under mpirun, W = 1..=4. CI must run
-    // it: with GRADWIRE_REQUIRE_MPI=1 a missing MPI fails instead of skipping.
-    step("MPI conformance suite (mpirun)", || {
+    // The conformance suite on MpiComm under mpirun, W = 1..=4, and
+    // MpiComm's failure model there (`tests/mpi_faults.rs` starts itself
+    // under mpirun). CI must run them: with GRADWIRE_REQUIRE_MPI=1 a missing
+    // MPI fails instead of skipping.
+    step("MPI conformance suite and fault tests (mpirun)", || {
         run(cargo()
             .args([
                 "test",
@@ -200,6 +199,8 @@ fn test(test_args: &[String]) -> Result {
                 "mpi",
                 "--test",
                 "conformance_mpi",
+                "--test",
+                "mpi_faults",
                 "--",
             ])
             .args(test_args)

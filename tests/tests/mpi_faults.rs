@@ -28,9 +28,8 @@
 //! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
 
 use gradwire_comm::{CommError, Communicator, MpiComm, MpiConfig, ReduceOp};
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use gradwire_tests::mpirun;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 /// The argument that makes this binary a rank.
@@ -66,106 +65,18 @@ fn main() -> ExitCode {
 
 // ---------------------------------------------------------------- launcher
 
-/// Skips loudly, or fails when MPI is required.
+/// The SKIP (or the failure, when MPI is required).
 fn unavailable(why: &str) -> ExitCode {
-    let required = std::env::var("GRADWIRE_REQUIRE_MPI").is_ok_and(|v| v == "1");
-    let banner = format!(
-        "\n==================== SKIP ====================\n\
-         MpiComm fault tests NOT RUN: {why}\n\
-         (needs Open MPI's mpirun; GRADWIRE_REQUIRE_MPI=1 makes this a failure)\n\
-         ==============================================\n"
-    );
-    let _ = std::io::stderr().write_all(banner.as_bytes());
-    if required {
-        eprintln!("GRADWIRE_REQUIRE_MPI=1 but the MPI fault tests cannot run: {why}");
-        ExitCode::FAILURE
-    } else {
+    let run = "run `cargo test -p gradwire-tests --features mpi --test mpi_faults`";
+    if mpirun::skip("MpiComm fault tests", why, run) {
         ExitCode::SUCCESS
-    }
-}
-
-fn on_path(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|p| p.is_file())
-    })
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let uids = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-            Some(uids.split_whitespace().nth(1)? == "0")
-        })
-        .unwrap_or(false)
-}
-
-/// Runs this binary as `world` ranks; returns (success, output, duration).
-fn run(mpirun: &Path, binary: &Path, world: usize) -> (bool, String, Duration) {
-    run_with(mpirun, binary, world, RANK_FLAG, RUN_LIMIT)
-}
-
-fn run_with(
-    mpirun: &Path,
-    binary: &Path,
-    world: usize,
-    flag: &str,
-    limit: Duration,
-) -> (bool, String, Duration) {
-    let mut command = Command::new(mpirun);
-    if is_root() {
-        command.arg("--allow-run-as-root");
-    }
-    command
-        .args(["--oversubscribe", "-np", &world.to_string()])
-        .args(["--mca", "btl", "self,vader"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .arg(binary)
-        .arg(flag)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let start = Instant::now();
-    let mut child = command.spawn().expect("mpirun starts");
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = out.read_to_string(&mut text);
-        text
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = err.read_to_string(&mut text);
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for mpirun") {
-            break Some(status);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let took = start.elapsed();
-    let text = format!(
-        "{}{}",
-        reader.join().unwrap_or_default(),
-        err_reader.join().unwrap_or_default()
-    );
-    match status {
-        Some(status) => (status.success(), text, took),
-        None => (false, format!("{text}\n(killed after {limit:?})"), took),
+    } else {
+        ExitCode::FAILURE
     }
 }
 
 fn launch() -> ExitCode {
-    let Some(mpirun) = on_path("mpirun") else {
+    let Some(mpirun) = mpirun::mpirun() else {
         return unavailable("`mpirun` is not on the PATH (Debian: apt-get install openmpi-bin)");
     };
     let binary = match std::env::current_exe() {
@@ -174,7 +85,8 @@ fn launch() -> ExitCode {
     };
     let mut failed = false;
     for world in 1..=4 {
-        let (ok, output, took) = run(&mpirun, &binary, world);
+        let mpirun::Run { ok, output, took } =
+            mpirun::run(&mpirun, &binary, &[RANK_FLAG], world, RUN_LIMIT);
         let passed = format!("mpi_faults: every scenario passed on {world} rank(s)");
         let ok = ok && output.contains(&passed);
         println!(
@@ -185,7 +97,8 @@ fn launch() -> ExitCode {
         failed |= !ok;
     }
     // SIGKILL: the job ends, promptly and as a failure, on every rank.
-    let (ok, output, took) = run_with(&mpirun, &binary, 3, KILL_FLAG, KILL_LIMIT);
+    let mpirun::Run { ok, output, took } =
+        mpirun::run(&mpirun, &binary, &[KILL_FLAG], 3, KILL_LIMIT);
     let completed = output.contains("sigkill: loop completed");
     let prompt = took < KILL_LIMIT;
     let good = !ok && !completed && prompt;
