@@ -381,14 +381,13 @@ pub fn sparse_costs_more(largest: usize, n: usize, world: usize) -> bool {
 /// A fingerprint of a selection's indices (FNV-1a over their bytes, with
 /// the count): equal selections have equal fingerprints.
 fn index_fingerprint(indices: &[u32]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ indices.len() as u64;
+    use std::hash::Hasher;
+    let mut hash = fnv::FnvHasher::default();
+    hash.write_u64(indices.len() as u64);
     for i in indices {
-        for byte in i.to_le_bytes() {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        hash.write(&i.to_le_bytes());
     }
-    hash
+    hash.finish()
 }
 
 /// [`all_reduce`] on the communication thread.

@@ -243,18 +243,16 @@ impl Model {
     /// FNV-1a over the bits of every parameter (name order): equal
     /// checksums mean bitwise-equal models.
     pub fn checksum(&self) -> Result<String> {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        use std::hash::Hasher;
+        let mut hash = fnv::FnvHasher::default();
         for (_, var) in &self.vars {
             gradwire_candle::with_values(var.as_tensor(), |values| {
                 for v in values {
-                    for byte in v.to_bits().to_le_bytes() {
-                        hash ^= u64::from(byte);
-                        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-                    }
+                    hash.write(&v.to_bits().to_le_bytes());
                 }
             })?;
         }
-        Ok(format!("{hash:016x}"))
+        Ok(format!("{:016x}", hash.finish()))
     }
 }
 

@@ -89,10 +89,11 @@ impl RankRecord {
             });
             words.push(t.as_micros() as u64);
         }
-        let digest = self.params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        words.push(digest);
+        let mut digest = fnv::FnvHasher::default();
+        for bits in &self.params {
+            std::hash::Hasher::write(&mut digest, &bits.to_le_bytes());
+        }
+        words.push(std::hash::Hasher::finish(&digest));
         words
     }
 
