@@ -239,6 +239,30 @@ struct ParamHeader {
     buffers: Vec<String>,
 }
 
+/// The JSON header of parameter `name`'s state, every buffer checked to
+/// hold the shape's element count ([`OptimError::ShapeMismatch`]; a shape
+/// whose size overflows is [`OptimError::InvalidArgument`]).
+fn param_header(name: &str, p: &ParamState) -> Result<ParamHeader> {
+    let n = checked_elems(&p.shape).ok_or_else(|| {
+        OptimError::InvalidArgument(format!(
+            "checkpoint: parameter {name:?}: shape {:?} overflows",
+            p.shape
+        ))
+    })?;
+    if let Some((buffer, values)) = p.buffers.iter().find(|(_, b)| b.len() != n) {
+        return Err(OptimError::ShapeMismatch {
+            what: format!("checkpoint: buffer {buffer:?} of parameter {name:?}"),
+            expected: p.shape.clone(),
+            got: vec![values.len()],
+        });
+    }
+    Ok(ParamHeader {
+        shape: p.shape.clone(),
+        updates: p.updates,
+        buffers: p.buffers.keys().cloned().collect(),
+    })
+}
+
 /// The tensor name of buffer `buffer` of parameter `param`.
 fn optim_name(param: &str, buffer: &str) -> String {
     format!("{OPTIM_PREFIX}{param}/{buffer}")
@@ -332,20 +356,8 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
     let mut names = BTreeSet::new();
     let mut params = BTreeMap::new();
     for (pname, p) in &state.params {
-        let n = checked_elems(&p.shape).ok_or_else(|| {
-            OptimError::InvalidArgument(format!(
-                "checkpoint: parameter {pname:?}: shape {:?} overflows",
-                p.shape
-            ))
-        })?;
+        let header = param_header(pname, p)?;
         for (bname, buf) in &p.buffers {
-            if buf.len() != n {
-                return Err(OptimError::ShapeMismatch {
-                    what: format!("checkpoint: buffer {bname:?} of parameter {pname:?}"),
-                    expected: p.shape.clone(),
-                    got: vec![buf.len()],
-                });
-            }
             let tname = optim_name(pname, bname);
             if !names.insert(tname.clone()) {
                 return Err(OptimError::InvalidArgument(format!(
@@ -361,14 +373,7 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
                 },
             ));
         }
-        params.insert(
-            pname.clone(),
-            ParamHeader {
-                shape: p.shape.clone(),
-                updates: p.updates,
-                buffers: p.buffers.keys().cloned().collect(),
-            },
-        );
+        params.insert(pname.clone(), header);
     }
     for (name, t) in &ckpt.tensors {
         let data = match t.dtype() {

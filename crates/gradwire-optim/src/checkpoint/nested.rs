@@ -3,7 +3,7 @@
 //! its JSON among the values, its buffers among the extra tensors, in the
 //! same atomically written file.
 
-use super::{Checkpoint, ParamHeader, checked_elems, corrupt};
+use super::{Checkpoint, ParamHeader, checked_elems, corrupt, param_header};
 use crate::error::{OptimError, Result};
 use crate::state::{OptimizerState, ParamState};
 use gradwire_tensor::{DType, Tensor};
@@ -30,34 +30,23 @@ impl Checkpoint {
     /// in the same file, so it is saved and replaced atomically with the
     /// rest. Replaces a state stored under `prefix` before.
     pub fn insert_optimizer_state(&mut self, prefix: &str, state: &OptimizerState) -> Result<()> {
-        self.remove_optimizer_state(prefix);
-        let mut params = BTreeMap::new();
+        // Everything checked before anything changes.
+        let params = state
+            .params
+            .iter()
+            .map(|(name, p)| Ok((name.clone(), param_header(name, p)?)))
+            .collect::<Result<BTreeMap<_, _>>>()?;
+        let mut buffers = Vec::new();
         for (name, p) in &state.params {
-            let n = checked_elems(&p.shape).ok_or_else(|| {
-                OptimError::InvalidArgument(format!("{name}: shape {:?} overflows", p.shape))
-            })?;
             for (buffer, values) in &p.buffers {
-                if values.len() != n {
-                    return Err(OptimError::ShapeMismatch {
-                        what: format!("buffer {buffer} of {name}"),
-                        expected: p.shape.clone(),
-                        got: vec![values.len()],
-                    });
-                }
-                self.tensors.insert(
+                buffers.push((
                     format!("{prefix}/{name}/{buffer}"),
                     Tensor::from_vec(values.clone(), p.shape.clone())?,
-                );
+                ));
             }
-            params.insert(
-                name.clone(),
-                ParamHeader {
-                    shape: p.shape.clone(),
-                    updates: p.updates,
-                    buffers: p.buffers.keys().cloned().collect(),
-                },
-            );
         }
+        self.remove_optimizer_state(prefix);
+        self.tensors.extend(buffers);
         let nested = NestedState {
             kind: state.kind.clone(),
             step: state.step,
@@ -161,6 +150,17 @@ mod tests {
         ckpt.insert_optimizer_state("x", &empty).unwrap();
         assert_eq!(ckpt.optimizer_state("x").unwrap(), Some(empty));
         assert!(!ckpt.tensors.keys().any(|k| k.starts_with("x/")));
+        // A state whose buffer has the wrong length changes nothing.
+        let mut bad = adam_state();
+        if let Some(p) = bad.params.get_mut("w") {
+            p.buffers.insert("m".into(), vec![0.0; 2]);
+        }
+        let before = ckpt.clone();
+        assert!(matches!(
+            ckpt.insert_optimizer_state("x", &bad),
+            Err(OptimError::ShapeMismatch { .. })
+        ));
+        assert_eq!(ckpt, before);
     }
 
     #[test]
