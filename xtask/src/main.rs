@@ -57,8 +57,9 @@ Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings
                        (default features, then mpi + cuda + nccl), cargo check with
-                       cuda + nccl, cargo test --workspace, the MPI backend's tests
-                       and the conformance suite under mpirun (GRADWIRE_REQUIRE_MPI=1),
+                       cuda + nccl, cargo test --workspace, MpiComm's unit tests, the
+                       conformance suite and the MPI fault tests under mpirun
+                       (GRADWIRE_REQUIRE_MPI=1),
                        ptxas on every PTX file (sm_70, sm_80, sm_90), the CUDA and
                        NCCL tests (SKIP without a GPU), cargo doc with warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.

@@ -9,7 +9,7 @@
 //! over. [`crate::DataParallel`] keeps no copy of the parameters and is
 //! the lighter choice for the gradient-combining modes.
 
-use crate::vars::{specs_of, with_values, write_values};
+use crate::vars::{parameters_in, parameters_of, specs_of, with_values, write_values};
 use crate::wrap;
 use candle_core::Var;
 use candle_core::backprop::GradStore;
@@ -26,16 +26,6 @@ pub struct DistOptVars<O: Optimizer, C: Communicator + 'static> {
     /// gradwire's copy of each variable, in declaration order.
     params: Vec<GwTensor>,
     last: StepStats,
-}
-
-/// gradwire copies of `vars`' values.
-fn copies(vars: &[(String, Var)]) -> candle_core::Result<Vec<GwTensor>> {
-    vars.iter()
-        .map(|(_, var)| {
-            let values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
-            GwTensor::from_vec(values, var.dims().to_vec()).map_err(wrap)
-        })
-        .collect()
 }
 
 impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
@@ -67,7 +57,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
 
     fn from_dist(vars: Vec<(String, Var)>, dist: DistOpt<O, C>) -> candle_core::Result<Self> {
         Ok(DistOptVars {
-            params: copies(&vars)?,
+            params: parameters_of(&vars)?,
             dist,
             vars,
             last: StepStats::default(),
@@ -90,7 +80,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
     /// Takes the variables' current values as the parameters (after the
     /// caller changed them: loaded weights).
     pub fn sync_from_vars(&mut self) -> candle_core::Result<()> {
-        self.params = copies(&self.vars)?;
+        self.params = parameters_of(&self.vars)?;
         Ok(())
     }
 
@@ -209,11 +199,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
     /// Restores a [`DistOptVars::checkpoint`]: DistOpt's state and the
     /// parameters, written into the variables.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
-        let mut params = Vec::with_capacity(self.vars.len());
-        for (name, var) in &self.vars {
-            let flat = ckpt.flat_parameters(&[name.as_str()]).map_err(wrap)?;
-            params.push(GwTensor::from_vec(flat, var.dims().to_vec()).map_err(wrap)?);
-        }
+        let params = parameters_in(ckpt, &self.vars)?;
         self.dist.restore(ckpt).map_err(wrap)?;
         self.params = params;
         self.write_back()

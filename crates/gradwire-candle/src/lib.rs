@@ -81,7 +81,9 @@ mod vars;
 pub use data_parallel::DataParallel;
 pub use dist_opt_vars::DistOptVars;
 pub use optim::{AdaGrad, Adam, AdamW, CandleOptim, RmsProp, Sgd};
-pub use vars::{named_vars, specs_of, update_in_place, with_values, write_values};
+pub use vars::{
+    named_vars, parameters_in, parameters_of, specs_of, update_in_place, with_values, write_values,
+};
 
 /// A candle error from a gradwire one.
 pub(crate) fn wrap(e: impl std::fmt::Display + Send + Sync + 'static) -> candle_core::Error {

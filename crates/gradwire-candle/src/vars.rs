@@ -6,6 +6,8 @@
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Storage, Tensor, Var};
 use candle_nn::VarMap;
 use gradwire_optim::ParamSpec;
+use gradwire_optim::checkpoint::Checkpoint;
+use gradwire_tensor::Tensor as GwTensor;
 use std::cell::RefCell;
 
 /// The named variables of `varmap`, in the order every worker declares
@@ -151,4 +153,33 @@ pub fn update_in_place(
             .copy()?
     };
     var.as_tensor().inplace_op2(&grad, &Update(RefCell::new(f)))
+}
+
+/// gradwire copies of `vars`' values (a checkpoint's parameters, a
+/// trajectory snapshot), in order.
+pub fn parameters_of(vars: &[(String, Var)]) -> candle_core::Result<Vec<GwTensor>> {
+    vars.iter()
+        .map(|(_, var)| {
+            let values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
+            GwTensor::from_vec(values, var.dims().to_vec()).map_err(crate::wrap)
+        })
+        .collect()
+}
+
+/// The values of `vars` saved in `ckpt` (`param/<name>`, as
+/// [`Checkpoint::set_parameters`] stores them), as gradwire tensors of the
+/// variables' shapes; an error, changing nothing, if one is missing or of
+/// another length.
+pub fn parameters_in(
+    ckpt: &Checkpoint,
+    vars: &[(String, Var)],
+) -> candle_core::Result<Vec<GwTensor>> {
+    vars.iter()
+        .map(|(name, var)| {
+            let flat = ckpt
+                .flat_parameters(&[name.as_str()])
+                .map_err(crate::wrap)?;
+            GwTensor::from_vec(flat, var.dims().to_vec()).map_err(crate::wrap)
+        })
+        .collect()
 }

@@ -12,7 +12,9 @@ use crate::model::Model;
 use candle_core::backprop::GradStore;
 use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
-use gradwire_candle::{CandleOptim, DataParallel, DistOptVars, with_values, write_values};
+use gradwire_candle::{
+    CandleOptim, DataParallel, DistOptVars, parameters_in, parameters_of, write_values,
+};
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
 use gradwire_optim::{DistOptConfig, Mode, Optim, StepStats, UpdateRule};
@@ -119,14 +121,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
         match self {
             Engine::Copied(dv) => Ok(dv.params().to_vec()),
-            Engine::InPlace(_) => model
-                .vars()
-                .iter()
-                .map(|(_, var)| {
-                    let values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
-                    Ok(Tensor::from_vec(values, var.dims().to_vec())?)
-                })
-                .collect(),
+            Engine::InPlace(_) => Ok(parameters_of(model.vars())?),
         }
     }
 
@@ -155,22 +150,12 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         match self {
             Engine::Copied(dv) => dv.restore(ckpt)?,
             Engine::InPlace(dp) => {
-                let mut values = Vec::with_capacity(dp.vars().len());
-                for (name, var) in dp.vars() {
-                    let flat = ckpt.flat_parameters(&[name.as_str()])?;
-                    if flat.len() != var.elem_count() {
-                        return Err(crate::CliError::Resume(format!(
-                            "{name} has {} values in the checkpoint, the model {}",
-                            flat.len(),
-                            var.elem_count()
-                        )));
-                    }
-                    values.push(flat);
-                }
+                // Everything read before anything changes.
+                let params = parameters_in(ckpt, dp.vars())?;
                 dp.restore(ckpt)?;
                 dp.optimizer_mut().restore_from(ckpt)?;
-                for ((_, var), flat) in dp.vars().iter().zip(&values) {
-                    write_values(var, flat)?;
+                for ((_, var), param) in dp.vars().iter().zip(&params) {
+                    write_values(var, param.as_slice::<f32>()?)?;
                 }
             }
         }
