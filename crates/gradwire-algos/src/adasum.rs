@@ -56,9 +56,15 @@ fn coefficients(dot: f64, aa: f64, bb: f64) -> (f64, f64) {
 }
 
 /// Partial (dot, |a|^2, |b|^2) of each tensor over `piece`, three values per
-/// tensor, in f64.
-fn partials(a: &[f32], b: &[f32], tensors: &[Range<usize>], piece: &Range<usize>) -> Vec<f64> {
-    let mut out = Vec::with_capacity(3 * tensors.len());
+/// tensor, in f64, into `out` (refilled).
+fn partials(
+    a: &[f32],
+    b: &[f32],
+    tensors: &[Range<usize>],
+    piece: &Range<usize>,
+    out: &mut Vec<f64>,
+) {
+    out.clear();
     for t in tensors {
         let (lo, hi) = (t.start.max(piece.start), t.end.min(piece.end));
         let (mut dot, mut aa, mut bb) = (0f64, 0f64, 0f64);
@@ -72,7 +78,6 @@ fn partials(a: &[f32], b: &[f32], tensors: &[Range<usize>], piece: &Range<usize>
         }
         out.extend([dot, aa, bb]);
     }
-    out
 }
 
 /// `a = ca a + cb b` per tensor over `piece`, from the summed partials.
@@ -98,10 +103,15 @@ pub fn pairwise(a: &mut [f32], b: &[f32], tensors: &[Range<usize>]) -> Result<()
             b.len()
         )));
     }
-    let all = 0..a.len();
-    let sums = partials(a, b, tensors, &all);
-    apply(a, b, tensors, &all, &sums);
+    pairwise_in(a, b, tensors, &mut Vec::with_capacity(3 * tensors.len()));
     Ok(())
+}
+
+/// [`pairwise`] of checked inputs, with the partials in `sums`.
+fn pairwise_in(a: &mut [f32], b: &[f32], tensors: &[Range<usize>], sums: &mut Vec<f64>) {
+    let all = 0..a.len();
+    partials(a, b, tensors, &all, sums);
+    apply(a, b, tensors, &all, sums);
 }
 
 /// The sequential reference: the binary tree of [`pairwise`] combinations
@@ -146,6 +156,33 @@ pub struct AdaSum<C: Communicator> {
     levels: Vec<Option<C>>,
     /// Hierarchical: (the node group, AdaSum across nodes for this local rank).
     hierarchy: Option<(C, Box<AdaSum<C>>, C)>,
+    /// The buffers of [`AdaSum::combine_reusing_buffers`].
+    buffers: AdaSumBuffers,
+}
+
+/// The memory one AdaSum combination works in, kept by a caller that
+/// combines every step ([`AdaSum::combine_with`]): the packed vector, the
+/// partner's pieces, the halving's bookkeeping and the f64 partials. They
+/// grow to the largest size seen and are reused, so that a combination of
+/// CPU tensors allocates nothing once warm (on a backend whose collectives
+/// allocate none, such as LocalComm). `Default` is empty.
+#[derive(Debug, Default)]
+pub struct AdaSumBuffers {
+    /// The tensors packed back to back, in f32.
+    flat: Vec<f32>,
+    /// Each tensor's range of `flat`.
+    ranges: Vec<Range<usize>>,
+    /// The halving's own buffers.
+    halving: HalvingBuffers,
+}
+
+/// What [`AdaSum::halving`] reuses: the partner's pieces, the pieces kept
+/// at each level, and the partials.
+#[derive(Debug, Default)]
+struct HalvingBuffers {
+    scratch: Vec<f32>,
+    pieces: Vec<(Range<usize>, Range<usize>)>,
+    sums: Vec<f64>,
 }
 
 impl<C: Communicator> AdaSum<C> {
@@ -165,6 +202,7 @@ impl<C: Communicator> AdaSum<C> {
             pow2,
             levels,
             hierarchy: None,
+            buffers: AdaSumBuffers::default(),
         })
     }
 
@@ -190,6 +228,7 @@ impl<C: Communicator> AdaSum<C> {
             pow2: 0,
             levels: Vec::new(),
             hierarchy: Some((node, Box::new(inner), across)),
+            buffers: AdaSumBuffers::default(),
         })
     }
 
@@ -200,6 +239,56 @@ impl<C: Communicator> AdaSum<C> {
     /// Tensors on a CUDA device (feature `cuda`, all on one device) are
     /// combined there (`AdaSum::combine_device`).
     pub fn combine(&self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
+        self.combine_with(comm, tensors, &mut AdaSumBuffers::default())
+    }
+
+    /// [`AdaSum::combine`] working in this AdaSum's own buffers, kept from
+    /// call to call: for a caller that holds it mutably and combines every
+    /// step (DistOpt's combiner). See [`AdaSum::combine_with`].
+    pub fn combine_reusing_buffers(&mut self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
+        let mut buffers = std::mem::take(&mut self.buffers);
+        let result = self.combine_with(comm, tensors, &mut buffers);
+        self.buffers = buffers;
+        result
+    }
+
+    /// [`AdaSum::combine`] working in `buffers`, reused from call to call:
+    /// the same result, bit for bit, and for CPU tensors no allocation once
+    /// they have grown.
+    pub fn combine_with(
+        &self,
+        comm: &C,
+        tensors: &mut [Tensor],
+        buffers: &mut AdaSumBuffers,
+    ) -> Result<Traffic> {
+        if !tensors.iter().all(|t| t.device().is_cpu()) {
+            return self.combine_packed_on_device(comm, tensors);
+        }
+        let AdaSumBuffers {
+            flat: flat_buf,
+            ranges,
+            halving,
+        } = buffers;
+        let n = match flat::pack_into(tensors, flat_buf) {
+            Ok(n) => n,
+            Err(e) => return Err(fail(comm, e.into())),
+        };
+        ranges.clear();
+        let mut offset = 0;
+        for t in tensors.iter() {
+            ranges.push(offset..offset + t.len());
+            offset += t.len();
+        }
+        let v = &mut flat_buf[..n];
+        let agreed = self.agree_inputs(comm, n, ranges, Ok(()))?;
+        let traffic = agreed + self.halving_on_host(comm, v, ranges, halving)?;
+        flat::unpack_from(v, tensors)?;
+        Ok(traffic)
+    }
+
+    /// [`AdaSum::combine`] of tensors not all in CPU memory: packed into
+    /// one buffer on their device (feature `cuda`, one device).
+    fn combine_packed_on_device(&self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
         let refs: Vec<&Tensor> = tensors.iter().collect();
         let (mut buffer, layout) = match flat::pack_new(&refs, DType::F32) {
             Ok(packed) => packed,
@@ -224,7 +313,28 @@ impl<C: Communicator> AdaSum<C> {
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
         let agreed = self.agree_inputs(comm, v.len(), tensors, Ok(()))?;
-        Ok(agreed + self.halving(comm, &mut HostWorkspace { v, scratch: None }, tensors)?)
+        Ok(agreed + self.halving_on_host(comm, v, tensors, &mut HalvingBuffers::default())?)
+    }
+
+    /// The halving of a vector in host memory, in `buffers`.
+    fn halving_on_host(
+        &self,
+        comm: &C,
+        v: &mut [f32],
+        tensors: &[Range<usize>],
+        buffers: &mut HalvingBuffers,
+    ) -> Result<Traffic> {
+        let HalvingBuffers {
+            scratch,
+            pieces,
+            sums,
+        } = buffers;
+        let mut ws = HostWorkspace {
+            v,
+            scratch,
+            filled: false,
+        };
+        self.halving(comm, &mut ws, tensors, pieces, sums)
     }
 
     /// The agreement before the first exchange (the failure model,
@@ -273,13 +383,15 @@ impl<C: Communicator> AdaSum<C> {
         comm: &C,
         ws: &mut W,
         tensors: &[Range<usize>],
+        pieces: &mut Vec<(Range<usize>, Range<usize>)>,
+        sums: &mut Vec<f64>,
     ) -> Result<Traffic> {
         // The ranges were checked by `agree_inputs`, on every rank.
         let n = ws.len();
         if let Some((node, inner, across)) = &self.hierarchy {
             ws.update_vector(0..n, |v| Ok(node.all_reduce(v, ReduceOp::Avg)?))?;
             let mut traffic = Traffic::all_reduce(n * 4, node.world_size());
-            traffic += inner.halving(across, ws, tensors)?;
+            traffic += inner.halving(across, ws, tensors, pieces, sums)?;
             return Ok(traffic);
         }
         let w = comm.world_size();
@@ -301,10 +413,10 @@ impl<C: Communicator> AdaSum<C> {
         if r + p < w {
             ws.receive_scratch(0..n, |s| Ok(comm.recv(s, r + p)?))?;
             traffic.received += bytes(n);
-            ws.pairwise(tensors)?;
+            ws.pairwise(tensors, sums)?;
         }
         // Halving: keep half of the piece, combine it with the partner's.
-        let mut pieces = Vec::with_capacity(self.levels.len());
+        pieces.clear();
         let mut piece = 0..n;
         let mut d = 1;
         for group in &self.levels {
@@ -325,21 +437,21 @@ impl<C: Communicator> AdaSum<C> {
             traffic.sent += bytes(give.len());
             traffic.received += bytes(keep.len());
             // `a` is always the lower rank's side, `b` the upper's.
-            let mut sums = ws.partials(lower, tensors, &keep)?;
-            group.all_reduce(&mut sums, ReduceOp::Sum)?;
+            ws.partials(lower, tensors, &keep, sums)?;
+            group.all_reduce(sums, ReduceOp::Sum)?;
             traffic += Traffic::all_reduce(sums.len() * 8, group.world_size());
             if !lower {
                 // a = the partner's half (in scratch), b = mine: swap them so
                 // that a's result lands in the vector.
                 ws.swap(&keep)?;
             }
-            ws.combine(tensors, &keep, &sums)?;
+            ws.combine(tensors, &keep, sums)?;
             pieces.push((piece.clone(), keep.clone()));
             piece = keep;
             d *= 2;
         }
         // Gathering, in reverse: swap pieces with the same partners.
-        for (level, (parent, keep)) in pieces.into_iter().enumerate().rev() {
+        for (level, (parent, keep)) in pieces.drain(..).enumerate().rev() {
             let partner = r ^ (1 << level);
             let other = if keep.start == parent.start {
                 keep.end..parent.end
@@ -396,7 +508,9 @@ impl<C: Communicator> AdaSum<C> {
             .into())
         };
         let agreed = self.agree_inputs(comm, v.len(), tensors, local)?;
-        Ok(agreed + self.halving(comm, &mut device::DeviceWorkspace::new(v), tensors)?)
+        let (mut pieces, mut sums) = (Vec::new(), Vec::new());
+        let mut ws = device::DeviceWorkspace::new(v);
+        Ok(agreed + self.halving(comm, &mut ws, tensors, &mut pieces, &mut sums)?)
     }
 }
 
@@ -451,16 +565,18 @@ trait Workspace {
         other: Range<usize>,
         f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
     ) -> Result<()>;
-    /// vector = pairwise(vector, scratch), per tensor.
-    fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()>;
-    /// The partials over `keep`, with `a` the vector when `vector_is_a`,
-    /// else the scratch.
+    /// vector = pairwise(vector, scratch), per tensor (`sums` is room for
+    /// the partials).
+    fn pairwise(&mut self, tensors: &[Range<usize>], sums: &mut Vec<f64>) -> Result<()>;
+    /// The partials over `keep` into `out`, with `a` the vector when
+    /// `vector_is_a`, else the scratch.
     fn partials(
         &self,
         vector_is_a: bool,
         tensors: &[Range<usize>],
         keep: &Range<usize>,
-    ) -> Result<Vec<f64>>;
+        out: &mut Vec<f64>,
+    ) -> Result<()>;
     /// Swaps the vector's and the scratch's `keep`.
     fn swap(&mut self, keep: &Range<usize>) -> Result<()>;
     /// vector = ca vector + cb scratch over `keep`, from the summed partials.
@@ -472,19 +588,25 @@ trait Workspace {
     ) -> Result<()>;
 }
 
-/// The vector in host memory; the scratch allocated on first use (folded
-/// ranks never need it).
+/// The vector in host memory, and the scratch (a reused buffer, grown on
+/// first use: folded ranks never need it).
 struct HostWorkspace<'v> {
     v: &'v mut [f32],
-    scratch: Option<Vec<f32>>,
+    scratch: &'v mut Vec<f32>,
+    /// Whether the scratch was handed out in this combination (before that,
+    /// it holds nothing of it).
+    filled: bool,
 }
 
 impl HostWorkspace<'_> {
-    /// The vector and the scratch (allocated now if need be), disjointly.
+    /// The vector and the scratch (grown now if need be), disjointly.
     fn parts(&mut self) -> (&mut [f32], &mut [f32]) {
         let n = self.v.len();
-        let scratch = self.scratch.get_or_insert_with(|| vec![0f32; n]);
-        (&mut *self.v, scratch.as_mut_slice())
+        if self.scratch.len() < n {
+            self.scratch.resize(n, 0.0);
+        }
+        self.filled = true;
+        (&mut *self.v, &mut self.scratch[..n])
     }
 }
 
@@ -550,9 +672,11 @@ impl Workspace for HostWorkspace<'_> {
         f(mine, theirs)
     }
 
-    fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()> {
+    fn pairwise(&mut self, tensors: &[Range<usize>], sums: &mut Vec<f64>) -> Result<()> {
         let (v, scratch) = self.parts();
-        pairwise(v, scratch, tensors)
+        // The ranges were checked by `agree_inputs`; the lengths are equal.
+        pairwise_in(v, scratch, tensors, sums);
+        Ok(())
     }
 
     fn partials(
@@ -560,13 +684,18 @@ impl Workspace for HostWorkspace<'_> {
         vector_is_a: bool,
         tensors: &[Range<usize>],
         keep: &Range<usize>,
-    ) -> Result<Vec<f64>> {
-        let scratch = self.scratch.as_deref().ok_or_else(no_scratch)?;
-        Ok(if vector_is_a {
-            partials(self.v, scratch, tensors, keep)
+        out: &mut Vec<f64>,
+    ) -> Result<()> {
+        if !self.filled {
+            return Err(no_scratch());
+        }
+        let scratch = &self.scratch[..self.v.len()];
+        if vector_is_a {
+            partials(self.v, scratch, tensors, keep, out);
         } else {
-            partials(scratch, self.v, tensors, keep)
-        })
+            partials(scratch, self.v, tensors, keep, out);
+        }
+        Ok(())
     }
 
     fn swap(&mut self, keep: &Range<usize>) -> Result<()> {
@@ -689,7 +818,7 @@ mod device {
             Ok(self.v.write_f32(other.start, &incoming)?)
         }
 
-        fn pairwise(&mut self, tensors: &[Range<usize>]) -> Result<()> {
+        fn pairwise(&mut self, tensors: &[Range<usize>], _: &mut Vec<f64>) -> Result<()> {
             let (v, scratch) = self.parts()?;
             Ok(kernels::pairwise(v, scratch, tensors)?)
         }
@@ -699,13 +828,15 @@ mod device {
             vector_is_a: bool,
             tensors: &[Range<usize>],
             keep: &Range<usize>,
-        ) -> Result<Vec<f64>> {
+            out: &mut Vec<f64>,
+        ) -> Result<()> {
             let scratch = self.scratch.as_ref().ok_or_else(no_scratch)?;
-            Ok(if vector_is_a {
+            *out = if vector_is_a {
                 kernels::partials(self.v, scratch, tensors, keep.clone())?
             } else {
                 kernels::partials(scratch, self.v, tensors, keep.clone())?
-            })
+            };
+            Ok(())
         }
 
         fn swap(&mut self, keep: &Range<usize>) -> Result<()> {

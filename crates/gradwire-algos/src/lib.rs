@@ -39,5 +39,5 @@ pub use reduce::{
     DEFAULT_FUSION_CAPACITY, FusionBuffers, HalfOptions, HalfPrecision, all_reduce,
     all_reduce_async, fused_all_reduce, fused_all_reduce_async, fused_all_reduce_with,
     half_all_reduce, half_all_reduce_async, half_all_reduce_with, sparse_all_reduce,
-    sparse_all_reduce_async, sparse_costs_more, sparse_exchange,
+    sparse_all_reduce_async, sparse_costs_more, sparse_exchange, sparse_exchange_with,
 };

@@ -17,9 +17,9 @@
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
 use crate::handle::{Handle, Reduced, Traffic};
-use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_comm::{Communicator, Gathered, ReduceOp};
 use gradwire_compress::cast::{self, CastOptions};
-use gradwire_compress::{ErrorFeedback, SparseCodec, wire};
+use gradwire_compress::{ErrorFeedback, SelectScratch, SparseCodec, SparseVec, wire};
 use gradwire_tensor::{DType, Tensor, WithDType, flat};
 use half::{bf16, f16};
 
@@ -70,6 +70,23 @@ pub struct FusionBuffers {
     f32: Vec<f32>,
     f16: Vec<f16>,
     bf16: Vec<bf16>,
+    /// The sparse exchange's own buffers.
+    sparse: SparseBuffers,
+}
+
+/// What [`sparse_exchange_with`] reuses beyond the f32 fusion buffer.
+#[derive(Debug, Default)]
+struct SparseBuffers {
+    /// This rank's selection.
+    selected: SparseVec,
+    /// The selectors' working memory.
+    scratch: SelectScratch,
+    /// The encoded selection.
+    payload: Vec<u8>,
+    /// Every rank's payload.
+    gathered: Gathered<u8>,
+    /// The values of a shared selection (random-k), summed.
+    kept: Vec<f32>,
 }
 
 /// Whether every tensor is in CPU memory (the reused buffers' path).
@@ -196,7 +213,7 @@ pub fn half_all_reduce_with<C: Communicator>(
     capacity: usize,
     buffers: &mut FusionBuffers,
 ) -> Result<Traffic> {
-    let FusionBuffers { f32, f16, bf16 } = buffers;
+    let FusionBuffers { f32, f16, bf16, .. } = buffers;
     match options.precision {
         HalfPrecision::F16 => half_all_reduce_as(comm, tensors, options, capacity, f32, f16),
         HalfPrecision::BF16 => half_all_reduce_as(comm, tensors, options, capacity, f32, bf16),
@@ -299,19 +316,52 @@ pub fn sparse_exchange<C: Communicator>(
     comm: &C,
     tensors: &mut [Tensor],
     codec: &SparseCodec,
-    mut feedback: Option<&mut ErrorFeedback>,
+    feedback: Option<&mut ErrorFeedback>,
 ) -> Result<Traffic> {
-    let (mut buffer, layout, selected) = prepare(comm, || {
-        let (mut buffer, layout) = pack(tensors, DType::F32)?;
-        let values = buffer.as_mut_slice::<f32>()?;
-        let selected = match feedback.as_deref_mut() {
-            Some(memory) => memory.compress(values, codec)?,
-            None => codec.select(values)?,
-        };
-        Ok((buffer, layout, selected))
+    sparse_exchange_with(
+        comm,
+        tensors,
+        codec,
+        feedback,
+        &mut FusionBuffers::default(),
+    )
+}
+
+/// [`sparse_exchange`] through `buffers` (the f32 fusion buffer, the
+/// selection and its scratch, the payload, the gathered payloads), reused
+/// from call to call: the same result, bit for bit, and no allocation once
+/// they have grown (on a backend whose collectives allocate none, such as
+/// LocalComm). CPU tensors only: a tensor elsewhere is an
+/// [`AlgoError::Tensor`] on every rank.
+pub fn sparse_exchange_with<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    codec: &SparseCodec,
+    mut feedback: Option<&mut ErrorFeedback>,
+    buffers: &mut FusionBuffers,
+) -> Result<Traffic> {
+    let FusionBuffers {
+        f32: flat_buf,
+        sparse,
+        ..
+    } = buffers;
+    let SparseBuffers {
+        selected,
+        scratch,
+        payload,
+        gathered,
+        kept,
+    } = sparse;
+    let n = prepare(comm, || {
+        let n = flat::pack_into(tensors, flat_buf)?;
+        let values = &flat_buf[..n];
+        match feedback.as_deref_mut() {
+            Some(memory) => memory.compress_into(values, codec, selected, scratch)?,
+            None => codec.select_into(values, selected, scratch)?,
+        }
+        Ok(n)
     })?;
-    let values = buffer.as_mut_slice::<f32>()?;
-    let n = values.len();
+    let values = &mut flat_buf[..n];
     let world = comm.world_size();
     // One vote decides, the same on every rank: the largest selection, and
     // (random-k) whether every rank selected the same indices, as the
@@ -328,34 +378,37 @@ pub fn sparse_exchange<C: Communicator>(
     if shared_indices && world > 1 {
         // Every rank kept the same indices (random-k from a shared seed):
         // the values alone are summed, by a dense all-reduce of k entries.
-        let mut kept = selected.values().to_vec();
-        comm.all_reduce(&mut kept, ReduceOp::Sum)?;
-        values.iter_mut().for_each(|v| *v = 0.0);
-        for (&i, &v) in selected.indices().iter().zip(&kept) {
+        kept.clear();
+        kept.extend_from_slice(selected.values());
+        comm.all_reduce(kept, ReduceOp::Sum)?;
+        values.fill(0.0);
+        for (&i, &v) in selected.indices().iter().zip(kept.iter()) {
             values[i as usize] = v;
         }
-        unpack(&buffer, &layout, tensors)?;
+        flat::unpack_from(values, tensors)?;
         return Ok(vote_traffic + Traffic::all_reduce(kept.len() * 4, world));
     }
     if sparse_costs_more(largest, n, world) {
         // Dense: what was selected plus what the memory still holds is the
         // whole accumulator (without feedback: the gradient itself).
         if let Some(memory) = feedback {
-            let mut accumulator = selected.to_dense();
-            memory.flush_into(&mut accumulator)?;
-            values.copy_from_slice(&accumulator);
+            values.fill(0.0);
+            for (&i, &v) in selected.indices().iter().zip(selected.values()) {
+                values[i as usize] = v;
+            }
+            memory.flush_into(values)?;
         }
         comm.all_reduce(values, ReduceOp::Sum)?;
-        unpack(&buffer, &layout, tensors)?;
+        flat::unpack_from(values, tensors)?;
         return Ok(vote_traffic + Traffic::all_reduce(n * 4, world));
     }
-    let payload = wire::encode(&selected, codec.wire_id(), DType::F32);
-    let gathered = comm.all_gather_varied(&payload)?;
-    values.iter_mut().for_each(|v| *v = 0.0);
+    wire::encode_into(selected, codec.wire_id(), DType::F32, payload);
+    comm.all_gather_varied_into(payload, gathered)?;
+    values.fill(0.0);
     for rank in 0..world {
         wire::scatter_add(gathered.part(rank), values)?;
     }
-    unpack(&buffer, &layout, tensors)?;
+    flat::unpack_from(values, tensors)?;
     Ok(vote_traffic + Traffic::all_gather(payload.len(), gathered.data().len(), world))
 }
 

@@ -20,10 +20,26 @@ use gradwire_tensor::{DType, Tensor};
 use std::ops::Range;
 
 /// Data gathered from every rank when ranks contribute different lengths.
+///
+/// A `Gathered` can be refilled in place ([`Communicator::all_gather_varied_into`],
+/// [`Gathered::clear`] and [`Gathered::push_part`] for backends): its two
+/// buffers keep their capacity, so a caller that gathers every step
+/// allocates nothing once they have grown.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gathered<T> {
     data: Vec<T>,
     offsets: Vec<usize>,
+}
+
+impl<T> Default for Gathered<T> {
+    /// Nothing gathered from no rank: a buffer to refill (allocates
+    /// nothing until then).
+    fn default() -> Self {
+        Gathered {
+            data: Vec::new(),
+            offsets: Vec::new(),
+        }
+    }
 }
 
 impl<T> Gathered<T> {
@@ -48,9 +64,29 @@ impl<T> Gathered<T> {
         Ok(Gathered { data, offsets })
     }
 
+    /// Empties it (no rank's part left), keeping the buffers' capacity.
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.offsets.clear();
+        self.offsets.push(0);
+    }
+
+    /// Appends the next rank's part (for backends filling a reused
+    /// `Gathered` in rank order after [`Gathered::clear`]).
+    pub fn push_part(&mut self, part: &[T])
+    where
+        T: Copy,
+    {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        self.data.extend_from_slice(part);
+        self.offsets.push(self.data.len());
+    }
+
     /// Number of ranks that contributed.
     pub fn world_size(&self) -> usize {
-        self.offsets.len() - 1
+        self.offsets.len().saturating_sub(1)
     }
 
     /// What `rank` contributed (empty for a rank out of range).
@@ -117,6 +153,14 @@ pub trait Communicator: Send + Sized {
 
     /// Gathers contributions of different lengths (sparse payloads).
     fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>>;
+
+    /// [`Communicator::all_gather_varied`] into `out`, whose buffers are
+    /// reused: a backend that overrides it (LocalComm) allocates nothing
+    /// once they have grown. On an error `out`'s contents are unspecified.
+    fn all_gather_varied_into<T: Element>(&self, send: &[T], out: &mut Gathered<T>) -> Result<()> {
+        *out = self.all_gather_varied(send)?;
+        Ok(())
+    }
 
     /// Reduces `send` across ranks and leaves this rank's chunk of the result
     /// in `recv`: chunk `r` is [`chunk_range`]`(send.len(), world_size(), r)`.

@@ -7,7 +7,7 @@
 
 use criterion::{Criterion, Throughput};
 use gradwire_compress::cast::{self, CastOptions};
-use gradwire_compress::{ErrorFeedback, SparseCodec, select};
+use gradwire_compress::{ErrorFeedback, SelectScratch, SparseCodec, SparseVec, select};
 use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -97,6 +97,27 @@ fn bench(c: &mut Criterion) {
             b.iter_custom(|it| timed(name, it, || drop(black_box(select::top_k(&x, ratio)))))
         });
     }
+    // Few distinct magnitudes: the k-th is tied with ~1 % of the entries,
+    // more candidates than the sampled bracket keeps (the radix path).
+    let tied: Vec<f32> = x.iter().map(|v| (v * 64.0).round() / 64.0).collect();
+    group.bench_function("top-k 1% tied", |b| {
+        b.iter_custom(|it| {
+            timed("top-k 1% tied", it, || {
+                drop(black_box(select::top_k(&tied, 0.01)))
+            })
+        })
+    });
+    // The form a caller selecting every step uses: its buffers reused.
+    let (mut out, mut scratch) = (SparseVec::default(), SelectScratch::default());
+    group.bench_function("top-k 1% reused buffers", |b| {
+        b.iter_custom(|it| {
+            timed("top-k 1% reused buffers", it, || {
+                SparseCodec::TopK(0.01)
+                    .select_into(black_box(&x), &mut out, &mut scratch)
+                    .expect("top-k")
+            })
+        })
+    });
     for (name, ratio) in [("sampled top-k 1%", 0.01), ("sampled top-k 0.1%", 0.001)] {
         group.bench_function(name, |b| {
             b.iter_custom(|it| {

@@ -18,10 +18,11 @@
 
 use crate::cast::{self, CastOptions};
 use crate::error::{CompressError, Result};
-use crate::select;
+use crate::select::{self, SelectScratch};
 use crate::sparse::SparseVec;
 use crate::wire::CodecId;
 use gradwire_tensor::WithDType;
+use std::ops::Range;
 
 /// A sparse codec: which entries to send.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,18 +57,41 @@ impl SparseCodec {
 
     /// Selects from `x` (random-k unscaled, with the seed as given).
     pub fn select(&self, x: &[f32]) -> Result<SparseVec> {
-        self.select_at_step(x, 0)
+        let mut out = SparseVec::default();
+        self.select_into(x, &mut out, &mut SelectScratch::default())?;
+        Ok(out)
     }
 
-    fn select_at_step(&self, x: &[f32], step: u64) -> Result<SparseVec> {
+    /// [`SparseCodec::select`] into `out` (refilled, its buffers reused),
+    /// working in `scratch`: the same selection, and no allocation once the
+    /// buffers have grown.
+    pub fn select_into(
+        &self,
+        x: &[f32],
+        out: &mut SparseVec,
+        scratch: &mut SelectScratch,
+    ) -> Result<()> {
+        self.select_at_step(x, 0, out, scratch)
+    }
+
+    fn select_at_step(
+        &self,
+        x: &[f32],
+        step: u64,
+        out: &mut SparseVec,
+        scratch: &mut SelectScratch,
+    ) -> Result<()> {
         match *self {
-            SparseCodec::Threshold(t) => select::threshold(x, t),
-            SparseCodec::TopK(ratio) => select::top_k(x, ratio),
-            SparseCodec::SampledTopK(ratio) => select::sampled_top_k(x, ratio),
+            SparseCodec::Threshold(t) => select::threshold_into(x, t, out),
+            SparseCodec::TopK(ratio) => {
+                let k = select::count_for_ratio(ratio, x.len())?;
+                select::top_k_count_into(x, k, out, scratch)
+            }
+            SparseCodec::SampledTopK(ratio) => select::sampled_top_k_into(x, ratio, out, scratch),
             SparseCodec::RandomK { ratio, seed } => {
                 // A different draw every step, reproducible from (seed, step).
                 let seed = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                select::random_k(x, ratio, seed, false)
+                select::random_k_into(x, ratio, seed, false, out, scratch)
             }
         }
     }
@@ -284,6 +308,75 @@ impl ErrorFeedback {
         Ok(())
     }
 
+    /// Makes this the memory of `parts` of `whole`: their residuals (and
+    /// velocities, with `whole`'s momentum) back to back, and `whole`'s step
+    /// count, in this memory's reused buffers. For a step that only some
+    /// entries of a partition go through; [`ErrorFeedback::store_parts`]
+    /// writes the result back. Errors, before anything changes: a range
+    /// outside `whole`.
+    pub fn load_parts(&mut self, whole: &ErrorFeedback, parts: &[Range<usize>]) -> Result<()> {
+        check_parts("ErrorFeedback::load_parts", whole.len(), parts)?;
+        let gather = |from: &[f32], to: &mut Vec<f32>| {
+            to.clear();
+            for r in parts {
+                to.extend_from_slice(&from[r.clone()]);
+            }
+        };
+        gather(&whole.residual, &mut self.residual);
+        match (&whole.momentum, &mut self.momentum) {
+            (None, mine) => *mine = None,
+            (Some(theirs), Some(mine)) => {
+                mine.mu = theirs.mu;
+                gather(&theirs.velocity, &mut mine.velocity);
+            }
+            (Some(theirs), mine) => {
+                let mut velocity = Vec::new();
+                gather(&theirs.velocity, &mut velocity);
+                *mine = Some(Momentum {
+                    mu: theirs.mu,
+                    velocity,
+                });
+            }
+        }
+        self.steps = whole.steps;
+        Ok(())
+    }
+
+    /// Writes this memory back into `parts` of `whole` (the inverse of
+    /// [`ErrorFeedback::load_parts`]), with this memory's step count; the
+    /// rest of `whole` stays as it is. Errors, before anything changes: a
+    /// range outside `whole`, parts that do not add up to this memory's
+    /// length, or a momentum on one side only.
+    pub fn store_parts(&self, whole: &mut ErrorFeedback, parts: &[Range<usize>]) -> Result<()> {
+        check_parts("ErrorFeedback::store_parts", whole.len(), parts)?;
+        let total: usize = parts.iter().map(|r| r.len()).sum();
+        if total != self.len() {
+            return Err(CompressError::LengthMismatch {
+                op: "ErrorFeedback::store_parts",
+                expected: self.len(),
+                got: total,
+            });
+        }
+        if self.momentum.is_some() != whole.momentum.is_some() {
+            return Err(CompressError::InvalidArgument(
+                "ErrorFeedback::store_parts: a momentum on one side only".into(),
+            ));
+        }
+        let scatter = |from: &[f32], to: &mut [f32]| {
+            let mut offset = 0;
+            for r in parts {
+                to[r.clone()].copy_from_slice(&from[offset..offset + r.len()]);
+                offset += r.len();
+            }
+        };
+        scatter(&self.residual, &mut whole.residual);
+        if let (Some(mine), Some(theirs)) = (&self.momentum, &mut whole.momentum) {
+            scatter(&mine.velocity, &mut theirs.velocity);
+        }
+        whole.steps = self.steps;
+        Ok(())
+    }
+
     /// Zeroes the memory (residual and velocity).
     pub fn reset(&mut self) {
         self.residual.iter_mut().for_each(|r| *r = 0.0);
@@ -295,8 +388,22 @@ impl ErrorFeedback {
     /// One step with a sparse codec: accumulates `grad`, selects, and keeps
     /// what was not selected. Returns what to send.
     pub fn compress(&mut self, grad: &[f32], codec: &SparseCodec) -> Result<SparseVec> {
+        let mut sent = SparseVec::default();
+        self.compress_into(grad, codec, &mut sent, &mut SelectScratch::default())?;
+        Ok(sent)
+    }
+
+    /// [`ErrorFeedback::compress`] into `sent` (refilled, its buffers
+    /// reused), selecting in `scratch`: no allocation once they have grown.
+    pub fn compress_into(
+        &mut self,
+        grad: &[f32],
+        codec: &SparseCodec,
+        sent: &mut SparseVec,
+        scratch: &mut SelectScratch,
+    ) -> Result<()> {
         self.accumulate(grad)?;
-        let sent = codec.select_at_step(&self.residual, self.steps)?;
+        codec.select_at_step(&self.residual, self.steps, sent, scratch)?;
         for &i in sent.indices() {
             let i = i as usize;
             if let Some(r) = self.residual.get_mut(i) {
@@ -307,7 +414,7 @@ impl ErrorFeedback {
             }
         }
         self.steps += 1;
-        Ok(sent)
+        Ok(())
     }
 
     /// One step with a cast: accumulates `grad`, rounds the accumulator into
@@ -339,6 +446,16 @@ impl ErrorFeedback {
         }
         self.steps += 1;
         Ok(())
+    }
+}
+
+/// Every range lies within `len` (a reversed range is refused too).
+fn check_parts(op: &'static str, len: usize, parts: &[Range<usize>]) -> Result<()> {
+    match parts.iter().find(|r| r.start > r.end || r.end > len) {
+        Some(bad) => Err(CompressError::InvalidArgument(format!(
+            "{op}: range {bad:?} outside a memory of {len} entries"
+        ))),
+        None => Ok(()),
     }
 }
 

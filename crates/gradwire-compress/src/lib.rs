@@ -37,4 +37,5 @@ pub mod wire;
 
 pub use error::{CompressError, Result};
 pub use feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
+pub use select::SelectScratch;
 pub use sparse::SparseVec;

@@ -7,15 +7,23 @@
 //!
 //! Magnitudes are compared through their bits: for finite floats,
 //! `x.to_bits() & 0x7fff_ffff` orders like `|x|`, so exact top-k is a radix
-//! select on those 31-bit keys (one histogram pass, then work on one bucket's
-//! candidates, then merging) rather than a sort, and non-finite values show up
-//! as keys at or above `0x7f80_0000` at no extra cost. On large inputs a
-//! strided sample usually brackets the k-th key first, so that one pass over
-//! the data collects the survivors and a few candidates to select among.
+//! select on those 31-bit keys (a histogram pass, two narrower ones among
+//! one bucket's entries, then the collection) rather than a sort, and
+//! non-finite values show up as keys at or above `0x7f80_0000` at no extra
+//! cost. On large inputs a strided sample usually brackets the k-th key
+//! first, so that one pass over the data collects the survivors and a few
+//! candidates to select among.
+//!
+//! Each selector has an `_into` form behind [`crate::SparseCodec::select_into`]
+//! that refills a caller's [`SparseVec`] and works in a [`SelectScratch`]:
+//! the top-k family's memory is O(k) whatever the data (many ties, a
+//! misleading sample), reserved on first use, so a caller selecting every
+//! step allocates nothing after the first. (Threshold keeps what the data
+//! holds above it: its output grows to the largest selection seen.)
 
 use crate::error::{CompressError, Result};
 use crate::sparse::{SparseVec, check_dense_len};
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 /// The magnitude key of a float: ordered like `|x|` for finite values.
 #[inline(always)]
@@ -45,17 +53,53 @@ fn non_finite_error(x: &[f32]) -> CompressError {
     }
 }
 
-fn gather(x: &[f32], indices: Vec<u32>) -> SparseVec {
-    let values = indices.iter().map(|&i| x[i as usize]).collect();
-    SparseVec::from_parts_unchecked(x.len(), indices, values)
+/// The memory the selectors work in, kept by a caller that selects every
+/// step (error feedback, DistOpt's buckets) so that a selection allocates
+/// nothing once the buffers have grown: see [`crate::SparseCodec::select_into`].
+/// `Default` is empty; the results do not depend on what it held before.
+#[derive(Debug, Default, Clone)]
+pub struct SelectScratch {
+    /// Sampled keys of the bracketing.
+    sample: Vec<u32>,
+    /// Sampled keys of sampled top-k (which may bracket too).
+    sampled: Vec<u32>,
+    /// Indices kept for sure.
+    sure: Vec<u32>,
+    /// Candidates for the rest: (index, key).
+    candidates: Vec<(u32, u32)>,
+    /// The candidates' keys, for the exact selection among them.
+    keys: Vec<u32>,
+    /// The candidates chosen.
+    chosen: Vec<u32>,
+    /// The radix select's first histogram: four interleaved counts per
+    /// bucket.
+    hist: Vec<[u32; 4]>,
+    /// Its finer histograms.
+    fine: Vec<u32>,
+    /// Random-k's drawn indices, one bit each.
+    bits: Vec<u64>,
+}
+
+/// Fills `out` with the entries of `x` at `out`'s indices (already set).
+fn gather_values(x: &[f32], out: &mut SparseVec, scale: f32) {
+    let (indices, values) = out.parts_mut();
+    values.clear();
+    values.extend(indices.iter().map(|&i| x[i as usize] * scale));
 }
 
 /// Keeps every `x_i` with `|x_i| >= threshold` (SINGA's threshold mode).
 /// `threshold` must be finite and non-negative.
 pub fn threshold(x: &[f32], threshold: f32) -> Result<SparseVec> {
+    let mut out = SparseVec::default();
+    threshold_into(x, threshold, &mut out)?;
+    Ok(out)
+}
+
+/// [`threshold`] into `out` (refilled, its buffers reused).
+pub(crate) fn threshold_into(x: &[f32], threshold: f32, out: &mut SparseVec) -> Result<()> {
     check_dense_len(x.len())?;
     check_threshold(threshold)?;
-    collect_at_least(x, key(threshold))
+    collect_at_least(x, key(threshold), out)
 }
 
 /// A threshold must be finite and non-negative.
@@ -83,25 +127,32 @@ pub fn top_k(x: &[f32], ratio: f64) -> Result<SparseVec> {
 
 /// [`top_k`] with the count given.
 pub fn top_k_count(x: &[f32], k: usize) -> Result<SparseVec> {
+    let mut out = SparseVec::default();
+    top_k_count_into(x, k, &mut out, &mut SelectScratch::default())?;
+    Ok(out)
+}
+
+/// [`top_k_count`] into `out` (refilled), working in `scratch`.
+pub(crate) fn top_k_count_into(
+    x: &[f32],
+    k: usize,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<()> {
     check_dense_len(x.len())?;
+    out.reset(x.len());
     let k = k.min(x.len());
     if k == 0 {
         // Still refuse non-finite input: the caller would otherwise park it.
         if x.iter().any(|v| !v.is_finite()) {
             return Err(non_finite_error(x));
         }
-        return Ok(SparseVec::from_parts_unchecked(
-            x.len(),
-            Vec::new(),
-            Vec::new(),
-        ));
+        return Ok(());
     }
-    if x.len() >= SAMPLED_BRACKET_MIN_LEN
-        && let Some(found) = top_k_bracketed(x, k)?
-    {
-        return Ok(found);
+    if x.len() >= SAMPLED_BRACKET_MIN_LEN && top_k_bracketed(x, k, out, scratch)? {
+        return Ok(());
     }
-    top_k_radix(x, k)
+    top_k_radix(x, k, out, scratch)
 }
 
 /// Below this length the radix path is as cheap as sampling.
@@ -118,11 +169,18 @@ const BRACKET_SAMPLE: usize = 1 << 16;
 /// counts show the k-th key is indeed among the candidates, an exact
 /// selection among them finishes. Otherwise (an unlucky or adversarial
 /// sample) `None`, and the caller takes the radix path: the result is exact
-/// either way.
-fn top_k_bracketed(x: &[f32], k: usize) -> Result<Option<SparseVec>> {
+/// either way. `true` when `out` holds the selection.
+fn top_k_bracketed(
+    x: &[f32],
+    k: usize,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<bool> {
     let n = x.len();
     let stride = (n / BRACKET_SAMPLE).max(1);
-    let mut sample: Vec<u32> = x.iter().step_by(stride).map(|&v| key(v)).collect();
+    let sample = &mut scratch.sample;
+    sample.clear();
+    sample.extend(x.iter().step_by(stride).map(|&v| key(v)));
     if sample.iter().any(|&kv| kv >= NON_FINITE_KEY) {
         return Err(non_finite_error(x));
     }
@@ -135,7 +193,7 @@ fn top_k_bracketed(x: &[f32], k: usize) -> Result<Option<SparseVec>> {
     let rank_hi = (center - margin).floor();
     let rank_lo = (center + margin).ceil();
     if (rank_lo - rank_hi.max(0.0)) / m as f64 > 0.25 {
-        return Ok(None); // the candidates would be a large part of the input
+        return Ok(false); // the candidates would be a large part of the input
     }
     let hi = if rank_hi < 1.0 {
         NON_FINITE_KEY - 1
@@ -147,9 +205,33 @@ fn top_k_bracketed(x: &[f32], k: usize) -> Result<Option<SparseVec>> {
     } else {
         sample[m - rank_lo as usize]
     };
+    select_in_bracket(x, k, lo, hi, out, scratch)
+}
 
-    let mut sure: Vec<u32> = Vec::new();
-    let mut candidates: Vec<(u32, u32)> = Vec::new();
+/// Exact top-k when the k-th largest key lies in `[lo, hi]`: one pass
+/// collects the entries above `hi` (kept for sure) and those in `[lo, hi]`
+/// (candidates), then an exact selection among the candidates finishes.
+/// `false` (and `out` unspecified) when the counts show the k-th key is not
+/// in the bracket, or the lists would pass their bounds (k kept for sure,
+/// 2k + 4096 candidates): the caller takes the radix path.
+fn select_in_bracket(
+    x: &[f32],
+    k: usize,
+    lo: u32,
+    hi: u32,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<bool> {
+    // The lists are bounded (k kept for sure, `most` candidates), so that
+    // their memory is O(k) whatever the data: a sample that misleads, or
+    // many ties at the k-th magnitude, send the radix path instead.
+    let most = 2 * k + 4096;
+    let sure = &mut scratch.sure;
+    let candidates = &mut scratch.candidates;
+    sure.clear();
+    candidates.clear();
+    sure.reserve(k);
+    candidates.reserve(most);
     let mut base = 0usize;
     for block in x.chunks(16) {
         // Most entries lie below `lo`: 16 at a time, branch-free.
@@ -163,111 +245,180 @@ fn top_k_bracketed(x: &[f32], k: usize) -> Result<Option<SparseVec>> {
                             value: v,
                         });
                     }
+                    if sure.len() == k {
+                        return Ok(false);
+                    }
                     sure.push((base + j) as u32);
                 } else if kv >= lo {
+                    if candidates.len() == most {
+                        return Ok(false);
+                    }
                     candidates.push(((base + j) as u32, kv));
                 }
             }
         }
         base += block.len();
     }
-    if sure.len() > k || sure.len() + candidates.len() < k {
-        return Ok(None);
+    if sure.len() + candidates.len() < k {
+        return Ok(false);
     }
     let need = k - sure.len();
-    Ok(Some(finish_top_k(x, &sure, &candidates, need)))
+    finish_top_k(x, need, out, scratch);
+    Ok(true)
 }
 
-/// Exact top-k by a radix select on the magnitude keys: a histogram of the
-/// top 11 bits finds the bucket of the k-th largest key, then one more pass
-/// collects the entries above that bucket and the bucket's candidates.
-fn top_k_radix(x: &[f32], k: usize) -> Result<SparseVec> {
+/// Exact top-k by a radix select on the magnitude keys, in O(k) memory: a
+/// histogram of the top 11 key bits finds the bucket of the k-th largest
+/// key, a histogram of the next 10 bits among that bucket's entries finds
+/// its sub-bucket, one of the last 10 bits the key itself; a last pass
+/// collects every entry above it and the first ties, in index order. Each
+/// pass after the first skips, 16 entries at a time, what lies below.
+fn top_k_radix(
+    x: &[f32],
+    k: usize,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<()> {
     // Pass 1: histogram of the top 11 key bits (8 buckets per binade).
     // Four interleaved histograms avoid stalls on runs of equal buckets.
     const SHIFT1: u32 = 20;
-    // A fixed-size table: keys have 31 bits, so `key >> 20` < 2048 and the
-    // index needs no bounds check.
-    let mut hist: Box<[[u32; 4]; 1 << 11]> = Box::new([[0u32; 4]; 1 << 11]);
+    // A table of 2048 buckets: keys have 31 bits, so `key >> 20` < 2048.
+    let hist = &mut scratch.hist;
+    hist.clear();
+    hist.resize(1 << 11, [0u32; 4]);
+    let hist = &mut hist[..1 << 11];
     for quad in x.chunks(4) {
         for (lane, &v) in quad.iter().enumerate() {
             hist[(key(v) >> SHIFT1) as usize & 0x7ff][lane] += 1;
         }
     }
-    let counts: Vec<usize> = hist
+    let count = |h: &[u32; 4]| h.iter().map(|&c| c as usize).sum::<usize>();
+    if hist[(NON_FINITE_KEY >> SHIFT1) as usize..]
         .iter()
-        .map(|h| h.iter().map(|&c| c as usize).sum())
-        .collect();
-    if counts[(NON_FINITE_KEY >> SHIFT1) as usize..]
-        .iter()
-        .any(|&c| c > 0)
+        .any(|h| count(h) > 0)
     {
         return Err(non_finite_error(x));
     }
-    // The bucket holding the k-th largest key, and how many lie above it.
-    let mut above = 0usize;
-    let mut bucket = 0usize;
-    for b in (0..counts.len()).rev() {
-        if above + counts[b] >= k {
-            bucket = b;
-            break;
+    let (b1, above1) = bucket_of_kth(hist.iter().map(count), k);
+    // Passes 2 and 3: the next 10 bits, then the last 10, among the
+    // entries whose higher bits are those found so far.
+    let prefix1 = (b1 as u32) << SHIFT1;
+    let fine = &mut scratch.fine;
+    fine.clear();
+    fine.resize(1 << 10, 0);
+    for_each_at_least(x, prefix1, |kv| {
+        if kv >> SHIFT1 == prefix1 >> SHIFT1 {
+            fine[(kv >> 10) as usize & 0x3ff] += 1;
         }
-        above += counts[b];
-    }
-
-    // Pass 2: indices above the bucket are kept for sure; the bucket's
-    // entries are the candidates for the rest.
-    let bucket = bucket as u32;
-    let mut sure: Vec<u32> = Vec::with_capacity(above);
-    let mut candidates: Vec<(u32, u32)> = Vec::with_capacity(counts[bucket as usize]);
-    // Most entries lie below the bucket: test 16 at a time, branch-free.
-    let floor = bucket << SHIFT1;
+    });
+    let (b2, above2) = bucket_of_kth(fine.iter().map(|&c| c as usize), k - above1);
+    let prefix2 = prefix1 | (b2 as u32) << 10;
+    fine.iter_mut().for_each(|c| *c = 0);
+    for_each_at_least(x, prefix2, |kv| {
+        if kv >> 10 == prefix2 >> 10 {
+            fine[kv as usize & 0x3ff] += 1;
+        }
+    });
+    let (b3, above3) = bucket_of_kth(fine.iter().map(|&c| c as usize), k - above1 - above2);
+    let kth = prefix2 | b3 as u32;
+    // Pass 4: every key above the k-th, and as many equal to it as are
+    // still needed, lowest indices first.
+    let mut ties = k - above1 - above2 - above3;
+    out.reset(x.len());
+    let indices = out.parts_mut().0;
+    indices.reserve(k);
     let mut base = 0usize;
     for block in x.chunks(16) {
-        if block.iter().fold(false, |acc, &v| acc | (key(v) >= floor)) {
+        if block.iter().fold(false, |acc, &v| acc | (key(v) >= kth)) {
             for (j, &v) in block.iter().enumerate() {
                 let kv = key(v);
-                let b = kv >> SHIFT1;
-                if b > bucket {
-                    sure.push((base + j) as u32);
-                } else if b == bucket {
-                    candidates.push(((base + j) as u32, kv));
+                if kv > kth || (kv == kth && ties > 0) {
+                    if kv == kth {
+                        ties -= 1;
+                    }
+                    indices.push((base + j) as u32);
                 }
             }
         }
         base += block.len();
     }
-    Ok(finish_top_k(x, &sure, &candidates, k - above))
+    gather_values(x, out, 1.0);
+    Ok(())
+}
+
+/// The bucket holding the `k`-th largest entry (`k >= 1`, at most the
+/// total), given the buckets' counts in increasing key order, and how many
+/// entries lie in the buckets above it.
+fn bucket_of_kth(
+    counts: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator,
+    k: usize,
+) -> (usize, usize) {
+    let mut above = 0usize;
+    let last = counts.len().saturating_sub(1);
+    for (from_top, c) in counts.rev().enumerate() {
+        if above + c >= k {
+            return (last - from_top, above);
+        }
+        above += c;
+    }
+    (0, above)
+}
+
+/// `f(key)` for every entry whose key may be at least `floor` (at least
+/// those; whole blocks of 16 entries below it are skipped).
+fn for_each_at_least(x: &[f32], floor: u32, mut f: impl FnMut(u32)) {
+    for block in x.chunks(16) {
+        if block.iter().fold(false, |acc, &v| acc | (key(v) >= floor)) {
+            for &v in block {
+                f(key(v));
+            }
+        }
+    }
 }
 
 /// Given the indices kept for sure and the candidates (index, key) in index
-/// order, keeps the `need` candidates of largest key, ties to the lower index,
-/// and returns the whole selection in index order.
-fn finish_top_k(x: &[f32], sure: &[u32], candidates: &[(u32, u32)], need: usize) -> SparseVec {
-    if need == 0 {
-        return gather(x, sure.to_vec());
-    }
-    let mut keys: Vec<u32> = candidates.iter().map(|&(_, kv)| kv).collect();
-    let pivot = keys.len() - need;
-    let (_, &mut kth, _) = keys.select_nth_unstable(pivot);
-    let greater = candidates.iter().filter(|&&(_, kv)| kv > kth).count();
-    let mut ties = need - greater;
-    let chosen: Vec<u32> = candidates
-        .iter()
-        .filter(|&&(_, kv)| {
-            kv > kth
-                || (kv == kth && ties > 0 && {
-                    ties -= 1;
-                    true
+/// order (in `scratch`), keeps the `need` candidates of largest key, ties to
+/// the lower index, and writes the whole selection in index order to `out`.
+fn finish_top_k(x: &[f32], need: usize, out: &mut SparseVec, scratch: &mut SelectScratch) {
+    let SelectScratch {
+        sure,
+        candidates,
+        keys,
+        chosen,
+        ..
+    } = scratch;
+    chosen.clear();
+    chosen.reserve(need);
+    if need > 0 {
+        keys.clear();
+        keys.reserve(candidates.capacity());
+        keys.extend(candidates.iter().map(|&(_, kv)| kv));
+        let pivot = keys.len() - need;
+        let (_, &mut kth, _) = keys.select_nth_unstable(pivot);
+        let greater = candidates.iter().filter(|&&(_, kv)| kv > kth).count();
+        let mut ties = need - greater;
+        chosen.extend(
+            candidates
+                .iter()
+                .filter(|&&(_, kv)| {
+                    kv > kth
+                        || (kv == kth && ties > 0 && {
+                            ties -= 1;
+                            true
+                        })
                 })
-        })
-        .map(|&(i, _)| i)
-        .collect();
-    gather(x, merge_sorted(sure, &chosen))
+                .map(|&(i, _)| i),
+        );
+    }
+    out.reset(x.len());
+    out.parts_mut().0.reserve(sure.len() + need);
+    merge_sorted(sure, chosen, out.parts_mut().0);
+    gather_values(x, out, 1.0);
 }
 
-/// Merges two strictly increasing, disjoint index lists.
-fn merge_sorted(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let mut out = Vec::with_capacity(a.len() + b.len());
+/// Merges two strictly increasing, disjoint index lists into `out`.
+fn merge_sorted(a: &[u32], b: &[u32], out: &mut Vec<u32>) {
+    out.clear();
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
         if a[i] < b[j] {
@@ -280,7 +431,6 @@ fn merge_sorted(a: &[u32], b: &[u32]) -> Vec<u32> {
     }
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);
-    out
 }
 
 /// How far sampled top-k may overshoot: it keeps between k and
@@ -291,7 +441,9 @@ pub const SAMPLED_TOP_K_SLACK: f64 = 1.3;
 /// threshold of the top `k = ceil(ratio * n)` from a strided sample of about
 /// 1 % of the entries, counts the survivors, and
 /// - keeps all of them when there are between k and 1.3 k,
-/// - keeps the exact top k among them when there are more,
+/// - keeps the exact top k when there are more (they are the top k of the
+///   survivors; found by [`top_k_count`] on the whole input, so that no
+///   more than 1.3 k survivors are ever held),
 /// - lowers the threshold (a higher order statistic of the sample) and
 ///   retries when there are fewer, ending with exact top-k if need be.
 ///
@@ -299,16 +451,45 @@ pub const SAMPLED_TOP_K_SLACK: f64 = 1.3;
 /// is at least as large as every entry dropped, but not always exactly `k` of
 /// them. Deterministic: the sample is strided, not random.
 pub fn sampled_top_k(x: &[f32], ratio: f64) -> Result<SparseVec> {
+    let mut out = SparseVec::default();
+    sampled_top_k_into(x, ratio, &mut out, &mut SelectScratch::default())?;
+    Ok(out)
+}
+
+/// [`sampled_top_k`] into `out` (refilled), working in `scratch`.
+pub(crate) fn sampled_top_k_into(
+    x: &[f32],
+    ratio: f64,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<()> {
     check_dense_len(x.len())?;
     let n = x.len();
     let k = count_for_ratio(ratio, n)?;
     let cap = ((k as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(k);
     // Small inputs: the exact path is as cheap as sampling.
     if n < 4096 || k == 0 {
-        return top_k_count(x, k);
+        return top_k_count_into(x, k, out, scratch);
     }
     let stride = 100usize;
-    let mut sample: Vec<u32> = x.iter().step_by(stride).map(|&v| key(v)).collect();
+    let mut sample = std::mem::take(&mut scratch.sampled);
+    sample.clear();
+    sample.extend(x.iter().step_by(stride).map(|&v| key(v)));
+    let result = sampled_top_k_from(x, ratio, k, cap, &mut sample, out, scratch);
+    scratch.sampled = sample;
+    result
+}
+
+/// The rest of [`sampled_top_k_into`], given the sample of keys.
+fn sampled_top_k_from(
+    x: &[f32],
+    ratio: f64,
+    k: usize,
+    cap: usize,
+    sample: &mut [u32],
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<()> {
     if sample.iter().any(|&kv| kv >= NON_FINITE_KEY) {
         return Err(non_finite_error(x));
     }
@@ -317,35 +498,74 @@ pub fn sampled_top_k(x: &[f32], ratio: f64) -> Result<SparseVec> {
     // Start at the sample's own k-th largest, then take twice, four times...
     // as many from the sample until enough entries survive.
     let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len);
+    let mut last = None;
     loop {
-        // One pass: collect the survivors of the estimated threshold.
-        let survivors = collect_at_least(x, sample[len - take])?;
-        if survivors.nnz() >= k {
-            if survivors.nnz() <= cap {
-                return Ok(survivors);
+        // One pass: collect the survivors of the estimated threshold, or
+        // find that there are more than `cap` (then no more are kept, so
+        // the memory stays O(k), and the exact top k of the whole input is
+        // the answer: every survivor outranks every other entry).
+        let threshold = sample[len - take];
+        if !collect_at_least_bounded(x, threshold, cap, out)? {
+            // The k-th key lies between this threshold and the last one
+            // (which kept fewer than k): select within that bracket.
+            let hi = match last {
+                Some(t) => t - 1,
+                None => NON_FINITE_KEY - 1,
+            };
+            if select_in_bracket(x, k, threshold, hi, out, scratch)? {
+                return Ok(());
             }
-            // Too many: the exact top k among the survivors.
-            let (_, idx, vals) = survivors.into_parts();
-            let best = top_k_count(&vals, k)?;
-            let indices = best.indices().iter().map(|&j| idx[j as usize]).collect();
-            return Ok(SparseVec::from_parts_unchecked(
-                n,
-                indices,
-                best.values().to_vec(),
-            ));
+            return top_k_count_into(x, k, out, scratch);
         }
+        if out.nnz() >= k {
+            return Ok(());
+        }
+        last = Some(threshold);
         if take == len {
-            return top_k_count(x, k);
+            return top_k_count_into(x, k, out, scratch);
         }
         take = (take * 2).min(len);
     }
 }
 
-/// Every entry with magnitude key `>= t`, `t` a finite key; refuses a
-/// non-finite entry (its key exceeds every finite one, so it is always seen).
-fn collect_at_least(x: &[f32], t: u32) -> Result<SparseVec> {
-    let mut indices = Vec::new();
-    let mut values = Vec::new();
+/// [`collect_at_least`] keeping at most `most` entries: `false` (and `out`
+/// unspecified) as soon as there are more.
+fn collect_at_least_bounded(x: &[f32], t: u32, most: usize, out: &mut SparseVec) -> Result<bool> {
+    out.reset(x.len());
+    let (indices, values) = out.parts_mut();
+    indices.reserve(most);
+    values.reserve(most);
+    let mut base = 0usize;
+    for block in x.chunks(16) {
+        if block.iter().fold(false, |acc, &v| acc | (key(v) >= t)) {
+            for (j, &v) in block.iter().enumerate() {
+                let kv = key(v);
+                if kv >= t {
+                    if kv >= NON_FINITE_KEY {
+                        return Err(CompressError::NonFinite {
+                            index: base + j,
+                            value: v,
+                        });
+                    }
+                    if indices.len() == most {
+                        return Ok(false);
+                    }
+                    indices.push((base + j) as u32);
+                    values.push(v);
+                }
+            }
+        }
+        base += block.len();
+    }
+    Ok(true)
+}
+
+/// Every entry with magnitude key `>= t`, `t` a finite key, into `out`;
+/// refuses a non-finite entry (its key exceeds every finite one, so it is
+/// always seen).
+fn collect_at_least(x: &[f32], t: u32, out: &mut SparseVec) -> Result<()> {
+    out.reset(x.len());
+    let (indices, values) = out.parts_mut();
     let mut base = 0usize;
     for block in x.chunks(16) {
         if block.iter().fold(false, |acc, &v| acc | (key(v) >= t)) {
@@ -365,15 +585,38 @@ fn collect_at_least(x: &[f32], t: u32) -> Result<SparseVec> {
         }
         base += block.len();
     }
-    Ok(SparseVec::from_parts_unchecked(x.len(), indices, values))
+    Ok(())
 }
 
 /// Random-k: `k = ceil(ratio * n)` distinct indices drawn uniformly with a
 /// ChaCha8 generator seeded with `seed` (the same seed gives the same
-/// indices on every machine). With `unbiased`, the kept values are scaled by
-/// `n / k`, so the decoded vector is an unbiased estimate of `x`; without, they
-/// are sent as they are (what error feedback wants: the residual keeps the rest).
+/// indices on every machine): Floyd's algorithm, marking the draws in a
+/// bitmap, read back in index order. With `unbiased`, the kept values are
+/// scaled by `n / k`, so the decoded vector is an unbiased estimate of `x`;
+/// without, they are sent as they are (what error feedback wants: the
+/// residual keeps the rest).
 pub fn random_k(x: &[f32], ratio: f64, seed: u64, unbiased: bool) -> Result<SparseVec> {
+    let mut out = SparseVec::default();
+    random_k_into(
+        x,
+        ratio,
+        seed,
+        unbiased,
+        &mut out,
+        &mut SelectScratch::default(),
+    )?;
+    Ok(out)
+}
+
+/// [`random_k`] into `out` (refilled), working in `scratch`.
+pub(crate) fn random_k_into(
+    x: &[f32],
+    ratio: f64,
+    seed: u64,
+    unbiased: bool,
+    out: &mut SparseVec,
+    scratch: &mut SelectScratch,
+) -> Result<()> {
     check_dense_len(x.len())?;
     let n = x.len();
     let k = count_for_ratio(ratio, n)?;
@@ -381,16 +624,34 @@ pub fn random_k(x: &[f32], ratio: f64, seed: u64, unbiased: bool) -> Result<Spar
         return Err(non_finite_error(x));
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let mut indices: Vec<u32> = rand::seq::index::sample(&mut rng, n, k)
-        .into_iter()
-        .map(|i| i as u32)
-        .collect();
-    indices.sort_unstable();
+    let bits = &mut scratch.bits;
+    bits.clear();
+    bits.resize(n.div_ceil(64), 0);
+    // Floyd: for j in n-k..n, draw t in 0..=j; take t, or j if t is taken.
+    // Each k-subset comes out with the same probability.
+    for j in n - k..n {
+        let t = rng.random_range(0..=j);
+        let pick = if bits[t / 64] >> (t % 64) & 1 == 1 {
+            j
+        } else {
+            t
+        };
+        bits[pick / 64] |= 1 << (pick % 64);
+    }
+    out.reset(n);
+    let indices = out.parts_mut().0;
+    for (w, &word) in bits.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            indices.push((w * 64) as u32 + word.trailing_zeros());
+            word &= word - 1;
+        }
+    }
     let scale = if unbiased && k > 0 {
         n as f32 / k as f32
     } else {
         1.0
     };
-    let values = indices.iter().map(|&i| x[i as usize] * scale).collect();
-    Ok(SparseVec::from_parts_unchecked(n, indices, values))
+    gather_values(x, out, scale);
+    Ok(())
 }

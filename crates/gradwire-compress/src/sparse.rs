@@ -49,6 +49,20 @@ impl SparseVec {
         })
     }
 
+    /// Empties it for a new selection from `dense_len` elements, keeping
+    /// the buffers (the codecs refill it in place).
+    pub(crate) fn reset(&mut self, dense_len: usize) {
+        self.dense_len = dense_len;
+        self.indices.clear();
+        self.values.clear();
+    }
+
+    /// The index and value lists, for a codec filling them in place (it
+    /// keeps the type's invariants).
+    pub(crate) fn parts_mut(&mut self) -> (&mut Vec<u32>, &mut Vec<f32>) {
+        (&mut self.indices, &mut self.values)
+    }
+
     /// Builds without checking; the codecs use it for what they produce.
     pub(crate) fn from_parts_unchecked(
         dense_len: usize,

@@ -5,7 +5,7 @@
 
 use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::select::{self, count_for_ratio};
-use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec};
+use gradwire_compress::{CompressError, ErrorFeedback, SelectScratch, SparseCodec, SparseVec};
 use half::{bf16, f16};
 use proptest::prelude::*;
 
@@ -425,5 +425,93 @@ fn large_f16_casts_give_the_same_bits_as_small_ones() {
                 "widen {i}"
             );
         }
+    }
+}
+
+/// Gradients long enough for the sampled paths (bracketing from 32 768
+/// entries, sampled top-k from 4 096), mixed with short ones.
+fn long_gradient() -> impl Strategy<Value = Vec<f32>> {
+    prop_oneof![
+        gradient(),
+        (
+            prop::sample::select(vec![4096usize, 9001, 40_009]),
+            any::<u64>()
+        )
+            .prop_map(|(n, seed)| {
+                // A cheap deterministic spread of magnitudes, with ties.
+                let mut s = seed | 1;
+                (0..n)
+                    .map(|_| {
+                        s ^= s << 13;
+                        s ^= s >> 7;
+                        s ^= s << 17;
+                        ((s % 2001) as f32 - 1000.0) * 1e-3
+                    })
+                    .collect()
+            }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Selecting into reused buffers (holding whatever earlier selections of
+    /// other lengths left there) gives exactly what a fresh selection gives.
+    #[test]
+    fn select_into_reused_buffers_equals_a_fresh_selection(
+        xs in prop::collection::vec(long_gradient(), 1..5),
+        r in ratio(),
+    ) {
+        let codecs = [
+            SparseCodec::TopK(r),
+            SparseCodec::Threshold(0.5),
+            SparseCodec::SampledTopK(r),
+            SparseCodec::RandomK { ratio: r, seed: 11 },
+        ];
+        let mut scratch = SelectScratch::default();
+        let mut out = SparseVec::default();
+        for x in &xs {
+            for codec in &codecs {
+                codec.select_into(x, &mut out, &mut scratch).unwrap();
+                prop_assert_eq!(&out, &codec.select(x).unwrap(), "{:?}, n = {}", codec, x.len());
+            }
+        }
+        // Error feedback through reused buffers, against a fresh memory.
+        let n = xs[0].len();
+        let mut reused = ErrorFeedback::new(n);
+        let mut fresh = ErrorFeedback::new(n);
+        for x in xs.iter().filter(|x| x.len() == n) {
+            reused.compress_into(x, &SparseCodec::TopK(r), &mut out, &mut scratch).unwrap();
+            prop_assert_eq!(&out, &fresh.compress(x, &SparseCodec::TopK(r)).unwrap());
+            prop_assert_eq!(reused.residual(), fresh.residual());
+        }
+    }
+}
+
+/// Random-k draws every index with probability k / n: over 4 000 seeds,
+/// each of 64 indices' count stays within five standard deviations of
+/// 4 000 k / n.
+#[test]
+fn random_k_draws_every_index_alike() {
+    let (n, k, draws) = (64usize, 8usize, 4000u64);
+    let x = vec![1.0f32; n];
+    let ratio = k as f64 / n as f64;
+    let mut counts = vec![0u64; n];
+    for seed in 0..draws {
+        let s = select::random_k(&x, ratio, seed, false).unwrap();
+        assert_eq!(s.nnz(), k);
+        for &i in s.indices() {
+            counts[i as usize] += 1;
+        }
+    }
+    let p = k as f64 / n as f64;
+    let mean = draws as f64 * p;
+    let sd = (draws as f64 * p * (1.0 - p)).sqrt();
+    for (i, &c) in counts.iter().enumerate() {
+        assert!(
+            (c as f64 - mean).abs() <= 5.0 * sd,
+            "index {i} drawn {c} times, expected {mean:.0} +- {:.0}",
+            5.0 * sd
+        );
     }
 }

@@ -24,9 +24,11 @@
 //! storage). DimReduce, which replaces the optimizer's update with its own,
 //! stays on `DistOpt`.
 //!
-//! In steady state a step allocates nothing, on any thread (dense and
-//! half precision over LocalComm; the buffers, DistOpt's lists, the
-//! buckets' job slots and the communicator's bookkeeping are all reused).
+//! In steady state a step allocates nothing, on any thread (every
+//! gradient-combining mode over LocalComm; the buffers, the sparse
+//! selections and payloads, the residuals' copies, AdaSum's scratch,
+//! DistOpt's lists, the buckets' job slots and the communicator's
+//! bookkeeping are all reused).
 //!
 //! [`GradSync::set_samples`] weights the average by each rank's number of
 //! samples (uneven shards); [`GradSync::broadcast`] copies a root rank's

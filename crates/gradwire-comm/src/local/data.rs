@@ -9,7 +9,7 @@
 //! element while another writes it.
 
 use super::group::{Post, Progress};
-use crate::communicator::chunk_range;
+use crate::communicator::{Gathered, chunk_range};
 use crate::element::{BLOCK, Element};
 use crate::op::ReduceOp;
 use std::ops::Range;
@@ -267,19 +267,18 @@ pub(crate) unsafe fn all_gather<T: Element>(posts: &[Post], recv: &mut [T]) {
     }
 }
 
-/// All-gather of varied lengths: concatenates every rank's send buffer.
+/// All-gather of varied lengths: every rank's send buffer, in rank order,
+/// into `out` (refilled, its buffers reused).
 ///
 /// # Safety
 /// A resolved all-gather-varied round: every post's `send` is a live
 /// `[T; post.len]`.
-pub(crate) unsafe fn all_gather_varied<T: Element>(posts: &[Post]) -> Vec<T> {
-    let total = posts.iter().map(|p| p.len).sum();
-    let mut out = Vec::with_capacity(total);
+pub(crate) unsafe fn all_gather_varied_into<T: Element>(posts: &[Post], out: &mut Gathered<T>) {
+    out.clear();
     for p in posts {
         // SAFETY: send buffers are only read during the round.
-        out.extend_from_slice(unsafe { view::<T>(p.send.0, 0, p.len) });
+        out.push_part(unsafe { view::<T>(p.send.0, 0, p.len) });
     }
-    out
 }
 
 #[cfg(test)]

@@ -4,6 +4,11 @@
 //! returns at once (MPI's eager protocol), so a ring of `sendrecv` calls, or a
 //! pairwise exchange, cannot deadlock. Messages from one source to one
 //! destination are received in the order they were sent.
+//!
+//! The copies' byte buffers are recycled: a receiver hands a message's
+//! buffer back to its mailbox's spares, and the next send to that mailbox
+//! refills the smallest spare that is large enough. A repeated exchange
+//! pattern (AdaSum's halving, a ring) allocates nothing once warm.
 
 use crate::element::ElemType;
 use parking_lot::{Condvar, Mutex};
@@ -17,11 +22,61 @@ pub(crate) struct Message {
     pub(crate) bytes: Vec<u8>,
 }
 
-/// The incoming queues of one rank, one per source.
+/// The incoming queues of one rank, one per source, with the byte
+/// buffers of received messages kept for the next sends.
 #[derive(Debug)]
 pub(crate) struct Mailbox {
-    pub(crate) queues: Mutex<Vec<VecDeque<Message>>>,
+    pub(crate) queues: Mutex<Queues>,
     pub(crate) arrived: Condvar,
+}
+
+/// What a mailbox's lock guards.
+#[derive(Debug)]
+pub(crate) struct Queues {
+    /// The messages in flight, one queue per source.
+    pub(crate) from: Vec<VecDeque<Message>>,
+    /// Byte buffers of received messages, for the next sends (at most
+    /// [`MAX_SPARES`]).
+    spares: Vec<Vec<u8>>,
+}
+
+/// The most spare buffers a mailbox keeps: more than any exchange pattern
+/// has in flight towards one rank at once, few enough to bound the memory.
+const MAX_SPARES: usize = 16;
+
+impl Queues {
+    /// A copy of `bytes` in a recycled buffer when one is large enough (the
+    /// smallest such), else in the largest spare grown, else a new one.
+    pub(crate) fn copy_of(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let fitting = self
+            .spares
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= bytes.len())
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let largest = || {
+            self.spares
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i)
+        };
+        let mut buffer = match fitting.or_else(largest) {
+            Some(i) => self.spares.swap_remove(i),
+            None => Vec::new(),
+        };
+        buffer.clear();
+        buffer.extend_from_slice(bytes);
+        buffer
+    }
+
+    /// Keeps a received message's buffer for a later send.
+    pub(crate) fn recycle(&mut self, buffer: Vec<u8>) {
+        if self.spares.len() < MAX_SPARES {
+            self.spares.push(buffer);
+        }
+    }
 }
 
 /// Every rank's mailbox.
@@ -34,7 +89,10 @@ impl Mailboxes {
     pub(crate) fn new(size: usize) -> Mailboxes {
         let boxes = (0..size)
             .map(|_| Mailbox {
-                queues: Mutex::new((0..size).map(|_| VecDeque::new()).collect()),
+                queues: Mutex::new(Queues {
+                    from: (0..size).map(|_| VecDeque::new()).collect(),
+                    spares: Vec::new(),
+                }),
                 arrived: Condvar::new(),
             })
             .collect();

@@ -310,18 +310,22 @@ impl Communicator for LocalComm {
     }
 
     fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        let mut out = Gathered::default();
+        self.all_gather_varied_into(send, &mut out)?;
+        Ok(out)
+    }
+
+    fn all_gather_varied_into<T: Element>(&self, send: &[T], out: &mut Gathered<T>) -> Result<()> {
         let post = Post {
             elem: Some(T::TYPE),
             len: send.len(),
             send: RawBuf(send.as_ptr().cast_mut().cast()),
             ..Post::new(Kind::AllGatherVaried)
         };
-        let (data, counts) = self.own_data_round(post, |posts| {
+        self.own_data_round(post, |posts| {
             // SAFETY: validated round; send buffers are only read.
-            let data = unsafe { data::all_gather_varied::<T>(posts) };
-            (data, posts.iter().map(|p| p.len).collect::<Vec<_>>())
-        })?;
-        Gathered::new(data, &counts)
+            unsafe { data::all_gather_varied_into::<T>(posts, out) }
+        })
     }
 
     fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
@@ -353,11 +357,6 @@ impl Communicator for LocalComm {
                 ranks: vec![dest],
             });
         }
-        let message = Message {
-            elem: T::TYPE,
-            len: buf.len(),
-            bytes: bytemuck::cast_slice(buf).to_vec(),
-        };
         let Some(mailbox) = self.group.mail.of(dest) else {
             return Err(CommError::InvalidRank {
                 rank: dest,
@@ -365,7 +364,12 @@ impl Communicator for LocalComm {
             });
         };
         let mut queues = mailbox.queues.lock();
-        queues[self.rank].push_back(message);
+        let message = Message {
+            elem: T::TYPE,
+            len: buf.len(),
+            bytes: queues.copy_of(bytemuck::cast_slice(buf)),
+        };
+        queues.from[self.rank].push_back(message);
         mailbox.arrived.notify_all();
         Ok(())
     }
@@ -384,7 +388,7 @@ impl Communicator for LocalComm {
             .and_then(|t| Instant::now().checked_add(t));
         let mut queues = mailbox.queues.lock();
         loop {
-            if let Some(message) = queues[src].pop_front() {
+            if let Some(message) = queues.from[src].pop_front() {
                 drop(queues);
                 if message.elem != T::TYPE || message.len != buf.len() {
                     return Err(CommError::Mismatch {
@@ -400,6 +404,7 @@ impl Communicator for LocalComm {
                     });
                 }
                 bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&message.bytes);
+                mailbox.queues.lock().recycle(message.bytes);
                 return Ok(());
             }
             // A poisoned group's error first: it is what every rank gets.
@@ -418,7 +423,7 @@ impl Communicator for LocalComm {
                         .arrived
                         .wait_until(&mut queues, deadline)
                         .timed_out()
-                        && queues[src].is_empty()
+                        && queues.from[src].is_empty()
                     {
                         drop(queues);
                         let err = CommError::Timeout {

@@ -6,12 +6,13 @@ use super::combiner::{SharedCombiner, run_combiner};
 use super::{DistOpt, Mode, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use gradwire_algos::fault::prepare;
 use gradwire_algos::{
     FaultKind, FusionBuffers, HalfOptions, Reduced, Traffic, fused_all_reduce_with,
-    half_all_reduce_with, sparse_exchange,
+    half_all_reduce_with, sparse_exchange_with,
 };
 use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
-use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
+use gradwire_compress::{ErrorFeedback, SparseCodec};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
 
@@ -101,6 +102,16 @@ pub(super) struct BucketBuffers {
     /// The memory that holds the residual as it was before a step (sparse
     /// mode with error feedback), refilled in place every step.
     pub(super) residual_before: Option<ErrorFeedback>,
+    /// Sparse mode with error feedback when only some of the bucket's
+    /// parameters were written: their ranges of the residual, and the
+    /// residual of those ranges that goes through the step.
+    written_ranges: Vec<Range<usize>>,
+    written_residual: Option<ErrorFeedback>,
+    /// The gradients no rank wrote, in order, back to DistOpt for reuse
+    /// (as the next step's zeros of parameters not pushed).
+    pub(super) unwritten: Vec<Tensor>,
+    /// An empty list kept for the next step's written gradients.
+    live: Vec<Tensor>,
 }
 
 /// Everything a bucket's job returns: its result, and the error-feedback
@@ -195,12 +206,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let mut grads = std::mem::take(&mut buffers.grads);
         grads.clear();
         for i in range {
-            let grad = match self.grads[i].take() {
-                Some(g) => g,
-                None => {
-                    // Never pushed: not written on this rank. A zero of the
-                    // declared dtype on the declared device, so every rank
-                    // packs the same buffer.
+            let grad = match (self.grads[i].take(), self.unpushed[i].take()) {
+                (Some(g), _) => g,
+                // Never pushed: not written on this rank. A zero of the
+                // declared dtype on the declared device, so every rank
+                // packs the same buffer (an earlier step's, reused).
+                (None, Some(mut zeros)) => {
+                    zeros.zero_();
+                    zeros
+                }
+                (None, None) => {
                     let spec = &self.params[i];
                     let mut zeros = Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?;
                     zeros.zero_();
@@ -316,23 +331,35 @@ fn reduce_bucket<C: Communicator + 'static>(
         buffers.written.clear();
         buffers.written.extend(votes.iter().map(|&v| v != 0));
     }
-    let written = &buffers.written;
-    // The lengths of every parameter, for a residual that only some of
-    // them go through (the only case that needs them).
-    let lens: Vec<usize> = match (&mode, &residual) {
-        (Mode::Sparse { .. }, Some(_)) if !written.iter().all(|&w| w) => {
-            grads.iter().map(Tensor::len).collect()
+    // Sparse mode with error feedback, when only some parameters were
+    // written: the ranges of the residual those go through.
+    let partial_residual = matches!(mode, Mode::Sparse { .. })
+        && residual.is_some()
+        && !buffers.written.iter().all(|&w| w);
+    if partial_residual {
+        buffers.written_ranges.clear();
+        let mut offset = 0;
+        for (g, &w) in grads.iter().zip(&buffers.written) {
+            if w {
+                buffers.written_ranges.push(offset..offset + g.len());
+            }
+            offset += g.len();
         }
-        _ => Vec::new(),
-    };
-    // The written gradients only, in place.
-    let mut k = 0;
-    grads.retain(|_| {
-        let keep = written.get(k).copied().unwrap_or(false);
-        k += 1;
-        keep
-    });
-    let mut live = grads;
+    }
+    // The written gradients go on; the others (zeros on every rank) come
+    // back to DistOpt for reuse. The two lists swap roles every step, both
+    // keeping their capacity.
+    let mut live = std::mem::take(&mut buffers.live);
+    live.clear();
+    buffers.unwritten.clear();
+    for (k, g) in grads.drain(..).enumerate() {
+        if buffers.written.get(k).copied().unwrap_or(false) {
+            live.push(g);
+        } else {
+            buffers.unwritten.push(g);
+        }
+    }
+    buffers.live = grads;
     let mut averaged = matches!(mode, Mode::Half { .. });
     if !live.is_empty() {
         traffic += match mode {
@@ -359,44 +386,31 @@ fn reduce_bucket<C: Communicator + 'static>(
             Mode::Sparse { codec, .. } => match residual.as_mut() {
                 // The job keeps the residual as it was (`BucketJob::run`),
                 // so the exchange need not keep a copy of its own.
-                None => sparse_exchange(comm, &mut live, &codec, None)?,
-                Some(memory) if written.iter().all(|&w| w) => {
-                    sparse_exchange(comm, &mut live, &codec, Some(memory))?
-                }
+                None => sparse_exchange_with(comm, &mut live, &codec, None, &mut buffers.fusion)?,
+                Some(memory) if !partial_residual => sparse_exchange_with(
+                    comm,
+                    &mut live,
+                    &codec,
+                    Some(memory),
+                    &mut buffers.fusion,
+                )?,
                 Some(memory) => {
                     // Only the written parameters take part: their part of the
                     // residual goes through the step, the rest stays as it is.
-                    let mut ranges = Vec::new();
-                    let mut offset = 0;
-                    for (&n, &w) in lens.iter().zip(written.iter()) {
-                        if w {
-                            ranges.push(offset..offset + n);
-                        }
-                        offset += n;
-                    }
-                    let full = memory.state();
-                    let part: Vec<f32> = ranges
-                        .iter()
-                        .flat_map(|r| full.residual[r.clone()].iter().copied())
-                        .collect();
-                    let mut sub = ErrorFeedback::from_state(ErrorFeedbackState {
-                        residual: part,
-                        momentum: None,
-                        steps: full.steps,
-                    })?;
-                    let t = sparse_exchange(comm, &mut live, &codec, Some(&mut sub))?;
-                    let mut merged = full.residual;
-                    let mut from = sub.residual().iter().copied();
-                    for r in &ranges {
-                        for slot in &mut merged[r.clone()] {
-                            *slot = from.next().unwrap_or(0.0);
-                        }
-                    }
-                    *memory = ErrorFeedback::from_state(ErrorFeedbackState {
-                        residual: merged,
-                        momentum: None,
-                        steps: sub.steps(),
-                    })?;
+                    let ranges = &buffers.written_ranges;
+                    let sub = buffers
+                        .written_residual
+                        .get_or_insert_with(|| ErrorFeedback::new(0));
+                    prepare(comm, || Ok(sub.load_parts(memory, ranges)?))?;
+                    let t = sparse_exchange_with(
+                        comm,
+                        &mut live,
+                        &codec,
+                        Some(sub),
+                        &mut buffers.fusion,
+                    )?;
+                    // Cannot fail: the same ranges, and `sub` was loaded from `memory`.
+                    sub.store_parts(memory, ranges)?;
                     t
                 }
             },

@@ -318,6 +318,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                     let averaged = value.averaged;
                     let mut grads = value.grads;
                     let mut combined = grads.drain(..);
+                    let mut unwritten = buffers.unwritten.drain(..);
                     for (i, &written) in self.buckets[b].clone().zip(&buffers.written) {
                         if written {
                             if let Some(g) = combined.next() {
@@ -325,8 +326,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                             }
                         } else {
                             stats.skipped += 1;
+                            self.unpushed[i] = unwritten.next();
                         }
                     }
+                    drop(unwritten);
                     drop(combined);
                     // The emptied list goes back for the next step.
                     buffers.grads = grads;

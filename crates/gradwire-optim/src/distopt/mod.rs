@@ -217,6 +217,9 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     buckets: Vec<Range<usize>>,
     /// This step's gradients, by parameter index.
     grads: Vec<Option<Tensor>>,
+    /// Gradients no rank wrote in an earlier step, kept by parameter index
+    /// to serve as the zeros of a parameter not pushed (no allocation).
+    unpushed: Vec<Option<Tensor>>,
     in_flight: Vec<Pending<BucketOutput>>,
     /// This step's first local fault.
     fault: Option<LocalFault>,
@@ -280,6 +283,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         let buckets = plan_buckets(&params, &lens, config.fusion_threshold, config.capacity)?;
         let grads = vec![None; params.len()];
+        let unpushed = vec![None; params.len()];
         let residuals = buckets
             .iter()
             .map(|b| match config.mode {
@@ -303,6 +307,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             scratch: StepScratch::default(),
             buckets,
             grads,
+            unpushed,
             in_flight: Vec::new(),
             fault: None,
             residuals,
