@@ -80,6 +80,34 @@ pub struct SelectScratch {
     bits: Vec<u64>,
 }
 
+impl SelectScratch {
+    /// Reserves everything the top-k family may use to select `k` entries
+    /// (whichever path a later input takes), and room for `most` entries in
+    /// `out`: after the first selection nothing grows.
+    fn reserve_top_k(&mut self, k: usize, most: usize, out: &mut SparseVec) {
+        let candidates = bracket_candidates(k);
+        capacity_for(&mut self.sure, k);
+        capacity_for(&mut self.candidates, candidates);
+        capacity_for(&mut self.keys, candidates);
+        capacity_for(&mut self.chosen, k);
+        capacity_for(&mut self.hist, 1 << 11);
+        capacity_for(&mut self.fine, 1 << 10);
+        let (indices, values) = out.parts_mut();
+        capacity_for(indices, most);
+        capacity_for(values, most);
+    }
+}
+
+/// Makes room for `n` elements in all (whatever `v` holds now).
+fn capacity_for<T>(v: &mut Vec<T>, n: usize) {
+    v.reserve(n.saturating_sub(v.len()));
+}
+
+/// The most candidates a bracketed selection of `k` entries keeps.
+fn bracket_candidates(k: usize) -> usize {
+    2 * k + 4096
+}
+
 /// Fills `out` with the entries of `x` at `out`'s indices (already set).
 fn gather_values(x: &[f32], out: &mut SparseVec, scale: f32) {
     let (indices, values) = out.parts_mut();
@@ -142,6 +170,7 @@ pub(crate) fn top_k_count_into(
     check_dense_len(x.len())?;
     out.reset(x.len());
     let k = k.min(x.len());
+    scratch.reserve_top_k(k, k, out);
     if k == 0 {
         // Still refuse non-finite input: the caller would otherwise park it.
         if x.iter().any(|v| !v.is_finite()) {
@@ -225,7 +254,7 @@ fn select_in_bracket(
     // The lists are bounded (k kept for sure, `most` candidates), so that
     // their memory is O(k) whatever the data: a sample that misleads, or
     // many ties at the k-th magnitude, send the radix path instead.
-    let most = 2 * k + 4096;
+    let most = bracket_candidates(k);
     let sure = &mut scratch.sure;
     let candidates = &mut scratch.candidates;
     sure.clear();
@@ -467,6 +496,7 @@ pub(crate) fn sampled_top_k_into(
     let n = x.len();
     let k = count_for_ratio(ratio, n)?;
     let cap = ((k as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(k);
+    scratch.reserve_top_k(k, cap, out);
     // Small inputs: the exact path is as cheap as sampling.
     if n < 4096 || k == 0 {
         return top_k_count_into(x, k, out, scratch);
