@@ -294,12 +294,10 @@ impl<C: Communicator> AdaSum<C> {
             Ok(packed) => packed,
             Err(e) => return Err(fail(comm, e.into())),
         };
+        // Not all in CPU memory, so the buffer is on the first tensor's
+        // device (pack_new refuses a mix).
         let ranges: Vec<Range<usize>> = (0..layout.len()).filter_map(|i| layout.range(i)).collect();
-        let traffic = if buffer.device().is_cpu() {
-            self.combine_flat(comm, buffer.as_mut_slice::<f32>()?, &ranges)?
-        } else {
-            self.combine_on_device(comm, &mut buffer, &ranges)?
-        };
+        let traffic = self.combine_on_device(comm, &mut buffer, &ranges)?;
         let mut outs: Vec<&mut Tensor> = tensors.iter_mut().collect();
         flat::unpack(&buffer, &layout, &mut outs)?;
         Ok(traffic)

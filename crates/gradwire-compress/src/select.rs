@@ -24,6 +24,7 @@
 use crate::error::{CompressError, Result};
 use crate::sparse::{SparseVec, check_dense_len};
 use rand::{Rng, SeedableRng};
+use std::ops::ControlFlow::{self, Break, Continue};
 
 /// The magnitude key of a float: ordered like `|x|` for finite values.
 #[inline(always)]
@@ -254,39 +255,31 @@ fn select_in_bracket(
     // The lists are bounded (k kept for sure, `most` candidates), so that
     // their memory is O(k) whatever the data: a sample that misleads, or
     // many ties at the k-th magnitude, send the radix path instead.
+    // (Their room was reserved by `SelectScratch::reserve_top_k`.)
     let most = bracket_candidates(k);
     let sure = &mut scratch.sure;
     let candidates = &mut scratch.candidates;
     sure.clear();
     candidates.clear();
-    sure.reserve(k);
-    candidates.reserve(most);
-    let mut base = 0usize;
-    for block in x.chunks(16) {
-        // Most entries lie below `lo`: 16 at a time, branch-free.
-        if block.iter().fold(false, |acc, &v| acc | (key(v) >= lo)) {
-            for (j, &v) in block.iter().enumerate() {
-                let kv = key(v);
-                if kv > hi {
-                    if kv >= NON_FINITE_KEY {
-                        return Err(CompressError::NonFinite {
-                            index: base + j,
-                            value: v,
-                        });
-                    }
-                    if sure.len() == k {
-                        return Ok(false);
-                    }
-                    sure.push((base + j) as u32);
-                } else if kv >= lo {
-                    if candidates.len() == most {
-                        return Ok(false);
-                    }
-                    candidates.push(((base + j) as u32, kv));
-                }
+    let scan = scan_at_least(x, lo, |i, kv| {
+        if kv > hi {
+            if kv >= NON_FINITE_KEY {
+                return Break(Err(non_finite_at(x, i)));
             }
+            if sure.len() == k {
+                return Break(Ok(false));
+            }
+            sure.push(i as u32);
+        } else {
+            if candidates.len() == most {
+                return Break(Ok(false));
+            }
+            candidates.push((i as u32, kv));
         }
-        base += block.len();
+        Continue(())
+    });
+    if let Break(stopped) = scan {
+        return stopped;
     }
     if sure.len() + candidates.len() < k {
         return Ok(false);
@@ -335,19 +328,21 @@ fn top_k_radix(
     let fine = &mut scratch.fine;
     fine.clear();
     fine.resize(1 << 10, 0);
-    for_each_at_least(x, prefix1, |kv| {
-        if kv >> SHIFT1 == prefix1 >> SHIFT1 {
-            fine[(kv >> 10) as usize & 0x3ff] += 1;
-        }
-    });
+    count_at_least(
+        x,
+        prefix1,
+        |kv| (kv >> SHIFT1 == prefix1 >> SHIFT1).then_some((kv >> 10) as usize & 0x3ff),
+        fine,
+    );
     let (b2, above2) = bucket_of_kth(fine.iter().map(|&c| c as usize), k - above1);
     let prefix2 = prefix1 | (b2 as u32) << 10;
     fine.iter_mut().for_each(|c| *c = 0);
-    for_each_at_least(x, prefix2, |kv| {
-        if kv >> 10 == prefix2 >> 10 {
-            fine[kv as usize & 0x3ff] += 1;
-        }
-    });
+    count_at_least(
+        x,
+        prefix2,
+        |kv| (kv >> 10 == prefix2 >> 10).then_some(kv as usize & 0x3ff),
+        fine,
+    );
     let (b3, above3) = bucket_of_kth(fine.iter().map(|&c| c as usize), k - above1 - above2);
     let kth = prefix2 | b3 as u32;
     // Pass 4: every key above the k-th, and as many equal to it as are
@@ -355,22 +350,15 @@ fn top_k_radix(
     let mut ties = k - above1 - above2 - above3;
     out.reset(x.len());
     let indices = out.parts_mut().0;
-    indices.reserve(k);
-    let mut base = 0usize;
-    for block in x.chunks(16) {
-        if block.iter().fold(false, |acc, &v| acc | (key(v) >= kth)) {
-            for (j, &v) in block.iter().enumerate() {
-                let kv = key(v);
-                if kv > kth || (kv == kth && ties > 0) {
-                    if kv == kth {
-                        ties -= 1;
-                    }
-                    indices.push((base + j) as u32);
-                }
+    let _ = scan_at_least::<()>(x, kth, |i, kv| {
+        if kv > kth || ties > 0 {
+            if kv == kth {
+                ties -= 1;
             }
+            indices.push(i as u32);
         }
-        base += block.len();
-    }
+        Continue(())
+    });
     gather_values(x, out, 1.0);
     Ok(())
 }
@@ -393,15 +381,44 @@ fn bucket_of_kth(
     (0, above)
 }
 
-/// `f(key)` for every entry whose key may be at least `floor` (at least
-/// those; whole blocks of 16 entries below it are skipped).
-fn for_each_at_least(x: &[f32], floor: u32, mut f: impl FnMut(u32)) {
-    for block in x.chunks(16) {
+/// `f(index, key)` for every entry of `x` whose magnitude key is at least
+/// `floor`, in index order, until `f` breaks. Most entries usually lie
+/// below: blocks of 16 are tested branch-free and skipped whole. (Keys at or
+/// above `NON_FINITE_KEY` are passed on: the caller refuses them.)
+fn scan_at_least<B>(
+    x: &[f32],
+    floor: u32,
+    mut f: impl FnMut(usize, u32) -> ControlFlow<B>,
+) -> ControlFlow<B> {
+    for (b, block) in x.chunks(16).enumerate() {
         if block.iter().fold(false, |acc, &v| acc | (key(v) >= floor)) {
-            for &v in block {
-                f(key(v));
+            for (j, &v) in block.iter().enumerate() {
+                let kv = key(v);
+                if kv >= floor {
+                    f(b * 16 + j, kv)?;
+                }
             }
         }
+    }
+    Continue(())
+}
+
+/// Adds one to `counts[bin(key)]` for every entry with key at least `floor`
+/// that `bin` places (a radix pass among one bucket's entries).
+fn count_at_least(x: &[f32], floor: u32, bin: impl Fn(u32) -> Option<usize>, counts: &mut [u32]) {
+    let _ = scan_at_least::<()>(x, floor, |_, kv| {
+        if let Some(c) = bin(kv).and_then(|b| counts.get_mut(b)) {
+            *c += 1;
+        }
+        Continue(())
+    });
+}
+
+/// The error for the non-finite entry `i` of `x`.
+fn non_finite_at(x: &[f32], i: usize) -> CompressError {
+    CompressError::NonFinite {
+        index: i,
+        value: x[i],
     }
 }
 
@@ -417,10 +434,8 @@ fn finish_top_k(x: &[f32], need: usize, out: &mut SparseVec, scratch: &mut Selec
         ..
     } = scratch;
     chosen.clear();
-    chosen.reserve(need);
     if need > 0 {
         keys.clear();
-        keys.reserve(candidates.capacity());
         keys.extend(candidates.iter().map(|&(_, kv)| kv));
         let pivot = keys.len() - need;
         let (_, &mut kth, _) = keys.select_nth_unstable(pivot);
@@ -440,7 +455,6 @@ fn finish_top_k(x: &[f32], need: usize, out: &mut SparseVec, scratch: &mut Selec
         );
     }
     out.reset(x.len());
-    out.parts_mut().0.reserve(sure.len() + need);
     merge_sorted(sure, chosen, out.parts_mut().0);
     gather_values(x, out, 1.0);
 }
@@ -563,59 +577,28 @@ fn sampled_top_k_from(
 fn collect_at_least_bounded(x: &[f32], t: u32, most: usize, out: &mut SparseVec) -> Result<bool> {
     out.reset(x.len());
     let (indices, values) = out.parts_mut();
-    indices.reserve(most);
-    values.reserve(most);
-    let mut base = 0usize;
-    for block in x.chunks(16) {
-        if block.iter().fold(false, |acc, &v| acc | (key(v) >= t)) {
-            for (j, &v) in block.iter().enumerate() {
-                let kv = key(v);
-                if kv >= t {
-                    if kv >= NON_FINITE_KEY {
-                        return Err(CompressError::NonFinite {
-                            index: base + j,
-                            value: v,
-                        });
-                    }
-                    if indices.len() == most {
-                        return Ok(false);
-                    }
-                    indices.push((base + j) as u32);
-                    values.push(v);
-                }
-            }
+    let scan = scan_at_least(x, t, |i, kv| {
+        if kv >= NON_FINITE_KEY {
+            return Break(Err(non_finite_at(x, i)));
         }
-        base += block.len();
+        if indices.len() == most {
+            return Break(Ok(false));
+        }
+        indices.push(i as u32);
+        values.push(x[i]);
+        Continue(())
+    });
+    match scan {
+        Break(stopped) => stopped,
+        Continue(()) => Ok(true),
     }
-    Ok(true)
 }
 
 /// Every entry with magnitude key `>= t`, `t` a finite key, into `out`;
 /// refuses a non-finite entry (its key exceeds every finite one, so it is
 /// always seen).
 fn collect_at_least(x: &[f32], t: u32, out: &mut SparseVec) -> Result<()> {
-    out.reset(x.len());
-    let (indices, values) = out.parts_mut();
-    let mut base = 0usize;
-    for block in x.chunks(16) {
-        if block.iter().fold(false, |acc, &v| acc | (key(v) >= t)) {
-            for (j, &v) in block.iter().enumerate() {
-                let kv = key(v);
-                if kv >= t {
-                    if kv >= NON_FINITE_KEY {
-                        return Err(CompressError::NonFinite {
-                            index: base + j,
-                            value: v,
-                        });
-                    }
-                    indices.push((base + j) as u32);
-                    values.push(v);
-                }
-            }
-        }
-        base += block.len();
-    }
-    Ok(())
+    collect_at_least_bounded(x, t, usize::MAX, out).map(|_| ())
 }
 
 /// Random-k: `k = ceil(ratio * n)` distinct indices drawn uniformly with a
