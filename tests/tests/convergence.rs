@@ -90,7 +90,7 @@ impl Combiner<LocalComm> for PlainSum {
     fn combine(
         &mut self,
         comm: &LocalComm,
-        _: usize,
+        _: &gradwire_optim::BucketView<'_>,
         t: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
         let traffic = fused_all_reduce(comm, t, ReduceOp::Sum, usize::MAX)?;

@@ -3,7 +3,8 @@
 //! Strategies over any [`gradwire_comm::Communicator`], usable without
 //! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
 //! all-reduce (f32 accumulation), and sparse all-reduce with optional error
-//! feedback and an automatic dense fallback; [`adasum`] for any world size.
+//! feedback and an automatic dense fallback; [`adasum`] for any world size;
+//! [`powersgd`]'s low-rank all-reduce with error feedback.
 //! [`dimreduce`] for PCA-subspace quasi-Newton steps.
 //!
 //! ```
@@ -29,12 +30,14 @@ pub mod dimreduce;
 mod error;
 pub mod fault;
 mod handle;
+pub mod powersgd;
 mod reduce;
 
 pub use adasum::AdaSum;
 pub use error::{AlgoError, Result};
 pub use fault::FaultKind;
 pub use handle::{Handle, Reduced, Traffic};
+pub use powersgd::{PowerSgd, PowerSgdConfig};
 pub use reduce::{
     DEFAULT_FUSION_CAPACITY, FusionBuffers, HalfOptions, HalfPrecision, all_reduce,
     all_reduce_async, fused_all_reduce, fused_all_reduce_async, fused_all_reduce_with,

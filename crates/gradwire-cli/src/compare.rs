@@ -17,6 +17,8 @@ pub struct Entry {
     pub ratio: Option<f64>,
     /// Error feedback on or off, if not the shared setting.
     pub error_feedback: Option<bool>,
+    /// PowerSGD's rank, if not the shared one.
+    pub rank: Option<usize>,
 }
 
 impl Entry {
@@ -25,13 +27,14 @@ impl Entry {
             strategy,
             ratio: None,
             error_feedback: None,
+            rank: None,
         }
     }
 }
 
 /// The default line-up: dense, fp16, top-k 1 % with and without error
-/// feedback, sampled top-k 0.1 %, partial averaging, AdaSum by delta weight
-/// and DimReduce.
+/// feedback, sampled top-k 0.1 %, PowerSGD at rank 2, partial averaging,
+/// AdaSum by delta weight and DimReduce.
 pub fn default_entries() -> Vec<Entry> {
     vec![
         Entry::plain(Strategy::Dense),
@@ -40,16 +43,23 @@ pub fn default_entries() -> Vec<Entry> {
             strategy: Strategy::Topk,
             ratio: Some(0.01),
             error_feedback: Some(true),
+            rank: None,
         },
         Entry {
             strategy: Strategy::Topk,
             ratio: Some(0.01),
             error_feedback: Some(false),
+            rank: None,
         },
         Entry {
             strategy: Strategy::SampledTopk,
             ratio: Some(0.001),
             error_feedback: Some(true),
+            rank: None,
+        },
+        Entry {
+            rank: Some(2),
+            ..Entry::plain(Strategy::Powersgd)
         },
         Entry::plain(Strategy::Partial),
         Entry::plain(Strategy::AdasumDelta),
@@ -57,7 +67,8 @@ pub fn default_entries() -> Vec<Entry> {
     ]
 }
 
-/// Parses `name[:ratio][:ef|:no-ef]`, e.g. `topk:0.01:no-ef`.
+/// Parses `name[:ratio][:ef|:no-ef]`, e.g. `topk:0.01:no-ef`; PowerSGD's
+/// number is its rank (`powersgd:4`).
 pub fn parse_entry(text: &str) -> Result<Entry> {
     let mut parts = text.split(':');
     let name = parts.next().unwrap_or_default();
@@ -76,6 +87,17 @@ pub fn parse_entry(text: &str) -> Result<Entry> {
         match part {
             "ef" => entry.error_feedback = Some(true),
             "no-ef" => entry.error_feedback = Some(false),
+            number if strategy == Strategy::Powersgd => {
+                let rank: usize = number.parse().map_err(|_| {
+                    CliError::Usage(format!("{text:?}: {number:?} is not a rank (1, 2, ...)"))
+                })?;
+                if rank == 0 {
+                    return Err(CliError::Usage(format!(
+                        "{text:?}: the rank must be at least 1"
+                    )));
+                }
+                entry.rank = Some(rank);
+            }
             number => {
                 let ratio: f64 = number.parse().map_err(|_| {
                     CliError::Usage(format!(
@@ -103,6 +125,7 @@ pub fn configs(base: &TrainConfig, entries: &[Entry]) -> Result<Vec<TrainConfig>
                 strategy: e.strategy,
                 ratio: e.ratio.unwrap_or(base.ratio),
                 error_feedback: e.error_feedback.unwrap_or(base.error_feedback),
+                powersgd_rank: e.rank.unwrap_or(base.powersgd_rank),
                 ..base.clone()
             };
             config.validate()?;
@@ -171,7 +194,16 @@ mod tests {
             parse_entry("adasum-delta").unwrap().strategy,
             Strategy::AdasumDelta
         );
-        for bad in ["topk:2", "topk:0", "nope", "topk:fast", ""] {
+        assert_eq!(parse_entry("powersgd:4").unwrap().rank, Some(4));
+        for bad in [
+            "topk:2",
+            "topk:0",
+            "nope",
+            "topk:fast",
+            "",
+            "powersgd:0",
+            "powersgd:0.5",
+        ] {
             assert!(matches!(parse_entry(bad), Err(CliError::Usage(_))), "{bad}");
         }
     }
@@ -180,7 +212,7 @@ mod tests {
     fn the_default_line_up_differs_only_where_it_says() {
         let base = TrainConfig::default();
         let configs = configs(&base, &default_entries()).unwrap();
-        assert_eq!(configs.len(), 8);
+        assert_eq!(configs.len(), 9);
         assert!(
             configs
                 .iter()
@@ -190,5 +222,6 @@ mod tests {
         assert_eq!(labels[2], "topk 1 %");
         assert_eq!(labels[3], "topk 1 %, no EF");
         assert_eq!(labels[4], "sampled-topk 0.1 %");
+        assert_eq!(labels[5], "powersgd rank 2");
     }
 }

@@ -34,11 +34,14 @@ pub enum Strategy {
     AdasumDelta,
     /// A dense stage recording the trajectory, then DimReduce.
     Dimreduce,
+    /// PowerSGD: matrices sent as rank-`--powersgd-rank` factors, with
+    /// error feedback (dense for the first `--powersgd-start-step` steps).
+    Powersgd,
 }
 
 impl Strategy {
     /// Every strategy, in the order of the help text.
-    pub const ALL: [Strategy; 11] = [
+    pub const ALL: [Strategy; 12] = [
         Strategy::Dense,
         Strategy::Fp16,
         Strategy::Bf16,
@@ -50,6 +53,7 @@ impl Strategy {
         Strategy::AdasumGrad,
         Strategy::AdasumDelta,
         Strategy::Dimreduce,
+        Strategy::Powersgd,
     ];
 
     /// The name on the command line.
@@ -66,6 +70,7 @@ impl Strategy {
             Strategy::AdasumGrad => "adasum-grad",
             Strategy::AdasumDelta => "adasum-delta",
             Strategy::Dimreduce => "dimreduce",
+            Strategy::Powersgd => "powersgd",
         }
     }
 
@@ -169,6 +174,10 @@ pub struct TrainConfig {
     pub components: usize,
     /// DimReduce: a PCA file to start from instead of a dense stage.
     pub pca: Option<PathBuf>,
+    /// PowerSGD: the rank of the approximation (at least 1).
+    pub powersgd_rank: usize,
+    /// PowerSGD: the steps averaged dense before compression starts.
+    pub powersgd_start_step: u64,
 }
 
 impl Default for TrainConfig {
@@ -198,6 +207,8 @@ impl Default for TrainConfig {
             dimreduce_dense_epochs: None,
             components: 32,
             pca: None,
+            powersgd_rank: 2,
+            powersgd_start_step: 10,
         }
     }
 }
@@ -251,6 +262,9 @@ impl TrainConfig {
                 self.momentum
             ));
         }
+        if self.powersgd_rank == 0 {
+            return bad("--powersgd-rank must be at least 1".into());
+        }
         if self.fusion_threshold == 0 {
             return bad("--fusion-threshold must be at least 1".into());
         }
@@ -300,6 +314,7 @@ impl TrainConfig {
                 format!("{} {}{ef}", self.strategy.name(), percent(self.ratio))
             }
             Strategy::Threshold => format!("threshold {}{ef}", self.threshold),
+            Strategy::Powersgd => format!("powersgd rank {}{ef}", self.powersgd_rank),
             s => s.name().to_string(),
         }
     }
@@ -401,6 +416,12 @@ mod tests {
             ..TrainConfig::default()
         };
         assert_eq!(sampled.label(), "sampled-topk 0.1 %");
+        let powersgd = TrainConfig {
+            strategy: Strategy::Powersgd,
+            powersgd_rank: 4,
+            ..TrainConfig::default()
+        };
+        assert_eq!(powersgd.label(), "powersgd rank 4");
         let dr = TrainConfig {
             strategy: Strategy::Dimreduce,
             ..TrainConfig::default()

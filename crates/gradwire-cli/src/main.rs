@@ -148,6 +148,12 @@ struct Common {
     /// DimReduce: start from this PCA file instead of a dense stage.
     #[arg(long)]
     pca: Option<PathBuf>,
+    /// PowerSGD: the rank of the approximation.
+    #[arg(long, default_value_t = TrainConfig::default().powersgd_rank)]
+    powersgd_rank: usize,
+    /// PowerSGD: steps averaged dense before compression starts.
+    #[arg(long, default_value_t = TrainConfig::default().powersgd_start_step)]
+    powersgd_start_step: u64,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
@@ -178,6 +184,8 @@ impl Common {
             dimreduce_dense_epochs: self.dimreduce_dense_epochs,
             components: self.components,
             pca: self.pca.clone(),
+            powersgd_rank: self.powersgd_rank,
+            powersgd_start_step: self.powersgd_start_step,
         }
     }
 }

@@ -58,7 +58,7 @@ fn compare_shows_what_each_strategy_is_for() {
             .find(|r| r["label"] == label)
             .unwrap_or_else(|| panic!("no run {label}"))
     };
-    assert_eq!(runs.len(), 8);
+    assert_eq!(runs.len(), 9);
     for run in &runs {
         let acc = accuracy(run);
         let final_acc = *acc.last().unwrap();
@@ -81,6 +81,18 @@ fn compare_shows_what_each_strategy_is_for() {
     assert!(ef > no_ef, "error feedback {ef}, none {no_ef}");
     let loss = |label: &str| last(by_label(label), "train_loss");
     assert!(loss("topk 1 %") < loss("topk 1 %, no EF"));
+    // PowerSGD at rank 2 within a point of dense accuracy (the mean of the
+    // last five epochs), sending a fraction of dense's bytes.
+    let (powersgd, dense_acc) = (tail_mean("powersgd rank 2"), tail_mean("dense"));
+    assert!(
+        powersgd >= dense_acc - 0.01,
+        "powersgd {powersgd}, dense {dense_acc}"
+    );
+    let powersgd_bytes = last(by_label("powersgd rank 2"), "bytes_total");
+    assert!(
+        powersgd_bytes < 0.25 * dense,
+        "powersgd sent {powersgd_bytes} bytes, dense {dense}"
+    );
     // The plots: PNG signatures with a 960 x 600 header, SVGs with every label.
     for name in ["accuracy_vs_epoch", "accuracy_vs_bytes"] {
         let png = std::fs::read(dir.path().join(format!("{name}.png"))).unwrap();
@@ -147,7 +159,7 @@ fn resume_matches(args: &[&str], dir: &Path) {
 
 #[test]
 fn train_resumes_bitwise_from_its_checkpoints() {
-    for strategy in ["topk", "partial", "adasum-delta"] {
+    for strategy in ["topk", "partial", "adasum-delta", "powersgd"] {
         let dir = tempfile::tempdir().unwrap();
         resume_matches(&["-s", strategy], dir.path());
     }

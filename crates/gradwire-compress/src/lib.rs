@@ -9,6 +9,7 @@
 //!   random-k, each giving a [`SparseVec`];
 //! - [`ErrorFeedback`]: the residual memory (SINGA's `corr`), with optional
 //!   DGC momentum correction;
+//! - [`lowrank`]: PowerSGD's low-rank factors (projections, orthonormalisation);
 //! - [`wire`]: the validated sparse payload format, `scatter_add` and the
 //!   dense fallback test;
 //! - `cuda` (feature `cuda`): the same codecs and error feedback on CUDA
@@ -31,6 +32,7 @@ pub mod cast;
 pub mod cuda;
 mod error;
 mod feedback;
+pub mod lowrank;
 pub mod select;
 mod sparse;
 pub mod wire;

@@ -203,7 +203,8 @@ pub struct GradSync<C: Communicator + 'static> {
 
 impl<C: Communicator + 'static> GradSync<C> {
     /// Gradients of `params` (declared in the order backward produces
-    /// them), combined by `config.mode`: `Dense`, `Half` or `Sparse`; or
+    /// them), combined by `config.mode`: `Dense`, `Half`, `Sparse` or
+    /// `PowerSgd`; or
     /// `Partial` (without `average_state`), stepped with
     /// [`GradSync::step_locally`].
     pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
@@ -239,7 +240,11 @@ impl<C: Communicator + 'static> GradSync<C> {
 
     fn check_mode(mode: Mode) -> Result<()> {
         match mode {
-            Mode::Dense | Mode::Half { .. } | Mode::Sparse { .. } | Mode::Custom => Ok(()),
+            Mode::Dense
+            | Mode::Half { .. }
+            | Mode::Sparse { .. }
+            | Mode::PowerSgd(_)
+            | Mode::Custom => Ok(()),
             Mode::Partial {
                 average_state: false,
             }

@@ -36,9 +36,10 @@ mod schedule;
 mod state;
 
 pub use any::AnyOptimizer;
+pub use distopt::strategy;
 pub use distopt::{
-    Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode, ParamSpec,
-    SkipVote, StepStats,
+    BucketView, Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode,
+    ParamSpec, SkipVote, StepStats,
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};

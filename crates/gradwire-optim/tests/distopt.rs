@@ -595,7 +595,7 @@ impl gradwire_optim::Combiner<LocalComm> for PlainSum {
     fn combine(
         &mut self,
         comm: &LocalComm,
-        _bucket: usize,
+        _bucket: &gradwire_optim::BucketView<'_>,
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<gradwire_optim::Combined> {
         let traffic = gradwire_algos::fused_all_reduce(

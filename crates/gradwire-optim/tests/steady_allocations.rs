@@ -2,6 +2,7 @@
 //! the gradient buffers, the fusion and wire buffers, the sparse selection,
 //! its scratch, payload and gathered payloads, the error-feedback residual
 //! and its copy from before the step, AdaSum's packed vector and scratch,
+//! PowerSGD's factors, warm start, residuals and their copies,
 //! DistOpt's lists, the buckets' job slots on the communication thread and
 //! LocalComm's round bookkeeping and message buffers are all reused from
 //! step to step (every gradient-combining mode, 1 to 4 ranks). A recording
@@ -10,7 +11,7 @@
 //!
 //! One test in this binary, so that no other test allocates meanwhile.
 
-use gradwire_algos::{AdaSum, HalfPrecision};
+use gradwire_algos::{AdaSum, HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{DistOptConfig, GradSync, Mode, ParamSpec};
@@ -135,6 +136,12 @@ fn a_steady_step_allocates_nothing() {
         comm.barrier()
     })
     .expect("ranks ran");
+    let powersgd = |error_feedback| PowerSgdConfig {
+        rank: 2,
+        start_step: 3,
+        error_feedback,
+        ..PowerSgdConfig::default()
+    };
     let sparse = |codec, error_feedback| Mode::Sparse {
         codec,
         error_feedback,
@@ -187,6 +194,11 @@ fn a_steady_step_allocates_nothing() {
             false,
         ),
         (Mode::Custom, false),
+        // PowerSGD: the matrix compressed, the bias dense beside it; dense
+        // steps first, then compressed ones (the switch in the warm-up).
+        (Mode::PowerSgd(powersgd(true)), false),
+        (Mode::PowerSgd(powersgd(true)), true),
+        (Mode::PowerSgd(powersgd(false)), false),
     ];
     let mut failures = Vec::new();
     for (mode, skip_bias) in modes {

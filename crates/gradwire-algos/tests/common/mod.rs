@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 /// Back-to-back ranges of the given sizes.
+#[allow(dead_code)] // not every suite uses every input
 pub fn ranges(sizes: &[usize]) -> Vec<Range<usize>> {
     let mut start = 0;
     sizes

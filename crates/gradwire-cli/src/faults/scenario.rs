@@ -89,7 +89,7 @@ impl<C: Communicator + 'static> gradwire_optim::Combiner<C> for PanickingCombine
     fn combine(
         &mut self,
         comm: &C,
-        bucket: usize,
+        bucket: &gradwire_optim::BucketView<'_>,
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<gradwire_optim::Combined> {
         if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {

@@ -17,7 +17,7 @@ use crate::engine::Engine;
 use crate::error::{CliError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
-use gradwire_algos::{HalfPrecision, Traffic};
+use gradwire_algos::{HalfPrecision, PowerSgdConfig, Traffic};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::checkpoint;
@@ -240,6 +240,13 @@ fn mode_of(config: &TrainConfig) -> Mode {
         },
         Strategy::AdasumGrad => Mode::Custom,
         Strategy::AdasumDelta => Mode::DeltaWeight,
+        Strategy::Powersgd => Mode::PowerSgd(PowerSgdConfig {
+            rank: config.powersgd_rank,
+            start_step: config.powersgd_start_step,
+            error_feedback: config.error_feedback,
+            seed: config.seed,
+            ..PowerSgdConfig::default()
+        }),
     }
 }
 

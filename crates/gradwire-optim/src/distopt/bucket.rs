@@ -1,20 +1,17 @@
 //! Fusion buckets: SINGA's grouping of the declared parameters, and a
 //! bucket's job on the communication thread (the written-anywhere vote,
-//! which also carries this rank's faults, then the combination).
+//! which also carries this rank's faults, then the combination by the
+//! bucket's strategy).
 
-use super::combiner::{SharedCombiner, run_combiner};
-use super::{DistOpt, Mode, ParamSpec};
+use super::strategy::{BucketView, Combiner};
+use super::{DistOpt, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
-use gradwire_algos::fault::prepare;
-use gradwire_algos::{
-    FaultKind, FusionBuffers, HalfOptions, Reduced, Traffic, fused_all_reduce_with,
-    half_all_reduce_with, sparse_exchange_with,
-};
+use gradwire_algos::{FaultKind, Reduced, Traffic};
 use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
-use gradwire_compress::{ErrorFeedback, SparseCodec};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// SINGA's grouping: a tensor above the threshold alone; smaller ones
 /// together until the group's count exceeds the threshold. Every bucket
@@ -73,7 +70,6 @@ pub(super) fn plan_buckets(
 /// parameters some rank wrote (which ones: the buffers' `written`).
 pub(super) struct BucketResult {
     pub(super) grads: Vec<Tensor>,
-    pub(super) residual: Option<ErrorFeedback>,
     /// Whether `grads` are averaged already (else summed).
     pub(super) averaged: bool,
 }
@@ -91,22 +87,12 @@ impl std::fmt::Debug for BucketResult {
 /// next step starts afresh). In steady state a step allocates none.
 #[derive(Debug, Default)]
 pub(super) struct BucketBuffers {
-    /// The fusion and wire buffers of the combination.
-    pub(super) fusion: FusionBuffers,
     /// The list of the bucket's gradients (emptied, its capacity kept).
     pub(super) grads: Vec<Tensor>,
     /// The written-anywhere vote.
     pub(super) votes: Vec<u8>,
     /// Which of the bucket's parameters some rank wrote, once decided.
     pub(super) written: Vec<bool>,
-    /// The memory that holds the residual as it was before a step (sparse
-    /// mode with error feedback), refilled in place every step.
-    pub(super) residual_before: Option<ErrorFeedback>,
-    /// Sparse mode with error feedback when only some of the bucket's
-    /// parameters were written: their ranges of the residual, and the
-    /// residual of those ranges that goes through the step.
-    written_ranges: Vec<Range<usize>>,
-    written_residual: Option<ErrorFeedback>,
     /// The gradients no rank wrote, in order, back to DistOpt for reuse
     /// (as the next step's zeros of parameters not pushed).
     pub(super) unwritten: Vec<Tensor>,
@@ -114,62 +100,61 @@ pub(super) struct BucketBuffers {
     live: Vec<Tensor>,
 }
 
-/// Everything a bucket's job returns: its result, and the error-feedback
-/// residual as it was before the step, which DistOpt puts back when the
-/// step fails or is skipped on any rank.
-#[derive(Debug)]
-pub(super) struct BucketOutput {
-    pub(super) residual_before: Option<ErrorFeedback>,
+/// Everything a bucket's job returns: its result, its buffers and its
+/// strategy (whose state DistOpt keeps or puts back once every bucket of
+/// the step is in).
+pub(super) struct BucketOutput<C: Communicator> {
+    /// The bucket's strategy, for its next step.
+    pub(super) strategy: Box<dyn Combiner<C>>,
     /// The bucket's buffers, for its next step.
     pub(super) buffers: BucketBuffers,
     pub(super) result: gradwire_algos::Result<Reduced<BucketResult>>,
 }
 
+impl<C: Communicator> std::fmt::Debug for BucketOutput<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BucketOutput")
+            .field("result", &self.result)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a bucket's job carries to the communication thread.
-pub(super) struct BucketJob<C: Communicator> {
+pub(super) struct BucketJob {
     bucket: usize,
-    mode: Mode,
+    /// The element counts of the bucket's parameters.
+    lens: Arc<[usize]>,
     capacity: usize,
-    residual: Option<ErrorFeedback>,
-    combiner: Option<SharedCombiner<C>>,
+    /// The optimizer's step count.
+    step: u64,
     /// Whether the step's vote decided which parameters some rank wrote
     /// (then in the buffers' `written`).
     decided: bool,
     /// This rank's fault so far in the step, posted instead of the vote.
     fault: Option<FaultKind>,
     /// Look for NaN and infinities in this rank's gradients before the vote
-    /// (modes whose combination would not carry them to every rank).
+    /// (strategies whose combination would not carry them to every rank).
     check_finite: bool,
     /// The bucket's reused buffers.
     buffers: BucketBuffers,
 }
 
-impl<C: Communicator + 'static> BucketJob<C> {
-    /// The vote (or this rank's fault), then the combination; the residual
-    /// before the step comes back whatever happens.
-    fn run(mut self, comm: &C, grads: Vec<Tensor>) -> BucketOutput {
+impl BucketJob {
+    /// The vote (or this rank's fault), then the combination by
+    /// `strategy`; the strategy and the buffers come back whatever happens.
+    fn run<C: Communicator + 'static>(
+        mut self,
+        comm: &C,
+        grads: Vec<Tensor>,
+        mut strategy: Box<dyn Combiner<C>>,
+    ) -> BucketOutput<C> {
         let mut buffers = std::mem::take(&mut self.buffers);
-        let residual_before = match (&self.residual, buffers.residual_before.take()) {
-            (Some(residual), Some(mut copy)) => {
-                copy.clone_from(residual);
-                Some(copy)
-            }
-            (residual, _) => residual.clone(),
-        };
         BucketOutput {
-            residual_before,
-            result: reduce_bucket(self, comm, grads, &mut buffers),
+            result: reduce_bucket(self, comm, grads, &mut buffers, strategy.as_mut()),
+            strategy,
             buffers,
         }
     }
-}
-
-/// Whether a mode looks for NaN and infinities in each rank's gradients
-/// before they are sent: every mode but those whose combination is a sum
-/// (a NaN or an infinity anywhere is then one in the result, on every rank
-/// alike, which the step's check after the reduction finds).
-pub(super) fn checks_finite_locally(mode: Mode) -> bool {
-    !matches!(mode, Mode::Dense | Mode::DimReduce)
 }
 
 /// The kind of fault `grads` hold: `NonFinite` for a NaN or an infinity,
@@ -228,32 +213,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             buffers.written.clear();
             buffers.written.extend_from_slice(written);
         }
-        let mode = match self.config.mode {
-            // Without error feedback nothing counts the steps for random-k:
-            // mix the optimizer's step into the seed, or every step would
-            // draw the same indices.
-            Mode::Sparse {
-                codec: SparseCodec::RandomK { ratio, seed },
-                error_feedback: false,
-            } => Mode::Sparse {
-                codec: SparseCodec::RandomK {
-                    ratio,
-                    seed: seed
-                        ^ self
-                            .optimizer
-                            .step_count()
-                            .wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                },
-                error_feedback: false,
-            },
-            mode => mode,
-        };
+        let strategy = self.take_strategy(b);
         let job = BucketJob {
             bucket: b,
-            mode,
+            lens: Arc::clone(&self.bucket_lens[b]),
             capacity: self.config.capacity,
-            residual: self.residuals[b].take(),
-            combiner: self.combiner.clone(),
+            step: self.optimizer.step_count(),
             // With the step's vote decided, that vote carried this rank's
             // faults and its non-finite check; the job has no vote of its own.
             fault: self
@@ -261,31 +226,39 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 .as_ref()
                 .map(|f| f.kind)
                 .filter(|_| written.is_none()),
-            check_finite: written.is_none() && checks_finite_locally(mode),
+            check_finite: written.is_none() && !strategy.carries_non_finite(),
             decided: written.is_some(),
             buffers,
         };
         let pending = self
             .comm
-            .run_job(&mut self.slots[b], BucketTask { job, grads })
+            .run_job(
+                &mut self.slots[b],
+                BucketTask {
+                    job,
+                    grads,
+                    strategy,
+                },
+            )
             .map_err(gradwire_algos::AlgoError::from)?;
         self.in_flight.push(pending);
         Ok(())
     }
 }
 
-/// A bucket's job with its gradients: what travels in the bucket's
-/// reusable job slot ([`gradwire_comm::JobSlot`]).
+/// A bucket's job with its gradients and its strategy: what travels in the
+/// bucket's reusable job slot ([`gradwire_comm::JobSlot`]).
 pub(super) struct BucketTask<C: Communicator> {
-    job: BucketJob<C>,
+    job: BucketJob,
     grads: Vec<Tensor>,
+    strategy: Box<dyn Combiner<C>>,
 }
 
 impl<C: Communicator + 'static> AsyncJob<C> for BucketTask<C> {
-    type Output = BucketOutput;
+    type Output = BucketOutput<C>;
 
-    fn run(self, comm: &C) -> gradwire_comm::Result<BucketOutput> {
-        Ok(self.job.run(comm, self.grads))
+    fn run(self, comm: &C) -> gradwire_comm::Result<BucketOutput<C>> {
+        Ok(self.job.run(comm, self.grads, self.strategy))
     }
 }
 
@@ -293,17 +266,17 @@ impl<C: Communicator + 'static> AsyncJob<C> for BucketTask<C> {
 /// written-anywhere vote, then the combination of the gradients some rank
 /// wrote.
 fn reduce_bucket<C: Communicator + 'static>(
-    job: BucketJob<C>,
+    job: BucketJob,
     comm: &C,
     mut grads: Vec<Tensor>,
     buffers: &mut BucketBuffers,
+    strategy: &mut dyn Combiner<C>,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let BucketJob {
         bucket,
-        mode,
+        lens,
         capacity,
-        mut residual,
-        combiner,
+        step,
         decided,
         fault,
         check_finite,
@@ -319,7 +292,6 @@ fn reduce_bucket<C: Communicator + 'static>(
     if let Some(kind) = fault {
         return Err(comm.post_fault(kind.code()).into());
     }
-    let combiner = &combiner;
     let world = comm.world_size();
     let mut traffic = Traffic::default();
     if !decided {
@@ -330,21 +302,6 @@ fn reduce_bucket<C: Communicator + 'static>(
         traffic = Traffic::all_reduce(votes.len(), world);
         buffers.written.clear();
         buffers.written.extend(votes.iter().map(|&v| v != 0));
-    }
-    // Sparse mode with error feedback, when only some parameters were
-    // written: the ranges of the residual those go through.
-    let partial_residual = matches!(mode, Mode::Sparse { .. })
-        && residual.is_some()
-        && !buffers.written.iter().all(|&w| w);
-    if partial_residual {
-        buffers.written_ranges.clear();
-        let mut offset = 0;
-        for (g, &w) in grads.iter().zip(&buffers.written) {
-            if w {
-                buffers.written_ranges.push(offset..offset + g.len());
-            }
-            offset += g.len();
-        }
     }
     // The written gradients go on; the others (zeros on every rank) come
     // back to DistOpt for reuse. The two lists swap roles every step, both
@@ -360,66 +317,22 @@ fn reduce_bucket<C: Communicator + 'static>(
         }
     }
     buffers.live = grads;
-    let mut averaged = matches!(mode, Mode::Half { .. });
+    let mut averaged = false;
     if !live.is_empty() {
-        traffic += match mode {
-            Mode::Custom | Mode::DeltaWeight => {
-                let combined = run_combiner(combiner, comm, bucket, &mut live)?;
-                averaged = combined.averaged;
-                combined.traffic
-            }
-            Mode::Dense | Mode::Partial { .. } | Mode::DimReduce => fused_all_reduce_with(
-                comm,
-                &mut live,
-                ReduceOp::Sum,
-                capacity,
-                &mut buffers.fusion,
-            )?,
-            Mode::Half { precision, clip } => {
-                let options = HalfOptions {
-                    precision,
-                    clip,
-                    op: ReduceOp::Avg,
-                };
-                half_all_reduce_with(comm, &mut live, &options, capacity, &mut buffers.fusion)?
-            }
-            Mode::Sparse { codec, .. } => match residual.as_mut() {
-                // The job keeps the residual as it was (`BucketJob::run`),
-                // so the exchange need not keep a copy of its own.
-                None => sparse_exchange_with(comm, &mut live, &codec, None, &mut buffers.fusion)?,
-                Some(memory) if !partial_residual => sparse_exchange_with(
-                    comm,
-                    &mut live,
-                    &codec,
-                    Some(memory),
-                    &mut buffers.fusion,
-                )?,
-                Some(memory) => {
-                    // Only the written parameters take part: their part of the
-                    // residual goes through the step, the rest stays as it is.
-                    let ranges = &buffers.written_ranges;
-                    let sub = buffers
-                        .written_residual
-                        .get_or_insert_with(|| ErrorFeedback::new(0));
-                    prepare(comm, || Ok(sub.load_parts(memory, ranges)?))?;
-                    let t = sparse_exchange_with(
-                        comm,
-                        &mut live,
-                        &codec,
-                        Some(sub),
-                        &mut buffers.fusion,
-                    )?;
-                    // Cannot fail: the same ranges, and `sub` was loaded from `memory`.
-                    sub.store_parts(memory, ranges)?;
-                    t
-                }
-            },
+        let view = BucketView {
+            index: bucket,
+            lens: &lens,
+            written: &buffers.written,
+            step,
+            capacity,
         };
+        let combined = strategy.combine(comm, &view, &mut live)?;
+        averaged = combined.averaged;
+        traffic += combined.traffic;
     }
     Ok(Reduced {
         value: BucketResult {
             grads: live,
-            residual,
             averaged,
         },
         traffic,

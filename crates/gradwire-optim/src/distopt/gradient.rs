@@ -2,7 +2,7 @@
 //! averaging half of `DimReduce`): wait for the buckets, agree on the
 //! step's outcome, average, check, clip, update.
 
-use super::bucket::{BucketOutput, checks_finite_locally, scan_non_finite};
+use super::bucket::{BucketOutput, scan_non_finite};
 use super::local_step::LocalUpdate;
 use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
 use crate::error::{OptimError, Result};
@@ -10,7 +10,6 @@ use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
 use gradwire_algos::{AlgoError, FaultKind, Reduced, Traffic};
 use gradwire_comm::{Communicator, ReduceOp};
-use gradwire_compress::ErrorFeedback;
 use gradwire_tensor::Tensor;
 use std::time::Instant;
 
@@ -21,9 +20,6 @@ pub(super) type ReducedGrad = (usize, Tensor, bool);
 /// capacity kept) so that a step in steady state allocates none.
 #[derive(Debug, Default)]
 pub(super) struct StepScratch {
-    outputs: Vec<BucketOutput>,
-    before: Vec<Option<ErrorFeedback>>,
-    after: Vec<Option<ErrorFeedback>>,
     /// The averaged gradients of the step, by parameter index.
     pub(super) reduced: Vec<ReducedGrad>,
     votes: Vec<u8>,
@@ -32,9 +28,6 @@ pub(super) struct StepScratch {
 
 impl StepScratch {
     fn clear(&mut self) {
-        self.outputs.clear();
-        self.before.clear();
-        self.after.clear();
         self.reduced.clear();
         self.votes.clear();
         self.decided.clear();
@@ -100,7 +93,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// still advances. An `apply` error on one rank is an error on every
     /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
     /// optimizer error. Gradient-combining modes only (`Dense`, `Half`,
-    /// `Sparse`, `Custom`); [`crate::GradSync`] is built on it.
+    /// `Sparse`, `PowerSgd`, `Custom`); [`crate::GradSync`] is built on it.
     pub fn finish_gradients(
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
@@ -116,7 +109,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     ) -> Result<StepStats> {
         if !matches!(
             self.config.mode,
-            Mode::Dense | Mode::Half { .. } | Mode::Sparse { .. } | Mode::Custom
+            Mode::Dense
+                | Mode::Half { .. }
+                | Mode::Sparse { .. }
+                | Mode::PowerSgd(_)
+                | Mode::Custom
         ) {
             self.record(
                 FaultKind::InvalidArgument,
@@ -160,11 +157,18 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 
     /// Ends the step whatever happened: nothing of it stays behind.
     pub(super) fn end_step(&mut self) {
-        for pending in self.in_flight.drain(..) {
+        let mut in_flight = std::mem::take(&mut self.in_flight);
+        for (b, pending) in in_flight.drain(..).enumerate() {
             // Only reached after an error that stopped before the waits;
             // waiting keeps the lane's jobs paired with the other ranks.
-            let _ = pending.wait();
+            // The step failed: the strategy puts its state back.
+            if let Ok(mut output) = pending.wait() {
+                output.strategy.end_step(b, false);
+                self.strategies[b] = Some(output.strategy);
+                self.buffers[b] = output.buffers;
+            }
         }
+        self.in_flight = in_flight;
         self.grads.iter_mut().for_each(|g| *g = None);
         self.fault = None;
     }
@@ -231,7 +235,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// The communication half of a step: carries this rank's faults to the
     /// others, launches the buckets not yet on their way, waits for all,
     /// averages, clips and checks for non-finite values. On any failure
-    /// (agreed by every rank) the residuals are as before the step.
+    /// (agreed by every rank) the strategies' state is as before the step.
     pub(super) fn reduce_gradients(&mut self) -> Result<Reduction> {
         let mut stats = StepStats {
             buckets: self.buckets.len(),
@@ -256,7 +260,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let per_step = self.config.vote == SkipVote::PerStep;
         if per_step {
             if self.fault.is_none()
-                && checks_finite_locally(self.config.mode)
+                && self.checks_finite_locally()
                 && let Some((kind, detail)) = scan_non_finite(&self.grads)
             {
                 self.record(kind, &detail);
@@ -297,24 +301,29 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             self.launch_next(written)?;
         }
         let start = Instant::now();
-        scratch
-            .outputs
-            .extend(self.in_flight.drain(..).map(|pending| {
-                pending.wait().unwrap_or_else(|e| BucketOutput {
-                    residual_before: None,
-                    buffers: Default::default(),
-                    result: Err(e.into()),
-                })
-            }));
-        stats.wait = start.elapsed();
         let mut failure = None;
-        for (b, output) in scratch.outputs.drain(..).enumerate() {
-            scratch.before.push(output.residual_before);
-            let mut buffers = output.buffers;
-            match output.result {
+        // The list goes back emptied, its capacity kept.
+        let mut in_flight = std::mem::take(&mut self.in_flight);
+        for (b, pending) in in_flight.drain(..).enumerate() {
+            let output = pending.wait().map_err(AlgoError::from);
+            let BucketOutput {
+                strategy,
+                buffers,
+                result,
+            } = match output {
+                Ok(output) => output,
+                Err(e) => {
+                    // The job is lost with its strategy and buffers: the
+                    // next step makes them afresh.
+                    failure = failure.or(Some(e));
+                    continue;
+                }
+            };
+            self.strategies[b] = Some(strategy);
+            let mut buffers = buffers;
+            match result {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;
-                    scratch.after.push(value.residual);
                     let averaged = value.averaged;
                     let mut grads = value.grads;
                     let mut combined = grads.drain(..);
@@ -334,15 +343,14 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                     // The emptied list goes back for the next step.
                     buffers.grads = grads;
                 }
-                Err(e) => {
-                    scratch.after.push(None);
-                    failure = failure.or(Some(e));
-                }
+                Err(e) => failure = failure.or(Some(e)),
             }
             self.buffers[b] = buffers;
         }
+        self.in_flight = in_flight;
+        stats.wait = start.elapsed();
         if let Some(e) = failure {
-            self.restore_residuals(&mut scratch.before);
+            self.end_strategies(false);
             return self.step_failed(e, *stats).map(|s| {
                 *stats = s;
                 false
@@ -369,13 +377,13 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let sum_sq = match checked {
             Ok(Some(sum_sq)) => sum_sq,
             Ok(None) => {
-                self.restore_residuals(&mut scratch.before);
+                self.end_strategies(false);
                 *stats = self.non_finite_everywhere(*stats, "the averaged gradients are")?;
                 return Ok(false);
             }
             Err(e) => {
                 // A tensor error on identical data and shapes: every rank.
-                self.restore_residuals(&mut scratch.before);
+                self.end_strategies(false);
                 return Err(e.into());
             }
         };
@@ -388,36 +396,24 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 }
             }
         }
-        for (slot, residual) in self.residuals.iter_mut().zip(scratch.after.drain(..)) {
-            if residual.is_some() {
-                *slot = residual;
-            }
-        }
-        // The copies of the residuals before the step serve the next step.
-        for (buffers, before) in self.buffers.iter_mut().zip(scratch.before.drain(..)) {
-            if before.is_some() {
-                buffers.residual_before = before;
-            }
-        }
+        self.end_strategies(true);
         Ok(true)
     }
 
-    /// Puts back the residuals as they were before the step (a bucket whose
-    /// job lost its residual starts afresh).
-    fn restore_residuals(&mut self, before: &mut Vec<Option<ErrorFeedback>>) {
-        if !matches!(
-            self.config.mode,
-            Mode::Sparse {
-                error_feedback: true,
-                ..
+    /// Whether this rank's gradients are checked for NaN and infinities
+    /// before they are sent: unless the strategy's combination carries them
+    /// to every rank (a plain sum), where the check after it finds them.
+    pub(super) fn checks_finite_locally(&mut self) -> bool {
+        self.buckets.is_empty() || !self.strategy_mut(0).carries_non_finite()
+    }
+
+    /// Tells every bucket's strategy that the step is over: `kept`, or
+    /// failed or skipped on every rank (it puts its state back).
+    pub(super) fn end_strategies(&mut self, kept: bool) {
+        for (b, strategy) in self.strategies.iter_mut().enumerate() {
+            if let Some(strategy) = strategy {
+                strategy.end_step(b, kept);
             }
-        ) {
-            return;
-        }
-        for (b, saved) in before.drain(..).enumerate() {
-            self.residuals[b] = Some(saved.unwrap_or_else(|| {
-                ErrorFeedback::new(self.lens[self.buckets[b].clone()].iter().sum())
-            }));
         }
     }
 }

@@ -49,29 +49,31 @@
 //! learns of it.
 
 mod bucket;
-mod combiner;
+mod delta_weight;
 mod dimreduce;
 mod gradient;
 mod local_step;
+mod partial;
 mod spec;
 mod state;
+pub mod strategy;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
-use combiner::SharedCombiner;
-pub use combiner::{Combined, Combiner};
 use gradient::StepScratch;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
-use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, Traffic};
+use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, PowerSgdConfig, Traffic};
 use gradwire_comm::{Communicator, JobSlot, Pending};
-use gradwire_compress::{ErrorFeedback, SparseCodec};
+use gradwire_compress::SparseCodec;
 use gradwire_tensor::Tensor;
 pub use spec::ParamSpec;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use strategy::SharedCombiner;
+pub use strategy::{BucketView, Combined, Combiner};
 
 /// SINGA's default fusion threshold, in elements.
 pub const DEFAULT_FUSION_THRESHOLD: usize = 2_097_152;
@@ -125,6 +127,12 @@ pub enum Mode {
     /// mode that recorded the trajectory); steps with
     /// [`DistOpt::finish_dimreduce`], which takes the loss.
     DimReduce,
+    /// PowerSGD (Vogels et al., NeurIPS 2019; DDP's PowerSGD hook): each
+    /// matrix-shaped gradient travels as two rank-`r` factors (two
+    /// all-reduces per bucket), with error feedback and a warm start;
+    /// vectors and small matrices travel dense beside them. Dense until
+    /// `start_step`. The result is an average.
+    PowerSgd(PowerSgdConfig),
 }
 
 /// DistOpt's settings.
@@ -220,25 +228,32 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Gradients no rank wrote in an earlier step, kept by parameter index
     /// to serve as the zeros of a parameter not pushed (no allocation).
     unpushed: Vec<Option<Tensor>>,
-    in_flight: Vec<Pending<BucketOutput>>,
+    in_flight: Vec<Pending<BucketOutput<C>>>,
     /// This step's first local fault.
     fault: Option<LocalFault>,
-    /// Sparse mode's error-feedback memory, one per bucket (taken by a
-    /// bucket's job while it runs, given back with its result).
-    residuals: Vec<Option<ErrorFeedback>>,
+    /// The element counts of each bucket's parameters.
+    bucket_lens: Vec<Arc<[usize]>>,
+    /// Each bucket's strategy, with its state (taken by the bucket's job
+    /// while it runs, given back with its result; one lost with a failed
+    /// job is made afresh).
+    strategies: Vec<Option<Box<dyn Combiner<C>>>>,
+    /// `true` for as many parameters as the largest bucket holds (the
+    /// written flags of a bucket whose parameters all take part).
+    all_written: Vec<bool>,
     /// Each bucket's buffers, reused from step to step (taken by the
     /// bucket's job while it runs, given back with its result; one lost
     /// with a failed job is made afresh).
     buffers: Vec<BucketBuffers>,
     /// Each bucket's slot on the communication thread, reused every step.
-    slots: Vec<JobSlot<BucketTask<C>, BucketOutput>>,
+    slots: Vec<JobSlot<BucketTask<C>, BucketOutput<C>>>,
     /// The step's bucket outputs, residuals and averaged gradients: lists
     /// kept between steps so that a step allocates none.
     scratch: StepScratch,
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
-    /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`.
+    /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`, shared by
+    /// the buckets' strategies.
     combiner: Option<SharedCombiner<C>>,
     /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
     dimreduce: Option<DimReduce>,
@@ -262,6 +277,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 )));
             }
         }
+        if let Mode::PowerSgd(powersgd) = config.mode {
+            powersgd.validate()?;
+        }
         if config.ranks_per_node == Some(0) {
             return Err(OptimError::InvalidArgument(
                 "ranks_per_node must be positive".into(),
@@ -284,15 +302,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let buckets = plan_buckets(&params, &lens, config.fusion_threshold, config.capacity)?;
         let grads = vec![None; params.len()];
         let unpushed = vec![None; params.len()];
-        let residuals = buckets
+        let bucket_lens: Vec<Arc<[usize]>> = buckets
             .iter()
-            .map(|b| match config.mode {
-                Mode::Sparse {
-                    error_feedback: true,
-                    ..
-                } => Some(ErrorFeedback::new(lens[b.clone()].iter().sum())),
-                _ => None,
-            })
+            .map(|b| Arc::from(&lens[b.clone()]))
             .collect();
         let buffers = buckets.iter().map(|_| BucketBuffers::default()).collect();
         Ok(DistOpt {
@@ -310,11 +322,28 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             unpushed,
             in_flight: Vec::new(),
             fault: None,
-            residuals,
+            strategies: bucket_lens.iter().map(|_| None).collect(),
+            all_written: vec![true; bucket_lens.iter().map(|b| b.len()).max().unwrap_or(0)],
+            bucket_lens,
             partial_counter: 0,
             combiner: None,
             dimreduce: None,
         })
+    }
+
+    /// Bucket `b`'s strategy, taken (made from the mode if it has none: at
+    /// the first step, or after its job was lost).
+    pub(super) fn take_strategy(&mut self, b: usize) -> Box<dyn Combiner<C>> {
+        self.strategies[b].take().unwrap_or_else(|| {
+            let len = self.bucket_lens[b].iter().sum();
+            strategy::for_bucket(self.config.mode, len, self.combiner.as_ref())
+        })
+    }
+
+    /// Bucket `b`'s strategy, made if it has none.
+    pub(super) fn strategy_mut(&mut self, b: usize) -> &mut Box<dyn Combiner<C>> {
+        let strategy = self.take_strategy(b);
+        self.strategies[b].insert(strategy)
     }
 
     /// [`DistOpt::new`] with a [`Combiner`] for `Mode::Custom` (buckets of
@@ -327,7 +356,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         combiner: impl Combiner<C>,
     ) -> Result<Self> {
         let mut dist = DistOpt::new(optimizer, comm, params, config)?;
-        dist.combiner = Some(SharedCombiner(Arc::new(Mutex::new(Box::new(combiner)))));
+        dist.combiner = Some(SharedCombiner::new(combiner));
         Ok(dist)
     }
 

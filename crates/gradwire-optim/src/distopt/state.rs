@@ -1,32 +1,36 @@
-//! DistOpt's checkpoints: the optimizer's state, the residuals, the
-//! partial counter and DimReduce's state in one [`Checkpoint`].
+//! DistOpt's checkpoints: the optimizer's state, the strategies' state
+//! (error-feedback residuals), the partial counter and DimReduce's state in
+//! one [`Checkpoint`].
 
-use super::DistOpt;
+use super::{DistOpt, strategy};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::DimReduceState;
 use gradwire_comm::Communicator;
-use gradwire_compress::{ErrorFeedback, ErrorFeedbackState};
 use gradwire_tensor::Tensor;
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
-    /// DistOpt's whole state: the optimizer's, sparse mode's residuals (as
-    /// tensors `residual/<bucket>`), partial mode's counter (value
+    /// DistOpt's whole state: the optimizer's, each bucket's strategy's
+    /// ([`super::Combiner::save_state`]: sparse mode's residuals as tensors
+    /// `residual/<bucket>`), partial mode's counter (value
     /// `partial_counter`) and DimReduce's state (`dimreduce/momentum`, and
     /// values `dimreduce/b`, `g_last`, `s`, `initialized`; the components
     /// themselves go to their own file, [`crate::checkpoint::save_pca`]).
     /// Call between steps.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         let mut ckpt = Checkpoint::new(self.optimizer.state()?);
-        for (b, memory) in self.residuals.iter().enumerate() {
-            if let Some(memory) = memory {
-                let residual = memory.residual().to_vec();
-                let n = residual.len();
-                ckpt.tensors
-                    .insert(format!("residual/{b}"), Tensor::from_vec(residual, n)?);
-                ckpt.values
-                    .insert(format!("residual_steps/{b}"), memory.steps().into());
+        for (b, strategy) in self.strategies.iter().enumerate() {
+            // A bucket with no strategy yet (or since its job was lost)
+            // has the state a fresh one has: a fresh one saves it.
+            match strategy {
+                Some(strategy) => strategy.save_state(b, &mut ckpt)?,
+                None => strategy::for_bucket(
+                    self.config.mode,
+                    self.bucket_lens[b].iter().sum(),
+                    self.combiner.as_ref(),
+                )
+                .save_state(b, &mut ckpt)?,
             }
         }
         ckpt.values
@@ -107,28 +111,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .get("partial_counter")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| mismatch("no partial_counter".into()))?;
-        let mut residuals = Vec::with_capacity(self.residuals.len());
-        for (b, current) in self.residuals.iter().enumerate() {
-            let saved = ckpt.tensors.get(&format!("residual/{b}"));
-            residuals.push(match (current, saved) {
-                (None, None) => None,
-                (Some(memory), Some(t)) if t.len() == memory.len() => {
-                    let steps = ckpt
-                        .values
-                        .get(&format!("residual_steps/{b}"))
-                        .and_then(|v| v.as_u64())
-                        .ok_or_else(|| mismatch(format!("no residual_steps/{b}")))?;
-                    Some(
-                        ErrorFeedback::from_state(ErrorFeedbackState {
-                            residual: t.to_vec::<f32>()?,
-                            momentum: None,
-                            steps,
-                        })
-                        .map_err(|e| mismatch(format!("residual {b}: {e}")))?,
-                    )
-                }
-                _ => return Err(mismatch(format!("residual of bucket {b} does not match"))),
-            });
+        // Checked, every bucket, before anything changes.
+        for b in 0..self.buckets.len() {
+            self.strategy_mut(b).load_state(b, ckpt, false)?;
         }
         let dimreduce = match (&self.dimreduce, ckpt.values.get("dimreduce/b")) {
             (None, None) => None,
@@ -157,7 +142,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         if dimreduce.is_some() {
             self.dimreduce = dimreduce;
         }
-        self.residuals = residuals;
+        for b in 0..self.buckets.len() {
+            self.strategy_mut(b).load_state(b, ckpt, true)?;
+        }
         self.partial_counter = counter;
         Ok(())
     }

@@ -1,0 +1,119 @@
+//! Partial mode (SINGA's `backward_and_partial_update`): local SGD, then
+//! the parameters of one bucket in turn (`counter mod K`) averaged across
+//! ranks, and with `average_state` their optimizer buffers too.
+
+use super::local_step::LocalUpdate;
+use super::{DistOpt, StepStats};
+use crate::error::Result;
+use crate::optimizer::Optimizer;
+use gradwire_algos::fault::fail;
+use gradwire_algos::{AlgoError, FaultKind, Traffic, fused_all_reduce};
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_tensor::Tensor;
+use std::time::Instant;
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// Partial mode's finish: the local update, then the average of one
+    /// bucket's parameters across ranks (and, with `average_state`, of
+    /// their optimizer buffers). The counter advances only when the step
+    /// completes.
+    pub(crate) fn finish_partial(
+        &mut self,
+        mut targets: Vec<Option<&mut Tensor>>,
+        average_state: bool,
+        local: LocalUpdate<'_>,
+    ) -> Result<StepStats> {
+        let mut stats = StepStats {
+            buckets: 1,
+            ..StepStats::default()
+        };
+        let grads = match self.open_local_step() {
+            Ok(grads) => grads,
+            Err(e) => return self.step_failed(e, stats),
+        };
+        let failure = self.step_locally(&mut targets, grads, &mut stats, local);
+        let k = self.buckets.len() as u64;
+        if k == 0 {
+            self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
+            self.optimizer.step();
+            return Ok(stats);
+        }
+        if failure.is_some() {
+            // Posted in place of the averaging the other ranks start.
+            let err = self.comm.post_fault(FaultKind::Optimizer.code());
+            return self.step_failed(err.into(), stats);
+        }
+        let b = (self.partial_counter % k) as usize;
+        let mut chosen: Vec<Tensor> = self.buckets[b]
+            .clone()
+            .filter_map(|i| targets[i].as_deref().cloned())
+            .collect();
+        let start = Instant::now();
+        match fused_all_reduce(&self.comm, &mut chosen, ReduceOp::Avg, self.config.capacity) {
+            Ok(traffic) => stats.traffic += traffic,
+            Err(e) => return self.step_failed(e, stats),
+        }
+        stats.wait = start.elapsed();
+        for (i, averaged) in self.buckets[b].clone().zip(chosen) {
+            if let Some(param) = targets[i].as_deref_mut() {
+                param.copy_from(&averaged)?;
+            }
+        }
+        if average_state {
+            match self.average_buffers(b) {
+                Ok(traffic) => stats.traffic += traffic,
+                Err(e) => return self.step_failed(e, stats),
+            }
+        }
+        self.optimizer.step();
+        self.partial_counter += 1;
+        Ok(stats)
+    }
+
+    /// Averages the optimizer buffers of bucket `b`'s parameters across ranks
+    /// (a rank without state for one contributes zeros and gains the
+    /// average). Buffers on a device are read from there
+    /// ([`Optimizer::buffer_values`]), so the average is of the real state.
+    fn average_buffers(&mut self, b: usize) -> std::result::Result<Traffic, AlgoError> {
+        let names = self.optimizer.buffer_names();
+        let gathered = (|| -> Result<Vec<Tensor>> {
+            let mut buffers = Vec::new();
+            for i in self.buckets[b].clone() {
+                let (name, n) = (self.params[i].name.as_str(), self.lens[i]);
+                for &buffer in names {
+                    let values = self
+                        .optimizer
+                        .buffer_values(name, buffer)?
+                        .unwrap_or_else(|| vec![0.0; n]);
+                    buffers.push(Tensor::from_vec(values, n)?);
+                }
+            }
+            Ok(buffers)
+        })();
+        let mut buffers = match gathered {
+            Ok(buffers) => buffers,
+            Err(e) => {
+                self.record(FaultKind::Optimizer, &e);
+                return Err(fail(
+                    &self.comm,
+                    AlgoError::InvalidArgument(format!("optimizer state: {e}")),
+                ));
+            }
+        };
+        let traffic = fused_all_reduce(&self.comm, &mut buffers, ReduceOp::Avg, usize::MAX)?;
+        let mut averaged = buffers.into_iter();
+        for i in self.buckets[b].clone() {
+            let spec = self.params[i].clone();
+            for &buffer in names {
+                if let Some(t) = averaged.next() {
+                    // Same names and lengths on every rank: cannot fail on
+                    // one rank alone.
+                    self.optimizer
+                        .set_buffer(&spec.name, &spec.shape, buffer, t.into_vec::<f32>()?)
+                        .map_err(|e| AlgoError::InvalidArgument(e.to_string()))?;
+                }
+            }
+        }
+        Ok(traffic)
+    }
+}
