@@ -21,7 +21,7 @@ pub use report::{Report, TerminalReport, table, terminal_table};
 pub use run::{run_local, run_local_terminal, run_on};
 pub use scenario::{run_scenario, run_schedule};
 
-use gradwire_algos::{FaultKind, HalfPrecision};
+use gradwire_algos::{FaultKind, HalfPrecision, PowerSgdConfig};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{Mode, OptimError};
 use std::time::Duration;
@@ -120,11 +120,13 @@ pub enum ModeCase {
     DeltaWeight,
     /// DimReduce after one dense step.
     DimReduce,
+    /// PowerSGD at rank 1 (the matrix compressed from the second step on).
+    PowerSgd,
 }
 
 impl ModeCase {
     /// Every mode.
-    pub const ALL: [ModeCase; 8] = [
+    pub const ALL: [ModeCase; 9] = [
         ModeCase::Dense,
         ModeCase::Fp16,
         ModeCase::TopKFeedback,
@@ -133,6 +135,7 @@ impl ModeCase {
         ModeCase::AdaSumGrad,
         ModeCase::DeltaWeight,
         ModeCase::DimReduce,
+        ModeCase::PowerSgd,
     ];
 
     /// Its name in the table.
@@ -146,6 +149,7 @@ impl ModeCase {
             ModeCase::AdaSumGrad => "adasum-grad",
             ModeCase::DeltaWeight => "adasum-delta",
             ModeCase::DimReduce => "dimreduce",
+            ModeCase::PowerSgd => "powersgd",
         }
     }
 
@@ -169,6 +173,13 @@ impl ModeCase {
             },
             ModeCase::AdaSumGrad => Mode::Custom,
             ModeCase::DeltaWeight => Mode::DeltaWeight,
+            // The 3 x 5 parameter is compressed only at a rate of 1.
+            ModeCase::PowerSgd => Mode::PowerSgd(PowerSgdConfig {
+                rank: 1,
+                start_step: 1,
+                min_compression_rate: 1.0,
+                ..PowerSgdConfig::default()
+            }),
         }
     }
 }
