@@ -4,7 +4,8 @@
 //! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
 //! all-reduce (f32 accumulation), and sparse all-reduce with optional error
 //! feedback and an automatic dense fallback; [`adasum`] for any world size;
-//! [`powersgd`]'s low-rank all-reduce with error feedback.
+//! [`powersgd`]'s low-rank all-reduce with error feedback; [`quantized`]'s
+//! 1-bit and 8-bit all-reduce (compressed both ways, error feedback).
 //! [`dimreduce`] for PCA-subspace quasi-Newton steps.
 //!
 //! ```
@@ -31,6 +32,7 @@ mod error;
 pub mod fault;
 mod handle;
 pub mod powersgd;
+pub mod quantized;
 mod reduce;
 
 pub use adasum::AdaSum;
@@ -38,6 +40,7 @@ pub use error::{AlgoError, Result};
 pub use fault::FaultKind;
 pub use handle::{Handle, Reduced, Traffic};
 pub use powersgd::{PowerSgd, PowerSgdConfig};
+pub use quantized::QuantizedAllReduce;
 pub use reduce::{
     DEFAULT_FUSION_CAPACITY, FusionBuffers, HalfOptions, HalfPrecision, all_reduce,
     all_reduce_async, fused_all_reduce, fused_all_reduce_async, fused_all_reduce_with,

@@ -33,8 +33,9 @@ impl Entry {
 }
 
 /// The default line-up: dense, fp16, top-k 1 % with and without error
-/// feedback, sampled top-k 0.1 %, PowerSGD at rank 2, partial averaging,
-/// AdaSum by delta weight and DimReduce.
+/// feedback, sampled top-k 0.1 %, PowerSGD at rank 2, 1-bit and min-max
+/// uint8 (error feedback), partial averaging, AdaSum by delta weight and
+/// DimReduce.
 pub fn default_entries() -> Vec<Entry> {
     vec![
         Entry::plain(Strategy::Dense),
@@ -61,6 +62,8 @@ pub fn default_entries() -> Vec<Entry> {
             rank: Some(2),
             ..Entry::plain(Strategy::Powersgd)
         },
+        Entry::plain(Strategy::Onebit),
+        Entry::plain(Strategy::Uint8),
         Entry::plain(Strategy::Partial),
         Entry::plain(Strategy::AdasumDelta),
         Entry::plain(Strategy::Dimreduce),
@@ -212,7 +215,7 @@ mod tests {
     fn the_default_line_up_differs_only_where_it_says() {
         let base = TrainConfig::default();
         let configs = configs(&base, &default_entries()).unwrap();
-        assert_eq!(configs.len(), 9);
+        assert_eq!(configs.len(), 11);
         assert!(
             configs
                 .iter()
@@ -223,5 +226,7 @@ mod tests {
         assert_eq!(labels[3], "topk 1 %, no EF");
         assert_eq!(labels[4], "sampled-topk 0.1 %");
         assert_eq!(labels[5], "powersgd rank 2");
+        assert_eq!(labels[6], "onebit");
+        assert_eq!(labels[7], "uint8");
     }
 }

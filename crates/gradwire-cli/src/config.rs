@@ -37,11 +37,18 @@ pub enum Strategy {
     /// PowerSGD: matrices sent as rank-`--powersgd-rank` factors, with
     /// error feedback (dense for the first `--powersgd-start-step` steps).
     Powersgd,
+    /// One bit per entry (scaled sign) both ways, with error feedback on
+    /// both sides (EF-SignSGD; 1-bit Adam's compressed all-reduce).
+    Onebit,
+    /// QSGD: 8-bit levels, max-norm scaled per chunk, stochastic rounding.
+    Qsgd,
+    /// Min-max uint8 per chunk (Bagua's ByteGrad), deterministic.
+    Uint8,
 }
 
 impl Strategy {
     /// Every strategy, in the order of the help text.
-    pub const ALL: [Strategy; 12] = [
+    pub const ALL: [Strategy; 15] = [
         Strategy::Dense,
         Strategy::Fp16,
         Strategy::Bf16,
@@ -54,6 +61,9 @@ impl Strategy {
         Strategy::AdasumDelta,
         Strategy::Dimreduce,
         Strategy::Powersgd,
+        Strategy::Onebit,
+        Strategy::Qsgd,
+        Strategy::Uint8,
     ];
 
     /// The name on the command line.
@@ -71,6 +81,9 @@ impl Strategy {
             Strategy::AdasumDelta => "adasum-delta",
             Strategy::Dimreduce => "dimreduce",
             Strategy::Powersgd => "powersgd",
+            Strategy::Onebit => "onebit",
+            Strategy::Qsgd => "qsgd",
+            Strategy::Uint8 => "uint8",
         }
     }
 
@@ -218,6 +231,18 @@ impl Default for TrainConfig {
 pub const MAX_LOCAL_WORLD: usize = 256;
 
 impl TrainConfig {
+    /// Whether SGD's momentum is applied by each worker before the exchange
+    /// instead of by the optimizer after it: the 1-bit strategy with SGD
+    /// (dist-EF-SGDM: the sign of a momentum with error feedback keeps
+    /// momentum SGD's accuracy, where momentum after a 1-bit exchange
+    /// amplifies the delayed entries of error feedback: 85 % against dense
+    /// 96 % on digits, measured).
+    pub fn momentum_before_exchange(&self) -> bool {
+        self.strategy == Strategy::Onebit
+            && self.optimizer == OptimizerKind::Sgd
+            && self.momentum > 0.0
+    }
+
     /// Checks every value; the message names the flag.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(CliError::Usage(m));
@@ -315,6 +340,9 @@ impl TrainConfig {
             }
             Strategy::Threshold => format!("threshold {}{ef}", self.threshold),
             Strategy::Powersgd => format!("powersgd rank {}{ef}", self.powersgd_rank),
+            Strategy::Onebit | Strategy::Qsgd | Strategy::Uint8 => {
+                format!("{}{ef}", self.strategy.name())
+            }
             s => s.name().to_string(),
         }
     }

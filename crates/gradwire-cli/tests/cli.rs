@@ -58,7 +58,7 @@ fn compare_shows_what_each_strategy_is_for() {
             .find(|r| r["label"] == label)
             .unwrap_or_else(|| panic!("no run {label}"))
     };
-    assert_eq!(runs.len(), 9);
+    assert_eq!(runs.len(), 11);
     for run in &runs {
         let acc = accuracy(run);
         let final_acc = *acc.last().unwrap();
@@ -93,6 +93,18 @@ fn compare_shows_what_each_strategy_is_for() {
         powersgd_bytes < 0.25 * dense,
         "powersgd sent {powersgd_bytes} bytes, dense {dense}"
     );
+    // 1 bit and 8 bits per entry both ways, with error feedback: within a
+    // point of dense, at about 32 and 4 times fewer bytes (the votes and
+    // scales cost a little).
+    for (label, most) in [("onebit", 1.0 / 25.0), ("uint8", 1.0 / 3.5)] {
+        let acc = tail_mean(label);
+        assert!(acc >= dense_acc - 0.01, "{label} {acc}, dense {dense_acc}");
+        let bytes = last(by_label(label), "bytes_total");
+        assert!(
+            bytes < most * dense,
+            "{label} sent {bytes} bytes, dense {dense}"
+        );
+    }
     // The plots: PNG signatures with a 960 x 600 header, SVGs with every label.
     for name in ["accuracy_vs_epoch", "accuracy_vs_bytes"] {
         let png = std::fs::read(dir.path().join(format!("{name}.png"))).unwrap();
@@ -159,7 +171,7 @@ fn resume_matches(args: &[&str], dir: &Path) {
 
 #[test]
 fn train_resumes_bitwise_from_its_checkpoints() {
-    for strategy in ["topk", "partial", "adasum-delta", "powersgd"] {
+    for strategy in ["topk", "partial", "adasum-delta", "powersgd", "onebit"] {
         let dir = tempfile::tempdir().unwrap();
         resume_matches(&["-s", strategy], dir.path());
     }

@@ -10,6 +10,7 @@
 //! - [`ErrorFeedback`]: the residual memory (SINGA's `corr`), with optional
 //!   DGC momentum correction;
 //! - [`lowrank`]: PowerSGD's low-rank factors (projections, orthonormalisation);
+//! - [`quant`]: 1-bit scaled sign, QSGD and min-max uint8 quantizers;
 //! - [`wire`]: the validated sparse payload format, `scatter_add` and the
 //!   dense fallback test;
 //! - `cuda` (feature `cuda`): the same codecs and error feedback on CUDA
@@ -33,11 +34,13 @@ pub mod cuda;
 mod error;
 mod feedback;
 pub mod lowrank;
+pub mod quant;
 pub mod select;
 mod sparse;
 pub mod wire;
 
 pub use error::{CompressError, Result};
 pub use feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
+pub use quant::Quantizer;
 pub use select::SelectScratch;
 pub use sparse::SparseVec;

@@ -203,8 +203,8 @@ pub struct GradSync<C: Communicator + 'static> {
 
 impl<C: Communicator + 'static> GradSync<C> {
     /// Gradients of `params` (declared in the order backward produces
-    /// them), combined by `config.mode`: `Dense`, `Half`, `Sparse` or
-    /// `PowerSgd`; or
+    /// them), combined by `config.mode`: `Dense`, `Half`, `Sparse`,
+    /// `PowerSgd` or `Quantized`; or
     /// `Partial` (without `average_state`), stepped with
     /// [`GradSync::step_locally`].
     pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
@@ -244,6 +244,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             | Mode::Half { .. }
             | Mode::Sparse { .. }
             | Mode::PowerSgd(_)
+            | Mode::Quantized { .. }
             | Mode::Custom => Ok(()),
             Mode::Partial {
                 average_state: false,

@@ -2,7 +2,8 @@
 //! the gradient buffers, the fusion and wire buffers, the sparse selection,
 //! its scratch, payload and gathered payloads, the error-feedback residual
 //! and its copy from before the step, AdaSum's packed vector and scratch,
-//! PowerSGD's factors, warm start, residuals and their copies,
+//! PowerSGD's factors, warm start, residuals and their copies, the
+//! quantized modes' chunks and residuals,
 //! DistOpt's lists, the buckets' job slots on the communication thread and
 //! LocalComm's round bookkeeping and message buffers are all reused from
 //! step to step (every gradient-combining mode, 1 to 4 ranks). A recording
@@ -13,7 +14,7 @@
 
 use gradwire_algos::{AdaSum, HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_compress::SparseCodec;
+use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::{DistOptConfig, GradSync, Mode, ParamSpec};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -142,6 +143,11 @@ fn a_steady_step_allocates_nothing() {
         error_feedback,
         ..PowerSgdConfig::default()
     };
+    let quantized = |quantizer, error_feedback| Mode::Quantized {
+        quantizer,
+        error_feedback,
+        momentum: error_feedback.then_some(0.9),
+    };
     let sparse = |codec, error_feedback| Mode::Sparse {
         codec,
         error_feedback,
@@ -199,6 +205,20 @@ fn a_steady_step_allocates_nothing() {
         (Mode::PowerSgd(powersgd(true)), false),
         (Mode::PowerSgd(powersgd(true)), true),
         (Mode::PowerSgd(powersgd(false)), false),
+        // Quantized both ways, with and without error feedback.
+        (quantized(Quantizer::Sign, true), false),
+        (quantized(Quantizer::Sign, true), true),
+        (
+            quantized(
+                Quantizer::Qsgd {
+                    levels: 127,
+                    seed: 1,
+                },
+                true,
+            ),
+            false,
+        ),
+        (quantized(Quantizer::MinMaxU8, false), false),
     ];
     let mut failures = Vec::new();
     for (mode, skip_bias) in modes {

@@ -122,11 +122,13 @@ pub enum ModeCase {
     DimReduce,
     /// PowerSGD at rank 1 (the matrix compressed from the second step on).
     PowerSgd,
+    /// 1 bit per entry both ways, with error feedback and local momentum.
+    OneBit,
 }
 
 impl ModeCase {
     /// Every mode.
-    pub const ALL: [ModeCase; 9] = [
+    pub const ALL: [ModeCase; 10] = [
         ModeCase::Dense,
         ModeCase::Fp16,
         ModeCase::TopKFeedback,
@@ -136,6 +138,7 @@ impl ModeCase {
         ModeCase::DeltaWeight,
         ModeCase::DimReduce,
         ModeCase::PowerSgd,
+        ModeCase::OneBit,
     ];
 
     /// Its name in the table.
@@ -150,6 +153,7 @@ impl ModeCase {
             ModeCase::DeltaWeight => "adasum-delta",
             ModeCase::DimReduce => "dimreduce",
             ModeCase::PowerSgd => "powersgd",
+            ModeCase::OneBit => "onebit",
         }
     }
 
@@ -180,6 +184,11 @@ impl ModeCase {
                 min_compression_rate: 1.0,
                 ..PowerSgdConfig::default()
             }),
+            ModeCase::OneBit => Mode::Quantized {
+                quantizer: gradwire_compress::Quantizer::Sign,
+                error_feedback: true,
+                momentum: Some(0.9),
+            },
         }
     }
 }

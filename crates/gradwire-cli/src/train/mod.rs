@@ -19,7 +19,7 @@ use crate::model::Model;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{HalfPrecision, PowerSgdConfig, Traffic};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
-use gradwire_compress::SparseCodec;
+use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
@@ -182,7 +182,13 @@ pub fn train_rank<C: Communicator + 'static>(
     };
     match config.optimizer {
         OptimizerKind::Sgd => {
-            run.go::<SgdRule, _>(comm, SgdConfig::default().lr(lr).momentum(config.momentum))
+            // The strategy keeps the momentum when it sends it.
+            let momentum = if config.momentum_before_exchange() {
+                0.0
+            } else {
+                config.momentum
+            };
+            run.go::<SgdRule, _>(comm, SgdConfig::default().lr(lr).momentum(momentum))
         }
         OptimizerKind::Adam => run.go::<AdamRule, _>(comm, AdamConfig::default().lr(lr)),
         OptimizerKind::Adamw => run.go::<AdamWRule, _>(comm, AdamConfig::adamw().lr(lr)),
@@ -218,6 +224,13 @@ fn mode_of(config: &TrainConfig) -> Mode {
         codec,
         error_feedback: config.error_feedback,
     };
+    let quantized = |quantizer| Mode::Quantized {
+        quantizer,
+        error_feedback: config.error_feedback,
+        momentum: config
+            .momentum_before_exchange()
+            .then_some(config.momentum as f32),
+    };
     match config.strategy {
         Strategy::Dense | Strategy::Dimreduce => Mode::Dense,
         Strategy::Fp16 => Mode::Half {
@@ -247,6 +260,12 @@ fn mode_of(config: &TrainConfig) -> Mode {
             seed: config.seed,
             ..PowerSgdConfig::default()
         }),
+        Strategy::Onebit => quantized(Quantizer::Sign),
+        Strategy::Qsgd => quantized(Quantizer::Qsgd {
+            levels: 127,
+            seed: config.seed,
+        }),
+        Strategy::Uint8 => quantized(Quantizer::MinMaxU8),
     }
 }
 

@@ -5,10 +5,13 @@
 //! pairwise exchange, cannot deadlock. Messages from one source to one
 //! destination are received in the order they were sent.
 //!
-//! The copies' byte buffers are recycled: a receiver hands a message's
-//! buffer back to its mailbox's spares, and the next send to that mailbox
-//! refills the smallest spare that is large enough. A repeated exchange
-//! pattern (AdaSum's halving, a ring) allocates nothing once warm.
+//! The copies' byte buffers are recycled per pair of ranks: a receiver
+//! hands a message's buffer back to the spares of its source, and that
+//! source's next send to it refills the smallest spare that is large
+//! enough. A repeated exchange pattern (AdaSum's halving, a ring, the
+//! quantized all-reduce's paired exchanges) allocates nothing once warm,
+//! whatever the timing: a pair's spares serve that pair only, so another
+//! rank's messages in flight can never leave it without one.
 
 use crate::element::ElemType;
 use parking_lot::{Condvar, Mutex};
@@ -35,35 +38,37 @@ pub(crate) struct Mailbox {
 pub(crate) struct Queues {
     /// The messages in flight, one queue per source.
     pub(crate) from: Vec<VecDeque<Message>>,
-    /// Byte buffers of received messages, for the next sends (at most
-    /// [`MAX_SPARES`]).
-    spares: Vec<Vec<u8>>,
+    /// Byte buffers of received messages, per source, for its next sends
+    /// (at most [`MAX_SPARES`] each).
+    spares: Vec<Vec<Vec<u8>>>,
 }
 
-/// The most spare buffers a mailbox keeps: more than any exchange pattern
-/// has in flight towards one rank at once, few enough to bound the memory.
-const MAX_SPARES: usize = 16;
+/// The most spare buffers a mailbox keeps per source: more than any
+/// exchange pattern has in flight from one rank to another at once, few
+/// enough to bound the memory.
+const MAX_SPARES: usize = 8;
 
 impl Queues {
-    /// A copy of `bytes` in a recycled buffer when one is large enough (the
-    /// smallest such), else in the largest spare grown, else a new one.
-    pub(crate) fn copy_of(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let fitting = self
-            .spares
+    /// A copy of `bytes` from `src` in one of its recycled buffers when one
+    /// is large enough (the smallest such), else in its largest spare grown,
+    /// else a new one.
+    pub(crate) fn copy_of(&mut self, src: usize, bytes: &[u8]) -> Vec<u8> {
+        let Some(spares) = self.spares.get_mut(src) else {
+            return bytes.to_vec();
+        };
+        let fitting = spares
             .iter()
             .enumerate()
             .filter(|(_, b)| b.capacity() >= bytes.len())
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
-        let largest = || {
-            self.spares
-                .iter()
-                .enumerate()
-                .max_by_key(|(_, b)| b.capacity())
-                .map(|(i, _)| i)
-        };
-        let mut buffer = match fitting.or_else(largest) {
-            Some(i) => self.spares.swap_remove(i),
+        let largest = spares
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut buffer = match fitting.or(largest) {
+            Some(i) => spares.swap_remove(i),
             None => Vec::new(),
         };
         buffer.clear();
@@ -71,10 +76,12 @@ impl Queues {
         buffer
     }
 
-    /// Keeps a received message's buffer for a later send.
-    pub(crate) fn recycle(&mut self, buffer: Vec<u8>) {
-        if self.spares.len() < MAX_SPARES {
-            self.spares.push(buffer);
+    /// Keeps a received message's buffer for `src`'s later sends.
+    pub(crate) fn recycle(&mut self, src: usize, buffer: Vec<u8>) {
+        if let Some(spares) = self.spares.get_mut(src)
+            && spares.len() < MAX_SPARES
+        {
+            spares.push(buffer);
         }
     }
 }
@@ -91,7 +98,7 @@ impl Mailboxes {
             .map(|_| Mailbox {
                 queues: Mutex::new(Queues {
                     from: (0..size).map(|_| VecDeque::new()).collect(),
-                    spares: Vec::new(),
+                    spares: (0..size).map(|_| Vec::new()).collect(),
                 }),
                 arrived: Condvar::new(),
             })

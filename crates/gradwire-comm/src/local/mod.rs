@@ -367,7 +367,7 @@ impl Communicator for LocalComm {
         let message = Message {
             elem: T::TYPE,
             len: buf.len(),
-            bytes: queues.copy_of(bytemuck::cast_slice(buf)),
+            bytes: queues.copy_of(self.rank, bytemuck::cast_slice(buf)),
         };
         queues.from[self.rank].push_back(message);
         mailbox.arrived.notify_all();
@@ -404,7 +404,7 @@ impl Communicator for LocalComm {
                     });
                 }
                 bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&message.bytes);
-                mailbox.queues.lock().recycle(message.bytes);
+                mailbox.queues.lock().recycle(src, message.bytes);
                 return Ok(());
             }
             // A poisoned group's error first: it is what every rank gets.

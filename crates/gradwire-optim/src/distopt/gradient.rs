@@ -93,7 +93,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// still advances. An `apply` error on one rank is an error on every
     /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
     /// optimizer error. Gradient-combining modes only (`Dense`, `Half`,
-    /// `Sparse`, `PowerSgd`, `Custom`); [`crate::GradSync`] is built on it.
+    /// `Sparse`, `PowerSgd`, `Quantized`, `Custom`); [`crate::GradSync`] is built on it.
     pub fn finish_gradients(
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
@@ -113,6 +113,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 | Mode::Half { .. }
                 | Mode::Sparse { .. }
                 | Mode::PowerSgd(_)
+                | Mode::Quantized { .. }
                 | Mode::Custom
         ) {
             self.record(

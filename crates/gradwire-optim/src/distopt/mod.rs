@@ -65,7 +65,7 @@ use gradient::StepScratch;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceStep};
 use gradwire_algos::{DEFAULT_FUSION_CAPACITY, FaultKind, HalfPrecision, PowerSgdConfig, Traffic};
 use gradwire_comm::{Communicator, JobSlot, Pending};
-use gradwire_compress::SparseCodec;
+use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_tensor::Tensor;
 pub use spec::ParamSpec;
 use std::collections::HashMap;
@@ -133,6 +133,22 @@ pub enum Mode {
     /// vectors and small matrices travel dense beside them. Dense until
     /// `start_step`. The result is an average.
     PowerSgd(PowerSgdConfig),
+    /// Every entry in 1 bit ([`Quantizer::Sign`], EF-SignSGD) or 8 bits
+    /// (QSGD, min-max uint8), both ways: a reduce-scatter and an all-gather
+    /// of quantized chunks (DeepSpeed's compressed all-reduce, Bagua's
+    /// ByteGrad), with worker and server error feedback when
+    /// `error_feedback` (the 1-bit sign needs it). The result is an average.
+    Quantized {
+        /// How entries are quantized.
+        quantizer: Quantizer,
+        /// Keep what quantization lost, on both sides, for later steps.
+        error_feedback: bool,
+        /// Send a local momentum `m = mu m + g` instead of the gradients
+        /// (dist-EF-SGDM): the combined gradient is then the average
+        /// momentum, for an optimizer without momentum of its own. What
+        /// keeps momentum SGD accurate with the 1-bit sign.
+        momentum: Option<f32>,
+    },
 }
 
 /// DistOpt's settings.
@@ -277,8 +293,25 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 )));
             }
         }
-        if let Mode::PowerSgd(powersgd) = config.mode {
-            powersgd.validate()?;
+        match config.mode {
+            Mode::PowerSgd(powersgd) => powersgd.validate()?,
+            Mode::Quantized {
+                quantizer,
+                momentum,
+                ..
+            } => {
+                quantizer
+                    .validate()
+                    .map_err(gradwire_algos::AlgoError::from)?;
+                if let Some(mu) = momentum
+                    && !(0.0..1.0).contains(&mu)
+                {
+                    return Err(OptimError::InvalidArgument(format!(
+                        "the quantized mode's momentum must be in [0, 1), got {mu}"
+                    )));
+                }
+            }
+            _ => {}
         }
         if config.ranks_per_node == Some(0) {
             return Err(OptimError::InvalidArgument(

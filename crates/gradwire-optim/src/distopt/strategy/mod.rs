@@ -3,7 +3,7 @@
 //! One trait, [`Combiner`], and one file per strategy: [`dense`] (the f32
 //! sum), [`half`] (f16/bf16 on the wire), [`sparse`] (a codec's selection,
 //! with error feedback), [`powersgd`] (low-rank factors with error
-//! feedback), AdaSum (its impl below) and whatever a user plugs in with
+//! feedback), [`quantized`] (1 or 8 bits per entry both ways), AdaSum (its impl below) and whatever a user plugs in with
 //! [`super::DistOpt::with_combiner`]. DistOpt holds one strategy per
 //! bucket, made from its [`Mode`](super::Mode) by this module's registry
 //! (`for_bucket`): a new strategy is its file, a `Mode` variant and one
@@ -16,6 +16,7 @@
 pub mod dense;
 pub mod half;
 pub mod powersgd;
+pub mod quantized;
 pub mod sparse;
 
 use super::Mode;
@@ -250,6 +251,15 @@ pub(super) fn for_bucket<C: Communicator + 'static>(
             error_feedback.then_some(len),
         )),
         Mode::PowerSgd(config) => match powersgd::PowerSgdAverage::new(config) {
+            Ok(strategy) => Box::new(strategy),
+            // Checked by DistOpt::new: not reached.
+            Err(e) => Box::new(Refused(e.to_string())),
+        },
+        Mode::Quantized {
+            quantizer,
+            error_feedback,
+            momentum,
+        } => match quantized::QuantizedAverage::new(quantizer, error_feedback, momentum) {
             Ok(strategy) => Box::new(strategy),
             // Checked by DistOpt::new: not reached.
             Err(e) => Box::new(Refused(e.to_string())),

@@ -1,0 +1,210 @@
+//! The quantized all-reduce over LocalComm, W in 1..=8, lengths 0, 1,
+//! primes and chunk boundaries: the same bits on every rank; min-max uint8
+//! within its two roundings of the true average; error feedback on both
+//! sides conserving the mass of every step (the outputs plus the residuals
+//! are exactly what was given); QSGD unbiased through the exchange; the
+//! bytes of a ring all-reduce of the payload; a fault on one rank ending
+//! the call everywhere with the next call working.
+
+use gradwire_algos::quantized::QuantizedAllReduce;
+use gradwire_algos::{AlgoError, FaultKind, Traffic};
+use gradwire_comm::{Communicator, LocalComm, chunk_range, local};
+use gradwire_compress::Quantizer;
+use gradwire_tensor::Tensor;
+use proptest::prelude::*;
+
+mod common;
+use common::vector;
+
+/// Splits `v` into tensors of `sizes`.
+fn tensors(v: &[f32], sizes: &[usize]) -> Vec<Tensor> {
+    let mut at = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            let t = Tensor::from_vec(v[at..at + n].to_vec(), n).unwrap();
+            at += n;
+            t
+        })
+        .collect()
+}
+
+fn flatten(ts: &[Tensor]) -> Vec<f32> {
+    ts.iter().flat_map(|t| t.to_vec::<f32>().unwrap()).collect()
+}
+
+fn sizes_strategy() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(
+        prop::sample::select(vec![0usize, 1, 2, 13, 511, 512, 513, 1031]),
+        1..4,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn min_max_is_the_average_within_two_roundings_on_every_rank_alike(
+        world in 1usize..=8, sizes in sizes_strategy(), seed: u64,
+    ) {
+        let n: usize = sizes.iter().sum();
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| vector(seed, r, n)).collect();
+        let results = local::run(world, |comm: LocalComm| {
+            let mut q = QuantizedAllReduce::new(Quantizer::MinMaxU8, false)?;
+            let mut ts = tensors(&inputs[comm.rank()], &sizes);
+            q.all_reduce(&comm, &mut ts, 0)?;
+            Ok::<_, AlgoError>(flatten(&ts))
+        }).unwrap();
+        let results: Vec<Vec<f32>> = results.into_iter().map(|r| r.unwrap()).collect();
+        for r in &results {
+            prop_assert!(r.iter().zip(&results[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        // Inputs in [-0.5, 0.5): a chunk's range is at most 1, a step 1/255;
+        // each of the two roundings is at most half a step.
+        for (i, got) in results[0].iter().enumerate() {
+            let want: f64 = inputs.iter().map(|v| f64::from(v[i])).sum::<f64>() / world as f64;
+            prop_assert!((f64::from(*got) - want).abs() <= 1.0 / 255.0 + 1e-6, "{}: {} vs {}", i, got, want);
+        }
+    }
+
+    #[test]
+    fn error_feedback_conserves_the_mass_of_every_step(
+        world in 1usize..=6, n in prop::sample::select(vec![1usize, 7, 97, 1031]), seed: u64,
+        quantizer in prop::sample::select(vec![
+            Quantizer::Sign, Quantizer::MinMaxU8, Quantizer::Qsgd { levels: 2, seed: 4 },
+        ]),
+    ) {
+        // sum_t out_t + mean_r worker_r + server = sum_t mean_r g_{r,t}.
+        let steps = 5u64;
+        let results = local::run(world, |comm: LocalComm| {
+            let mut q = QuantizedAllReduce::new(quantizer, true)?;
+            let mut out = vec![0f64; n];
+            for step in 0..steps {
+                let mut ts = [Tensor::from_vec(vector(seed ^ step, comm.rank(), n), n)?];
+                q.all_reduce(&comm, &mut ts, step)?;
+                for (o, v) in out.iter_mut().zip(ts[0].to_vec::<f32>()?) {
+                    *o += f64::from(v);
+                }
+            }
+            Ok::<_, AlgoError>((out, q.state().clone()))
+        }).unwrap();
+        let results: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+        for i in 0..n {
+            let given: f64 = (0..steps)
+                .map(|step| (0..world).map(|r| f64::from(vector(seed ^ step, r, n)[i])).sum::<f64>() / world as f64)
+                .sum();
+            let owner = (0..world).find(|&c| chunk_range(n, world, c).contains(&i)).unwrap();
+            let server = f64::from(results[owner].1.server[i - chunk_range(n, world, owner).start]);
+            let worker: f64 = results.iter().map(|(_, s)| f64::from(s.worker[i])).sum::<f64>() / world as f64;
+            let kept = results[0].0[i] + worker + server;
+            prop_assert!((kept - given).abs() <= 1e-5 * steps as f64, "{:?} entry {}: {} vs {}", quantizer, i, kept, given);
+        }
+    }
+}
+
+#[test]
+fn qsgd_is_unbiased_through_the_exchange() {
+    // The same inputs every step, fresh streams: the mean output converges
+    // to the true average (5 standard errors; levels 4, so a level is at
+    // most 0.125 of the inputs' scale of 0.5, twice rounded).
+    let (world, n, steps) = (3, 600, 600u64);
+    let results = local::run(world, |comm: LocalComm| {
+        let mut q = QuantizedAllReduce::new(Quantizer::Qsgd { levels: 4, seed: 8 }, false)?;
+        let mut sum = vec![0f64; n];
+        for step in 0..steps {
+            let mut ts = [Tensor::from_vec(vector(21, comm.rank(), n), n)?];
+            q.all_reduce(&comm, &mut ts, step)?;
+            for (s, v) in sum.iter_mut().zip(ts[0].to_vec::<f32>()?) {
+                *s += f64::from(v);
+            }
+        }
+        Ok::<_, AlgoError>(sum)
+    })
+    .unwrap();
+    let sum = results.into_iter().next().unwrap().unwrap();
+    // Per entry: a worker rounding of sd <= level/2 per rank, averaged
+    // over W, and a server rounding of sd <= level/2.
+    let level = 0.5 / 4.0;
+    let sd = (level / 2.0) * (1.0 / world as f64 + 1.0).sqrt();
+    let bound = 5.0 * sd / (steps as f64).sqrt();
+    for (i, s) in sum.iter().enumerate() {
+        let want: f64 = (0..world)
+            .map(|r| f64::from(vector(21, r, n)[i]))
+            .sum::<f64>()
+            / world as f64;
+        let mean = s / steps as f64;
+        assert!(
+            (mean - want).abs() <= bound,
+            "{i}: {mean} vs {want} (bound {bound})"
+        );
+    }
+}
+
+#[test]
+fn one_bit_moves_a_32nd_of_a_dense_ring() {
+    for world in [2usize, 4, 8] {
+        let n = 1 << 16;
+        let results = local::run(world, |comm: LocalComm| {
+            let mut q = QuantizedAllReduce::new(Quantizer::Sign, true)?;
+            let mut ts = [Tensor::from_vec(vector(1, comm.rank(), n), n)?];
+            q.all_reduce(&comm, &mut ts, 0)
+        })
+        .unwrap();
+        let dense = Traffic::all_reduce(n * 4, world);
+        for r in results {
+            let t = r.unwrap();
+            let ratio = dense.sent as f64 / t.sent as f64;
+            // 32x less, but for the scales (4 bytes per chunk).
+            assert!((30.0..=32.0).contains(&ratio), "W = {world}: {ratio}");
+            assert_eq!(t.sent, t.received, "W = {world}");
+        }
+    }
+}
+
+#[test]
+fn a_fault_on_one_rank_ends_the_call_on_every_rank_and_the_next_works() {
+    for world in [1usize, 2, 3, 5] {
+        let results = local::run(world, |comm: LocalComm| {
+            let mut q = QuantizedAllReduce::new(Quantizer::Sign, true)?;
+            let mut v = vector(2, comm.rank(), 100);
+            if comm.rank() == world - 1 {
+                v[50] = f32::NAN;
+            }
+            let first = q.all_reduce(&comm, &mut [Tensor::from_vec(v, 100)?], 0);
+            let mut ts = [Tensor::from_vec(vector(3, comm.rank(), 100), 100)?];
+            let second = q.all_reduce(&comm, &mut ts, 1).map(|_| flatten(&ts));
+            Ok::<_, AlgoError>((first.err(), second))
+        })
+        .unwrap();
+        let mut outputs = Vec::new();
+        for (r, result) in results.into_iter().enumerate() {
+            let (first, second) = result.unwrap();
+            match first {
+                Some(AlgoError::Fault { rank, kind }) => {
+                    assert_eq!((rank, kind), (world - 1, FaultKind::NonFinite))
+                }
+                Some(e) if r == world - 1 => assert_eq!(e.fault_kind(), FaultKind::NonFinite),
+                other => panic!("W = {world}, rank {r}: {other:?}"),
+            }
+            outputs.push(second.unwrap());
+        }
+        assert!(outputs.iter().all(|o| o == &outputs[0]));
+    }
+}
+
+#[test]
+fn device_or_half_tensors_are_refused_alike() {
+    let results = local::run(2, |comm: LocalComm| {
+        let mut q = QuantizedAllReduce::new(Quantizer::MinMaxU8, false)?;
+        let t = if comm.rank() == 0 {
+            Tensor::from_vec(vec![half::f16::from_f32(1.0); 4], 4)?
+        } else {
+            Tensor::from_vec(vec![1.0f32; 4], 4)?
+        };
+        Ok::<_, AlgoError>(q.all_reduce(&comm, &mut [t], 0).map(|_| ()))
+    })
+    .unwrap();
+    for r in results {
+        assert!(r.unwrap().is_err());
+    }
+}

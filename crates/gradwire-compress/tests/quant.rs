@@ -1,0 +1,240 @@
+//! The quantizers against their definitions, for lengths 0, 1, primes and
+//! chunk boundaries: the sign keeps every sign and each chunk's mean
+//! magnitude;
+//! min-max uint8 is within half a step of every entry; QSGD is within one
+//! level of every entry and unbiased (measured over seeds); payloads have
+//! the advertised length; corrupt payloads are refused and nothing decodes
+//! to a non-finite value.
+
+use gradwire_compress::quant::QUANT_CHUNK;
+use gradwire_compress::{CompressError, Quantizer};
+use proptest::prelude::*;
+
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Magnitudes over several orders, some exact zeros.
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            if i % 17 == 0 {
+                0.0
+            } else {
+                u * 10f32.powi((i % 5) as i32 - 2)
+            }
+        })
+        .collect()
+}
+
+fn round_trip(q: Quantizer, x: &[f32], stream: u64) -> Vec<f32> {
+    let mut payload = vec![0u8; q.encoded_len(x.len())];
+    q.encode(x, stream, &mut payload).unwrap();
+    let mut out = vec![f32::NAN; x.len()];
+    q.decode(&payload, &mut out).unwrap();
+    out
+}
+
+const LENGTHS: &[usize] = &[0, 1, 2, 7, 8, 9, 31, 511, 512, 513, 1031, 4099];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sign_keeps_every_sign_and_the_mean_magnitude(
+        n in prop::sample::select(LENGTHS.to_vec()), seed: u64,
+    ) {
+        let x = values(seed, n);
+        let out = round_trip(Quantizer::Sign, &x, 0);
+        for (xs, os) in x.chunks(QUANT_CHUNK).zip(out.chunks(QUANT_CHUNK)) {
+            let scale = (xs.iter().map(|v| f64::from(v.abs())).sum::<f64>() / xs.len() as f64) as f32;
+            for (v, o) in xs.iter().zip(os) {
+                prop_assert_eq!(*o, if v.is_sign_positive() { scale } else { -scale });
+            }
+        }
+        prop_assert_eq!(Quantizer::Sign.encoded_len(n), 4 * n.div_ceil(QUANT_CHUNK) + n.div_ceil(8));
+    }
+
+    #[test]
+    fn min_max_is_within_half_a_step(
+        n in prop::sample::select(LENGTHS.to_vec()), seed: u64,
+    ) {
+        let x = values(seed, n);
+        let out = round_trip(Quantizer::MinMaxU8, &x, 0);
+        for (c, (xs, os)) in x.chunks(QUANT_CHUNK).zip(out.chunks(QUANT_CHUNK)).enumerate() {
+            let lo = xs.iter().fold(f32::INFINITY, |a, &b| a.min(b));
+            let hi = xs.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let half_step = (f64::from(hi) - f64::from(lo)) / 510.0;
+            for (v, o) in xs.iter().zip(os) {
+                let err = (f64::from(*v) - f64::from(*o)).abs();
+                // Half a step, and the f32 rounding of the decoded value.
+                prop_assert!(err <= half_step * (1.0 + 1e-5) + f64::from(hi.abs().max(lo.abs())) * 1e-7,
+                    "chunk {}: {} decoded {} (half step {})", c, v, o, half_step);
+            }
+        }
+        prop_assert_eq!(Quantizer::MinMaxU8.encoded_len(n), 8 * n.div_ceil(QUANT_CHUNK) + n);
+    }
+
+    #[test]
+    fn qsgd_is_within_one_level(
+        n in prop::sample::select(LENGTHS.to_vec()), levels in 1u8..=127, seed: u64,
+    ) {
+        let q = Quantizer::Qsgd { levels, seed };
+        let x = values(seed, n);
+        let out = round_trip(q, &x, 5);
+        for (xs, os) in x.chunks(QUANT_CHUNK).zip(out.chunks(QUANT_CHUNK)) {
+            let scale = xs.iter().fold(0f32, |a, &b| a.max(b.abs()));
+            let level = f64::from(scale) / f64::from(levels);
+            for (v, o) in xs.iter().zip(os) {
+                prop_assert!((f64::from(*v) - f64::from(*o)).abs() <= level * (1.0 + 1e-5),
+                    "{} decoded {} (a level is {})", v, o, level);
+                prop_assert!(*o == 0.0 || o.signum() == v.signum());
+            }
+        }
+    }
+}
+
+#[test]
+fn qsgd_is_unbiased_over_seeds() {
+    // 3000 independent encodings of the same vector: the mean of each entry
+    // is within 5 standard errors of the entry (the rounding's variance is
+    // at most a quarter of a level squared).
+    let n = 700;
+    let x = values(11, n);
+    let q = Quantizer::Qsgd {
+        levels: 3,
+        seed: 99,
+    };
+    let trials = 3000;
+    let mut sum = vec![0f64; n];
+    for stream in 0..trials {
+        for (s, o) in sum.iter_mut().zip(round_trip(q, &x, stream)) {
+            *s += f64::from(o);
+        }
+    }
+    for (c, (xs, ss)) in x
+        .chunks(QUANT_CHUNK)
+        .zip(sum.chunks(QUANT_CHUNK))
+        .enumerate()
+    {
+        let scale = xs.iter().fold(0f32, |a, &b| a.max(b.abs()));
+        let level = f64::from(scale) / 3.0;
+        let bound = 5.0 * (level / 2.0) / (trials as f64).sqrt();
+        for (i, (v, s)) in xs.iter().zip(ss).enumerate() {
+            let mean = s / trials as f64;
+            assert!(
+                (mean - f64::from(*v)).abs() <= bound + 1e-7,
+                "chunk {c} entry {i}: mean {mean}, value {v}, bound {bound}"
+            );
+        }
+    }
+    // And a given stream is reproducible.
+    assert_eq!(round_trip(q, &x, 7), round_trip(q, &x, 7));
+}
+
+#[test]
+fn non_finite_inputs_and_bad_settings_are_refused() {
+    for q in [
+        Quantizer::Sign,
+        Quantizer::MinMaxU8,
+        Quantizer::Qsgd {
+            levels: 127,
+            seed: 0,
+        },
+    ] {
+        let mut x = values(3, 40);
+        x[13] = f32::INFINITY;
+        let mut payload = vec![0u8; q.encoded_len(40)];
+        assert!(matches!(
+            q.encode(&x, 0, &mut payload),
+            Err(CompressError::NonFinite { index: 13, .. })
+        ));
+        let mut short = vec![0u8; q.encoded_len(40) - 1];
+        assert!(q.encode(&values(3, 40), 0, &mut short).is_err());
+    }
+    for levels in [0u8, 128, 255] {
+        let q = Quantizer::Qsgd { levels, seed: 0 };
+        assert!(q.validate().is_err());
+        assert!(q.encode(&[1.0], 0, &mut [0u8; 5]).is_err());
+    }
+}
+
+#[test]
+fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
+    let n = 600;
+    for q in [
+        Quantizer::Sign,
+        Quantizer::MinMaxU8,
+        Quantizer::Qsgd {
+            levels: 100,
+            seed: 1,
+        },
+    ] {
+        let mut payload = vec![0u8; q.encoded_len(n)];
+        q.encode(&values(5, n), 0, &mut payload).unwrap();
+        let mut out = vec![0f32; n];
+        // A wrong length.
+        assert!(matches!(
+            q.decode(&payload[1..], &mut out),
+            Err(CompressError::Corrupt(_))
+        ));
+        // A NaN scale.
+        let mut bad = payload.clone();
+        bad[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(matches!(
+            q.decode(&bad, &mut out),
+            Err(CompressError::Corrupt(_))
+        ));
+        // Every single-byte change decodes to finite values or is refused.
+        for at in (0..payload.len()).step_by(7) {
+            for byte in [0u8, 0x7f, 0x80, 0xff] {
+                let mut flipped = payload.clone();
+                flipped[at] = byte;
+                if q.decode(&flipped, &mut out).is_ok() {
+                    assert!(
+                        out.iter().all(|v| v.is_finite()),
+                        "{q:?} byte {at} = {byte}"
+                    );
+                }
+            }
+        }
+    }
+    // QSGD levels beyond the setting, and min above max.
+    let q = Quantizer::Qsgd { levels: 3, seed: 0 };
+    let mut payload = vec![0u8; q.encoded_len(4)];
+    q.encode(&[1.0, -1.0, 0.5, 0.0], 0, &mut payload).unwrap();
+    payload[5] = 4;
+    assert!(q.decode(&payload, &mut [0.0; 4]).is_err());
+    let q = Quantizer::MinMaxU8;
+    let mut payload = vec![0u8; q.encoded_len(2)];
+    q.encode(&[1.0, 2.0], 0, &mut payload).unwrap();
+    payload[..4].copy_from_slice(&3.0f32.to_le_bytes());
+    assert!(q.decode(&payload, &mut [0.0; 2]).is_err());
+}
+
+#[test]
+fn extreme_ranges_stay_finite() {
+    let x = [-3.0e38f32, 3.0e38, 1.0, -1.0, 1e-45];
+    for q in [
+        Quantizer::MinMaxU8,
+        Quantizer::Qsgd {
+            levels: 127,
+            seed: 2,
+        },
+        Quantizer::Sign,
+    ] {
+        let out = round_trip(q, &x, 1);
+        assert!(out.iter().all(|v| v.is_finite()), "{q:?}: {out:?}");
+    }
+    // A subnormal scale.
+    let out = round_trip(
+        Quantizer::Qsgd {
+            levels: 127,
+            seed: 2,
+        },
+        &[1e-45, -1e-45, 0.0],
+        3,
+    );
+    assert!(out.iter().all(|v| v.is_finite()));
+}

@@ -1,0 +1,105 @@
+//! The quantized strategy: 1-bit scaled sign (EF-SignSGD) or 8-bit (QSGD,
+//! min-max uint8) both ways through
+//! [`gradwire_algos::quantized::QuantizedAllReduce`], with error-feedback
+//! residuals (worker and server) and an optional local momentum that a
+//! failed or skipped step puts back.
+
+use super::{BucketView, Combined, Combiner};
+use crate::checkpoint::Checkpoint;
+use crate::error::{OptimError, Result};
+use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
+use gradwire_comm::Communicator;
+use gradwire_compress::Quantizer;
+use gradwire_tensor::Tensor;
+
+/// A quantized all-reduce of one bucket.
+#[derive(Debug)]
+pub struct QuantizedAverage {
+    inner: QuantizedAllReduce,
+    /// The residuals before this step's combination, and whether they hold
+    /// this step's copy.
+    before: QuantizedState,
+    changed: bool,
+}
+
+impl QuantizedAverage {
+    /// Through `quantizer` (checked), with error feedback when asked, and a
+    /// local momentum `mu` sent instead of the gradients when given.
+    pub fn new(
+        quantizer: Quantizer,
+        error_feedback: bool,
+        momentum: Option<f32>,
+    ) -> gradwire_algos::Result<Self> {
+        let mut inner = QuantizedAllReduce::new(quantizer, error_feedback)?;
+        if let Some(mu) = momentum {
+            inner = inner.with_momentum(mu)?;
+        }
+        Ok(QuantizedAverage {
+            inner,
+            before: QuantizedState::default(),
+            changed: false,
+        })
+    }
+}
+
+impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
+    fn combine(
+        &mut self,
+        comm: &C,
+        bucket: &BucketView<'_>,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<Combined> {
+        self.before.clone_from(self.inner.state());
+        self.changed = true;
+        let traffic = self.inner.all_reduce(comm, tensors, bucket.step)?;
+        Ok(Combined {
+            traffic,
+            averaged: true,
+        })
+    }
+
+    fn end_step(&mut self, _bucket: usize, kept: bool) {
+        if std::mem::take(&mut self.changed) && !kept {
+            std::mem::swap(self.inner.state_mut(), &mut self.before);
+        }
+    }
+
+    /// The residuals and the local momentum as tensors
+    /// `quantized/<bucket>/worker`, `.../server` and `.../momentum`.
+    fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
+        let state = self.inner.state();
+        for (name, values) in [
+            ("worker", &state.worker),
+            ("server", &state.server),
+            ("momentum", &state.momentum),
+        ] {
+            let n = values.len();
+            ckpt.tensors.insert(
+                format!("quantized/{bucket}/{name}"),
+                Tensor::from_vec(values.clone(), n)?,
+            );
+        }
+        Ok(())
+    }
+
+    fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
+        let read = |name: &str| -> Result<Vec<f32>> {
+            let key = format!("quantized/{bucket}/{name}");
+            Ok(ckpt
+                .tensors
+                .get(&key)
+                .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
+                .to_vec::<f32>()?)
+        };
+        let state = QuantizedState {
+            momentum: read("momentum")?,
+            worker: read("worker")?,
+            server: read("server")?,
+        };
+        if apply {
+            *self.inner.state_mut() = state;
+            self.changed = false;
+        }
+        Ok(())
+    }
+}
