@@ -12,7 +12,7 @@
 use crate::error::{CliError, Result};
 use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};
 use gradwire_compress::cast::{self, CastOptions};
-use gradwire_compress::{ErrorFeedback, SparseCodec, select};
+use gradwire_compress::{ErrorFeedback, Quantizer, SparseCodec, lowrank, select};
 use gradwire_tensor::{WithDType, bf16, f16};
 use serde::Serialize;
 use std::hint::black_box;
@@ -219,6 +219,10 @@ pub const CODECS: &[&str] = &[
     "sampled-topk",
     "randomk",
     "ef-topk",
+    "onebit",
+    "qsgd",
+    "uint8",
+    "powersgd",
 ];
 
 /// One compression measurement.
@@ -245,6 +249,42 @@ fn cast_round_trip<H: WithDType>(x: &[f32], budget: Budget) -> Result<f64> {
     median_time(budget, || {
         cast::encode(black_box(x), &mut half, &CastOptions::default())?;
         cast::decode(&half, &mut back)?;
+        Ok(())
+    })
+}
+
+/// Median seconds of a quantization of `x` and its decoding.
+fn quantize_round_trip(q: Quantizer, x: &[f32], budget: Budget) -> Result<f64> {
+    let mut payload = vec![0u8; q.encoded_len(x.len())];
+    let mut back = vec![0f32; x.len()];
+    let mut stream = 0;
+    median_time(budget, || {
+        stream += 1;
+        q.encode(black_box(x), stream, &mut payload)?;
+        q.decode(&payload, &mut back)?;
+        Ok(())
+    })
+}
+
+/// PowerSGD's local work on `x` viewed as a matrix of 1024 rows (the
+/// entries beyond a multiple of 1024 left out) at rank 4: `P = M Q`, the
+/// orthonormalisation, `Qᵀ = Pᵀ M` and `M ≈ P Qᵀ`, what a step computes
+/// besides its two all-reduces.
+fn powersgd_step(x: &[f32], budget: Budget) -> Result<f64> {
+    const ROWS: usize = 1024;
+    const RANK: usize = 4;
+    let cols = (x.len() / ROWS).max(1);
+    let rows = x.len().min(ROWS * cols) / cols;
+    let m = &x[..rows * cols];
+    let mut qt = vec![0f32; RANK * cols];
+    lowrank::init_q(3, &mut qt);
+    let mut p = vec![0f32; rows * RANK];
+    let mut approx = vec![0f32; rows * cols];
+    median_time(budget, || {
+        lowrank::project(black_box(m), rows, cols, &qt, &mut p)?;
+        lowrank::orthonormalize(&mut p, rows, RANK)?;
+        lowrank::project_back(m, rows, cols, &p, &mut qt)?;
+        lowrank::reconstruct(&p, &qt, rows, cols, &mut approx)?;
         Ok(())
     })
 }
@@ -300,6 +340,17 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                         Ok(())
                     })?
                 }
+                "onebit" => quantize_round_trip(Quantizer::Sign, &x, budget)?,
+                "qsgd" => quantize_round_trip(
+                    Quantizer::Qsgd {
+                        levels: 127,
+                        seed: 7,
+                    },
+                    &x,
+                    budget,
+                )?,
+                "uint8" => quantize_round_trip(Quantizer::MinMaxU8, &x, budget)?,
+                "powersgd" => powersgd_step(&x, budget)?,
                 other => {
                     return Err(CliError::Usage(format!(
                         "unknown codec {other:?} (one of: {})",

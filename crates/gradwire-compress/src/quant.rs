@@ -9,7 +9,8 @@
 //! - [`Quantizer::Qsgd`]: QSGD (Alistarh et al., NeurIPS 2017) with
 //!   max-norm scaling: each chunk of [`QUANT_CHUNK`] entries has a scale (its
 //!   largest magnitude) and each entry an `i8` level in `-s..=s`, rounded
-//!   stochastically (seeded), so the decoded value is unbiased.
+//!   stochastically (seeded, counter-based: entry `i` of a stream draws
+//!   from a hash of `i`), so the decoded value is unbiased.
 //! - [`Quantizer::MinMaxU8`]: Bagua's ByteGrad: each chunk has its minimum and
 //!   maximum, each entry a `u8` step between them, rounded to nearest
 //!   (deterministic).
@@ -20,8 +21,6 @@
 //! length, every scale and every level, and never yields a non-finite value.
 
 use crate::error::{CompressError, Result};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 /// Entries per scale (QSGD's "bucket size": 512 in the paper's
 /// experiments): a scale costs 4 or 8 bytes per 512 entries.
@@ -91,32 +90,21 @@ impl Quantizer {
                 got: out.len(),
             });
         }
-        if let Some((index, &value)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(CompressError::NonFinite { index, value });
+        let key = match *self {
+            Quantizer::Qsgd { seed, .. } => mix(seed ^ mix(stream)),
+            _ => 0,
+        };
+        // The loops vectorise several times wider with AVX2 (x86-64's
+        // baseline has no 32-bit multiply or packed narrowing): the same
+        // code, the same results, compiled twice.
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above), which is
+            // all the target-feature function requires beyond its safe
+            // signature.
+            return unsafe { encode_chunks_avx2(*self, x, key, out) };
         }
-        match *self {
-            Quantizer::Sign => {
-                for (x, out) in x
-                    .chunks(QUANT_CHUNK)
-                    .zip(out.chunks_mut(4 + QUANT_CHUNK / 8))
-                {
-                    encode_sign(x, out);
-                }
-            }
-            Quantizer::Qsgd { levels, seed } => {
-                let mut rng =
-                    ChaCha8Rng::seed_from_u64(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                for (x, out) in x.chunks(QUANT_CHUNK).zip(out.chunks_mut(4 + QUANT_CHUNK)) {
-                    encode_qsgd(x, levels, &mut rng, out);
-                }
-            }
-            Quantizer::MinMaxU8 => {
-                for (x, out) in x.chunks(QUANT_CHUNK).zip(out.chunks_mut(8 + QUANT_CHUNK)) {
-                    encode_min_max(x, out);
-                }
-            }
-        }
-        Ok(())
+        encode_chunks(*self, x, key, out)
     }
 
     /// Decodes `payload` (of `out.len()` entries) into `out`.
@@ -150,28 +138,29 @@ impl Quantizer {
                     .zip(payload.chunks(4 + QUANT_CHUNK / 8))
                 {
                     let scale = read_scale(chunk, 0)?;
-                    let bits = &chunk[4..];
-                    for (i, o) in out.iter_mut().enumerate() {
-                        let positive = bits[i / 8] >> (i % 8) & 1 == 1;
-                        put(o, if positive { scale } else { -scale });
+                    for (eight, &byte) in out.chunks_mut(8).zip(&chunk[4..]) {
+                        for (i, o) in eight.iter_mut().enumerate() {
+                            put(o, if byte >> i & 1 == 1 { scale } else { -scale });
+                        }
                     }
                 }
             }
             Quantizer::Qsgd { levels, .. } => {
-                let step_of = 1.0 / f32::from(levels);
                 for (out, chunk) in out
                     .chunks_mut(QUANT_CHUNK)
                     .zip(payload.chunks(4 + QUANT_CHUNK))
                 {
                     let scale = read_scale(chunk, 0)?;
-                    for (o, &q) in out.iter_mut().zip(&chunk[4..]) {
-                        let level = q as i8;
-                        if level.unsigned_abs() > levels {
-                            return Err(CompressError::Corrupt(format!(
-                                "QSGD level {level} beyond {levels}"
-                            )));
-                        }
-                        put(o, f32::from(level) * step_of * scale);
+                    let codes = &chunk[4..];
+                    if let Some(&bad) = codes.iter().find(|&&q| (q as i8).unsigned_abs() > levels) {
+                        return Err(CompressError::Corrupt(format!(
+                            "QSGD level {} beyond {levels}",
+                            bad as i8
+                        )));
+                    }
+                    let unit = scale / f32::from(levels);
+                    for (o, &q) in out.iter_mut().zip(codes) {
+                        put(o, f32::from(q as i8) * unit);
                     }
                 }
             }
@@ -186,18 +175,74 @@ impl Quantizer {
                             "a chunk's minimum {min} above its maximum {max}"
                         )));
                     }
-                    // In f64: max - min may overflow f32.
-                    let step = (f64::from(max) - f64::from(min)) / 255.0;
-                    for (o, &q) in out.iter_mut().zip(&chunk[8..]) {
-                        // Clamped: rounding may not carry a value past max.
-                        let v = f64::from(min) + f64::from(q) * step;
-                        put(o, (v as f32).clamp(min, max));
+                    let codes = &chunk[8..];
+                    let step = (max - min) / 255.0;
+                    if step.is_finite() {
+                        for (o, &q) in out.iter_mut().zip(codes) {
+                            // Clamped: rounding may not carry a value past max.
+                            put(o, (min + f32::from(q) * step).min(max));
+                        }
+                    } else {
+                        // max - min overflows f32: in f64.
+                        let step = (f64::from(max) - f64::from(min)) / 255.0;
+                        for (o, &q) in out.iter_mut().zip(codes) {
+                            let v = f64::from(min) + f64::from(q) * step;
+                            put(o, (v as f32).clamp(min, max));
+                        }
                     }
                 }
             }
         }
         Ok(())
     }
+}
+
+/// [`encode_chunks`] compiled with AVX2 enabled.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn encode_chunks_avx2(q: Quantizer, x: &[f32], key: u64, out: &mut [u8]) -> Result<()> {
+    encode_chunks(q, x, key, out)
+}
+
+/// Chunk by chunk: each is checked, then quantized while it is in the L1
+/// cache (a separate pass over the input for the check would cost as much
+/// as the quantization). Always inlined, so each caller compiles it for its
+/// own target features. `out` has the encoded length (checked by the
+/// caller).
+#[inline(always)]
+fn encode_chunks(q: Quantizer, x: &[f32], key: u64, out: &mut [u8]) -> Result<()> {
+    let stride = match q {
+        Quantizer::Sign => 4 + QUANT_CHUNK / 8,
+        Quantizer::Qsgd { .. } => 4 + QUANT_CHUNK,
+        Quantizer::MinMaxU8 => 8 + QUANT_CHUNK,
+    };
+    for (c, (x, out)) in x
+        .chunks(QUANT_CHUNK)
+        .zip(out.chunks_mut(stride))
+        .enumerate()
+    {
+        let largest = max_abs_bits(x);
+        if largest >= f32::INFINITY.to_bits() {
+            let i = x.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            return Err(CompressError::NonFinite {
+                index: c * QUANT_CHUNK + i,
+                value: x[i],
+            });
+        }
+        match q {
+            Quantizer::Sign => encode_sign(x, out),
+            Quantizer::Qsgd { levels, .. } => encode_qsgd(
+                x,
+                f32::from_bits(largest),
+                levels,
+                key,
+                (c * QUANT_CHUNK) as u64,
+                out,
+            ),
+            Quantizer::MinMaxU8 => encode_min_max(x, out),
+        }
+    }
+    Ok(())
 }
 
 /// A finite f32 at `at`.
@@ -218,70 +263,144 @@ fn read_scale(payload: &[u8], at: usize) -> Result<f32> {
 
 /// One chunk: its mean magnitude, then the signs, eight to a byte (1 for
 /// `>= 0`).
+#[inline(always)]
 fn encode_sign(x: &[f32], out: &mut [u8]) {
-    let sum: f64 = x.iter().map(|v| f64::from(v.abs())).sum();
-    let scale = if x.is_empty() {
-        0.0
-    } else {
-        (sum / x.len() as f64) as f32
+    let scale = match sum_abs(x) {
+        _ if x.is_empty() => 0.0,
+        sum if sum.is_finite() => sum / x.len() as f32,
+        // Huge magnitudes overflow the f32 sum: in f64.
+        _ => (x.iter().map(|v| f64::from(v.abs())).sum::<f64>() / x.len() as f64) as f32,
     };
     out[..4].copy_from_slice(&scale.to_le_bytes());
-    let bits = &mut out[4..];
-    let mut chunks = x.chunks_exact(8);
-    for (byte, eight) in bits.iter_mut().zip(chunks.by_ref()) {
+    for (byte, eight) in out[4..].iter_mut().zip(x.chunks(8)) {
         let mut b = 0u8;
         for (i, v) in eight.iter().enumerate() {
-            b |= u8::from(v.is_sign_positive()) << i;
+            // The sign bit, inverted: 1 for a non-negative entry.
+            b |= ((v.to_bits() >> 31) as u8 ^ 1) << i;
         }
         *byte = b;
     }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut b = 0u8;
-        for (i, v) in rest.iter().enumerate() {
-            b |= u8::from(v.is_sign_positive()) << i;
-        }
-        bits[bits.len() - 1] = b;
-    }
 }
 
-/// One chunk: its largest magnitude, then each entry's level, rounded up
-/// with probability equal to the fraction (unbiased).
-fn encode_qsgd(x: &[f32], levels: u8, rng: &mut ChaCha8Rng, out: &mut [u8]) {
-    let scale = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+/// The sum of magnitudes of a chunk, eight partial sums at a time (512
+/// entries: f32 partial sums lose nothing that matters to a scale).
+#[inline(always)]
+fn sum_abs(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut eights = x.chunks_exact(8);
+    for c in eights.by_ref() {
+        for l in 0..8 {
+            lanes[l] += c[l].abs();
+        }
+    }
+    lanes.iter().sum::<f32>() + eights.remainder().iter().map(|v| v.abs()).sum::<f32>()
+}
+
+/// SplitMix64's finaliser: a strong 64-bit mix (of a seed and a stream into
+/// a key).
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The counter-based source of QSGD's rounding: entry `i` of the stream
+/// `key` draws a 32-bit hash of both (two rounds of the murmur3 finaliser),
+/// so chunks need no generator state and the loop vectorises (32-bit
+/// multiplies only).
+#[inline(always)]
+fn hash32(key: u64, i: u32) -> u32 {
+    let fmix = |mut h: u32| {
+        h ^= h >> 16;
+        h = h.wrapping_mul(0x85EB_CA6B);
+        h ^= h >> 13;
+        h = h.wrapping_mul(0xC2B2_AE35);
+        h ^ (h >> 16)
+    };
+    fmix(fmix(i ^ key as u32) ^ (key >> 32) as u32)
+}
+
+/// The bits of the largest magnitude in `x` (magnitudes order as their
+/// bits do): at least those of infinity when `x` holds a NaN or an
+/// infinity. One pass of integer maxima, which vectorises.
+#[inline(always)]
+fn max_abs_bits(x: &[f32]) -> u32 {
+    let mut lanes = [0u32; 8];
+    let mut eights = x.chunks_exact(8);
+    for c in eights.by_ref() {
+        for l in 0..8 {
+            lanes[l] = lanes[l].max(c[l].to_bits() & 0x7fff_ffff);
+        }
+    }
+    lanes
+        .into_iter()
+        .chain(eights.remainder().iter().map(|v| v.to_bits() & 0x7fff_ffff))
+        .fold(0, u32::max)
+}
+
+/// One chunk of largest magnitude `scale` (its entries from `first` on in
+/// the stream `key`): the scale, then each entry's level, rounded up with
+/// probability equal to the fraction (unbiased).
+#[inline(always)]
+fn encode_qsgd(x: &[f32], scale: f32, levels: u8, key: u64, first: u64, out: &mut [u8]) {
     out[..4].copy_from_slice(&scale.to_le_bytes());
     let s = f32::from(levels);
-    for (o, &v) in out[4..].iter_mut().zip(x) {
-        // |v| / scale first: at most 1, even when scale is subnormal.
-        let exact = if scale > 0.0 {
-            v.abs() / scale * s
-        } else {
-            0.0
-        };
-        let floor = exact.floor();
-        let up = rng.random::<f32>() < exact - floor;
-        let level = (floor + f32::from(u8::from(up))).min(s) as i8;
+    // |v| / scale first: at most 1, even when scale is subnormal.
+    let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for (i, (o, &v)) in out[4..].iter_mut().zip(x).enumerate() {
+        let exact = (v.abs() * inverse).min(1.0) * s;
+        // 24 random bits: a uniform in [0, 1).
+        let u = (hash32(key, first as u32 ^ i as u32) >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
+        // floor(exact + u): up with probability frac(exact); through i32,
+        // whose conversion vectorises.
+        let level = ((exact + u) as i32).min(i32::from(levels)) as i8;
         *o = (if v < 0.0 { -level } else { level }) as u8;
     }
 }
 
 /// One chunk: its minimum and maximum, then each entry's nearest of 256
 /// steps between them.
+#[inline(always)]
 fn encode_min_max(x: &[f32], out: &mut [u8]) {
-    let (min, max) = x
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        });
-    let (min, max) = if x.is_empty() { (0.0, 0.0) } else { (min, max) };
+    let (mut lo, mut hi) = ([f32::INFINITY; 8], [f32::NEG_INFINITY; 8]);
+    let mut eights = x.chunks_exact(8);
+    for c in eights.by_ref() {
+        for l in 0..8 {
+            lo[l] = if c[l] < lo[l] { c[l] } else { lo[l] };
+            hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
+        }
+    }
+    let fold = |init: f32, lanes: [f32; 8], f: fn(f32, f32) -> f32| {
+        lanes
+            .into_iter()
+            .chain(eights.remainder().iter().copied())
+            .fold(init, f)
+    };
+    let (min, max) = if x.is_empty() {
+        (0.0, 0.0)
+    } else {
+        (
+            fold(f32::INFINITY, lo, f32::min),
+            fold(f32::NEG_INFINITY, hi, f32::max),
+        )
+    };
     out[..4].copy_from_slice(&min.to_le_bytes());
     out[4..8].copy_from_slice(&max.to_le_bytes());
-    // In f64: max - min may overflow f32.
-    let range = f64::from(max) - f64::from(min);
-    let to_step = if range > 0.0 { 255.0 / range } else { 0.0 };
-    for (o, &v) in out[8..].iter_mut().zip(x) {
-        *o = ((f64::from(v) - f64::from(min)) * to_step)
-            .round()
-            .clamp(0.0, 255.0) as u8;
+    let range = max - min;
+    let codes = &mut out[8..];
+    if range.is_finite() {
+        let to_step = if range > 0.0 { 255.0 / range } else { 0.0 };
+        for (o, &v) in codes.iter_mut().zip(x) {
+            // Non-negative and below 256: + 0.5 and the cast round to
+            // nearest (through i32, whose conversion vectorises).
+            *o = ((v - min) * to_step + 0.5) as i32 as u8;
+        }
+    } else {
+        // max - min overflows f32: in f64.
+        let to_step = 255.0 / (f64::from(max) - f64::from(min));
+        for (o, &v) in codes.iter_mut().zip(x) {
+            *o = ((f64::from(v) - f64::from(min)) * to_step + 0.5) as u8;
+        }
     }
 }
