@@ -222,6 +222,15 @@ struct CompareArgs {
     out: PathBuf,
 }
 
+/// The parameter shapes of `bench strategies`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ShapeModel {
+    /// torchvision's ResNet-50 (161 tensors, 25.6 M parameters).
+    Resnet50,
+    /// The digits MLP (one hidden layer of 128).
+    Mlp,
+}
+
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// All-reduce of f32 buffers: latency, algorithm and bus bandwidth.
@@ -239,6 +248,30 @@ enum BenchCommand {
         /// Seconds of timing per measurement, at least.
         #[arg(long, default_value_t = 0.5)]
         secs: f64,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every gradient strategy's bytes per step on a model's parameter
+    /// shapes, beside dense f32 (and the time of a step of W in-process
+    /// ranks on this machine).
+    Strategies {
+        /// Strategies as in compare (name[:ratio|rank][:ef|:no-ef]).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "fp16,topk:0.01,sampled-topk:0.001,randomk:0.01,powersgd:1,powersgd:4,onebit,qsgd,uint8,adasum-grad"
+        )]
+        strategies: Vec<String>,
+        /// The shapes: ResNet-50's (25.6 M parameters) or the digits MLP's.
+        #[arg(long, value_enum, default_value_t = ShapeModel::Resnet50)]
+        model: ShapeModel,
+        /// Ranks (threads of this process).
+        #[arg(long, short = 'w', default_value_t = 4)]
+        world: usize,
+        /// Measured steps per strategy (after one unmeasured step).
+        #[arg(long, default_value_t = 2)]
+        steps: usize,
         /// JSON on stdout instead of a table.
         #[arg(long)]
         json: bool,
@@ -657,6 +690,41 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
                     format!("{:.2}", r.busbw_gbs),
                     format!("{:.2}", r.memcpy_gbs),
                     format!("{:.0} %", r.ratio * 100.0),
+                ]
+            })
+        }
+        BenchCommand::Strategies {
+            strategies,
+            model,
+            world,
+            steps,
+            json,
+        } => {
+            let entries = strategies
+                .iter()
+                .map(|e| compare::parse_entry(e))
+                .collect::<Result<Vec<_>, _>>()?;
+            let shapes = match model {
+                ShapeModel::Resnet50 => bench::strategies::resnet50_shapes(),
+                ShapeModel::Mlp => bench::strategies::mlp_shapes(&[128]),
+            };
+            let rows = bench::strategies::strategies(&entries, &shapes, world, 1, steps)?;
+            let header = [
+                "strategy",
+                "params",
+                "W",
+                "MB sent / step",
+                "vs dense",
+                "step ms",
+            ];
+            print_rows(json, &rows, &header, |r| {
+                vec![
+                    r.strategy.clone(),
+                    r.params.to_string(),
+                    r.world.to_string(),
+                    format!("{:.3}", r.bytes_per_step / 1e6),
+                    format!("{:.1}x", r.vs_dense),
+                    format!("{:.1}", r.step_secs * 1e3),
                 ]
             })
         }

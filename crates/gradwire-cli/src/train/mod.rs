@@ -219,7 +219,7 @@ struct Run<'a> {
 }
 
 /// DistOpt's mode for a strategy.
-fn mode_of(config: &TrainConfig) -> Mode {
+pub(crate) fn mode_of(config: &TrainConfig) -> Mode {
     let sparse = |codec| Mode::Sparse {
         codec,
         error_feedback: config.error_feedback,

@@ -1,6 +1,7 @@
 //! `gradwire bench`: all-reduce and compression throughput, each beside a
 //! memcpy of the same bytes measured in the same run, so that the figures
-//! are ratios that mean something on any machine.
+//! are ratios that mean something on any machine; and every strategy's
+//! bytes per step on a model's shapes beside dense ([`strategies`]).
 //!
 //! Every figure is the median of repeated timings (at least `min_runs`, and
 //! until `min_secs` have passed; for a collective, the median of `min_runs`
@@ -8,6 +9,8 @@
 //! warm-up run that touches the pages. All-reduce reports the bus bandwidth as nccl-tests define it,
 //! `busbw = 2 (W - 1) / W x bytes / time`; the memcpy bandwidth counts the
 //! buffer once.
+
+pub mod strategies;
 
 use crate::error::{CliError, Result};
 use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};

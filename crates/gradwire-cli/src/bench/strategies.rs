@@ -1,0 +1,263 @@
+//! `gradwire bench strategies`: what every gradient strategy puts on the
+//! wire per step, for a model's real parameter shapes (ResNet-50's 25.6 M
+//! parameters in 161 tensors, or the digits MLP), beside dense f32 in the
+//! same run. Each strategy runs a few GradSync steps on W in-process ranks
+//! with DistOpt's default buckets (2 Mi elements) and gradient-like data;
+//! the bytes are what a rank sends per step (ring model, the strategies'
+//! own `Traffic`), which depend on the shapes, the buckets and the
+//! settings, not on the machine.
+
+use crate::compare::Entry;
+use crate::config::{Strategy, TrainConfig};
+use crate::error::{CliError, Result};
+use crate::train::mode_of;
+use gradwire_algos::AdaSum;
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::{DistOptConfig, GradSync, Mode, ParamSpec};
+use serde::Serialize;
+use std::time::Instant;
+
+/// The parameter shapes of torchvision's ResNet-50 (conv weights
+/// `[out, in, k, k]`, batch-norm weight and bias, the classifier), in
+/// declaration order: 25 557 032 parameters.
+pub fn resnet50_shapes() -> Vec<Vec<usize>> {
+    let mut shapes = Vec::new();
+    let conv_bn = |shapes: &mut Vec<Vec<usize>>, out: usize, inp: usize, k: usize| {
+        shapes.push(vec![out, inp, k, k]);
+        shapes.push(vec![out]);
+        shapes.push(vec![out]);
+    };
+    conv_bn(&mut shapes, 64, 3, 7);
+    let mut inp = 64;
+    for (blocks, width) in [(3, 64), (4, 128), (6, 256), (3, 512)] {
+        for b in 0..blocks {
+            conv_bn(&mut shapes, width, inp, 1);
+            conv_bn(&mut shapes, width, width, 3);
+            conv_bn(&mut shapes, width * 4, width, 1);
+            if b == 0 {
+                // The projection shortcut.
+                conv_bn(&mut shapes, width * 4, inp, 1);
+            }
+            inp = width * 4;
+        }
+    }
+    shapes.push(vec![1000, 2048]);
+    shapes.push(vec![1000]);
+    shapes
+}
+
+/// The digits MLP's shapes (64 inputs, `hidden` layers, 10 classes).
+pub fn mlp_shapes(hidden: &[usize]) -> Vec<Vec<usize>> {
+    let mut shapes = Vec::new();
+    let mut inp = 64;
+    for &h in hidden.iter().chain(&[10]) {
+        shapes.push(vec![h, inp]);
+        shapes.push(vec![h]);
+        inp = h;
+    }
+    shapes
+}
+
+/// One strategy's bytes and time per step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StrategyRow {
+    /// The strategy's label (as in `compare`).
+    pub strategy: String,
+    /// Parameters of the model.
+    pub params: usize,
+    /// Ranks.
+    pub world: usize,
+    /// Bytes a rank sends per step (mean over the measured steps).
+    pub bytes_per_step: f64,
+    /// Dense f32's bytes per step divided by this strategy's.
+    pub vs_dense: f64,
+    /// Seconds per step, all W ranks on this machine's cores (selection,
+    /// quantization and in-process exchange together).
+    pub step_secs: f64,
+}
+
+/// Gradient-like values for parameter `k` of rank `rank` at `step`: a
+/// shared direction plus each rank's own part, scaled per tensor.
+fn fill(grad: &mut [f32], rank: usize, step: usize, k: usize) {
+    let mut s = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (step as u64 + 1) << 20;
+    let scale = 0.01 / (1.0 + (k % 7) as f32);
+    for (i, g) in grad.iter_mut().enumerate() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let own = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+        let shared = (((i % 97) as f32) - 48.0) / 48.0;
+        *g = scale * (shared + own * (1.0 + rank as f32 * 0.1));
+    }
+}
+
+/// Runs `steps` GradSync steps of `mode` on `world` ranks over `shapes`
+/// (the first `warm` not measured); returns (bytes sent per step, seconds
+/// per step).
+fn run(
+    mode: Mode,
+    shapes: &[Vec<usize>],
+    world: usize,
+    warm: usize,
+    steps: usize,
+) -> Result<(f64, f64)> {
+    let specs: Vec<ParamSpec> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| ParamSpec::new(format!("p{k}"), s.clone()))
+        .collect();
+    let config = DistOptConfig {
+        mode,
+        ..DistOptConfig::default()
+    };
+    let results = local::run(world, |comm: LocalComm| -> Result<(u64, f64)> {
+        let rank = comm.rank();
+        let mut sync = match mode {
+            Mode::Custom => {
+                let adasum = AdaSum::new(&comm)?;
+                GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)?
+            }
+            _ => GradSync::new(comm, specs.clone(), config.clone())?,
+        };
+        let mut grads: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|s| vec![0f32; s.iter().product()])
+            .collect();
+        let (mut bytes, mut secs) = (0u64, 0f64);
+        for step in 0..warm + steps {
+            for (k, g) in grads.iter_mut().enumerate() {
+                fill(g, rank, step, k);
+            }
+            sync.comm().barrier()?;
+            let start = Instant::now();
+            // Backward order: the last parameter first.
+            for k in (0..grads.len()).rev() {
+                sync.push(k, &grads[k])?;
+            }
+            let mut views: Vec<&mut [f32]> = grads.iter_mut().map(|g| g.as_mut_slice()).collect();
+            let stats = sync.finish(&mut views)?;
+            if step >= warm {
+                secs += start.elapsed().as_secs_f64();
+                bytes += stats.traffic.sent;
+            }
+        }
+        Ok((bytes, secs))
+    })?;
+    let (bytes, secs) = results
+        .into_iter()
+        .next()
+        .ok_or_else(|| CliError::Usage("no rank ran".into()))??;
+    Ok((bytes as f64 / steps as f64, secs / steps as f64))
+}
+
+/// Every gradient strategy of `entries` (dense is run first, as the
+/// reference) on `shapes` with `world` ranks: `steps` measured steps after
+/// `warm` unmeasured ones. Local-step strategies (partial, adasum-delta,
+/// dimreduce) are refused: they send parameters, not gradients.
+pub fn strategies(
+    entries: &[Entry],
+    shapes: &[Vec<usize>],
+    world: usize,
+    warm: usize,
+    steps: usize,
+) -> Result<Vec<StrategyRow>> {
+    if steps == 0 || world == 0 {
+        return Err(CliError::Usage(
+            "--steps and --world must be at least 1".into(),
+        ));
+    }
+    let params = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+    let base = TrainConfig {
+        world,
+        ..TrainConfig::default()
+    };
+    let dense = TrainConfig {
+        strategy: Strategy::Dense,
+        ..base.clone()
+    };
+    let (dense_bytes, dense_secs) = run(mode_of(&dense), shapes, world, warm, steps)?;
+    let mut rows = vec![StrategyRow {
+        strategy: dense.label(),
+        params,
+        world,
+        bytes_per_step: dense_bytes,
+        vs_dense: 1.0,
+        step_secs: dense_secs,
+    }];
+    for e in entries.iter().filter(|e| e.strategy != Strategy::Dense) {
+        if matches!(
+            e.strategy,
+            Strategy::Partial | Strategy::AdasumDelta | Strategy::Dimreduce
+        ) {
+            return Err(CliError::Usage(format!(
+                "{} steps locally and sends parameters: not a gradient strategy",
+                e.strategy.name()
+            )));
+        }
+        let config = TrainConfig {
+            strategy: e.strategy,
+            ratio: e.ratio.unwrap_or(base.ratio),
+            error_feedback: e.error_feedback.unwrap_or(base.error_feedback),
+            powersgd_rank: e.rank.unwrap_or(base.powersgd_rank),
+            // Compressed from the first measured step on.
+            powersgd_start_step: 0,
+            ..base.clone()
+        };
+        config.validate()?;
+        let (bytes, secs) = run(mode_of(&config), shapes, world, warm, steps)?;
+        rows.push(StrategyRow {
+            strategy: config.label(),
+            params,
+            world,
+            bytes_per_step: bytes,
+            vs_dense: dense_bytes / bytes.max(1.0),
+            step_secs: secs,
+        });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::parse_entry;
+
+    #[test]
+    fn resnet50_has_its_published_parameter_count() {
+        let shapes = resnet50_shapes();
+        assert_eq!(shapes.len(), 161);
+        assert_eq!(
+            shapes
+                .iter()
+                .map(|s| s.iter().product::<usize>())
+                .sum::<usize>(),
+            25_557_032
+        );
+    }
+
+    #[test]
+    fn compressed_strategies_send_less_than_dense_on_the_mlp() {
+        let entries: Vec<Entry> = ["fp16", "topk:0.01", "powersgd:2", "onebit", "uint8"]
+            .iter()
+            .map(|e| parse_entry(e).unwrap())
+            .collect();
+        let rows = strategies(&entries, &mlp_shapes(&[256]), 2, 1, 2).unwrap();
+        assert_eq!(rows.len(), 6);
+        assert_eq!(rows[0].strategy, "dense");
+        for r in &rows[1..] {
+            assert!(r.vs_dense > 1.5, "{}: {}", r.strategy, r.vs_dense);
+        }
+        // f16 is half of dense (the votes aside).
+        assert!((rows[1].vs_dense - 2.0).abs() < 0.1, "{}", rows[1].vs_dense);
+        assert!(
+            strategies(
+                &[parse_entry("partial").unwrap()],
+                &mlp_shapes(&[8]),
+                2,
+                0,
+                1
+            )
+            .is_err()
+        );
+    }
+}
