@@ -20,6 +20,13 @@
 //! would grow with W). Every rank holds the same bits at the end: each chunk
 //! is averaged by one rank only.
 //!
+//! State is kept per entry of a *full* layout ([`QuantizedAllReduce::all_reduce_in`]:
+//! each tensor's range in it), so that when only some of a bucket's tensors
+//! take part in a step, each keeps its own residual and momentum. The
+//! server residual follows the chunks of what was sent; when the set of
+//! tensors changes, rank `c` folds its server residual (times W) into its
+//! worker residual at the entries it belonged to, so no mass is lost.
+//!
 //! Failure model ([`crate::fault`]): this rank's checks and quantization
 //! (NaN, settings, tensor kinds) come before a barrier that carries a local
 //! failure to every rank; the exchanges of step 2 cannot fail locally, and
@@ -33,20 +40,23 @@ use crate::handle::Traffic;
 use gradwire_comm::{Communicator, Gathered, chunk_range};
 use gradwire_compress::Quantizer;
 use gradwire_tensor::{DType, Tensor, flat};
+use std::ops::Range;
 
-/// The error-feedback residuals (and local momentum) of a quantized
-/// all-reduce.
+/// The error-feedback residuals (and momentum) of a quantized all-reduce.
 #[derive(Debug, Default, PartialEq)]
 pub struct QuantizedState {
-    /// This rank's local momentum (the packed tensors' length), empty
-    /// without momentum or before the first step.
+    /// This rank's momentum (the full layout's length), empty without
+    /// momentum or before the first step.
     pub momentum: Vec<f32>,
-    /// This rank's worker residual (the packed tensors' length), empty
+    /// This rank's worker residual (the full layout's length), empty
     /// before the first step.
     pub worker: Vec<f32>,
     /// This rank's server residual (the length of the chunk it averages),
     /// empty before the first step.
     pub server: Vec<f32>,
+    /// The ranges of the full layout that were sent at the last step, in
+    /// order (what the server residual's chunk refers to).
+    pub layout: Vec<Range<usize>>,
 }
 
 impl Clone for QuantizedState {
@@ -55,6 +65,7 @@ impl Clone for QuantizedState {
             momentum: self.momentum.clone(),
             worker: self.worker.clone(),
             server: self.server.clone(),
+            layout: self.layout.clone(),
         }
     }
 
@@ -63,6 +74,7 @@ impl Clone for QuantizedState {
         self.momentum.clone_from(&source.momentum);
         self.worker.clone_from(&source.worker);
         self.server.clone_from(&source.server);
+        self.layout.clone_from(&source.layout);
     }
 }
 
@@ -72,11 +84,15 @@ impl Clone for QuantizedState {
 pub struct QuantizedAllReduce {
     quantizer: Quantizer,
     error_feedback: bool,
-    /// The local momentum's coefficient, if any.
-    momentum: Option<f32>,
+    /// The momentum sent instead of the tensors, if any.
+    momentum: Option<Momentum>,
     state: QuantizedState,
     /// The packed tensors (then the averaged result).
     flat: Vec<f32>,
+    /// The decoded chunks of this rank (what the workers' residuals lose).
+    decoded: Vec<f32>,
+    /// The tensors' ranges of a call without a layout of its own.
+    ranges: Vec<Range<usize>>,
     /// This rank's quantized chunks, back to back (chunk c at offset c).
     sent: Vec<u8>,
     /// Every rank's quantized copy of this rank's chunk.
@@ -100,6 +116,8 @@ impl QuantizedAllReduce {
             momentum: None,
             state: QuantizedState::default(),
             flat: Vec::new(),
+            decoded: Vec::new(),
+            ranges: Vec::new(),
             sent: Vec::new(),
             received: Vec::new(),
             average: Vec::new(),
@@ -120,7 +138,21 @@ impl QuantizedAllReduce {
                 "the local momentum must be in [0, 1), got {mu}"
             )));
         }
-        self.momentum = Some(mu);
+        self.momentum = Some(Momentum::Local(mu));
+        Ok(self)
+    }
+
+    /// The same, sending Adam's first moment `m = beta1 m + (1 - beta1) g`,
+    /// which every rank then replaces by the exchanged average (1-bit
+    /// Adam's compression stage: the result is the average momentum, and
+    /// every rank's `m` is that average).
+    pub fn with_adam_momentum(mut self, beta1: f32) -> Result<Self> {
+        if !(0.0..1.0).contains(&beta1) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "beta1 must be in [0, 1), got {beta1}"
+            )));
+        }
+        self.momentum = Some(Momentum::Adam(beta1));
         Ok(self)
     }
 
@@ -141,16 +173,45 @@ impl QuantizedAllReduce {
     }
 
     /// Averages `tensors` (f32, in host memory) across the ranks of `comm`
-    /// in place (see the module docs). `step` (the same on every rank)
-    /// picks QSGD's random streams. Returns the bytes moved.
+    /// in place (see the module docs), their state laid out back to back.
+    /// `step` (the same on every rank) picks QSGD's random streams. Returns
+    /// the bytes moved.
     pub fn all_reduce<C: Communicator>(
         &mut self,
         comm: &C,
         tensors: &mut [Tensor],
         step: u64,
     ) -> Result<Traffic> {
+        let mut ranges = std::mem::take(&mut self.ranges);
+        ranges.clear();
+        let mut at = 0;
+        for t in tensors.iter() {
+            ranges.push(at..at + t.len());
+            at += t.len();
+        }
+        let result = self.all_reduce_in(comm, tensors, &ranges, at, step);
+        self.ranges = ranges;
+        result
+    }
+
+    /// [`QuantizedAllReduce::all_reduce`] of some of the tensors of a full
+    /// layout of `full_len` entries: tensor `i` is `ranges[i]` of it
+    /// (increasing, disjoint), which is where its residual and momentum
+    /// are kept.
+    pub fn all_reduce_in<C: Communicator>(
+        &mut self,
+        comm: &C,
+        tensors: &mut [Tensor],
+        ranges: &[Range<usize>],
+        full_len: usize,
+        step: u64,
+    ) -> Result<Traffic> {
         let (world, rank) = (comm.world_size(), comm.rank());
-        let n = prepare(comm, || self.quantize_chunks(tensors, world, rank, step))?;
+        let n = prepare(comm, || {
+            self.check_layout(tensors, ranges, full_len)?;
+            self.fold_server_residual(ranges, world, rank);
+            self.quantize_chunks(tensors, ranges, world, rank, step)
+        })?;
         // Carries a failure of this rank's preparation to every rank (the
         // paired exchanges cannot).
         comm.barrier()?;
@@ -193,18 +254,23 @@ impl QuantizedAllReduce {
             q.decode(self.gathered.part(c), &mut self.flat[range])?;
         }
         flat::unpack_from(&self.flat[..n], tensors)?;
+        if let Some(Momentum::Adam(_)) = self.momentum {
+            // Every rank's first moment becomes the exchanged average.
+            scatter(&self.flat[..n], ranges, &mut self.state.momentum);
+        }
+        self.state.layout.clear();
+        self.state.layout.extend_from_slice(ranges);
         Ok(traffic)
     }
 
-    /// Steps 1: packs, adds the worker residual, quantizes every chunk into
-    /// `sent`, keeps the loss. Returns the packed length.
-    fn quantize_chunks(
-        &mut self,
+    /// The checks of a layout: one increasing, disjoint range per tensor,
+    /// of its length, within `full_len`; f32 tensors in host memory.
+    fn check_layout(
+        &self,
         tensors: &[Tensor],
-        world: usize,
-        rank: usize,
-        step: u64,
-    ) -> Result<usize> {
+        ranges: &[Range<usize>],
+        full_len: usize,
+    ) -> Result<()> {
         if let Some(t) = tensors
             .iter()
             .find(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
@@ -215,31 +281,100 @@ impl QuantizedAllReduce {
                 t.device()
             )));
         }
+        let mut end = 0;
+        let fits = ranges.len() == tensors.len()
+            && ranges.iter().zip(tensors).all(|(r, t)| {
+                let ok = r.start >= end && r.end - r.start == t.len() && r.end <= full_len;
+                end = r.end;
+                ok
+            });
+        if !fits {
+            return Err(AlgoError::InvalidArgument(format!(
+                "a layout of {} ranges in {full_len} entries does not fit {} tensors",
+                ranges.len(),
+                tensors.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// When the tensors sent differ from the last step's, this rank's
+    /// server residual (its chunk of what was sent then) goes into its
+    /// worker residual at the entries it belonged to, times W (the worker
+    /// residuals count for 1/W each in the average): nothing is lost.
+    fn fold_server_residual(&mut self, ranges: &[Range<usize>], world: usize, rank: usize) {
+        let state = &mut self.state;
+        if state.server.is_empty() || state.layout.as_slice() == ranges {
+            return;
+        }
+        let n_prev: usize = state.layout.iter().map(|r| r.len()).sum();
+        let own = chunk_range(n_prev, world, rank);
+        if state.worker.len() >= state.layout.last().map_or(0, |r| r.end)
+            && own.len() == state.server.len()
+        {
+            let (mut packed, scale) = (0usize, world as f32);
+            for r in &state.layout {
+                for full in r.clone() {
+                    if own.contains(&packed) {
+                        state.worker[full] += scale * state.server[packed - own.start];
+                    }
+                    packed += 1;
+                }
+            }
+        }
+        state.server.clear();
+    }
+
+    /// Step 1: packs, folds into the momentum, adds the worker residual,
+    /// quantizes every chunk into `sent`, keeps the loss (all state in the
+    /// full layout). Returns the packed length.
+    fn quantize_chunks(
+        &mut self,
+        tensors: &[Tensor],
+        ranges: &[Range<usize>],
+        world: usize,
+        rank: usize,
+        step: u64,
+    ) -> Result<usize> {
+        let full_len = ranges
+            .last()
+            .map_or(0, |r| r.end)
+            .max(self.state.worker.len());
         let n = flat::pack_into(tensors, &mut self.flat)?;
         let x = &mut self.flat[..n];
         if let Some((index, &value)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(gradwire_compress::CompressError::NonFinite { index, value }.into());
         }
         let q = self.quantizer;
-        if let Some(mu) = self.momentum {
-            if self.state.momentum.len() == n {
-                for (x, m) in x.iter_mut().zip(self.state.momentum.iter_mut()) {
-                    *m = mu * *m + *x;
+        if let Some(momentum) = self.momentum {
+            let m = &mut self.state.momentum;
+            if m.len() < full_len {
+                m.resize(full_len, 0.0);
+            }
+            let (decay, gain) = match momentum {
+                Momentum::Local(mu) => (mu, 1.0),
+                Momentum::Adam(beta1) => (beta1, 1.0 - beta1),
+            };
+            let mut at = 0;
+            for r in ranges {
+                for (x, m) in x[at..at + r.len()].iter_mut().zip(&mut m[r.clone()]) {
+                    *m = decay * *m + gain * *x;
                     *x = *m;
                 }
-            } else {
-                self.state.momentum.clear();
-                self.state.momentum.extend_from_slice(x);
+                at += r.len();
             }
         }
         if self.error_feedback {
-            if self.state.worker.len() == n {
-                for (x, r) in x.iter_mut().zip(&self.state.worker) {
-                    *x += r;
+            let w = &mut self.state.worker;
+            if w.len() < full_len {
+                w.resize(full_len, 0.0);
+            }
+            let mut at = 0;
+            for r in ranges {
+                for (x, e) in x[at..at + r.len()].iter_mut().zip(&w[r.clone()]) {
+                    *x += e;
                 }
-            } else {
-                self.state.worker.clear();
-                self.state.worker.resize(n, 0.0);
+                at += r.len();
             }
         }
         let total: usize = (0..world)
@@ -247,6 +382,10 @@ impl QuantizedAllReduce {
             .sum();
         self.sent.clear();
         self.sent.resize(total, 0);
+        if self.error_feedback {
+            self.decoded.clear();
+            self.decoded.resize(n, 0.0);
+        }
         let mut at = 0;
         for c in 0..world {
             let range = chunk_range(n, world, c);
@@ -255,13 +394,16 @@ impl QuantizedAllReduce {
             q.encode(&x[range.clone()], stream(step, rank, c), payload)?;
             if self.error_feedback {
                 // What this chunk lost: the residual becomes x - decoded.
-                let residual = &mut self.state.worker[range.clone()];
-                q.decode(payload, residual)?;
-                for (r, v) in residual.iter_mut().zip(&x[range]) {
-                    *r = v - *r;
+                let lost = &mut self.decoded[range.clone()];
+                q.decode(payload, lost)?;
+                for (l, v) in lost.iter_mut().zip(&x[range]) {
+                    *l = v - *l;
                 }
             }
             at += len;
+        }
+        if self.error_feedback {
+            scatter(&self.decoded, ranges, &mut self.state.worker);
         }
         Ok(n)
     }
@@ -308,6 +450,26 @@ impl QuantizedAllReduce {
             }
         }
         Ok(())
+    }
+}
+
+/// What is sent instead of the tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Momentum {
+    /// `m = mu m + g`, kept by each rank (dist-EF-SGDM).
+    Local(f32),
+    /// `m = beta1 m + (1 - beta1) g`, replaced by the average (1-bit Adam).
+    Adam(f32),
+}
+
+/// Writes `packed` (the tensors back to back) into `full` at `ranges`.
+fn scatter(packed: &[f32], ranges: &[Range<usize>], full: &mut [f32]) {
+    let mut at = 0;
+    for r in ranges {
+        if let (Some(dst), Some(src)) = (full.get_mut(r.clone()), packed.get(at..at + r.len())) {
+            dst.copy_from_slice(src);
+        }
+        at += r.len();
     }
 }
 

@@ -208,3 +208,80 @@ fn device_or_half_tensors_are_refused_alike() {
         assert!(r.unwrap().is_err());
     }
 }
+
+#[test]
+fn state_follows_each_tensor_when_only_some_take_part() {
+    // Three tensors of a 9 + 5 + 7 layout; steps send all, then the first
+    // and last, then the middle one, then all again. Per entry of the full
+    // layout: what came out over the steps it was sent, plus the mean of
+    // the worker residuals, plus the server residual (of the last step's
+    // layout), is what was given, for every quantizer and world size.
+    let sizes = [9usize, 5, 7];
+    let full: Vec<std::ops::Range<usize>> = vec![0..9, 9..14, 14..21];
+    let schedule: [&[usize]; 4] = [&[0, 1, 2], &[0, 2], &[1], &[0, 1, 2]];
+    for quantizer in [Quantizer::Sign, Quantizer::MinMaxU8] {
+        for world in [1usize, 2, 3] {
+            let results = local::run(world, |comm: LocalComm| {
+                let mut q = QuantizedAllReduce::new(quantizer, true)?;
+                let mut out = vec![0f64; 21];
+                let mut given = vec![0f64; 21];
+                for (step, sent) in schedule.iter().enumerate() {
+                    let mut ts = Vec::new();
+                    let mut ranges = Vec::new();
+                    for &k in sent.iter() {
+                        let v = vector(step as u64 * 7 + k as u64, comm.rank(), sizes[k]);
+                        ts.push(Tensor::from_vec(v, sizes[k])?);
+                        ranges.push(full[k].clone());
+                    }
+                    q.all_reduce_in(&comm, &mut ts, &ranges, 21, step as u64)?;
+                    for (t, r) in ts.iter().zip(&ranges) {
+                        for (o, v) in out[r.clone()].iter_mut().zip(t.to_vec::<f32>()?) {
+                            *o += f64::from(v);
+                        }
+                    }
+                    for &k in sent.iter() {
+                        for r in 0..comm.world_size() {
+                            let v = vector(step as u64 * 7 + k as u64, r, sizes[k]);
+                            for (g, x) in given[full[k].clone()].iter_mut().zip(v) {
+                                *g += f64::from(x) / comm.world_size() as f64;
+                            }
+                        }
+                    }
+                }
+                Ok::<_, AlgoError>((out, given, q.state().clone()))
+            })
+            .unwrap();
+            let results: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+            let layout = &results[0].2.layout;
+            let n: usize = layout.iter().map(|r| r.len()).sum();
+            for e in 0..21 {
+                let worker: f64 = results
+                    .iter()
+                    .map(|(_, _, s)| f64::from(s.worker[e]))
+                    .sum::<f64>()
+                    / world as f64;
+                // The server residual of the packed position of `e`, if sent last.
+                let mut server = 0.0;
+                let mut packed = 0;
+                for r in layout {
+                    if r.contains(&e) {
+                        let p = packed + (e - r.start);
+                        let owner = (0..world)
+                            .find(|&c| chunk_range(n, world, c).contains(&p))
+                            .unwrap();
+                        server = f64::from(
+                            results[owner].2.server[p - chunk_range(n, world, owner).start],
+                        );
+                    }
+                    packed += r.len();
+                }
+                let (out, given) = (results[0].0[e], results[0].1[e]);
+                assert!(
+                    (out + worker + server - given).abs() < 1e-5,
+                    "{quantizer:?}, W = {world}, entry {e}: {} vs {given}",
+                    out + worker + server
+                );
+            }
+        }
+    }
+}

@@ -44,11 +44,15 @@ pub enum Strategy {
     Qsgd,
     /// Min-max uint8 per chunk (Bagua's ByteGrad), deterministic.
     Uint8,
+    /// 1-bit Adam (with `--optimizer adam` or `adamw`): Adam for
+    /// `--freeze-step` steps, then the variance frozen and the momentum
+    /// exchanged in 1 bit with error feedback.
+    OnebitAdam,
 }
 
 impl Strategy {
     /// Every strategy, in the order of the help text.
-    pub const ALL: [Strategy; 15] = [
+    pub const ALL: [Strategy; 16] = [
         Strategy::Dense,
         Strategy::Fp16,
         Strategy::Bf16,
@@ -64,6 +68,7 @@ impl Strategy {
         Strategy::Onebit,
         Strategy::Qsgd,
         Strategy::Uint8,
+        Strategy::OnebitAdam,
     ];
 
     /// The name on the command line.
@@ -84,6 +89,7 @@ impl Strategy {
             Strategy::Onebit => "onebit",
             Strategy::Qsgd => "qsgd",
             Strategy::Uint8 => "uint8",
+            Strategy::OnebitAdam => "onebit-adam",
         }
     }
 
@@ -191,6 +197,8 @@ pub struct TrainConfig {
     pub powersgd_rank: usize,
     /// PowerSGD: the steps averaged dense before compression starts.
     pub powersgd_start_step: u64,
+    /// 1-bit Adam: the steps of plain Adam before the variance is frozen.
+    pub freeze_step: u64,
 }
 
 impl Default for TrainConfig {
@@ -222,6 +230,7 @@ impl Default for TrainConfig {
             pca: None,
             powersgd_rank: 2,
             powersgd_start_step: 10,
+            freeze_step: 100,
         }
     }
 }
@@ -286,6 +295,11 @@ impl TrainConfig {
                 "--momentum must be in [0, 1), got {}",
                 self.momentum
             ));
+        }
+        if self.strategy == Strategy::OnebitAdam
+            && !matches!(self.optimizer, OptimizerKind::Adam | OptimizerKind::Adamw)
+        {
+            return bad("-s onebit-adam is Adam's own: it takes --optimizer adam or adamw".into());
         }
         if self.powersgd_rank == 0 {
             return bad("--powersgd-rank must be at least 1".into());

@@ -154,6 +154,9 @@ struct Common {
     /// PowerSGD: steps averaged dense before compression starts.
     #[arg(long, default_value_t = TrainConfig::default().powersgd_start_step)]
     powersgd_start_step: u64,
+    /// 1-bit Adam: steps of plain Adam before the variance is frozen.
+    #[arg(long, default_value_t = TrainConfig::default().freeze_step)]
+    freeze_step: u64,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
@@ -186,6 +189,7 @@ impl Common {
             pca: self.pca.clone(),
             powersgd_rank: self.powersgd_rank,
             powersgd_start_step: self.powersgd_start_step,
+            freeze_step: self.freeze_step,
         }
     }
 }

@@ -123,6 +123,40 @@ fn compare_shows_what_each_strategy_is_for() {
     }
 }
 
+#[test]
+fn onebit_adam_keeps_adams_accuracy() {
+    // Adam with dense averaging against 1-bit Adam (frozen after 100 of
+    // the run's 460 steps): within a point, at about a quarter of the bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let out = gradwire(&[
+        "compare",
+        "--json",
+        "--strategies",
+        "dense,onebit-adam",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let lines = json_lines(&out);
+    let runs = lines[0]["runs"].as_array().expect("runs").clone();
+    let tail = |run: &Value| {
+        let acc = accuracy(run);
+        acc[acc.len() - 5..].iter().sum::<f64>() / 5.0
+    };
+    let (dense, onebit) = (tail(&runs[0]), tail(&runs[1]));
+    println!("adam {dense}, 1-bit adam {onebit}");
+    assert!(onebit >= dense - 0.01, "1-bit Adam {onebit}, Adam {dense}");
+    let bytes = |run: &Value| last(run, "bytes_total");
+    assert!(bytes(&runs[1]) < 0.3 * bytes(&runs[0]));
+    // Not with another optimizer.
+    let out = gradwire(&["train", "-s", "onebit-adam", "--epochs", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--optimizer adam"));
+}
+
 /// Per-epoch records without the timings (which differ run to run).
 fn without_timings(records: &[Value]) -> Vec<Value> {
     records

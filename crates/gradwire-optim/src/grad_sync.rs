@@ -245,6 +245,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             | Mode::Sparse { .. }
             | Mode::PowerSgd(_)
             | Mode::Quantized { .. }
+            | Mode::OneBitAdam { .. }
             | Mode::Custom => Ok(()),
             Mode::Partial {
                 average_state: false,

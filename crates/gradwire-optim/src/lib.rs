@@ -30,6 +30,7 @@ pub mod checkpoint;
 mod distopt;
 mod error;
 pub mod grad_sync;
+mod onebit_adam;
 mod optimizer;
 mod rules;
 mod schedule;
@@ -43,6 +44,7 @@ pub use distopt::{
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};
+pub use onebit_adam::{OneBitAdam, OneBitAdamConfig, OneBitAdamRule, OneBitAdamValues};
 pub use optimizer::{Optim, Optimizer, UpdateRule};
 pub use rules::{
     AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,

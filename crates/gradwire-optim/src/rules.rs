@@ -460,14 +460,14 @@ impl AdamConfig {
 /// Adam's values at one step.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamValues {
-    lr: f64,
-    beta1: f32,
-    beta2: f32,
-    eps: f32,
-    weight_decay: f32,
+    pub(crate) lr: f64,
+    pub(crate) beta1: f32,
+    pub(crate) beta2: f32,
+    pub(crate) eps: f32,
+    pub(crate) weight_decay: f32,
 }
 
-fn adam_values(config: &AdamConfig, step: u64) -> Result<AdamValues> {
+pub(crate) fn adam_values(config: &AdamConfig, step: u64) -> Result<AdamValues> {
     Ok(AdamValues {
         lr: f64::from(value_at(&config.lr, "lr", step, false)?),
         beta1: coefficient(&config.beta1, "beta1", step, false)?,
@@ -477,7 +477,7 @@ fn adam_values(config: &AdamConfig, step: u64) -> Result<AdamValues> {
     })
 }
 
-fn adam_validate(config: &AdamConfig) -> Result<()> {
+pub(crate) fn adam_validate(config: &AdamConfig) -> Result<()> {
     config.lr.validate("lr", false)?;
     config.beta1.validate("beta1", true)?;
     config.beta2.validate("beta2", true)?;
@@ -489,7 +489,7 @@ fn adam_validate(config: &AdamConfig) -> Result<()> {
 /// beta1^t)` and `1 / (1 - beta2^t)`, in f64 then rounded to f32, so that
 /// `lr (m / c1) / (sqrt(v / c2) + eps)` runs with the divisions hoisted
 /// (the CPU loop and the CUDA kernel use the same two values).
-fn adam_scalars(v: &AdamValues, t: u64) -> (f32, f32) {
+pub(crate) fn adam_scalars(v: &AdamValues, t: u64) -> (f32, f32) {
     let t = i32::try_from(t).unwrap_or(i32::MAX);
     let c1 = 1.0 - f64::from(v.beta1).powi(t);
     let c2 = 1.0 - f64::from(v.beta2).powi(t);
@@ -498,12 +498,12 @@ fn adam_scalars(v: &AdamValues, t: u64) -> (f32, f32) {
 
 /// AdamW's decoupled decay factor `1 - lr wd` (f64, rounded to f32), or
 /// `None` without weight decay.
-fn adamw_shrink(v: &AdamValues) -> Option<f32> {
+pub(crate) fn adamw_shrink(v: &AdamValues) -> Option<f32> {
     (v.weight_decay != 0.0).then(|| (1.0 - v.lr * f64::from(v.weight_decay)) as f32)
 }
 
 /// The Adam step proper, with L2 decay `l2` added to the gradient (0 for AdamW).
-fn adam_apply(
+pub(crate) fn adam_apply(
     v: &AdamValues,
     t: u64,
     buffers: &mut [&mut [f32]],

@@ -219,6 +219,21 @@ fn a_steady_step_allocates_nothing() {
             false,
         ),
         (quantized(Quantizer::MinMaxU8, false), false),
+        // 1-bit Adam: dense steps, then the 1-bit moment (in the warm-up).
+        (
+            Mode::OneBitAdam {
+                beta1: 0.9,
+                freeze_step: 3,
+            },
+            false,
+        ),
+        (
+            Mode::OneBitAdam {
+                beta1: 0.9,
+                freeze_step: 3,
+            },
+            true,
+        ),
     ];
     let mut failures = Vec::new();
     for (mode, skip_bias) in modes {

@@ -124,11 +124,13 @@ pub enum ModeCase {
     PowerSgd,
     /// 1 bit per entry both ways, with error feedback and local momentum.
     OneBit,
+    /// 1-bit Adam's exchange (dense until step 2, then the 1-bit moment).
+    OneBitAdam,
 }
 
 impl ModeCase {
     /// Every mode.
-    pub const ALL: [ModeCase; 10] = [
+    pub const ALL: [ModeCase; 11] = [
         ModeCase::Dense,
         ModeCase::Fp16,
         ModeCase::TopKFeedback,
@@ -139,6 +141,7 @@ impl ModeCase {
         ModeCase::DimReduce,
         ModeCase::PowerSgd,
         ModeCase::OneBit,
+        ModeCase::OneBitAdam,
     ];
 
     /// Its name in the table.
@@ -154,6 +157,7 @@ impl ModeCase {
             ModeCase::DimReduce => "dimreduce",
             ModeCase::PowerSgd => "powersgd",
             ModeCase::OneBit => "onebit",
+            ModeCase::OneBitAdam => "onebit-adam",
         }
     }
 
@@ -188,6 +192,10 @@ impl ModeCase {
                 quantizer: gradwire_compress::Quantizer::Sign,
                 error_feedback: true,
                 momentum: Some(0.9),
+            },
+            ModeCase::OneBitAdam => Mode::OneBitAdam {
+                beta1: 0.9,
+                freeze_step: 2,
             },
         }
     }

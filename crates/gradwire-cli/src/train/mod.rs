@@ -23,7 +23,8 @@ use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
-    RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, UpdateRule,
+    OneBitAdamConfig, OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule,
+    UpdateRule,
 };
 use std::time::{Duration, Instant};
 
@@ -190,6 +191,17 @@ pub fn train_rank<C: Communicator + 'static>(
             };
             run.go::<SgdRule, _>(comm, SgdConfig::default().lr(lr).momentum(momentum))
         }
+        // 1-bit Adam is an optimizer and a strategy together.
+        OptimizerKind::Adam | OptimizerKind::Adamw if config.strategy == Strategy::OnebitAdam => {
+            let adam = match config.optimizer {
+                OptimizerKind::Adamw => AdamConfig::adamw(),
+                _ => AdamConfig::default(),
+            };
+            run.go::<OneBitAdamRule, _>(
+                comm,
+                OneBitAdamConfig::new(adam.lr(lr), config.freeze_step),
+            )
+        }
         OptimizerKind::Adam => run.go::<AdamRule, _>(comm, AdamConfig::default().lr(lr)),
         OptimizerKind::Adamw => run.go::<AdamWRule, _>(comm, AdamConfig::adamw().lr(lr)),
         OptimizerKind::Rmsprop => run.go::<RmsPropRule, _>(
@@ -266,6 +278,12 @@ pub(crate) fn mode_of(config: &TrainConfig) -> Mode {
             seed: config.seed,
         }),
         Strategy::Uint8 => quantized(Quantizer::MinMaxU8),
+        // Adam's default beta1, which the optimizer (AdamConfig's default
+        // or adamw()) uses too.
+        Strategy::OnebitAdam => Mode::OneBitAdam {
+            beta1: 0.9,
+            freeze_step: config.freeze_step,
+        },
     }
 }
 

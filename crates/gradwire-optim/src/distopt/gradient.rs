@@ -114,6 +114,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 | Mode::Sparse { .. }
                 | Mode::PowerSgd(_)
                 | Mode::Quantized { .. }
+                | Mode::OneBitAdam { .. }
                 | Mode::Custom
         ) {
             self.record(

@@ -149,6 +149,18 @@ pub enum Mode {
         /// keeps momentum SGD accurate with the 1-bit sign.
         momentum: Option<f32>,
     },
+    /// 1-bit Adam's exchange (with [`crate::OneBitAdam`], made by
+    /// [`crate::OneBitAdamConfig::mode`]): dense averages of the gradients
+    /// until `freeze_step`; from then on each rank folds its gradient into
+    /// Adam's first moment (`beta1`), and the moments are averaged through
+    /// the 1-bit all-reduce with error feedback on both sides, every rank
+    /// continuing from the average, which is what the optimizer receives.
+    OneBitAdam {
+        /// Adam's `beta1`, constant.
+        beta1: f32,
+        /// The first step of the compressed stage.
+        freeze_step: u64,
+    },
 }
 
 /// DistOpt's settings.
@@ -310,6 +322,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                         "the quantized mode's momentum must be in [0, 1), got {mu}"
                     )));
                 }
+            }
+            Mode::OneBitAdam { beta1, .. } if !(0.0..1.0).contains(&beta1) => {
+                return Err(OptimError::InvalidArgument(format!(
+                    "1-bit Adam's beta1 must be in [0, 1), got {beta1}"
+                )));
             }
             _ => {}
         }

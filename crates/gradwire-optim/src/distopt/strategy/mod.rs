@@ -3,7 +3,8 @@
 //! One trait, [`Combiner`], and one file per strategy: [`dense`] (the f32
 //! sum), [`half`] (f16/bf16 on the wire), [`sparse`] (a codec's selection,
 //! with error feedback), [`powersgd`] (low-rank factors with error
-//! feedback), [`quantized`] (1 or 8 bits per entry both ways), AdaSum (its impl below) and whatever a user plugs in with
+//! feedback), [`quantized`] (1 or 8 bits per entry both ways),
+//! [`onebit_adam`] (Adam's momentum in 1 bit after a warm-up), AdaSum (its impl below) and whatever a user plugs in with
 //! [`super::DistOpt::with_combiner`]. DistOpt holds one strategy per
 //! bucket, made from its [`Mode`](super::Mode) by this module's registry
 //! (`for_bucket`): a new strategy is its file, a `Mode` variant and one
@@ -15,6 +16,7 @@
 
 pub mod dense;
 pub mod half;
+pub mod onebit_adam;
 pub mod powersgd;
 pub mod quantized;
 pub mod sparse;
@@ -264,6 +266,13 @@ pub(super) fn for_bucket<C: Communicator + 'static>(
             // Checked by DistOpt::new: not reached.
             Err(e) => Box::new(Refused(e.to_string())),
         },
+        Mode::OneBitAdam { beta1, freeze_step } => {
+            match onebit_adam::OneBitAdamMomentum::new(beta1, freeze_step) {
+                Ok(strategy) => Box::new(strategy),
+                // Checked by DistOpt::new: not reached.
+                Err(e) => Box::new(Refused(e.to_string())),
+            }
+        }
         Mode::Custom | Mode::DeltaWeight => match shared {
             Some(shared) => Box::new(shared.clone()),
             None => Box::new(Refused("this mode needs DistOpt::with_combiner".into())),

@@ -11,6 +11,21 @@ use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
 use gradwire_comm::Communicator;
 use gradwire_compress::Quantizer;
 use gradwire_tensor::Tensor;
+use std::ops::Range;
+
+/// The written parameters' ranges of `bucket`'s full layout (its
+/// parameters back to back) into `ranges`; returns the full length.
+pub(super) fn written_ranges(bucket: &BucketView<'_>, ranges: &mut Vec<Range<usize>>) -> usize {
+    ranges.clear();
+    let mut at = 0;
+    for (&n, &written) in bucket.lens.iter().zip(bucket.written) {
+        if written {
+            ranges.push(at..at + n);
+        }
+        at += n;
+    }
+    at
+}
 
 /// A quantized all-reduce of one bucket.
 #[derive(Debug)]
@@ -20,6 +35,8 @@ pub struct QuantizedAverage {
     /// this step's copy.
     before: QuantizedState,
     changed: bool,
+    /// The written parameters' ranges of the bucket.
+    ranges: Vec<Range<usize>>,
 }
 
 impl QuantizedAverage {
@@ -38,6 +55,7 @@ impl QuantizedAverage {
             inner,
             before: QuantizedState::default(),
             changed: false,
+            ranges: Vec::new(),
         })
     }
 }
@@ -51,7 +69,10 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
     ) -> gradwire_algos::Result<Combined> {
         self.before.clone_from(self.inner.state());
         self.changed = true;
-        let traffic = self.inner.all_reduce(comm, tensors, bucket.step)?;
+        let full_len = written_ranges(bucket, &mut self.ranges);
+        let traffic =
+            self.inner
+                .all_reduce_in(comm, tensors, &self.ranges, full_len, bucket.step)?;
         Ok(Combined {
             traffic,
             averaged: true,
@@ -65,7 +86,8 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
     }
 
     /// The residuals and the local momentum as tensors
-    /// `quantized/<bucket>/worker`, `.../server` and `.../momentum`.
+    /// `quantized/<bucket>/worker`, `.../server` and `.../momentum`, the
+    /// ranges last sent as value `.../layout`.
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
         let state = self.inner.state();
         for (name, values) in [
@@ -79,6 +101,11 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
                 Tensor::from_vec(values.clone(), n)?,
             );
         }
+        let layout: Vec<[usize; 2]> = state.layout.iter().map(|r| [r.start, r.end]).collect();
+        ckpt.values.insert(
+            format!("quantized/{bucket}/layout"),
+            serde_json::json!(layout),
+        );
         Ok(())
     }
 
@@ -91,10 +118,19 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
                 .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
                 .to_vec::<f32>()?)
         };
+        let key = format!("quantized/{bucket}/layout");
+        let layout: Vec<[usize; 2]> = ckpt
+            .values
+            .get(&key)
+            .map(|v| serde_json::from_value(v.clone()))
+            .transpose()
+            .map_err(|e| OptimError::StateMismatch(format!("{key}: {e}")))?
+            .unwrap_or_default();
         let state = QuantizedState {
             momentum: read("momentum")?,
             worker: read("worker")?,
             server: read("server")?,
+            layout: layout.into_iter().map(|[a, b]| a..b).collect(),
         };
         if apply {
             *self.inner.state_mut() = state;

@@ -1,0 +1,176 @@
+//! 1-bit Adam's exchange (Tang et al., ICML 2021): dense gradient averages
+//! during the warm-up, tracking Adam's first moment as the optimizer does;
+//! from `freeze_step` on, each rank's moment with its own gradient folded
+//! in, averaged through the 1-bit all-reduce with error feedback on both
+//! sides ([`gradwire_algos::quantized`]); every rank continues from the
+//! average. State (the moment, both residuals) is put back by a failed or
+//! skipped step.
+
+use super::quantized::written_ranges;
+use super::{BucketView, Combined, Combiner};
+use crate::checkpoint::Checkpoint;
+use crate::error::{OptimError, Result};
+use gradwire_algos::fault::prepare;
+use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
+use gradwire_algos::{FusionBuffers, fused_all_reduce_with};
+use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::Quantizer;
+use gradwire_tensor::Tensor;
+use std::ops::Range;
+
+/// 1-bit Adam's exchange of one bucket.
+#[derive(Debug)]
+pub struct OneBitAdamMomentum {
+    beta1: f32,
+    freeze_step: u64,
+    /// The compressed stage's all-reduce; its state's `momentum` is the
+    /// bucket's first moment in both stages.
+    inner: QuantizedAllReduce,
+    /// The warm-up's dense buffers.
+    fusion: FusionBuffers,
+    before: QuantizedState,
+    changed: bool,
+    ranges: Vec<Range<usize>>,
+}
+
+impl OneBitAdamMomentum {
+    /// The exchange for Adam's `beta1`, compressed from `freeze_step` on.
+    pub fn new(beta1: f32, freeze_step: u64) -> gradwire_algos::Result<Self> {
+        Ok(OneBitAdamMomentum {
+            beta1,
+            freeze_step,
+            inner: QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?,
+            fusion: FusionBuffers::default(),
+            before: QuantizedState::default(),
+            changed: false,
+            ranges: Vec::new(),
+        })
+    }
+
+    /// The warm-up: the dense average, folded into the moment as Adam folds
+    /// it (`m = beta1 m + (1 - beta1) g`, the same on every rank).
+    fn warm_up<C: Communicator>(
+        &mut self,
+        comm: &C,
+        bucket: &BucketView<'_>,
+        tensors: &mut [Tensor],
+        full_len: usize,
+    ) -> gradwire_algos::Result<gradwire_algos::Traffic> {
+        let traffic = fused_all_reduce_with(
+            comm,
+            tensors,
+            ReduceOp::Sum,
+            bucket.capacity,
+            &mut self.fusion,
+        )?;
+        let inverse = 1.0 / comm.world_size() as f32;
+        let (beta1, gain) = (self.beta1, 1.0 - self.beta1);
+        // The reduction is done: what follows is alike on every rank.
+        let m = &mut self.inner.state_mut().momentum;
+        if m.len() < full_len {
+            m.resize(full_len, 0.0);
+        }
+        for (t, r) in tensors.iter_mut().zip(&self.ranges) {
+            t.scale(inverse)?;
+            for (m, g) in m[r.clone()].iter_mut().zip(t.as_slice::<f32>()?) {
+                *m = beta1 * *m + gain * g;
+            }
+        }
+        Ok(traffic)
+    }
+}
+
+impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
+    fn combine(
+        &mut self,
+        comm: &C,
+        bucket: &BucketView<'_>,
+        tensors: &mut [Tensor],
+    ) -> gradwire_algos::Result<Combined> {
+        self.before.clone_from(self.inner.state());
+        self.changed = true;
+        let full_len = written_ranges(bucket, &mut self.ranges);
+        let traffic = if bucket.step < self.freeze_step {
+            // Checked before the collective: the warm-up folds f32 host values.
+            prepare(comm, || {
+                match tensors
+                    .iter()
+                    .find(|t| t.dtype() != gradwire_tensor::DType::F32 || !t.device().is_cpu())
+                {
+                    Some(t) => Err(gradwire_algos::AlgoError::InvalidArgument(format!(
+                        "1-bit Adam runs on f32 tensors in host memory, got {} on {:?}",
+                        t.dtype(),
+                        t.device()
+                    ))),
+                    None => Ok(()),
+                }
+            })?;
+            self.warm_up(comm, bucket, tensors, full_len)?
+        } else {
+            self.inner
+                .all_reduce_in(comm, tensors, &self.ranges, full_len, bucket.step)?
+        };
+        Ok(Combined {
+            traffic,
+            averaged: true,
+        })
+    }
+
+    fn end_step(&mut self, _bucket: usize, kept: bool) {
+        if std::mem::take(&mut self.changed) && !kept {
+            std::mem::swap(self.inner.state_mut(), &mut self.before);
+        }
+    }
+
+    /// The moment and the residuals as tensors `onebit_adam/<bucket>/...`.
+    fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
+        let state = self.inner.state();
+        for (name, values) in [
+            ("momentum", &state.momentum),
+            ("worker", &state.worker),
+            ("server", &state.server),
+        ] {
+            let n = values.len();
+            ckpt.tensors.insert(
+                format!("onebit_adam/{bucket}/{name}"),
+                Tensor::from_vec(values.clone(), n)?,
+            );
+        }
+        let layout: Vec<[usize; 2]> = state.layout.iter().map(|r| [r.start, r.end]).collect();
+        ckpt.values.insert(
+            format!("onebit_adam/{bucket}/layout"),
+            serde_json::json!(layout),
+        );
+        Ok(())
+    }
+
+    fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
+        let read = |name: &str| -> Result<Vec<f32>> {
+            let key = format!("onebit_adam/{bucket}/{name}");
+            Ok(ckpt
+                .tensors
+                .get(&key)
+                .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
+                .to_vec::<f32>()?)
+        };
+        let key = format!("onebit_adam/{bucket}/layout");
+        let layout: Vec<[usize; 2]> = ckpt
+            .values
+            .get(&key)
+            .map(|v| serde_json::from_value(v.clone()))
+            .transpose()
+            .map_err(|e| OptimError::StateMismatch(format!("{key}: {e}")))?
+            .unwrap_or_default();
+        let state = QuantizedState {
+            momentum: read("momentum")?,
+            worker: read("worker")?,
+            server: read("server")?,
+            layout: layout.into_iter().map(|[a, b]| a..b).collect(),
+        };
+        if apply {
+            *self.inner.state_mut() = state;
+            self.changed = false;
+        }
+        Ok(())
+    }
+}
