@@ -5,7 +5,7 @@
 
 use gradwire_algos::AlgoError;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
-use gradwire_comm::{LocalComm, local};
+use gradwire_comm::{Communicator, LocalComm, local};
 use ndarray::{Array1, Array2};
 
 const M: usize = 40;
@@ -259,4 +259,171 @@ fn the_randomized_fit_finds_the_same_subspace_deterministically() {
         "subspaces differ by {}",
         diff.iter().fold(0.0f64, |m, x| m.max(x.abs()))
     );
+}
+
+/// The unsharded algorithm, as DimReduce first ran it (full P on every
+/// rank, the averaged gradient given): the reference the sharded step must
+/// match within f32 rounding.
+struct Reference {
+    p: Array2<f64>,
+    b: Array2<f64>,
+    g_last: Array1<f64>,
+    s: Array1<f64>,
+    initialized: bool,
+    momentum: Vec<f32>,
+    config: DimReduceConfig,
+}
+
+impl Reference {
+    fn new(pca: &Pca) -> Reference {
+        let n = pca.n_components();
+        Reference {
+            p: pca.components.clone(),
+            b: Array2::eye(n),
+            g_last: Array1::zeros(n),
+            s: Array1::zeros(n),
+            initialized: false,
+            momentum: vec![0.0; pca.components.ncols()],
+            config: DimReduceConfig::default(),
+        }
+    }
+
+    fn step(&mut self, w: &mut [f32], g: &[f32], loss: f64, eval: impl Fn(&[f32]) -> f64) {
+        let outer = |a: &Array1<f64>, b: &Array1<f64>| {
+            Array2::from_shape_fn((a.len(), b.len()), |(i, j)| a[i] * b[j])
+        };
+        let g64: Array1<f64> = g.iter().map(|&v| f64::from(v)).collect();
+        let gk = self.p.dot(&g64);
+        let (b0, g0, i0) = (self.b.clone(), self.g_last.clone(), self.initialized);
+        if self.initialized {
+            let y = &gk - &self.g_last;
+            let c = y.dot(&self.s);
+            if c > 1e-20 {
+                let t = Array2::eye(gk.len()) - outer(&y, &self.s) / c;
+                self.b = t.t().dot(&self.b).dot(&t) + outer(&self.s, &self.s) / c;
+            }
+        } else {
+            self.initialized = true;
+        }
+        self.g_last = gk.clone();
+        let d = -self.b.dot(&gk);
+        let dn = self.p.t().dot(&d);
+        let gproj = self.p.t().dot(&gk);
+        let start = w.to_vec();
+        let slope = gk.dot(&d);
+        let mut step = 0.0;
+        for &t in &self.config.step_sizes {
+            let trial: Vec<f32> = start
+                .iter()
+                .zip(&dn)
+                .map(|(&w0, &di)| (f64::from(w0) + t * di) as f32)
+                .collect();
+            if eval(&trial) < loss + self.config.sigma * t * slope {
+                step = t;
+                break;
+            }
+        }
+        if step > 0.0 {
+            self.s = &d * step;
+        } else {
+            (self.b, self.g_last, self.initialized) = (b0, g0, i0);
+        }
+        let (gamma, alpha) = (self.config.gamma, self.config.alpha);
+        for i in 0..w.len() {
+            let mi = gamma * f64::from(self.momentum[i]) + g64[i] - gproj[i];
+            self.momentum[i] = mi as f32;
+            w[i] = (f64::from(start[i]) - (alpha * mi - step * dn[i])) as f32;
+        }
+    }
+}
+
+#[test]
+fn sharded_steps_match_the_unsharded_algorithm_and_move_one_and_a_half_dense_steps() {
+    // Each rank's gradient differs (its own batch): the reference takes
+    // their f32 average, summed in rank order as the reduce-scatter does.
+    let pca = pca();
+    let q = Quadratic::new(&pca);
+    for world in 1..=4usize {
+        let results = local::run(world, |comm: LocalComm| {
+            let mut dr = DimReduce::new(&comm, &pca, DimReduceConfig::default())?;
+            let mut reference = Reference::new(&pca);
+            let mut w = q.start(&pca);
+            let mut w_ref = w.clone();
+            let mut worst = 0f64;
+            let mut traffic = Vec::new();
+            for _ in 0..6 {
+                let own = |rank: usize, w: &[f32]| -> Vec<f32> {
+                    q.grad(w)
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| v + ((i * 13 + rank * 7) % 5) as f32 * 1e-3 - 2e-3)
+                        .collect()
+                };
+                let g = own(comm.rank(), &w);
+                let loss = q.loss(&w);
+                let step = dr.step(&comm, &mut w, &g, loss, |t| Ok(q.loss(t)))?;
+                traffic.push(step.traffic);
+                // The reference from its own trajectory.
+                let mut avg = vec![0f32; w_ref.len()];
+                for r in 0..comm.world_size() {
+                    for (a, v) in avg.iter_mut().zip(own(r, &w_ref)) {
+                        *a += v;
+                    }
+                }
+                let inverse = 1.0 / comm.world_size() as f32;
+                avg.iter_mut().for_each(|a| *a *= inverse);
+                let loss = q.loss(&w_ref);
+                reference.step(&mut w_ref, &avg, loss, |t| q.loss(t));
+                for (a, b) in w.iter().zip(&w_ref) {
+                    worst = worst.max(f64::from((a - b).abs()) / (1.0 + f64::from(b.abs())));
+                }
+            }
+            Ok::<_, AlgoError>((worst, traffic))
+        })
+        .unwrap();
+        let m = pca.components.ncols();
+        let dense = gradwire_algos::Traffic::all_reduce(4 * m, world);
+        for r in results {
+            let (worst, traffic) = r.unwrap();
+            assert!(
+                worst <= 1e-5,
+                "W = {world}: the trajectories differ by {worst}"
+            );
+            for t in traffic {
+                // The reduce-scatter and two all-gathers (with uneven
+                // slices, a rank may carry a little more than the mean),
+                // and n + 2 f64 sums.
+                let bound =
+                    1.5 * dense.sent as f64 + 8.0 * (pca.n_components() + 2) as f64 * 2.0 + 12.0;
+                assert!(
+                    t.sent as f64 <= bound,
+                    "W = {world}: {} sent, dense {}",
+                    t.sent,
+                    dense.sent
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_non_finite_gradient_on_one_rank_changes_nothing_anywhere() {
+    let pca = pca();
+    let q = Quadratic::new(&pca);
+    let results = local::run(3, |comm: LocalComm| {
+        let mut dr = DimReduce::new(&comm, &pca, DimReduceConfig::default())?;
+        let mut w = q.start(&pca);
+        let mut g = q.grad(&w);
+        if comm.rank() == 1 {
+            g[5] = f32::NAN;
+        }
+        let before = (w.clone(), dr.state());
+        let loss = q.loss(&w);
+        let step = dr.step(&comm, &mut w, &g, loss, |t| Ok(q.loss(t)))?;
+        Ok::<_, AlgoError>((step.non_finite, w == before.0, dr.state() == before.1))
+    })
+    .unwrap();
+    for r in results {
+        assert_eq!(r.unwrap(), (true, true, true));
+    }
 }

@@ -1,13 +1,12 @@
-//! DimReduce mode: switching to it, and its step (the gradients averaged
-//! as in `Dense`, then DimReduce's quasi-Newton step in the PCA subspace
-//! with a line search through the caller's loss closure).
+//! DimReduce mode: switching to it, and its step (DimReduce's quasi-Newton
+//! step in the PCA subspace, which averages the gradients itself, with a
+//! line search through the caller's loss closure).
 
-use super::gradient::Reduction;
 use super::{DistOpt, Mode, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
-use gradwire_algos::{AlgoError, FaultKind, Traffic};
+use gradwire_algos::{FaultKind, Traffic};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::{DType, Device, Tensor};
 use std::time::Instant;
@@ -30,14 +29,23 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 "start_dimreduce in the middle of a step".into(),
             ));
         }
+        // DistOpt's clipping applies to DimReduce's averaged gradient.
+        let config = DimReduceConfig {
+            clip_global_norm: config.clip_global_norm.or(self.config.clip_global_norm),
+            ..config
+        };
         self.dimreduce = Some(DimReduce::new(&self.comm, pca, config)?);
         self.config.mode = Mode::DimReduce;
         Ok(())
     }
 
-    /// DimReduce mode's [`DistOpt::finish`]: waits for the averaged
-    /// gradients, averages this rank's `loss` across ranks, and takes one
-    /// DimReduce step on `params` (every declared parameter, f32). The line
+    /// DimReduce mode's [`DistOpt::finish`]: one DimReduce step on `params`
+    /// (every declared parameter, f32) from this rank's pushed gradients
+    /// and `loss`, both averaged across ranks within the step
+    /// ([`DimReduce::step`]: P sharded by parameter columns, a reduce-scatter
+    /// of the gradients and two all-gathers of the parameters' size, 1.5
+    /// times a dense step's bytes; in this mode the buckets do not travel
+    /// during backward). The line
     /// search calls `eval_loss` with the trial parameters (name and tensor,
     /// in declaration order) on every rank alike; it returns this rank's loss
     /// on the same batch, which DistOpt averages. A parameter no rank wrote
@@ -86,34 +94,46 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             );
             self.record(FaultKind::InvalidArgument, &err);
         }
-        let mut stats = match self.reduce_gradients()? {
-            Reduction::Skipped(stats) => return Ok(stats),
-            Reduction::Reduced(stats) => stats,
+        let mut stats = StepStats {
+            buckets: 0,
+            ..StepStats::default()
         };
-        let reduced = std::mem::take(&mut self.scratch.reduced);
-        // The flat parameters and averaged gradient, in declaration order
-        // (every target is present and f32: checked before the last vote).
+        // The flat parameters and this rank's gradient, in declaration order
+        // (a gradient not pushed is zeros); a failure here is this rank's
+        // fault like the others.
         let total: usize = self.lens.iter().sum();
-        let mut w = Vec::with_capacity(total);
-        let mut g = vec![0f32; total];
         let mut offsets = Vec::with_capacity(self.params.len());
-        for param in targets.iter().flatten() {
-            offsets.push(w.len());
-            w.extend(param.to_vec::<f32>()?);
-        }
-        for (i, grad, _) in &reduced {
-            let at = offsets[*i];
-            g[at..at + grad.len()].copy_from_slice(&grad.to_vec::<f32>()?);
+        let flat = (|| -> Result<(Vec<f32>, Vec<f32>)> {
+            let mut w = Vec::with_capacity(total);
+            let mut g = vec![0f32; total];
+            for param in targets.iter().flatten() {
+                offsets.push(w.len());
+                w.extend(param.to_vec::<f32>()?);
+            }
+            for (grad, &at) in self.grads.iter().zip(&offsets) {
+                if let Some(grad) = grad
+                    && !grad.is_zeroed()
+                {
+                    g[at..at + grad.len()].copy_from_slice(&grad.to_f32_vec()?);
+                }
+            }
+            Ok((w, g))
+        })();
+        let (mut w, g) = match flat {
+            Ok(flat) if self.fault.is_none() => flat,
+            Ok(_) => (Vec::new(), Vec::new()),
+            Err(e) => {
+                self.record(FaultKind::InvalidArgument, &e);
+                (Vec::new(), Vec::new())
+            }
+        };
+        // This rank's fault takes the place of the reduce-scatter the others
+        // start: every rank fails there.
+        if let Some(fault) = &self.fault {
+            let err = self.comm.post_fault(fault.kind.code());
+            return self.step_failed(err.into(), stats);
         }
         let world = self.world_size();
-        let mut avg_loss = [loss];
-        self.comm
-            .all_reduce(&mut avg_loss, ReduceOp::Avg)
-            .map_err(AlgoError::from)?;
-        if !avg_loss[0].is_finite() {
-            // The same averaged value on every rank: the same decision.
-            return self.non_finite_everywhere(stats, "the averaged loss is");
-        }
         // Trial points are evaluated on scratch copies of the parameters.
         let mut scratch: Vec<Tensor> = self
             .params
@@ -128,7 +148,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             OptimError::InvalidArgument("finish_dimreduce needs start_dimreduce first".into())
         })?;
         let start = Instant::now();
-        let outcome = dimreduce.step(comm, &mut w, &g, avg_loss[0], |trial| {
+        let outcome = dimreduce.step(comm, &mut w, &g, loss, |trial| {
             trials += 1;
             for (t, &at) in scratch.iter_mut().zip(&offsets) {
                 let n = t.len();
@@ -149,23 +169,27 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Ok(local[0])
         });
         stats.wait += start.elapsed();
-        let outcome = outcome?;
+        // Another rank's fault arrives in the step's first collective: the
+        // step's agreed failure, like this rank's own.
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => return self.step_failed(e, stats),
+        };
+        stats.traffic += outcome.traffic + Traffic::all_reduce(8 * trials, world);
+        if outcome.non_finite {
+            // The same sums on every rank: the same decision, nothing changed.
+            return self.non_finite_everywhere(stats, "the averaged gradient or loss is");
+        }
         for (param, &at) in targets.iter_mut().flatten().zip(&offsets) {
             let n = param.len();
             param.as_mut_slice::<f32>()?.copy_from_slice(&w[at..at + n]);
         }
-        let n = dimreduce.b().nrows();
         // A closure that failed on one rank: every rank learns it here, so
         // that the step's outcome is the same everywhere.
         self.agree_after(
             FaultKind::Other,
             user_error.map(|e| format!("the loss closure failed: {e}")),
         )?;
-        // The loss, the projection's all-gather, the back-projection's
-        // all-reduce (2 x f64 per parameter) and one loss per trial.
-        stats.traffic += Traffic::all_reduce(8 * (1 + trials), world)
-            + Traffic::all_gather(8 * n.div_ceil(world), 8 * n, world)
-            + Traffic::all_reduce(16 * total, world);
         stats.updated = self.params.len();
         stats.dimreduce = Some(outcome);
         Ok(stats)

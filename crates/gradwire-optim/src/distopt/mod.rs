@@ -120,9 +120,10 @@ pub enum Mode {
         /// Also average the partition's optimizer buffers.
         average_state: bool,
     },
-    /// DimReduce (MindSpore boost, SPEC §5): gradients are averaged bucket by
-    /// bucket as in `Dense`, then a quasi-Newton step in the PCA subspace
-    /// with a line search replaces the optimizer. Entered with
+    /// DimReduce (MindSpore boost, SPEC §5): a quasi-Newton step in the PCA
+    /// subspace with a line search replaces the optimizer; the gradients
+    /// are averaged within the step (P sharded by parameter columns: 1.5
+    /// times a dense step's bytes). Entered with
     /// [`DistOpt::start_dimreduce`] (usually after a first stage of another
     /// mode that recorded the trajectory); steps with
     /// [`DistOpt::finish_dimreduce`], which takes the loss.
@@ -478,8 +479,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             }
         };
         self.grads[i] = Some(grad);
-        if matches!(self.config.mode, Mode::Partial { .. } | Mode::DeltaWeight)
-            || self.config.vote == SkipVote::PerStep
+        if matches!(
+            self.config.mode,
+            Mode::Partial { .. } | Mode::DeltaWeight | Mode::DimReduce
+        ) || self.config.vote == SkipVote::PerStep
         {
             return Ok(()); // communication happens in finish
         }
