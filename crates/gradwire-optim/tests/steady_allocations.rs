@@ -6,7 +6,8 @@
 //! quantized modes' chunks and residuals,
 //! DistOpt's lists, the buckets' job slots on the communication thread and
 //! LocalComm's round bookkeeping and message buffers are all reused from
-//! step to step (every gradient-combining mode, 1 to 4 ranks). A recording
+//! step to step (every gradient-combining mode, and the local-step modes'
+//! copies of the parameters, 1 to 4 ranks). A recording
 //! global allocator counts every allocation of every thread during the
 //! measured steps.
 //!
@@ -113,6 +114,61 @@ fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
             sync.push("w", &gw).expect("push");
             sync.finish(&mut [&mut gw[..], &mut gb[..]])
                 .expect("finish");
+        }
+        sync.comm().barrier().expect("barrier");
+        MEASURING.store(false, Ordering::SeqCst);
+    })
+    .expect("ranks ran");
+    (
+        COUNT.load(Ordering::Relaxed),
+        LARGEST.load(Ordering::Relaxed),
+    )
+}
+
+/// [`measure`] for the modes that step locally first (`Partial`, and
+/// `DeltaWeight` with AdaSum), through `GradSync::step_locally` with a
+/// caller's SGD step.
+fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
+    let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
+    let config = DistOptConfig {
+        mode,
+        // Several buckets: partial averaging cycles through them.
+        fusion_threshold: 4096,
+        ..DistOptConfig::default()
+    };
+    COUNT.store(0, Ordering::Relaxed);
+    LARGEST.store(0, Ordering::Relaxed);
+    local::run(world, |comm| {
+        let rank = comm.rank();
+        let mut sync: GradSync<LocalComm> = match mode {
+            Mode::DeltaWeight => {
+                let adasum = AdaSum::new(&comm).expect("AdaSum");
+                GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)
+            }
+            _ => GradSync::new(comm, specs.clone(), config.clone()),
+        }
+        .expect("a GradSync");
+        let mut w = vec![0.5f32; W];
+        let mut b = vec![0.1f32; B];
+        for step in 0..WARM_UP + MEASURED {
+            sync.comm().barrier().expect("barrier");
+            if rank == 0 {
+                MEASURING.store(step >= WARM_UP, Ordering::SeqCst);
+            }
+            sync.comm().barrier().expect("barrier");
+            let mut params: [&mut [f32]; 2] = [&mut w[..], &mut b[..]];
+            sync.step_locally(&mut params[..], |params| {
+                // The caller's own SGD step on its own gradient.
+                for (k, p) in params.iter_mut().enumerate() {
+                    for (i, v) in p.iter_mut().enumerate() {
+                        let g =
+                            (((i * 7 + k + (step % 4) * 13 + rank * 5) % 101) as f32 - 50.0) * 1e-3;
+                        *v -= 0.1 * g;
+                    }
+                }
+                Ok(())
+            })
+            .expect("step");
         }
         sync.comm().barrier().expect("barrier");
         MEASURING.store(false, Ordering::SeqCst);
@@ -242,6 +298,21 @@ fn a_steady_step_allocates_nothing() {
             if count != 0 {
                 failures.push(format!(
                     "{mode:?} (bias skipped: {skip_bias}), W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
+                ));
+            }
+        }
+    }
+    for mode in [
+        Mode::Partial {
+            average_state: false,
+        },
+        Mode::DeltaWeight,
+    ] {
+        for world in 1..=4 {
+            let (count, largest) = measure_local(world, mode);
+            if count != 0 {
+                failures.push(format!(
+                    "{mode:?}, W = {world}: {count} allocations in {MEASURED} steady local steps, the largest {largest} bytes"
                 ));
             }
         }

@@ -3,7 +3,7 @@
 //! changes `p0 - p` combined bucket by bucket by the bucket's strategy (the
 //! [`super::Combiner`]), then `p = p0 - combined`.
 
-use super::local_step::LocalUpdate;
+use super::local_step::{LocalUpdate, copy_into};
 use super::strategy::BucketView;
 use super::{DistOpt, StepStats};
 use crate::error::Result;
@@ -20,48 +20,74 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// is put back to its `p0`.
     pub(crate) fn finish_delta_weight(
         &mut self,
-        mut targets: Vec<Option<&mut Tensor>>,
+        targets: &mut [Option<&mut Tensor>],
         local: LocalUpdate<'_>,
     ) -> Result<StepStats> {
         let mut stats = StepStats {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
-        let grads = match self.open_local_step() {
+        let mut grads = match self.open_local_step() {
             Ok(grads) => grads,
             Err(e) => return self.step_failed(e, stats),
         };
-        // Every parameter keeps its p0 (all are present: checked above).
-        let start: Vec<Option<Tensor>> = targets.iter().map(|t| t.as_deref().cloned()).collect();
-        let failure = self.step_locally(&mut targets, grads, &mut stats, local);
+        // Every parameter keeps its p0 (all are present: checked before the
+        // step opened), in tensors kept from step to step.
+        let mut p0 = std::mem::take(&mut self.local.p0);
+        if let Err(e) = copy_into(&mut p0, targets.iter().flatten().map(|t| &**t)) {
+            self.record(FaultKind::Other, &e);
+        }
+        let failure = self.step_locally(targets, &mut grads, &mut stats, local);
+        self.local.grads = grads;
+        let result = self.combine_deltas(targets, &p0, failure, &mut stats);
+        self.local.p0 = p0;
+        result.map(|()| stats)
+    }
+
+    /// The combination of the weight changes from `p0`, bucket by bucket,
+    /// after the local step (`failure`: this rank's, posted in place of the
+    /// first combination); `p = p0 - combined`, or every parameter back to
+    /// `p0` when the step fails.
+    fn combine_deltas(
+        &mut self,
+        targets: &mut [Option<&mut Tensor>],
+        p0: &[Tensor],
+        failure: Option<crate::OptimError>,
+        stats: &mut StepStats,
+    ) -> Result<()> {
         let restore = |targets: &mut [Option<&mut Tensor>]| -> Result<()> {
-            for (param, p0) in targets.iter_mut().zip(&start) {
-                if let (Some(param), Some(p0)) = (param.as_deref_mut(), p0) {
-                    param.copy_from(p0)?;
-                }
+            for (param, p0) in targets.iter_mut().flatten().zip(p0) {
+                param.copy_from(p0)?;
             }
             Ok(())
         };
         if self.buckets.is_empty() {
             self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
             self.optimizer.step();
-            return Ok(stats);
+            return Ok(());
         }
-        if failure.is_some() {
-            restore(&mut targets)?;
+        if failure.is_some() || self.fault.is_some() {
+            restore(targets)?;
             // Posted in place of the first combination the others start.
-            let err = self.comm.post_fault(FaultKind::Optimizer.code());
-            return self.step_failed(err.into(), stats);
+            let kind = self.fault.as_ref().map_or(FaultKind::Optimizer, |f| f.kind);
+            let err = self.comm.post_fault(kind.code());
+            *stats = self.step_failed(err.into(), *stats)?;
+            return Ok(());
+        }
+        if self.local.buckets.len() != self.buckets.len() {
+            self.local.buckets.resize_with(self.buckets.len(), Vec::new);
         }
         let begin = Instant::now();
-        for (b, range) in self.buckets.clone().into_iter().enumerate() {
-            let mut deltas = Vec::with_capacity(range.len());
-            for i in range.clone() {
-                if let (Some(param), Some(p0)) = (targets[i].as_deref(), &start[i]) {
-                    let mut delta = p0.clone();
-                    delta.axpy(-1.0, param)?; // p0 - p
-                    deltas.push(delta);
-                }
+        for b in 0..self.buckets.len() {
+            let range = self.buckets[b].clone();
+            // p0 - p, in tensors kept from step to step.
+            let mut deltas = std::mem::take(&mut self.local.buckets[b]);
+            copy_into(&mut deltas, p0[range.clone()].iter())?;
+            for (delta, param) in deltas
+                .iter_mut()
+                .zip(targets[range.clone()].iter().flatten())
+            {
+                delta.axpy(-1.0, param)?;
             }
             let mut strategy = self.take_strategy(b);
             // Every parameter has a delta: all count as written.
@@ -78,8 +104,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             let combined = match combined {
                 Ok(combined) => combined,
                 Err(e) => {
-                    restore(&mut targets)?;
-                    return self.step_failed(e, stats);
+                    self.local.buckets[b] = deltas;
+                    restore(targets)?;
+                    *stats = self.step_failed(e, *stats)?;
+                    return Ok(());
                 }
             };
             stats.traffic += combined.traffic;
@@ -88,15 +116,19 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             } else {
                 1.0 / self.world_size() as f32
             };
-            for (i, delta) in range.zip(deltas) {
-                if let (Some(param), Some(p0)) = (targets[i].as_deref_mut(), &start[i]) {
-                    param.copy_from(p0)?;
-                    param.axpy(-inverse, &delta)?; // p0 - combined
-                }
+            for ((param, p0), delta) in targets[range.clone()]
+                .iter_mut()
+                .flatten()
+                .zip(&p0[range])
+                .zip(&deltas)
+            {
+                param.copy_from(p0)?;
+                param.axpy(-inverse, delta)?; // p0 - combined
             }
+            self.local.buckets[b] = deltas;
         }
         stats.wait = begin.elapsed();
         self.optimizer.step();
-        Ok(stats)
+        Ok(())
     }
 }

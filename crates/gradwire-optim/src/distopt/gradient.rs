@@ -3,7 +3,7 @@
 //! step's outcome, average, check, clip, update.
 
 use super::bucket::{BucketOutput, scan_non_finite};
-use super::local_step::LocalUpdate;
+use super::local_step::{LocalUpdate, recycle};
 use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -65,22 +65,27 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Result<StepStats> {
         let mut targets = self.take_targets(params);
-        match self.config.mode {
+        let result = match self.config.mode {
             Mode::Partial { average_state } => {
-                return self.finish_partial(targets, average_state, LocalUpdate::Optimizer);
+                self.finish_partial(&mut targets, average_state, LocalUpdate::Optimizer)
             }
-            Mode::DeltaWeight => return self.finish_delta_weight(targets, LocalUpdate::Optimizer),
-            Mode::DimReduce => self.record(
-                FaultKind::InvalidArgument,
-                &"DimReduce mode steps with finish_dimreduce, which takes the loss",
-            ),
-            _ => {}
-        }
-        self.apply_reduced(|optimizer, name, i, grad| match targets[i].as_deref_mut() {
-            Some(param) => optimizer.update(name, param, &grad),
-            // Every target was checked present before the step's last vote.
-            None => Ok(()),
-        })
+            Mode::DeltaWeight => self.finish_delta_weight(&mut targets, LocalUpdate::Optimizer),
+            mode => {
+                if mode == Mode::DimReduce {
+                    self.record(
+                        FaultKind::InvalidArgument,
+                        &"DimReduce mode steps with finish_dimreduce, which takes the loss",
+                    );
+                }
+                self.apply_reduced(|optimizer, name, i, grad| match targets[i].as_deref_mut() {
+                    Some(param) => optimizer.update(name, param, &grad),
+                    // Every target was checked present before the step's last vote.
+                    None => Ok(()),
+                })
+            }
+        };
+        self.local.targets = recycle(targets);
+        result
     }
 
     /// The gradient-level form of [`DistOpt::finish`]: the same step (the

@@ -11,9 +11,57 @@ use super::{DistOpt, Mode, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
-use gradwire_algos::{AlgoError, FaultKind};
+use gradwire_algos::{AlgoError, FaultKind, FusionBuffers};
 use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
+
+/// What the local-step modes keep from step to step, so that a steady step
+/// allocates nothing: the parameters' values before the step (delta
+/// weight), per bucket the weight changes or the averaged parameters, the
+/// fusion buffers, the list of the step's gradients and the memory of the
+/// list of targets.
+#[derive(Debug, Default)]
+pub(super) struct LocalScratch {
+    pub(super) p0: Vec<Tensor>,
+    pub(super) buckets: Vec<Vec<Tensor>>,
+    pub(super) fusion: FusionBuffers,
+    pub(super) grads: Vec<Option<Tensor>>,
+    /// Always empty: its memory holds the next step's targets.
+    pub(super) targets: Vec<Option<&'static mut Tensor>>,
+}
+
+/// `v` emptied, as a list of references of another lifetime, in the same
+/// memory: collecting an empty iterator over a vector's own items into a
+/// vector of the same layout reuses its allocation.
+pub(super) fn recycle<'b>(mut v: Vec<Option<&mut Tensor>>) -> Vec<Option<&'b mut Tensor>> {
+    v.clear();
+    // Empty: the closure never runs; it only names the new item type.
+    v.into_iter().map(|_| None).collect()
+}
+
+/// `tensors` made to hold copies of `values` (their shapes and dtypes), by
+/// copying into the tensors already there: no allocation once they exist.
+pub(super) fn copy_into<'t>(
+    tensors: &mut Vec<Tensor>,
+    values: impl Iterator<Item = &'t Tensor> + Clone,
+) -> Result<()> {
+    let n = values.clone().count();
+    if tensors.len() != n {
+        tensors.clear();
+    }
+    if tensors.is_empty() {
+        tensors.extend(values.cloned());
+        return Ok(());
+    }
+    for (t, v) in tensors.iter_mut().zip(values) {
+        if t.dims() == v.dims() && t.dtype() == v.dtype() && t.device() == v.device() {
+            t.copy_from(v)?;
+        } else {
+            *t = v.clone();
+        }
+    }
+    Ok(())
+}
 
 /// Who takes the local step of `Partial` and `DeltaWeight`.
 pub(crate) enum LocalUpdate<'f> {
@@ -40,12 +88,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             Mode::Partial {
                 average_state: false,
             } => {
-                let targets = self.take_targets(params);
-                self.finish_partial(targets, false, LocalUpdate::Caller(step))
+                let mut targets = self.take_targets(params);
+                let result = self.finish_partial(&mut targets, false, LocalUpdate::Caller(step));
+                self.local.targets = recycle(targets);
+                result
             }
             Mode::DeltaWeight => {
-                let targets = self.take_targets(params);
-                self.finish_delta_weight(targets, LocalUpdate::Caller(step))
+                let mut targets = self.take_targets(params);
+                let result = self.finish_delta_weight(&mut targets, LocalUpdate::Caller(step));
+                self.local.targets = recycle(targets);
+                result
             }
             mode => Err(OptimError::InvalidArgument(format!(
                 "a step of the caller's own takes Partial (without average_state) or DeltaWeight, not {mode:?}"
@@ -60,7 +112,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub(super) fn step_locally(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
-        grads: Vec<Option<Tensor>>,
+        grads: &mut Vec<Option<Tensor>>,
         stats: &mut StepStats,
         local: LocalUpdate<'_>,
     ) -> Option<OptimError> {
@@ -85,13 +137,19 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub(super) fn open_local_step(
         &mut self,
     ) -> std::result::Result<Vec<Option<Tensor>>, AlgoError> {
-        let grads: Vec<Option<Tensor>> = self.grads.iter_mut().map(Option::take).collect();
+        // The list kept from the last step (emptied, its capacity kept).
+        let mut grads = std::mem::take(&mut self.local.grads);
+        grads.clear();
+        grads.extend(self.grads.iter_mut().map(Option::take));
         if self.fault.is_none()
             && let Some((kind, detail)) = scan_non_finite(&grads)
         {
             self.record(kind, &detail);
         }
-        agree(&self.comm, self.fault.as_ref().map(|f| f.kind))?;
+        if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
+            self.local.grads = grads;
+            return Err(e);
+        }
         Ok(grads)
     }
 
@@ -101,10 +159,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     fn update_locally(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
-        grads: Vec<Option<Tensor>>,
+        grads: &mut Vec<Option<Tensor>>,
         stats: &mut StepStats,
     ) -> Option<OptimError> {
-        for (i, grad) in grads.into_iter().enumerate() {
+        for (i, grad) in grads.drain(..).enumerate() {
             let name = self.params[i].name.as_str();
             if let (Some(grad), Some(param)) = (grad, targets[i].as_deref_mut())
                 && !grad.is_zeroed()

@@ -286,6 +286,8 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     combiner: Option<SharedCombiner<C>>,
     /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
     dimreduce: Option<DimReduce>,
+    /// What the local-step modes and `finish`'s targets reuse.
+    local: local_step::LocalScratch,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
@@ -379,6 +381,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             partial_counter: 0,
             combiner: None,
             dimreduce: None,
+            local: local_step::LocalScratch::default(),
         })
     }
 
@@ -564,9 +567,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Vec<Option<&'p mut Tensor>> {
-        let mut targets: Vec<Option<&'p mut Tensor>> = std::iter::repeat_with(|| None)
-            .take(self.params.len())
-            .collect();
+        // In the memory of the last step's list (no allocation per step).
+        let mut targets: Vec<Option<&'p mut Tensor>> =
+            local_step::recycle(std::mem::take(&mut self.local.targets));
+        targets.resize_with(self.params.len(), || None);
         let mut problem: Option<OptimError> = None;
         for (name, param) in params {
             let Some(&i) = self.index.get(name) else {

@@ -2,12 +2,12 @@
 //! the parameters of one bucket in turn (`counter mod K`) averaged across
 //! ranks, and with `average_state` their optimizer buffers too.
 
-use super::local_step::LocalUpdate;
+use super::local_step::{LocalUpdate, copy_into};
 use super::{DistOpt, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::fail;
-use gradwire_algos::{AlgoError, FaultKind, Traffic, fused_all_reduce};
+use gradwire_algos::{AlgoError, FaultKind, Traffic, fused_all_reduce, fused_all_reduce_with};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::time::Instant;
@@ -19,7 +19,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// completes.
     pub(crate) fn finish_partial(
         &mut self,
-        mut targets: Vec<Option<&mut Tensor>>,
+        targets: &mut [Option<&mut Tensor>],
         average_state: bool,
         local: LocalUpdate<'_>,
     ) -> Result<StepStats> {
@@ -27,11 +27,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             buckets: 1,
             ..StepStats::default()
         };
-        let grads = match self.open_local_step() {
+        let mut grads = match self.open_local_step() {
             Ok(grads) => grads,
             Err(e) => return self.step_failed(e, stats),
         };
-        let failure = self.step_locally(&mut targets, grads, &mut stats, local);
+        let failure = self.step_locally(targets, &mut grads, &mut stats, local);
+        self.local.grads = grads;
         let k = self.buckets.len() as u64;
         if k == 0 {
             self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
@@ -44,21 +45,38 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             return self.step_failed(err.into(), stats);
         }
         let b = (self.partial_counter % k) as usize;
-        let mut chosen: Vec<Tensor> = self.buckets[b]
-            .clone()
-            .filter_map(|i| targets[i].as_deref().cloned())
-            .collect();
-        let start = Instant::now();
-        match fused_all_reduce(&self.comm, &mut chosen, ReduceOp::Avg, self.config.capacity) {
-            Ok(traffic) => stats.traffic += traffic,
-            Err(e) => return self.step_failed(e, stats),
+        let range = self.buckets[b].clone();
+        // The bucket's parameters, copied into tensors kept from step to step.
+        let buckets = &mut self.local.buckets;
+        if buckets.len() != self.buckets.len() {
+            buckets.resize_with(self.buckets.len(), Vec::new);
         }
-        stats.wait = start.elapsed();
-        for (i, averaged) in self.buckets[b].clone().zip(chosen) {
-            if let Some(param) = targets[i].as_deref_mut() {
-                param.copy_from(&averaged)?;
+        let mut chosen = std::mem::take(&mut buckets[b]);
+        // Every target is present (checked before the step opened).
+        copy_into(
+            &mut chosen,
+            targets[range.clone()].iter().flatten().map(|t| &**t),
+        )?;
+        let start = Instant::now();
+        let averaged = fused_all_reduce_with(
+            &self.comm,
+            &mut chosen,
+            ReduceOp::Avg,
+            self.config.capacity,
+            &mut self.local.fusion,
+        );
+        match averaged {
+            Ok(traffic) => stats.traffic += traffic,
+            Err(e) => {
+                self.local.buckets[b] = chosen;
+                return self.step_failed(e, stats);
             }
         }
+        stats.wait = start.elapsed();
+        for (target, averaged) in targets[range].iter_mut().flatten().zip(&chosen) {
+            target.copy_from(averaged)?;
+        }
+        self.local.buckets[b] = chosen;
         if average_state {
             match self.average_buffers(b) {
                 Ok(traffic) => stats.traffic += traffic,
