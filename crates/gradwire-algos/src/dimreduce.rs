@@ -40,7 +40,7 @@
 //! optimizer, the list of step sizes is configurable, and P is deterministic.
 
 use crate::error::{AlgoError, Result};
-use gradwire_comm::{Communicator, ReduceOp, chunk_range};
+use gradwire_comm::{Communicator, Gathered, ReduceOp, chunk_range};
 use nalgebra::{DMatrix, SymmetricEigen};
 use ndarray::{Array1, Array2, Axis, s};
 use std::ops::Range;
@@ -331,6 +331,37 @@ pub struct DimReduce {
     initialized: bool,
     /// Residual momentum over this rank's slice.
     momentum: Vec<f32>,
+    /// The step's working memory, kept from step to step.
+    buffers: StepBuffers,
+}
+
+/// What a step works in, reused: a steady step allocates nothing.
+#[derive(Debug, Clone, Default)]
+struct StepBuffers {
+    /// This rank's slice of the averaged gradient, in f32 and f64.
+    g_slice: Vec<f32>,
+    g64: Vec<f64>,
+    /// The projections' parts, the loss and the squared norm.
+    sums: Vec<f64>,
+    /// B, g_last and the flag before the step (put back on a rejection).
+    b_before: Vec<f64>,
+    g_last_before: Vec<f64>,
+    /// The BFGS update's `y`, `t` and `B t`.
+    y: Vec<f64>,
+    t: Vec<f64>,
+    bt: Vec<f64>,
+    /// The direction, its back-projection on this slice (f64 and f32) and
+    /// the projected gradient on it.
+    d: Vec<f64>,
+    dn_slice: Vec<f64>,
+    dn32: Vec<f32>,
+    gproj: Vec<f64>,
+    /// Every rank's back-projection, and the parameters before the step.
+    dn: Gathered<f32>,
+    start: Vec<f32>,
+    /// This rank's new parameters, and everyone's.
+    mine: Vec<f32>,
+    updated: Gathered<f32>,
 }
 
 impl DimReduce {
@@ -371,6 +402,7 @@ impl DimReduce {
             g_last: Array1::zeros(n),
             s: Array1::zeros(n),
             initialized: false,
+            buffers: StepBuffers::default(),
         })
     }
 
@@ -452,20 +484,30 @@ impl DimReduce {
         }
         let cols = self.cols.clone();
         let mut traffic = crate::Traffic::default();
+        let buf = &mut self.buffers;
         // 1. The averaged gradient over this rank's slice.
-        let mut g_slice = vec![0f32; cols.len()];
-        comm.reduce_scatter(g, &mut g_slice, ReduceOp::Sum)?;
+        buf.g_slice.clear();
+        buf.g_slice.resize(cols.len(), 0.0);
+        comm.reduce_scatter(g, &mut buf.g_slice, ReduceOp::Sum)?;
         traffic += crate::Traffic::all_gather(4 * cols.len(), 4 * m, world);
         let inverse = 1.0 / world as f32;
-        g_slice.iter_mut().for_each(|v| *v *= inverse);
+        buf.g_slice.iter_mut().for_each(|v| *v *= inverse);
         // 2. gk's parts, the losses and the squared norms in one all-reduce.
-        let mut g64: Array1<f64> = g_slice.iter().map(|&v| f64::from(v)).collect();
-        let mut sums = self.p_cols.dot(&g64).to_vec();
-        sums.push(loss);
-        sums.push(g64.iter().map(|v| v * v).sum());
-        comm.all_reduce(&mut sums, ReduceOp::Sum)?;
+        buf.g64.clear();
+        buf.g64.extend(buf.g_slice.iter().map(|&v| f64::from(v)));
+        buf.sums.clear();
+        let p = self.p_cols.as_slice().unwrap_or(&[]);
+        let width = cols.len();
+        for k in 0..n {
+            let row = &p[k * width..(k + 1) * width];
+            buf.sums
+                .push(row.iter().zip(&buf.g64).map(|(a, b)| a * b).sum());
+        }
+        buf.sums.push(loss);
+        buf.sums.push(buf.g64.iter().map(|v| v * v).sum());
+        comm.all_reduce(&mut buf.sums, ReduceOp::Sum)?;
         traffic += crate::Traffic::all_reduce(8 * (n + 2), world);
-        let (loss, sum_sq) = (sums[n] / world as f64, sums[n + 1]);
+        let (loss, sum_sq) = (buf.sums[n] / world as f64, buf.sums[n + 1]);
         if !(loss.is_finite() && sum_sq.is_finite()) {
             // The same sums on every rank: the same decision.
             return Ok(DimReduceStep {
@@ -475,57 +517,114 @@ impl DimReduce {
                 traffic,
             });
         }
-        sums.truncate(n);
-        let mut gk = Array1::from(sums);
+        let gk = &mut buf.sums[..n];
         if let Some(max_norm) = self.config.clip_global_norm {
             let norm = sum_sq.sqrt();
             if norm > max_norm {
                 let factor = max_norm / norm;
-                gk *= factor;
-                g64 *= factor;
+                gk.iter_mut().for_each(|v| *v *= factor);
+                buf.g64.iter_mut().for_each(|v| *v *= factor);
             }
         }
-        // 3. BFGS inverse update.
-        let (b_before, g_last_before, initialized_before) =
-            (self.b.clone(), self.g_last.clone(), self.initialized);
+        // 3. BFGS inverse update: B = tᵀ B t + s sᵀ / c, t = I - y sᵀ / c.
+        let b = self.b.as_slice_mut().unwrap_or(&mut []);
+        let (g_last, s) = (
+            self.g_last.as_slice_mut().unwrap_or(&mut []),
+            self.s.as_slice().unwrap_or(&[]),
+        );
+        buf.b_before.clear();
+        buf.b_before.extend_from_slice(b);
+        buf.g_last_before.clear();
+        buf.g_last_before.extend_from_slice(g_last);
+        let initialized_before = self.initialized;
         if self.initialized {
-            let y = &gk - &self.g_last;
-            let c = y.dot(&self.s);
+            buf.y.clear();
+            buf.y
+                .extend(gk.iter().zip(g_last.iter()).map(|(a, b)| a - b));
+            let c: f64 = buf.y.iter().zip(s).map(|(a, b)| a * b).sum();
             if c > 1e-20 {
-                let t = Array2::eye(self.n) - outer(&y, &self.s) / c;
-                self.b = t.t().dot(&self.b).dot(&t) + outer(&self.s, &self.s) / c;
+                buf.t.clear();
+                buf.t.resize(n * n, 0.0);
+                for (i, row) in buf.t.chunks_exact_mut(n).enumerate() {
+                    for (j, (t, sj)) in row.iter_mut().zip(s).enumerate() {
+                        let eye = if i == j { 1.0 } else { 0.0 };
+                        *t = eye - buf.y[i] * sj / c;
+                    }
+                }
+                // B t, then tᵀ (B t) + s sᵀ / c into B.
+                buf.bt.clear();
+                buf.bt.resize(n * n, 0.0);
+                for i in 0..n {
+                    for k in 0..n {
+                        let bik = b[i * n + k];
+                        for j in 0..n {
+                            buf.bt[i * n + j] += bik * buf.t[k * n + j];
+                        }
+                    }
+                }
+                for (i, row) in b.chunks_exact_mut(n).enumerate() {
+                    for (j, (v, sj)) in row.iter_mut().zip(s).enumerate() {
+                        *v = s[i] * sj / c
+                            + (0..n)
+                                .map(|k| buf.t[k * n + i] * buf.bt[k * n + j])
+                                .sum::<f64>();
+                    }
+                }
             }
         } else {
             self.initialized = true;
         }
-        self.g_last = gk.clone();
-        let d = -self.b.dot(&gk);
-        // 4. dn = P^T d and gproj = P^T gk on this rank's slice; dn to all.
-        let dn_slice = self.p_cols.t().dot(&d);
-        let gproj = self.p_cols.t().dot(&gk);
-        let dn32: Vec<f32> = dn_slice.iter().map(|&v| v as f32).collect();
-        let dn = comm.all_gather_varied(&dn32)?.into_data();
+        g_last.copy_from_slice(gk);
+        // d = -B gk.
+        buf.d.clear();
+        for i in 0..n {
+            buf.d.push(
+                -b[i * n..(i + 1) * n]
+                    .iter()
+                    .zip(gk.iter())
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>(),
+            );
+        }
+        // 4. dn = Pᵀ d and gproj = Pᵀ gk on this rank's slice; dn to all.
+        buf.dn_slice.clear();
+        buf.dn_slice.resize(width, 0.0);
+        buf.gproj.clear();
+        buf.gproj.resize(width, 0.0);
+        for k in 0..n {
+            let row = &p[k * width..(k + 1) * width];
+            let (dk, gkk) = (buf.d[k], gk[k]);
+            for ((dn, gp), &pkj) in buf.dn_slice.iter_mut().zip(buf.gproj.iter_mut()).zip(row) {
+                *dn += pkj * dk;
+                *gp += pkj * gkk;
+            }
+        }
+        buf.dn32.clear();
+        buf.dn32.extend(buf.dn_slice.iter().map(|&v| v as f32));
+        comm.all_gather_varied_into(&buf.dn32, &mut buf.dn)?;
         traffic += crate::Traffic::all_gather(4 * cols.len(), 4 * m, world);
+        let dn = buf.dn.data();
         if dn.len() != m {
             return Err(AlgoError::InvalidArgument(
                 "ranks disagree on the components".into(),
             ));
         }
         // 5. Line search, each trial undone exactly.
-        let start: Vec<f32> = w.to_vec();
-        let slope = gk.dot(&d);
+        buf.start.clear();
+        buf.start.extend_from_slice(w);
+        let slope: f64 = gk.iter().zip(&buf.d).map(|(a, b)| a * b).sum();
         let mut accepted = None;
         for &t in &self.config.step_sizes {
-            for ((wi, &w0), &di) in w.iter_mut().zip(&start).zip(&dn) {
+            for ((wi, &w0), &di) in w.iter_mut().zip(&buf.start).zip(dn) {
                 *wi = (f64::from(w0) + t * f64::from(di)) as f32;
             }
             let trial = eval_loss(w);
-            w.copy_from_slice(&start);
+            w.copy_from_slice(&buf.start);
             let trial = match trial {
                 Ok(trial) => trial,
                 Err(e) => {
-                    self.b = b_before;
-                    self.g_last = g_last_before;
+                    b.copy_from_slice(&buf.b_before);
+                    g_last.copy_from_slice(&buf.g_last_before);
                     self.initialized = initialized_before;
                     return Err(e);
                 }
@@ -537,12 +636,14 @@ impl DimReduce {
         }
         let (step, new_loss) = match accepted {
             Some((t, l)) => {
-                self.s = &d * t;
+                for (s, d) in self.s.iter_mut().zip(&buf.d) {
+                    *s = d * t;
+                }
                 (t, l)
             }
             None => {
-                self.b = b_before;
-                self.g_last = g_last_before;
+                b.copy_from_slice(&buf.b_before);
+                g_last.copy_from_slice(&buf.g_last_before);
                 self.initialized = initialized_before;
                 (0.0, loss)
             }
@@ -550,16 +651,16 @@ impl DimReduce {
         // 6. Residual momentum and the update of this rank's slice, then
         // every slice to every rank.
         let (gamma, alpha) = (self.config.gamma, self.config.alpha);
-        let mut mine = vec![0f32; cols.len()];
+        buf.mine.clear();
         for (k, i) in cols.clone().enumerate() {
-            let mk = gamma * f64::from(self.momentum[k]) + g64[k] - gproj[k];
+            let mk = gamma * f64::from(self.momentum[k]) + buf.g64[k] - buf.gproj[k];
             self.momentum[k] = mk as f32;
-            let delta = alpha * mk - step * dn_slice[k];
-            mine[k] = (f64::from(start[i]) - delta) as f32;
+            let delta = alpha * mk - step * buf.dn_slice[k];
+            buf.mine.push((f64::from(buf.start[i]) - delta) as f32);
         }
-        let updated = comm.all_gather_varied(&mine)?;
+        comm.all_gather_varied_into(&buf.mine, &mut buf.updated)?;
         traffic += crate::Traffic::all_gather(4 * cols.len(), 4 * m, world);
-        w.copy_from_slice(updated.data());
+        w.copy_from_slice(buf.updated.data());
         Ok(DimReduceStep {
             step,
             loss: new_loss,
@@ -567,9 +668,4 @@ impl DimReduce {
             traffic,
         })
     }
-}
-
-fn outer(a: &Array1<f64>, b: &Array1<f64>) -> Array2<f64> {
-    let (n, m) = (a.len(), b.len());
-    Array2::from_shape_fn((n, m), |(i, j)| a[i] * b[j])
 }

@@ -6,8 +6,9 @@
 //! quantized modes' chunks and residuals,
 //! DistOpt's lists, the buckets' job slots on the communication thread and
 //! LocalComm's round bookkeeping and message buffers are all reused from
-//! step to step (every gradient-combining mode, and the local-step modes'
-//! copies of the parameters, 1 to 4 ranks). A recording
+//! step to step (every gradient-combining mode, the local-step modes'
+//! copies of the parameters, and DimReduce's flat vectors, trial tensors
+//! and subspace arithmetic, 1 to 4 ranks). A recording
 //! global allocator counts every allocation of every thread during the
 //! measured steps.
 //!
@@ -180,6 +181,89 @@ fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
     )
 }
 
+/// [`measure`] for DimReduce mode (DistOpt: the gradients are the caller's
+/// tensors, made before each measured step begins), on a least-squares
+/// loss whose line search the closure evaluates without allocating.
+fn measure_dimreduce(world: usize) -> (usize, usize) {
+    use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
+    use gradwire_optim::{DistOpt, Sgd, SgdConfig};
+    use gradwire_tensor::Tensor;
+    let specs = vec![ParamSpec::new("w", [64, 32]), ParamSpec::new("b", [B])];
+    let total = 64 * 32 + B;
+    // Components from a made-up trajectory (every rank alike).
+    let snapshots: Vec<Vec<f32>> = (0..6)
+        .map(|t| {
+            (0..total)
+                .map(|i| ((i * 31 + t * 7) % 17) as f32 * 0.01 * t as f32)
+                .collect()
+        })
+        .collect();
+    let pca = Pca::fit(&snapshots, 4).expect("a PCA");
+    COUNT.store(0, Ordering::Relaxed);
+    LARGEST.store(0, Ordering::Relaxed);
+    local::run(world, |comm| {
+        let rank = comm.rank();
+        let sgd = Sgd::new(SgdConfig::default().lr(0.1)).expect("sgd");
+        let mut dist =
+            DistOpt::new(sgd, comm, specs.clone(), DistOptConfig::default()).expect("DistOpt");
+        dist.start_dimreduce(&pca, DimReduceConfig::default())
+            .expect("DimReduce");
+        let mut w = Tensor::from_vec(vec![0.5f32; 64 * 32], vec![64, 32]).expect("w");
+        let mut b = Tensor::from_vec(vec![0.1f32; B], vec![B]).expect("b");
+        let loss_of = |t: &[(&str, &Tensor)]| -> gradwire_optim::Result<f64> {
+            let mut sum = 0.0;
+            for (_, t) in t {
+                sum += t
+                    .as_slice::<f32>()?
+                    .iter()
+                    .map(|v| f64::from(*v - 0.3).powi(2))
+                    .sum::<f64>();
+            }
+            Ok(sum)
+        };
+        for step in 0..WARM_UP + MEASURED {
+            // The caller's gradients, made outside the measured window.
+            let gw: Vec<f32> = w
+                .as_slice::<f32>()
+                .expect("w")
+                .iter()
+                .map(|v| 2.0 * (v - 0.3) + rank as f32 * 1e-3)
+                .collect();
+            let gb: Vec<f32> = b
+                .as_slice::<f32>()
+                .expect("b")
+                .iter()
+                .map(|v| 2.0 * (v - 0.3))
+                .collect();
+            let gw = Tensor::from_vec(gw, vec![64, 32]).expect("gw");
+            let gb = Tensor::from_vec(gb, vec![B]).expect("gb");
+            let loss = loss_of(&[("w", &w), ("b", &b)]).expect("loss");
+            dist.comm().barrier().expect("barrier");
+            if rank == 0 {
+                MEASURING.store(step >= WARM_UP, Ordering::SeqCst);
+            }
+            dist.comm().barrier().expect("barrier");
+            dist.push("b", gb).expect("push");
+            dist.push("w", gw).expect("push");
+            dist.finish_dimreduce([("w", &mut w), ("b", &mut b)], loss, loss_of)
+                .expect("finish");
+            // Off before the next step's gradients are made.
+            dist.comm().barrier().expect("barrier");
+            if rank == 0 {
+                MEASURING.store(false, Ordering::SeqCst);
+            }
+            dist.comm().barrier().expect("barrier");
+        }
+        dist.comm().barrier().expect("barrier");
+        MEASURING.store(false, Ordering::SeqCst);
+    })
+    .expect("ranks ran");
+    (
+        COUNT.load(Ordering::Relaxed),
+        LARGEST.load(Ordering::Relaxed),
+    )
+}
+
 #[test]
 fn a_steady_step_allocates_nothing() {
     // parking_lot's process-wide table of parked threads is made the first
@@ -315,6 +399,14 @@ fn a_steady_step_allocates_nothing() {
                     "{mode:?}, W = {world}: {count} allocations in {MEASURED} steady local steps, the largest {largest} bytes"
                 ));
             }
+        }
+    }
+    for world in 1..=4 {
+        let (count, largest) = measure_dimreduce(world);
+        if count != 0 {
+            failures.push(format!(
+                "DimReduce, W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

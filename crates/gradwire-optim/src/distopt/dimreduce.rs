@@ -2,6 +2,7 @@
 //! step in the PCA subspace, which averages the gradients itself, with a
 //! line search through the caller's loss closure).
 
+use super::local_step::recycle;
 use super::{DistOpt, Mode, StepStats};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -63,18 +64,19 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         loss: f64,
         eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
     ) -> Result<StepStats> {
-        let result = self.finish_dimreduce_step(params, loss, eval_loss);
+        let mut targets = self.take_targets(params);
+        let result = self.finish_dimreduce_step(&mut targets, loss, eval_loss);
+        self.local.targets = recycle(targets);
         self.end_step();
         result
     }
 
-    fn finish_dimreduce_step<'n, 'p>(
+    fn finish_dimreduce_step(
         &mut self,
-        params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
+        targets: &mut [Option<&mut Tensor>],
         loss: f64,
         mut eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
     ) -> Result<StepStats> {
-        let mut targets = self.take_targets(params);
         if self.config.mode != Mode::DimReduce || self.dimreduce.is_none() {
             self.record(
                 FaultKind::InvalidArgument,
@@ -99,72 +101,59 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             ..StepStats::default()
         };
         // The flat parameters and this rank's gradient, in declaration order
-        // (a gradient not pushed is zeros); a failure here is this rank's
-        // fault like the others.
-        let total: usize = self.lens.iter().sum();
-        let mut offsets = Vec::with_capacity(self.params.len());
-        let flat = (|| -> Result<(Vec<f32>, Vec<f32>)> {
-            let mut w = Vec::with_capacity(total);
-            let mut g = vec![0f32; total];
-            for param in targets.iter().flatten() {
-                offsets.push(w.len());
-                w.extend(param.to_vec::<f32>()?);
-            }
-            for (grad, &at) in self.grads.iter().zip(&offsets) {
-                if let Some(grad) = grad
-                    && !grad.is_zeroed()
-                {
-                    g[at..at + grad.len()].copy_from_slice(&grad.to_f32_vec()?);
-                }
-            }
-            Ok((w, g))
-        })();
-        let (mut w, g) = match flat {
-            Ok(flat) if self.fault.is_none() => flat,
-            Ok(_) => (Vec::new(), Vec::new()),
-            Err(e) => {
-                self.record(FaultKind::InvalidArgument, &e);
-                (Vec::new(), Vec::new())
-            }
-        };
+        // (a gradient not pushed is zeros), in memory kept from step to step;
+        // a failure here is this rank's fault like the others.
+        let mut scratch = std::mem::take(&mut self.dimreduce_scratch);
+        if let Err(e) = self.flatten_into(targets, &mut scratch) {
+            self.record(FaultKind::InvalidArgument, &e);
+        }
         // This rank's fault takes the place of the reduce-scatter the others
         // start: every rank fails there.
         if let Some(fault) = &self.fault {
+            self.dimreduce_scratch = scratch;
             let err = self.comm.post_fault(fault.kind.code());
             return self.step_failed(err.into(), stats);
         }
         let world = self.world_size();
-        // Trial points are evaluated on scratch copies of the parameters.
-        let mut scratch: Vec<Tensor> = self
-            .params
-            .iter()
-            .map(|spec| Tensor::zeros(spec.shape.clone(), DType::F32, Device::Cpu))
-            .collect::<std::result::Result<_, _>>()?;
-        let names: Vec<&str> = self.params.iter().map(|p| p.name.as_str()).collect();
+        let DimReduceScratch {
+            w,
+            g,
+            offsets,
+            trial,
+            view,
+        } = &mut scratch;
+        // Trial points are evaluated on copies of the parameters, and the
+        // closure sees them by name (a list whose memory is reused).
         let comm = &self.comm;
+        let params = &self.params;
         let mut user_error = None;
         let mut trials = 0usize;
-        let dimreduce = self.dimreduce.as_mut().ok_or_else(|| {
-            OptimError::InvalidArgument("finish_dimreduce needs start_dimreduce first".into())
-        })?;
+        let Some(dimreduce) = self.dimreduce.as_mut() else {
+            // Recorded as this rank's fault above: not reached.
+            return Err(OptimError::InvalidArgument(
+                "finish_dimreduce needs start_dimreduce first".into(),
+            ));
+        };
         let start = Instant::now();
-        let outcome = dimreduce.step(comm, &mut w, &g, loss, |trial| {
+        let outcome = dimreduce.step(comm, w, g, loss, |point| {
             trials += 1;
-            for (t, &at) in scratch.iter_mut().zip(&offsets) {
+            for (t, &at) in trial.iter_mut().zip(offsets.iter()) {
                 let n = t.len();
-                t.as_mut_slice::<f32>()?.copy_from_slice(&trial[at..at + n]);
+                t.as_mut_slice::<f32>()?.copy_from_slice(&point[at..at + n]);
             }
-            let view: Vec<(&str, &Tensor)> = names.iter().copied().zip(scratch.iter()).collect();
+            let mut named: Vec<(&str, &Tensor)> = recycle(std::mem::take(view));
+            named.extend(params.iter().map(|p| p.name.as_str()).zip(trial.iter()));
             // A failing closure on one rank must not leave its peers waiting
             // in the all-reduce: it contributes NaN, which rejects the trial
             // everywhere, and the error is returned after the step.
-            let mut local = [match eval_loss(&view) {
+            let mut local = [match eval_loss(&named) {
                 Ok(l) => l,
                 Err(e) => {
                     user_error.get_or_insert(e);
                     f64::NAN
                 }
             }];
+            *view = recycle(named);
             comm.all_reduce(&mut local, ReduceOp::Avg)?;
             Ok(local[0])
         });
@@ -173,17 +162,24 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         // step's agreed failure, like this rank's own.
         let outcome = match outcome {
             Ok(outcome) => outcome,
-            Err(e) => return self.step_failed(e, stats),
+            Err(e) => {
+                self.dimreduce_scratch = scratch;
+                return self.step_failed(e, stats);
+            }
         };
         stats.traffic += outcome.traffic + Traffic::all_reduce(8 * trials, world);
         if outcome.non_finite {
             // The same sums on every rank: the same decision, nothing changed.
+            self.dimreduce_scratch = scratch;
             return self.non_finite_everywhere(stats, "the averaged gradient or loss is");
         }
-        for (param, &at) in targets.iter_mut().flatten().zip(&offsets) {
+        for (param, &at) in targets.iter_mut().flatten().zip(&scratch.offsets) {
             let n = param.len();
-            param.as_mut_slice::<f32>()?.copy_from_slice(&w[at..at + n]);
+            param
+                .as_mut_slice::<f32>()?
+                .copy_from_slice(&scratch.w[at..at + n]);
         }
+        self.dimreduce_scratch = scratch;
         // A closure that failed on one rank: every rank learns it here, so
         // that the step's outcome is the same everywhere.
         self.agree_after(
@@ -193,5 +189,59 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         stats.updated = self.params.len();
         stats.dimreduce = Some(outcome);
         Ok(stats)
+    }
+}
+
+/// What DimReduce mode's step works in, kept from step to step: the flat
+/// parameters and gradient, each parameter's offset, the trial point's
+/// tensors, and the memory of the named view the loss closure gets.
+#[derive(Debug, Default)]
+pub(super) struct DimReduceScratch {
+    w: Vec<f32>,
+    g: Vec<f32>,
+    offsets: Vec<usize>,
+    trial: Vec<Tensor>,
+    /// Always empty: its memory holds the next step's view.
+    view: Vec<(&'static str, &'static Tensor)>,
+}
+
+impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+    /// Fills `scratch` with the flat parameters (`targets`, all present and
+    /// f32), this rank's gradient (zeros where none was pushed; f16 and
+    /// bf16 gradients are widened, which allocates) and the offsets, and
+    /// makes the trial tensors once.
+    fn flatten_into(
+        &self,
+        targets: &[Option<&mut Tensor>],
+        scratch: &mut DimReduceScratch,
+    ) -> Result<()> {
+        let total: usize = self.lens.iter().sum();
+        scratch.w.clear();
+        scratch.offsets.clear();
+        for param in targets.iter().flatten() {
+            scratch.offsets.push(scratch.w.len());
+            scratch.w.extend_from_slice(param.as_slice::<f32>()?);
+        }
+        scratch.g.clear();
+        scratch.g.resize(total, 0.0);
+        for (grad, &at) in self.grads.iter().zip(&scratch.offsets) {
+            match grad {
+                Some(grad) if !grad.is_zeroed() && grad.dtype() == DType::F32 => {
+                    scratch.g[at..at + grad.len()].copy_from_slice(grad.as_slice::<f32>()?);
+                }
+                Some(grad) if !grad.is_zeroed() => {
+                    scratch.g[at..at + grad.len()].copy_from_slice(&grad.to_f32_vec()?);
+                }
+                _ => {}
+            }
+        }
+        if scratch.trial.len() != self.params.len() {
+            scratch.trial = self
+                .params
+                .iter()
+                .map(|spec| Tensor::zeros(spec.shape.clone(), DType::F32, Device::Cpu))
+                .collect::<std::result::Result<_, _>>()?;
+        }
+        Ok(())
     }
 }

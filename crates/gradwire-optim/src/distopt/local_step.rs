@@ -30,13 +30,14 @@ pub(super) struct LocalScratch {
     pub(super) targets: Vec<Option<&'static mut Tensor>>,
 }
 
-/// `v` emptied, as a list of references of another lifetime, in the same
-/// memory: collecting an empty iterator over a vector's own items into a
-/// vector of the same layout reuses its allocation.
-pub(super) fn recycle<'b>(mut v: Vec<Option<&mut Tensor>>) -> Vec<Option<&'b mut Tensor>> {
+/// `v` emptied, as a list of another item type, in the same memory when
+/// the two have the same layout (references of another lifetime):
+/// collecting an empty iterator over a vector's own items into a vector of
+/// the same layout reuses its allocation (else this allocates, correctly).
+pub(super) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.clear();
     // Empty: the closure never runs; it only names the new item type.
-    v.into_iter().map(|_| None).collect()
+    v.into_iter().filter_map(|_| None::<U>).collect()
 }
 
 /// `tensors` made to hold copies of `values` (their shapes and dtypes), by

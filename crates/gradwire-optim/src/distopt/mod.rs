@@ -288,6 +288,8 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     dimreduce: Option<DimReduce>,
     /// What the local-step modes and `finish`'s targets reuse.
     local: local_step::LocalScratch,
+    /// What DimReduce mode's step reuses.
+    dimreduce_scratch: dimreduce::DimReduceScratch,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
@@ -382,6 +384,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             combiner: None,
             dimreduce: None,
             local: local_step::LocalScratch::default(),
+            dimreduce_scratch: dimreduce::DimReduceScratch::default(),
         })
     }
 
