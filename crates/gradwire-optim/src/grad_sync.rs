@@ -240,13 +240,7 @@ impl<C: Communicator + 'static> GradSync<C> {
 
     fn check_mode(mode: Mode) -> Result<()> {
         match mode {
-            Mode::Dense
-            | Mode::Half { .. }
-            | Mode::Sparse { .. }
-            | Mode::PowerSgd(_)
-            | Mode::Quantized { .. }
-            | Mode::OneBitAdam { .. }
-            | Mode::Custom => Ok(()),
+            mode if mode.combines_gradients() => Ok(()),
             Mode::Partial {
                 average_state: false,
             }

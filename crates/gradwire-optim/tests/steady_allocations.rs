@@ -69,6 +69,16 @@ const B: usize = 128;
 const WARM_UP: usize = 10;
 const MEASURED: usize = 10;
 
+/// Turns the count on or off between steps, with every rank between steps
+/// (rank 0 switches it between two barriers).
+fn switch_measuring(comm: &LocalComm, on: bool) {
+    comm.barrier().expect("barrier");
+    if comm.rank() == 0 {
+        MEASURING.store(on, Ordering::SeqCst);
+    }
+    comm.barrier().expect("barrier");
+}
+
 /// Runs `world` ranks through warm-up and measured steps of `mode` (with
 /// AdaSum as the combiner of `Mode::Custom`); returns (allocations,
 /// largest) over the measured steps. With `skip_bias`, no rank writes the
@@ -100,11 +110,7 @@ fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
         for step in 0..WARM_UP + MEASURED {
             // Every rank is between steps here: the switch covers exactly
             // the measured steps of every rank.
-            sync.comm().barrier().expect("barrier");
-            if rank == 0 {
-                MEASURING.store(step >= WARM_UP, Ordering::SeqCst);
-            }
-            sync.comm().barrier().expect("barrier");
+            switch_measuring(sync.comm(), step >= WARM_UP);
             for (i, g) in gw.iter_mut().enumerate() {
                 *g = (((i * 7 + (step % 4) * 13 + rank * 5) % 101) as f32 - 50.0) * 1e-2;
             }
@@ -152,11 +158,7 @@ fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
         let mut w = vec![0.5f32; W];
         let mut b = vec![0.1f32; B];
         for step in 0..WARM_UP + MEASURED {
-            sync.comm().barrier().expect("barrier");
-            if rank == 0 {
-                MEASURING.store(step >= WARM_UP, Ordering::SeqCst);
-            }
-            sync.comm().barrier().expect("barrier");
+            switch_measuring(sync.comm(), step >= WARM_UP);
             let mut params: [&mut [f32]; 2] = [&mut w[..], &mut b[..]];
             sync.step_locally(&mut params[..], |params| {
                 // The caller's own SGD step on its own gradient.
@@ -238,21 +240,13 @@ fn measure_dimreduce(world: usize) -> (usize, usize) {
             let gw = Tensor::from_vec(gw, vec![64, 32]).expect("gw");
             let gb = Tensor::from_vec(gb, vec![B]).expect("gb");
             let loss = loss_of(&[("w", &w), ("b", &b)]).expect("loss");
-            dist.comm().barrier().expect("barrier");
-            if rank == 0 {
-                MEASURING.store(step >= WARM_UP, Ordering::SeqCst);
-            }
-            dist.comm().barrier().expect("barrier");
+            switch_measuring(dist.comm(), step >= WARM_UP);
             dist.push("b", gb).expect("push");
             dist.push("w", gw).expect("push");
             dist.finish_dimreduce([("w", &mut w), ("b", &mut b)], loss, loss_of)
                 .expect("finish");
             // Off before the next step's gradients are made.
-            dist.comm().barrier().expect("barrier");
-            if rank == 0 {
-                MEASURING.store(false, Ordering::SeqCst);
-            }
-            dist.comm().barrier().expect("barrier");
+            switch_measuring(dist.comm(), false);
         }
         dist.comm().barrier().expect("barrier");
         MEASURING.store(false, Ordering::SeqCst);

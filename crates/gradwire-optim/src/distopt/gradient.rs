@@ -97,8 +97,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// whose step counter
     /// still advances. An `apply` error on one rank is an error on every
     /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
-    /// optimizer error. Gradient-combining modes only (`Dense`, `Half`,
-    /// `Sparse`, `PowerSgd`, `Quantized`, `Custom`); [`crate::GradSync`] is built on it.
+    /// optimizer error. Gradient-combining modes only
+    /// ([`Mode::combines_gradients`]); [`crate::GradSync`] is built on it.
     pub fn finish_gradients(
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
@@ -112,16 +112,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         mut apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
-        if !matches!(
-            self.config.mode,
-            Mode::Dense
-                | Mode::Half { .. }
-                | Mode::Sparse { .. }
-                | Mode::PowerSgd(_)
-                | Mode::Quantized { .. }
-                | Mode::OneBitAdam { .. }
-                | Mode::Custom
-        ) {
+        if !self.config.mode.combines_gradients() {
             self.record(
                 FaultKind::InvalidArgument,
                 &format!(

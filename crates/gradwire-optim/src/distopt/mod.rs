@@ -164,6 +164,18 @@ pub enum Mode {
     },
 }
 
+impl Mode {
+    /// Whether the mode combines gradients, bucket by bucket (every mode but
+    /// those that step locally first, `Partial` and `DeltaWeight`, and
+    /// `DimReduce`, which steps the parameters itself).
+    pub fn combines_gradients(&self) -> bool {
+        !matches!(
+            self,
+            Mode::Partial { .. } | Mode::DeltaWeight | Mode::DimReduce
+        )
+    }
+}
+
 /// DistOpt's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DistOptConfig {

@@ -98,6 +98,35 @@ impl<C: Communicator> std::fmt::Debug for dyn Combiner<C> {
     }
 }
 
+/// A strategy's state as it was before the combination of the current
+/// step, to put back when that step fails or is skipped on any rank (a copy
+/// into memory reused from step to step).
+#[derive(Debug, Default)]
+pub(super) struct BeforeStep<S> {
+    copy: S,
+    taken: bool,
+}
+
+impl<S: Clone> BeforeStep<S> {
+    /// Copies `state`, at the start of a combination.
+    pub(super) fn keep(&mut self, state: &S) {
+        self.copy.clone_from(state);
+        self.taken = true;
+    }
+
+    /// The step is over: `state` goes back to the copy unless `kept`.
+    pub(super) fn end(&mut self, state: &mut S, kept: bool) {
+        if std::mem::take(&mut self.taken) && !kept {
+            std::mem::swap(state, &mut self.copy);
+        }
+    }
+
+    /// Forgets the copy (the state was replaced from a checkpoint).
+    pub(super) fn forget(&mut self) {
+        self.taken = false;
+    }
+}
+
 /// What a [`Combiner`] knows of the bucket it combines.
 #[derive(Debug, Clone, Copy)]
 pub struct BucketView<'a> {

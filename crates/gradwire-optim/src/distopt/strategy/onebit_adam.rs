@@ -6,10 +6,10 @@
 //! average. State (the moment, both residuals) is put back by a failed or
 //! skipped step.
 
-use super::quantized::written_ranges;
-use super::{BucketView, Combined, Combiner};
+use super::quantized::{load_quantized, save_quantized, written_ranges};
+use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
-use crate::error::{OptimError, Result};
+use crate::error::Result;
 use gradwire_algos::fault::prepare;
 use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
 use gradwire_algos::{FusionBuffers, fused_all_reduce_with};
@@ -28,8 +28,7 @@ pub struct OneBitAdamMomentum {
     inner: QuantizedAllReduce,
     /// The warm-up's dense buffers.
     fusion: FusionBuffers,
-    before: QuantizedState,
-    changed: bool,
+    before: BeforeStep<QuantizedState>,
     ranges: Vec<Range<usize>>,
 }
 
@@ -41,8 +40,7 @@ impl OneBitAdamMomentum {
             freeze_step,
             inner: QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?,
             fusion: FusionBuffers::default(),
-            before: QuantizedState::default(),
-            changed: false,
+            before: BeforeStep::default(),
             ranges: Vec::new(),
         })
     }
@@ -87,8 +85,7 @@ impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
-        self.before.clone_from(self.inner.state());
-        self.changed = true;
+        self.before.keep(self.inner.state());
         let full_len = written_ranges(bucket, &mut self.ranges);
         let traffic = if bucket.step < self.freeze_step {
             // Checked before the collective: the warm-up folds f32 host values.
@@ -117,59 +114,19 @@ impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
     }
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
-        if std::mem::take(&mut self.changed) && !kept {
-            std::mem::swap(self.inner.state_mut(), &mut self.before);
-        }
+        self.before.end(self.inner.state_mut(), kept);
     }
 
     /// The moment and the residuals as tensors `onebit_adam/<bucket>/...`.
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        let state = self.inner.state();
-        for (name, values) in [
-            ("momentum", &state.momentum),
-            ("worker", &state.worker),
-            ("server", &state.server),
-        ] {
-            let n = values.len();
-            ckpt.tensors.insert(
-                format!("onebit_adam/{bucket}/{name}"),
-                Tensor::from_vec(values.clone(), n)?,
-            );
-        }
-        let layout: Vec<[usize; 2]> = state.layout.iter().map(|r| [r.start, r.end]).collect();
-        ckpt.values.insert(
-            format!("onebit_adam/{bucket}/layout"),
-            serde_json::json!(layout),
-        );
-        Ok(())
+        save_quantized(self.inner.state(), &format!("onebit_adam/{bucket}"), ckpt)
     }
 
     fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
-        let read = |name: &str| -> Result<Vec<f32>> {
-            let key = format!("onebit_adam/{bucket}/{name}");
-            Ok(ckpt
-                .tensors
-                .get(&key)
-                .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
-                .to_vec::<f32>()?)
-        };
-        let key = format!("onebit_adam/{bucket}/layout");
-        let layout: Vec<[usize; 2]> = ckpt
-            .values
-            .get(&key)
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| OptimError::StateMismatch(format!("{key}: {e}")))?
-            .unwrap_or_default();
-        let state = QuantizedState {
-            momentum: read("momentum")?,
-            worker: read("worker")?,
-            server: read("server")?,
-            layout: layout.into_iter().map(|[a, b]| a..b).collect(),
-        };
+        let state = load_quantized(&format!("onebit_adam/{bucket}"), ckpt)?;
         if apply {
             *self.inner.state_mut() = state;
-            self.changed = false;
+            self.before.forget();
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! factors ([`gradwire_algos::powersgd`]), with error feedback and a warm
 //! start that a failed or skipped step puts back as they were.
 
-use super::{BucketView, Combined, Combiner};
+use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use gradwire_algos::powersgd::{PowerSgd, PowerSgdConfig, PowerSgdState, Slot};
@@ -13,10 +13,8 @@ use gradwire_tensor::Tensor;
 #[derive(Debug)]
 pub struct PowerSgdAverage {
     inner: PowerSgd,
-    /// The state before this step's combination, and whether it holds this
-    /// step's copy.
-    before: PowerSgdState,
-    changed: bool,
+    /// The state before this step's combination.
+    before: BeforeStep<PowerSgdState>,
     /// The slots of the written parameters (their places in the bucket).
     slots: Vec<usize>,
 }
@@ -26,8 +24,7 @@ impl PowerSgdAverage {
     pub fn new(config: PowerSgdConfig) -> gradwire_algos::Result<Self> {
         Ok(PowerSgdAverage {
             inner: PowerSgd::new(config)?,
-            before: PowerSgdState::default(),
-            changed: false,
+            before: BeforeStep::default(),
             slots: Vec::new(),
         })
     }
@@ -49,8 +46,7 @@ impl<C: Communicator + 'static> Combiner<C> for PowerSgdAverage {
                 .filter(|(_, w)| **w)
                 .map(|(k, _)| k),
         );
-        self.before.clone_from(self.inner.state());
-        self.changed = true;
+        self.before.keep(self.inner.state());
         let traffic = self
             .inner
             .all_reduce(comm, tensors, &self.slots, bucket.step)?;
@@ -61,9 +57,7 @@ impl<C: Communicator + 'static> Combiner<C> for PowerSgdAverage {
     }
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
-        if std::mem::take(&mut self.changed) && !kept {
-            std::mem::swap(self.inner.state_mut(), &mut self.before);
-        }
+        self.before.end(self.inner.state_mut(), kept);
     }
 
     /// Each slot's `Q` and residual as tensors `powersgd/<bucket>/<slot>/q`
@@ -123,7 +117,7 @@ impl<C: Communicator + 'static> Combiner<C> for PowerSgdAverage {
         }
         if apply {
             *self.inner.state_mut() = state;
-            self.changed = false;
+            self.before.forget();
         }
         Ok(())
     }

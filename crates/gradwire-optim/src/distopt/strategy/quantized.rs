@@ -4,7 +4,7 @@
 //! residuals (worker and server) and an optional local momentum that a
 //! failed or skipped step puts back.
 
-use super::{BucketView, Combined, Combiner};
+use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
@@ -31,10 +31,8 @@ pub(super) fn written_ranges(bucket: &BucketView<'_>, ranges: &mut Vec<Range<usi
 #[derive(Debug)]
 pub struct QuantizedAverage {
     inner: QuantizedAllReduce,
-    /// The residuals before this step's combination, and whether they hold
-    /// this step's copy.
-    before: QuantizedState,
-    changed: bool,
+    /// The residuals before this step's combination.
+    before: BeforeStep<QuantizedState>,
     /// The written parameters' ranges of the bucket.
     ranges: Vec<Range<usize>>,
 }
@@ -53,8 +51,7 @@ impl QuantizedAverage {
         }
         Ok(QuantizedAverage {
             inner,
-            before: QuantizedState::default(),
-            changed: false,
+            before: BeforeStep::default(),
             ranges: Vec::new(),
         })
     }
@@ -67,8 +64,7 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
-        self.before.clone_from(self.inner.state());
-        self.changed = true;
+        self.before.keep(self.inner.state());
         let full_len = written_ranges(bucket, &mut self.ranges);
         let traffic =
             self.inner
@@ -80,62 +76,72 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
     }
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
-        if std::mem::take(&mut self.changed) && !kept {
-            std::mem::swap(self.inner.state_mut(), &mut self.before);
-        }
+        self.before.end(self.inner.state_mut(), kept);
     }
 
     /// The residuals and the local momentum as tensors
     /// `quantized/<bucket>/worker`, `.../server` and `.../momentum`, the
     /// ranges last sent as value `.../layout`.
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        let state = self.inner.state();
-        for (name, values) in [
-            ("worker", &state.worker),
-            ("server", &state.server),
-            ("momentum", &state.momentum),
-        ] {
-            let n = values.len();
-            ckpt.tensors.insert(
-                format!("quantized/{bucket}/{name}"),
-                Tensor::from_vec(values.clone(), n)?,
-            );
-        }
-        let layout: Vec<[usize; 2]> = state.layout.iter().map(|r| [r.start, r.end]).collect();
-        ckpt.values.insert(
-            format!("quantized/{bucket}/layout"),
-            serde_json::json!(layout),
-        );
-        Ok(())
+        save_quantized(self.inner.state(), &format!("quantized/{bucket}"), ckpt)
     }
 
     fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
-        let read = |name: &str| -> Result<Vec<f32>> {
-            let key = format!("quantized/{bucket}/{name}");
-            Ok(ckpt
-                .tensors
-                .get(&key)
-                .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
-                .to_vec::<f32>()?)
-        };
-        let key = format!("quantized/{bucket}/layout");
-        let layout: Vec<[usize; 2]> = ckpt
-            .values
-            .get(&key)
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()
-            .map_err(|e| OptimError::StateMismatch(format!("{key}: {e}")))?
-            .unwrap_or_default();
-        let state = QuantizedState {
-            momentum: read("momentum")?,
-            worker: read("worker")?,
-            server: read("server")?,
-            layout: layout.into_iter().map(|[a, b]| a..b).collect(),
-        };
+        let state = load_quantized(&format!("quantized/{bucket}"), ckpt)?;
         if apply {
             *self.inner.state_mut() = state;
-            self.changed = false;
+            self.before.forget();
         }
         Ok(())
     }
+}
+
+/// A quantized all-reduce's state into `ckpt`: tensors `<prefix>/worker`,
+/// `/server` and `/momentum`, the ranges last sent as value `<prefix>/layout`.
+pub(super) fn save_quantized(
+    state: &QuantizedState,
+    prefix: &str,
+    ckpt: &mut Checkpoint,
+) -> Result<()> {
+    for (name, values) in [
+        ("worker", &state.worker),
+        ("server", &state.server),
+        ("momentum", &state.momentum),
+    ] {
+        let n = values.len();
+        ckpt.tensors.insert(
+            format!("{prefix}/{name}"),
+            Tensor::from_vec(values.clone(), n)?,
+        );
+    }
+    let layout: Vec<[usize; 2]> = state.layout.iter().map(|r| [r.start, r.end]).collect();
+    ckpt.values
+        .insert(format!("{prefix}/layout"), serde_json::json!(layout));
+    Ok(())
+}
+
+/// The state [`save_quantized`] wrote under `prefix`.
+pub(super) fn load_quantized(prefix: &str, ckpt: &Checkpoint) -> Result<QuantizedState> {
+    let read = |name: &str| -> Result<Vec<f32>> {
+        let key = format!("{prefix}/{name}");
+        Ok(ckpt
+            .tensors
+            .get(&key)
+            .ok_or_else(|| OptimError::StateMismatch(format!("no {key}")))?
+            .to_vec::<f32>()?)
+    };
+    let key = format!("{prefix}/layout");
+    let layout: Vec<[usize; 2]> = ckpt
+        .values
+        .get(&key)
+        .map(|v| serde_json::from_value(v.clone()))
+        .transpose()
+        .map_err(|e| OptimError::StateMismatch(format!("{key}: {e}")))?
+        .unwrap_or_default();
+    Ok(QuantizedState {
+        momentum: read("momentum")?,
+        worker: read("worker")?,
+        server: read("server")?,
+        layout: layout.into_iter().map(|[a, b]| a..b).collect(),
+    })
 }

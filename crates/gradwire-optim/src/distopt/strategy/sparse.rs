@@ -3,7 +3,7 @@
 //! per bucket when asked (SINGA's `corr`); a bucket not sparse enough for
 //! the world size travels dense. The sum is divided by the world size.
 
-use super::{BucketView, Combined, Combiner};
+use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use gradwire_algos::fault::prepare;
@@ -20,10 +20,8 @@ pub struct SparseSelect {
     codec: SparseCodec,
     /// The residual (with error feedback), as the last kept step left it.
     residual: Option<ErrorFeedback>,
-    /// The residual as it was before this step's combination, and whether
-    /// it holds this step's copy (else nothing changed since the last end).
-    before: Option<ErrorFeedback>,
-    changed: bool,
+    /// The residual as it was before this step's combination.
+    before: BeforeStep<Option<ErrorFeedback>>,
     /// When only some of the bucket's parameters were written: their
     /// ranges of the residual, and the residual of those ranges that goes
     /// through the step.
@@ -39,8 +37,7 @@ impl SparseSelect {
         SparseSelect {
             codec,
             residual: feedback_len.map(ErrorFeedback::new),
-            before: None,
-            changed: false,
+            before: BeforeStep::default(),
             written_ranges: Vec::new(),
             written_residual: ErrorFeedback::new(0),
             fusion: FusionBuffers::default(),
@@ -71,6 +68,10 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
         let codec = self.codec_at(bucket.step);
+        // The residual as it was (none without error feedback), in memory
+        // kept from step to step; the exchange need not keep a copy of its
+        // own.
+        self.before.keep(&self.residual);
         let Some(memory) = self.residual.as_mut() else {
             let traffic = sparse_exchange_with(comm, tensors, &codec, None, &mut self.fusion)?;
             return Ok(Combined {
@@ -78,13 +79,6 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
                 averaged: false,
             });
         };
-        // The residual as it was, in memory kept from step to step; the
-        // exchange need not keep a copy of its own.
-        match self.before.as_mut() {
-            Some(copy) => copy.clone_from(memory),
-            None => self.before = Some(memory.clone()),
-        }
-        self.changed = true;
         let traffic = if bucket.written.iter().all(|&w| w) {
             sparse_exchange_with(comm, tensors, &codec, Some(memory), &mut self.fusion)?
         } else {
@@ -112,12 +106,7 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
     }
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
-        if std::mem::take(&mut self.changed)
-            && !kept
-            && let (Some(residual), Some(before)) = (self.residual.as_mut(), self.before.as_mut())
-        {
-            std::mem::swap(residual, before);
-        }
+        self.before.end(&mut self.residual, kept);
     }
 
     /// The residual as tensor `residual/<bucket>` and its step count as
@@ -162,7 +151,7 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
         };
         if apply {
             self.residual = restored;
-            self.changed = false;
+            self.before.forget();
         }
         Ok(())
     }
