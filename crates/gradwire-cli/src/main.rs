@@ -6,7 +6,6 @@
 #![deny(missing_docs)]
 
 use clap::{Args, Parser, Subcommand};
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use gradwire_cli::bench::{self, Budget};
 use gradwire_cli::compare;
 use gradwire_cli::data::Digits;
@@ -674,28 +673,7 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             let Some(rows) = rows else {
                 return Ok(());
             };
-            let header = [
-                "backend",
-                "W",
-                "bytes",
-                "latency us",
-                "algbw GB/s",
-                "busbw GB/s",
-                "memcpy GB/s",
-                "busbw / memcpy",
-            ];
-            print_rows(json, &rows, &header, |r| {
-                vec![
-                    r.backend.clone(),
-                    r.world.to_string(),
-                    r.bytes.to_string(),
-                    format!("{:.1}", r.secs * 1e6),
-                    format!("{:.2}", r.algbw_gbs),
-                    format!("{:.2}", r.busbw_gbs),
-                    format!("{:.2}", r.memcpy_gbs),
-                    format!("{:.0} %", r.ratio * 100.0),
-                ]
-            })
+            bench::print_rows(json, &rows)
         }
         BenchCommand::Strategies {
             strategies,
@@ -713,24 +691,7 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
                 ShapeModel::Mlp => bench::strategies::mlp_shapes(&[128]),
             };
             let rows = bench::strategies::strategies(&entries, &shapes, world, 1, steps)?;
-            let header = [
-                "strategy",
-                "params",
-                "W",
-                "MB sent / step",
-                "vs dense",
-                "step ms",
-            ];
-            print_rows(json, &rows, &header, |r| {
-                vec![
-                    r.strategy.clone(),
-                    r.params.to_string(),
-                    r.world.to_string(),
-                    format!("{:.3}", r.bytes_per_step / 1e6),
-                    format!("{:.1}x", r.vs_dense),
-                    format!("{:.1}", r.step_secs * 1e3),
-                ]
-            })
+            bench::print_rows(json, &rows)
         }
         BenchCommand::Compress {
             codecs,
@@ -739,24 +700,7 @@ fn run_bench(command: BenchCommand) -> Result<(), CliError> {
             json,
         } => {
             let rows = bench::compress(&codecs, &parse_sizes(&sizes)?, budget(secs))?;
-            let header = [
-                "codec",
-                "elements",
-                "ms",
-                "GB/s",
-                "memcpy GB/s",
-                "vs memcpy",
-            ];
-            print_rows(json, &rows, &header, |r| {
-                vec![
-                    r.codec.clone(),
-                    r.elements.to_string(),
-                    format!("{:.3}", r.secs * 1e3),
-                    format!("{:.2}", r.gbs),
-                    format!("{:.2}", r.memcpy_gbs),
-                    format!("{:.0} %", r.ratio * 100.0),
-                ]
-            })
+            bench::print_rows(json, &rows)
         }
     }
 }
@@ -826,26 +770,4 @@ fn bench_nccl(_: &[usize], _: &[usize], _: Budget) -> Result<Vec<bench::AllReduc
 
 fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, CliError> {
     sizes.iter().map(|s| bench::parse_size(s)).collect()
-}
-
-/// `rows` as one JSON array, or as a table with `header` and `cells` per row.
-fn print_rows<T: serde::Serialize>(
-    json: bool,
-    rows: &[T],
-    header: &[&str],
-    cells: impl Fn(&T) -> Vec<String>,
-) -> Result<(), CliError> {
-    if json {
-        println!("{}", serde_json::to_string(rows)?);
-        return Ok(());
-    }
-    let mut table = Table::new();
-    table
-        .load_preset(UTF8_FULL_CONDENSED)
-        .set_header(header.to_vec());
-    for r in rows {
-        table.add_row(cells(r));
-    }
-    println!("{table}");
-    Ok(())
 }

@@ -400,6 +400,101 @@ pub fn parse_size(text: &str) -> Result<usize> {
         .ok_or_else(|| CliError::Usage(format!("{text:?} is too large")))
 }
 
+/// A row of a `gradwire bench` table: its columns' names and cells.
+pub trait TableRow: Serialize {
+    /// The columns.
+    const HEADER: &'static [&'static str];
+    /// This row's cells.
+    fn cells(&self) -> Vec<String>;
+}
+
+impl TableRow for AllReduceRow {
+    const HEADER: &'static [&'static str] = &[
+        "backend",
+        "W",
+        "bytes",
+        "latency us",
+        "algbw GB/s",
+        "busbw GB/s",
+        "memcpy GB/s",
+        "busbw / memcpy",
+    ];
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.backend.clone(),
+            self.world.to_string(),
+            self.bytes.to_string(),
+            format!("{:.1}", self.secs * 1e6),
+            format!("{:.2}", self.algbw_gbs),
+            format!("{:.2}", self.busbw_gbs),
+            format!("{:.2}", self.memcpy_gbs),
+            format!("{:.0} %", self.ratio * 100.0),
+        ]
+    }
+}
+
+impl TableRow for CompressRow {
+    const HEADER: &'static [&'static str] = &[
+        "codec",
+        "elements",
+        "ms",
+        "GB/s",
+        "memcpy GB/s",
+        "vs memcpy",
+    ];
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.codec.clone(),
+            self.elements.to_string(),
+            format!("{:.3}", self.secs * 1e3),
+            format!("{:.2}", self.gbs),
+            format!("{:.2}", self.memcpy_gbs),
+            format!("{:.0} %", self.ratio * 100.0),
+        ]
+    }
+}
+
+impl TableRow for strategies::StrategyRow {
+    const HEADER: &'static [&'static str] = &[
+        "strategy",
+        "params",
+        "W",
+        "MB sent / step",
+        "vs dense",
+        "step ms",
+    ];
+
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.strategy.clone(),
+            self.params.to_string(),
+            self.world.to_string(),
+            format!("{:.3}", self.bytes_per_step / 1e6),
+            format!("{:.1}x", self.vs_dense),
+            format!("{:.1}", self.step_secs * 1e3),
+        ]
+    }
+}
+
+/// `rows` on stdout: one JSON array, or a table.
+pub fn print_rows<T: TableRow>(json: bool, rows: &[T]) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(rows)?);
+        return Ok(());
+    }
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::UTF8_FULL_CONDENSED)
+        .set_header(T::HEADER.to_vec());
+    for r in rows {
+        table.add_row(r.cells());
+    }
+    println!("{table}");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
