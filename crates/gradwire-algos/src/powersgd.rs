@@ -200,23 +200,6 @@ impl PowerSgd {
         &mut self.state
     }
 
-    /// The bytes per rank one compressed step of tensors of these shapes
-    /// puts in its two all-reduces (f32 each): the dense tensors and the
-    /// `P`s, then the `Q`s.
-    pub fn payload_elements(&self, shapes: &[&[usize]]) -> (usize, usize) {
-        let (mut first, mut second) = (0, 0);
-        for dims in shapes {
-            match lowrank::matrix_shape(dims, self.config.rank, self.config.min_compression_rate) {
-                Some((rows, cols)) => {
-                    first += rows * self.config.rank;
-                    second += cols * self.config.rank;
-                }
-                None => first += dims.iter().product::<usize>(),
-            }
-        }
-        (first, second)
-    }
-
     /// Averages `tensors` across the ranks of `comm` (see the module docs):
     /// tensor `i` uses slot `slots[i]`; `step` is the optimizer's step
     /// (the same on every rank). Returns the bytes moved.

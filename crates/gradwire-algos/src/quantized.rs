@@ -93,8 +93,10 @@ pub struct QuantizedAllReduce {
     decoded: Vec<f32>,
     /// The tensors' ranges of a call without a layout of its own.
     ranges: Vec<Range<usize>>,
-    /// This rank's quantized chunks, back to back (chunk c at offset c).
+    /// This rank's quantized chunks, back to back: chunk c at
+    /// `offsets[c]..offsets[c + 1]`.
     sent: Vec<u8>,
+    offsets: Vec<usize>,
     /// Every rank's quantized copy of this rank's chunk.
     received: Vec<u8>,
     /// The average of this rank's chunk.
@@ -119,6 +121,7 @@ impl QuantizedAllReduce {
             decoded: Vec::new(),
             ranges: Vec::new(),
             sent: Vec::new(),
+            offsets: Vec::new(),
             received: Vec::new(),
             average: Vec::new(),
             reduced: Vec::new(),
@@ -218,20 +221,14 @@ impl QuantizedAllReduce {
         let q = self.quantizer;
         let own = chunk_range(n, world, rank);
         let own_len = q.encoded_len(own.len());
-        let offset = |c: usize| -> usize {
-            (0..c)
-                .map(|k| q.encoded_len(chunk_range(n, world, k).len()))
-                .sum()
-        };
         // Step 2: chunk c to rank c; rank c - s's copy of ours, from it.
         self.received.clear();
         self.received.resize(world * own_len, 0);
         let mut traffic = Traffic::default();
         for s in 0..world {
             let (dest, src) = ((rank + s) % world, (rank + world - s) % world);
-            let send_at = offset(dest);
-            let send_len = q.encoded_len(chunk_range(n, world, dest).len());
-            let send = &self.sent[send_at..send_at + send_len];
+            let send = &self.sent[self.offsets[dest]..self.offsets[dest + 1]];
+            let send_len = send.len();
             let recv = &mut self.received[src * own_len..(src + 1) * own_len];
             if s == 0 {
                 recv.copy_from_slice(send);
@@ -377,20 +374,22 @@ impl QuantizedAllReduce {
                 at += r.len();
             }
         }
-        let total: usize = (0..world)
-            .map(|c| q.encoded_len(chunk_range(n, world, c).len()))
-            .sum();
+        // Where each chunk's payload starts in `sent` (and, last, its end).
+        self.offsets.clear();
+        self.offsets.push(0);
+        for c in 0..world {
+            let end = self.offsets[c] + q.encoded_len(chunk_range(n, world, c).len());
+            self.offsets.push(end);
+        }
         self.sent.clear();
-        self.sent.resize(total, 0);
+        self.sent.resize(self.offsets[world], 0);
         if self.error_feedback {
             self.decoded.clear();
             self.decoded.resize(n, 0.0);
         }
-        let mut at = 0;
         for c in 0..world {
             let range = chunk_range(n, world, c);
-            let len = q.encoded_len(range.len());
-            let payload = &mut self.sent[at..at + len];
+            let payload = &mut self.sent[self.offsets[c]..self.offsets[c + 1]];
             q.encode(&x[range.clone()], stream(step, rank, c), payload)?;
             if self.error_feedback {
                 // What this chunk lost: the residual becomes x - decoded.
@@ -400,7 +399,6 @@ impl QuantizedAllReduce {
                     *l = v - *l;
                 }
             }
-            at += len;
         }
         if self.error_feedback {
             scatter(&self.decoded, ranges, &mut self.state.worker);

@@ -56,15 +56,6 @@ impl Quantizer {
         }
     }
 
-    /// Bits per entry on the wire, scales included, for large inputs.
-    pub fn bits_per_entry(&self) -> f64 {
-        match self {
-            Quantizer::Sign => 1.0 + 32.0 / QUANT_CHUNK as f64,
-            Quantizer::Qsgd { .. } => 8.0 + 32.0 / QUANT_CHUNK as f64,
-            Quantizer::MinMaxU8 => 8.0 + 64.0 / QUANT_CHUNK as f64,
-        }
-    }
-
     /// The bytes `n` entries encode to.
     pub fn encoded_len(&self, n: usize) -> usize {
         let chunks = n.div_ceil(QUANT_CHUNK);
