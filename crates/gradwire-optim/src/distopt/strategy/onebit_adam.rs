@@ -6,42 +6,40 @@
 //! average. State (the moment, both residuals) is put back by a failed or
 //! skipped step.
 
-use super::quantized::{load_quantized, save_quantized, written_ranges};
-use super::{BeforeStep, BucketView, Combined, Combiner};
+use super::quantized::{QuantizedAverage, written_ranges};
+use super::{BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use gradwire_algos::fault::prepare;
-use gradwire_algos::quantized::{QuantizedAllReduce, QuantizedState};
-use gradwire_algos::{FusionBuffers, fused_all_reduce_with};
+use gradwire_algos::quantized::QuantizedAllReduce;
+use gradwire_algos::{AlgoError, FusionBuffers, fused_all_reduce_with};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::Quantizer;
-use gradwire_tensor::Tensor;
-use std::ops::Range;
+use gradwire_tensor::{DType, Tensor};
 
-/// 1-bit Adam's exchange of one bucket.
+/// 1-bit Adam's exchange of one bucket: the warm-up here, the compressed
+/// stage, the rollback and the checkpoints those of [`QuantizedAverage`]
+/// (1-bit sign, error feedback, Adam's momentum).
 #[derive(Debug)]
 pub struct OneBitAdamMomentum {
     beta1: f32,
     freeze_step: u64,
-    /// The compressed stage's all-reduce; its state's `momentum` is the
-    /// bucket's first moment in both stages.
-    inner: QuantizedAllReduce,
+    /// The compressed stage; its state's `momentum` is the bucket's first
+    /// moment in both stages.
+    quantized: QuantizedAverage,
     /// The warm-up's dense buffers.
     fusion: FusionBuffers,
-    before: BeforeStep<QuantizedState>,
-    ranges: Vec<Range<usize>>,
 }
 
 impl OneBitAdamMomentum {
     /// The exchange for Adam's `beta1`, compressed from `freeze_step` on.
     pub fn new(beta1: f32, freeze_step: u64) -> gradwire_algos::Result<Self> {
+        let inner = QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?;
         Ok(OneBitAdamMomentum {
             beta1,
             freeze_step,
-            inner: QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?,
+            quantized: QuantizedAverage::around(inner),
             fusion: FusionBuffers::default(),
-            before: BeforeStep::default(),
-            ranges: Vec::new(),
         })
     }
 
@@ -52,8 +50,24 @@ impl OneBitAdamMomentum {
         comm: &C,
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
-        full_len: usize,
     ) -> gradwire_algos::Result<gradwire_algos::Traffic> {
+        // Checked before the collective: the warm-up folds f32 host values.
+        prepare(comm, || {
+            match tensors
+                .iter()
+                .find(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
+            {
+                Some(t) => Err(AlgoError::InvalidArgument(format!(
+                    "1-bit Adam runs on f32 tensors in host memory, got {} on {:?}",
+                    t.dtype(),
+                    t.device()
+                ))),
+                None => Ok(()),
+            }
+        })?;
+        let q = &mut self.quantized;
+        q.before.keep(q.inner.state());
+        let full_len = written_ranges(bucket, &mut q.ranges);
         let traffic = fused_all_reduce_with(
             comm,
             tensors,
@@ -64,11 +78,11 @@ impl OneBitAdamMomentum {
         let inverse = 1.0 / comm.world_size() as f32;
         let (beta1, gain) = (self.beta1, 1.0 - self.beta1);
         // The reduction is done: what follows is alike on every rank.
-        let m = &mut self.inner.state_mut().momentum;
+        let m = &mut q.inner.state_mut().momentum;
         if m.len() < full_len {
             m.resize(full_len, 0.0);
         }
-        for (t, r) in tensors.iter_mut().zip(&self.ranges) {
+        for (t, r) in tensors.iter_mut().zip(&q.ranges) {
             t.scale(inverse)?;
             for (m, g) in m[r.clone()].iter_mut().zip(t.as_slice::<f32>()?) {
                 *m = beta1 * *m + gain * g;
@@ -85,49 +99,26 @@ impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
-        self.before.keep(self.inner.state());
-        let full_len = written_ranges(bucket, &mut self.ranges);
-        let traffic = if bucket.step < self.freeze_step {
-            // Checked before the collective: the warm-up folds f32 host values.
-            prepare(comm, || {
-                match tensors
-                    .iter()
-                    .find(|t| t.dtype() != gradwire_tensor::DType::F32 || !t.device().is_cpu())
-                {
-                    Some(t) => Err(gradwire_algos::AlgoError::InvalidArgument(format!(
-                        "1-bit Adam runs on f32 tensors in host memory, got {} on {:?}",
-                        t.dtype(),
-                        t.device()
-                    ))),
-                    None => Ok(()),
-                }
-            })?;
-            self.warm_up(comm, bucket, tensors, full_len)?
-        } else {
-            self.inner
-                .all_reduce_in(comm, tensors, &self.ranges, full_len, bucket.step)?
-        };
+        if bucket.step >= self.freeze_step {
+            return self.quantized.combine(comm, bucket, tensors);
+        }
         Ok(Combined {
-            traffic,
+            traffic: self.warm_up(comm, bucket, tensors)?,
             averaged: true,
         })
     }
 
-    fn end_step(&mut self, _bucket: usize, kept: bool) {
-        self.before.end(self.inner.state_mut(), kept);
+    fn end_step(&mut self, bucket: usize, kept: bool) {
+        Combiner::<C>::end_step(&mut self.quantized, bucket, kept);
     }
 
-    /// The moment and the residuals as tensors `onebit_adam/<bucket>/...`.
+    /// As [`QuantizedAverage`]'s (`quantized/<bucket>/...`; the moment is
+    /// `.../momentum`).
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        save_quantized(self.inner.state(), &format!("onebit_adam/{bucket}"), ckpt)
+        Combiner::<C>::save_state(&self.quantized, bucket, ckpt)
     }
 
     fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
-        let state = load_quantized(&format!("onebit_adam/{bucket}"), ckpt)?;
-        if apply {
-            *self.inner.state_mut() = state;
-            self.before.forget();
-        }
-        Ok(())
+        Combiner::<C>::load_state(&mut self.quantized, bucket, ckpt, apply)
     }
 }

@@ -30,11 +30,11 @@ pub(super) fn written_ranges(bucket: &BucketView<'_>, ranges: &mut Vec<Range<usi
 /// A quantized all-reduce of one bucket.
 #[derive(Debug)]
 pub struct QuantizedAverage {
-    inner: QuantizedAllReduce,
+    pub(super) inner: QuantizedAllReduce,
     /// The residuals before this step's combination.
-    before: BeforeStep<QuantizedState>,
+    pub(super) before: BeforeStep<QuantizedState>,
     /// The written parameters' ranges of the bucket.
-    ranges: Vec<Range<usize>>,
+    pub(super) ranges: Vec<Range<usize>>,
 }
 
 impl QuantizedAverage {
@@ -49,11 +49,16 @@ impl QuantizedAverage {
         if let Some(mu) = momentum {
             inner = inner.with_momentum(mu)?;
         }
-        Ok(QuantizedAverage {
+        Ok(Self::around(inner))
+    }
+
+    /// Through `inner`, however it was set up.
+    pub(super) fn around(inner: QuantizedAllReduce) -> Self {
+        QuantizedAverage {
             inner,
             before: BeforeStep::default(),
             ranges: Vec::new(),
-        })
+        }
     }
 }
 
@@ -98,7 +103,7 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
 
 /// A quantized all-reduce's state into `ckpt`: tensors `<prefix>/worker`,
 /// `/server` and `/momentum`, the ranges last sent as value `<prefix>/layout`.
-pub(super) fn save_quantized(
+fn save_quantized(
     state: &QuantizedState,
     prefix: &str,
     ckpt: &mut Checkpoint,
@@ -121,7 +126,7 @@ pub(super) fn save_quantized(
 }
 
 /// The state [`save_quantized`] wrote under `prefix`.
-pub(super) fn load_quantized(prefix: &str, ckpt: &Checkpoint) -> Result<QuantizedState> {
+fn load_quantized(prefix: &str, ckpt: &Checkpoint) -> Result<QuantizedState> {
     let read = |name: &str| -> Result<Vec<f32>> {
         let key = format!("{prefix}/{name}");
         Ok(ckpt
