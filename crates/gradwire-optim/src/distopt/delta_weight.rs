@@ -27,21 +27,23 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
-        let mut grads = match self.open_local_step() {
-            Ok(grads) => grads,
-            Err(e) => return self.step_failed(e, stats),
-        };
-        // Every parameter keeps its p0 (all are present: checked before the
-        // step opened), in tensors kept from step to step.
+        // Every parameter keeps its p0, in tensors kept from step to step; a
+        // failure to copy is this rank's fault, which the opening agreement
+        // carries before anything changes.
         let mut p0 = std::mem::take(&mut self.local.p0);
         if let Err(e) = copy_into(&mut p0, targets.iter().flatten().map(|t| &**t)) {
             self.record(FaultKind::Other, &e);
         }
-        let failure = self.step_locally(targets, &mut grads, &mut stats, local);
-        self.local.grads = grads;
-        let result = self.combine_deltas(targets, &p0, failure, &mut stats);
+        let result = match self.open_local_step() {
+            Ok(mut grads) => {
+                let failure = self.step_locally(targets, &mut grads, &mut stats, local);
+                self.local.grads = grads;
+                self.combine_deltas(targets, &p0, failure, stats)
+            }
+            Err(e) => self.step_failed(e, stats),
+        };
         self.local.p0 = p0;
-        result.map(|()| stats)
+        result
     }
 
     /// The combination of the weight changes from `p0`, bucket by bucket,
@@ -53,8 +55,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         targets: &mut [Option<&mut Tensor>],
         p0: &[Tensor],
         failure: Option<crate::OptimError>,
-        stats: &mut StepStats,
-    ) -> Result<()> {
+        mut stats: StepStats,
+    ) -> Result<StepStats> {
         let restore = |targets: &mut [Option<&mut Tensor>]| -> Result<()> {
             for (param, p0) in targets.iter_mut().flatten().zip(p0) {
                 param.copy_from(p0)?;
@@ -64,15 +66,13 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         if self.buckets.is_empty() {
             self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
             self.optimizer.step();
-            return Ok(());
+            return Ok(stats);
         }
-        if failure.is_some() || self.fault.is_some() {
+        if failure.is_some() {
             restore(targets)?;
             // Posted in place of the first combination the others start.
-            let kind = self.fault.as_ref().map_or(FaultKind::Optimizer, |f| f.kind);
-            let err = self.comm.post_fault(kind.code());
-            *stats = self.step_failed(err.into(), *stats)?;
-            return Ok(());
+            let err = self.comm.post_fault(FaultKind::Optimizer.code());
+            return self.step_failed(err.into(), stats);
         }
         if self.local.buckets.len() != self.buckets.len() {
             self.local.buckets.resize_with(self.buckets.len(), Vec::new);
@@ -106,8 +106,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 Err(e) => {
                     self.local.buckets[b] = deltas;
                     restore(targets)?;
-                    *stats = self.step_failed(e, *stats)?;
-                    return Ok(());
+                    return self.step_failed(e, stats);
                 }
             };
             stats.traffic += combined.traffic;
@@ -129,6 +128,6 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         stats.wait = begin.elapsed();
         self.optimizer.step();
-        Ok(())
+        Ok(stats)
     }
 }

@@ -103,11 +103,7 @@ impl<C: Communicator + 'static> Combiner<C> for QuantizedAverage {
 
 /// A quantized all-reduce's state into `ckpt`: tensors `<prefix>/worker`,
 /// `/server` and `/momentum`, the ranges last sent as value `<prefix>/layout`.
-fn save_quantized(
-    state: &QuantizedState,
-    prefix: &str,
-    ckpt: &mut Checkpoint,
-) -> Result<()> {
+fn save_quantized(state: &QuantizedState, prefix: &str, ckpt: &mut Checkpoint) -> Result<()> {
     for (name, values) in [
         ("worker", &state.worker),
         ("server", &state.server),
