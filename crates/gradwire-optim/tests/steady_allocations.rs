@@ -69,6 +69,18 @@ const B: usize = 128;
 const WARM_UP: usize = 10;
 const MEASURED: usize = 10;
 
+/// Runs `rank` on `world` ranks with the count reset; returns (allocations,
+/// largest) of what the ranks measured with [`switch_measuring`].
+fn counted(world: usize, rank: impl Fn(LocalComm) + Sync) -> (usize, usize) {
+    COUNT.store(0, Ordering::Relaxed);
+    LARGEST.store(0, Ordering::Relaxed);
+    local::run(world, rank).expect("ranks ran");
+    (
+        COUNT.load(Ordering::Relaxed),
+        LARGEST.load(Ordering::Relaxed),
+    )
+}
+
 /// Turns the count on or off between steps, with every rank between steps
 /// (rank 0 switches it between two barriers).
 fn switch_measuring(comm: &LocalComm, on: bool) {
@@ -89,9 +101,7 @@ fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
         mode,
         ..DistOptConfig::default()
     };
-    COUNT.store(0, Ordering::Relaxed);
-    LARGEST.store(0, Ordering::Relaxed);
-    local::run(world, |comm| {
+    counted(world, |comm| {
         let rank = comm.rank();
         let mut sync: GradSync<LocalComm> = match mode {
             Mode::Custom => {
@@ -122,14 +132,8 @@ fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
             sync.finish(&mut [&mut gw[..], &mut gb[..]])
                 .expect("finish");
         }
-        sync.comm().barrier().expect("barrier");
-        MEASURING.store(false, Ordering::SeqCst);
+        switch_measuring(sync.comm(), false);
     })
-    .expect("ranks ran");
-    (
-        COUNT.load(Ordering::Relaxed),
-        LARGEST.load(Ordering::Relaxed),
-    )
 }
 
 /// [`measure`] for the modes that step locally first (`Partial`, and
@@ -143,9 +147,7 @@ fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
         fusion_threshold: 4096,
         ..DistOptConfig::default()
     };
-    COUNT.store(0, Ordering::Relaxed);
-    LARGEST.store(0, Ordering::Relaxed);
-    local::run(world, |comm| {
+    counted(world, |comm| {
         let rank = comm.rank();
         let mut sync: GradSync<LocalComm> = match mode {
             Mode::DeltaWeight => {
@@ -173,14 +175,8 @@ fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
             })
             .expect("step");
         }
-        sync.comm().barrier().expect("barrier");
-        MEASURING.store(false, Ordering::SeqCst);
+        switch_measuring(sync.comm(), false);
     })
-    .expect("ranks ran");
-    (
-        COUNT.load(Ordering::Relaxed),
-        LARGEST.load(Ordering::Relaxed),
-    )
 }
 
 /// [`measure`] for DimReduce mode (DistOpt: the gradients are the caller's
@@ -201,9 +197,7 @@ fn measure_dimreduce(world: usize) -> (usize, usize) {
         })
         .collect();
     let pca = Pca::fit(&snapshots, 4).expect("a PCA");
-    COUNT.store(0, Ordering::Relaxed);
-    LARGEST.store(0, Ordering::Relaxed);
-    local::run(world, |comm| {
+    counted(world, |comm| {
         let rank = comm.rank();
         let sgd = Sgd::new(SgdConfig::default().lr(0.1)).expect("sgd");
         let mut dist =
@@ -248,14 +242,8 @@ fn measure_dimreduce(world: usize) -> (usize, usize) {
             // Off before the next step's gradients are made.
             switch_measuring(dist.comm(), false);
         }
-        dist.comm().barrier().expect("barrier");
-        MEASURING.store(false, Ordering::SeqCst);
+        switch_measuring(dist.comm(), false);
     })
-    .expect("ranks ran");
-    (
-        COUNT.load(Ordering::Relaxed),
-        LARGEST.load(Ordering::Relaxed),
-    )
 }
 
 #[test]
