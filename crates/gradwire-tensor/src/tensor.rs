@@ -578,6 +578,25 @@ impl Clone for Tensor {
             zero_view: OnceLock::new(),
         }
     }
+
+    /// The same as `*self = source.clone()`, in this tensor's memory when
+    /// shape, dtype and device match (no allocation: buffers kept from step
+    /// to step rely on it); a zeroed source only sets the flag.
+    fn clone_from(&mut self, source: &Self) {
+        let same = self.dims() == source.dims()
+            && self.dtype() == source.dtype()
+            && self.device() == source.device();
+        if same {
+            if source.zeroed {
+                self.zero_();
+                return;
+            }
+            if self.copy_from(source).is_ok() {
+                return;
+            }
+        }
+        *self = source.clone();
+    }
 }
 
 impl fmt::Debug for Tensor {

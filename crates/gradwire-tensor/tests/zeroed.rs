@@ -248,3 +248,31 @@ fn check_same<T: WithDType>(a: &Tensor, b: &Tensor) -> Result<(), TestCaseError>
     }
     Ok(())
 }
+
+#[test]
+fn clone_from_is_a_clone_in_the_tensors_own_memory() {
+    for dtype in DType::ALL {
+        let source = Tensor::from_f32(&[1.5, -2.0, 3.25], 3, dtype).unwrap();
+        let mut target = Tensor::full(9.0, 3, dtype, Device::Cpu).unwrap();
+        let address = |t: &Tensor| match t.dtype() {
+            DType::F32 => t.as_slice::<f32>().unwrap().as_ptr() as usize,
+            DType::F16 => t.as_slice::<f16>().unwrap().as_ptr() as usize,
+            DType::BF16 => t.as_slice::<bf16>().unwrap().as_ptr() as usize,
+        };
+        let before = address(&target);
+        target.clone_from(&source);
+        // The same memory, the source's values.
+        assert_eq!(address(&target), before);
+        assert_eq!(target.to_f32_vec().unwrap(), source.to_f32_vec().unwrap());
+        assert!(!target.is_zeroed());
+        // A zeroed source: the flag, as a clone keeps it.
+        target.clone_from(&stale_zeroed(7.0, 3, dtype));
+        assert!(target.is_zeroed());
+        assert_eq!(target.to_f32_vec().unwrap(), vec![0.0; 3]);
+        // Another shape or dtype: a plain clone.
+        let other = Tensor::from_f32(&[4.0; 6], (2, 3), dtype).unwrap();
+        target.clone_from(&other);
+        assert_eq!(target.dims(), &[2, 3]);
+        assert_eq!(target.to_f32_vec().unwrap(), vec![4.0; 6]);
+    }
+}

@@ -27,13 +27,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
-        // Every parameter keeps its p0, in tensors kept from step to step; a
-        // failure to copy is this rank's fault, which the opening agreement
-        // carries before anything changes.
+        // Every parameter keeps its p0, in tensors kept from step to step.
         let mut p0 = std::mem::take(&mut self.local.p0);
-        if let Err(e) = copy_into(&mut p0, targets.iter().flatten().map(|t| &**t)) {
-            self.record(FaultKind::Other, &e);
-        }
+        copy_into(&mut p0, targets.iter().flatten().map(|t| &**t));
         let result = match self.open_local_step() {
             Ok(mut grads) => {
                 let failure = self.step_locally(targets, &mut grads, &mut stats, local);
@@ -82,7 +78,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             let range = self.buckets[b].clone();
             // p0 - p, in tensors kept from step to step.
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
-            copy_into(&mut deltas, p0[range.clone()].iter())?;
+            copy_into(&mut deltas, p0[range.clone()].iter());
             for (delta, param) in deltas
                 .iter_mut()
                 .zip(targets[range.clone()].iter().flatten())

@@ -40,28 +40,20 @@ pub(super) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
     v.into_iter().filter_map(|_| None::<U>).collect()
 }
 
-/// `tensors` made to hold copies of `values` (their shapes and dtypes), by
-/// copying into the tensors already there: no allocation once they exist.
+/// `tensors` made to hold copies of `values` ([`Tensor::clone_from`]: in
+/// the tensors already there, so no allocation once they exist).
 pub(super) fn copy_into<'t>(
     tensors: &mut Vec<Tensor>,
     values: impl Iterator<Item = &'t Tensor> + Clone,
-) -> Result<()> {
+) {
     let n = values.clone().count();
-    if tensors.len() != n {
-        tensors.clear();
-    }
-    if tensors.is_empty() {
-        tensors.extend(values.cloned());
-        return Ok(());
-    }
-    for (t, v) in tensors.iter_mut().zip(values) {
-        if t.dims() == v.dims() && t.dtype() == v.dtype() && t.device() == v.device() {
-            t.copy_from(v)?;
-        } else {
-            *t = v.clone();
+    tensors.truncate(n);
+    for (k, v) in values.enumerate() {
+        match tensors.get_mut(k) {
+            Some(t) => t.clone_from(v),
+            None => tensors.push(v.clone()),
         }
     }
-    Ok(())
 }
 
 /// Who takes the local step of `Partial` and `DeltaWeight`.
