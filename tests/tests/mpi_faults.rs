@@ -226,6 +226,93 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
     Ok(())
 }
 
+/// `MpiComm::library_all_reduce` (MPI's own algorithm): sums against an
+/// f64 reference at lengths 0, 1 and primes, the same result on every rank,
+/// and every refusal (a mismatched length, `Avg`, f16, a posted fault) on
+/// every rank alike, the communicator usable after each.
+fn library_all_reduce(failures: &mut Failures) -> Result<(), CommError> {
+    use gradwire_comm::CallTime;
+    let comm = MpiComm::world()?;
+    let (rank, w) = (comm.rank(), comm.world_size());
+    let value = |r: usize, i: usize| ((r * 7919 + i * 104_729) % 2003) as f32 / 97.0 - 10.0;
+    let before = comm.time_in_calls();
+    for len in [0usize, 1, 2, 13, 1021, 65_537] {
+        let mut buf: Vec<f32> = (0..len).map(|i| value(rank, i)).collect();
+        comm.library_all_reduce(&mut buf, ReduceOp::Sum)?;
+        for (i, &got) in buf.iter().enumerate() {
+            let want: f64 = (0..w).map(|r| f64::from(value(r, i))).sum();
+            // W terms of magnitude <= 11 each, any order: W ulps of 11 W.
+            let bound = (w * w) as f64 * 11.0 * f64::from(f32::EPSILON);
+            if (f64::from(got) - want).abs() > bound {
+                failures.push(format!("len {len}: [{i}] = {got}, want {want}"));
+                break;
+            }
+        }
+        // MPI's sum is the same on every rank.
+        let bits: Vec<u32> = buf.iter().map(|x| x.to_bits()).collect();
+        let mut root = bits.clone();
+        comm.broadcast(&mut root, 0)?;
+        check(failures, root == bits, || {
+            format!("len {len}: this rank's sum differs from rank 0's")
+        });
+    }
+    let mut ints = vec![rank as i64; 5];
+    comm.library_all_reduce(&mut ints, ReduceOp::Max)?;
+    check(failures, ints == vec![w as i64 - 1; 5], || {
+        format!("max of ranks: {ints:?}")
+    });
+    // The refusals: every rank gets the same error, and the next call works.
+    let unsupported = |got: &Result<(), CommError>| matches!(got, Err(CommError::Unsupported(_)));
+    let got = comm.library_all_reduce(&mut [1f32; 4], ReduceOp::Avg);
+    check(failures, unsupported(&got), || format!("Avg: {got:?}"));
+    let got = comm.library_all_reduce(&mut [half::f16::ONE; 4], ReduceOp::Sum);
+    check(failures, unsupported(&got), || format!("f16: {got:?}"));
+    if w > 1 {
+        let mut buf = vec![1f32; if rank == 0 { 3 } else { 4 }];
+        let got = comm.library_all_reduce(&mut buf, ReduceOp::Sum);
+        check(
+            failures,
+            matches!(got, Err(CommError::Mismatch { .. })),
+            || format!("mismatched lengths: {got:?}"),
+        );
+        // A gradwire all-reduce never pairs with MPI's.
+        let mut buf = [1f32; 4];
+        let got = if rank == 0 {
+            comm.all_reduce(&mut buf, ReduceOp::Sum)
+        } else {
+            comm.library_all_reduce(&mut buf, ReduceOp::Sum)
+        };
+        check(
+            failures,
+            matches!(got, Err(CommError::Mismatch { .. })),
+            || format!("all_reduce beside library_all_reduce: {got:?}"),
+        );
+        let got = if rank == w - 1 {
+            Err(comm.post_fault(7))
+        } else {
+            comm.library_all_reduce(&mut [1f32; 4], ReduceOp::Sum)
+        };
+        check(
+            failures,
+            got == Err(CommError::Fault {
+                rank: w - 1,
+                code: 7,
+            }),
+            || format!("a posted fault: {got:?}"),
+        );
+    }
+    let mut buf = [1f32; 3];
+    comm.library_all_reduce(&mut buf, ReduceOp::Sum)?;
+    check(failures, buf == [w as f32; 3], || {
+        format!("after the refusals: {buf:?}")
+    });
+    let after: CallTime = comm.time_in_calls();
+    check(failures, after.caller > before.caller, || {
+        format!("time in calls did not grow: {before:?} -> {after:?}")
+    });
+    Ok(())
+}
+
 /// A rank of the SIGKILL run: all-reduces in a loop; the last rank kills
 /// itself in the middle. A survivor that got out of the loop says so, which
 /// the launcher counts as a failure (it should have been terminated or
@@ -267,9 +354,10 @@ fn rank_main() -> ExitCode {
     };
     let (rank, w) = (world.rank(), world.world_size());
     type Scenario = fn(&mut Failures) -> Result<(), CommError>;
-    let scenarios: [(&str, Scenario, usize); 2] = [
+    let scenarios: [(&str, Scenario, usize); 3] = [
         ("recv_timeout", recv_timeout, 2),
         ("collective_timeout", collective_timeout, 2),
+        ("library_all_reduce", library_all_reduce, 1),
     ];
     let mut failed = 0;
     for (name, scenario, least) in scenarios {

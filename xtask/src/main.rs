@@ -31,6 +31,8 @@ const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "openmpi-bin",
     "libclang-dev",
     "fonts-dejavu-core",
+    // ip and tc, for the shaped-network step.
+    "iproute2",
 ];
 
 /// The features that turn the MPI backend on in every crate that has one.
@@ -207,6 +209,32 @@ fn test(test_args: &[String]) -> Result {
             .args(test_args)
             .env("GRADWIRE_REQUIRE_MPI", "1"))
     })?;
+    // A short comparison on a shaped network (two ranks in namespaces, 1
+    // Gbit/s links, Open MPI over TCP, two strategies): runs wherever this
+    // process may make network namespaces, and must pass there; elsewhere
+    // (no root, a container without CAP_NET_ADMIN) it says so and skips.
+    step(
+        "shaped network (2 ranks, namespaces, tc tbf, mpirun)",
+        || {
+            if let Some(why) = cannot_make_namespaces() {
+                println!("SKIP shaped network: {why}");
+                return Ok(());
+            }
+            run(cargo()
+                .args([
+                    "test",
+                    "-p",
+                    "gradwire-cli",
+                    "--features",
+                    "mpi",
+                    "--test",
+                    "shaped_network",
+                    "--",
+                ])
+                .args(test_args)
+                .env("GRADWIRE_REQUIRE_NETWORK", "1"))
+        },
+    )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     // With no GPU the GPU tests check the typed errors and print SKIP lines;
     // on a GPU machine they run (GRADWIRE_REQUIRE_GPU=1 makes a missing GPU
@@ -409,6 +437,26 @@ fn missing_debian_packages() -> io::Result<Vec<&'static str>> {
         }
     }
     Ok(missing)
+}
+
+/// Why this process cannot make a network namespace, if it cannot (tried
+/// with a throwaway one).
+fn cannot_make_namespaces() -> Option<String> {
+    if !is_root() {
+        return Some("not root".into());
+    }
+    let name = format!("gwprobe{}", std::process::id());
+    match Command::new("ip").args(["netns", "add", &name]).output() {
+        Ok(out) if out.status.success() => {
+            let _ = Command::new("ip").args(["netns", "delete", &name]).output();
+            None
+        }
+        Ok(out) => Some(format!(
+            "`ip netns add` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Some(format!("`ip` could not start: {e}")),
+    }
 }
 
 /// Whether this process runs as root (effective uid 0).

@@ -48,11 +48,16 @@ pub enum Strategy {
     /// `--freeze-step` steps, then the variance frozen and the momentum
     /// exchanged in 1 bit with error feedback.
     OnebitAdam,
+    /// The yardstick, not a gradwire strategy: Horovod's loop on CPUs. All
+    /// gradients copied into one buffer, summed by the backend library's
+    /// own all-reduce (Open MPI's `MPI_Allreduce` under `--backend mpi`),
+    /// averaged, and stepped by the same optimizer.
+    Baseline,
 }
 
 impl Strategy {
     /// Every strategy, in the order of the help text.
-    pub const ALL: [Strategy; 16] = [
+    pub const ALL: [Strategy; 17] = [
         Strategy::Dense,
         Strategy::Fp16,
         Strategy::Bf16,
@@ -69,6 +74,7 @@ impl Strategy {
         Strategy::Qsgd,
         Strategy::Uint8,
         Strategy::OnebitAdam,
+        Strategy::Baseline,
     ];
 
     /// The name on the command line.
@@ -90,6 +96,7 @@ impl Strategy {
             Strategy::Qsgd => "qsgd",
             Strategy::Uint8 => "uint8",
             Strategy::OnebitAdam => "onebit-adam",
+            Strategy::Baseline => "baseline",
         }
     }
 

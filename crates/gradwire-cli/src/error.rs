@@ -47,6 +47,10 @@ pub enum CliError {
         /// What the drawing backend said.
         message: String,
     },
+    /// The shaped network of `--network` could not be set up or used; the
+    /// message says what is missing (root, a tool, a capability).
+    #[error("network: {0}")]
+    Network(String),
     /// JSON could not be written or read.
     #[error(transparent)]
     Json(#[from] serde_json::Error),

@@ -36,9 +36,11 @@ mod engine;
 pub mod error;
 pub mod faults;
 pub mod model;
+pub mod network;
 pub mod plot;
 pub mod train;
 
 pub use config::{ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+pub use engine::Backend;
 pub use error::{CliError, Result};
 pub use train::{EpochRecord, RunReport, train};

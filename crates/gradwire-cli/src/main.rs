@@ -9,13 +9,19 @@ use clap::{Args, Parser, Subcommand};
 use gradwire_cli::bench::{self, Budget};
 use gradwire_cli::compare;
 use gradwire_cli::data::Digits;
+use gradwire_cli::network::{self, MpiLaunch, Rate, ShapedNetwork};
 use gradwire_cli::plot;
-use gradwire_cli::train::{CheckpointPlan, EpochRecord, Observer, TARGET_ACCURACY, train};
+use gradwire_cli::train::{CheckpointPlan, RunReport, TARGET_ACCURACY, train};
 use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use indicatif::ProgressBar;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Mutex;
+
+mod console;
+
+use console::{Console, RunBar, bar_style, print_train_header};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -110,7 +116,9 @@ struct Common {
     #[arg(long)]
     clip: Option<f32>,
     /// Elements above which a fusion bucket is closed (small by default, so
-    /// that the small model has several buckets).
+    /// that the small model has several buckets; on a shaped network it is
+    /// also the fastest measured: a large tensor is reduced in place, see
+    /// README).
     #[arg(long, default_value_t = TrainConfig::default().fusion_threshold)]
     fusion_threshold: usize,
     /// Partial averaging: also average the optimizer's buffers.
@@ -209,6 +217,23 @@ struct TrainArgs {
     /// Continue from the checkpoints in --checkpoint (bitwise).
     #[arg(long, requires = "checkpoint")]
     resume: bool,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// `--network`: the run's ranks as MPI processes on a shaped network.
+#[derive(Args, Debug)]
+struct NetworkArgs {
+    /// Run the --world ranks as MPI processes (Open MPI over TCP only), one
+    /// per network namespace, each linked to a bridge at this rate in both
+    /// directions (tc tbf): 100mbit to 100gbit. Needs root, iproute2, Open
+    /// MPI and a build with --features mpi; the namespaces are removed on
+    /// every exit.
+    #[arg(long, value_name = "RATE")]
+    network: Option<String>,
+    /// Set by --network for the ranks it starts: the links' rate, bit/s.
+    #[arg(long, hide = true)]
+    link_rate: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -220,9 +245,16 @@ struct CompareArgs {
     strategies: Vec<String>,
     #[command(flatten)]
     common: Common,
-    /// Directory for the plots.
+    /// Directory for the plots (and, on a shaped network, the profile that
+    /// `gradwire project --profile` reads).
     #[arg(long, default_value = "target/gradwire-compare")]
     out: PathBuf,
+    /// Where the ranks run: `local` threads, or `mpi` processes under
+    /// mpirun (rank 0 reports; build with --features mpi).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    backend: Backend,
+    #[command(flatten)]
+    network: NetworkArgs,
 }
 
 /// The parameter shapes of `bench strategies`.
@@ -320,61 +352,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn bar_style() -> ProgressStyle {
-    ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} {msg}")
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ")
-}
-
-/// `train`'s console: a progress bar per epoch on stderr, then the epoch's
-/// row on stdout (or a JSON line).
-struct Console {
-    json: bool,
-    bar: Mutex<Option<ProgressBar>>,
-}
-
-const HEADER: &str = "epoch  train loss  test acc %  sent/worker MB  vs dense  compute s  comm s";
-
-impl Observer for Console {
-    fn epoch_started(&self, epoch: usize, steps: usize) {
-        let bar = ProgressBar::new(steps as u64)
-            .with_style(bar_style())
-            .with_prefix(format!("epoch {epoch}"));
-        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
-    }
-
-    fn step_done(&self) {
-        if let Some(bar) = &*self.bar.lock().unwrap_or_else(|e| e.into_inner()) {
-            bar.inc(1);
-        }
-    }
-
-    fn epoch_done(&self, r: &EpochRecord) {
-        if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            bar.finish_and_clear();
-        }
-        if self.json {
-            let mut value = serde_json::to_value(r).unwrap_or_default();
-            if let Some(map) = value.as_object_mut() {
-                map.insert("type".into(), "epoch".into());
-            }
-            println!("{value}");
-        } else {
-            println!(
-                "{:>5}  {:>10.4}  {:>10.1}  {:>14.3}  {:>7.1}x  {:>9.2}  {:>6.2}",
-                r.epoch,
-                r.train_loss,
-                r.test_accuracy * 100.0,
-                r.bytes_sent as f64 / 1e6,
-                r.compression,
-                r.compute_secs,
-                r.comm_secs
-            );
-        }
-    }
-}
-
 fn run_train(args: TrainArgs) -> Result<(), CliError> {
+    if let Some(rate) = &args.network.network {
+        return over_network(rate, args.common.world, None);
+    }
     let mut config = args.common.config(args.strategy);
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
@@ -424,19 +405,6 @@ fn run_train(args: TrainArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
-}
-
-fn print_train_header(config: &TrainConfig, json: bool) {
-    if !json {
-        println!(
-            "{} on {} workers, {} epochs, global batch {}",
-            config.label(),
-            config.world,
-            config.epochs,
-            config.world * config.batch
-        );
-        println!("{HEADER}");
-    }
 }
 
 /// This process's part of an MPI run: rank 0 returns the report.
@@ -506,37 +474,6 @@ fn mpi_missing() -> CliError {
     )
 }
 
-/// `compare`'s console: one bar per strategy over all its steps.
-struct RunBar {
-    bar: ProgressBar,
-    epochs: usize,
-}
-
-impl Observer for RunBar {
-    fn epoch_started(&self, epoch: usize, steps: usize) {
-        self.bar.set_length((steps * self.epochs) as u64);
-        self.bar.set_message(format!("epoch {epoch}"));
-    }
-
-    fn step_done(&self) {
-        self.bar.inc(1);
-    }
-
-    fn epoch_done(&self, r: &EpochRecord) {
-        self.bar.set_message(format!(
-            "epoch {}: {:.1} %",
-            r.epoch,
-            r.test_accuracy * 100.0
-        ));
-    }
-}
-
-impl Drop for RunBar {
-    fn drop(&mut self) {
-        self.bar.finish_and_clear();
-    }
-}
-
 fn run_faults(args: FaultsArgs) -> Result<(), CliError> {
     use gradwire_cli::faults;
     let deadline = std::time::Duration::from_secs(args.deadline);
@@ -594,6 +531,9 @@ fn faults_mpi(_: std::time::Duration) -> Result<(), CliError> {
 }
 
 fn run_compare(args: CompareArgs) -> Result<(), CliError> {
+    if let Some(rate) = &args.network.network {
+        return over_network(rate, args.common.world, Some(&args.out));
+    }
     let entries = if args.strategies.is_empty() {
         compare::default_entries()
     } else {
@@ -606,17 +546,19 @@ fn run_compare(args: CompareArgs) -> Result<(), CliError> {
     let configs = compare::configs(&base, &entries)?;
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
-    if !json {
-        println!(
-            "comparing {} strategies: {} workers, {} epochs, global batch {}, seed {}",
-            configs.len(),
-            base.world,
-            base.epochs,
-            base.world * base.batch,
-            base.seed
-        );
-    }
-    let runs = compare::run(&configs, &data, |_, config| {
+    let header = |world: usize| {
+        if !json {
+            println!(
+                "comparing {} strategies: {} workers, {} epochs, global batch {}, seed {}",
+                configs.len(),
+                world,
+                base.epochs,
+                world * base.batch,
+                base.seed
+            );
+        }
+    };
+    let bars = |_: usize, config: &TrainConfig| -> Box<dyn gradwire_cli::train::Observer> {
         // The length is set when the first epoch says how many steps it has.
         let bar = ProgressBar::new(0)
             .with_style(bar_style())
@@ -627,27 +569,184 @@ fn run_compare(args: CompareArgs) -> Result<(), CliError> {
         Box::new(RunBar {
             bar,
             epochs: config.epochs,
+            label: if json { String::new() } else { config.label() },
         })
-    })?;
+    };
+    let (runs, calibration) = match args.backend {
+        Backend::Local => {
+            header(base.world);
+            (compare::run(&configs, &data, bars)?, None)
+        }
+        Backend::Mpi => {
+            match compare_mpi(
+                &configs,
+                &data,
+                args.network.link_rate.is_some(),
+                header,
+                bars,
+            )? {
+                Some(done) => done,
+                // Only rank 0 reports.
+                None => return Ok(()),
+            }
+        }
+        Backend::Nccl => {
+            return Err(CliError::Usage(
+                "compare runs on --backend local or mpi (or --network)".into(),
+            ));
+        }
+    };
     let plots = plot::write_plots(&runs, &args.out);
     if json {
-        println!("{}", serde_json::json!({ "type": "compare", "runs": runs }));
+        println!(
+            "{}",
+            serde_json::json!({ "type": "compare", "runs": runs, "calibration": calibration })
+        );
     } else {
         println!("{}", compare::table(&runs));
     }
+    if let (Some(calibration), Some(bits)) = (&calibration, args.network.link_rate) {
+        shaped_report(&runs, calibration, bits, &args.out, json)?;
+    }
     let plots = plots?;
     if !json {
-        let [svg, png] = &plots.accuracy_vs_epoch;
-        let [svg2, png2] = &plots.accuracy_vs_bytes;
-        println!(
-            "plots: {}, {}, {}, {}",
-            svg.display(),
-            png.display(),
-            svg2.display(),
-            png2.display()
-        );
+        let files: Vec<String> = [
+            plots.accuracy_vs_epoch,
+            plots.accuracy_vs_bytes,
+            plots.accuracy_vs_time,
+        ]
+        .iter()
+        .flatten()
+        .map(|p| p.display().to_string())
+        .collect();
+        println!("plots: {}", files.join(", "));
     }
     Ok(())
+}
+
+/// The time report of a shaped-network comparison (rank 0).
+fn shaped_report(
+    runs: &[RunReport],
+    calibration: &compare::Calibration,
+    bits: u64,
+    out: &Path,
+    json: bool,
+) -> Result<(), CliError> {
+    let predicted: Vec<Option<f64>> = vec![None; runs.len()];
+    let _ = out;
+    if json {
+        let rows: Vec<compare::ShapedRow> = runs.iter().map(compare::ShapedRow::of).collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "type": "shaped",
+                "rate_bits_per_s": bits,
+                "rows": rows,
+                "predicted_s_per_step": predicted,
+                "calibration": calibration,
+            })
+        );
+    } else {
+        println!("{}", compare::shaped_table(runs, &predicted));
+    }
+    Ok(())
+}
+
+/// A comparison's reports and, on a shaped network, the links' calibration.
+type Compared = (Vec<RunReport>, Option<compare::Calibration>);
+
+/// This process's part of a comparison under MPI (one run after the other,
+/// each on a new duplicate of the world); on a shaped network (`shaped`)
+/// the link is calibrated first. Rank 0 returns the reports.
+#[cfg(feature = "mpi")]
+fn compare_mpi<'o>(
+    configs: &[TrainConfig],
+    data: &Digits,
+    shaped: bool,
+    header: impl Fn(usize),
+    bars: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_cli::train::Observer + 'o>,
+) -> Result<Option<Compared>, CliError> {
+    use gradwire_comm::{Communicator, MpiComm};
+    let world = MpiComm::world()?;
+    let rank = world.rank();
+    if rank == 0 {
+        header(world.world_size());
+    }
+    let calibration = if shaped {
+        if rank == 0 {
+            eprintln!(
+                "calibrating the links: all-reduces of 64 KiB to 16 MiB, gradwire's and MPI's"
+            );
+        }
+        Some(compare::calibrate(&world)?)
+    } else {
+        None
+    };
+    let runs = compare::run_on(configs, data, || Ok(MpiComm::world()?), bars)?;
+    Ok(runs.map(|runs| (runs, calibration)))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn compare_mpi<'o>(
+    _: &[TrainConfig],
+    _: &Digits,
+    _: bool,
+    _: impl Fn(usize),
+    _: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_cli::train::Observer + 'o>,
+) -> Result<Option<Compared>, CliError> {
+    Err(mpi_missing())
+}
+
+/// `--network RATE`: this command again, as `world` MPI ranks on a shaped
+/// network made for the run and removed after it (`out` made absolute: the
+/// ranks may start elsewhere).
+fn over_network(rate: &str, world: usize, out: Option<&Path>) -> Result<(), CliError> {
+    let rate = Rate::parse(rate)?;
+    if cfg!(not(feature = "mpi")) {
+        return Err(CliError::Usage(
+            "--network starts MPI ranks: build with --features mpi".into(),
+        ));
+    }
+    let program = std::env::current_exe().map_err(|source| CliError::Io {
+        path: "(this program)".into(),
+        source,
+    })?;
+    let mut args = Vec::new();
+    let mut given = std::env::args_os().skip(1);
+    while let Some(arg) = given.next() {
+        let text = arg.to_string_lossy();
+        if ["--network", "--backend", "--link-rate", "--out"].contains(&text.as_ref()) {
+            given.next();
+        } else if ["--network=", "--backend=", "--link-rate=", "--out="]
+            .iter()
+            .any(|p| text.starts_with(p))
+        {
+        } else {
+            args.push(arg);
+        }
+    }
+    args.extend(["--backend", "mpi", "--link-rate"].map(OsString::from));
+    args.push(rate.bits_per_s.to_string().into());
+    if let Some(out) = out {
+        let out = std::path::absolute(out).map_err(|source| CliError::Io {
+            path: out.display().to_string(),
+            source,
+        })?;
+        args.push("--out".into());
+        args.push(out.into_os_string());
+    }
+    let net = ShapedNetwork::create(world, rate)?;
+    eprintln!(
+        "shaped network: {world} ranks, one namespace each, linked to a bridge at {rate} each way (tc tbf); Open MPI over TCP"
+    );
+    network::run_under_mpi(
+        &net,
+        &MpiLaunch {
+            program,
+            args,
+            env: Vec::new(),
+        },
+    )
 }
 
 fn run_bench(command: BenchCommand) -> Result<(), CliError> {

@@ -59,9 +59,11 @@ pub struct PlotFiles {
     pub accuracy_vs_epoch: [PathBuf; 2],
     /// accuracy_vs_bytes.svg and .png.
     pub accuracy_vs_bytes: [PathBuf; 2],
+    /// accuracy_vs_time.svg and .png (wall-clock seconds since the start).
+    pub accuracy_vs_time: [PathBuf; 2],
 }
 
-/// Draws both plots of `runs` into `dir` (created if missing).
+/// Draws the three plots of `runs` into `dir` (created if missing).
 pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
     ensure_font()?;
     std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
@@ -80,6 +82,15 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
             .map(|e| (e.bytes_total as f64 / 1e6, e.test_accuracy * 100.0))
             .collect()
     };
+    let by_time = |r: &RunReport| -> Vec<(f64, f64)> {
+        r.epochs
+            .iter()
+            .scan(0.0, |elapsed, e| {
+                *elapsed += e.wall_secs;
+                Some((*elapsed, e.test_accuracy * 100.0))
+            })
+            .collect()
+    };
     let epoch_files = [
         dir.join("accuracy_vs_epoch.svg"),
         dir.join("accuracy_vs_epoch.png"),
@@ -88,15 +99,30 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
         dir.join("accuracy_vs_bytes.svg"),
         dir.join("accuracy_vs_bytes.png"),
     ];
+    let time_files = [
+        dir.join("accuracy_vs_time.svg"),
+        dir.join("accuracy_vs_time.png"),
+    ];
     let epoch_chart = Chart {
         title: "Test accuracy by epoch",
         x_label: "epoch",
         log_x: false,
+        x_decimals: 0,
+        x_from: None,
     };
     let bytes_chart = Chart {
         title: "Test accuracy by data sent per worker",
         x_label: "MB sent per worker (log scale)",
         log_x: true,
+        x_decimals: 0,
+        x_from: None,
+    };
+    let time_chart = Chart {
+        title: "Test accuracy by wall-clock time (time to accuracy)",
+        x_label: "seconds since the start",
+        log_x: false,
+        x_decimals: 1,
+        x_from: Some(0.0),
     };
     for (chart, files, points) in [
         (
@@ -105,6 +131,7 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
             &by_epoch as &dyn Fn(&RunReport) -> Vec<(f64, f64)>,
         ),
         (&bytes_chart, &bytes_files, &by_bytes),
+        (&time_chart, &time_files, &by_time),
     ] {
         let series: Vec<(String, Vec<(f64, f64)>)> =
             runs.iter().map(|r| (r.label.clone(), points(r))).collect();
@@ -116,6 +143,7 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
     Ok(PlotFiles {
         accuracy_vs_epoch: epoch_files,
         accuracy_vs_bytes: bytes_files,
+        accuracy_vs_time: time_files,
     })
 }
 
@@ -124,6 +152,10 @@ struct Chart {
     title: &'static str,
     x_label: &'static str,
     log_x: bool,
+    /// Decimals of the linear x axis' labels.
+    x_decimals: usize,
+    /// Where the linear x axis starts (default: the first point, or 1).
+    x_from: Option<f64>,
 }
 
 impl Chart {
@@ -175,12 +207,15 @@ impl Chart {
             draw_series(&mut chart, series).map_err(|e| fail(&e))?;
         } else {
             let mut chart = builder
-                .build_cartesian_2d(x_min.min(1.0)..x_max.max(x_min + 1.0), y_range)
+                .build_cartesian_2d(
+                    self.x_from.unwrap_or(x_min.min(1.0))..x_max.max(x_min + 1.0),
+                    y_range,
+                )
                 .map_err(|e| fail(&e))?;
             chart
                 .configure_mesh()
                 .x_desc(self.x_label)
-                .x_label_formatter(&|x| format!("{x:.0}"))
+                .x_label_formatter(&|x| format!("{x:.*}", self.x_decimals))
                 .y_desc("test accuracy (%)")
                 .label_style(("sans-serif", 15))
                 .draw()

@@ -106,7 +106,7 @@ fn compare_shows_what_each_strategy_is_for() {
         );
     }
     // The plots: PNG signatures with a 960 x 600 header, SVGs with every label.
-    for name in ["accuracy_vs_epoch", "accuracy_vs_bytes"] {
+    for name in ["accuracy_vs_epoch", "accuracy_vs_bytes", "accuracy_vs_time"] {
         let png = std::fs::read(dir.path().join(format!("{name}.png"))).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), 960);

@@ -25,6 +25,10 @@ pub(crate) enum Kind {
     /// [`crate::Communicator::post_fault`]: the rank failed before this
     /// collective; its call's `key` is the caller's fault code.
     Fault,
+    /// MpiComm's `library_all_reduce` (MPI's own algorithm): a kind of its
+    /// own, so that it never pairs with gradwire's all-reduce.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    LibraryAllReduce,
 }
 
 impl Kind {
@@ -39,6 +43,7 @@ impl Kind {
             Kind::Split => "split",
             Kind::SplitShared => "split_shared",
             Kind::Fault => "fault",
+            Kind::LibraryAllReduce => "library_all_reduce",
         }
     }
 
@@ -46,7 +51,11 @@ impl Kind {
     pub(crate) fn same_len(self) -> bool {
         matches!(
             self,
-            Kind::AllReduce | Kind::Broadcast | Kind::AllGather | Kind::ReduceScatter
+            Kind::AllReduce
+                | Kind::Broadcast
+                | Kind::AllGather
+                | Kind::ReduceScatter
+                | Kind::LibraryAllReduce
         )
     }
 

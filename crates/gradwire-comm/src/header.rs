@@ -16,7 +16,7 @@ use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 
-const KINDS: [Kind; 9] = [
+const KINDS: [Kind; 10] = [
     Kind::AllReduce,
     Kind::Broadcast,
     Kind::AllGather,
@@ -26,6 +26,7 @@ const KINDS: [Kind; 9] = [
     Kind::Split,
     Kind::SplitShared,
     Kind::Fault,
+    Kind::LibraryAllReduce,
 ];
 
 /// Integers per encoded call.

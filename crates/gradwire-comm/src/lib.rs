@@ -72,7 +72,7 @@ pub use job_slot::{AsyncJob, JobSlot};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]
-pub use mpi::{MpiComm, MpiConfig};
+pub use mpi::{CallTime, MpiComm, MpiConfig};
 #[cfg(feature = "nccl")]
 pub use nccl::{NcclComm, NcclConfig};
 pub use op::ReduceOp;

@@ -13,25 +13,25 @@
 
 use crate::config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 use crate::data::{Digits, epoch_order};
-use crate::engine::Engine;
+use crate::engine::{Backend, Engine};
 use crate::error::{CliError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{HalfPrecision, PowerSgdConfig, Traffic};
-use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
+use gradwire_comm::{LocalComm, ReduceOp, local};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
     OneBitAdamConfig, OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule,
-    UpdateRule,
+    SkipVote, UpdateRule,
 };
 use std::time::{Duration, Instant};
 
 mod report;
 mod resume;
 
-pub use report::{EpochRecord, Observer, RunReport, Silent};
+pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit};
 pub use resume::CheckpointPlan;
 use resume::{PCA_FILE, rank_file, saved_config};
 
@@ -119,7 +119,7 @@ fn rank_zero_report(
 
 /// One worker's part of a run on any communicator: rank 0 returns the
 /// report, the others `None`.
-pub fn train_rank<C: Communicator + 'static>(
+pub fn train_rank<C: Backend + 'static>(
     comm: C,
     config: &TrainConfig,
     data: &Digits,
@@ -244,7 +244,8 @@ pub(crate) fn mode_of(config: &TrainConfig) -> Mode {
             .then_some(config.momentum as f32),
     };
     match config.strategy {
-        Strategy::Dense | Strategy::Dimreduce => Mode::Dense,
+        // The baseline runs no DistOpt (crate::engine's LibraryLoop).
+        Strategy::Dense | Strategy::Dimreduce | Strategy::Baseline => Mode::Dense,
         Strategy::Fp16 => Mode::Half {
             precision: HalfPrecision::F16,
             clip: config.clip,
@@ -305,12 +306,13 @@ struct Tally {
     sent: u64,
     compute: Duration,
     comm: Duration,
+    combine: Duration,
     searches: usize,
     accepted: usize,
 }
 
 impl Run<'_> {
-    fn go<R: UpdateRule, C: Communicator + 'static>(
+    fn go<R: UpdateRule, C: Backend + 'static>(
         &self,
         comm: C,
         optimizer: R::Config,
@@ -331,6 +333,10 @@ impl Run<'_> {
             capacity: config
                 .fusion_threshold
                 .max(gradwire_algos::DEFAULT_FUSION_CAPACITY),
+            // candle's backward hands every gradient over at once: there is
+            // no overlap for per-bucket votes to allow, so one vote per step
+            // (the fewest collectives; the same decisions, the same bits).
+            vote: SkipVote::PerStep,
             ..DistOptConfig::default()
         };
         let mut engine = Engine::<R, C>::new(config, &model, comm, optimizer, dist_config)?;
@@ -374,6 +380,7 @@ impl Run<'_> {
                 self.observer.epoch_started(epoch + 1, self.steps_per_epoch);
             }
             let began = Instant::now();
+            let calls_before = engine.comm().time_in_calls();
             let mut tally = Tally::default();
             for global in epoch_order(data.train_len(), epoch).chunks(global_batch) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
@@ -399,6 +406,7 @@ impl Run<'_> {
                     recorder.record(&params.iter().collect::<Vec<_>>())?;
                 }
                 tally.comm += stats.wait;
+                tally.combine += stats.combine;
                 tally.sent += stats.traffic.sent;
                 tally.loss += f64::from(loss);
                 tally.steps += 1;
@@ -425,6 +433,13 @@ impl Run<'_> {
                 compute_secs: tally.compute.as_secs_f64(),
                 comm_secs: tally.comm.as_secs_f64(),
                 wall_secs: began.elapsed().as_secs_f64(),
+                steps: tally.steps,
+                combine_secs: tally.combine.as_secs_f64(),
+                network_secs: calls_before.zip(engine.comm().time_in_calls()).map(
+                    |((c0, j0), (c1, j1))| {
+                        (c1.saturating_sub(c0) + j1.saturating_sub(j0)).as_secs_f64()
+                    },
+                ),
                 line_search_accepted: (tally.searches > 0)
                     .then(|| tally.accepted as f64 / tally.searches as f64),
             };

@@ -26,6 +26,17 @@ pub struct EpochRecord {
     pub comm_secs: f64,
     /// Seconds for the whole epoch.
     pub wall_secs: f64,
+    /// Steps taken.
+    #[serde(default)]
+    pub steps: usize,
+    /// Seconds the strategies spent combining buckets (their codecs and
+    /// collectives, on the communication thread: it may overlap other work).
+    #[serde(default)]
+    pub combine_secs: f64,
+    /// Seconds in the communicator's calls, on both threads (MPI: the
+    /// network's share); `None` where the backend keeps no count.
+    #[serde(default)]
+    pub network_secs: Option<f64>,
     /// DimReduce: the fraction of this epoch's line searches that took a step.
     pub line_search_accepted: Option<f64>,
 }
@@ -80,6 +91,66 @@ impl RunReport {
     pub fn wall_secs(&self) -> f64 {
         self.epochs.iter().map(|e| e.wall_secs).sum()
     }
+
+    /// Wall-clock seconds from the start until the end of the first epoch
+    /// whose test accuracy reached `target` (time to accuracy).
+    pub fn seconds_to(&self, target: f64) -> Option<f64> {
+        let mut elapsed = 0.0;
+        for e in &self.epochs {
+            elapsed += e.wall_secs;
+            if e.test_accuracy >= target {
+                return Some(elapsed);
+            }
+        }
+        None
+    }
+
+    /// Steps over all epochs.
+    pub fn steps(&self) -> usize {
+        self.epochs.iter().map(|e| e.steps).sum()
+    }
+
+    /// Where a step's time went, on average over the run.
+    pub fn per_step(&self) -> StepSplit {
+        let steps = self.steps().max(1) as f64;
+        let sum = |f: fn(&EpochRecord) -> f64| self.epochs.iter().map(f).sum::<f64>() / steps;
+        let network = self
+            .epochs
+            .iter()
+            .map(|e| e.network_secs)
+            .sum::<Option<f64>>()
+            .map(|n| n / steps);
+        let combine = sum(|e| e.combine_secs);
+        StepSplit {
+            total: sum(|e| e.wall_secs),
+            compute: sum(|e| e.compute_secs),
+            wait: sum(|e| e.comm_secs),
+            // The combining time outside the communicator's calls: the
+            // codecs (slightly under: the step's own small agreement calls
+            // are counted as network, outside any combine).
+            codec: network.map(|n| (combine - n).max(0.0)),
+            network,
+            bytes: self.bytes_per_worker() as f64 / steps,
+        }
+    }
+}
+
+/// A step's time, split (seconds, averaged over a run's steps).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepSplit {
+    /// The whole step, wall-clock (evaluation included, per epoch).
+    pub total: f64,
+    /// Forward and backward.
+    pub compute: f64,
+    /// Blocked waiting for communication (what the overlap did not hide).
+    pub wait: f64,
+    /// Compression and decompression (combining outside network calls);
+    /// `None` where the backend does not count its calls' time.
+    pub codec: Option<f64>,
+    /// In the communicator's calls (the network, with MPI).
+    pub network: Option<f64>,
+    /// Bytes one worker sent per step.
+    pub bytes: f64,
 }
 
 /// Hooks the run calls on rank 0, for progress bars and tables.

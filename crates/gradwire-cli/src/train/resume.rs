@@ -4,11 +4,11 @@
 
 use super::{EpochRecord, Run};
 use crate::config::{Strategy, TrainConfig};
+use crate::engine::Backend;
 use crate::engine::Engine;
 use crate::error::{CliError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::TrajectoryRecorder;
-use gradwire_comm::Communicator;
 use gradwire_optim::UpdateRule;
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_tensor::Tensor;
@@ -48,7 +48,7 @@ pub(super) fn rank_file(dir: &Path, rank: usize) -> PathBuf {
 impl Run<'_> {
     /// Writes this rank's checkpoint after `epochs_done` epochs.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn save<R: UpdateRule, C: Communicator + 'static>(
+    pub(super) fn save<R: UpdateRule, C: Backend + 'static>(
         &self,
         dir: &Path,
         rank: usize,

@@ -110,8 +110,9 @@ use crate::worker::{Lane, Worker};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use sys::{Comm, Env, Layout, Outgoing, Wire};
+use sys::{Comm, Env, Layout, NativeOp, Outgoing, Wire};
 
 pub use sys::ThreadLevel;
 
@@ -123,12 +124,21 @@ pub struct MpiConfig {
     /// [`CommError::Timeout`] and the communicator is poisoned. `None` waits
     /// forever. Default: 10 minutes, as LocalComm's and NcclComm's.
     pub timeout: Option<Duration>,
+    /// Bytes of each segment of an all-reduce (each segment is a
+    /// reduce-scatter and an all-gather; no bit of the result depends on
+    /// it). `None`, the default, chooses when the communicator is made:
+    /// 1 MiB when every rank shares this host (shared memory: a segment
+    /// stays in cache from arrival to departure), 16 MiB when the ranks
+    /// span hosts (a network: each segment costs two collectives'
+    /// latency, milliseconds over TCP, so fewer and larger is faster).
+    pub segment_bytes: Option<usize>,
 }
 
 impl Default for MpiConfig {
     fn default() -> Self {
         MpiConfig {
             timeout: Some(Duration::from_secs(600)),
+            segment_bytes: None,
         }
     }
 }
@@ -136,7 +146,10 @@ impl Default for MpiConfig {
 impl MpiConfig {
     /// The default settings with another deadline.
     pub fn with_timeout(timeout: Option<Duration>) -> Self {
-        MpiConfig { timeout }
+        MpiConfig {
+            timeout,
+            ..MpiConfig::default()
+        }
     }
 }
 
@@ -162,10 +175,17 @@ pub struct MpiComm {
     worker: OnceCell<Worker<MpiComm>>,
     /// Sends in flight (eager sends own their bytes until MPI is done).
     outbox: RefCell<Vec<Outgoing>>,
+    /// All-reduce segments' size ([`MpiConfig::segment_bytes`], decided).
+    segment_bytes: usize,
     /// Staging for reductions, kept between calls: a fresh multi-megabyte
     /// allocation per call would page-fault on every first touch. Stored as
     /// u64 so that it is aligned for every element type.
     scratch: RefCell<Vec<u64>>,
+    /// Nanoseconds this communicator's calls spent (MPI and the reductions
+    /// between its calls), and those of its asynchronous jobs'
+    /// communicator: [`MpiComm::time_in_calls`].
+    busy: Arc<AtomicU64>,
+    jobs_busy: Arc<AtomicU64>,
     /// Held last: MPI is finalized when the last holder drops it.
     env: Arc<Env>,
 }
@@ -196,7 +216,7 @@ impl MpiComm {
         let env = Env::get()?;
         env.check_thread("world")?;
         let comm = sys::dup_world()?;
-        MpiComm::adopt(env, comm, config.clone(), true)
+        MpiComm::adopt(env, comm, config.clone(), true, None)
     }
 
     /// The deadline of this communicator's calls.
@@ -204,11 +224,35 @@ impl MpiComm {
         self.config.timeout
     }
 
+    /// The all-reduce segment this communicator uses (see
+    /// [`MpiConfig::segment_bytes`]).
+    pub fn segment_bytes(&self) -> usize {
+        self.segment_bytes
+    }
+
     /// Wraps a communicator this crate created (and will free), with a
     /// duplicate for asynchronous jobs when `with_shadow`.
-    fn adopt(env: Arc<Env>, comm: Comm, config: MpiConfig, with_shadow: bool) -> Result<MpiComm> {
-        let (rank, size) = match sys::rank_and_size(comm) {
-            Ok(rs) => rs,
+    ///
+    /// Collective over `comm` unless the segment size is given (a worker's
+    /// communicator takes its parent's): an automatic one is decided by a
+    /// shared-memory split, the same on every rank.
+    fn adopt(
+        env: Arc<Env>,
+        comm: Comm,
+        config: MpiConfig,
+        with_shadow: bool,
+        segment_bytes: Option<usize>,
+    ) -> Result<MpiComm> {
+        let decided = sys::rank_and_size(comm).and_then(|(rank, size)| {
+            let segment = match segment_bytes.or(config.segment_bytes) {
+                Some(bytes) => bytes.max(1),
+                None if spans_hosts(comm, rank, size)? => NETWORK_SEGMENT_BYTES,
+                None => SEGMENT_BYTES,
+            };
+            Ok((rank, size, segment))
+        });
+        let (rank, size, segment_bytes) = match decided {
+            Ok(decided) => decided,
             Err(e) => {
                 sys::comm_free(comm);
                 return Err(e);
@@ -237,6 +281,9 @@ impl MpiComm {
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
             scratch: RefCell::new(Vec::new()),
+            segment_bytes,
+            busy: Arc::default(),
+            jobs_busy: Arc::default(),
             env,
         })
     }
@@ -244,6 +291,71 @@ impl MpiComm {
     /// The thread support MPI granted.
     pub fn threading(&self) -> ThreadLevel {
         self.env.level
+    }
+
+    /// The time this rank's calls have taken since the communicator was
+    /// made: the network's share of a training step, beside the codecs'
+    /// and the model's.
+    pub fn time_in_calls(&self) -> CallTime {
+        let read = |n: &AtomicU64| Duration::from_nanos(n.load(Ordering::Relaxed));
+        CallTime {
+            caller: read(&self.busy),
+            jobs: read(&self.jobs_busy),
+        }
+    }
+
+    /// Open MPI's own `MPI_Allreduce` (its algorithm, its reduction order),
+    /// for f32, f64 and the integer types, with `Sum`, `Max` or `Min`:
+    /// what Horovod and plain MPI programs call, so that a training loop
+    /// can be measured against them. The call is agreed first like every
+    /// collective here (mismatched lengths or types are a typed error on
+    /// every rank, not undefined behaviour), but the sum is MPI's: it is
+    /// the same on every rank in Open MPI's algorithms, yet not guaranteed
+    /// bitwise equal to gradwire's rank-ordered [`Communicator::all_reduce`].
+    ///
+    /// # Errors
+    /// [`CommError::Unsupported`] for `Avg` (MPI has no mean: sum and
+    /// divide) and for f16 and bf16 (MPI cannot add them); the errors of
+    /// any collective.
+    pub fn library_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let native = match op {
+            ReduceOp::Sum => Some(NativeOp::Sum),
+            ReduceOp::Max => Some(NativeOp::Max),
+            ReduceOp::Min => Some(NativeOp::Min),
+            ReduceOp::Avg => None,
+        };
+        // Refused alike on every rank (the same op and type everywhere, or
+        // the agreement below would have failed first) before any round.
+        let supported = native.filter(|_| !matches!(T::TYPE, ElemType::F16 | ElemType::BF16));
+        let _busy = self.busy();
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: buf.len(),
+            ..Call::new(Kind::LibraryAllReduce)
+        })?;
+        let native = supported.ok_or_else(|| {
+            CommError::Unsupported(format!(
+                "MPI_Allreduce of {:?} with {op:?} (it takes Sum, Max or Min of f32, f64 and integers)",
+                T::TYPE
+            ))
+        })?;
+        if self.size == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        // MPI_IN_PLACE is not among rsmpi's handles: the input is staged.
+        self.with_scratch::<T, _>(buf.len(), |send| {
+            send.copy_from_slice(buf);
+            sys::all_reduce(self.comm, wire::<T>(), send, buf, native)
+        })
+    }
+
+    /// Counts the time until the guard drops into this rank's call time.
+    fn busy(&self) -> BusyGuard<'_> {
+        BusyGuard {
+            total: &self.busy,
+            since: Instant::now(),
+        }
     }
 
     /// The processes that share this one's host (`MPI_Comm_split_type` with
@@ -254,7 +366,7 @@ impl MpiComm {
         self.agree(Call::new(Kind::SplitShared))?;
         let key = sys::int("rank", self.rank)?;
         let comm = sys::comm_split_shared(self.comm, key)?;
-        MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true)
+        MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true, None)
     }
 
     /// This process's rank among those on its host, and how many there are,
@@ -380,7 +492,14 @@ impl MpiComm {
                 "asynchronous jobs cannot start further asynchronous jobs".into(),
             )
         })?;
-        let comm = MpiComm::adopt(Arc::clone(&self.env), shadow, self.config.clone(), false)?;
+        let mut comm = MpiComm::adopt(
+            Arc::clone(&self.env),
+            shadow,
+            self.config.clone(),
+            false,
+            Some(self.segment_bytes),
+        )?;
+        comm.busy = Arc::clone(&self.jobs_busy);
         Worker::start(format!("gradwire-mpi-{}", self.rank), self.rank, comm)
     }
 
@@ -436,6 +555,7 @@ impl Communicator for MpiComm {
     }
 
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let _busy = self.busy();
         self.agree(Call {
             elem: Some(T::TYPE),
             op: Some(op),
@@ -452,7 +572,7 @@ impl Communicator for MpiComm {
         // the reduction to their departure: an element's result does not
         // depend on the segment it is in (its rank-order reduction is the
         // same), so segmenting changes no bit, only the memory traffic.
-        let seg_len = (SEGMENT_BYTES / std::mem::size_of::<T>()).max(w);
+        let seg_len = (self.segment_bytes / std::mem::size_of::<T>()).max(w);
         let most = chunk_range(seg_len.min(len), w, 0).len();
         self.with_scratch::<T, _>(w * most + most, |scratch| {
             let (stage, out) = scratch.split_at_mut(w * most);
@@ -479,6 +599,7 @@ impl Communicator for MpiComm {
     }
 
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let _busy = self.busy();
         self.agree(Call {
             elem: Some(T::TYPE),
             len: buf.len(),
@@ -489,6 +610,7 @@ impl Communicator for MpiComm {
     }
 
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let _busy = self.busy();
         self.agree(Call {
             elem: Some(T::TYPE),
             len: send.len(),
@@ -499,6 +621,7 @@ impl Communicator for MpiComm {
     }
 
     fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        let _busy = self.busy();
         // The header exchange carries every rank's count: counts first.
         let calls = self.agree(Call {
             elem: Some(T::TYPE),
@@ -521,6 +644,7 @@ impl Communicator for MpiComm {
     }
 
     fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let _busy = self.busy();
         self.agree(Call {
             elem: Some(T::TYPE),
             op: Some(op),
@@ -535,6 +659,7 @@ impl Communicator for MpiComm {
     }
 
     fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+        let _busy = self.busy();
         self.check_rank(dest)?;
         self.enter("send")?;
         self.check_notice(None)?;
@@ -545,6 +670,7 @@ impl Communicator for MpiComm {
     }
 
     fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+        let _busy = self.busy();
         self.check_rank(src)?;
         self.enter("recv")?;
         self.heed_notices(None)?;
@@ -607,6 +733,7 @@ impl Communicator for MpiComm {
     }
 
     fn barrier(&self) -> Result<()> {
+        let _busy = self.busy();
         // The header all-gather is itself a barrier: no rank can hold every
         // rank's description before every rank has sent it.
         self.agree(Call::new(Kind::Barrier)).map(|_| ())
@@ -638,7 +765,8 @@ impl Communicator for MpiComm {
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
             Some(comm) => {
-                MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true).map(Some)
+                MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true, None)
+                    .map(Some)
             }
         }
     }
@@ -717,6 +845,44 @@ impl Drop for MpiComm {
 /// segment's chunks stay in a core's L2 between the exchange and the
 /// reduction, large enough that per-call latency is amortised.
 const SEGMENT_BYTES: usize = 1 << 20;
+
+/// The segment of communicators that span hosts (see
+/// [`MpiConfig::segment_bytes`]): on TCP between namespaces at 1 Gbit/s, a
+/// 16 MiB all-reduce of 4 ranks took 596 ms in 1 MiB segments, 416 ms in
+/// one (MPI_Allreduce: 415 ms).
+const NETWORK_SEGMENT_BYTES: usize = 16 << 20;
+
+/// Whether the ranks of `comm` are on more than one host (a shared-memory
+/// split smaller than the communicator; the same answer on every rank).
+/// Collective.
+fn spans_hosts(comm: Comm, rank: usize, size: usize) -> Result<bool> {
+    let node = sys::comm_split_shared(comm, sys::int("rank", rank)?)?;
+    let local = sys::rank_and_size(node).map(|(_, local)| local);
+    sys::comm_free(node);
+    Ok(local? < size)
+}
+
+/// What [`MpiComm::time_in_calls`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CallTime {
+    /// In the calls made on the communicator itself.
+    pub caller: Duration,
+    /// In the calls of its asynchronous jobs (DistOpt's buckets).
+    pub jobs: Duration,
+}
+
+/// Adds the time from its making to its drop to a communicator's total.
+struct BusyGuard<'a> {
+    total: &'a AtomicU64,
+    since: Instant,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.total.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
 
 #[cfg(test)]
 mod tests {

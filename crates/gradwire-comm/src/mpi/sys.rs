@@ -386,6 +386,52 @@ pub(super) fn all_gather<T: bytemuck::Pod>(
     })
 }
 
+/// The MPI reduction of a [`crate::ReduceOp`] (`Avg` has none: MPI sums,
+/// the caller divides).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum NativeOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// `MPI_Allreduce` of `send` into `recv` (equal lengths), with MPI's own
+/// algorithm and reduction order.
+pub(super) fn all_reduce<T: bytemuck::Pod>(
+    comm: Comm,
+    wire: Wire,
+    send: &[T],
+    recv: &mut [T],
+    op: NativeOp,
+) -> Result<()> {
+    let count = int("all_reduce length", send.len())?;
+    if recv.len() != send.len() {
+        return Err(CommError::InvalidArgument(format!(
+            "all_reduce: receive buffer of {} for {}",
+            recv.len(),
+            send.len()
+        )));
+    }
+    // SAFETY: reading predefined operation handles set by rsmpi's C shim;
+    // both buffers hold `count` elements of the wire type's size and live
+    // for the call.
+    check("MPI_Allreduce", unsafe {
+        let op = match op {
+            NativeOp::Sum => ffi::RSMPI_SUM,
+            NativeOp::Max => ffi::RSMPI_MAX,
+            NativeOp::Min => ffi::RSMPI_MIN,
+        };
+        ffi::MPI_Allreduce(
+            send_ptr(send, &0),
+            recv_ptr(recv, &mut 0),
+            count,
+            wire.raw(),
+            op,
+            comm.0,
+        )
+    })
+}
+
 /// Checks that `counts` and `displs` describe ranges inside a buffer of `len`.
 fn check_layout(what: &str, counts: &[c_int], displs: &[c_int], len: usize) -> Result<()> {
     for (&c, &d) in counts.iter().zip(displs) {

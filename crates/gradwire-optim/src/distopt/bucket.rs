@@ -12,6 +12,7 @@ use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// SINGA's grouping: a tensor above the threshold alone; smaller ones
 /// together until the group's count exceeds the threshold. Every bucket
@@ -72,6 +73,8 @@ pub(super) struct BucketResult {
     pub(super) grads: Vec<Tensor>,
     /// Whether `grads` are averaged already (else summed).
     pub(super) averaged: bool,
+    /// How long the strategy's `combine` took.
+    pub(super) combine: Duration,
 }
 
 impl std::fmt::Debug for BucketResult {
@@ -318,6 +321,7 @@ fn reduce_bucket<C: Communicator + 'static>(
     }
     buffers.live = grads;
     let mut averaged = false;
+    let mut combine = Duration::ZERO;
     if !live.is_empty() {
         let view = BucketView {
             index: bucket,
@@ -326,7 +330,9 @@ fn reduce_bucket<C: Communicator + 'static>(
             step,
             capacity,
         };
+        let started = Instant::now();
         let combined = strategy.combine(comm, &view, &mut live)?;
+        combine = started.elapsed();
         averaged = combined.averaged;
         traffic += combined.traffic;
     }
@@ -334,6 +340,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         value: BucketResult {
             grads: live,
             averaged,
+            combine,
         },
         traffic,
     })

@@ -165,6 +165,10 @@ pub struct StepStats {
     pub traffic: Traffic,
     /// Time spent in `finish` waiting for communication.
     pub wait: Duration,
+    /// Time the strategies spent combining the buckets (their codecs and
+    /// their collectives, summed over buckets; on the communication thread
+    /// when the buckets are asynchronous, so it overlaps the caller's work).
+    pub combine: Duration,
     /// Parameters updated.
     pub updated: usize,
     /// Parameters skipped because no rank wrote their gradient.

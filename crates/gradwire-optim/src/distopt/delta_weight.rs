@@ -94,7 +94,9 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 step: self.optimizer.step_count(),
                 capacity: self.config.capacity,
             };
+            let started = Instant::now();
             let combined = strategy.combine(&self.comm, &view, &mut deltas);
+            stats.combine += started.elapsed();
             strategy.end_step(b, combined.is_ok());
             self.strategies[b] = Some(strategy);
             let combined = match combined {

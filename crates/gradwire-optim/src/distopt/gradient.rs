@@ -322,6 +322,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             match result {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;
+                    stats.combine += value.combine;
                     let averaged = value.averaged;
                     let mut grads = value.grads;
                     let mut combined = grads.drain(..);

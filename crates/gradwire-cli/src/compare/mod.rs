@@ -1,11 +1,14 @@
 //! `gradwire compare`: several strategies on the same seed, split and model,
 //! one after the other, summarised in one table (final and best accuracy,
 //! epochs to 95 %, bytes per worker, compression against dense, wall time).
+//! On a shaped network (`--network`, ranks under MPI) the report is about
+//! time: `shaped.rs`.
 
 use crate::config::{Strategy, TrainConfig};
 use crate::data::Digits;
+use crate::engine::Backend;
 use crate::error::{CliError, Result};
-use crate::train::{Observer, RunReport, TARGET_ACCURACY, train};
+use crate::train::{Observer, RunReport, TARGET_ACCURACY, train, train_rank};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 
 /// One strategy to compare, with what it overrides of the shared settings.
@@ -153,6 +156,31 @@ pub fn run<'o>(
         .collect()
 }
 
+/// Runs every configuration in turn on this process's rank of a
+/// communicator `make_comm` makes afresh for each run (under MPI, each
+/// `MpiComm::world()` is a new duplicate), its world size taken for the
+/// configurations'. Rank 0 returns the reports, the others `None`.
+pub fn run_on<'o, C: Backend + 'static>(
+    configs: &[TrainConfig],
+    data: &Digits,
+    mut make_comm: impl FnMut() -> Result<C>,
+    observer: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
+) -> Result<Option<Vec<RunReport>>> {
+    let mut reports = Vec::with_capacity(configs.len());
+    for (i, config) in configs.iter().enumerate() {
+        let comm = make_comm()?;
+        let config = TrainConfig {
+            world: comm.world_size(),
+            ..config.clone()
+        };
+        let watcher = observer(i, &config);
+        if let Some(report) = train_rank(comm, &config, data, watcher.as_ref(), None)? {
+            reports.push(report);
+        }
+    }
+    Ok((reports.len() == configs.len()).then_some(reports))
+}
+
 /// The summary table.
 pub fn table(runs: &[RunReport]) -> Table {
     let mut table = Table::new();
@@ -182,6 +210,10 @@ pub fn table(runs: &[RunReport]) -> Table {
     }
     table
 }
+
+mod shaped;
+
+pub use shaped::{Calibration, ShapedRow, calibrate, shaped_table};
 
 #[cfg(test)]
 mod tests {

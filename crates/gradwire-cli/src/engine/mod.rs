@@ -4,7 +4,8 @@
 //! gradient-combining ones, partial averaging and AdaSum by delta weight;
 //! with [`DistOptVars`] (DistOpt over a gradwire copy of the variables)
 //! DimReduce, whose update is its own, and partial averaging of the
-//! optimizer's state too (`--average-state`).
+//! optimizer's state too (`--average-state`); with [`LibraryLoop`] the
+//! baseline (`library.rs`: the backend library's own all-reduce).
 
 use crate::config::{Strategy, TrainConfig};
 use crate::error::Result;
@@ -16,16 +17,24 @@ use gradwire_candle::{
     CandleOptim, DataParallel, DistOptVars, parameters_in, parameters_of, write_values,
 };
 use gradwire_comm::Communicator;
+use gradwire_optim::Optimizer as _;
 use gradwire_optim::checkpoint::Checkpoint;
 use gradwire_optim::{DistOptConfig, Mode, Optim, StepStats, UpdateRule};
 use gradwire_tensor::Tensor;
 
+mod library;
+
+pub use library::Backend;
+use library::LibraryLoop;
+
 /// One worker's training engine.
-pub(crate) enum Engine<R: UpdateRule, C: Communicator + 'static> {
+pub(crate) enum Engine<R: UpdateRule, C: Backend + 'static> {
     /// DataParallel: the variables updated in place.
     InPlace(Box<DataParallel<CandleOptim<R>, C>>),
     /// DistOpt over a copy of the variables.
     Copied(Box<DistOptVars<Optim<R>, C>>),
+    /// The baseline: the library's all-reduce, then the optimizer.
+    Library(Box<LibraryLoop<R, C>>),
 }
 
 /// The AdaSum combiner of a run (hierarchical with `--adasum-group`).
@@ -36,7 +45,7 @@ fn adasum<C: Communicator + 'static>(config: &TrainConfig, comm: &C) -> Result<A
     })
 }
 
-impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
+impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// The engine of `config.strategy` for `model`'s variables.
     pub(crate) fn new(
         config: &TrainConfig,
@@ -46,6 +55,11 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         dist: DistOptConfig,
     ) -> Result<Self> {
         let vars = model.vars().to_vec();
+        if config.strategy == Strategy::Baseline {
+            return Ok(Engine::Library(Box::new(LibraryLoop::new(
+                vars, optimizer, comm,
+            )?)));
+        }
         // DimReduce's update is its own; the caller's optimizer state
         // cannot be averaged through DataParallel.
         let copied = config.strategy == Strategy::Dimreduce
@@ -74,6 +88,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         match self {
             Engine::InPlace(dp) => dp.sync().comm(),
             Engine::Copied(dv) => dv.dist().comm(),
+            Engine::Library(library) => &library.comm,
         }
     }
 
@@ -86,7 +101,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         match self {
             Engine::Copied(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
-            Engine::InPlace(_) => Err(crate::CliError::Usage(
+            Engine::InPlace(_) | Engine::Library(_) => Err(crate::CliError::Usage(
                 "DimReduce runs on DistOptVars".into(),
             )),
         }
@@ -97,6 +112,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
         Ok(match self {
             Engine::InPlace(dp) => dp.step(grads)?,
             Engine::Copied(dv) => dv.step(&grads)?,
+            Engine::Library(library) => library.step(grads)?,
         })
     }
 
@@ -110,7 +126,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     ) -> Result<StepStats> {
         match self {
             Engine::Copied(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
-            Engine::InPlace(_) => Err(crate::CliError::Usage(
+            Engine::InPlace(_) | Engine::Library(_) => Err(crate::CliError::Usage(
                 "DimReduce runs on DistOptVars".into(),
             )),
         }
@@ -121,7 +137,7 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
     pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
         match self {
             Engine::Copied(dv) => Ok(dv.params().to_vec()),
-            Engine::InPlace(_) => Ok(parameters_of(model.vars())?),
+            Engine::InPlace(_) | Engine::Library(_) => Ok(parameters_of(model.vars())?),
         }
     }
 
@@ -132,6 +148,19 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
             Engine::InPlace(dp) => {
                 let mut ckpt = dp.checkpoint()?;
                 dp.optimizer().save_into(&mut ckpt)?;
+                let params = self.parameters(model)?;
+                ckpt.set_parameters(
+                    model
+                        .vars()
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .zip(params.iter()),
+                );
+                Ok(ckpt)
+            }
+            Engine::Library(library) => {
+                let mut ckpt = Checkpoint::new(library.optimizer.inner().state()?);
+                library.optimizer.save_into(&mut ckpt)?;
                 let params = self.parameters(model)?;
                 ckpt.set_parameters(
                     model
@@ -155,6 +184,13 @@ impl<R: UpdateRule, C: Communicator + 'static> Engine<R, C> {
                 dp.restore(ckpt)?;
                 dp.optimizer_mut().restore_from(ckpt)?;
                 for ((_, var), param) in dp.vars().iter().zip(&params) {
+                    write_values(var, param.as_slice::<f32>()?)?;
+                }
+            }
+            Engine::Library(library) => {
+                let params = parameters_in(ckpt, library.optimizer.vars())?;
+                library.optimizer.restore_from(ckpt)?;
+                for ((_, var), param) in library.optimizer.vars().iter().zip(&params) {
                     write_values(var, param.as_slice::<f32>()?)?;
                 }
             }

@@ -1,0 +1,169 @@
+//! The shaped-network report of `gradwire compare --network`: time, not
+//! only bytes. Before the runs, the link is calibrated (all-reduces of a few
+//! sizes, gradwire's and the library's); after them, one row per strategy:
+//! seconds per step split into compute, compression and network, bytes per
+//! step, time to the target accuracy, the speedup over the baseline (the
+//! library's own all-reduce), and what the cost model predicted.
+
+use crate::engine::Backend;
+use crate::error::Result;
+use crate::train::{RunReport, TARGET_ACCURACY};
+use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
+use gradwire_comm::ReduceOp;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Sizes the calibration all-reduces (bytes of f32).
+pub const CALIBRATION_BYTES: [usize; 4] = [64 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// Timed repetitions per size (after one untimed).
+const REPETITIONS: usize = 3;
+
+/// Buffers rotated through per size, so that no timing reuses the
+/// previous one's cache-warm buffer.
+const ROTATION: usize = 3;
+
+/// What an all-reduce of each calibration size took on this network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Ranks.
+    pub world: usize,
+    /// `(bytes, seconds)` of gradwire's all-reduce (the slowest rank's
+    /// time, median of the repetitions).
+    pub gradwire: Vec<(usize, f64)>,
+    /// The same for the library's own all-reduce (MPI_Allreduce).
+    pub library: Vec<(usize, f64)>,
+}
+
+/// Times both all-reduces at [`CALIBRATION_BYTES`] (collective: every rank
+/// calls it).
+pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
+    let mut gradwire = Vec::new();
+    let mut library = Vec::new();
+    for bytes in CALIBRATION_BYTES {
+        let len = bytes / 4;
+        let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
+            .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
+            .collect();
+        for library_call in [false, true] {
+            let mut times = Vec::with_capacity(REPETITIONS);
+            for rep in 0..=REPETITIONS {
+                let buf = &mut buffers[rep % ROTATION];
+                comm.barrier()?;
+                let started = Instant::now();
+                if library_call {
+                    comm.library_sum(buf)?;
+                } else {
+                    comm.all_reduce(buf, ReduceOp::Sum)?;
+                }
+                let mut took = [started.elapsed().as_secs_f64()];
+                // The collective ends for everyone when the slowest rank is done.
+                comm.all_reduce(&mut took, ReduceOp::Max)?;
+                if rep > 0 {
+                    times.push(took[0]);
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            if library_call {
+                library.push((bytes, median));
+            } else {
+                gradwire.push((bytes, median));
+            }
+        }
+    }
+    Ok(Calibration {
+        world: comm.world_size(),
+        gradwire,
+        library,
+    })
+}
+
+/// One strategy's row of the shaped report (also the profile `gradwire
+/// project` reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShapedRow {
+    /// The strategy's label.
+    pub label: String,
+    /// Final test accuracy.
+    pub final_accuracy: f64,
+    /// Wall-clock seconds to [`TARGET_ACCURACY`], if reached.
+    pub seconds_to_target: Option<f64>,
+    /// Steps to [`TARGET_ACCURACY`], if reached.
+    pub steps_to_target: Option<u64>,
+    /// The step's time, split.
+    pub split: crate::train::StepSplit,
+}
+
+impl ShapedRow {
+    /// The row of one run.
+    pub fn of(run: &RunReport) -> ShapedRow {
+        let steps_to_target = run
+            .epochs_to(TARGET_ACCURACY)
+            .map(|epoch| run.epochs.iter().take(epoch).map(|e| e.steps as u64).sum());
+        ShapedRow {
+            label: run.label.clone(),
+            final_accuracy: run.final_accuracy(),
+            seconds_to_target: run.seconds_to(TARGET_ACCURACY),
+            steps_to_target,
+            split: run.per_step(),
+        }
+    }
+}
+
+/// The shaped report's table: `predicted[i]` is the cost model's seconds
+/// per step for run `i`, if any; the baseline is the run labelled
+/// `baseline`.
+pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
+    let rows: Vec<ShapedRow> = runs.iter().map(ShapedRow::of).collect();
+    let baseline = rows.iter().find(|r| r.label == "baseline");
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+        "strategy",
+        "final acc %",
+        "s to 95 %",
+        "s / step",
+        "compute",
+        "codec",
+        "network",
+        "MB / step",
+        "speedup",
+        "model s / step",
+        "model error",
+    ]);
+    let right = |text: String| Cell::new(text).set_alignment(CellAlignment::Right);
+    let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
+    for (i, r) in rows.iter().enumerate() {
+        let split = &r.split;
+        // Against the baseline: time to accuracy where both reached it,
+        // else seconds per step.
+        let speedup = baseline.map(|b| match (b.seconds_to_target, r.seconds_to_target) {
+            (Some(b), Some(s)) if s > 0.0 => format!("{:.2}x", b / s),
+            _ if split.total > 0.0 => format!("{:.2}x / step", b.split.total / split.total),
+            _ => "-".into(),
+        });
+        let model = predicted.get(i).copied().flatten();
+        table.add_row(vec![
+            Cell::new(&r.label),
+            right(format!("{:.1}", r.final_accuracy * 100.0)),
+            right(
+                r.seconds_to_target
+                    .map_or("-".into(), |s| format!("{s:.1}")),
+            ),
+            right(format!("{:.1} ms", split.total * 1e3)),
+            right(format!("{:.1} ms", split.compute * 1e3)),
+            right(ms(split.codec)),
+            right(ms(split.network)),
+            right(format!("{:.3}", split.bytes / 1e6)),
+            right(speedup.unwrap_or_else(|| "-".into())),
+            right(ms(model)),
+            right(model.map_or("-".into(), |m| {
+                format!(
+                    "{:+.0} %",
+                    (m - split.total) / split.total.max(1e-12) * 100.0
+                )
+            })),
+        ]);
+    }
+    table
+}

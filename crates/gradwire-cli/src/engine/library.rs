@@ -1,0 +1,102 @@
+//! The baseline every strategy is measured against: the data-parallel loop
+//! without gradwire's machinery, as Horovod runs it on CPUs. Every gradient
+//! is copied into one fusion buffer, summed by the backend library's own
+//! all-reduce (Open MPI's `MPI_Allreduce` under `--backend mpi`), divided
+//! by W, and stepped by the same optimizer as the other strategies. No
+//! buckets, no overlap, no skip vote: what a user would write instead.
+
+use crate::error::Result;
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor as CandleTensor, Var};
+use candle_nn::Optimizer as _;
+use gradwire_algos::Traffic;
+use gradwire_candle::{CandleOptim, with_values};
+use gradwire_comm::{Communicator, LocalComm, ReduceOp};
+use gradwire_optim::{StepStats, UpdateRule};
+use std::time::{Duration, Instant};
+
+/// What a communicator offers the training loop beyond the trait: its
+/// library's own all-reduce (the baseline's) and the time its calls took
+/// (the network's share of a step).
+pub trait Backend: Communicator {
+    /// Sums `buf` over the ranks with the library's own algorithm; by
+    /// default the communicator's all-reduce (LocalComm has no library).
+    fn library_sum(&self, buf: &mut [f32]) -> gradwire_comm::Result<()> {
+        self.all_reduce(buf, ReduceOp::Sum)
+    }
+
+    /// The time spent in this communicator's calls so far (on the caller's
+    /// thread, and on its asynchronous jobs' thread), if it keeps count.
+    fn time_in_calls(&self) -> Option<(Duration, Duration)> {
+        None
+    }
+}
+
+impl Backend for LocalComm {}
+
+#[cfg(feature = "mpi")]
+impl Backend for gradwire_comm::MpiComm {
+    fn library_sum(&self, buf: &mut [f32]) -> gradwire_comm::Result<()> {
+        self.library_all_reduce(buf, ReduceOp::Sum)
+    }
+
+    fn time_in_calls(&self) -> Option<(Duration, Duration)> {
+        let t = gradwire_comm::MpiComm::time_in_calls(self);
+        Some((t.caller, t.jobs))
+    }
+}
+
+#[cfg(feature = "nccl")]
+impl Backend for gradwire_comm::NcclComm {}
+
+/// The baseline loop of one worker.
+pub(crate) struct LibraryLoop<R: UpdateRule, C> {
+    pub(super) optimizer: CandleOptim<R>,
+    pub(super) comm: C,
+    /// Horovod's fusion buffer: every gradient, in the variables' order.
+    fused: Vec<f32>,
+}
+
+impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
+    pub(super) fn new(vars: Vec<(String, Var)>, optimizer: R::Config, comm: C) -> Result<Self> {
+        let len = vars.iter().map(|(_, v)| v.elem_count()).sum();
+        Ok(LibraryLoop {
+            optimizer: CandleOptim::with_names(vars, optimizer)?,
+            comm,
+            fused: Vec::with_capacity(len),
+        })
+    }
+
+    /// Fuses, sums with the library, averages and steps. A variable without
+    /// a gradient on this rank contributes zeros (the sum stays defined).
+    pub(super) fn step(&mut self, mut grads: GradStore) -> Result<StepStats> {
+        self.fused.clear();
+        for (_, var) in self.optimizer.vars() {
+            match grads.get(var.as_tensor()) {
+                Some(g) => with_values(g, |v| self.fused.extend_from_slice(v))?,
+                None => self.fused.resize(self.fused.len() + var.elem_count(), 0.0),
+            }
+        }
+        let started = Instant::now();
+        self.comm.library_sum(&mut self.fused)?;
+        let wait = started.elapsed();
+        let inverse = 1.0 / self.comm.world_size() as f32;
+        let mut at = 0;
+        for (_, var) in self.optimizer.vars() {
+            let n = var.elem_count();
+            let averaged: Vec<f32> = self.fused[at..at + n].iter().map(|g| g * inverse).collect();
+            at += n;
+            let t = CandleTensor::from_vec(averaged, var.dims(), var.device())?;
+            grads.insert(var.as_tensor(), t);
+        }
+        self.optimizer.step(&grads)?;
+        Ok(StepStats {
+            buckets: 1,
+            traffic: Traffic::all_reduce(4 * self.fused.len(), self.comm.world_size()),
+            wait,
+            combine: wait,
+            updated: self.optimizer.vars().len(),
+            ..StepStats::default()
+        })
+    }
+}

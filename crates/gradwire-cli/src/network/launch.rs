@@ -1,0 +1,184 @@
+//! Runs `gradwire` as W MPI ranks, one per namespace of a [`ShapedNetwork`],
+//! under Open MPI over TCP only (`btl tcp,self`: no shared-memory
+//! transport, so every byte between ranks crosses a shaped link).
+//!
+//! `mpirun` itself runs in rank 0's namespace and reaches the others
+//! through an rsh agent script that maps each rank's address to
+//! `ip netns exec <its namespace>`: Open MPI starts one daemon per "host"
+//! as it would over ssh, and PMIx, the out-of-band channel and the data all
+//! stay on the bridge. (An mpirun in the root namespace cannot reach
+//! daemons inside namespaces: PMIx would be unreachable.)
+//!
+//! Ctrl-C and SIGTERM end the job (SIGTERM to mpirun, which stops its
+//! ranks; SIGKILL after a grace period) and return an error, so that the
+//! caller's [`ShapedNetwork`] drops and removes the namespaces.
+
+use super::{SUBNET, ShapedNetwork};
+use crate::error::{CliError, Result};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Set by the Ctrl-C / SIGTERM handler.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// How long mpirun gets to stop its ranks after SIGTERM.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// What to start under mpirun.
+#[derive(Debug, Clone)]
+pub struct MpiLaunch {
+    /// The program every rank runs (this `gradwire`).
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Environment variables every rank gets (`-x NAME=value`).
+    pub env: Vec<(String, String)>,
+}
+
+/// Runs `launch` as one rank per namespace of `net` and waits for it. Its
+/// output (rank 0's progress and tables) goes to this process's stdout and
+/// stderr as it comes. An error if mpirun is missing, the job fails, or
+/// the run is interrupted.
+pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
+    let mpirun = find_on_path("mpirun").ok_or_else(|| {
+        CliError::Network(
+            "`mpirun` is not on the PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)"
+                .into(),
+        )
+    })?;
+    install_handler()?;
+    let dir = tempfile::tempdir().map_err(|source| CliError::Io {
+        path: "(temporary directory)".into(),
+        source,
+    })?;
+    let agent = write_agent(net, dir.path())?;
+    let hosts: Vec<String> = (0..net.world())
+        .map(|r| format!("{}:1", net.address(r)))
+        .collect();
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", &net.namespace(0)])
+        .arg(mpirun)
+        .arg("--allow-run-as-root")
+        .args(["-np", &net.world().to_string()])
+        .args(["--host", &hosts.join(",")])
+        // One core per "host" would pin every rank to core 0.
+        .args(["--bind-to", "none"])
+        .arg("--mca")
+        .arg("plm_rsh_agent")
+        .arg(&agent)
+        .args(["--mca", "btl", "tcp,self"])
+        // Every "host" has one slot, so Open MPI does not see that the
+        // ranks share this machine's cores and would busy-poll in every
+        // blocking call, taking the cores the others compute and send on.
+        .args(["--mca", "mpi_yield_when_idle", "1"])
+        .args(["--mca", "btl_tcp_if_include", SUBNET])
+        .args(["--mca", "oob_tcp_if_include", SUBNET]);
+    for (name, value) in &launch.env {
+        command.args(["-x", &format!("{name}={value}")]);
+    }
+    command.arg(&launch.program).args(&launch.args);
+    let child = command.spawn().map_err(|e| {
+        CliError::Network(format!("cannot start mpirun in {}: {e}", net.namespace(0)))
+    })?;
+    let status = wait_or_stop(child)?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(CliError::Network(format!(
+            "the MPI job over the shaped network failed ({status}); its output is above"
+        )))
+    }
+}
+
+/// The rsh agent: Open MPI calls it as `agent <host> <command...>`; it runs
+/// the command in the host's namespace.
+fn write_agent(net: &ShapedNetwork, dir: &Path) -> Result<PathBuf> {
+    use std::fmt::Write as _;
+    let mut script = String::from(
+        "#!/bin/sh\n# gradwire: Open MPI's rsh agent into a shaped network's namespaces.\n\
+         host=\"$1\"\nshift\ncase \"$host\" in\n",
+    );
+    for rank in 0..net.world() {
+        let _ = writeln!(
+            script,
+            "  {}) ns={} ;;",
+            net.address(rank),
+            net.namespace(rank)
+        );
+    }
+    script.push_str(
+        "  *) echo \"gradwire agent: unknown host $host\" >&2; exit 1 ;;\nesac\n\
+         exec ip netns exec \"$ns\" sh -c \"$*\"\n",
+    );
+    let path = dir.join("netns-agent.sh");
+    let io = |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    std::fs::write(&path, script).map_err(io)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+    Ok(path)
+}
+
+/// Waits for mpirun; on Ctrl-C or SIGTERM, stops it (SIGTERM, then
+/// SIGKILL after [`GRACE`]) and returns an error.
+fn wait_or_stop(mut child: Child) -> Result<std::process::ExitStatus> {
+    let io = |source| CliError::Io {
+        path: "mpirun".into(),
+        source,
+    };
+    loop {
+        if let Some(status) = child.try_wait().map_err(io)? {
+            return Ok(status);
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let asked = Instant::now();
+            while asked.elapsed() < GRACE {
+                if child.try_wait().map_err(io)?.is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(CliError::Network(
+                "interrupted: the MPI job was stopped and the namespaces removed".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Catches Ctrl-C and SIGTERM once per process (ctrlc allows one handler).
+fn install_handler() -> Result<()> {
+    static ONCE: Once = Once::new();
+    static FAILED: OnceLock<String> = OnceLock::new();
+    ONCE.call_once(|| {
+        if let Err(e) = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst)) {
+            let _ = FAILED.set(e.to_string());
+        }
+    });
+    match FAILED.get() {
+        Some(e) => Err(CliError::Network(format!(
+            "cannot catch Ctrl-C, so the namespaces could outlive an interrupted run: {e}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `name` in a directory of `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
