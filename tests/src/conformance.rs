@@ -24,6 +24,7 @@
 
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
+use gradwire_cli::Backend;
 use gradwire_comm::{
     AsyncJob, CommError, Communicator, Element, JobSlot, LANE_LOST, LocalComm, Pending, ReduceOp,
     chunk_range, local,
@@ -105,7 +106,7 @@ impl<C> std::fmt::Debug for Case<C> {
 }
 
 /// Every case, in the order the MPI binary runs them.
-pub fn cases<C: Communicator + 'static>() -> Vec<Case<C>> {
+pub fn cases<C: Backend + 'static>() -> Vec<Case<C>> {
     vec![
         Case {
             name: "all_reduce_floats",
@@ -1587,7 +1588,7 @@ fn skipping_unwritten_gradients<C: Communicator + 'static>(
 /// accuracies and the traffic that the same run on LocalComm threads gives,
 /// for a strategy of each family (dense, sparse with error feedback, partial
 /// averaging, AdaSum by delta weight, DimReduce across its mode switch).
-fn training_runs_match_local<C: Communicator + 'static>(
+fn training_runs_match_local<C: Backend + 'static>(
     comm: &C,
     checks: &mut Checks,
 ) -> Result<(), CaseError> {

@@ -6,7 +6,9 @@
 //! feedback and an automatic dense fallback; [`adasum`] for any world size;
 //! [`powersgd`]'s low-rank all-reduce with error feedback; [`quantized`]'s
 //! 1-bit and 8-bit all-reduce (compressed both ways, error feedback).
-//! [`dimreduce`] for PCA-subspace quasi-Newton steps.
+//! [`dimreduce`] for PCA-subspace quasi-Newton steps. [`cost`] models what
+//! each of them costs per step on a network (alpha-beta, ring / tree /
+//! hierarchical collectives), byte for byte what they send.
 //!
 //! ```
 //! use gradwire_algos::{DEFAULT_FUSION_CAPACITY, fused_all_reduce_async};
@@ -27,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod adasum;
+pub mod cost;
 pub mod dimreduce;
 mod error;
 pub mod fault;

@@ -38,6 +38,7 @@ pub mod faults;
 pub mod model;
 pub mod network;
 pub mod plot;
+pub mod project;
 pub mod train;
 
 pub use config::{ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};

@@ -11,6 +11,7 @@ use gradwire_cli::compare;
 use gradwire_cli::data::Digits;
 use gradwire_cli::network::{self, MpiLaunch, Rate, ShapedNetwork};
 use gradwire_cli::plot;
+use gradwire_cli::project;
 use gradwire_cli::train::{CheckpointPlan, RunReport, TARGET_ACCURACY, train};
 use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
 use indicatif::ProgressBar;
@@ -49,6 +50,11 @@ enum Command {
     /// whether every rank saw the same outcome and the run went on (the
     /// failure model).
     Faults(FaultsArgs),
+    /// Project seconds per step and speedups to clusters this machine does
+    /// not have (ResNet-50, BERT-Large; 8 to 1024 workers; 10 to 100
+    /// Gbit/s) with the alpha-beta cost model, optionally fed by a shaped
+    /// run's profile.json.
+    Project(project::ProjectArgs),
 }
 
 /// `gradwire faults`'s flags.
@@ -339,6 +345,7 @@ fn main() -> ExitCode {
         Command::Compare(args) => run_compare(args),
         Command::Bench(command) => run_bench(command),
         Command::Faults(args) => run_faults(args),
+        Command::Project(args) => project::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -597,11 +604,23 @@ fn run_compare(args: CompareArgs) -> Result<(), CliError> {
         }
     };
     let plots = plot::write_plots(&runs, &args.out);
+    // Everything measured, beside the plots (`gradwire project --profile`
+    // and later reports read it); the plots made the directory.
+    let record = serde_json::json!({
+        "type": "compare",
+        "runs": runs,
+        "calibration": calibration,
+        "rate_bits_per_s": args.network.link_rate,
+    });
+    if plots.is_ok() {
+        let path = args.out.join("compare.json");
+        std::fs::write(&path, record.to_string()).map_err(|source| CliError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+    }
     if json {
-        println!(
-            "{}",
-            serde_json::json!({ "type": "compare", "runs": runs, "calibration": calibration })
-        );
+        println!("{record}");
     } else {
         println!("{}", compare::table(&runs));
     }
@@ -624,7 +643,9 @@ fn run_compare(args: CompareArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The time report of a shaped-network comparison (rank 0).
+/// The time report of a shaped-network comparison (rank 0): the table,
+/// with the cost model's prediction for every run, and `<out>/profile.json`
+/// (what `gradwire project --profile` reads).
 fn shaped_report(
     runs: &[RunReport],
     calibration: &compare::Calibration,
@@ -632,8 +653,19 @@ fn shaped_report(
     out: &Path,
     json: bool,
 ) -> Result<(), CliError> {
-    let predicted: Vec<Option<f64>> = vec![None; runs.len()];
-    let _ = out;
+    let profile = project::profile_of(runs, calibration, bits)?;
+    let predicted = project::predictions(&profile, runs);
+    std::fs::create_dir_all(out).map_err(|source| CliError::Io {
+        path: out.display().to_string(),
+        source,
+    })?;
+    let path = out.join("profile.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&profile)?).map_err(|source| {
+        CliError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    })?;
     if json {
         let rows: Vec<compare::ShapedRow> = runs.iter().map(compare::ShapedRow::of).collect();
         println!(
@@ -644,10 +676,24 @@ fn shaped_report(
                 "rows": rows,
                 "predicted_s_per_step": predicted,
                 "calibration": calibration,
+                "profile": profile,
             })
         );
     } else {
         println!("{}", compare::shaped_table(runs, &predicted));
+        let link = |l: &project::ProfileLink| {
+            format!(
+                "{:.0} us + bytes / {:.1} MB/s",
+                l.latency_s * 1e6,
+                l.bytes_per_s / 1e6
+            )
+        };
+        println!(
+            "links fitted to the calibration (a ring's rounds): gradwire {}, {} library; profile: {}",
+            link(&profile.link),
+            profile.library_link.as_ref().map_or("-".into(), link),
+            path.display()
+        );
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ const FONT_PATHS: &[&str] = &[
 ];
 
 /// Registers the font once per process; the error says how to get one.
-fn ensure_font() -> Result<()> {
+pub(crate) fn ensure_font() -> Result<()> {
     static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {

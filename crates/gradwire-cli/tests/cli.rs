@@ -336,3 +336,30 @@ fn bench_reports_ratios_against_memcpy() {
     let rows = json_lines(&out).remove(0);
     assert_eq!(rows.as_array().unwrap().len(), 7);
 }
+
+/// The baseline (one fusion buffer, the communicator's own all-reduce, the
+/// same optimizer) computes what DistOpt's dense mode computes: on LocalComm,
+/// whose all-reduce is gradwire's rank-ordered sum, the models are bitwise
+/// equal after training.
+#[test]
+fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gradwire(&[
+        "compare",
+        "--json",
+        "--strategies",
+        "baseline,dense",
+        "--epochs",
+        "2",
+        "-w",
+        "3",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let lines = json_lines(&out);
+    let runs = lines[0]["runs"].as_array().expect("runs");
+    assert_eq!(runs[0]["label"], "baseline");
+    assert_eq!(runs[1]["label"], "dense");
+    assert_eq!(runs[0]["param_checksum"], runs[1]["param_checksum"]);
+    assert_eq!(accuracy(&runs[0]), accuracy(&runs[1]));
+}

@@ -213,7 +213,7 @@ pub fn table(runs: &[RunReport]) -> Table {
 
 mod shaped;
 
-pub use shaped::{Calibration, ShapedRow, calibrate, shaped_table};
+pub use shaped::{CALIBRATION_BYTES, Calibration, ShapedRow, calibrate, shaped_table};
 
 #[cfg(test)]
 mod tests {

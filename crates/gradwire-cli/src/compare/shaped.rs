@@ -13,7 +13,7 @@ use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// Sizes the calibration all-reduces (bytes of f32).
+/// Sizes of the calibration all-reduces (bytes of f32).
 pub const CALIBRATION_BYTES: [usize; 4] = [64 << 10, 1 << 20, 4 << 20, 16 << 20];
 
 /// Timed repetitions per size (after one untimed).
@@ -126,6 +126,7 @@ pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
         "compute",
         "codec",
         "network",
+        "of which imbalance",
         "MB / step",
         "speedup",
         "model s / step",
@@ -154,6 +155,7 @@ pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
             right(format!("{:.1} ms", split.compute * 1e3)),
             right(ms(split.codec)),
             right(ms(split.network)),
+            right(ms(split.imbalance)),
             right(format!("{:.3}", split.bytes / 1e6)),
             right(speedup.unwrap_or_else(|| "-".into())),
             right(ms(model)),

@@ -309,6 +309,16 @@ struct Tally {
     combine: Duration,
     searches: usize,
     accepted: usize,
+    /// Per step, this rank's time outside the communicator's calls (where
+    /// the backend counts them): compute, codecs, bookkeeping.
+    busy: Vec<f64>,
+}
+
+/// The time `comm` spent in its calls (both threads) since `before`, its
+/// count then; `None` where the backend keeps none.
+fn in_calls_since<C: Backend>(before: Option<(Duration, Duration)>, comm: &C) -> Option<Duration> {
+    let ((c0, j0), (c1, j1)) = before.zip(comm.time_in_calls())?;
+    Some(c1.saturating_sub(c0) + j1.saturating_sub(j0))
 }
 
 impl Run<'_> {
@@ -384,6 +394,7 @@ impl Run<'_> {
             let mut tally = Tally::default();
             for global in epoch_order(data.train_len(), epoch).chunks(global_batch) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
+                let calls_at_step = engine.comm().time_in_calls();
                 let computing = Instant::now();
                 let (loss, grads) = model.loss_and_grads(&data.train_x, &data.train_y, &mine)?;
                 tally.compute += computing.elapsed();
@@ -405,6 +416,10 @@ impl Run<'_> {
                     let params = engine.parameters(&model)?;
                     recorder.record(&params.iter().collect::<Vec<_>>())?;
                 }
+                if let Some(in_calls) = in_calls_since(calls_at_step, engine.comm()) {
+                    let busy = computing.elapsed().saturating_sub(in_calls);
+                    tally.busy.push(busy.as_secs_f64());
+                }
                 tally.comm += stats.wait;
                 tally.combine += stats.combine;
                 tally.sent += stats.traffic.sent;
@@ -416,6 +431,14 @@ impl Run<'_> {
             }
             let mut loss = [tally.loss / tally.steps.max(1) as f64];
             engine.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
+            // Each step waits for its slowest rank: the step-by-step
+            // maximum of the ranks' busy times (every rank has the same
+            // steps, and the same backend, so the same call or none).
+            let busy: f64 = tally.busy.iter().sum();
+            let mut slowest = tally.busy;
+            if !slowest.is_empty() {
+                engine.comm().all_reduce(&mut slowest, ReduceOp::Max)?;
+            }
             bytes_total += tally.sent;
             let dense_so_far = dense_step * (self.steps_per_epoch * (epoch + 1)) as u64;
             let record = EpochRecord {
@@ -435,11 +458,9 @@ impl Run<'_> {
                 wall_secs: began.elapsed().as_secs_f64(),
                 steps: tally.steps,
                 combine_secs: tally.combine.as_secs_f64(),
-                network_secs: calls_before.zip(engine.comm().time_in_calls()).map(
-                    |((c0, j0), (c1, j1))| {
-                        (c1.saturating_sub(c0) + j1.saturating_sub(j0)).as_secs_f64()
-                    },
-                ),
+                network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
+                busy_secs: (!slowest.is_empty()).then_some(busy),
+                slowest_busy_secs: (!slowest.is_empty()).then(|| slowest.iter().sum()),
                 line_search_accepted: (tally.searches > 0)
                     .then(|| tally.accepted as f64 / tally.searches as f64),
             };

@@ -37,6 +37,16 @@ pub struct EpochRecord {
     /// network's share); `None` where the backend keeps no count.
     #[serde(default)]
     pub network_secs: Option<f64>,
+    /// Seconds of this rank's steps outside the communicator's calls
+    /// (compute, codecs, the update); `None` where the backend keeps no
+    /// count.
+    #[serde(default)]
+    pub busy_secs: Option<f64>,
+    /// The same, step by step the slowest rank's: a step's collectives
+    /// start when its last rank arrives, so the excess over `busy_secs` is
+    /// what rank 0 waited in them for the others (load imbalance).
+    #[serde(default)]
+    pub slowest_busy_secs: Option<f64>,
     /// DimReduce: the fraction of this epoch's line searches that took a step.
     pub line_search_accepted: Option<f64>,
 }
@@ -121,6 +131,12 @@ impl RunReport {
             .sum::<Option<f64>>()
             .map(|n| n / steps);
         let combine = sum(|e| e.combine_secs);
+        let imbalance = self
+            .epochs
+            .iter()
+            .map(|e| Some(e.slowest_busy_secs? - e.busy_secs?))
+            .sum::<Option<f64>>()
+            .map(|i| (i / steps).max(0.0));
         StepSplit {
             total: sum(|e| e.wall_secs),
             compute: sum(|e| e.compute_secs),
@@ -130,6 +146,7 @@ impl RunReport {
             // are counted as network, outside any combine).
             codec: network.map(|n| (combine - n).max(0.0)),
             network,
+            imbalance,
             bytes: self.bytes_per_worker() as f64 / steps,
         }
     }
@@ -149,6 +166,10 @@ pub struct StepSplit {
     pub codec: Option<f64>,
     /// In the communicator's calls (the network, with MPI).
     pub network: Option<f64>,
+    /// Of `network`, what rank 0 waited for slower ranks to arrive (the
+    /// slowest rank's time outside calls, step by step, less rank 0's).
+    #[serde(default)]
+    pub imbalance: Option<f64>,
     /// Bytes one worker sent per step.
     pub bytes: f64,
 }

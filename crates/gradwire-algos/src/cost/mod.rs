@@ -1,0 +1,369 @@
+//! An alpha-beta cost model of gradwire's communication: what a training
+//! step's collectives cost on a network, so that a strategy measured on a
+//! small shaped network can be projected to another link and to 8..1024
+//! workers.
+//!
+//! Why a model: the bytes a strategy sends are exact and machine
+//! independent ([`Traffic`](crate::Traffic)), but what matters is seconds
+//! per step, which depend on the link's latency (alpha, seconds per
+//! message) and bandwidth (beta, seconds per byte) and on how many messages
+//! each collective needs. The model has three parts:
+//!
+//! - [`Link`]: alpha and 1/beta, given or fitted from timings
+//!   ([`fit_link`], [`fit_all_reduce`]);
+//! - [`collectives`]: the time of each collective under a
+//!   [`Algorithm`] (ring, tree, two-level hierarchical), from the textbook
+//!   formulas (Thakur, Rabenseifner & Gropp 2005; Sanders, Speck & Träff
+//!   2009), cited where each is written;
+//! - [`strategies`]: every gradwire strategy's collectives in one step,
+//!   an analytic function of the parameter shapes, the world size, the
+//!   strategy's settings and DistOpt's buckets ([`step_collectives`]),
+//!   matching what the implementations send, byte for byte
+//!   ([`bytes_sent`] equals DistOpt's `StepStats::traffic.sent` of rank 0).
+//!
+//! [`predict_step_secs`] adds compute, codec and other time to the
+//! collectives' time. gradwire's CLI computes every gradient before the
+//! step's first collective (candle's backward), so nothing overlaps by
+//! default ([`StepModel::overlap`] is 0); a framework whose buckets travel
+//! during backward sets a fraction.
+//!
+//! ```
+//! use gradwire_algos::cost::{
+//!     Algorithm, Bucketing, Link, StepModel, StrategySpec, predict_step_secs, step_collectives,
+//! };
+//!
+//! let shapes = vec![vec![1024, 1024], vec![1024]];
+//! let calls = step_collectives(&StrategySpec::Dense, &shapes, 8, &Bucketing::default())?;
+//! let link = Link::from_bit_rate(10e9, 5e-6)?;
+//! let step = StepModel { compute_s: 0.05, ..StepModel::default() };
+//! let secs = predict_step_secs(&step, &calls, 8, &link, &Algorithm::Ring)?;
+//! assert!(secs > 0.05);
+//! # Ok::<(), gradwire_algos::AlgoError>(())
+//! ```
+
+pub mod collectives;
+pub mod strategies;
+
+pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
+pub use strategies::{
+    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, plan_buckets, step_collectives,
+};
+
+use crate::error::{AlgoError, Result};
+
+/// A point-to-point link in the alpha-beta (Hockney) model: a message of
+/// `n` bytes takes `latency_s + n / bytes_per_s` seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Alpha: seconds per message, whatever its size (NIC, switch and
+    /// software stack).
+    pub latency_s: f64,
+    /// 1 / beta: bytes per second once a message streams.
+    pub bytes_per_s: f64,
+}
+
+impl Link {
+    /// A link of `latency_s` seconds and `bytes_per_s` bytes per second;
+    /// a non-finite value, a rate of zero or less or a negative latency is
+    /// [`AlgoError::InvalidArgument`].
+    pub fn new(latency_s: f64, bytes_per_s: f64) -> Result<Link> {
+        if !(latency_s.is_finite() && latency_s >= 0.0) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "a link's latency must be finite and at least 0 s, got {latency_s}"
+            )));
+        }
+        if !(bytes_per_s.is_finite() && bytes_per_s > 0.0) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "a link's rate must be finite and positive, got {bytes_per_s} bytes/s"
+            )));
+        }
+        Ok(Link {
+            latency_s,
+            bytes_per_s,
+        })
+    }
+
+    /// A link of `bits_per_s` (as tc and NIC data sheets give rates: 10e9
+    /// for 10 Gbit/s) and `latency_s`.
+    pub fn from_bit_rate(bits_per_s: f64, latency_s: f64) -> Result<Link> {
+        Link::new(latency_s, bits_per_s / 8.0)
+    }
+
+    /// Checks a `Link` built field by field (the fields are public).
+    pub fn validate(&self) -> Result<()> {
+        Link::new(self.latency_s, self.bytes_per_s).map(|_| ())
+    }
+
+    /// Seconds for one message of `bytes`: alpha + bytes beta.
+    pub fn message_secs(&self, bytes: f64) -> f64 {
+        self.latency_s + bytes / self.bytes_per_s
+    }
+}
+
+/// Least-squares fit of `t = alpha + bytes * beta` to measured
+/// `(bytes, seconds)` of one message (or of one round of a collective, see
+/// [`fit_all_reduce`]). The errors are absolute, so the largest sizes weigh
+/// most: a step's time is its large buckets', and a token-bucket shaper
+/// passes a message below its burst at full speed, which no line through
+/// the large sizes fits (a relative fit would bend to it and under-predict
+/// every large transfer). At least two distinct sizes are needed; every
+/// value must be finite and non-negative. A fitted alpha below zero
+/// (timings noisier than the latency) is clamped to 0 and beta refitted
+/// through the origin; a slope that is not positive (times that do not
+/// grow with the size) is an error, since no link can be made of it.
+pub fn fit_link(samples: &[(f64, f64)]) -> Result<Link> {
+    if let Some(&(b, t)) = samples
+        .iter()
+        .find(|(b, t)| !(b.is_finite() && t.is_finite() && *b >= 0.0 && *t >= 0.0))
+    {
+        return Err(AlgoError::InvalidArgument(format!(
+            "a timing must be finite and non-negative, got ({b} bytes, {t} s)"
+        )));
+    }
+    let n = samples.len() as f64;
+    let mean_b = samples.iter().map(|s| s.0).sum::<f64>() / n;
+    let mean_t = samples.iter().map(|s| s.1).sum::<f64>() / n;
+    let sxx: f64 = samples.iter().map(|s| (s.0 - mean_b).powi(2)).sum();
+    let sxy: f64 = samples
+        .iter()
+        .map(|s| (s.0 - mean_b) * (s.1 - mean_t))
+        .sum();
+    // Two distinct sizes at least; relative to the sizes, so that a
+    // rounding difference between equal sizes does not pass.
+    if samples.len() < 2 || sxx.is_nan() || sxx <= 1e-12 * mean_b.powi(2).max(1.0) {
+        return Err(AlgoError::InvalidArgument(
+            "fitting a link needs timings of at least two different sizes".into(),
+        ));
+    }
+    let mut beta = sxy / sxx;
+    let mut alpha = mean_t - beta * mean_b;
+    if alpha < 0.0 {
+        // Through the origin: beta = sum(b t) / sum(b^2).
+        let sbb: f64 = samples.iter().map(|s| s.0 * s.0).sum();
+        let sbt: f64 = samples.iter().map(|s| s.0 * s.1).sum();
+        alpha = 0.0;
+        beta = sbt / sbb;
+    }
+    if !(beta.is_finite() && beta > 0.0) {
+        return Err(AlgoError::InvalidArgument(format!(
+            "the timings do not grow with the size (slope {beta} s/byte): no link fits them"
+        )));
+    }
+    Link::new(alpha, 1.0 / beta)
+}
+
+/// Fits the [`Link`] under a ring all-reduce from `(bytes, seconds)` of
+/// all-reduces of `bytes` per rank on `world` ranks.
+///
+/// A ring all-reduce of `n` bytes is `2 (W - 1)` rounds (a reduce-scatter
+/// then an all-gather), in each of which every rank sends one chunk of
+/// `n / W` bytes to its neighbour and receives one:
+/// `t = 2 (W - 1) (alpha + n / W beta)`. So each sample maps to one round,
+/// `(n / W, t / (2 (W - 1)))`, and [`fit_link`] fits alpha and beta of the
+/// link itself. gradwire's own all-reduce over MPI (a reduce-scatter by
+/// all-to-all, then an all-gather) has the same bytes and rounds; the
+/// fitted alpha also absorbs its per-call header exchange. `world` must be
+/// at least 2 (one rank sends nothing).
+pub fn fit_all_reduce(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
+    if world < 2 {
+        return Err(AlgoError::InvalidArgument(format!(
+            "an all-reduce on {world} rank(s) moves nothing: fitting needs 2 or more"
+        )));
+    }
+    let (w, rounds) = (world as f64, 2.0 * (world as f64 - 1.0));
+    let per_round: Vec<(f64, f64)> = samples
+        .iter()
+        .map(|&(bytes, t)| (bytes as f64 / w, t / rounds))
+        .collect();
+    fit_link(&per_round)
+}
+
+/// What a step costs besides its collectives, in seconds per step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepModel {
+    /// Forward and backward (and the optimizer's update).
+    pub compute_s: f64,
+    /// The strategy's encoding and decoding (casts, selections,
+    /// quantization, PowerSGD's products).
+    pub codec_s: f64,
+    /// Anything else measured per step (data loading, bookkeeping).
+    pub other_s: f64,
+    /// The fraction of `compute_s`, in `[0, 1]`, under which communication
+    /// can hide (buckets sent during backward). 0 in gradwire's CLI, whose
+    /// candle backward produces every gradient before the first bucket
+    /// leaves.
+    pub overlap: f64,
+}
+
+impl StepModel {
+    /// Checks that every time is finite and non-negative and `overlap` is
+    /// in `[0, 1]`.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("compute", self.compute_s),
+            ("codec", self.codec_s),
+            ("other", self.other_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(AlgoError::InvalidArgument(format!(
+                    "the {name} time must be finite and at least 0 s, got {v}"
+                )));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.overlap) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "the overlap must be in [0, 1], got {}",
+                self.overlap
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Seconds of all `calls` one after the other (gradwire runs a step's
+/// buckets in order on one communication thread, so they never run
+/// concurrently), on `world` ranks.
+pub fn communication_secs(
+    calls: &[CollectiveCall],
+    world: usize,
+    link: &Link,
+    algorithm: &Algorithm,
+) -> Result<f64> {
+    calls.iter().try_fold(0.0, |sum, call| {
+        Ok(sum + collective_secs(call, world, link, algorithm)?)
+    })
+}
+
+/// Predicted seconds per step: compute + codec + other + the collectives'
+/// time, less what hides under compute:
+/// `compute + codec + other + max(0, comm - overlap * compute)`.
+/// The codec is never hidden (it runs on the same cores, before its
+/// bucket's collective).
+pub fn predict_step_secs(
+    step: &StepModel,
+    calls: &[CollectiveCall],
+    world: usize,
+    link: &Link,
+    algorithm: &Algorithm,
+) -> Result<f64> {
+    step.validate()?;
+    let comm = communication_secs(calls, world, link, algorithm)?;
+    let exposed = (comm - step.overlap * step.compute_s).max(0.0);
+    Ok(step.compute_s + step.codec_s + step.other_s + exposed)
+}
+
+/// A codec time measured on `measured_params` parameters, scaled to
+/// `target_params`: every codec gradwire has is linear in the number of
+/// entries (a cast, a selection by radix passes, a quantization; PowerSGD's
+/// products are linear in `rows x cols` at a fixed rank), so the time per
+/// entry carries over, on the same hardware and as long as neither size is
+/// so small that fixed costs dominate.
+pub fn scale_codec_secs(
+    measured_s: f64,
+    measured_params: usize,
+    target_params: usize,
+) -> Result<f64> {
+    if !(measured_s.is_finite() && measured_s >= 0.0) {
+        return Err(AlgoError::InvalidArgument(format!(
+            "a codec time must be finite and at least 0 s, got {measured_s}"
+        )));
+    }
+    if measured_params == 0 {
+        return Err(AlgoError::InvalidArgument(
+            "a codec time measured on 0 parameters cannot be scaled".into(),
+        ));
+    }
+    Ok(measured_s * target_params as f64 / measured_params as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_refuse_bad_values() {
+        assert!(Link::new(-1e-6, 1e9).is_err());
+        assert!(Link::new(f64::NAN, 1e9).is_err());
+        assert!(Link::new(1e-6, 0.0).is_err());
+        assert!(Link::new(1e-6, f64::INFINITY).is_err());
+        assert!(Link::from_bit_rate(-8.0, 0.0).is_err());
+        let l = Link::from_bit_rate(8e9, 2e-6).unwrap();
+        assert_eq!(l.bytes_per_s, 1e9);
+        assert!((l.message_secs(1e9) - 1.000002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fit_recovers_a_link_and_refuses_what_cannot_fit() {
+        let truth = Link::new(30e-6, 1.25e9).unwrap();
+        let samples: Vec<(f64, f64)> = [1e3, 1e5, 1e6, 1e7]
+            .iter()
+            .map(|&b| (b, truth.message_secs(b)))
+            .collect();
+        let fit = fit_link(&samples).unwrap();
+        assert!((fit.latency_s - 30e-6).abs() < 1e-12);
+        assert!((fit.bytes_per_s / 1.25e9 - 1.0).abs() < 1e-9);
+        assert!(fit_link(&[(1e3, 1.0)]).is_err());
+        assert!(fit_link(&[(1e3, 1.0), (1e3, 2.0)]).is_err());
+        assert!(fit_link(&[(1e3, 2.0), (1e6, 1.0)]).is_err());
+        assert!(fit_link(&[(1e3, f64::NAN), (1e6, 1.0)]).is_err());
+        // Absolute errors: the large size decides the slope (a 30 % slow
+        // 100 MB point moves the fitted rate by about as much).
+        let slow = [
+            (1e4, truth.message_secs(1e4)),
+            (1e8, truth.message_secs(1e8) * 1.3),
+        ];
+        let fit = fit_link(&slow).unwrap();
+        assert!((fit.message_secs(1e8) / slow[1].1 - 1.0).abs() < 1e-9);
+        // A negative intercept is clamped: through the origin.
+        let fit = fit_link(&[(1e6, 0.9e-3), (2e6, 2.0e-3)]).unwrap();
+        assert_eq!(fit.latency_s, 0.0);
+    }
+
+    #[test]
+    fn all_reduce_timings_map_to_rounds() {
+        let truth = Link::new(50e-6, 1e9).unwrap();
+        let world = 4;
+        let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 24]
+            .iter()
+            .map(|&n| {
+                let call = CollectiveCall::all_reduce(n, world);
+                (
+                    n,
+                    collective_secs(&call, world, &truth, &Algorithm::Ring).unwrap(),
+                )
+            })
+            .collect();
+        let fit = fit_all_reduce(world, &samples).unwrap();
+        assert!((fit.latency_s / 50e-6 - 1.0).abs() < 1e-9);
+        assert!((fit.bytes_per_s / 1e9 - 1.0).abs() < 1e-9);
+        assert!(fit_all_reduce(1, &samples).is_err());
+    }
+
+    #[test]
+    fn prediction_adds_up_and_overlap_hides_communication() {
+        let link = Link::new(0.0, 1e9).unwrap();
+        let calls = vec![CollectiveCall::all_reduce(1_000_000, 2)];
+        // Ring on 2 ranks: 2 (W-1)/W n beta = 1e6 / 1e9 = 1 ms.
+        let step = StepModel {
+            compute_s: 0.01,
+            codec_s: 0.002,
+            other_s: 0.003,
+            overlap: 0.0,
+        };
+        let t = predict_step_secs(&step, &calls, 2, &link, &Algorithm::Ring).unwrap();
+        assert!((t - 0.016).abs() < 1e-12, "{t}");
+        let hidden = StepModel {
+            overlap: 1.0,
+            ..step
+        };
+        let t = predict_step_secs(&hidden, &calls, 2, &link, &Algorithm::Ring).unwrap();
+        assert!((t - 0.015).abs() < 1e-12, "{t}");
+        let bad = StepModel {
+            overlap: 1.5,
+            ..step
+        };
+        assert!(predict_step_secs(&bad, &calls, 2, &link, &Algorithm::Ring).is_err());
+        assert_eq!(scale_codec_secs(0.01, 1000, 3000).unwrap(), 0.03);
+        assert!(scale_codec_secs(0.01, 0, 3000).is_err());
+    }
+}

@@ -1,0 +1,266 @@
+//! The model against the strategies themselves, run in-process on
+//! LocalComm (DistOpt's buckets and votes are checked against real
+//! DistOpt steps in gradwire-cli's tests, which can reach gradwire-optim).
+
+use super::*;
+use crate::dimreduce::{DimReduce, DimReduceConfig, Pca};
+use crate::{AdaSum, PowerSgd, PowerSgdConfig, QuantizedAllReduce, sparse_all_reduce};
+use gradwire_comm::{Communicator, local};
+use gradwire_compress::SparseCodec;
+use gradwire_tensor::Tensor;
+
+/// Shapes with a conv kernel, matrices, vectors and an odd length.
+fn shapes() -> Vec<Vec<usize>> {
+    vec![
+        vec![16, 3, 3, 3],
+        vec![16],
+        vec![300, 64],
+        vec![300],
+        vec![10, 300],
+        vec![10],
+        vec![7],
+    ]
+}
+
+/// One bucket holding every tensor: the model's calls without the vote.
+fn one_bucket(spec: &StrategySpec, shapes: &[Vec<usize>], world: usize) -> Vec<CollectiveCall> {
+    let bucketing = Bucketing {
+        fusion_threshold: usize::MAX,
+        capacity: usize::MAX,
+        vote_per_bucket: true,
+    };
+    let mut calls = step_collectives(spec, shapes, world, &bucketing).unwrap();
+    let vote = calls.remove(0);
+    assert_eq!(vote, CollectiveCall::all_reduce(shapes.len(), world));
+    calls
+}
+
+/// Gradient-like tensors for `rank`, different on every rank.
+fn tensors(shapes: &[Vec<usize>], rank: usize) -> Vec<Tensor> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n: usize = s.iter().product();
+            let v = (0..n)
+                .map(|i| (((i * 31 + k * 7 + rank * 13) % 101) as f32 - 50.0) * 1e-3)
+                .collect();
+            Tensor::from_vec(v, s.clone()).unwrap()
+        })
+        .collect()
+}
+
+/// Rank 0's `Traffic.sent` of `f` on `world` ranks.
+fn sent_by_rank0<F>(world: usize, f: F) -> u64
+where
+    F: Fn(&gradwire_comm::LocalComm, &mut Vec<Tensor>) -> Result<Traffic> + Sync,
+{
+    let out = local::run(world, |comm| {
+        let mut t = tensors(&shapes(), comm.rank());
+        f(&comm, &mut t)
+    })
+    .unwrap();
+    out.into_iter().next().unwrap().unwrap().sent
+}
+
+#[test]
+fn buckets_follow_singas_grouping() {
+    let lens = [5, 3, 10, 2, 2, 1];
+    assert_eq!(plan_buckets(&lens, 6, 100).unwrap(), vec![0..2, 2..3, 3..6]);
+    assert_eq!(plan_buckets(&lens, 100, 100).unwrap(), vec![0..6]);
+    assert!(matches!(
+        plan_buckets(&lens, 6, 9),
+        Err(AlgoError::Capacity {
+            needed: 10,
+            capacity: 9
+        })
+    ));
+    assert_eq!(plan_buckets(&[], 6, 9).unwrap(), Vec::<Range<usize>>::new());
+}
+
+#[test]
+fn bad_settings_are_errors() {
+    let b = Bucketing::default();
+    let s = shapes();
+    for bad in [
+        StrategySpec::TopK { ratio: 0.0 },
+        StrategySpec::RandomK { ratio: 1.5 },
+        StrategySpec::SampledTopK {
+            ratio: 0.01,
+            overshoot: 2.0,
+        },
+        StrategySpec::PowerSgd {
+            rank: 0,
+            min_compression_rate: 2.0,
+        },
+        StrategySpec::Quantized {
+            quantizer: Quantizer::Qsgd { levels: 0, seed: 1 },
+        },
+    ] {
+        assert!(step_collectives(&bad, &s, 4, &b).is_err(), "{bad:?}");
+    }
+    assert!(step_collectives(&StrategySpec::Dense, &s, 0, &b).is_err());
+    assert!(step_collectives(&StrategySpec::Dense, &[vec![usize::MAX, 2]], 2, &b).is_err());
+}
+
+#[test]
+fn one_rank_sends_nothing() {
+    for spec in [
+        StrategySpec::Dense,
+        StrategySpec::TopK { ratio: 0.01 },
+        StrategySpec::RandomK { ratio: 0.01 },
+        StrategySpec::Quantized {
+            quantizer: Quantizer::Sign,
+        },
+        StrategySpec::AdaSum,
+        StrategySpec::DimReduce {
+            components: 4,
+            trials: 2,
+        },
+    ] {
+        let calls = step_collectives(&spec, &shapes(), 1, &Bucketing::default()).unwrap();
+        assert_eq!(bytes_sent(&calls), 0, "{spec:?}");
+    }
+}
+
+#[test]
+fn sparse_exchanges_match_the_model() {
+    for world in 1..=5 {
+        for (spec, codec) in [
+            (StrategySpec::TopK { ratio: 0.01 }, SparseCodec::TopK(0.01)),
+            (StrategySpec::TopK { ratio: 0.3 }, SparseCodec::TopK(0.3)),
+            (
+                StrategySpec::RandomK { ratio: 0.05 },
+                SparseCodec::RandomK {
+                    ratio: 0.05,
+                    seed: 9,
+                },
+            ),
+        ] {
+            let want = bytes_sent(&one_bucket(&spec, &shapes(), world));
+            let got = sent_by_rank0(world, |comm, t| sparse_all_reduce(comm, t, &codec, None));
+            assert_eq!(got, want, "{spec:?} W = {world}");
+        }
+    }
+}
+
+#[test]
+fn powersgd_matches_the_model() {
+    for world in 1..=4 {
+        for rank in [1, 4] {
+            let spec = StrategySpec::PowerSgd {
+                rank,
+                min_compression_rate: 2.0,
+            };
+            let calls = one_bucket(&spec, &shapes(), world);
+            let got = sent_by_rank0(world, |comm, t| {
+                let config = PowerSgdConfig {
+                    rank,
+                    start_step: 0,
+                    ..PowerSgdConfig::default()
+                };
+                let slots: Vec<usize> = (0..t.len()).collect();
+                PowerSgd::new(config)?.all_reduce(comm, t, &slots, 0)
+            });
+            assert_eq!(got, bytes_sent(&calls), "rank {rank} W = {world}");
+            assert_eq!(calls.len(), 2);
+        }
+    }
+}
+
+#[test]
+fn quantized_all_reduce_matches_the_model() {
+    for world in 1..=5 {
+        for quantizer in [
+            Quantizer::Sign,
+            Quantizer::MinMaxU8,
+            Quantizer::Qsgd {
+                levels: 127,
+                seed: 3,
+            },
+        ] {
+            let spec = StrategySpec::Quantized { quantizer };
+            let calls = one_bucket(&spec, &shapes(), world);
+            let got = sent_by_rank0(world, |comm, t| {
+                QuantizedAllReduce::new(quantizer, true)?.all_reduce(comm, t, 0)
+            });
+            assert_eq!(got, bytes_sent(&calls), "{quantizer:?} W = {world}");
+            // A barrier, W - 1 exchanges, an all-gather.
+            assert_eq!(calls.len(), world + 1);
+        }
+    }
+}
+
+#[test]
+fn adasum_matches_the_model() {
+    for world in 1..=7 {
+        let calls = one_bucket(&StrategySpec::AdaSum, &shapes(), world);
+        let got = sent_by_rank0(world, |comm, t| AdaSum::new(comm)?.combine(comm, t));
+        assert_eq!(got, bytes_sent(&calls), "W = {world}");
+    }
+}
+
+#[test]
+fn dimreduce_matches_the_model() {
+    let m = 1001;
+    let snapshots: Vec<Vec<f32>> = (0..6)
+        .map(|s| (0..m).map(|i| ((i * (s + 3)) % 17) as f32 * 0.01).collect())
+        .collect();
+    let pca = Pca::fit(&snapshots, 3).unwrap();
+    for world in 1..=4 {
+        let spec = StrategySpec::DimReduce {
+            components: 3,
+            trials: 0,
+        };
+        let calls = step_collectives(&spec, &[vec![m]], world, &Bucketing::default()).unwrap();
+        let out = local::run(world, |comm| {
+            let mut dr = DimReduce::new(&comm, &pca, DimReduceConfig::default())?;
+            let mut w = vec![0.5f32; m];
+            let g: Vec<f32> = (0..m).map(|i| (i % 5) as f32 * 1e-3).collect();
+            // No collective in the closure: DistOpt's trial all-reduces
+            // are the model's `trials`, 0 here.
+            dr.step(&comm, &mut w, &g, 1.0, |_| Ok(0.5))
+        })
+        .unwrap();
+        let step = out.into_iter().next().unwrap().unwrap();
+        assert_eq!(step.traffic.sent, bytes_sent(&calls), "W = {world}");
+    }
+    // The trials: DistOpt's one all-reduce of 8 x trials bytes.
+    let with = StrategySpec::DimReduce {
+        components: 3,
+        trials: 2,
+    };
+    let calls = step_collectives(&with, &[vec![m]], 3, &Bucketing::default()).unwrap();
+    let without = step_collectives(
+        &StrategySpec::DimReduce {
+            components: 3,
+            trials: 0,
+        },
+        &[vec![m]],
+        3,
+        &Bucketing::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        bytes_sent(&calls) - bytes_sent(&without),
+        Traffic::all_reduce(16, 3).sent
+    );
+    assert_eq!(calls.len(), without.len() + 2);
+}
+
+#[test]
+fn dense_counts_one_vote_and_one_all_reduce_per_bucket() {
+    let s = vec![vec![3_000_000], vec![1_000_000], vec![1_500_000], vec![10]];
+    let calls = step_collectives(&StrategySpec::Dense, &s, 4, &Bucketing::default()).unwrap();
+    // Buckets: [3 M] alone, then [1 M, 1.5 M] (past the threshold), [10].
+    assert_eq!(calls.len(), 6);
+    assert_eq!(calls[1], CollectiveCall::all_reduce(12_000_000, 4));
+    assert_eq!(calls[3], CollectiveCall::all_reduce(10_000_000, 4));
+    let per_step = Bucketing {
+        vote_per_bucket: false,
+        ..Bucketing::default()
+    };
+    let calls = step_collectives(&StrategySpec::Dense, &s, 4, &per_step).unwrap();
+    assert_eq!(calls.len(), 4);
+    assert_eq!(calls[0], CollectiveCall::all_reduce(4, 4));
+}

@@ -1,0 +1,130 @@
+//! The profile of a shaped `gradwire compare --network` run, which
+//! `gradwire project --profile` reads: measured seconds per step by part
+//! (compute, codec, other), what the cost model predicted for the run, and
+//! the steps each strategy took to the target accuracy.
+
+use crate::error::{CliError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A fitted link as the profile stores it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ProfileLink {
+    /// Alpha, seconds.
+    pub latency_s: f64,
+    /// 1 / beta, bytes per second.
+    pub bytes_per_s: f64,
+}
+
+impl ProfileLink {
+    /// The stored form of `link`.
+    pub fn of(link: &gradwire_algos::cost::Link) -> ProfileLink {
+        ProfileLink {
+            latency_s: link.latency_s,
+            bytes_per_s: link.bytes_per_s,
+        }
+    }
+}
+
+/// One strategy of a shaped run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileStrategy {
+    /// Its label, as `gradwire compare` prints it.
+    pub label: String,
+    /// Forward and backward, seconds per step.
+    pub compute_s_per_step: f64,
+    /// Encoding and decoding, seconds per step.
+    pub codec_s_per_step: f64,
+    /// The rest of the step outside communication, seconds.
+    pub other_s_per_step: f64,
+    /// Rank 0's wait for slower ranks before its collectives, seconds per
+    /// step (the run's load imbalance: part of the prediction of the run,
+    /// not projected, where every rank has a device of its own).
+    #[serde(default)]
+    pub imbalance_s_per_step: f64,
+    /// What a step took, seconds.
+    pub measured_s_per_step: f64,
+    /// What the cost model predicted, seconds.
+    pub predicted_s_per_step: f64,
+    /// Steps to the target accuracy, if reached.
+    pub steps_to_target: Option<u64>,
+    /// Test accuracy at the end, in [0, 1].
+    pub final_accuracy: f64,
+}
+
+/// What a shaped `gradwire compare --network` run measured (written by it,
+/// read by `gradwire project --profile`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// The shaped link's rate, bits per second.
+    pub rate_bits_per_s: u64,
+    /// Ranks of the run.
+    pub world: usize,
+    /// Parameters of the model trained.
+    pub params: usize,
+    /// The link fitted from the run's calibration of gradwire's all-reduce
+    /// (as a ring: [`gradwire_algos::cost::fit_all_reduce`]).
+    pub link: ProfileLink,
+    /// The same fitted from the library's own all-reduce (the baseline's).
+    #[serde(default)]
+    pub library_link: Option<ProfileLink>,
+    /// One entry per strategy.
+    pub strategies: Vec<ProfileStrategy>,
+}
+
+/// What `gradwire compare` writes to `compare.json`.
+#[derive(Debug, Deserialize)]
+struct CompareRecord {
+    runs: Vec<crate::train::RunReport>,
+    calibration: Option<crate::compare::Calibration>,
+    rate_bits_per_s: Option<u64>,
+}
+
+impl Profile {
+    /// Reads and checks a profile: a `profile.json`, or the
+    /// `compare.json` of a shaped run (its runs and calibration, from which
+    /// [`super::profile_of`] computes the profile again, with this
+    /// version's model).
+    pub fn load(path: &Path) -> Result<Profile> {
+        let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let value: serde_json::Value = serde_json::from_str(&text)?;
+        let profile = if value.get("type").and_then(|t| t.as_str()) == Some("compare") {
+            let record: CompareRecord = serde_json::from_value(value)?;
+            match (record.calibration, record.rate_bits_per_s) {
+                (Some(calibration), Some(rate)) => {
+                    super::profile_of(&record.runs, &calibration, rate)?
+                }
+                _ => {
+                    return Err(CliError::Usage(format!(
+                        "{}: a comparison on no shaped network (run compare with --network)",
+                        path.display()
+                    )));
+                }
+            }
+        } else {
+            serde_json::from_value(value)?
+        };
+        if profile.params == 0 {
+            return Err(CliError::Usage(format!(
+                "{}: a profile of 0 parameters",
+                path.display()
+            )));
+        }
+        Ok(profile)
+    }
+
+    /// The entry labelled `label`.
+    pub fn strategy(&self, label: &str) -> Option<&ProfileStrategy> {
+        self.strategies.iter().find(|s| s.label == label)
+    }
+
+    /// `label`'s steps to the target over dense's, when both reached it.
+    pub fn relative_steps(&self, label: &str) -> Option<f64> {
+        let dense = self.strategy("dense")?.steps_to_target?;
+        let own = self.strategy(label)?.steps_to_target?;
+        (dense > 0).then(|| own as f64 / dense as f64)
+    }
+}

@@ -1,0 +1,346 @@
+//! `gradwire project`'s parsing, projection, profile and plots, and the
+//! analytic bytes against what DistOpt sends.
+
+use super::*;
+use crate::bench::strategies::{mlp_shapes, strategies};
+use crate::compare::Entry;
+use gradwire_algos::cost::{CollectiveCall, Link};
+
+fn args() -> ProjectArgs {
+    ProjectArgs {
+        models: vec!["resnet50".into()],
+        rates: vec!["10gbit".into()],
+        workers: vec![8],
+        algorithm: vec!["ring".into()],
+        latency_us: 5.0,
+        intra_rate: "1000gbit".into(),
+        intra_latency_us: 2.0,
+        strategies: vec!["dense".into(), "topk:0.01".into()],
+        profile: None,
+        compute_ms: None,
+        memcpy_gbps: 10.0,
+        fusion_threshold: DEFAULT_FUSION_THRESHOLD,
+        out: PathBuf::from("unused"),
+    }
+}
+
+#[test]
+fn rates_parse_and_bad_ones_say_why() {
+    assert_eq!(parse_rate("100mbit").unwrap(), 100_000_000);
+    assert_eq!(parse_rate("10gbit").unwrap(), 10_000_000_000);
+    assert_eq!(parse_rate("2.5Gbit").unwrap(), 2_500_000_000);
+    assert_eq!(parse_rate(" 400kbit ").unwrap(), 400_000);
+    assert_eq!(parse_rate("1tbit").unwrap(), 1_000_000_000_000);
+    for bad in [
+        "10", "10mbps", "gbit", "-1gbit", "0gbit", "nangbit", "1e30tbit", "",
+    ] {
+        let e = parse_rate(bad).unwrap_err();
+        assert!(matches!(e, CliError::Usage(_)), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn algorithms_and_flags_are_checked() {
+    let intra = Link::new(1e-6, 1e11).unwrap();
+    assert_eq!(parse_algorithm("ring", intra).unwrap().1, Algorithm::Ring);
+    assert_eq!(parse_algorithm("tree", intra).unwrap().1, Algorithm::Tree);
+    assert_eq!(
+        parse_algorithm("hierarchical:8", intra).unwrap().1,
+        Algorithm::Hierarchical {
+            ranks_per_node: 8,
+            intra
+        }
+    );
+    for bad in ["hierarchical:0", "hierarchical", "hierarchical:x", "star"] {
+        assert!(parse_algorithm(bad, intra).is_err(), "{bad}");
+    }
+    type Change = fn(&mut ProjectArgs);
+    let cases: Vec<(Change, &str)> = vec![
+        (|a| a.models = vec!["gpt".into()], "gpt"),
+        (|a| a.workers = vec![0], "--workers"),
+        (|a| a.latency_us = -1.0, "latency"),
+        (|a| a.strategies = vec!["partial".into()], "partial"),
+        (|a| a.strategies = vec!["threshold".into()], "threshold"),
+        (|a| a.memcpy_gbps = 0.0, "memcpy"),
+        (|a| a.rates = vec![], "--rates"),
+        (
+            |a| a.profile = Some(PathBuf::from("/nonexistent/profile.json")),
+            "profile",
+        ),
+    ];
+    for (change, what) in cases {
+        let mut a = args();
+        change(&mut a);
+        assert!(Settings::from_args(&a).is_err(), "{what}");
+    }
+    assert!(Settings::from_args(&args()).is_ok());
+}
+
+/// One tensor of 4 f32, two workers, 1 ms per message and 1000 bytes/s:
+/// the vote (1 byte) then the all-reduce of 16 bytes, each a ring
+/// all-reduce, 2 (W - 1) alpha + 2 (W - 1) / W n beta.
+#[test]
+fn a_tiny_projection_matches_the_hand_computed_figures() {
+    let model = ModelSpec {
+        name: "tiny".into(),
+        shapes: vec![vec![4]],
+        compute_s: 0.1,
+        compute_source: "test".into(),
+    };
+    let mut settings = Settings::from_args(&ProjectArgs {
+        strategies: vec!["dense".into(), "fp16".into()],
+        ..args()
+    })
+    .unwrap();
+    settings.models = vec![model];
+    settings.rates = vec![8000];
+    settings.workers = vec![1, 2];
+    settings.latency_s = 1e-3;
+    settings.strategies[1].codec_fraction = 0.5;
+    let p = project(&settings).unwrap();
+    assert_eq!(p.rows.len(), 4);
+    let dense2 = &p.rows[2];
+    assert_eq!((dense2.world, dense2.strategy.as_str()), (2, "dense"));
+    // Vote: 2 ms + 1 ms; data: 2 ms + 16 ms.
+    assert!((dense2.comm_s - 0.021).abs() < 1e-12, "{}", dense2.comm_s);
+    assert!((dense2.step_s - 0.121).abs() < 1e-12);
+    assert_eq!(dense2.bytes_per_step, 1 + 16);
+    assert_eq!(dense2.calls_per_step, 2);
+    // fp16: 8 bytes, plus a codec of 16 bytes at half of 10 GB/s.
+    let half2 = &p.rows[3];
+    assert!((half2.comm_s - 0.013).abs() < 1e-12, "{}", half2.comm_s);
+    let codec = 16.0 / 5e9;
+    assert!((half2.step_s - (0.1 + codec + 0.013)).abs() < 1e-12);
+    assert!((half2.speedup - 0.121 / (0.113 + codec)).abs() < 1e-12);
+    // One worker: no communication at all.
+    assert_eq!(p.rows[0].comm_s, 0.0);
+    assert_eq!(p.rows[0].step_s, 0.1);
+    assert!(p.rows.iter().all(|r| r.time_to_accuracy_speedup.is_none()));
+}
+
+fn profile() -> Profile {
+    let s = |label: &str, codec: f64, steps: Option<u64>| ProfileStrategy {
+        label: label.into(),
+        compute_s_per_step: 0.01,
+        codec_s_per_step: codec,
+        other_s_per_step: 0.001,
+        imbalance_s_per_step: 0.002,
+        measured_s_per_step: 0.05,
+        predicted_s_per_step: 0.045,
+        steps_to_target: steps,
+        final_accuracy: 0.95,
+    };
+    Profile {
+        rate_bits_per_s: 1_000_000_000,
+        world: 4,
+        params: 1_000_000,
+        link: ProfileLink {
+            latency_s: 60e-6,
+            bytes_per_s: 1.2e8,
+        },
+        library_link: None,
+        strategies: vec![s("dense", 0.0, Some(400)), s("topk 1 %", 0.004, Some(500))],
+    }
+}
+
+#[test]
+fn profiles_round_trip_and_scale() {
+    let p = profile();
+    let json = serde_json::to_string_pretty(&p).unwrap();
+    assert_eq!(serde_json::from_str::<Profile>(&json).unwrap(), p);
+    assert_eq!(p.relative_steps("topk 1 %"), Some(1.25));
+    assert_eq!(p.relative_steps("fp16"), None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("profile.json");
+    std::fs::write(&path, &json).unwrap();
+    let settings = Settings::from_args(&ProjectArgs {
+        profile: Some(path),
+        ..args()
+    })
+    .unwrap();
+    let projection = project(&settings).unwrap();
+    let topk = projection
+        .rows
+        .iter()
+        .find(|r| r.strategy == "topk 1 %")
+        .unwrap();
+    // Codec scaled by parameter count: 4 ms on 1 M, ResNet-50's 25.6 M.
+    assert!((topk.codec_s - 0.004 * 25.557032).abs() < 1e-9);
+    assert_eq!(topk.relative_steps, Some(1.25));
+    let tta = topk.time_to_accuracy_speedup.unwrap();
+    assert!((tta - topk.speedup / 1.25).abs() < 1e-12);
+    assert_eq!(projection.validation.len(), 2);
+    assert!((projection.validation[0].error + 0.1).abs() < 1e-12);
+    let json = serde_json::to_string(&projection).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Projection>(&json).unwrap(),
+        projection
+    );
+}
+
+#[test]
+fn plots_and_json_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("project");
+    let a = ProjectArgs {
+        workers: vec![8, 16, 32],
+        rates: vec!["10gbit".into(), "100gbit".into()],
+        algorithm: vec!["ring".into(), "hierarchical:8".into()],
+        out: out.clone(),
+        ..args()
+    };
+    if let Err(CliError::Plot { path, message }) = crate::plot::ensure_font()
+        && path == "(font)"
+    {
+        eprintln!("SKIP plots_and_json_are_written: {message}");
+        return;
+    }
+    run(&a).unwrap();
+    let json = std::fs::read_to_string(out.join("project.json")).unwrap();
+    let projection: Projection = serde_json::from_str(&json).unwrap();
+    assert_eq!(projection.rows.len(), 2 * 2 * 3 * 2);
+    for stem in [
+        "projection_resnet50_ring",
+        "projection_resnet50_hierarchical8",
+    ] {
+        let png = std::fs::read(out.join(format!("{stem}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        let svg = std::fs::read_to_string(out.join(format!("{stem}.svg"))).unwrap();
+        assert!(
+            svg.contains("topk 1 %") && svg.contains("10 Gbit/s"),
+            "{stem}"
+        );
+    }
+}
+
+#[test]
+fn the_fusion_threshold_is_distopts() {
+    assert_eq!(
+        DEFAULT_FUSION_THRESHOLD,
+        gradwire_optim::DEFAULT_FUSION_THRESHOLD
+    );
+}
+
+/// The analytic bytes per step against real DistOpt steps (GradSync,
+/// in-process ranks, DistOpt's default buckets), the way `gradwire bench
+/// strategies` measures them: exact for every strategy whose size does not
+/// depend on the data; sampled top-k within its [k, 1.3 k] bounds.
+#[test]
+fn analytic_bytes_equal_what_distopt_sends() {
+    let labels = [
+        "fp16",
+        "bf16",
+        "topk:0.01",
+        "topk:0.01:no-ef",
+        "topk:0.3",
+        "randomk:0.01",
+        "randomk:0.05:no-ef",
+        "powersgd:1",
+        "powersgd:4",
+        "onebit",
+        "qsgd",
+        "uint8",
+        "adasum-grad",
+    ];
+    let entries: Vec<Entry> = labels.iter().map(|l| parse_entry(l).unwrap()).collect();
+    let sampled = [parse_entry("sampled-topk:0.01").unwrap()];
+    let base = TrainConfig {
+        powersgd_start_step: 0,
+        ..TrainConfig::default()
+    };
+    let model_of = |config: &TrainConfig| entry_of(config).unwrap().spec;
+    for shapes in [mlp_shapes(&[2048, 2048]), mlp_shapes(&[32])] {
+        for world in 1..=4 {
+            let rows = strategies(&entries, &shapes, world, 0, 2).unwrap();
+            let mut wanted = vec![StrategySpec::Dense];
+            wanted.extend(configs(&base, &entries).unwrap().iter().map(model_of));
+            assert_eq!(rows.len(), wanted.len());
+            for (row, spec) in rows.iter().zip(&wanted) {
+                let calls = step_collectives(spec, &shapes, world, &Bucketing::default()).unwrap();
+                assert_eq!(
+                    row.bytes_per_step,
+                    bytes_sent(&calls) as f64,
+                    "{} W = {world}, {} params",
+                    row.strategy,
+                    row.params
+                );
+            }
+            let rows = strategies(&sampled, &shapes, world, 0, 2).unwrap();
+            let bounds = [1.0, 1.3].map(|overshoot| {
+                let spec = StrategySpec::SampledTopK {
+                    ratio: 0.01,
+                    overshoot,
+                };
+                let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();
+                bytes_sent(&calls) as f64
+            });
+            let got = rows[1].bytes_per_step;
+            assert!(
+                bounds[0] <= got && got <= bounds[1],
+                "sampled top-k W = {world}: {got} outside {bounds:?}"
+            );
+        }
+    }
+    // The vote of a step with one bucket of one tensor on two ranks.
+    assert_eq!(
+        CollectiveCall::all_reduce(1, 2).sent,
+        gradwire_algos::Traffic::all_reduce(1, 2).sent
+    );
+}
+
+/// `gradwire project`'s flags through clap: `extra` after the defaults.
+fn parsed_args(extra: &[String]) -> ProjectArgs {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProjectArgs,
+    }
+    let argv = std::iter::once("gradwire-project".to_string()).chain(extra.iter().cloned());
+    Cli::parse_from(argv).args
+}
+
+/// The flags' defaults.
+fn default_args() -> ProjectArgs {
+    parsed_args(&[])
+}
+
+#[test]
+fn the_defaults_parse_and_project() {
+    let a = default_args();
+    assert_eq!(a.workers, vec![8, 16, 32, 64, 128, 256, 512, 1024]);
+    let settings = Settings::from_args(&a).unwrap();
+    assert_eq!(settings.strategies.len(), 8);
+    assert_eq!(settings.strategies[2].label, "topk 1 %");
+    assert_eq!(settings.strategies[4].label, "powersgd rank 4");
+    let p = project(&settings).unwrap();
+    assert_eq!(p.rows.len(), 2 * 2 * 3 * 8 * 8);
+    assert!(
+        p.rows
+            .iter()
+            .all(|r| r.step_s.is_finite() && r.step_s > 0.0)
+    );
+    assert_eq!(published_comparison(&settings).unwrap().len(), 3);
+}
+
+/// `gradwire project` printed (run with --ignored --nocapture to see the
+/// report): with its defaults, or the flags in `$GRADWIRE_PROJECT_ARGS`
+/// (split at white space); the files go to `$GRADWIRE_PROJECT_OUT`, or a
+/// temporary directory.
+#[test]
+#[ignore]
+fn print_the_default_projection() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::env::var_os("GRADWIRE_PROJECT_OUT")
+        .map_or_else(|| dir.path().to_path_buf(), PathBuf::from);
+    let extra: Vec<String> = std::env::var("GRADWIRE_PROJECT_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    run(&ProjectArgs {
+        out,
+        ..parsed_args(&extra)
+    })
+    .unwrap();
+}

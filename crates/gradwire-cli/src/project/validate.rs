@@ -1,0 +1,254 @@
+//! The cost model checked against a shaped run: after `gradwire compare
+//! --network`, every strategy's seconds per step is predicted from the
+//! link fitted to the run's calibration, the strategy's exact collectives
+//! per step on the model it trained (DistOpt's buckets as the CLI plans
+//! them) and its measured compute, codec and other time, and set beside
+//! the measured one. The result is the run's [`Profile`], which `gradwire
+//! project --profile` scales to other models and worlds.
+
+use super::{Profile, ProfileLink, ProfileStrategy, entry_of};
+use crate::compare::{Calibration, ShapedRow};
+use crate::config::{Strategy, TrainConfig};
+use crate::error::{CliError, Result};
+use crate::model::Model;
+use crate::train::RunReport;
+use gradwire_algos::cost::{
+    Algorithm, Bucketing, CollectiveCall, Link, StepModel, fit_all_reduce, predict_step_secs,
+    step_collectives,
+};
+
+/// The link of `samples` (all-reduce timings on `world` ranks) as a ring
+/// fits it, for the profile.
+fn fitted(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
+    Ok(fit_all_reduce(world, samples)?)
+}
+
+/// What a step of `config`'s strategy sends: DistOpt's buckets as the CLI
+/// plans them (its fusion threshold, one vote per step), or the baseline's
+/// one fused all-reduce. `None` for a strategy the model does not cover.
+pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>>> {
+    let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
+    let shapes: Vec<Vec<usize>> = model
+        .vars()
+        .iter()
+        .map(|(_, v)| v.dims().to_vec())
+        .collect();
+    if config.strategy == Strategy::Baseline {
+        let bytes = 4 * model.len();
+        return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
+    }
+    let Ok(entry) = entry_of(config) else {
+        return Ok(None);
+    };
+    let bucketing = Bucketing {
+        fusion_threshold: config.fusion_threshold,
+        capacity: config
+            .fusion_threshold
+            .max(gradwire_algos::DEFAULT_FUSION_CAPACITY),
+        vote_per_bucket: false,
+    };
+    Ok(Some(step_collectives(
+        &entry.spec,
+        &shapes,
+        config.world,
+        &bucketing,
+    )?))
+}
+
+/// The profile of a shaped comparison: the links fitted to `calibration`
+/// (gradwire's all-reduce for gradwire's strategies, the library's for the
+/// baseline), and per run its measured split and the model's prediction
+/// (ring algorithm, no overlap: the CLI computes every gradient first).
+/// Runs of strategies the model does not cover are left out.
+pub fn profile_of(
+    runs: &[RunReport],
+    calibration: &Calibration,
+    rate_bits_per_s: u64,
+) -> Result<Profile> {
+    let world = calibration.world;
+    let gradwire = fitted(world, &calibration.gradwire)?;
+    let library = fitted(world, &calibration.library)?;
+    let mut strategies = Vec::new();
+    for run in runs {
+        let Some(calls) = collectives_of(&run.config)? else {
+            continue;
+        };
+        let row = ShapedRow::of(run);
+        let split = row.split;
+        let network = split.network.ok_or_else(|| {
+            CliError::Usage(format!(
+                "{}: the run did not time its communication (not on MPI)",
+                run.label
+            ))
+        })?;
+        let codec = split.codec.unwrap_or(0.0);
+        // Everything else the step measured: the optimizer's update, the
+        // bucket copies, the evaluation's share.
+        let other = (split.total - split.compute - codec - network).max(0.0);
+        // Rank 0's network time includes waiting for slower ranks; the
+        // model's collectives start when the last rank arrives.
+        let imbalance = split.imbalance.unwrap_or(0.0);
+        let link = if run.config.strategy == Strategy::Baseline {
+            &library
+        } else {
+            &gradwire
+        };
+        let step = StepModel {
+            compute_s: split.compute,
+            codec_s: codec,
+            other_s: other + imbalance,
+            overlap: 0.0,
+        };
+        let predicted = predict_step_secs(&step, &calls, world, link, &Algorithm::Ring)?;
+        strategies.push(ProfileStrategy {
+            label: run.label.clone(),
+            compute_s_per_step: split.compute,
+            codec_s_per_step: codec,
+            other_s_per_step: other,
+            imbalance_s_per_step: imbalance,
+            measured_s_per_step: split.total,
+            predicted_s_per_step: predicted,
+            steps_to_target: row.steps_to_target,
+            final_accuracy: row.final_accuracy,
+        });
+    }
+    let params = runs
+        .first()
+        .map(|r| {
+            let c = &r.config;
+            Model::new(c.model, &c.hidden, &c.channels, c.seed).map(|m| m.len())
+        })
+        .transpose()?
+        .unwrap_or(0);
+    Ok(Profile {
+        rate_bits_per_s,
+        world,
+        params,
+        link: ProfileLink::of(&gradwire),
+        library_link: Some(ProfileLink::of(&library)),
+        strategies,
+    })
+}
+
+/// `profile`'s prediction for each of `runs`, in order (`None` where the
+/// model does not cover the run).
+pub fn predictions(profile: &Profile, runs: &[RunReport]) -> Vec<Option<f64>> {
+    runs.iter()
+        .map(|r| profile.strategy(&r.label).map(|s| s.predicted_s_per_step))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{configs, parse_entry};
+    use crate::data::Digits;
+    use crate::train::{Silent, train};
+    use gradwire_algos::cost::{bytes_sent, communication_secs};
+
+    /// Small runs of each modelled family, several buckets each.
+    fn runs(world: usize, data: &Digits) -> Vec<RunReport> {
+        let base = TrainConfig {
+            world,
+            epochs: 1,
+            hidden: vec![24, 16],
+            fusion_threshold: 300,
+            powersgd_start_step: 0,
+            ..TrainConfig::default()
+        };
+        let entries = [
+            "baseline",
+            "dense",
+            "fp16",
+            "topk:0.05",
+            "randomk:0.05",
+            "powersgd:2",
+            "onebit",
+            "uint8",
+        ]
+        .map(|e| parse_entry(e).unwrap());
+        configs(&base, &entries)
+            .unwrap()
+            .iter()
+            .map(|c| train(c, data, &Silent, None).unwrap())
+            .collect()
+    }
+
+    /// The collectives the model counts for a CLI run send exactly the
+    /// bytes the run's Traffic recorded, step by step.
+    #[test]
+    fn modelled_collectives_send_what_the_cli_sent() {
+        let data = Digits::load(7);
+        for world in 1..=3 {
+            for run in runs(world, &data) {
+                let calls = collectives_of(&run.config).unwrap().unwrap();
+                assert_eq!(
+                    bytes_sent(&calls) * run.steps() as u64,
+                    run.bytes_per_worker(),
+                    "{} on {world} ranks",
+                    run.label
+                );
+            }
+        }
+    }
+
+    /// Where the network took what the fitted link says, the prediction is
+    /// the measured step; a slower network shows as the model's error.
+    #[test]
+    fn the_profile_predicts_a_run_whose_network_matches_the_link() {
+        let data = Digits::load(7);
+        let world = 3;
+        let link = Link::new(50e-6, 1.25e8).unwrap();
+        let ring = |bytes: usize| {
+            let w = world as f64;
+            2.0 * (w - 1.0) * (link.latency_s + bytes as f64 / w / link.bytes_per_s)
+        };
+        let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
+            .iter()
+            .map(|&b| (b, ring(b)))
+            .collect();
+        let calibration = Calibration {
+            world,
+            gradwire: samples.clone(),
+            library: samples,
+        };
+        let mut runs = runs(world, &data);
+        for (k, run) in runs.iter_mut().enumerate() {
+            let calls = collectives_of(&run.config).unwrap().unwrap();
+            let comm = communication_secs(&calls, world, &link, &Algorithm::Ring).unwrap();
+            // The first run's network is twice the model's.
+            let factor = if k == 0 { 2.0 } else { 1.0 };
+            for epoch in &mut run.epochs {
+                epoch.network_secs = Some(factor * comm * epoch.steps as f64);
+                epoch.combine_secs = epoch.combine_secs.max(factor * comm * epoch.steps as f64);
+                epoch.wall_secs = epoch.wall_secs.max(epoch.compute_secs + epoch.combine_secs);
+            }
+        }
+        let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
+        assert_eq!(profile.strategies.len(), runs.len());
+        let fitted = profile.link;
+        assert!((fitted.bytes_per_s / link.bytes_per_s - 1.0).abs() < 1e-9);
+        assert!((fitted.latency_s / link.latency_s - 1.0).abs() < 1e-6);
+        for (k, s) in profile.strategies.iter().enumerate() {
+            let error = s.predicted_s_per_step / s.measured_s_per_step - 1.0;
+            if k == 0 {
+                assert!(error < -1e-3, "{}: {error}", s.label);
+            } else {
+                assert!(error.abs() < 1e-9, "{}: {error}", s.label);
+            }
+        }
+        assert_eq!(
+            predictions(&profile, &runs),
+            profile
+                .strategies
+                .iter()
+                .map(|s| Some(s.predicted_s_per_step))
+                .collect::<Vec<_>>()
+        );
+        // Not on MPI: no network time, no profile.
+        for epoch in &mut runs[0].epochs {
+            epoch.network_secs = None;
+        }
+        assert!(profile_of(&runs, &calibration, 1_000_000_000).is_err());
+    }
+}
