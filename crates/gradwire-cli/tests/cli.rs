@@ -163,7 +163,15 @@ fn without_timings(records: &[Value]) -> Vec<Value> {
         .iter()
         .map(|r| {
             let mut r = r.clone();
-            for key in ["compute_secs", "comm_secs", "wall_secs"] {
+            for key in [
+                "compute_secs",
+                "comm_secs",
+                "wall_secs",
+                "combine_secs",
+                "network_secs",
+                "busy_secs",
+                "slowest_busy_secs",
+            ] {
                 r.as_object_mut().unwrap().remove(key);
             }
             r

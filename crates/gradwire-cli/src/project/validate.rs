@@ -13,8 +13,8 @@ use crate::error::{CliError, Result};
 use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
-    Algorithm, Bucketing, CollectiveCall, Link, StepModel, fit_all_reduce, predict_step_secs,
-    step_collectives,
+    Algorithm, Bucketing, CollectiveCall, Link, StepModel, StrategySpec, communication_secs,
+    fit_all_reduce, predict_step_secs, step_collectives,
 };
 
 /// The link of `samples` (all-reduce timings on `world` ranks) as a ring
@@ -23,36 +23,82 @@ fn fitted(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
     Ok(fit_all_reduce(world, samples)?)
 }
 
-/// What a step of `config`'s strategy sends: DistOpt's buckets as the CLI
-/// plans them (its fusion threshold, one vote per step), or the baseline's
-/// one fused all-reduce. `None` for a strategy the model does not cover.
-pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>>> {
+/// The model's parameter shapes, in declaration order (DistOpt's).
+fn shapes_of(config: &TrainConfig) -> Result<Vec<Vec<usize>>> {
     let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
-    let shapes: Vec<Vec<usize>> = model
+    Ok(model
         .vars()
         .iter()
         .map(|(_, v)| v.dims().to_vec())
-        .collect();
-    if config.strategy == Strategy::Baseline {
-        let bytes = 4 * model.len();
-        return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
-    }
-    let Ok(entry) = entry_of(config) else {
-        return Ok(None);
-    };
-    let bucketing = Bucketing {
+        .collect())
+}
+
+/// DistOpt's buckets as the CLI plans them: its fusion threshold, one
+/// vote per step.
+fn bucketing_of(config: &TrainConfig) -> Bucketing {
+    Bucketing {
         fusion_threshold: config.fusion_threshold,
         capacity: config
             .fusion_threshold
             .max(gradwire_algos::DEFAULT_FUSION_CAPACITY),
         vote_per_bucket: false,
+    }
+}
+
+/// What a steady step of `config`'s strategy sends (after any dense
+/// warm-up: [`warm_up_of`]): DistOpt's buckets as the CLI plans them, or
+/// the baseline's one fused all-reduce. `None` for a strategy the model
+/// does not cover.
+pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>>> {
+    let shapes = shapes_of(config)?;
+    if config.strategy == Strategy::Baseline {
+        let bytes = 4 * shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum::<usize>();
+        return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
+    }
+    let Ok(entry) = entry_of(config) else {
+        return Ok(None);
     };
     Ok(Some(step_collectives(
         &entry.spec,
         &shapes,
         config.world,
-        &bucketing,
+        &bucketing_of(config),
     )?))
+}
+
+/// The steps a run of `config` takes before its strategy's steady state,
+/// and what each of them sends: PowerSGD's dense steps before its start
+/// step, 1-bit Adam's uncompressed Adam before the freeze, DimReduce's
+/// dense epochs (`steps_per_epoch` steps each). `None` when it has none.
+pub fn warm_up_of(
+    config: &TrainConfig,
+    steps_per_epoch: usize,
+) -> Result<Option<(u64, Vec<CollectiveCall>)>> {
+    let (steps, spec) = match config.strategy {
+        Strategy::Powersgd => (config.powersgd_start_step, StrategySpec::Dense),
+        Strategy::OnebitAdam => (
+            config.freeze_step,
+            StrategySpec::OneBitAdam { compressed: false },
+        ),
+        Strategy::Dimreduce => (
+            (config.dense_epochs() * steps_per_epoch) as u64,
+            StrategySpec::Dense,
+        ),
+        _ => return Ok(None),
+    };
+    if steps == 0 {
+        return Ok(None);
+    }
+    let calls = step_collectives(
+        &spec,
+        &shapes_of(config)?,
+        config.world,
+        &bucketing_of(config),
+    )?;
+    Ok(Some((steps, calls)))
 }
 
 /// The profile of a shaped comparison: the links fitted to `calibration`
@@ -73,6 +119,7 @@ pub fn profile_of(
         let Some(calls) = collectives_of(&run.config)? else {
             continue;
         };
+        let steps_per_epoch = run.epochs.first().map_or(0, |e| e.steps);
         let row = ShapedRow::of(run);
         let split = row.split;
         let network = split.network.ok_or_else(|| {
@@ -99,7 +146,16 @@ pub fn profile_of(
             other_s: other + imbalance,
             overlap: 0.0,
         };
-        let predicted = predict_step_secs(&step, &calls, world, link, &Algorithm::Ring)?;
+        let mut predicted = predict_step_secs(&step, &calls, world, link, &Algorithm::Ring)?;
+        // A warm-up's steps send something else: the run's mean step.
+        if let Some((warm, warm_calls)) = warm_up_of(&run.config, steps_per_epoch)? {
+            let steps = run.steps() as f64;
+            let warm = (warm as f64).min(steps);
+            let comm = |c: &[CollectiveCall]| communication_secs(c, world, link, &Algorithm::Ring);
+            if steps > 0.0 {
+                predicted += warm / steps * (comm(&warm_calls)? - comm(&calls)?);
+            }
+        }
         strategies.push(ProfileStrategy {
             label: run.label.clone(),
             compute_s_per_step: split.compute,
@@ -144,7 +200,7 @@ mod tests {
     use crate::compare::{configs, parse_entry};
     use crate::data::Digits;
     use crate::train::{Silent, train};
-    use gradwire_algos::cost::{bytes_sent, communication_secs};
+    use gradwire_algos::cost::bytes_sent;
 
     /// Small runs of each modelled family, several buckets each.
     fn runs(world: usize, data: &Digits) -> Vec<RunReport> {
@@ -153,7 +209,8 @@ mod tests {
             epochs: 1,
             hidden: vec![24, 16],
             fusion_threshold: 300,
-            powersgd_start_step: 0,
+            // Some dense steps first: the model mixes them in.
+            powersgd_start_step: 5,
             ..TrainConfig::default()
         };
         let entries = [
@@ -174,17 +231,29 @@ mod tests {
             .collect()
     }
 
-    /// The collectives the model counts for a CLI run send exactly the
-    /// bytes the run's Traffic recorded, step by step.
+    /// `f` of the steady collectives times the steady steps, plus `f` of
+    /// the warm-up's times its steps.
+    fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
+        let calls = collectives_of(&run.config).unwrap().unwrap();
+        let steps = run.steps() as f64;
+        let warm = warm_up_of(&run.config, run.epochs[0].steps).unwrap();
+        let (warm_steps, warm_value) = warm.map_or((0.0, 0.0), |(k, c)| {
+            let k = (k as f64).min(steps);
+            (k, k * f(&c))
+        });
+        (steps - warm_steps) * f(&calls) + warm_value
+    }
+
+    /// The collectives the model counts for a CLI run (its warm-up's
+    /// included) send exactly the bytes the run's Traffic recorded.
     #[test]
     fn modelled_collectives_send_what_the_cli_sent() {
         let data = Digits::load(7);
         for world in 1..=3 {
             for run in runs(world, &data) {
-                let calls = collectives_of(&run.config).unwrap().unwrap();
                 assert_eq!(
-                    bytes_sent(&calls) * run.steps() as u64,
-                    run.bytes_per_worker(),
+                    over_the_run(&run, |c| bytes_sent(c) as f64),
+                    run.bytes_per_worker() as f64,
                     "{} on {world} ranks",
                     run.label
                 );
@@ -214,8 +283,9 @@ mod tests {
         };
         let mut runs = runs(world, &data);
         for (k, run) in runs.iter_mut().enumerate() {
-            let calls = collectives_of(&run.config).unwrap().unwrap();
-            let comm = communication_secs(&calls, world, &link, &Algorithm::Ring).unwrap();
+            let comm = over_the_run(run, |c| {
+                communication_secs(c, world, &link, &Algorithm::Ring).unwrap()
+            }) / run.steps() as f64;
             // The first run's network is twice the model's.
             let factor = if k == 0 { 2.0 } else { 1.0 };
             for epoch in &mut run.epochs {
