@@ -204,7 +204,12 @@ impl Chart {
                 .label_style(("sans-serif", 15))
                 .draw()
                 .map_err(|e| fail(&e))?;
-            draw_series(&mut chart, series).map_err(|e| fail(&e))?;
+            draw_series(
+                &mut chart,
+                series,
+                Some((SeriesLabelPosition::LowerRight, 15)),
+            )
+            .map_err(|e| fail(&e))?;
         } else {
             let mut chart = builder
                 .build_cartesian_2d(
@@ -220,17 +225,25 @@ impl Chart {
                 .label_style(("sans-serif", 15))
                 .draw()
                 .map_err(|e| fail(&e))?;
-            draw_series(&mut chart, series).map_err(|e| fail(&e))?;
+            draw_series(
+                &mut chart,
+                series,
+                Some((SeriesLabelPosition::LowerRight, 15)),
+            )
+            .map_err(|e| fail(&e))?;
         }
         area.present().map_err(|e| fail(&e))?;
         Ok(())
     }
 }
 
-/// Lines with markers and a legend, one colour per strategy.
-fn draw_series<'a, DB, X, Y>(
+/// Lines with markers, one colour per strategy, and a legend at `legend`
+/// (its position and font size; `None`: no legend), for every chart of
+/// the CLI (`compare`'s and `project`'s).
+pub(crate) fn draw_series<'a, DB, X, Y>(
     chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
     series: &[(String, Vec<(f64, f64)>)],
+    legend: Option<(SeriesLabelPosition, u32)>,
 ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>
 where
     DB: DrawingBackend + 'a,
@@ -250,11 +263,14 @@ where
             });
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()
+    if let Some((position, size)) = legend {
+        chart
+            .configure_series_labels()
+            .position(position)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", size))
+            .draw()?;
+    }
+    Ok(())
 }

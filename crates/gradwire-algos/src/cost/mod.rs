@@ -46,7 +46,8 @@ pub mod strategies;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
 pub use strategies::{
-    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, plan_buckets, step_collectives,
+    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, plan_buckets,
+    step_collectives,
 };
 
 use crate::error::{AlgoError, Result};

@@ -128,15 +128,11 @@ pub enum StrategySpec {
     },
 }
 
-/// SINGA's grouping, as DistOpt plans it: a tensor above the threshold
-/// alone; smaller ones together until the group's count exceeds the
-/// threshold. A bucket beyond `capacity` is [`AlgoError::Capacity`]
-/// (DistOpt refuses such a model).
-pub fn plan_buckets(
-    lens: &[usize],
-    threshold: usize,
-    capacity: usize,
-) -> Result<Vec<Range<usize>>> {
+/// SINGA's grouping (DistOpt's, which calls this): a tensor above the
+/// threshold alone; smaller ones together until the group's count exceeds
+/// the threshold. The buckets' ranges of `lens`, with no capacity check
+/// ([`plan_buckets`] and DistOpt check it).
+pub fn group_buckets(lens: &[usize], threshold: usize) -> Vec<Range<usize>> {
     let mut buckets = Vec::new();
     let (mut start, mut count) = (0, 0usize);
     for (i, &n) in lens.iter().enumerate() {
@@ -149,6 +145,8 @@ pub fn plan_buckets(
             count = 0;
             continue;
         }
+        // Both are at most the threshold here, so the sum cannot overflow
+        // unless the threshold is near usize::MAX: saturated anyway.
         count = count.saturating_add(n);
         if count > threshold {
             buckets.push(start..i + 1);
@@ -159,6 +157,17 @@ pub fn plan_buckets(
     if start < lens.len() {
         buckets.push(start..lens.len());
     }
+    buckets
+}
+
+/// [`group_buckets`], each bucket checked against `capacity`: one beyond
+/// it is [`AlgoError::Capacity`] (DistOpt refuses such a model).
+pub fn plan_buckets(
+    lens: &[usize],
+    threshold: usize,
+    capacity: usize,
+) -> Result<Vec<Range<usize>>> {
+    let buckets = group_buckets(lens, threshold);
     for b in &buckets {
         let needed = lens[b.clone()]
             .iter()

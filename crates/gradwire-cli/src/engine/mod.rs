@@ -143,35 +143,29 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
 
     /// gradwire's whole state and the parameters (`param/<name>`).
     pub(crate) fn checkpoint(&self, model: &Model) -> Result<Checkpoint> {
-        match self {
-            Engine::Copied(dv) => Ok(dv.checkpoint()?),
+        let mut ckpt = match self {
+            Engine::Copied(dv) => return Ok(dv.checkpoint()?),
             Engine::InPlace(dp) => {
                 let mut ckpt = dp.checkpoint()?;
                 dp.optimizer().save_into(&mut ckpt)?;
-                let params = self.parameters(model)?;
-                ckpt.set_parameters(
-                    model
-                        .vars()
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .zip(params.iter()),
-                );
-                Ok(ckpt)
+                ckpt
             }
             Engine::Library(library) => {
                 let mut ckpt = Checkpoint::new(library.optimizer.inner().state()?);
                 library.optimizer.save_into(&mut ckpt)?;
-                let params = self.parameters(model)?;
-                ckpt.set_parameters(
-                    model
-                        .vars()
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .zip(params.iter()),
-                );
-                Ok(ckpt)
+                ckpt
             }
-        }
+        };
+        // The variables hold the parameters: saved beside gradwire's state.
+        let params = self.parameters(model)?;
+        ckpt.set_parameters(
+            model
+                .vars()
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .zip(params.iter()),
+        );
+        Ok(ckpt)
     }
 
     /// Restores a [`Engine::checkpoint`], the variables included.

@@ -6,7 +6,7 @@
 use super::Projection;
 use super::report::rate_label;
 use crate::error::{CliError, Result};
-use crate::plot::ensure_font;
+use crate::plot::{draw_series, ensure_font};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
@@ -170,7 +170,11 @@ fn panel<DB: DrawingBackend>(
             })
             .label_style(("sans-serif", 13))
             .draw()?;
-        lines(&mut chart, series, legend)
+        draw_series(
+            &mut chart,
+            series,
+            legend.then_some((SeriesLabelPosition::UpperLeft, 12)),
+        )
     } else {
         let ys = 0.0..(y1 * 1.1).max(1.2);
         let mut chart = builder.build_cartesian_2d(xs.log_scale().base(2.0), ys)?;
@@ -181,42 +185,10 @@ fn panel<DB: DrawingBackend>(
             .y_label_formatter(&|y| format!("{y:.1}x"))
             .label_style(("sans-serif", 13))
             .draw()?;
-        lines(&mut chart, series, legend)
+        draw_series(
+            &mut chart,
+            series,
+            legend.then_some((SeriesLabelPosition::UpperLeft, 12)),
+        )
     }
-}
-
-/// A line with markers per strategy, one colour each.
-fn lines<'a, DB, X, Y>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
-    series: &Series,
-    legend: bool,
-) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>>
-where
-    DB: DrawingBackend + 'a,
-    X: Ranged<ValueType = f64>,
-    Y: Ranged<ValueType = f64>,
-{
-    for (i, (label, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(2),
-            ))?
-            .label(label.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
-            });
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-    }
-    if legend {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()?;
-    }
-    Ok(())
 }

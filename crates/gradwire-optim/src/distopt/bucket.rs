@@ -14,40 +14,17 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// SINGA's grouping: a tensor above the threshold alone; smaller ones
-/// together until the group's count exceeds the threshold. Every bucket
-/// must fit `capacity`; counts are summed with overflow checks.
+/// SINGA's grouping ([`gradwire_algos::cost::group_buckets`], which the
+/// cost model plans with too), each bucket checked against `capacity`
+/// (counts summed with overflow checks; the error names the bucket's
+/// parameters).
 pub(super) fn plan_buckets(
     params: &[ParamSpec],
     lens: &[usize],
     threshold: usize,
     capacity: usize,
 ) -> Result<Vec<Range<usize>>> {
-    let mut buckets = Vec::new();
-    let mut start = 0;
-    let mut count = 0usize;
-    for (i, &n) in lens.iter().enumerate() {
-        if n > threshold {
-            if start < i {
-                buckets.push(start..i);
-            }
-            buckets.push(i..i + 1);
-            start = i + 1;
-            count = 0;
-            continue;
-        }
-        // Both are at most the threshold here, so the sum cannot overflow
-        // unless the threshold is near usize::MAX: saturated anyway.
-        count = count.saturating_add(n);
-        if count > threshold {
-            buckets.push(start..i + 1);
-            start = i + 1;
-            count = 0;
-        }
-    }
-    if start < lens.len() {
-        buckets.push(start..lens.len());
-    }
+    let buckets = gradwire_algos::cost::group_buckets(lens, threshold);
     for b in &buckets {
         let needed = lens[b.clone()]
             .iter()
