@@ -14,6 +14,7 @@
 #ifndef GRADWIRE_CUH
 #define GRADWIRE_CUH
 
+typedef unsigned char gw_u8;
 typedef unsigned short gw_u16;
 typedef unsigned int gw_u32;
 typedef unsigned long long gw_u64;

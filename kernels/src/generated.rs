@@ -214,6 +214,44 @@ pub mod optim {
     ];
 }
 
+/// The kernels of `kernels/cuda/quant.cu`.
+pub mod quant {
+    /// The module name.
+    pub const NAME: &str = "quant";
+    /// The PTX text.
+    pub const PTX: &str = include_str!("../ptx/quant.ptx");
+    /// The kernel `quant_sign_encode_f32`.
+    pub const QUANT_SIGN_ENCODE_F32: &str = "quant_sign_encode_f32";
+    /// The kernel `quant_qsgd_encode_f32`.
+    pub const QUANT_QSGD_ENCODE_F32: &str = "quant_qsgd_encode_f32";
+    /// The kernel `quant_minmax_encode_f32`.
+    pub const QUANT_MINMAX_ENCODE_F32: &str = "quant_minmax_encode_f32";
+    /// The kernel `quant_sign_check`.
+    pub const QUANT_SIGN_CHECK: &str = "quant_sign_check";
+    /// The kernel `quant_qsgd_check`.
+    pub const QUANT_QSGD_CHECK: &str = "quant_qsgd_check";
+    /// The kernel `quant_minmax_check`.
+    pub const QUANT_MINMAX_CHECK: &str = "quant_minmax_check";
+    /// The kernel `quant_sign_decode_f32`.
+    pub const QUANT_SIGN_DECODE_F32: &str = "quant_sign_decode_f32";
+    /// The kernel `quant_qsgd_decode_f32`.
+    pub const QUANT_QSGD_DECODE_F32: &str = "quant_qsgd_decode_f32";
+    /// The kernel `quant_minmax_decode_f32`.
+    pub const QUANT_MINMAX_DECODE_F32: &str = "quant_minmax_decode_f32";
+    /// Every kernel of the module, in PTX order.
+    pub const ENTRIES: &[&str] = &[
+        QUANT_SIGN_ENCODE_F32,
+        QUANT_QSGD_ENCODE_F32,
+        QUANT_MINMAX_ENCODE_F32,
+        QUANT_SIGN_CHECK,
+        QUANT_QSGD_CHECK,
+        QUANT_MINMAX_CHECK,
+        QUANT_SIGN_DECODE_F32,
+        QUANT_QSGD_DECODE_F32,
+        QUANT_MINMAX_DECODE_F32,
+    ];
+}
+
 /// The kernels of `kernels/cuda/reduce.cu`.
 pub mod reduce {
     /// The module name.
@@ -333,6 +371,11 @@ pub const MODULES: &[PtxModule] = &[
         name: optim::NAME,
         ptx: optim::PTX,
         entries: optim::ENTRIES,
+    },
+    PtxModule {
+        name: quant::NAME,
+        ptx: quant::PTX,
+        entries: quant::ENTRIES,
     },
     PtxModule {
         name: reduce::NAME,

@@ -1,25 +1,30 @@
 //! The codecs on CUDA device buffers (feature `cuda`): the selections
 //! ([`threshold`], [`top_k`], [`sampled_top_k`]), the cast codec
-//! ([`encode`]), scatter-add, and [`CudaErrorFeedback`], each selecting and
-//! computing exactly what its CPU counterpart does on the same values (the
-//! same indices, values bitwise, the same residuals), without the gradient
-//! leaving the device.
+//! ([`encode`]), scatter-add, [`CudaErrorFeedback`] and the quantizers
+//! ([`quant_encode`], [`quant_decode`], [`quant_decode_add`], in `quant.rs`),
+//! each selecting and computing exactly what its CPU counterpart does on
+//! the same values (the same indices, values bitwise, the same residuals,
+//! the same payload bytes), without the gradient leaving the device.
 //!
 //! They compose the launchers of gradwire-tensor's
-//! `cuda_backend::kernels::{select, feedback}`; only the selection's size
-//! and a few counters cross to the host. Random-k has no device form (its
-//! ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses it.
+//! `cuda_backend::kernels::{select, feedback, quant}`; only the selection's
+//! size and a few counters cross to the host. Random-k has no device form
+//! (its ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses
+//! it.
 
 use gradwire_tensor::cuda_backend::kernels::{feedback, select as kernels};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Error as TensorError};
 
 pub use gradwire_tensor::cuda_backend::kernels::select::DeviceSparse;
+pub use quant::{DeviceBytes, quant_decode, quant_decode_add, quant_encode, quant_encode_into};
 
 use crate::cast::CastOptions;
 use crate::error::{CompressError, Result};
 use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use crate::select::{SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key};
 use crate::sparse::check_dense_len;
+
+mod quant;
 
 /// The value of `x[index]` (for an error report).
 fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {

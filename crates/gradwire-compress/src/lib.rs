@@ -13,8 +13,9 @@
 //! - [`quant`]: 1-bit scaled sign, QSGD and min-max uint8 quantizers;
 //! - [`wire`]: the validated sparse payload format, `scatter_add` and the
 //!   dense fallback test;
-//! - `cuda` (feature `cuda`): the same codecs and error feedback on CUDA
-//!   device buffers, selecting exactly what the CPU selects.
+//! - `cuda` (feature `cuda`): the same codecs, quantizers and error feedback
+//!   on CUDA device buffers, selecting and encoding exactly what the CPU
+//!   does.
 //!
 //! ```
 //! use gradwire_compress::{ErrorFeedback, SparseCodec};

@@ -19,6 +19,9 @@
 //! of entries ([`Quantizer::encoded_len`]), so a receiver knows every
 //! size in advance. Encoding refuses NaN and infinities; decoding checks the
 //! length, every scale and every level, and never yields a non-finite value.
+//! The bytes depend on the entries only (every scale is computed in a fixed
+//! order), so the device forms (`cuda::quant_encode` and friends, feature
+//! `cuda`) give the same payloads.
 
 use crate::error::{CompressError, Result};
 
@@ -82,7 +85,7 @@ impl Quantizer {
             });
         }
         let key = match *self {
-            Quantizer::Qsgd { seed, .. } => mix(seed ^ mix(stream)),
+            Quantizer::Qsgd { seed, .. } => qsgd_key(seed, stream),
             _ => 0,
         };
         // The loops vectorise several times wider with AVX2 (x86-64's
@@ -170,8 +173,11 @@ impl Quantizer {
                     let step = (max - min) / 255.0;
                     if step.is_finite() {
                         for (o, &q) in out.iter_mut().zip(codes) {
-                            // Clamped: rounding may not carry a value past max.
-                            put(o, (min + f32::from(q) * step).min(max));
+                            // Clamped: rounding may not carry a value past
+                            // max (a comparison, not f32::min, whose choice
+                            // between +0.0 and -0.0 is the compiler's).
+                            let v = min + f32::from(q) * step;
+                            put(o, if v > max { max } else { v });
                         }
                     } else {
                         // max - min overflows f32: in f64.
@@ -287,6 +293,12 @@ fn sum_abs(x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + eights.remainder().iter().map(|v| v.abs()).sum::<f32>()
 }
 
+/// The key of QSGD's rounding draws for `seed` and the caller's `stream`
+/// (also the device encoder's, `cuda`).
+pub(crate) fn qsgd_key(seed: u64, stream: u64) -> u64 {
+    mix(seed ^ mix(stream))
+}
+
 /// SplitMix64's finaliser: a strong 64-bit mix (of a seed and a stream into
 /// a key).
 fn mix(mut z: u64) -> u64 {
@@ -362,18 +374,23 @@ fn encode_min_max(x: &[f32], out: &mut [u8]) {
             hi[l] = if c[l] > hi[l] { c[l] } else { hi[l] };
         }
     }
-    let fold = |init: f32, lanes: [f32; 8], f: fn(f32, f32) -> f32| {
+    // The lanes, then the remainder, in order, a value replacing the running
+    // one only when strictly smaller (larger), as in the lanes: f32::min and
+    // f32::max may return either zero of +0.0 and -0.0, and which one the
+    // compiler picks varies, while the payload's bytes must not (the device
+    // encoder gives the same).
+    let fold = |init: f32, lanes: [f32; 8], replaces: fn(f32, f32) -> bool| {
         lanes
             .into_iter()
             .chain(eights.remainder().iter().copied())
-            .fold(init, f)
+            .fold(init, |acc, v| if replaces(v, acc) { v } else { acc })
     };
     let (min, max) = if x.is_empty() {
         (0.0, 0.0)
     } else {
         (
-            fold(f32::INFINITY, lo, f32::min),
-            fold(f32::NEG_INFINITY, hi, f32::max),
+            fold(f32::INFINITY, lo, |v, acc| v < acc),
+            fold(f32::NEG_INFINITY, hi, |v, acc| v > acc),
         )
     };
     out[..4].copy_from_slice(&min.to_le_bytes());

@@ -243,3 +243,42 @@ fn extreme_ranges_stay_finite() {
     );
     assert!(out.iter().all(|v| v.is_finite()));
 }
+
+/// Min-max's minimum and maximum are the first of equal zeros met (the
+/// lanes of whole eights, then the remainder): the payload's bytes do not
+/// depend on the compiler's choice between +0.0 and -0.0, which f32::min
+/// and f32::max leave open (the device encoder gives the same bytes).
+#[test]
+fn min_max_keeps_the_first_of_equal_zeros() {
+    let q = Quantizer::MinMaxU8;
+    let header = |x: &[f32]| {
+        let mut payload = vec![0u8; q.encoded_len(x.len())];
+        q.encode(x, 0, &mut payload).unwrap();
+        let scale = |at: usize| f32::from_le_bytes(payload[at..at + 4].try_into().unwrap());
+        (scale(0).to_bits(), scale(4).to_bits())
+    };
+    let (pos, neg) = (0.0f32.to_bits(), (-0.0f32).to_bits());
+    // The remainder only.
+    assert_eq!(header(&[-0.0, 0.0, -0.0]), (neg, neg));
+    assert_eq!(header(&[0.0, -0.0, 0.0]), (pos, pos));
+    assert_eq!(header(&[1.0, -0.0, 0.0, -0.0]).0, neg);
+    assert_eq!(header(&[0.5, -0.0, 0.0, -0.0, 0.0, 0.25, -0.0]).0, neg);
+    assert_eq!(header(&[-0.5, 0.0, -0.0, 0.0, -0.0, -0.25, 0.0]).1, pos);
+    assert_eq!(header(&[-1.0, 0.0, -0.0]).1, pos);
+    // Lanes, then the remainder: lane 0 holds +0.0, lane 1 -0.0.
+    let mut x = vec![1.0f32; 9];
+    x[0] = 0.0;
+    x[1] = -0.0;
+    x[8] = -0.0;
+    assert_eq!(header(&x).0, pos);
+    x[0] = -0.0;
+    x[1] = 0.0;
+    assert_eq!(header(&x).0, neg);
+    // Decoding keeps a value equal to the maximum as it comes: an all-zero
+    // chunk whose minimum is -0.0 decodes to +0.0 (-0.0 + 0 * 0.0).
+    let mut out = [1.0f32; 3];
+    let mut payload = vec![0u8; q.encoded_len(3)];
+    q.encode(&[-0.0, 0.0, -0.0], 0, &mut payload).unwrap();
+    q.decode(&payload, &mut out).unwrap();
+    assert!(out.iter().all(|v| v.to_bits() == pos), "{out:?}");
+}

@@ -7,7 +7,8 @@
 //! PTX modules loaded lazily and cached per device, host<->device copies;
 //! `launch`, the launch geometry of every kernel; `ops`, the CUDA forms of
 //! every tensor operation; `kernels`, the launchers of the optimizer,
-//! selection, error-feedback and AdaSum kernels the upper crates compose;
+//! selection, error-feedback, quantizer and AdaSum kernels the upper crates
+//! compose;
 //! `collective`, the kernels communicators run between transfers).
 //! Without it, a stand-in whose every constructor returns
 //! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).

@@ -17,7 +17,7 @@
 //! With the `cuda` feature the same operations run on CUDA tensors, and
 //! `cuda_backend::kernels` holds the launchers the upper crates use for
 //! their device forms (optimizer updates, sparse selection, error feedback,
-//! AdaSum).
+//! quantizers, AdaSum).
 //!
 //! ```
 //! use gradwire_tensor::{DType, Device, Tensor};

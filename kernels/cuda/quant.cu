@@ -1,0 +1,376 @@
+// quant.cu: gradwire-compress's quantizers (quant.rs) on device buffers:
+// 1-bit scaled sign, QSGD and min-max uint8, encode, decode and decode-add,
+// with the CPU's payload layout, byte for byte.
+//
+// Payload: chunks of GW_QUANT_CHUNK (512) entries, each a header (sign and
+// QSGD: one f32 scale; min-max: the f32 minimum then the f32 maximum, all
+// little-endian) followed by the codes (sign: one bit per entry, eight to a
+// byte, 1 for a non-negative entry; QSGD: one i8 level per entry; min-max:
+// one u8 step per entry). Chunk c starts at c * stride (68, 516, 520 bytes);
+// only the last chunk may be shorter.
+//
+// Encoding runs one block per chunk (grid-stride over the chunks, GW_BLOCK
+// threads per block): the chunk is staged in shared memory, then the scale
+// is computed in the CPU's order, not just to the CPU's value: eight threads
+// each run one of the CPU's eight lanes (entry l, l + 8, ... of the whole
+// eights, in index order), and one thread folds the lanes in order and then
+// the remainder, exactly as quant.rs's `sum_abs`, `max_abs_bits` and
+// `encode_min_max` do, with the same f64 fallbacks when an f32 sum or range
+// overflows. The codes are then one thread per entry (per byte for sign),
+// with the CPU's operations in the CPU's order (compiled with --fmad=false
+// and IEEE division, denormals kept). Min-max's fold and clamp are the
+// CPU's comparisons (a value replaces the running one only when strictly
+// smaller or larger), so even +0.0 and -0.0 come out as on the CPU. The
+// input is finite: the launcher's caller refuses NaN and infinities first
+// (first_non_finite_f32 of select.cu), as the CPU does.
+//
+// QSGD's stochastic rounding is the CPU's counter-based hash: entry i draws
+// hash32(key, i) (two rounds of the murmur3 finaliser), its top 24 bits as a
+// uniform in [0, 1); `key` is mix(seed ^ mix(stream)), computed by the host.
+//
+// Decoding is validated first: quant_<q>_check records the first chunk whose
+// header (a non-finite scale, a minimum above the maximum) or level (beyond
+// `levels`) is bad, and the host refuses the payload before anything is
+// written; quant_<q>_decode_f32 then writes (add = 0) or adds (add != 0) one
+// entry per thread, grid-stride.
+//
+// Entries: quant_sign_encode_f32, quant_qsgd_encode_f32,
+// quant_minmax_encode_f32 (GW_BLOCK threads per block), quant_sign_check,
+// quant_qsgd_check, quant_minmax_check, quant_sign_decode_f32,
+// quant_qsgd_decode_f32, quant_minmax_decode_f32 (any launch shape).
+
+#include "gradwire.cuh"
+
+#define GW_QUANT_CHUNK 512u
+#define GW_QUANT_LANES 8u
+
+#define GW_QUANT_SIGN 0
+#define GW_QUANT_QSGD 1
+#define GW_QUANT_MINMAX 2
+
+// Header bytes of a chunk.
+__device__ constexpr gw_u64 quant_header(int q) { return q == GW_QUANT_MINMAX ? 8u : 4u; }
+
+// Bytes of a whole chunk: the header and 512 codes (64 bytes of signs).
+__device__ constexpr gw_u64 quant_stride(int q) {
+    return quant_header(q) + (q == GW_QUANT_SIGN ? GW_QUANT_CHUNK / 8u : GW_QUANT_CHUNK);
+}
+
+__device__ __forceinline__ float gw_abs(float x) { return __uint_as_float(gw_key(x)); }
+
+__device__ __forceinline__ float gw_infinity() { return __uint_as_float(0x7f800000u); }
+
+// Little-endian f32 at p (payloads have no alignment to rely on).
+__device__ __forceinline__ float gw_read_f32_le(const gw_u8* p) {
+    return __uint_as_float((gw_u32)p[0] | ((gw_u32)p[1] << 8) | ((gw_u32)p[2] << 16) |
+                           ((gw_u32)p[3] << 24));
+}
+
+__device__ __forceinline__ void gw_write_f32_le(gw_u8* p, float v) {
+    const gw_u32 bits = __float_as_uint(v);
+    p[0] = (gw_u8)bits;
+    p[1] = (gw_u8)(bits >> 8);
+    p[2] = (gw_u8)(bits >> 16);
+    p[3] = (gw_u8)(bits >> 24);
+}
+
+// The murmur3 finaliser.
+__device__ __forceinline__ gw_u32 quant_fmix(gw_u32 h) {
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+// quant.rs's hash32: entry i of the stream `key`.
+__device__ __forceinline__ gw_u32 quant_hash32(gw_u64 key, gw_u32 i) {
+    return quant_fmix(quant_fmix(i ^ (gw_u32)key) ^ (gw_u32)(key >> 32));
+}
+
+// Encodes the chunks of x (n finite f32) into `payload`, which holds the
+// encoded length. `levels` (1..=127) and `key` are QSGD's.
+template <int Q>
+__device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u64 key,
+                                  gw_u8* payload) {
+    __shared__ float xs[GW_QUANT_CHUNK];
+    // Per lane: sign's sums or min-max's minima and maxima; QSGD's largest
+    // magnitude keys.
+    __shared__ float lane_a[GW_QUANT_LANES];
+    __shared__ float lane_b[GW_QUANT_LANES];
+    __shared__ gw_u32 lane_key[GW_QUANT_LANES];
+    // What the codes need, from thread 0: QSGD's inverse scale; min-max's
+    // minimum and step, in f32 (wide == 0) or f64 (wide != 0).
+    __shared__ float param_f32[2];
+    __shared__ double param_f64[2];
+    __shared__ int wide;
+    GW_REQUIRE_BLOCK();
+    const gw_u64 chunks = (n + GW_QUANT_CHUNK - 1u) / GW_QUANT_CHUNK;
+    for (gw_u64 c = blockIdx.x; c < chunks; c += gridDim.x) {
+        const gw_u64 first = c * GW_QUANT_CHUNK;
+        const gw_u32 len = (gw_u32)(n - first < GW_QUANT_CHUNK ? n - first : GW_QUANT_CHUNK);
+        // Entries [0, whole) are the whole eights, [whole, len) the remainder.
+        const gw_u32 whole = len / GW_QUANT_LANES * GW_QUANT_LANES;
+        gw_u8* out = payload + c * quant_stride(Q);
+        for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
+            xs[j] = x[first + j];
+        }
+        __syncthreads();
+        if (threadIdx.x < GW_QUANT_LANES) {
+            const gw_u32 l = threadIdx.x;
+            if (Q == GW_QUANT_SIGN) {
+                float sum = 0.0f;
+                for (gw_u32 j = l; j < whole; j += GW_QUANT_LANES) {
+                    sum = sum + gw_abs(xs[j]);
+                }
+                lane_a[l] = sum;
+            } else if (Q == GW_QUANT_QSGD) {
+                gw_u32 largest = 0u;
+                for (gw_u32 j = l; j < whole; j += GW_QUANT_LANES) {
+                    const gw_u32 k = gw_key(xs[j]);
+                    largest = k > largest ? k : largest;
+                }
+                lane_key[l] = largest;
+            } else {
+                float lo = gw_infinity();
+                float hi = -gw_infinity();
+                for (gw_u32 j = l; j < whole; j += GW_QUANT_LANES) {
+                    const float v = xs[j];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                lane_a[l] = lo;
+                lane_b[l] = hi;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (Q == GW_QUANT_SIGN) {
+                // The lanes in order, plus the remainder's own sum.
+                float lanes = 0.0f;
+                for (gw_u32 l = 0; l < GW_QUANT_LANES; ++l) {
+                    lanes = lanes + lane_a[l];
+                }
+                float rest = 0.0f;
+                for (gw_u32 j = whole; j < len; ++j) {
+                    rest = rest + gw_abs(xs[j]);
+                }
+                const float sum = lanes + rest;
+                float scale;
+                if (gw_is_finite(sum)) {
+                    scale = sum / (float)len;
+                } else {
+                    // Huge magnitudes overflow the f32 sum: in f64, in order.
+                    double wide_sum = 0.0;
+                    for (gw_u32 j = 0; j < len; ++j) {
+                        wide_sum = wide_sum + (double)gw_abs(xs[j]);
+                    }
+                    scale = (float)(wide_sum / (double)len);
+                }
+                gw_write_f32_le(out, scale);
+            } else if (Q == GW_QUANT_QSGD) {
+                gw_u32 largest = 0u;
+                for (gw_u32 l = 0; l < GW_QUANT_LANES; ++l) {
+                    const gw_u32 k = lane_key[l];
+                    largest = k > largest ? k : largest;
+                }
+                for (gw_u32 j = whole; j < len; ++j) {
+                    const gw_u32 k = gw_key(xs[j]);
+                    largest = k > largest ? k : largest;
+                }
+                const float scale = __uint_as_float(largest);
+                gw_write_f32_le(out, scale);
+                param_f32[0] = scale > 0.0f ? 1.0f / scale : 0.0f;
+            } else {
+                // The CPU's fold: the running value is kept unless the
+                // next one is strictly smaller / larger.
+                float lo = gw_infinity();
+                float hi = -gw_infinity();
+                for (gw_u32 l = 0; l < GW_QUANT_LANES; ++l) {
+                    lo = lane_a[l] < lo ? lane_a[l] : lo;
+                    hi = lane_b[l] > hi ? lane_b[l] : hi;
+                }
+                for (gw_u32 j = whole; j < len; ++j) {
+                    const float v = xs[j];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+                gw_write_f32_le(out, lo);
+                gw_write_f32_le(out + 4, hi);
+                const float range = hi - lo;
+                if (gw_is_finite(range)) {
+                    wide = 0;
+                    param_f32[0] = lo;
+                    param_f32[1] = range > 0.0f ? 255.0f / range : 0.0f;
+                } else {
+                    // max - min overflows f32: in f64.
+                    wide = 1;
+                    param_f64[0] = (double)lo;
+                    param_f64[1] = 255.0 / ((double)hi - (double)lo);
+                }
+            }
+        }
+        __syncthreads();
+        gw_u8* codes = out + quant_header(Q);
+        if (Q == GW_QUANT_SIGN) {
+            const gw_u32 bytes = (len + 7u) / 8u;
+            for (gw_u32 b = threadIdx.x; b < bytes; b += GW_BLOCK) {
+                const gw_u32 end = len - 8u * b < 8u ? len - 8u * b : 8u;
+                gw_u32 byte = 0u;
+                for (gw_u32 i = 0; i < end; ++i) {
+                    // The sign bit, inverted: 1 for a non-negative entry.
+                    byte |= ((__float_as_uint(xs[8u * b + i]) >> 31) ^ 1u) << i;
+                }
+                codes[b] = (gw_u8)byte;
+            }
+        } else if (Q == GW_QUANT_QSGD) {
+            const float inverse = param_f32[0];
+            const float s = (float)levels;
+            for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
+                const float v = xs[j];
+                // (|v| * inverse).min(1.0) * s: a NaN (0 * inf, when the
+                // scale is a tiny subnormal) becomes 1, as in Rust.
+                const float ratio = gw_abs(v) * inverse;
+                const float exact = (ratio < 1.0f ? ratio : 1.0f) * s;
+                // 24 random bits: a uniform in [0, 1) (times 2^-24, exact).
+                const gw_u32 h = quant_hash32(key, (gw_u32)first ^ j);
+                const float u = (float)(h >> 8) * 5.9604644775390625e-8f;
+                // floor(exact + u) through a saturating conversion to i32,
+                // as Rust's `as i32`, then at most `levels`.
+                int level = __float2int_rz(exact + u);
+                level = level < (int)levels ? level : (int)levels;
+                codes[j] = (gw_u8)(v < 0.0f ? -level : level);
+            }
+        } else {
+            if (wide == 0) {
+                const float lo = param_f32[0];
+                const float to_step = param_f32[1];
+                for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
+                    // `as i32 as u8`: saturating to i32, then the low byte.
+                    codes[j] = (gw_u8)__float2int_rz((xs[j] - lo) * to_step + 0.5f);
+                }
+            } else {
+                const double lo = param_f64[0];
+                const double to_step = param_f64[1];
+                for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
+                    // `as u8` from f64: saturating to 0..=255.
+                    const unsigned int step =
+                        __double2uint_rz(((double)xs[j] - lo) * to_step + 0.5);
+                    codes[j] = (gw_u8)(step < 255u ? step : 255u);
+                }
+            }
+        }
+        // The next chunk reuses the shared memory.
+        __syncthreads();
+    }
+}
+
+extern "C" __global__ void quant_sign_encode_f32(const float* x, gw_u64 n, gw_u8* payload) {
+    quant_encode_impl<GW_QUANT_SIGN>(x, n, 0u, 0ull, payload);
+}
+
+extern "C" __global__ void quant_qsgd_encode_f32(const float* x, gw_u64 n, gw_u32 levels,
+                                                 gw_u64 key, gw_u8* payload) {
+    quant_encode_impl<GW_QUANT_QSGD>(x, n, levels, key, payload);
+}
+
+extern "C" __global__ void quant_minmax_encode_f32(const float* x, gw_u64 n, gw_u8* payload) {
+    quant_encode_impl<GW_QUANT_MINMAX>(x, n, 0u, 0ull, payload);
+}
+
+// The checks of a payload for n entries (of the encoded length, checked by
+// the launcher): first_bad[0] (GW_NO_INDEX from the launcher) gets the
+// smallest chunk the CPU's decode would refuse.
+extern "C" __global__ void quant_sign_check(const gw_u8* payload, gw_u64 n, gw_u64* first_bad) {
+    const gw_u64 chunks = (n + GW_QUANT_CHUNK - 1u) / GW_QUANT_CHUNK;
+    GW_FOR_EACH(c, chunks) {
+        if (!gw_is_finite(gw_read_f32_le(payload + c * quant_stride(GW_QUANT_SIGN)))) {
+            gw_first_index(first_bad, c);
+        }
+    }
+}
+
+extern "C" __global__ void quant_qsgd_check(const gw_u8* payload, gw_u64 n, gw_u32 levels,
+                                            gw_u64* first_bad) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD);
+        const int q = (int)(signed char)chunk[4 + j];
+        const int magnitude = q < 0 ? -q : q;
+        const bool bad_scale = j == 0u && !gw_is_finite(gw_read_f32_le(chunk));
+        if (bad_scale || magnitude > (int)levels) {
+            gw_first_index(first_bad, c);
+        }
+    }
+}
+
+extern "C" __global__ void quant_minmax_check(const gw_u8* payload, gw_u64 n,
+                                              gw_u64* first_bad) {
+    const gw_u64 chunks = (n + GW_QUANT_CHUNK - 1u) / GW_QUANT_CHUNK;
+    GW_FOR_EACH(c, chunks) {
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX);
+        const float lo = gw_read_f32_le(chunk);
+        const float hi = gw_read_f32_le(chunk + 4);
+        if (!gw_is_finite(lo) || !gw_is_finite(hi) || lo > hi) {
+            gw_first_index(first_bad, c);
+        }
+    }
+}
+
+// out[i] = v (add == 0) or out[i] = out[i] + v (add != 0).
+__device__ __forceinline__ void quant_put(float* out, gw_u64 i, float v, int add) {
+    out[i] = add ? out[i] + v : v;
+}
+
+// Decoding of a checked payload for n entries into out (n f32).
+extern "C" __global__ void quant_sign_decode_f32(const gw_u8* payload, gw_u64 n, float* out,
+                                                 int add) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_SIGN);
+        const float scale = gw_read_f32_le(chunk);
+        const gw_u32 byte = chunk[4 + j / 8u];
+        quant_put(out, i, (byte >> (j % 8u)) & 1u ? scale : -scale, add);
+    }
+}
+
+extern "C" __global__ void quant_qsgd_decode_f32(const gw_u8* payload, gw_u64 n, gw_u32 levels,
+                                                 float* out, int add) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD);
+        const float unit = gw_read_f32_le(chunk) / (float)levels;
+        const int q = (int)(signed char)chunk[4 + j];
+        quant_put(out, i, (float)q * unit, add);
+    }
+}
+
+extern "C" __global__ void quant_minmax_decode_f32(const gw_u8* payload, gw_u64 n, float* out,
+                                                   int add) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX);
+        const float lo = gw_read_f32_le(chunk);
+        const float hi = gw_read_f32_le(chunk + 4);
+        const gw_u32 q = chunk[8 + j];
+        const float step = (hi - lo) / 255.0f;
+        float v;
+        if (gw_is_finite(step)) {
+            // min + q step, clamped to max as the CPU does: rounding may
+            // not carry past max (a value equal to max is kept as it is).
+            v = lo + (float)q * step;
+            v = hi < v ? hi : v;
+        } else {
+            // max - min overflows f32: in f64, then Rust's clamp.
+            const double wide_step = ((double)hi - (double)lo) / 255.0;
+            v = (float)((double)lo + (double)q * wide_step);
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+        }
+        quant_put(out, i, v, add);
+    }
+}
