@@ -96,19 +96,26 @@ fn selections_match_the_cpu() {
     }
 }
 
+/// Values with an infinity at 4321 and a NaN after it, and the error every
+/// codec (CPU or device) must give for them: the first one.
+fn non_finite_input() -> (Vec<f32>, CompressError) {
+    let mut x = values(10_007, 3, None);
+    x[4321] = f32::NEG_INFINITY;
+    x[9000] = f32::NAN;
+    let expected = CompressError::NonFinite {
+        index: 4321,
+        value: f32::NEG_INFINITY,
+    };
+    (x, expected)
+}
+
 #[test]
 fn non_finite_input_is_refused_like_the_cpu() {
     if !device_or_skip("non_finite_input_is_refused_like_the_cpu") {
         return;
     }
-    let mut x = values(10_007, 3, None);
-    x[4321] = f32::NEG_INFINITY;
-    x[9000] = f32::NAN;
+    let (x, expected) = non_finite_input();
     let dx = on_device(&x);
-    let expected = CompressError::NonFinite {
-        index: 4321,
-        value: f32::NEG_INFINITY,
-    };
     assert_eq!(select::threshold(&x, 0.1).unwrap_err(), expected);
     assert_eq!(cuda::threshold(&dx, 0.1).unwrap_err(), expected);
     assert_eq!(cuda::top_k(&dx, 0.1).unwrap_err(), expected);
@@ -378,14 +385,8 @@ fn quantizers_refuse_non_finite_input_like_the_cpu() {
     if !device_or_skip("quantizers_refuse_non_finite_input_like_the_cpu") {
         return;
     }
-    let mut x = values(10_007, 3, None);
-    x[4321] = f32::NEG_INFINITY;
-    x[9000] = f32::NAN;
+    let (x, expected) = non_finite_input();
     let dx = on_device(&x);
-    let expected = CompressError::NonFinite {
-        index: 4321,
-        value: f32::NEG_INFINITY,
-    };
     let mut nan_first = x.clone();
     nan_first[700] = f32::NAN;
     let d_nan_first = on_device(&nan_first);

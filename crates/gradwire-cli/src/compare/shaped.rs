@@ -79,8 +79,8 @@ pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
     })
 }
 
-/// One strategy's row of the shaped report (also the profile `gradwire
-/// project` reads).
+/// One strategy's row of the shaped report (`project::profile_of` builds
+/// the profile `gradwire project` reads from the same rows).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShapedRow {
     /// The strategy's label.

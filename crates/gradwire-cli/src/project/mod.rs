@@ -26,7 +26,7 @@ pub use models::{ModelSpec, StrategyEntry, bert_large_shapes, entry_of, resnet18
 pub use plot::write_plots;
 pub use profile::{Profile, ProfileLink, ProfileStrategy};
 pub use report::{print_report, published_comparison};
-pub use validate::{collectives_of, predictions, profile_of, warm_up_of};
+pub use validate::{collectives_of, predictions, profile_of, shapes_of, warm_up_of};
 
 use crate::compare::{configs, parse_entry};
 use crate::config::TrainConfig;

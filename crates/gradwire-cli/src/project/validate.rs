@@ -13,18 +13,13 @@ use crate::error::{CliError, Result};
 use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
-    Algorithm, Bucketing, CollectiveCall, Link, StepModel, StrategySpec, communication_secs,
+    Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
     fit_all_reduce, predict_step_secs, step_collectives,
 };
 
-/// The link of `samples` (all-reduce timings on `world` ranks) as a ring
-/// fits it, for the profile.
-fn fitted(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
-    Ok(fit_all_reduce(world, samples)?)
-}
-
-/// The model's parameter shapes, in declaration order (DistOpt's).
-fn shapes_of(config: &TrainConfig) -> Result<Vec<Vec<usize>>> {
+/// The parameter shapes of `config`'s model, in declaration order
+/// (DistOpt's): what [`collectives_of`] and [`warm_up_of`] plan with.
+pub fn shapes_of(config: &TrainConfig) -> Result<Vec<Vec<usize>>> {
     let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
     Ok(model
         .vars()
@@ -49,8 +44,10 @@ fn bucketing_of(config: &TrainConfig) -> Bucketing {
 /// warm-up: [`warm_up_of`]): DistOpt's buckets as the CLI plans them, or
 /// the baseline's one fused all-reduce. `None` for a strategy the model
 /// does not cover.
-pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>>> {
-    let shapes = shapes_of(config)?;
+pub fn collectives_of(
+    config: &TrainConfig,
+    shapes: &[Vec<usize>],
+) -> Result<Option<Vec<CollectiveCall>>> {
     if config.strategy == Strategy::Baseline {
         let bytes = 4 * shapes
             .iter()
@@ -63,7 +60,7 @@ pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>
     };
     Ok(Some(step_collectives(
         &entry.spec,
-        &shapes,
+        shapes,
         config.world,
         &bucketing_of(config),
     )?))
@@ -75,6 +72,7 @@ pub fn collectives_of(config: &TrainConfig) -> Result<Option<Vec<CollectiveCall>
 /// dense epochs (`steps_per_epoch` steps each). `None` when it has none.
 pub fn warm_up_of(
     config: &TrainConfig,
+    shapes: &[Vec<usize>],
     steps_per_epoch: usize,
 ) -> Result<Option<(u64, Vec<CollectiveCall>)>> {
     let (steps, spec) = match config.strategy {
@@ -92,12 +90,7 @@ pub fn warm_up_of(
     if steps == 0 {
         return Ok(None);
     }
-    let calls = step_collectives(
-        &spec,
-        &shapes_of(config)?,
-        config.world,
-        &bucketing_of(config),
-    )?;
+    let calls = step_collectives(&spec, shapes, config.world, &bucketing_of(config))?;
     Ok(Some((steps, calls)))
 }
 
@@ -112,11 +105,14 @@ pub fn profile_of(
     rate_bits_per_s: u64,
 ) -> Result<Profile> {
     let world = calibration.world;
-    let gradwire = fitted(world, &calibration.gradwire)?;
-    let library = fitted(world, &calibration.library)?;
+    let gradwire = fit_all_reduce(world, &calibration.gradwire)?;
+    let library = fit_all_reduce(world, &calibration.library)?;
     let mut strategies = Vec::new();
+    let mut params = 0;
     for run in runs {
-        let Some(calls) = collectives_of(&run.config)? else {
+        let shapes = shapes_of(&run.config)?;
+        params = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
+        let Some(calls) = collectives_of(&run.config, &shapes)? else {
             continue;
         };
         let steps_per_epoch = run.epochs.first().map_or(0, |e| e.steps);
@@ -148,7 +144,7 @@ pub fn profile_of(
         };
         let mut predicted = predict_step_secs(&step, &calls, world, link, &Algorithm::Ring)?;
         // A warm-up's steps send something else: the run's mean step.
-        if let Some((warm, warm_calls)) = warm_up_of(&run.config, steps_per_epoch)? {
+        if let Some((warm, warm_calls)) = warm_up_of(&run.config, &shapes, steps_per_epoch)? {
             let steps = run.steps() as f64;
             let warm = (warm as f64).min(steps);
             let comm = |c: &[CollectiveCall]| communication_secs(c, world, link, &Algorithm::Ring);
@@ -168,14 +164,6 @@ pub fn profile_of(
             final_accuracy: row.final_accuracy,
         });
     }
-    let params = runs
-        .first()
-        .map(|r| {
-            let c = &r.config;
-            Model::new(c.model, &c.hidden, &c.channels, c.seed).map(|m| m.len())
-        })
-        .transpose()?
-        .unwrap_or(0);
     Ok(Profile {
         rate_bits_per_s,
         world,
@@ -200,7 +188,7 @@ mod tests {
     use crate::compare::{configs, parse_entry};
     use crate::data::Digits;
     use crate::train::{Silent, train};
-    use gradwire_algos::cost::bytes_sent;
+    use gradwire_algos::cost::{Link, bytes_sent};
 
     /// Small runs of each modelled family, several buckets each.
     fn runs(world: usize, data: &Digits) -> Vec<RunReport> {
@@ -234,9 +222,10 @@ mod tests {
     /// `f` of the steady collectives times the steady steps, plus `f` of
     /// the warm-up's times its steps.
     fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
-        let calls = collectives_of(&run.config).unwrap().unwrap();
+        let shapes = shapes_of(&run.config).unwrap();
+        let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
         let steps = run.steps() as f64;
-        let warm = warm_up_of(&run.config, run.epochs[0].steps).unwrap();
+        let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
         let (warm_steps, warm_value) = warm.map_or((0.0, 0.0), |(k, c)| {
             let k = (k as f64).min(steps);
             (k, k * f(&c))
