@@ -158,6 +158,29 @@ pub mod feedback {
     ];
 }
 
+/// The kernels of `kernels/cuda/lowrank.cu`.
+pub mod lowrank {
+    /// The module name.
+    pub const NAME: &str = "lowrank";
+    /// The PTX text.
+    pub const PTX: &str = include_str!("../ptx/lowrank.ptx");
+    /// The kernel `lowrank_project_f32`.
+    pub const LOWRANK_PROJECT_F32: &str = "lowrank_project_f32";
+    /// The kernel `lowrank_project_back_f32`.
+    pub const LOWRANK_PROJECT_BACK_F32: &str = "lowrank_project_back_f32";
+    /// The kernel `lowrank_reconstruct_f32`.
+    pub const LOWRANK_RECONSTRUCT_F32: &str = "lowrank_reconstruct_f32";
+    /// The kernel `lowrank_orthonormalize_f32`.
+    pub const LOWRANK_ORTHONORMALIZE_F32: &str = "lowrank_orthonormalize_f32";
+    /// Every kernel of the module, in PTX order.
+    pub const ENTRIES: &[&str] = &[
+        LOWRANK_PROJECT_F32,
+        LOWRANK_PROJECT_BACK_F32,
+        LOWRANK_RECONSTRUCT_F32,
+        LOWRANK_ORTHONORMALIZE_F32,
+    ];
+}
+
 /// The kernels of `kernels/cuda/optim.cu`.
 pub mod optim {
     /// The module name.
@@ -366,6 +389,11 @@ pub const MODULES: &[PtxModule] = &[
         name: feedback::NAME,
         ptx: feedback::PTX,
         entries: feedback::ENTRIES,
+    },
+    PtxModule {
+        name: lowrank::NAME,
+        ptx: lowrank::PTX,
+        entries: lowrank::ENTRIES,
     },
     PtxModule {
         name: optim::NAME,

@@ -1,13 +1,15 @@
 //! The codecs on CUDA device buffers (feature `cuda`): the selections
 //! ([`threshold`], [`top_k`], [`sampled_top_k`]), the cast codec
-//! ([`encode`]), scatter-add, [`CudaErrorFeedback`] and the quantizers
-//! ([`quant_encode`], [`quant_decode`], [`quant_decode_add`], in `quant.rs`),
+//! ([`encode`]), scatter-add, [`CudaErrorFeedback`], the quantizers
+//! ([`quant_encode`], [`quant_decode`], [`quant_decode_add`], in `quant.rs`)
+//! and PowerSGD's low-rank products ([`lowrank`]),
 //! each selecting and computing exactly what its CPU counterpart does on
 //! the same values (the same indices, values bitwise, the same residuals,
-//! the same payload bytes), without the gradient leaving the device.
+//! the same payload bytes; the orthonormalisation within a few ulps), without
+//! the gradient leaving the device.
 //!
 //! They compose the launchers of gradwire-tensor's
-//! `cuda_backend::kernels::{select, feedback, quant}`; only the selection's
+//! `cuda_backend::kernels::{select, feedback, quant, lowrank}`; only the selection's
 //! size and a few counters cross to the host. Random-k has no device form
 //! (its ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses
 //! it.
@@ -24,6 +26,7 @@ use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use crate::select::{SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key};
 use crate::sparse::check_dense_len;
 
+pub mod lowrank;
 mod quant;
 
 /// The value of `x[index]` (for an error report).

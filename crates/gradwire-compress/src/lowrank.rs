@@ -13,7 +13,8 @@
 //! [`matrix_shape`] decides which tensors are worth compressing,
 //! [`project`], [`project_back`], [`orthonormalize`] and [`reconstruct`]
 //! are the products, [`init_q`] the seeded start. Matrices are row-major
-//! `f32` slices; `Q` is kept transposed (`rank x cols`), so that every
+//! `f32` slices (on a GPU, windows of device buffers: `cuda::lowrank`,
+//! feature `cuda`); `Q` is kept transposed (`rank x cols`), so that every
 //! product streams `M` once, row by row, against contiguous rows of `Q`
 //! (dot products and axpys that the compiler vectorises), and allocates
 //! nothing: the factors are thin (`rank` is 1 to a few), where a general
@@ -65,6 +66,13 @@ fn check_len(op: &'static str, got: usize, expected: usize) -> Result<()> {
     }
 }
 
+/// `a * b`, or an error naming `op` when it overflows (no slice that long
+/// exists).
+fn product(op: &'static str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| CompressError::InvalidArgument(format!("{op}: {a} x {b} elements overflow")))
+}
+
 /// The rank of a factor of `len` elements with `rows` rows (or, for `Q`,
 /// `rank` rows of `rows` columns).
 fn rank_of(op: &'static str, len: usize, rows: usize) -> Result<usize> {
@@ -74,6 +82,62 @@ fn rank_of(op: &'static str, len: usize, rows: usize) -> Result<usize> {
         )));
     }
     Ok(len / rows)
+}
+
+/// The checks of [`project`] on operands of these lengths: the rank.
+/// Shared with the device form (`cuda::lowrank`), so both refuse the same
+/// operands with the same errors.
+pub(crate) fn check_project(
+    rows: usize,
+    cols: usize,
+    m: usize,
+    qt: usize,
+    p: usize,
+) -> Result<usize> {
+    let rank = rank_of("project", qt, cols)?;
+    rank_of("project", p, rows)?;
+    check_len("project (m)", m, product("project", rows, cols)?)?;
+    check_len("project (p)", p, product("project", rows, rank)?)?;
+    Ok(rank)
+}
+
+/// The checks of [`project_back`]: the rank.
+pub(crate) fn check_project_back(
+    rows: usize,
+    cols: usize,
+    m: usize,
+    p: usize,
+    qt: usize,
+) -> Result<usize> {
+    let rank = rank_of("project_back", p, rows)?;
+    rank_of("project_back", qt, cols)?;
+    check_len("project_back (m)", m, product("project_back", rows, cols)?)?;
+    check_len("project_back (q)", qt, product("project_back", rank, cols)?)?;
+    Ok(rank)
+}
+
+/// The checks of [`reconstruct`]: the rank.
+pub(crate) fn check_reconstruct(
+    rows: usize,
+    cols: usize,
+    p: usize,
+    qt: usize,
+    out: usize,
+) -> Result<usize> {
+    let rank = rank_of("reconstruct", p, rows)?;
+    rank_of("reconstruct", qt, cols)?;
+    check_len("reconstruct (q)", qt, product("reconstruct", rank, cols)?)?;
+    check_len(
+        "reconstruct (out)",
+        out,
+        product("reconstruct", rows, cols)?,
+    )?;
+    Ok(rank)
+}
+
+/// The checks of [`orthonormalize`].
+pub(crate) fn check_orthonormalize(p: usize, rows: usize, rank: usize) -> Result<()> {
+    check_len("orthonormalize", p, product("orthonormalize", rows, rank)?)
 }
 
 /// `a · b` in f32, eight partial sums at a time (which the compiler keeps
@@ -105,10 +169,7 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// `p = m q`: `m` is `rows x cols`, `qt` is `Qᵀ` (`rank x cols`), `p`
 /// (written) is `rows x rank`.
 pub fn project(m: &[f32], rows: usize, cols: usize, qt: &[f32], p: &mut [f32]) -> Result<()> {
-    let rank = rank_of("project", qt.len(), cols)?;
-    rank_of("project", p.len(), rows)?;
-    check_len("project (m)", m.len(), rows * cols)?;
-    check_len("project (p)", p.len(), rows * rank)?;
+    let rank = check_project(rows, cols, m.len(), qt.len(), p.len())?;
     for (row, p_row) in m.chunks_exact(cols).zip(p.chunks_exact_mut(rank)) {
         for (p, q) in p_row.iter_mut().zip(qt.chunks_exact(cols)) {
             *p = dot(row, q);
@@ -120,10 +181,7 @@ pub fn project(m: &[f32], rows: usize, cols: usize, qt: &[f32], p: &mut [f32]) -
 /// `qt = (mᵀ p)ᵀ = pᵀ m`: `m` is `rows x cols`, `p` is `rows x rank`, `qt`
 /// (written) is `rank x cols`.
 pub fn project_back(m: &[f32], rows: usize, cols: usize, p: &[f32], qt: &mut [f32]) -> Result<()> {
-    let rank = rank_of("project_back", p.len(), rows)?;
-    rank_of("project_back", qt.len(), cols)?;
-    check_len("project_back (m)", m.len(), rows * cols)?;
-    check_len("project_back (q)", qt.len(), rank * cols)?;
+    let rank = check_project_back(rows, cols, m.len(), p.len(), qt.len())?;
     qt.fill(0.0);
     for (row, p_row) in m.chunks_exact(cols).zip(p.chunks_exact(rank)) {
         for (&p, q) in p_row.iter().zip(qt.chunks_exact_mut(cols)) {
@@ -136,10 +194,7 @@ pub fn project_back(m: &[f32], rows: usize, cols: usize, p: &[f32], qt: &mut [f3
 /// `out = p qᵀ`: `p` is `rows x rank`, `qt` is `Qᵀ` (`rank x cols`), `out`
 /// (written) is `rows x cols`.
 pub fn reconstruct(p: &[f32], qt: &[f32], rows: usize, cols: usize, out: &mut [f32]) -> Result<()> {
-    let rank = rank_of("reconstruct", p.len(), rows)?;
-    rank_of("reconstruct", qt.len(), cols)?;
-    check_len("reconstruct (q)", qt.len(), rank * cols)?;
-    check_len("reconstruct (out)", out.len(), rows * cols)?;
+    let rank = check_reconstruct(rows, cols, p.len(), qt.len(), out.len())?;
     for (out_row, p_row) in out.chunks_exact_mut(cols).zip(p.chunks_exact(rank)) {
         out_row.fill(0.0);
         for (&p, q) in p_row.iter().zip(qt.chunks_exact(cols)) {
@@ -155,7 +210,7 @@ pub fn reconstruct(p: &[f32], qt: &[f32], rows: usize, cols: usize, out: &mut [f
 /// of NaN (DDP adds an epsilon to the norm for the same reason), so a zero
 /// gradient compresses to zero.
 pub fn orthonormalize(p: &mut [f32], rows: usize, rank: usize) -> Result<()> {
-    check_len("orthonormalize", p.len(), rows * rank)?;
+    check_orthonormalize(p.len(), rows, rank)?;
     for j in 0..rank {
         let norm_before = column_norm(p, rows, rank, j);
         // Twice ("twice is enough", Giraud et al.): one pass loses

@@ -1,7 +1,8 @@
 //! Safe launchers of the kernels the upper crates run on device buffers:
 //! the optimizer updates ([`optim`]), sparse selection ([`select`]), error
 //! feedback, the cast codec and scatter-add ([`feedback`]), the quantizers
-//! ([`quant`]) and AdaSum's pairwise rule ([`adasum`]).
+//! ([`quant`]), PowerSGD's low-rank products ([`lowrank`]) and AdaSum's
+//! pairwise rule ([`adasum`]).
 //!
 //! Every launcher validates its operands (device, dtype, lengths, ranges)
 //! before it queues anything and then launches with the geometry its kernel
@@ -14,6 +15,7 @@
 
 pub mod adasum;
 pub mod feedback;
+pub mod lowrank;
 pub mod optim;
 pub mod quant;
 pub mod select;

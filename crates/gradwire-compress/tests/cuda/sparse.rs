@@ -1,0 +1,223 @@
+//! The selections, error feedback, casts and scatter-add on the device
+//! against the CPU's.
+
+use gradwire_compress::cast::{self, CastOptions};
+use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceSparse};
+use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec, select};
+use gradwire_tensor::{CpuStorage, CudaStorage, DType, bf16, f16};
+
+use crate::support::{bits, device_or_skip, host_f32, non_finite_input, on_device, values};
+
+fn assert_same_sparse(what: &str, gpu: &DeviceSparse, cpu: &SparseVec) {
+    assert_eq!(gpu.dense_len(), cpu.dense_len(), "{what}: dense length");
+    let (indices, values) = gpu.to_host().expect("sparse to host");
+    assert_eq!(indices, cpu.indices(), "{what}: indices");
+    assert_eq!(bits(&values), bits(cpu.values()), "{what}: values");
+}
+
+const LENGTHS: [usize; 8] = [0, 1, 7, 257, 4099, 65_537, 262_147, 1_000_003];
+
+#[test]
+fn selections_match_the_cpu() {
+    if !device_or_skip("selections_match_the_cpu") {
+        return;
+    }
+    for (seed, &n) in LENGTHS.iter().enumerate() {
+        for levels in [None, Some(7), Some(1000)] {
+            let x = values(n, seed as u64, levels);
+            let dx = on_device(&x);
+            let what = |op: &str| format!("{op} n={n} levels={levels:?}");
+            for t in [0.0f32, 0.01, 0.5, 0.999] {
+                let cpu = select::threshold(&x, t).expect("cpu");
+                let gpu = cuda::threshold(&dx, t).expect("gpu");
+                assert_same_sparse(&what(&format!("threshold {t}")), &gpu, &cpu);
+            }
+            for ratio in [0.001, 0.01, 0.1, 0.5, 1.0] {
+                let cpu = select::top_k(&x, ratio).expect("cpu");
+                let gpu = cuda::top_k(&dx, ratio).expect("gpu");
+                assert_same_sparse(&what(&format!("top_k {ratio}")), &gpu, &cpu);
+                let cpu = select::sampled_top_k(&x, ratio).expect("cpu");
+                let gpu = cuda::sampled_top_k(&dx, ratio).expect("gpu");
+                assert_same_sparse(&what(&format!("sampled_top_k {ratio}")), &gpu, &cpu);
+            }
+            for k in [0usize, 1, n / 3, n] {
+                let cpu = select::top_k_count(&x, k).expect("cpu");
+                let gpu = cuda::top_k_count(&dx, k).expect("gpu");
+                assert_same_sparse(&what(&format!("top_k_count {k}")), &gpu, &cpu);
+            }
+        }
+    }
+}
+
+#[test]
+fn non_finite_input_is_refused_like_the_cpu() {
+    if !device_or_skip("non_finite_input_is_refused_like_the_cpu") {
+        return;
+    }
+    let (x, expected) = non_finite_input();
+    let dx = on_device(&x);
+    assert_eq!(select::threshold(&x, 0.1).unwrap_err(), expected);
+    assert_eq!(cuda::threshold(&dx, 0.1).unwrap_err(), expected);
+    assert_eq!(cuda::top_k(&dx, 0.1).unwrap_err(), expected);
+    assert_eq!(cuda::top_k_count(&dx, 0).unwrap_err(), expected);
+    assert_eq!(cuda::sampled_top_k(&dx, 0.01).unwrap_err(), expected);
+    // Nothing changes in a memory that refuses a gradient.
+    let mut memory = CudaErrorFeedback::new(x.len(), 0).expect("memory");
+    let before = memory.state().expect("state");
+    assert_eq!(
+        memory.compress(&dx, &SparseCodec::TopK(0.1)).unwrap_err(),
+        expected
+    );
+    let random = SparseCodec::RandomK {
+        ratio: 0.1,
+        seed: 1,
+    };
+    let finite = on_device(&values(x.len(), 4, None));
+    assert!(matches!(
+        memory.compress(&finite, &random),
+        Err(CompressError::InvalidArgument(_))
+    ));
+    assert_eq!(memory.state().expect("state"), before);
+}
+
+#[test]
+fn error_feedback_steps_match_the_cpu() {
+    if !device_or_skip("error_feedback_steps_match_the_cpu") {
+        return;
+    }
+    let codecs = [
+        SparseCodec::Threshold(0.3),
+        SparseCodec::TopK(0.01),
+        SparseCodec::SampledTopK(0.01),
+    ];
+    for n in [1usize, 1021, 100_003] {
+        for codec in codecs {
+            for mu in [None, Some(0.9f32)] {
+                let (mut cpu, mut gpu) = match mu {
+                    None => (ErrorFeedback::new(n), CudaErrorFeedback::new(n, 0).unwrap()),
+                    Some(mu) => (
+                        ErrorFeedback::with_momentum(n, mu).unwrap(),
+                        CudaErrorFeedback::with_momentum(n, mu, 0).unwrap(),
+                    ),
+                };
+                for step in 0..4u64 {
+                    let g = values(n, 100 + step, None);
+                    let sent_cpu = cpu.compress(&g, &codec).expect("cpu");
+                    let sent_gpu = gpu.compress(&on_device(&g), &codec).expect("gpu");
+                    let what = format!("{codec:?} mu={mu:?} n={n} step {step}");
+                    assert_same_sparse(&what, &sent_gpu, &sent_cpu);
+                    assert_eq!(gpu.state().unwrap(), cpu.state(), "{what}: memory");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn casts_with_feedback_match_the_cpu() {
+    if !device_or_skip("casts_with_feedback_match_the_cpu") {
+        return;
+    }
+    let options = [
+        CastOptions::default(),
+        CastOptions {
+            clip: Some(0.25),
+            scale: 1.0,
+        },
+        CastOptions {
+            clip: None,
+            scale: 1024.0,
+        },
+        CastOptions {
+            clip: Some(2.0),
+            scale: 0.125,
+        },
+    ];
+    for n in [0usize, 1, 257, 65_537] {
+        for opts in options {
+            let x = values(n, 9, None);
+            let dx = on_device(&x);
+            // Plain encode.
+            let mut h16 = vec![f16::ZERO; n];
+            cast::encode(&x, &mut h16, &opts).unwrap();
+            let mut d16 = CudaStorage::alloc_zeros(n, DType::F16, 0).unwrap();
+            cuda::encode(&dx, &mut d16, &opts).unwrap();
+            assert_eq!(
+                d16.to_cpu().unwrap(),
+                CpuStorage::F16(h16),
+                "encode f16 {opts:?}"
+            );
+            let mut hb = vec![bf16::ZERO; n];
+            cast::encode(&x, &mut hb, &opts).unwrap();
+            let mut db = CudaStorage::alloc_zeros(n, DType::BF16, 0).unwrap();
+            cuda::encode(&dx, &mut db, &opts).unwrap();
+            assert_eq!(
+                db.to_cpu().unwrap(),
+                CpuStorage::BF16(hb),
+                "encode bf16 {opts:?}"
+            );
+            // With error feedback, over a few steps, into each dtype.
+            for dtype in [DType::F16, DType::BF16, DType::F32] {
+                let mut cpu = ErrorFeedback::new(n);
+                let mut gpu = CudaErrorFeedback::new(n, 0).unwrap();
+                for step in 0..3u64 {
+                    let g = values(n, 50 + step, None);
+                    let mut sent = CudaStorage::alloc_zeros(n, dtype, 0).unwrap();
+                    gpu.compress_cast(&on_device(&g), &mut sent, &opts).unwrap();
+                    let sent_cpu = match dtype {
+                        DType::F16 => {
+                            let mut d = vec![f16::ZERO; n];
+                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
+                            CpuStorage::F16(d)
+                        }
+                        DType::BF16 => {
+                            let mut d = vec![bf16::ZERO; n];
+                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
+                            CpuStorage::BF16(d)
+                        }
+                        DType::F32 => {
+                            let mut d = vec![0f32; n];
+                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
+                            CpuStorage::F32(d)
+                        }
+                    };
+                    let what = format!("{dtype:?} {opts:?} n={n} step {step}");
+                    assert_eq!(sent.to_cpu().unwrap(), sent_cpu, "{what}: sent");
+                    assert_eq!(gpu.state().unwrap(), cpu.state(), "{what}: memory");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scatter_add_matches_the_cpu() {
+    if !device_or_skip("scatter_add_matches_the_cpu") {
+        return;
+    }
+    for n in [1usize, 257, 100_003] {
+        let x = values(n, 11, None);
+        let sparse = select::top_k(&x, 0.05).unwrap();
+        let device_sparse = cuda::top_k(&on_device(&x), 0.05).unwrap();
+        let base = values(n, 12, None);
+        let mut dense_cpu = base.clone();
+        sparse.scatter_add(&mut dense_cpu).unwrap();
+        let mut dense_gpu = on_device(&base);
+        cuda::scatter_add(&device_sparse, &mut dense_gpu).unwrap();
+        assert_eq!(bits(&host_f32(&dense_gpu)), bits(&dense_cpu), "n={n}");
+        // From host indices (a decoded payload) too.
+        let values_on_device = on_device(sparse.values());
+        let from_host =
+            DeviceSparse::from_host_indices(n, sparse.indices(), values_on_device).unwrap();
+        let mut again = on_device(&base);
+        cuda::scatter_add(&from_host, &mut again).unwrap();
+        assert_eq!(
+            bits(&host_f32(&again)),
+            bits(&dense_cpu),
+            "n={n} from host indices"
+        );
+    }
+    // Unsorted host indices are refused.
+    let values_on_device = on_device(&[1.0, 2.0]);
+    assert!(DeviceSparse::from_host_indices(4, &[2, 1], values_on_device).is_err());
+}
