@@ -87,7 +87,7 @@ fn ptx_dir() -> PathBuf {
     workspace_root().join("kernels/ptx")
 }
 
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map(|p| {
@@ -441,14 +441,14 @@ fn parse_ptxas_log(log: &str) -> Vec<(String, String)> {
 }
 
 #[cfg(unix)]
-fn make_executable(path: &Path) -> Result {
+pub(crate) fn make_executable(path: &Path) -> Result {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("could not make {} executable: {e}", path.display()))
 }
 
 #[cfg(not(unix))]
-fn make_executable(_path: &Path) -> Result {
+pub(crate) fn make_executable(_path: &Path) -> Result {
     Ok(())
 }
 

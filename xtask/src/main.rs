@@ -11,6 +11,7 @@
 
 #![deny(missing_docs)]
 
+mod bundle;
 mod gpu;
 
 use std::env;
@@ -44,7 +45,8 @@ const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gr
 /// NCCL at run time); their tests SKIP loudly without a GPU.
 const GPU_FEATURES: &str = concat!(
     "gradwire-tensor/cuda,gradwire-optim/cuda,gradwire-compress/cuda,gradwire-algos/cuda,",
-    "gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl,gradwire-cli/nccl"
+    "gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl,gradwire-cli/nccl,",
+    "gradwire-cli/cuda"
 );
 
 /// The crates whose GPU-vs-CPU suite is their `tests/cuda.rs`, run with
@@ -72,6 +74,11 @@ Tasks:
   ptxas                the ptxas step of `test` alone: assemble every kernels/ptx/*.ptx
                        for sm_70, sm_80 and sm_90 with ptxas 12.9 (fetched with pip into
                        target/ when missing) and print registers and shared memory.
+  gpu-bundle           build the GPU suites (test binaries with cuda / nccl) and the
+                       gradwire binary (cuda + nccl), stripped, into target/gpu-bundle/
+                       with gpu_suite.sh, which runs them on a machine with an NVIDIA
+                       GPU and no Rust toolchain (suites with GRADWIRE_REQUIRE_GPU=1,
+                       compute-sanitizer, the GPU benches).
   compare [-- <args>...]
                        the main job: ensure system packages as `test` does, then
                        `gradwire compare` in release mode (every strategy on the
@@ -103,6 +110,12 @@ fn main() -> ExitCode {
             [] => step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas),
             [other, ..] => {
                 return usage_error(&format!("unexpected argument `{other}` to `ptxas`"));
+            }
+        },
+        Some("gpu-bundle") => match &args[1..] {
+            [] => step("cargo xtask gpu-bundle", bundle::gpu_bundle),
+            [other, ..] => {
+                return usage_error(&format!("unexpected argument `{other}` to `gpu-bundle`"));
             }
         },
         Some("compare") => match &args[1..] {

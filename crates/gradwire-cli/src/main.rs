@@ -326,6 +326,26 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The device codecs on CUDA device 0 (feature `cuda`): throughput
+    /// against a device-to-device copy of the same bytes.
+    Kernels {
+        /// Codecs, comma-separated (f16 and bf16 are an encode).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "f16,bf16,threshold,topk,sampled-topk,ef-topk,onebit,qsgd,uint8,powersgd"
+        )]
+        codecs: Vec<String>,
+        /// Elements per call (1M, 16M, ...).
+        #[arg(long, value_delimiter = ',', default_value = "1M,16M,64M")]
+        sizes: Vec<String>,
+        /// Seconds of timing per measurement, at least.
+        #[arg(long, default_value_t = 0.5)]
+        secs: f64,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {

@@ -317,6 +317,29 @@ fn nccl_backend_without_gpus_is_a_message() {
     }
 }
 
+/// `gradwire bench kernels` without a GPU is a message, never a panic: a
+/// build without `cuda` names the feature; a build with it says CUDA is
+/// missing (or, on a GPU machine, measures); an unknown codec is refused.
+#[test]
+fn bench_kernels_without_a_gpu_is_a_message() {
+    let args = ["bench", "kernels", "--sizes", "4K", "--secs", "0.01"];
+    let out = gradwire(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if !cfg!(feature = "cuda") {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--features cuda"), "{stderr}");
+    } else if !out.status.success() {
+        assert!(stderr.contains("CUDA"), "{stderr}");
+    }
+    let out = gradwire(&["bench", "kernels", "--codecs", "nope", "--sizes", "4K"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bench_reports_ratios_against_memcpy() {
     let out = gradwire(&[

@@ -1,7 +1,9 @@
 //! `gradwire bench`: all-reduce and compression throughput, each beside a
 //! memcpy of the same bytes measured in the same run, so that the figures
 //! are ratios that mean something on any machine; and every strategy's
-//! bytes per step on a model's shapes beside dense ([`strategies`]).
+//! bytes per step on a model's shapes beside dense ([`strategies`]); with
+//! the `cuda` feature, the device codecs beside a device-to-device copy
+//! (`device`).
 //!
 //! Every figure is the median of repeated timings (at least `min_runs`, and
 //! until `min_secs` have passed; for a collective, the median of `min_runs`
@@ -10,6 +12,8 @@
 //! `busbw = 2 (W - 1) / W x bytes / time`; the memcpy bandwidth counts the
 //! buffer once.
 
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod strategies;
 
 use crate::error::{CliError, Result};
@@ -40,7 +44,7 @@ impl Default for Budget {
 }
 
 /// The median of `f`'s durations under `budget`, after one warm-up.
-fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     let mut times = Vec::new();
     let started = Instant::now();
@@ -293,7 +297,7 @@ fn powersgd_step(x: &[f32], budget: Budget) -> Result<f64> {
 }
 
 /// Gradient-like data: seeded, roughly normal, a few large entries.
-fn gradient(n: usize) -> Vec<f32> {
+pub(crate) fn gradient(n: usize) -> Vec<f32> {
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     (0..n)
         .map(|_| {

@@ -1,5 +1,6 @@
 //! `gradwire bench`: all-reduce (LocalComm, MPI, NCCL), the strategies'
-//! bytes per step, and the codecs, each beside a memcpy of the same bytes.
+//! bytes per step, and the codecs (on the CPU, and on a GPU with the `cuda`
+//! feature), each beside a memcpy of the same bytes.
 
 use crate::{Backend, BenchCommand, ShapeModel};
 use gradwire_cli::CliError;
@@ -59,7 +60,35 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), CliError> {
             let rows = bench::compress(&codecs, &parse_sizes(&sizes)?, budget(secs))?;
             bench::print_rows(json, &rows)
         }
+        BenchCommand::Kernels {
+            codecs,
+            sizes,
+            secs,
+            json,
+        } => {
+            let rows = bench_kernels(&codecs, &parse_sizes(&sizes)?, budget(secs))?;
+            bench::print_rows(json, &rows)
+        }
     }
+}
+
+/// The device codecs on CUDA device 0.
+#[cfg(feature = "cuda")]
+fn bench_kernels(
+    codecs: &[String],
+    sizes: &[usize],
+    budget: Budget,
+) -> Result<Vec<bench::CompressRow>, CliError> {
+    bench::device::kernels(codecs, sizes, budget)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bench_kernels(
+    _: &[String],
+    _: &[usize],
+    _: Budget,
+) -> Result<Vec<bench::CompressRow>, CliError> {
+    Err(super::cuda_missing())
 }
 
 /// The all-reduce bench on this MPI process's world: rank 0's rows.

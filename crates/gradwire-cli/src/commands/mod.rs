@@ -22,6 +22,15 @@ pub(super) fn nccl_missing() -> CliError {
     )
 }
 
+/// The error for `gradwire bench kernels` in a build without CUDA.
+#[cfg(not(feature = "cuda"))]
+pub(super) fn cuda_missing() -> CliError {
+    CliError::Usage(
+        "this gradwire was built without CUDA: cargo build --release -p gradwire-cli --features cuda"
+            .into(),
+    )
+}
+
 /// The error for `--backend mpi` in a build without MPI.
 #[cfg(not(feature = "mpi"))]
 pub(super) fn mpi_missing() -> CliError {

@@ -1,0 +1,221 @@
+//! `gradwire bench kernels` (feature `cuda`): the device codecs on CUDA
+//! device 0, each beside a device-to-device copy of the same bytes measured
+//! in the same run (the GPU's memcpy), so the figures are ratios.
+//!
+//! Each timed run queues the codec and waits for the device's stream (the
+//! selections also wait for their counts, as a caller does), and inputs
+//! rotate over [`ROTATION`] buffers so that no run finds its input in L2.
+//! The same data as `gradwire bench compress` ([`super::gradient`]).
+
+use super::{Budget, CompressRow, gradient, median_time};
+use crate::error::{CliError, Result};
+use gradwire_compress::cast::CastOptions;
+use gradwire_compress::cuda::lowrank::{self, Window, WindowMut};
+use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceBytes};
+use gradwire_compress::{Quantizer, SparseCodec};
+use gradwire_tensor::{CpuStorage, CudaDevice, CudaStorage, DType};
+use std::hint::black_box;
+use std::sync::Arc;
+
+/// Input buffers each measurement cycles through.
+const ROTATION: usize = 4;
+
+/// The codecs `gradwire bench kernels` knows.
+pub const KERNEL_CODECS: &[&str] = &[
+    "f16",
+    "bf16",
+    "threshold",
+    "topk",
+    "sampled-topk",
+    "ef-topk",
+    "onebit",
+    "qsgd",
+    "uint8",
+    "powersgd",
+];
+
+fn device() -> Result<Arc<CudaDevice>> {
+    Ok(CudaDevice::get(0)?)
+}
+
+/// `ROTATION` device copies of `x`.
+fn inputs(x: &[f32]) -> Result<Vec<CudaStorage>> {
+    (0..ROTATION)
+        .map(|_| Ok(CudaStorage::from_cpu(&CpuStorage::F32(x.to_vec()), 0)?))
+        .collect()
+}
+
+/// The median seconds of `f(input)` over the rotating inputs, each run
+/// waited for.
+fn timed(
+    budget: Budget,
+    device: &CudaDevice,
+    inputs: &[CudaStorage],
+    mut f: impl FnMut(&CudaStorage) -> Result<()>,
+) -> Result<f64> {
+    let mut next = 0;
+    median_time(budget, || {
+        f(&inputs[next % inputs.len()])?;
+        next += 1;
+        device.synchronize()?;
+        Ok(())
+    })
+}
+
+/// A device-to-device copy of `n` f32 values.
+fn copy_secs(device: &CudaDevice, inputs: &[CudaStorage], budget: Budget) -> Result<f64> {
+    let n = inputs[0].len();
+    let mut dst = CudaStorage::alloc_zeros(n, DType::F32, 0)?;
+    let stream = Arc::clone(device.stream());
+    timed(budget, device, inputs, |src| {
+        let from = src.bytes()?;
+        let mut to = dst.bytes_mut()?;
+        stream
+            .memcpy_dtod(&from, &mut to)
+            .map_err(|e| CliError::Usage(format!("cuMemcpyDtoD: {e:?}")))
+    })
+}
+
+/// Each codec on `elements` f32 values on device 0, beside the copy.
+pub fn kernels(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
+    for codec in codecs {
+        if !KERNEL_CODECS.contains(&codec.as_str()) {
+            return Err(CliError::Usage(format!(
+                "unknown codec {codec:?} (one of: {})",
+                KERNEL_CODECS.join(", ")
+            )));
+        }
+    }
+    let device = device()?;
+    let mut rows = Vec::new();
+    for &n in elements {
+        let x = gradient(n);
+        let xs = inputs(&x)?;
+        let copy = copy_secs(&device, &xs, budget)?;
+        for codec in codecs {
+            let secs = codec_secs(codec, &device, &xs, budget)?;
+            let gbs = 4.0 * n as f64 / secs / 1e9;
+            let copy_gbs = 4.0 * n as f64 / copy / 1e9;
+            rows.push(CompressRow {
+                codec: codec.clone(),
+                elements: n,
+                secs,
+                gbs,
+                memcpy_gbs: copy_gbs,
+                ratio: gbs / copy_gbs,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Result<f64> {
+    let n = xs[0].len();
+    let opts = CastOptions::default();
+    Ok(match codec {
+        "f16" | "bf16" => {
+            let dtype = if codec == "f16" {
+                DType::F16
+            } else {
+                DType::BF16
+            };
+            let mut wire = CudaStorage::alloc_zeros(n, dtype, 0)?;
+            timed(budget, device, xs, |x| {
+                Ok(cuda::encode(x, &mut wire, &opts)?)
+            })?
+        }
+        "threshold" => timed(budget, device, xs, |x| {
+            black_box(cuda::threshold(x, 0.0097)?);
+            Ok(())
+        })?,
+        "topk" => timed(budget, device, xs, |x| {
+            black_box(cuda::top_k(x, 0.01)?);
+            Ok(())
+        })?,
+        "sampled-topk" => timed(budget, device, xs, |x| {
+            black_box(cuda::sampled_top_k(x, 0.01)?);
+            Ok(())
+        })?,
+        "ef-topk" => {
+            let mut memory = CudaErrorFeedback::new(n, 0)?;
+            let codec = SparseCodec::TopK(0.01);
+            timed(budget, device, xs, |x| {
+                black_box(memory.compress(x, &codec)?);
+                Ok(())
+            })?
+        }
+        "onebit" => quantize_round_trip(Quantizer::Sign, device, xs, budget)?,
+        "qsgd" => quantize_round_trip(
+            Quantizer::Qsgd {
+                levels: 127,
+                seed: 7,
+            },
+            device,
+            xs,
+            budget,
+        )?,
+        "uint8" => quantize_round_trip(Quantizer::MinMaxU8, device, xs, budget)?,
+        "powersgd" => powersgd_step(device, xs, budget)?,
+        other => return Err(CliError::Usage(format!("unknown codec {other:?}"))),
+    })
+}
+
+/// An encode into a kept payload and a decode back.
+fn quantize_round_trip(
+    q: Quantizer,
+    device: &CudaDevice,
+    xs: &[CudaStorage],
+    budget: Budget,
+) -> Result<f64> {
+    let n = xs[0].len();
+    let mut payload = DeviceBytes::zeros(q.encoded_len(n), 0)?;
+    let mut out = CudaStorage::alloc_zeros(n, DType::F32, 0)?;
+    let mut stream = 0u64;
+    timed(budget, device, xs, |x| {
+        stream += 1;
+        cuda::quant_encode_into(&q, x, stream, &mut payload)?;
+        cuda::quant_decode(&q, &payload, &mut out)?;
+        Ok(())
+    })
+}
+
+/// A rank-4 PowerSGD step's four products on 1024 rows (as `gradwire bench
+/// compress` times them on the CPU).
+fn powersgd_step(device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Result<f64> {
+    const ROWS: usize = 1024;
+    const RANK: usize = 4;
+    let n = xs[0].len();
+    let cols = (n / ROWS).max(1);
+    let rows = n.min(ROWS * cols) / cols;
+    let mut q = vec![0f32; RANK * cols];
+    gradwire_compress::lowrank::init_q(3, &mut q);
+    let mut qt = CudaStorage::from_cpu(&CpuStorage::F32(q), 0)?;
+    let mut p = CudaStorage::alloc_zeros(rows * RANK, DType::F32, 0)?;
+    let mut approx = CudaStorage::alloc_zeros(rows * cols, DType::F32, 0)?;
+    timed(budget, device, xs, |x| {
+        let m = Window::new(x, 0..rows * cols)?;
+        lowrank::project(
+            &m,
+            rows,
+            cols,
+            &Window::whole(&qt)?,
+            &mut WindowMut::whole(&mut p)?,
+        )?;
+        lowrank::orthonormalize(&mut WindowMut::whole(&mut p)?, rows, RANK)?;
+        lowrank::project_back(
+            &m,
+            rows,
+            cols,
+            &Window::whole(&p)?,
+            &mut WindowMut::whole(&mut qt)?,
+        )?;
+        lowrank::reconstruct(
+            &Window::whole(&p)?,
+            &Window::whole(&qt)?,
+            rows,
+            cols,
+            &mut WindowMut::whole(&mut approx)?,
+        )?;
+        Ok(())
+    })
+}

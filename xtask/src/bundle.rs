@@ -1,0 +1,206 @@
+//! `cargo xtask gpu-bundle`: the GPU suites built here, to run on a machine
+//! with an NVIDIA GPU and no Rust toolchain.
+//!
+//! It builds every GPU test binary (`cargo test --no-run` with the `cuda`
+//! and `nccl` features: the suites the README's "Running the GPU suite"
+//! lists) and the `gradwire` binary with both features, strips them, and
+//! puts them in `target/gpu-bundle/` beside `xtask/gpu_suite.sh`, which runs
+//! them there: every suite with `GRADWIRE_REQUIRE_GPU=1`, compute-sanitizer
+//! over the kernel suites, and the GPU benches; `target/gpu-bundle.tar.gz`
+//! is the same folder in one file to carry. The PTX is inside the
+//! binaries (`include_str!`) and the CUDA driver and NCCL are loaded at run
+//! time, so the folder is all the other machine needs (NCCL from its
+//! PyTorch installation; the script finds it).
+//!
+//! Cargo's JSON messages name the binaries; xtask has no dependencies, so
+//! the two fields it needs are read from each line by hand (the paths of
+//! this workspace hold no quotes or escapes).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{Result, cargo, describe, run, workspace_root};
+
+/// One suite: the package, its features, and which test targets (`None`:
+/// all of the package's tests, the library's included).
+struct Suite {
+    package: &'static str,
+    features: &'static str,
+    tests: Option<&'static [&'static str]>,
+}
+
+/// The GPU suites (the README's "Running the GPU suite").
+const SUITES: &[Suite] = &[
+    Suite {
+        package: "gradwire-tensor",
+        features: "cuda",
+        tests: None,
+    },
+    Suite {
+        package: "gradwire-compress",
+        features: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    Suite {
+        package: "gradwire-optim",
+        features: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    Suite {
+        package: "gradwire-algos",
+        features: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    Suite {
+        package: "gradwire-comm",
+        features: "nccl",
+        tests: Some(&[]),
+    },
+    Suite {
+        package: "gradwire-tests",
+        features: "nccl",
+        tests: Some(&["conformance_nccl"]),
+    },
+];
+
+fn bundle_dir() -> PathBuf {
+    crate::gpu::target_dir().join("gpu-bundle")
+}
+
+/// The value of `"key":"..."` in a JSON line (no escapes in the value).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("\"{key}\":\"");
+    let start = line.find(&pattern)? + pattern.len();
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
+/// Runs `command` (a cargo build with `--message-format=json`), printing
+/// its diagnostics, and returns the executables it reports as
+/// `(target name, path)`.
+fn executables(command: &mut Command) -> Result<Vec<(String, PathBuf)>> {
+    let shown = describe(command);
+    println!("$ {shown}");
+    let out = command
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start `{shown}`: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("`{shown}` exited with {}", out.status));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(stdout
+        .lines()
+        .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
+        .filter_map(|l| {
+            let exe = field(l, "executable")?;
+            // The target's name follows `"target":{`.
+            let target = &l[l.find("\"target\":{")?..];
+            Some((field(target, "name")?.to_string(), PathBuf::from(exe)))
+        })
+        .collect())
+}
+
+/// Copies `from` to `to` without its debug information and symbol table
+/// (`strip` when present, else a plain copy), executable: the bundle must
+/// travel in a few tens of MiB, and panics still name their file and line.
+fn copy_stripped(from: &Path, to: &Path) -> Result {
+    let stripped = Command::new("strip")
+        .args(["--strip-all", "-o"])
+        .arg(to)
+        .arg(from)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        fs::copy(from, to).map_err(|e| format!("could not copy {}: {e}", from.display()))?;
+    }
+    crate::gpu::make_executable(to)
+}
+
+/// `cargo xtask gpu-bundle`.
+pub fn gpu_bundle() -> Result {
+    let dir = bundle_dir();
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("could not clear {}: {e}", dir.display()))?;
+    }
+    let tests_dir = dir.join("tests");
+    fs::create_dir_all(&tests_dir)
+        .map_err(|e| format!("could not create {}: {e}", tests_dir.display()))?;
+    for suite in SUITES {
+        let mut command = cargo();
+        command.args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+            "-p",
+            suite.package,
+            "--features",
+            suite.features,
+        ]);
+        match suite.tests {
+            None => {}
+            Some([]) => {
+                command.arg("--lib");
+            }
+            Some(tests) => {
+                for test in tests {
+                    command.args(["--test", test]);
+                }
+            }
+        }
+        for (target, exe) in executables(&mut command)? {
+            let name = format!("{}--{}", suite.package, target.replace('-', "_"));
+            copy_stripped(&exe, &tests_dir.join(&name))?;
+            println!("  {name}");
+        }
+    }
+    let mut command = cargo();
+    command.args([
+        "build",
+        "--release",
+        "--message-format=json-render-diagnostics",
+        "-p",
+        "gradwire-cli",
+        "--features",
+        "gradwire-cli/cuda,gradwire-cli/nccl",
+    ]);
+    let cli = executables(&mut command)?
+        .into_iter()
+        .find(|(target, _)| target == "gradwire")
+        .ok_or("cargo reported no `gradwire` binary")?;
+    copy_stripped(&cli.1, &dir.join("gradwire"))?;
+    let script = dir.join("gpu_suite.sh");
+    fs::copy(workspace_root().join("xtask/gpu_suite.sh"), &script)
+        .map_err(|e| format!("could not copy gpu_suite.sh: {e}"))?;
+    crate::gpu::make_executable(&script)?;
+    let bench = dir.join("torch_bench.py");
+    fs::copy(workspace_root().join("xtask/torch_bench.py"), &bench)
+        .map_err(|e| format!("could not copy torch_bench.py: {e}"))?;
+    let size: u64 = fs::read_dir(&tests_dir)
+        .map_err(|e| e.to_string())?
+        .chain(fs::read_dir(&dir).map_err(|e| e.to_string())?)
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    run(Command::new("ls").arg("-l").arg(&tests_dir))?;
+    // One compressed file to carry to the GPU machine.
+    let tarball = dir.with_extension("tar.gz");
+    run(Command::new("tar")
+        .arg("-czf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(dir.parent().ok_or("the bundle has no parent folder")?)
+        .arg("gpu-bundle"))?;
+    let packed = fs::metadata(&tarball).map_err(|e| e.to_string())?.len();
+    println!(
+        "wrote {} ({:.1} MiB) and {} ({:.1} MiB); on a GPU machine: \
+         tar -xzf gpu-bundle.tar.gz && gpu-bundle/gpu_suite.sh",
+        dir.display(),
+        size as f64 / (1 << 20) as f64,
+        tarball.display(),
+        packed as f64 / (1 << 20) as f64,
+    );
+    Ok(())
+}
