@@ -31,6 +31,8 @@
 pub mod adasum;
 pub mod cost;
 pub mod dimreduce;
+#[cfg(feature = "cuda")]
+mod device;
 mod error;
 pub mod fault;
 mod handle;

@@ -34,7 +34,7 @@ pub fn all_reduce<C: Communicator>(comm: &C, tensor: &mut Tensor, op: ReduceOp) 
     Ok(Traffic::all_reduce(bytes, comm.world_size()))
 }
 
-fn check_capacity(tensors: &[Tensor], capacity: usize) -> Result<usize> {
+pub(crate) fn check_capacity(tensors: &[Tensor], capacity: usize) -> Result<usize> {
     let needed = tensors.iter().map(Tensor::len).sum();
     if needed > capacity {
         return Err(AlgoError::Capacity { needed, capacity });
@@ -72,6 +72,10 @@ pub struct FusionBuffers {
     bf16: Vec<bf16>,
     /// The sparse exchange's own buffers.
     sparse: SparseBuffers,
+    /// The device buffers of CUDA buckets on a communicator that takes
+    /// device tensors.
+    #[cfg(feature = "cuda")]
+    device: crate::device::DeviceFusion,
 }
 
 /// What [`sparse_exchange_with`] reuses beyond the f32 fusion buffer.
@@ -206,6 +210,9 @@ pub fn half_all_reduce<C: Communicator>(
 
 /// [`half_all_reduce`] through `buffers` (the f32 fusion buffer and the
 /// wire buffer), reused from call to call: the same result, bit for bit.
+/// CUDA tensors on a communicator that takes device tensors (NcclComm, with
+/// the `cuda` feature) stay on the device: packed, encoded, reduced and
+/// decoded there, in buffers kept in `buffers` too.
 pub fn half_all_reduce_with<C: Communicator>(
     comm: &C,
     tensors: &mut [Tensor],
@@ -213,6 +220,16 @@ pub fn half_all_reduce_with<C: Communicator>(
     capacity: usize,
     buffers: &mut FusionBuffers,
 ) -> Result<Traffic> {
+    #[cfg(feature = "cuda")]
+    if !all_on_cpu(tensors) && comm.takes_device_tensors() {
+        return crate::device::half_all_reduce(
+            comm,
+            tensors,
+            options,
+            capacity,
+            &mut buffers.device,
+        );
+    }
     let FusionBuffers { f32, f16, bf16, .. } = buffers;
     match options.precision {
         HalfPrecision::F16 => half_all_reduce_as(comm, tensors, options, capacity, f32, f16),

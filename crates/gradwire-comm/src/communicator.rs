@@ -294,6 +294,15 @@ pub trait Communicator: Send + Sized {
         self.run_async(move |comm| comm.all_gather_varied(&send))
     }
 
+    /// Whether [`Communicator::all_reduce_tensor`] and
+    /// [`Communicator::broadcast_tensor`] take CUDA tensors and work on them
+    /// in device memory (NcclComm); `false` (the default) when they take
+    /// host tensors only, so that callers holding device tensors move them
+    /// through host memory themselves.
+    fn takes_device_tensors(&self) -> bool {
+        false
+    }
+
     /// [`Communicator::all_reduce`] of a tensor.
     fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         all_reduce_host_tensor(self, tensor, op)
