@@ -111,9 +111,11 @@ pub fn fused_all_reduce<C: Communicator>(
     fused_all_reduce_with(comm, tensors, op, capacity, &mut FusionBuffers::default())
 }
 
-/// [`fused_all_reduce`] through `buffers`, reused from call to call (CPU
-/// tensors; device tensors take a buffer of their own each call). The same
-/// result, bit for bit.
+/// [`fused_all_reduce`] through `buffers`, reused from call to call: CPU
+/// tensors through host buffers; CUDA tensors on a communicator that takes
+/// device tensors (with the `cuda` feature) through a device buffer (on
+/// another communicator, a buffer of their own each call). The same result,
+/// bit for bit.
 pub fn fused_all_reduce_with<C: Communicator>(
     comm: &C,
     tensors: &mut [Tensor],
@@ -140,6 +142,18 @@ pub fn fused_all_reduce_with<C: Communicator>(
             n * dtype.size_in_bytes(),
             comm.world_size(),
         ));
+    }
+    #[cfg(feature = "cuda")]
+    if tensors.len() > 1 && comm.takes_device_tensors() {
+        let dtype = common_dtype(tensors);
+        return crate::device::fused_all_reduce(
+            comm,
+            tensors,
+            op,
+            dtype,
+            capacity,
+            &mut buffers.device,
+        );
     }
     let packed = prepare(comm, || {
         check_capacity(tensors, capacity)?;
