@@ -3,6 +3,11 @@
 //! ([`Communicator::takes_device_tensors`]: NcclComm): the bucket is packed,
 //! encoded, reduced, decoded and unpacked without leaving the GPU.
 //!
+//! The sparse exchange ([`sparse_exchange_on_device`]) selects on the
+//! device (with a [`CudaErrorFeedback`] memory or without), and only the
+//! selection crosses to the host, to travel in the wire format; the
+//! payloads gathered are added into the device buffer in rank order.
+//!
 //! The fused all-reduce packs the bucket into a device buffer of its dtype
 //! and all-reduces it. The half-precision all-reduce packs into an f32 buffer on the device,
 //! encodes it with gradwire-compress's device cast codec (bitwise the CPU's
@@ -13,10 +18,12 @@
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
 use crate::handle::Traffic;
-use crate::reduce::{HalfOptions, HalfPrecision, check_capacity};
-use gradwire_comm::{Communicator, ReduceOp};
+use crate::reduce::{FusionBuffers, HalfOptions, HalfPrecision, check_capacity, sparse_costs_more};
+use gradwire_comm::{Communicator, Gathered, ReduceOp};
 use gradwire_compress::cast::CastOptions;
-use gradwire_tensor::{DType, Device, Tensor, flat};
+use gradwire_compress::cuda::{self as codecs, CudaErrorFeedback, DeviceSparse};
+use gradwire_compress::{SparseCodec, SparseVec, wire};
+use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor, flat};
 
 /// The device buffers of [`fused_all_reduce`] and [`half_all_reduce`],
 /// kept from call to call (a bucket's size is the same every step).
@@ -28,6 +35,9 @@ pub(crate) struct DeviceFusion {
     flat: Option<Tensor>,
     /// The f16 or bf16 wire buffer.
     wire: Option<Tensor>,
+    /// The sparse exchange's encoded selection and every rank's.
+    payload: Vec<u8>,
+    gathered: Gathered<u8>,
 }
 
 /// `slot` holding a tensor of `len` elements of `dtype` on `device`: the
@@ -143,4 +153,122 @@ pub(crate) fn half_all_reduce<C: Communicator>(
         n * wire_dtype.size_in_bytes(),
         comm.world_size(),
     ))
+}
+
+/// [`crate::sparse_exchange_with`] for CUDA tensors (all on one device):
+/// the codec selects on the device, from the error-feedback memory
+/// `feedback` (on the tensors' device) when given, and the sum of the
+/// ranks' selections comes back into the tensors. The same decisions and,
+/// bit for bit, the same result as the host form on the same values: one
+/// Max all-reduce of the largest selection decides between the all-gather
+/// of the payloads (added in rank order) and a dense all-reduce of the
+/// whole accumulator (the memory flushed). The payloads travel through
+/// host memory (the wire format and the variable-length all-gather are the
+/// host's); the dense all-reduce stays on the device when the communicator
+/// takes device tensors. Random-k has no device form (its draw is the
+/// CPU's): refused, on every rank, before the first collective. The result
+/// is the sum; on a failure on any rank `feedback` may have changed (the
+/// caller keeps a copy to put back, as DistOpt does).
+pub fn sparse_exchange_on_device<C: Communicator>(
+    comm: &C,
+    tensors: &mut [Tensor],
+    codec: &SparseCodec,
+    mut feedback: Option<&mut CudaErrorFeedback>,
+    buffers: &mut FusionBuffers,
+) -> Result<Traffic> {
+    let fusion = buffers.device_mut();
+    let (n, layout, selected) = prepare(comm, || {
+        let (n, device) = check_bucket(tensors, usize::MAX)?;
+        if !matches!(device, Device::Cuda(_)) {
+            return Err(AlgoError::InvalidArgument(
+                "sparse_exchange_on_device takes CUDA tensors".into(),
+            ));
+        }
+        let packed = reuse(&mut fusion.flat, n, DType::F32, device)?;
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let layout = flat::pack(&refs, packed)?;
+        let values = packed.cuda_storage()?;
+        let selected = match (feedback.as_deref_mut(), *codec) {
+            (Some(memory), codec) => memory.compress(&values, &codec)?,
+            (None, SparseCodec::Threshold(t)) => codecs::threshold(&values, t)?,
+            (None, SparseCodec::TopK(ratio)) => codecs::top_k(&values, ratio)?,
+            (None, SparseCodec::SampledTopK(ratio)) => codecs::sampled_top_k(&values, ratio)?,
+            (None, SparseCodec::RandomK { .. }) => {
+                return Err(AlgoError::InvalidArgument(
+                    "random-k has no device form: its draw is the CPU's".into(),
+                ));
+            }
+        };
+        Ok((n, layout, selected))
+    })?;
+    let world = comm.world_size();
+    let mut vote = [selected.nnz() as u64];
+    comm.all_reduce(&mut vote, ReduceOp::Max)?;
+    let vote_traffic = Traffic::all_reduce(8, world);
+    let largest = usize::try_from(vote[0]).unwrap_or(usize::MAX);
+    let Some(packed) = fusion.flat.as_mut() else {
+        return Err(AlgoError::InvalidArgument(
+            "a device buffer went missing".into(),
+        ));
+    };
+    let traffic = if sparse_costs_more(largest, n, world) {
+        // Dense: what was selected plus what the memory still holds is the
+        // whole accumulator (without feedback: the gradient, still packed).
+        // Local work between collectives: a failure is posted in place of
+        // the all-reduce, so every rank fails there.
+        let staged = prepare(comm, || {
+            if let Some(memory) = feedback {
+                let dense = packed.cuda_storage_mut()?;
+                dense.zero_fill()?;
+                codecs::scatter_add(&selected, dense)?;
+                memory.flush_into(dense)?;
+            }
+            Ok(if comm.takes_device_tensors() {
+                None
+            } else {
+                Some(packed.to_device(Device::Cpu)?)
+            })
+        })?;
+        match staged {
+            None => comm.all_reduce_tensor(packed, ReduceOp::Sum)?,
+            Some(mut host) => {
+                comm.all_reduce_tensor(&mut host, ReduceOp::Sum)?;
+                flat::pack(&[&host], packed)?;
+            }
+        }
+        vote_traffic + Traffic::all_reduce(n * 4, world)
+    } else {
+        let payload = &mut fusion.payload;
+        prepare(comm, || {
+            let (indices, values) = selected.to_host()?;
+            let local = SparseVec::new(n, indices, values)?;
+            wire::encode_into(&local, codec.wire_id(), DType::F32, payload);
+            Ok(())
+        })?;
+        comm.all_gather_varied_into(&fusion.payload, &mut fusion.gathered)?;
+        let dense = packed.cuda_storage_mut()?;
+        dense.zero_fill()?;
+        let ordinal = dense.ordinal();
+        for rank in 0..world {
+            let part = wire::decode(fusion.gathered.part(rank))?;
+            if part.dense_len() != n {
+                return Err(gradwire_compress::CompressError::LengthMismatch {
+                    op: "sparse_exchange_on_device",
+                    expected: n,
+                    got: part.dense_len(),
+                }
+                .into());
+            }
+            let indices: Vec<u32> = part.indices().collect();
+            let values: Vec<f32> = part.values_f32().collect();
+            let values = CudaStorage::from_cpu(&CpuStorage::F32(values), ordinal)?;
+            let sparse = DeviceSparse::from_host_indices(n, &indices, values)?;
+            codecs::scatter_add(&sparse, dense)?;
+        }
+        vote_traffic
+            + Traffic::all_gather(fusion.payload.len(), fusion.gathered.data().len(), world)
+    };
+    let mut outs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    flat::unpack(packed, &layout, &mut outs)?;
+    Ok(traffic)
 }

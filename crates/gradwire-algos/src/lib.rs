@@ -41,6 +41,8 @@ pub mod quantized;
 mod reduce;
 
 pub use adasum::AdaSum;
+#[cfg(feature = "cuda")]
+pub use device::sparse_exchange_on_device;
 pub use error::{AlgoError, Result};
 pub use fault::FaultKind;
 pub use handle::{Handle, Reduced, Traffic};

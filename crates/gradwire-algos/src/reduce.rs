@@ -78,6 +78,14 @@ pub struct FusionBuffers {
     device: crate::device::DeviceFusion,
 }
 
+impl FusionBuffers {
+    /// The device buffers.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_mut(&mut self) -> &mut crate::device::DeviceFusion {
+        &mut self.device
+    }
+}
+
 /// What [`sparse_exchange_with`] reuses beyond the f32 fusion buffer.
 #[derive(Debug, Default)]
 struct SparseBuffers {

@@ -2,6 +2,8 @@
 //! each rank sends what its codec selects, with an error-feedback residual
 //! per bucket when asked (SINGA's `corr`); a bucket not sparse enough for
 //! the world size travels dense. The sum is divided by the world size.
+//! Buckets of CUDA tensors (feature `cuda`) select and keep their residual
+//! on the device (`device.rs`).
 
 use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
@@ -12,6 +14,9 @@ use gradwire_comm::Communicator;
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
+
+#[cfg(feature = "cuda")]
+mod device;
 
 /// A codec's selection, exchanged, with an optional error-feedback
 /// residual that a failed or skipped step puts back.
@@ -28,6 +33,9 @@ pub struct SparseSelect {
     written_ranges: Vec<Range<usize>>,
     written_residual: ErrorFeedback,
     fusion: FusionBuffers,
+    /// The residual in device memory, for buckets of CUDA tensors.
+    #[cfg(feature = "cuda")]
+    device: device::DeviceResidual,
 }
 
 impl SparseSelect {
@@ -41,6 +49,8 @@ impl SparseSelect {
             written_ranges: Vec::new(),
             written_residual: ErrorFeedback::new(0),
             fusion: FusionBuffers::default(),
+            #[cfg(feature = "cuda")]
+            device: Default::default(),
         }
     }
 
@@ -72,6 +82,10 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
         // kept from step to step; the exchange need not keep a copy of its
         // own.
         self.before.keep(&self.residual);
+        #[cfg(feature = "cuda")]
+        if let Some(gradwire_tensor::Device::Cuda(ordinal)) = tensors.first().map(Tensor::device) {
+            return self.combine_on_device(comm, bucket, tensors, &codec, ordinal);
+        }
         let Some(memory) = self.residual.as_mut() else {
             let traffic = sparse_exchange_with(comm, tensors, &codec, None, &mut self.fusion)?;
             return Ok(Combined {
@@ -107,12 +121,20 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
         self.before.end(&mut self.residual, kept);
+        #[cfg(feature = "cuda")]
+        self.device.end_step(kept);
     }
 
     /// The residual as tensor `residual/<bucket>` and its step count as
     /// value `residual_steps/<bucket>`.
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        if let Some(memory) = &self.residual {
+        #[cfg(feature = "cuda")]
+        let on_device = self.device.host_copy()?;
+        #[cfg(feature = "cuda")]
+        let residual = on_device.as_ref().or(self.residual.as_ref());
+        #[cfg(not(feature = "cuda"))]
+        let residual = self.residual.as_ref();
+        if let Some(memory) = residual {
             let residual = memory.residual().to_vec();
             let n = residual.len();
             ckpt.tensors
@@ -152,6 +174,8 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
         if apply {
             self.residual = restored;
             self.before.forget();
+            #[cfg(feature = "cuda")]
+            self.device.forget();
         }
         Ok(())
     }

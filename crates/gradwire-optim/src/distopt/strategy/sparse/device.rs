@@ -1,0 +1,157 @@
+//! The sparse strategy on CUDA tensors (feature `cuda`): the bucket's
+//! error-feedback residual lives in device memory ([`CudaErrorFeedback`])
+//! and the exchange is [`sparse_exchange_on_device`], so the gradient never
+//! leaves the GPU; only the selection travels through host memory.
+//!
+//! The host residual of [`SparseSelect`] stays the form checkpoints are
+//! saved from and restored into: the first device step (and the first
+//! after a restore) moves it to the bucket's device, and from then on the
+//! device copy is the memory ([`DeviceResidual`]). A bucket only partly
+//! written in a step takes its written ranges through host memory (a copy
+//! each way, only in such steps).
+
+use super::SparseSelect;
+use crate::distopt::strategy::{BucketView, Combined};
+use gradwire_algos::fault::{fail, prepare};
+use gradwire_algos::{AlgoError, sparse_exchange_on_device};
+use gradwire_comm::Communicator;
+use gradwire_compress::cuda::CudaErrorFeedback;
+use gradwire_compress::{ErrorFeedback, SparseCodec};
+use gradwire_tensor::Tensor;
+use std::ops::Range;
+
+/// The device residual of a sparse bucket, and its copy from before the
+/// current step (put back when the step fails or is skipped).
+#[derive(Debug, Default)]
+pub(in crate::distopt) struct DeviceResidual {
+    memory: Option<CudaErrorFeedback>,
+    before: Option<CudaErrorFeedback>,
+    taken: bool,
+}
+
+impl DeviceResidual {
+    /// The memory on device `ordinal`, moved there from `host` unless it
+    /// already is.
+    fn ensure(
+        &mut self,
+        host: &ErrorFeedback,
+        ordinal: usize,
+    ) -> gradwire_algos::Result<&mut CudaErrorFeedback> {
+        let fits = self
+            .memory
+            .as_ref()
+            .is_some_and(|m| m.len() == host.len() && m.residual().ordinal() == ordinal);
+        if !fits {
+            self.memory = Some(CudaErrorFeedback::from_state(host.state(), ordinal)?);
+        }
+        self.memory
+            .as_mut()
+            .ok_or_else(|| AlgoError::InvalidArgument("the device residual went missing".into()))
+    }
+
+    /// The step is over: the memory goes back to its copy unless `kept`.
+    pub(in crate::distopt) fn end_step(&mut self, kept: bool) {
+        if std::mem::take(&mut self.taken) && !kept {
+            self.memory = self.before.take();
+        }
+    }
+
+    /// The memory copied to the host, when it lives on a device (for a
+    /// checkpoint).
+    pub(in crate::distopt) fn host_copy(&self) -> crate::Result<Option<ErrorFeedback>> {
+        let Some(memory) = &self.memory else {
+            return Ok(None);
+        };
+        let state = memory.state().map_err(AlgoError::from)?;
+        Ok(Some(
+            ErrorFeedback::from_state(state).map_err(AlgoError::from)?,
+        ))
+    }
+
+    /// Forgets the device memory: the host residual was restored from a
+    /// checkpoint and is the memory again.
+    pub(in crate::distopt) fn forget(&mut self) {
+        *self = DeviceResidual::default();
+    }
+}
+
+/// The written `ranges` of `whole`, as a memory of their own on `ordinal`.
+fn load_parts(
+    whole: &CudaErrorFeedback,
+    ranges: &[Range<usize>],
+    ordinal: usize,
+) -> gradwire_algos::Result<CudaErrorFeedback> {
+    let host = ErrorFeedback::from_state(whole.state()?)?;
+    let mut sub = ErrorFeedback::new(0);
+    sub.load_parts(&host, ranges)?;
+    Ok(CudaErrorFeedback::from_state(sub.state(), ordinal)?)
+}
+
+/// `sub`, the memory of the written `ranges`, stored back into `whole`.
+fn store_parts(
+    sub: &CudaErrorFeedback,
+    whole: &mut CudaErrorFeedback,
+    ranges: &[Range<usize>],
+    ordinal: usize,
+) -> gradwire_algos::Result<()> {
+    let mut host = ErrorFeedback::from_state(whole.state()?)?;
+    ErrorFeedback::from_state(sub.state()?)?.store_parts(&mut host, ranges)?;
+    *whole = CudaErrorFeedback::from_state(host.state(), ordinal)?;
+    Ok(())
+}
+
+impl SparseSelect {
+    /// [`super::Combiner::combine`] for a bucket of CUDA tensors on device
+    /// `ordinal`.
+    pub(super) fn combine_on_device<C: Communicator>(
+        &mut self,
+        comm: &C,
+        bucket: &BucketView<'_>,
+        tensors: &mut [Tensor],
+        codec: &SparseCodec,
+        ordinal: usize,
+    ) -> gradwire_algos::Result<Combined> {
+        let Some(host) = self.residual.as_ref() else {
+            let traffic = sparse_exchange_on_device(comm, tensors, codec, None, &mut self.fusion)?;
+            return Ok(Combined {
+                traffic,
+                averaged: false,
+            });
+        };
+        let device = &mut self.device;
+        prepare(comm, || device.ensure(host, ordinal).map(|_| ()))?;
+        device.before.clone_from(&device.memory);
+        device.taken = true;
+        let Some(memory) = device.memory.as_mut() else {
+            return Err(fail(
+                comm,
+                AlgoError::InvalidArgument("the device residual went missing".into()),
+            ));
+        };
+        let traffic = if bucket.written.iter().all(|&w| w) {
+            sparse_exchange_on_device(comm, tensors, codec, Some(memory), &mut self.fusion)?
+        } else {
+            // Only the written parameters take part: their part of the
+            // residual goes through the step, the rest stays as it is.
+            let mut ranges = Vec::new();
+            let mut offset = 0;
+            for (&n, &w) in bucket.lens.iter().zip(bucket.written) {
+                if w {
+                    ranges.push(offset..offset + n);
+                }
+                offset += n;
+            }
+            let mut sub = prepare(comm, || load_parts(memory, &ranges, ordinal))?;
+            let traffic =
+                sparse_exchange_on_device(comm, tensors, codec, Some(&mut sub), &mut self.fusion)?;
+            // After the last collective: a failure here (a device copy) is
+            // posted in place of the rank's next one.
+            store_parts(&sub, memory, &ranges, ordinal).map_err(|e| fail(comm, e))?;
+            traffic
+        };
+        Ok(Combined {
+            traffic,
+            averaged: false,
+        })
+    }
+}
