@@ -74,6 +74,6 @@ pub use local::{LocalComm, LocalConfig};
 #[cfg(feature = "mpi")]
 pub use mpi::{CallTime, MpiComm, MpiConfig};
 #[cfg(feature = "nccl")]
-pub use nccl::{NcclComm, NcclConfig};
+pub use nccl::{NcclComm, NcclConfig, NcclReduction};
 pub use op::ReduceOp;
 pub use pending::{Completion, Pending};

@@ -8,7 +8,10 @@ use std::fmt;
 /// Sums are taken in rank order 0, 1, ..., W-1 (f16 and bf16 accumulate in
 /// f32 and round once at the end), so a result is bitwise the same on every
 /// rank and in every run. `Max` and `Min` propagate NaN: if any rank holds a
-/// NaN at an index, the result there is NaN.
+/// NaN at an index, the result there is NaN. The one backend setting that
+/// trades the rank order for speed says so: NcclComm's default,
+/// `NcclReduction::Native`, sums with NCCL's own algorithm (its order, and
+/// half types in half precision); its `Max` and `Min` still propagate NaN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     /// Sum (wrapping for integers).

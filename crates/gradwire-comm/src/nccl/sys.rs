@@ -8,8 +8,11 @@
 //! any other call, and wraps the raw functions itself, turning every
 //! `ncclResult_t` into [`CommError::Nccl`] with NCCL's own message.
 //!
-//! Every transfer moves bytes (`ncclUint8`): gradwire does the arithmetic
-//! of reductions itself, so NCCL's reduction operators are never used.
+//! Transfers that only move data (all-gather, broadcast, send and receive)
+//! move bytes (`ncclUint8`). Reductions name NCCL's datatype and operator
+//! ([`datatype`], [`red_op`]): NCCL's own `ncclAllReduce` and
+//! `ncclReduceScatter` (`NcclReduction::Native`); the rank-ordered setting
+//! moves bytes and does the arithmetic itself.
 
 use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
@@ -17,7 +20,9 @@ use std::sync::OnceLock;
 use gradwire_tensor::cudarc::driver::sys::CUstream;
 use gradwire_tensor::cudarc::nccl::sys;
 
+use crate::element::ElemType;
 use crate::error::{CommError, Result};
+use crate::op::ReduceOp;
 
 /// The oldest NCCL this backend accepts: 2.18 introduced `ncclCommSplit`.
 pub(super) const MIN_VERSION: i32 = 21800;
@@ -261,6 +266,53 @@ impl AbortHandle {
     }
 }
 
+/// NCCL's element type of a reduction.
+pub(super) type DataType = sys::ncclDataType_t;
+
+/// NCCL's reduction operator.
+pub(super) type RedOp = sys::ncclRedOp_t;
+
+/// NCCL's datatype of `elem`. Every gradwire element type has one: bf16 is
+/// `ncclBfloat16` (9), which every NCCL release gradwire accepts defines
+/// when built with CUDA 11 or later, as NVIDIA's builds are (cudarc's
+/// bindings follow NCCL 2.24's header, which names it; the values of the
+/// other types are the same in every NCCL 2).
+pub(super) fn datatype(elem: ElemType) -> sys::ncclDataType_t {
+    use sys::ncclDataType_t as D;
+    match elem {
+        ElemType::F16 => D::ncclFloat16,
+        ElemType::BF16 => D::ncclBfloat16,
+        ElemType::F32 => D::ncclFloat32,
+        ElemType::F64 => D::ncclFloat64,
+        ElemType::U8 => D::ncclUint8,
+        ElemType::U32 => D::ncclUint32,
+        ElemType::U64 => D::ncclUint64,
+        ElemType::I32 => D::ncclInt32,
+        ElemType::I64 => D::ncclInt64,
+    }
+}
+
+/// NCCL's operator for `op` on `elem`, or `None` where NCCL's would break a
+/// promise of [`ReduceOp`], so the reduction takes the rank-ordered path:
+///
+/// - `Sum` is `ncclSum` (integers wrap, as gradwire's do);
+/// - `Avg` is `ncclAvg` (NCCL 2.10 and later; gradwire needs 2.18): each
+///   input is multiplied by 1/W in the element type, then summed. It is
+///   only defined on floats, which the header exchange has checked;
+/// - `Max` and `Min` are `ncclMax` / `ncclMin` on integers (exact, so
+///   bitwise gradwire's), and `None` on floats: NCCL's `fmaxf` / `__hmax`
+///   return the other operand of a NaN, and gradwire's `Max` and `Min`
+///   propagate NaN from any rank.
+pub(super) fn red_op(op: ReduceOp, elem: ElemType) -> Option<sys::ncclRedOp_t> {
+    use sys::ncclRedOp_t as O;
+    match op {
+        ReduceOp::Sum => Some(O::ncclSum),
+        ReduceOp::Avg => elem.is_float().then_some(O::ncclAvg),
+        ReduceOp::Max => (!elem.is_float()).then_some(O::ncclMax),
+        ReduceOp::Min => (!elem.is_float()).then_some(O::ncclMin),
+    }
+}
+
 /// One point-to-point transfer of a group: `bytes` bytes at device address
 /// `ptr` to or from `peer`.
 #[derive(Debug, Clone, Copy)]
@@ -283,7 +335,8 @@ pub(super) mod ops {
     use super::*;
 
     /// `ncclAllGather` of `bytes` bytes from every rank into `recv`
-    /// (`world * bytes`).
+    /// (`world * bytes`); `send == recv + rank * bytes` is NCCL's in-place
+    /// form.
     #[allow(unsafe_code)]
     pub unsafe fn all_gather(
         comm: &RawComm,
@@ -304,6 +357,65 @@ pub(super) mod ops {
             )
         };
         check("ncclAllGather", status, Some(comm))
+    }
+
+    /// `ncclAllReduce` of `count` elements of `dtype` from `send` into
+    /// `recv` (the same address: in place).
+    #[allow(unsafe_code)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_reduce(
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: sys::ncclDataType_t,
+        op: sys::ncclRedOp_t,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the module contract (`count` elements of `dtype` at both
+        // addresses); NCCL documents send == recv as the in-place form.
+        let status = unsafe {
+            sys::ncclAllReduce(
+                send as *const c_void,
+                recv as *mut c_void,
+                count,
+                dtype,
+                op,
+                comm.0,
+                stream as sys::cudaStream_t,
+            )
+        };
+        check("ncclAllReduce", status, Some(comm))
+    }
+
+    /// `ncclReduceScatter`: `send` holds W blocks of `recv_count` elements
+    /// of `dtype`; rank r receives the reduction of every rank's block r
+    /// in `recv` (`recv_count` elements: NCCL's count is per rank).
+    #[allow(unsafe_code)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_scatter(
+        comm: &RawComm,
+        send: u64,
+        recv: u64,
+        recv_count: usize,
+        dtype: sys::ncclDataType_t,
+        op: sys::ncclRedOp_t,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the module contract (W * recv_count elements at `send`,
+        // recv_count at `recv`).
+        let status = unsafe {
+            sys::ncclReduceScatter(
+                send as *const c_void,
+                recv as *mut c_void,
+                recv_count,
+                dtype,
+                op,
+                comm.0,
+                stream as sys::cudaStream_t,
+            )
+        };
+        check("ncclReduceScatter", status, Some(comm))
     }
 
     /// `ncclBroadcast` of `bytes` bytes in place from `root`.
@@ -390,5 +502,49 @@ pub(super) mod ops {
         // SAFETY: group calls take no arguments.
         let end = check("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, Some(comm));
         first_error.and(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_element_type_has_an_nccl_datatype_of_its_size() {
+        use sys::ncclDataType_t as D;
+        for elem in ElemType::ALL {
+            let size = match datatype(elem) {
+                D::ncclInt8 | D::ncclUint8 => 1,
+                D::ncclFloat16 | D::ncclBfloat16 => 2,
+                D::ncclInt32 | D::ncclUint32 | D::ncclFloat32 => 4,
+                D::ncclInt64 | D::ncclUint64 | D::ncclFloat64 => 8,
+                other => panic!("{elem}: unexpected {other:?}"),
+            };
+            assert_eq!(size, elem.size_in_bytes(), "{elem}");
+        }
+        // NCCL's numbering (nccl.h), which the library checks.
+        assert_eq!(datatype(ElemType::BF16) as u32, 9);
+        assert_eq!(datatype(ElemType::F16) as u32, 6);
+        assert_eq!(datatype(ElemType::F32) as u32, 7);
+        assert_eq!(datatype(ElemType::I64) as u32, 4);
+    }
+
+    #[test]
+    fn reduction_operators_map_where_nccl_keeps_gradwires_promises() {
+        use sys::ncclRedOp_t as O;
+        for elem in ElemType::ALL {
+            assert_eq!(red_op(ReduceOp::Sum, elem), Some(O::ncclSum), "{elem}");
+            if elem.is_float() {
+                assert_eq!(red_op(ReduceOp::Avg, elem), Some(O::ncclAvg), "{elem}");
+                // NaN must propagate: the rank-ordered path.
+                assert_eq!(red_op(ReduceOp::Max, elem), None, "{elem}");
+                assert_eq!(red_op(ReduceOp::Min, elem), None, "{elem}");
+            } else {
+                assert_eq!(red_op(ReduceOp::Avg, elem), None, "{elem}");
+                assert_eq!(red_op(ReduceOp::Max, elem), Some(O::ncclMax), "{elem}");
+                assert_eq!(red_op(ReduceOp::Min, elem), Some(O::ncclMin), "{elem}");
+            }
+        }
+        assert_eq!(O::ncclAvg as u32, 4);
     }
 }

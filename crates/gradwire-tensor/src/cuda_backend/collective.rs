@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, PushKernelArg};
 
-use super::driver::{CudaStorage, DeviceBuffer};
+use super::driver::{CudaDevice, CudaStorage, DeviceBuffer};
 use super::launch::{driver_error, grid_stride, len_arg};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// How [`reduce_chunks`] combines the chunks (the codes of `comm.cu`).
@@ -103,6 +104,77 @@ pub fn reduce_chunks(
             got: stage.dtype(),
         }),
     }
+}
+
+/// [`reduce_chunks`] on byte views of memory the caller manages (a
+/// communicator's cached scratch, a range of a tensor's buffer): `out`
+/// receives `n = out.len() / size` elements of `dtype`, combined from
+/// `stage`'s `world` blocks of `n` elements, in block order, queued on
+/// `stream` (a stream of `device`, which both views are on; the caller
+/// orders it after the writes to `stage`). Both views must be aligned to
+/// the element size (allocations and element offsets are).
+///
+/// `out` must be a whole number of elements and `stage` exactly `world`
+/// times as long, and `world` at least 1.
+pub fn reduce_chunks_bytes(
+    device: &CudaDevice,
+    dtype: DType,
+    out: &mut CudaViewMut<'_, u8>,
+    stage: &CudaView<'_, u8>,
+    world: usize,
+    op: ChunkOp,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    const OP: &str = "reduce_chunks_bytes";
+    let size = dtype.size_in_bytes();
+    if !out.len().is_multiple_of(size) {
+        return Err(Error::InvalidArgument(format!(
+            "{OP}: {} bytes are not whole {dtype:?} elements",
+            out.len()
+        )));
+    }
+    let n = out.len() / size;
+    let expected = world.checked_mul(out.len()).ok_or(Error::ShapeOverflow)?;
+    if world == 0 || stage.len() != expected {
+        return Err(Error::LengthMismatch {
+            op: OP,
+            expected,
+            got: stage.len(),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let args = ChunkArgs {
+        n: len_arg(n)?,
+        world: u32::try_from(world)
+            .map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?,
+        op: op.code(),
+    };
+    use gradwire_kernels::comm::{REDUCE_CHUNKS_BF16, REDUCE_CHUNKS_F16, REDUCE_CHUNKS_F32};
+    let kernel = match dtype {
+        DType::F32 => REDUCE_CHUNKS_F32,
+        DType::F16 => REDUCE_CHUNKS_F16,
+        DType::BF16 => REDUCE_CHUNKS_BF16,
+    };
+    let function = device.function(gradwire_kernels::comm::NAME, kernel)?;
+    let cfg = grid_stride(n);
+    let mut launch = stream.launch_builder(&function);
+    launch
+        .arg(out)
+        .arg(stage)
+        .arg(&args.n)
+        .arg(&args.world)
+        .arg(&args.op);
+    #[allow(unsafe_code)]
+    // SAFETY: five arguments of the kernel's types in its order (two device
+    // pointers, u64, u32, u32): the kernel reads its elements through the
+    // pointers, so byte views of the same memory pass the same addresses;
+    // `out` holds n elements and `stage` world * n (checked above), and the
+    // kernel touches no index beyond them.
+    unsafe { launch.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| driver_error("reduce_chunks", e))
 }
 
 /// The scalar arguments of `reduce_chunks_<dt>`.

@@ -1,0 +1,397 @@
+//! NcclComm's [`Communicator`] implementation: the header exchange that
+//! precedes every collective, and the collectives on host slices.
+//!
+//! Each host collective is one upload of the slice into the communicator's
+//! scratch, one NCCL call in place there, one download: `ncclAllReduce` /
+//! `ncclReduceScatter` where NCCL's arithmetic keeps gradwire's promises
+//! (`NcclReduction::Native`, see `sys::red_op`), `ncclBroadcast`, an
+//! in-place `ncclAllGather`. The rank-ordered reductions are in
+//! `rank_ordered.rs`, the CUDA-tensor paths in `device.rs`, point to point
+//! in `p2p.rs`.
+
+use std::sync::Arc;
+
+use gradwire_tensor::cudarc::driver::DevicePtrMut;
+use gradwire_tensor::{Storage, Tensor};
+
+use super::NcclComm;
+use super::scratch::layout;
+use super::stream::beyond;
+use super::sys::{self, DataType, RedOp};
+use crate::communicator::{Communicator, Gathered, chunk_range};
+use crate::element::Element;
+use crate::error::{CommError, Result};
+use crate::header::{self, Call, Kind, WORDS};
+use crate::job_slot::{AsyncJob, JobSlot};
+use crate::op::ReduceOp;
+use crate::pending::Pending;
+
+/// Bytes of one encoded call.
+const HEADER_BYTES: usize = WORDS * 8;
+
+/// Bytes of a host slice.
+pub(super) fn bytes_of<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+/// Bytes of a mutable host slice.
+pub(super) fn bytes_of_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+impl NcclComm {
+    /// The header exchange: all-gathers every rank's description of its
+    /// call (in place in the scratch) and validates them, identically on
+    /// every rank.
+    pub(super) fn agree(&self, call: Call) -> Result<Vec<Call>> {
+        if let Some(reason) = self.owner.aborted() {
+            return Err(reason);
+        }
+        self.reap()?;
+        let mut mine = [0u8; HEADER_BYTES];
+        for (out, word) in mine.chunks_exact_mut(8).zip(call.encode()) {
+            out.copy_from_slice(&word.to_le_bytes());
+        }
+        let mut all = vec![0u8; HEADER_BYTES * self.size];
+        {
+            let mut lease = self.scratch.lease(all.len(), &self.stream)?;
+            self.watched("header exchange", || {
+                let buf = lease.buffer()?;
+                self.upload(&mine, buf, self.rank * HEADER_BYTES)?;
+                self.all_gather_in_place("header exchange", buf, 0, HEADER_BYTES)?;
+                self.download(buf, 0, &mut all)?;
+                self.sync()
+            })?;
+        }
+        let words: Vec<i64> = all
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        debug_assert_eq!(words.len(), WORDS * self.size);
+        let calls = header::decode_all(&words)?;
+        crate::call::validate(&calls).inspect_err(|err| {
+            // A lost lane's fault ends the communicator, as on every backend.
+            if err.is_lane_lost() {
+                self.owner.poison(err.clone());
+            }
+        })?;
+        Ok(calls)
+    }
+
+    /// `all_reduce` with NCCL's `ncclAllReduce`, in place in the scratch.
+    fn all_reduce_native<T: Element>(
+        &self,
+        buf: &mut [T],
+        (dtype, op): (DataType, RedOp),
+    ) -> Result<()> {
+        let len = buf.len();
+        let bytes = std::mem::size_of_val(buf);
+        let mut lease = self.scratch.lease(bytes, &self.stream)?;
+        self.watched("all_reduce", || {
+            let dev = lease.buffer()?;
+            self.upload(bytes_of(buf), dev, 0)?;
+            let (p, guard) = dev.device_ptr_mut(&self.stream);
+            let queued = self.queue("all_reduce", move |comm, stream| {
+                #[allow(unsafe_code)]
+                // SAFETY: `len` elements of T (`bytes` bytes) at `p`, inside
+                // the scratch (leased at least that long), held until the
+                // wait below ends.
+                unsafe {
+                    sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
+                }
+            });
+            drop(guard);
+            queued?;
+            self.download(dev, 0, bytes_of_mut(buf))?;
+            self.sync()
+        })
+    }
+
+    /// `reduce_scatter` with NCCL's `ncclReduceScatter`. NCCL's blocks are
+    /// equal; gradwire's chunks differ by at most one element, so each
+    /// chunk is uploaded to a block as long as the largest chunk (the
+    /// padding is reduced along and never read back).
+    fn reduce_scatter_native<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        (dtype, op): (DataType, RedOp),
+    ) -> Result<()> {
+        let (w, len) = (self.size, send.len());
+        let size = std::mem::size_of::<T>();
+        let most = chunk_range(len, w, 0).len();
+        if most == 0 {
+            return Ok(());
+        }
+        let block = most * size;
+        let total = block.checked_mul(w).ok_or(CommError::InvalidArgument(
+            "reduce_scatter larger than memory".into(),
+        ))?;
+        let ([from, into], bytes) = layout([total, block])
+            .ok_or_else(|| CommError::InvalidArgument("reduce_scatter scratch overflows".into()))?;
+        let mut lease = self.scratch.lease(bytes, &self.stream)?;
+        self.watched("reduce_scatter", || {
+            let dev = lease.buffer()?;
+            if len % w == 0 {
+                // Blocks and chunks coincide.
+                self.upload(bytes_of(send), dev, from.start)?;
+            } else {
+                for q in 0..w {
+                    let chunk = send.get(chunk_range(len, w, q)).unwrap_or(&[]);
+                    self.upload(bytes_of(chunk), dev, from.start + q * block)?;
+                }
+            }
+            if dev.len() < into.end {
+                return Err(beyond("reduce_scatter", into.start, block, dev.len()));
+            }
+            let (base, guard) = dev.device_ptr_mut(&self.stream);
+            let (s, r) = (base + from.start as u64, base + into.start as u64);
+            let queued = self.queue("reduce_scatter", move |comm, stream| {
+                #[allow(unsafe_code)]
+                // SAFETY: W blocks of `most` elements at `s` and one at `r`,
+                // disjoint ranges of the scratch (laid out above, leased at
+                // least `bytes` long), held until the wait below ends.
+                unsafe {
+                    sys::ops::reduce_scatter(comm, s, r, most, dtype, op, stream)
+                }
+            });
+            drop(guard);
+            queued?;
+            // This rank's chunk: the first `recv.len()` elements of its block.
+            self.download(dev, into.start, bytes_of_mut(recv))?;
+            self.sync()
+        })
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: buf.len(),
+            ..Call::new(Kind::AllReduce)
+        })?;
+        if self.size == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        match self.native(T::TYPE, op) {
+            Some(native) => self.all_reduce_native(buf, native),
+            None => self.all_reduce_in_rank_order(buf, op),
+        }
+    }
+
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            len: buf.len(),
+            root,
+            ..Call::new(Kind::Broadcast)
+        })?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bytes = std::mem::size_of_val(buf);
+        let mut lease = self.scratch.lease(bytes, &self.stream)?;
+        self.watched("broadcast", || {
+            let dev = lease.buffer()?;
+            // Only the root's bytes matter; the others' are overwritten.
+            if self.rank == root {
+                self.upload(bytes_of(buf), dev, 0)?;
+            }
+            self.broadcast_in_place(dev, bytes, root)?;
+            self.download(dev, 0, bytes_of_mut(buf))?;
+            self.sync()
+        })
+    }
+
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            recv_len: recv.len(),
+            ..Call::new(Kind::AllGather)
+        })?;
+        if recv.is_empty() {
+            return Ok(());
+        }
+        // Validated: recv holds W blocks of send's length.
+        let block = std::mem::size_of_val(send);
+        let mut lease = self
+            .scratch
+            .lease(std::mem::size_of_val(recv), &self.stream)?;
+        self.watched("all_gather", || {
+            let dev = lease.buffer()?;
+            self.upload(bytes_of(send), dev, self.rank * block)?;
+            self.all_gather_in_place("all_gather", dev, 0, block)?;
+            self.download(dev, 0, bytes_of_mut(recv))?;
+            self.sync()
+        })
+    }
+
+    fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        // The header exchange carries every rank's count.
+        let calls = self.agree(Call {
+            elem: Some(T::TYPE),
+            len: send.len(),
+            ..Call::new(Kind::AllGatherVaried)
+        })?;
+        let lens: Vec<usize> = calls.iter().map(|c| c.len).collect();
+        let most = lens.iter().copied().max().unwrap_or(0);
+        let size = std::mem::size_of::<T>();
+        let block = most * size;
+        let mut data = vec![T::zeroed(); lens.iter().sum()];
+        if block > 0 {
+            // Every rank sends a block as long as the longest part; the
+            // padding is never read back.
+            let mut lease = self.scratch.lease(block * self.size, &self.stream)?;
+            self.watched("all_gather_varied", || {
+                let dev = lease.buffer()?;
+                self.upload(bytes_of(send), dev, self.rank * block)?;
+                self.all_gather_in_place("all_gather_varied", dev, 0, block)?;
+                let mut rest = &mut data[..];
+                for (q, &l) in lens.iter().enumerate() {
+                    let (part, tail) = rest.split_at_mut(l);
+                    self.download(dev, q * block, bytes_of_mut(part))?;
+                    rest = tail;
+                }
+                self.sync()
+            })?;
+        }
+        Gathered::new(data, &lens)
+    }
+
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.agree(Call {
+            elem: Some(T::TYPE),
+            op: Some(op),
+            len: send.len(),
+            recv_len: recv.len(),
+            ..Call::new(Kind::ReduceScatter)
+        })?;
+        if self.size == 1 {
+            recv.copy_from_slice(send);
+            return Ok(());
+        }
+        match self.native(T::TYPE, op) {
+            Some(native) => self.reduce_scatter_native(send, recv, native),
+            None => self.reduce_scatter_in_rank_order(send, recv, op),
+        }
+    }
+
+    fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+        self.check_rank(dest)?;
+        self.reap()?;
+        self.queue_send(buf, dest)
+    }
+
+    fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+        self.check_rank(src)?;
+        self.reap()?;
+        self.receive(buf, src)
+    }
+
+    fn sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> Result<()> {
+        self.check_rank(dest)?;
+        self.check_rank(src)?;
+        self.reap()?;
+        self.exchange_with(send, dest, recv, src)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // The header all-gather is itself a barrier.
+        self.agree(Call::new(Kind::Barrier)).map(|_| ())
+    }
+
+    fn post_fault(&self, code: u32) -> CommError {
+        let call = Call {
+            key: i64::from(code),
+            ..Call::new(Kind::Fault)
+        };
+        match self.agree(call) {
+            Err(err) => err,
+            // Unreachable: validation fails every round with a fault in it.
+            Ok(_) => CommError::Fault {
+                rank: self.rank(),
+                code,
+            },
+        }
+    }
+
+    fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
+        let calls = self.agree(Call {
+            color,
+            key,
+            ..Call::new(Kind::Split)
+        })?;
+        let plan = header::split_plan(&calls)?;
+        let (nccl_color, nccl_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
+        let size = color.map_or(0, |_| {
+            plan.iter()
+                .filter(|(c, _)| c.is_some() && *c == nccl_color)
+                .count()
+        });
+        match self.split_raw(nccl_color, nccl_key)? {
+            None => Ok(None),
+            Some(owner) => NcclComm::adopt(
+                owner,
+                usize::try_from(nccl_key).unwrap_or(0),
+                size,
+                Arc::clone(&self.device),
+                self.config.clone(),
+                true,
+            )
+            .map(Some),
+        }
+    }
+
+    fn run_async<R, F>(&self, job: F) -> Result<Pending<R>>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Self) -> Result<R> + Send + 'static,
+    {
+        self.lane_worker()?.submit(job)
+    }
+
+    fn run_job<J: AsyncJob<Self>>(
+        &self,
+        slot: &mut JobSlot<J, J::Output>,
+        job: J,
+    ) -> Result<Pending<J::Output>> {
+        self.lane_worker()?.submit_slot(slot, job)
+    }
+
+    /// CUDA tensors are reduced and broadcast in their own device memory
+    /// (`device.rs`).
+    fn takes_device_tensors(&self) -> bool {
+        true
+    }
+
+    fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        match tensor.storage() {
+            Storage::Cuda(_) => self.broadcast_device(tensor, root),
+            Storage::Cpu(_) => crate::communicator::broadcast_host_tensor(self, tensor, root),
+        }
+    }
+
+    fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        match tensor.storage() {
+            Storage::Cuda(_) => self.all_reduce_device(tensor, op),
+            Storage::Cpu(_) => crate::communicator::all_reduce_host_tensor(self, tensor, op),
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! CUDA tensors on NcclComm: `broadcast_tensor` and `all_reduce_tensor`
+//! call NCCL on the tensor's own buffer, with no host round trip and no
+//! copy (`ncclBroadcast` and, by default, `ncclAllReduce` in place; the
+//! rank-ordered reduction is in `rank_ordered.rs`).
+//!
+//! Ordering: the communicator's stream waits for the work queued on the
+//! tensor's stream before NCCL touches the buffer, and the tensor's stream
+//! waits for the communicator's after it, so the collective sits between
+//! what was queued on the tensor before the call and what is queued after
+//! (CUDA events, no host wait for the ordering itself). The call then
+//! waits for the collective, under the watchdog, like every other.
+
+use std::sync::Arc;
+
+use gradwire_tensor::cudarc::driver::{CudaStream, DevicePtrMut};
+use gradwire_tensor::{CudaStorage, Tensor};
+
+use super::sys::{self, DataType, RedOp};
+use super::{NcclComm, cuda, driver};
+use crate::element::ElemType;
+use crate::error::{CommError, Result};
+use crate::header::{Call, Kind};
+use crate::op::ReduceOp;
+
+impl NcclComm {
+    /// A CUDA tensor's storage, prepared for a collective that writes it:
+    /// checked to be on this rank's device, its zeroed flag materialised (a
+    /// zeroed tensor takes part with zeros), copied if shared with a clone
+    /// (copy on write, done now, before the streams are ordered), and
+    /// NCCL's stream ordered after the work queued on the tensor's stream.
+    /// Returns the storage and the tensor's stream, which the caller orders
+    /// after NCCL's when done ([`NcclComm::release_to`]).
+    pub(super) fn device_storage<'t>(
+        &self,
+        tensor: &'t mut Tensor,
+    ) -> Result<(&'t mut CudaStorage, Arc<CudaStream>)> {
+        let ordinal = self.device.ordinal();
+        let storage = tensor.cuda_storage_mut().map_err(cuda)?;
+        if storage.ordinal() != ordinal {
+            return Err(CommError::InvalidArgument(format!(
+                "tensor on CUDA device {}, communicator on device {ordinal}",
+                storage.ordinal()
+            )));
+        }
+        storage.buffer_mut().map_err(cuda)?;
+        let tensor_stream = Arc::clone(storage.device().stream());
+        self.stream
+            .join(&tensor_stream)
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        Ok((storage, tensor_stream))
+    }
+
+    /// Orders the tensor's stream after everything queued on NCCL's.
+    pub(super) fn release_to(&self, tensor_stream: &CudaStream) -> Result<()> {
+        tensor_stream
+            .join(&self.stream)
+            .map_err(|e| driver("cuStreamWaitEvent", e))
+    }
+
+    /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.
+    pub(super) fn broadcast_device(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        let elem = ElemType::from(tensor.dtype());
+        let len = tensor.len();
+        self.agree(Call {
+            elem: Some(elem),
+            len,
+            root,
+            ..Call::new(Kind::Broadcast)
+        })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        self.watched("broadcast", || {
+            let mut view = storage.bytes_mut().map_err(cuda)?;
+            self.broadcast_in_place(&mut view, len * elem.size_in_bytes(), root)?;
+            self.sync()
+        })?;
+        self.release_to(&tensor_stream)
+    }
+
+    /// `all_reduce_tensor` on a CUDA tensor, all on its device: NCCL's
+    /// `ncclAllReduce` in place where the reduction is native, else the
+    /// rank-ordered chunk exchange, `comm.cu`'s reduction and all-gather.
+    pub(super) fn all_reduce_device(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let elem = ElemType::from(tensor.dtype());
+        let len = tensor.len();
+        self.agree(Call {
+            elem: Some(elem),
+            op: Some(op),
+            len,
+            ..Call::new(Kind::AllReduce)
+        })?;
+        if self.size == 1 || len == 0 {
+            return Ok(());
+        }
+        match self.native(elem, op) {
+            Some(native) => self.all_reduce_device_native(tensor, native),
+            None => self.all_reduce_device_in_rank_order(tensor, op),
+        }
+    }
+
+    /// `ncclAllReduce` in place on the tensor's buffer.
+    fn all_reduce_device_native(
+        &self,
+        tensor: &mut Tensor,
+        (dtype, op): (DataType, RedOp),
+    ) -> Result<()> {
+        let len = tensor.len();
+        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        self.watched("all_reduce", || {
+            let mut view = storage.bytes_mut().map_err(cuda)?;
+            let (p, guard) = view.device_ptr_mut(&self.stream);
+            let queued = self.queue("all_reduce", move |comm, stream| {
+                #[allow(unsafe_code)]
+                // SAFETY: the view is exactly the storage's `len` elements
+                // of this datatype (CudaStorage::bytes_mut), and the tensor
+                // is borrowed until the wait below ends.
+                unsafe {
+                    sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
+                }
+            });
+            drop(guard);
+            queued?;
+            self.sync()
+        })?;
+        self.release_to(&tensor_stream)
+    }
+}
