@@ -23,9 +23,14 @@
 //! - `mpi_faults.rs` (feature `mpi`): MpiComm's failure model under
 //!   `mpirun` (deadlines, a killed rank); [`mpirun`] starts it and
 //!   `conformance_mpi.rs`.
+//! - `conformance_nccl.rs` and `distopt_nccl.rs` (feature `nccl`): the
+//!   suite on NcclComm, and DistOpt with its parameters on the GPUs against
+//!   DistOpt on LocalComm with host parameters; [`gpu`] gates them.
 
 #![deny(missing_docs)]
 
 pub mod candle_model;
 pub mod conformance;
+#[cfg(feature = "nccl")]
+pub mod gpu;
 pub mod mpirun;

@@ -14,52 +14,13 @@
 
 #![cfg(feature = "nccl")]
 
-use std::io::Write;
 use std::time::Duration;
 
 use gradwire_comm::nccl::{self, NcclComm, NcclConfig, NcclReduction};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_tensor::{CudaDevice, DType, Device, Tensor};
 use gradwire_tests::conformance::{Case, Reductions, assert_passed, cases, run_case_with};
-
-/// Skips loudly, or fails when a GPU is required.
-fn unavailable(test: &str, why: &str) {
-    let required = std::env::var("GRADWIRE_REQUIRE_GPU").is_ok_and(|v| v == "1");
-    assert!(
-        !required,
-        "GRADWIRE_REQUIRE_GPU=1 but {test} cannot run: {why}"
-    );
-    // Straight to the file descriptor: the harness captures eprintln! of
-    // passing tests, and a skip must be seen.
-    let banner = format!(
-        "\n==================== SKIP ====================\n\
-         NCCL test {test} NOT RUN: {why}\n\
-         (needs NVIDIA GPUs, a driver and libnccl.so.2;\n\
-         GRADWIRE_REQUIRE_GPU=1 makes this a failure)\n\
-         ==============================================\n"
-    );
-    let _ = std::io::stderr().write_all(banner.as_bytes());
-}
-
-/// The CUDA devices of this machine, or `None` after reporting why the
-/// test cannot run.
-fn gpus(test: &str) -> Option<Vec<usize>> {
-    if let Err(e) = NcclComm::nccl_version() {
-        unavailable(test, &e.to_string());
-        return None;
-    }
-    let ordinals: Vec<usize> = (0..64)
-        .take_while(|&i| CudaDevice::get(i).is_ok())
-        .collect();
-    if ordinals.is_empty() {
-        let why = CudaDevice::get(0)
-            .err()
-            .map_or_else(String::new, |e| e.to_string());
-        unavailable(test, &format!("no CUDA device ({why})"));
-        return None;
-    }
-    Some(ordinals)
-}
+use gradwire_tests::gpu::gpus;
 
 /// Both settings, the default first.
 const REDUCTIONS: [NcclReduction; 2] = [NcclReduction::Native, NcclReduction::RankOrdered];

@@ -60,7 +60,7 @@ const SUITES: &[Suite] = &[
     Suite {
         package: "gradwire-tests",
         features: "nccl",
-        tests: Some(&["conformance_nccl"]),
+        tests: Some(&["conformance_nccl", "distopt_nccl"]),
     },
 ];
 

@@ -290,6 +290,8 @@ fn test(test_args: &[String]) -> Result {
                 "nccl",
                 "--test",
                 "conformance_nccl",
+                "--test",
+                "distopt_nccl",
                 "--",
             ])
             .args(test_args))

@@ -205,6 +205,12 @@ struct TrainArgs {
     /// The communicator.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     backend: Backend,
+    /// With `--backend nccl`: reduce in rank order (NcclReduction::
+    /// RankOrdered), so the run is bitwise the local and MPI runs, instead
+    /// of NCCL's own collectives (faster, NCCL's rounding). The other
+    /// backends always reduce in rank order.
+    #[arg(long)]
+    deterministic: bool,
     #[command(flatten)]
     common: Common,
     /// Save a checkpoint per worker into this directory after every epoch.

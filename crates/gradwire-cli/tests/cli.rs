@@ -290,6 +290,16 @@ fn nccl_backend_without_gpus_is_a_message() {
     for args in [
         &["train", "--backend", "nccl", "--epochs", "1", "-w", "2"][..],
         &[
+            "train",
+            "--backend",
+            "nccl",
+            "--deterministic",
+            "--epochs",
+            "1",
+            "-w",
+            "2",
+        ][..],
+        &[
             "bench",
             "allreduce",
             "--backend",

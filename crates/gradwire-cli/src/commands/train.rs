@@ -36,7 +36,13 @@ pub(crate) fn run(args: TrainArgs) -> Result<(), CliError> {
         Backend::Nccl => {
             config.validate()?;
             print_train_header(&config, json);
-            Some(train_nccl(&config, &data, &console, plan.as_ref())?)
+            Some(train_nccl(
+                &config,
+                &data,
+                &console,
+                plan.as_ref(),
+                args.deterministic,
+            )?)
         }
     };
     // Under MPI only rank 0 reports.
@@ -100,8 +106,9 @@ fn train_nccl(
     data: &Digits,
     console: &Console,
     plan: Option<&CheckpointPlan>,
+    deterministic: bool,
 ) -> Result<gradwire_cli::RunReport, CliError> {
-    gradwire_cli::train::train_nccl(config, data, console, plan)
+    gradwire_cli::train::train_nccl(config, data, console, plan, deterministic)
 }
 
 #[cfg(not(feature = "nccl"))]
@@ -110,6 +117,7 @@ fn train_nccl(
     _: &Digits,
     _: &Console,
     _: Option<&CheckpointPlan>,
+    _: bool,
 ) -> Result<gradwire_cli::RunReport, CliError> {
     Err(super::nccl_missing())
 }

@@ -58,20 +58,30 @@ pub fn train(
 
 /// Trains `config` on `data` with one NcclComm worker per GPU (devices 0 to
 /// `config.world - 1`, threads of this process); returns rank 0's report.
-/// The model and its gradients stay in host memory: NcclComm moves them
-/// through device buffers, with the same reduction bits as LocalComm, so a
-/// run is bitwise the LocalComm run.
+/// The model and its gradients stay in host memory (candle's CPU backend):
+/// NcclComm moves them through device buffers. With `deterministic` it
+/// reduces in rank order, so a run is bitwise the LocalComm run; otherwise
+/// with NCCL's own collectives (NCCL's order of additions).
 #[cfg(feature = "nccl")]
 pub fn train_nccl(
     config: &TrainConfig,
     data: &Digits,
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
+    deterministic: bool,
 ) -> Result<RunReport> {
-    use gradwire_comm::nccl::{self, NcclConfig};
+    use gradwire_comm::nccl::{self, NcclConfig, NcclReduction};
     prepare(config, plan)?;
     let devices: Vec<usize> = (0..config.world).collect();
-    let results = nccl::run(&devices, NcclConfig::default(), |comm| {
+    let nccl_config = NcclConfig {
+        reduction: if deterministic {
+            NcclReduction::RankOrdered
+        } else {
+            NcclReduction::Native
+        },
+        ..NcclConfig::default()
+    };
+    let results = nccl::run(&devices, nccl_config, |comm| {
         Ok(train_rank(comm, config, data, observer, plan))
     })?;
     rank_zero_report(

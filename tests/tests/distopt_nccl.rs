@@ -1,0 +1,260 @@
+//! DistOpt end to end on the GPU (feature `nccl`): parameters, gradients,
+//! fusion buffers, the skip vote's zeros, error-feedback residuals and the
+//! optimizer state in device memory, NcclComm between the ranks (one per
+//! GPU), against the same training with host tensors on LocalComm, in the
+//! dense, half (f16, bf16 clipped) and sparse (top-k with error feedback,
+//! threshold) modes.
+//!
+//! With NcclComm's rank-ordered reduction the device run must equal the
+//! host run bit for bit (every kernel is bitwise the CPU, and the reduction
+//! is LocalComm's); with NCCL's own collectives it must agree within the
+//! rounding of a differently ordered sum (f32), or of f16 sums (half mode).
+//! Worlds of 1 to G ranks (G = the GPUs present). Without NCCL or a GPU
+//! each test prints a SKIP banner (a failure under GRADWIRE_REQUIRE_GPU=1).
+
+#![cfg(feature = "nccl")]
+
+use std::time::Duration;
+
+use gradwire_algos::HalfPrecision;
+use gradwire_comm::nccl::{self, NcclComm, NcclConfig, NcclReduction};
+use gradwire_comm::{CommError, Communicator, LocalComm, local};
+use gradwire_compress::SparseCodec;
+use gradwire_optim::{
+    Adam, AdamConfig, AnyOptimizer, DistOpt, DistOptConfig, Mode, OptimError, ParamSpec, Schedule,
+    Sgd, SgdConfig,
+};
+use gradwire_tensor::{Device, Tensor};
+use gradwire_tests::gpu::gpus;
+
+/// The parameters' shapes: a matrix, vectors, a prime length, one element.
+const SHAPES: [&[usize]; 5] = [&[64, 33], &[33], &[1009], &[7, 3], &[1]];
+const STEPS: usize = 4;
+
+/// Deterministic values in [-1, 1) for (rank, step, parameter).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn specs(device: Device) -> Vec<ParamSpec> {
+    SHAPES
+        .iter()
+        .enumerate()
+        .map(|(k, s)| ParamSpec::new(format!("p{k}"), s.to_vec()).on_device(device))
+        .collect()
+}
+
+fn config(mode: Mode) -> DistOptConfig {
+    DistOptConfig {
+        mode,
+        // Small buckets: several per step, some holding one parameter.
+        fusion_threshold: 1000,
+        ..DistOptConfig::default()
+    }
+}
+
+/// Adam (its state on the device) for the bitwise comparison; plain SGD,
+/// whose steps move with the gradients' rounding linearly, for the
+/// comparison within a bound.
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    Adam,
+    Sgd,
+}
+
+/// SGD's learning rate.
+const SGD_LR: f32 = 0.1;
+
+fn optimizer(rule: Rule) -> Result<AnyOptimizer, OptimError> {
+    match rule {
+        Rule::Adam => AnyOptimizer::new(Adam::new(AdamConfig {
+            lr: Schedule::constant(0.01),
+            ..AdamConfig::default()
+        })?),
+        Rule::Sgd => AnyOptimizer::new(Sgd::new(SgdConfig {
+            lr: Schedule::constant(f64::from(SGD_LR)),
+            ..SgdConfig::default()
+        })?),
+    }
+}
+
+/// `STEPS` steps of DistOpt on `comm`, tensors on `device`; the final
+/// parameters on the host. Parameter 3 is never pushed on rank 1 (the
+/// others send it, rank 1 sends zeros), parameter 4 never on any rank in
+/// odd steps (skipped by every rank).
+fn train<C: Communicator + 'static>(
+    comm: C,
+    device: Device,
+    mode: Mode,
+    rule: Rule,
+) -> Result<Vec<Vec<f32>>, OptimError> {
+    let rank = comm.rank();
+    let mut dist = DistOpt::new(optimizer(rule)?, comm, specs(device), config(mode))?;
+    let mut params: Vec<Tensor> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let n = s.iter().product();
+            Tensor::from_vec(values(n, 1000 + k as u64), s.to_vec())?.to_device(device)
+        })
+        .collect::<Result<_, _>>()?;
+    for step in 0..STEPS {
+        for (k, shape) in SHAPES.iter().enumerate().rev() {
+            if (k == 3 && rank == 1) || (k == 4 && step % 2 == 1) {
+                continue;
+            }
+            let n = shape.iter().product();
+            let seed = (rank as u64 * 100 + step as u64) * 10 + k as u64;
+            let grad = Tensor::from_vec(values(n, seed), shape.to_vec())?.to_device(device)?;
+            dist.push(&format!("p{k}"), grad)?;
+        }
+        let names: Vec<String> = (0..SHAPES.len()).map(|k| format!("p{k}")).collect();
+        dist.finish(names.iter().map(String::as_str).zip(params.iter_mut()))?;
+    }
+    params
+        .iter()
+        .map(|p| {
+            assert_eq!(p.device(), device, "a parameter left its device");
+            Ok(p.to_device(Device::Cpu)?.to_vec::<f32>()?)
+        })
+        .collect()
+}
+
+/// The host run on LocalComm: every rank's final parameters.
+fn on_host(world: usize, mode: Mode, rule: Rule) -> Vec<Vec<Vec<f32>>> {
+    local::run(world, |comm: LocalComm| {
+        train(comm, Device::Cpu, mode, rule)
+    })
+    .expect("local run")
+    .into_iter()
+    .map(|r| r.expect("host training"))
+    .collect()
+}
+
+/// The device run on NcclComm over `ordinals`: every rank's parameters.
+fn on_gpus(
+    ordinals: &[usize],
+    reduction: NcclReduction,
+    mode: Mode,
+    rule: Rule,
+) -> Vec<Vec<Vec<f32>>> {
+    let config = NcclConfig {
+        timeout: Some(Duration::from_secs(300)),
+        reduction,
+    };
+    nccl::run(ordinals, config, |comm: NcclComm| {
+        let device = Device::Cuda(comm.device_ordinal());
+        train(comm, device, mode, rule).map_err(|e| CommError::InvalidArgument(e.to_string()))
+    })
+    .expect("nccl run")
+    .into_iter()
+    .map(|r| r.expect("device training"))
+    .collect()
+}
+
+/// The modes and the relative precision of their wire (what one
+/// differently rounded sum may be off by, per rank).
+fn modes() -> [(&'static str, Mode, f32); 5] {
+    [
+        ("dense", Mode::Dense, f32::EPSILON),
+        (
+            "half f16",
+            Mode::Half {
+                precision: HalfPrecision::F16,
+                clip: None,
+            },
+            2f32.powi(-10),
+        ),
+        (
+            "half bf16 clipped",
+            Mode::Half {
+                precision: HalfPrecision::BF16,
+                clip: Some(0.5),
+            },
+            2f32.powi(-7),
+        ),
+        (
+            "top-k 10 % with error feedback",
+            Mode::Sparse {
+                codec: SparseCodec::TopK(0.1),
+                error_feedback: true,
+            },
+            f32::EPSILON,
+        ),
+        (
+            "threshold",
+            Mode::Sparse {
+                codec: SparseCodec::Threshold(0.9),
+                error_feedback: false,
+            },
+            f32::EPSILON,
+        ),
+    ]
+}
+
+#[test]
+fn rank_ordered_device_training_is_bitwise_the_host_training() {
+    let Some(ordinals) = gpus("rank_ordered_device_training_is_bitwise_the_host_training") else {
+        return;
+    };
+    for world in 1..=ordinals.len() {
+        for (name, mode, _) in modes() {
+            let host = on_host(world, mode, Rule::Adam);
+            let device = on_gpus(
+                &ordinals[..world],
+                NcclReduction::RankOrdered,
+                mode,
+                Rule::Adam,
+            );
+            for (rank, (h, d)) in host.iter().zip(&device).enumerate() {
+                for (k, (hp, dp)) in h.iter().zip(d).enumerate() {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(dp),
+                        bits(hp),
+                        "{name}, world {world}, rank {rank}, parameter {k}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn native_device_training_agrees_with_the_host_training() {
+    let Some(ordinals) = gpus("native_device_training_agrees_with_the_host_training") else {
+        return;
+    };
+    for world in 1..=ordinals.len() {
+        for (name, mode, precision) in modes() {
+            let host = on_host(world, mode, Rule::Sgd);
+            let device = on_gpus(&ordinals[..world], NcclReduction::Native, mode, Rule::Sgd);
+            // Each step's averaged gradient (entries below 1) is off by at
+            // most W roundings of the wire's precision when NCCL sums in
+            // another order or in f16 / bf16; SGD moves the parameters by
+            // lr times that, per step.
+            let bound = SGD_LR * STEPS as f32 * world as f32 * 2.0 * precision;
+            for (rank, d) in device.iter().enumerate() {
+                // The ranks agree bitwise among themselves whatever NCCL
+                // does: they all receive the same reduced values.
+                assert_eq!(d, &device[0], "{name}, world {world}: rank {rank} differs");
+                for (k, (hp, dp)) in host[rank].iter().zip(d).enumerate() {
+                    for (i, (h, g)) in hp.iter().zip(dp).enumerate() {
+                        assert!(
+                            (h - g).abs() <= bound,
+                            "{name}, world {world}, parameter {k}[{i}]: host {h}, device {g}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
