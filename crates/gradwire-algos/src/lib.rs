@@ -30,9 +30,9 @@
 
 pub mod adasum;
 pub mod cost;
-pub mod dimreduce;
 #[cfg(feature = "cuda")]
 mod device;
+pub mod dimreduce;
 mod error;
 pub mod fault;
 mod handle;
