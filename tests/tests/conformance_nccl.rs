@@ -180,6 +180,51 @@ fn cuda_tensor_all_reduce_matches_local() {
     }
 }
 
+/// NCCL's own all-reduce timed (`time_library_all_reduce`, the bench's
+/// baseline): a positive time per call on every rank when the ranks agree;
+/// a length or a count of runs that differs on one rank is a `Mismatch` on
+/// every rank, before any raw call, and the communicator works afterwards.
+#[test]
+fn library_all_reduce_agrees_first() {
+    let Some(ordinals) = gpus("library_all_reduce_agrees_first") else {
+        return;
+    };
+    for world in 1..=ordinals.len() {
+        let verdicts = nccl::run(&ordinals[..world], config(NcclReduction::Native), |comm| {
+            let secs = comm.time_library_all_reduce(1 << 16, 8)?;
+            let last = comm.world_size() - 1;
+            let len = if comm.rank() == last {
+                1 << 15
+            } else {
+                1 << 16
+            };
+            let mismatched_len = comm.time_library_all_reduce(len, 8);
+            let runs = if comm.rank() == last { 9 } else { 8 };
+            let mismatched_runs = comm.time_library_all_reduce(1 << 16, runs);
+            let mut after = vec![1f32; 7];
+            comm.all_reduce(&mut after, ReduceOp::Sum)?;
+            Ok((secs, mismatched_len, mismatched_runs, after))
+        })
+        .unwrap_or_else(|e| panic!("world {world}: {e}"));
+        for (rank, verdict) in verdicts.into_iter().enumerate() {
+            let (secs, len, runs, after) =
+                verdict.unwrap_or_else(|e| panic!("world {world}, rank {rank}: {e}"));
+            assert!(secs > 0.0 && secs.is_finite(), "rank {rank}: {secs}");
+            if world > 1 {
+                assert!(
+                    matches!(len, Err(gradwire_comm::CommError::Mismatch { .. })),
+                    "world {world}, rank {rank}: {len:?}"
+                );
+                assert!(
+                    matches!(runs, Err(gradwire_comm::CommError::Mismatch { .. })),
+                    "world {world}, rank {rank}: {runs:?}"
+                );
+            }
+            assert_eq!(after, vec![world as f32; 7], "rank {rank}: the next call");
+        }
+    }
+}
+
 /// Without a GPU the typed error path runs here: a CUDA tensor cannot even
 /// be made, and NcclComm cannot start (no panic in either).
 #[test]

@@ -25,9 +25,10 @@ pub(crate) enum Kind {
     /// [`crate::Communicator::post_fault`]: the rank failed before this
     /// collective; its call's `key` is the caller's fault code.
     Fault,
-    /// MpiComm's `library_all_reduce` (MPI's own algorithm): a kind of its
-    /// own, so that it never pairs with gradwire's all-reduce.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    /// MpiComm's `library_all_reduce` (MPI's own algorithm) and NcclComm's
+    /// `time_library_all_reduce` (NCCL's, unchecked after the agreement): a
+    /// kind of its own, so that it never pairs with gradwire's all-reduce.
+    #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
     LibraryAllReduce,
 }
 

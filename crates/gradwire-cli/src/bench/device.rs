@@ -6,8 +6,12 @@
 //! selections also wait for their counts, as a caller does), and inputs
 //! rotate over [`ROTATION`] buffers so that no run finds its input in L2.
 //! The same data as `gradwire bench compress` ([`super::gradient`]).
+//!
+//! With the `nccl` feature, [`nccl_device_rows`] times NcclComm's
+//! all-reduce of CUDA tensors beside NCCL's own `ncclAllReduce` called
+//! directly (`NcclComm::time_library_all_reduce`), in the same run.
 
-use super::{Budget, CompressRow, gradient, median_time};
+use super::{AllReduceRow, Budget, CompressRow, gradient, median_time};
 use crate::error::{CliError, Result};
 use gradwire_compress::cast::CastOptions;
 use gradwire_compress::cuda::lowrank::{self, Window, WindowMut};
@@ -218,4 +222,63 @@ fn powersgd_step(device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Res
         )?;
         Ok(())
     })
+}
+
+/// NcclComm's all-reduce of f32 CUDA tensors of each size (inputs rotating
+/// over [`ROTATION`] tensors) and NCCL's own `ncclAllReduce` of the same
+/// bytes called directly, on every rank of `comm` (rank 0's figures);
+/// `memcpy` gives the host copy the rows are also compared with.
+#[cfg(feature = "nccl")]
+pub fn nccl_device_rows(
+    comm: &gradwire_comm::NcclComm,
+    sizes: &[usize],
+    budget: Budget,
+    memcpy: impl Fn(usize) -> Result<f64>,
+) -> Result<Vec<AllReduceRow>> {
+    use gradwire_comm::{Communicator, ReduceOp};
+    use gradwire_tensor::{Device, Tensor};
+    let world = comm.world_size();
+    let device = Device::Cuda(comm.device_ordinal());
+    let mut rows = Vec::new();
+    for &bytes in sizes {
+        let len = bytes / 4;
+        let mut memcpy = [if comm.rank() == 0 {
+            memcpy(bytes)?
+        } else {
+            0.0
+        }];
+        let mut tensors = (0..ROTATION)
+            .map(|_| Ok(Tensor::from_vec(vec![0f32; len], len)?.to_device(device)?))
+            .collect::<Result<Vec<_>>>()?;
+        let mut next = 0;
+        let mut secs = [super::time_collective(comm, budget, || {
+            comm.all_reduce_tensor(&mut tensors[next % ROTATION], ReduceOp::Sum)?;
+            next += 1;
+            Ok(())
+        })?];
+        // As many library calls as fill the budget at NcclComm's pace, the
+        // same count on every rank.
+        let mut runs = [((budget.min_secs / secs[0].max(1e-9)).ceil() as u64).clamp(5, 100_000)];
+        comm.broadcast(&mut runs, 0)?;
+        let runs = usize::try_from(runs[0]).unwrap_or(5);
+        let mut library = [comm.time_library_all_reduce(len, runs)?];
+        comm.broadcast(&mut secs, 0)?;
+        comm.broadcast(&mut library, 0)?;
+        comm.broadcast(&mut memcpy, 0)?;
+        rows.push(AllReduceRow::new(
+            "nccl (device tensors)",
+            world,
+            bytes,
+            secs[0],
+            memcpy[0],
+        ));
+        rows.push(AllReduceRow::new(
+            "ncclAllReduce alone",
+            world,
+            bytes,
+            library[0],
+            memcpy[0],
+        ));
+    }
+    Ok(rows)
 }

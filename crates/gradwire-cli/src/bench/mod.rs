@@ -67,7 +67,7 @@ pub(crate) fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> 
 /// barrier per run would measure thread wake-ups, not the collective). The
 /// ranks must run it the same number of times, so rank 0 calibrates the batch
 /// length (about `min_secs / min_runs`) and broadcasts it.
-fn time_collective<C: Communicator>(
+pub(crate) fn time_collective<C: Communicator>(
     comm: &C,
     budget: Budget,
     mut collective: impl FnMut() -> Result<()>,
@@ -200,21 +200,35 @@ pub fn all_reduce_on<C: Communicator>(
         // Every rank reports rank 0's figures.
         comm.broadcast(&mut secs, 0)?;
         comm.broadcast(&mut memcpy, 0)?;
-        let algbw = bytes as f64 / secs[0] / 1e9;
+        rows.push(AllReduceRow::new(backend, world, bytes, secs[0], memcpy[0]));
+    }
+    Ok(rows)
+}
+
+impl AllReduceRow {
+    /// The row of an all-reduce of `bytes` per rank on `world` ranks taking
+    /// `secs`, beside a copy of the same bytes taking `memcpy_secs`.
+    pub(crate) fn new(
+        backend: &str,
+        world: usize,
+        bytes: usize,
+        secs: f64,
+        memcpy_secs: f64,
+    ) -> AllReduceRow {
+        let algbw = bytes as f64 / secs / 1e9;
         let busbw = algbw * 2.0 * (world as f64 - 1.0) / world as f64;
-        let memcpy_gbs = bytes as f64 / memcpy[0] / 1e9;
-        rows.push(AllReduceRow {
+        let memcpy_gbs = bytes as f64 / memcpy_secs / 1e9;
+        AllReduceRow {
             backend: backend.into(),
             world,
             bytes,
-            secs: secs[0],
+            secs,
             algbw_gbs: algbw,
             busbw_gbs: busbw,
             memcpy_gbs,
             ratio: busbw / memcpy_gbs,
-        });
+        }
     }
-    Ok(rows)
 }
 
 /// The codecs `gradwire bench compress` knows.

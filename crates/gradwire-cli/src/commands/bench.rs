@@ -111,7 +111,8 @@ fn bench_mpi(_: &[usize], _: Budget) -> Result<Option<Vec<bench::AllReduceRow>>,
 }
 
 /// The all-reduce bench on NcclComm, one rank per GPU for each world size:
-/// host buffers (each call copies to and from the device), labelled so.
+/// host buffers (each call copies to and from the device), CUDA tensors,
+/// and NCCL's own `ncclAllReduce` called directly, labelled so.
 #[cfg(feature = "nccl")]
 fn bench_nccl(
     sizes: &[usize],
@@ -131,13 +132,15 @@ fn bench_nccl(
     for &w in worlds {
         let devices: Vec<usize> = (0..w).collect();
         let results = nccl::run(&devices, NcclConfig::default(), |comm| {
-            Ok(bench::all_reduce_on(
-                &comm,
-                "nccl (host buffers)",
-                sizes,
-                budget,
-                memcpy_of,
-            ))
+            Ok(
+                bench::all_reduce_on(&comm, "nccl (host buffers)", sizes, budget, memcpy_of)
+                    .and_then(|mut rows| {
+                        rows.extend(bench::device::nccl_device_rows(
+                            &comm, sizes, budget, memcpy_of,
+                        )?);
+                        Ok(rows)
+                    }),
+            )
         })?;
         for (rank, result) in results.into_iter().enumerate() {
             let ranks_rows = result??;

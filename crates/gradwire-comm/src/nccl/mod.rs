@@ -94,6 +94,7 @@
 mod collectives;
 mod device;
 mod join;
+mod library;
 mod owner;
 mod p2p;
 mod rank_ordered;
