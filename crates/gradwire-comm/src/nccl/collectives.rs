@@ -90,18 +90,9 @@ impl NcclComm {
         self.watched("all_reduce", || {
             let dev = lease.buffer()?;
             self.upload(bytes_of(buf), dev, 0)?;
-            let (p, guard) = dev.device_ptr_mut(&self.stream);
-            let queued = self.queue("all_reduce", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: `len` elements of T (`bytes` bytes) at `p`, inside
-                // the scratch (leased at least that long), held until the
-                // wait below ends.
-                unsafe {
-                    sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
-                }
-            });
-            drop(guard);
-            queued?;
+            // The scratch is leased at least `bytes` long, held until the
+            // wait below ends.
+            self.queue_all_reduce_in_place("all_reduce", dev, len, (dtype, op))?;
             self.download(dev, 0, bytes_of_mut(buf))?;
             self.sync()
         })

@@ -12,10 +12,10 @@
 
 use std::sync::Arc;
 
-use gradwire_tensor::cudarc::driver::{CudaStream, DevicePtrMut};
+use gradwire_tensor::cudarc::driver::CudaStream;
 use gradwire_tensor::{CudaStorage, Tensor};
 
-use super::sys::{self, DataType, RedOp};
+use super::sys::{DataType, RedOp};
 use super::{NcclComm, cuda, driver};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
@@ -109,19 +109,10 @@ impl NcclComm {
         let len = tensor.len();
         let (storage, tensor_stream) = self.device_storage(tensor)?;
         self.watched("all_reduce", || {
+            // The view is the storage's `len` elements, and the tensor is
+            // borrowed until the wait below ends.
             let mut view = storage.bytes_mut().map_err(cuda)?;
-            let (p, guard) = view.device_ptr_mut(&self.stream);
-            let queued = self.queue("all_reduce", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: the view is exactly the storage's `len` elements
-                // of this datatype (CudaStorage::bytes_mut), and the tensor
-                // is borrowed until the wait below ends.
-                unsafe {
-                    sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
-                }
-            });
-            drop(guard);
-            queued?;
+            self.queue_all_reduce_in_place("all_reduce", &mut view, len, (dtype, op))?;
             self.sync()
         })?;
         self.release_to(&tensor_stream)

@@ -12,10 +12,9 @@
 
 use std::time::Instant;
 
-use gradwire_tensor::cudarc::driver::DevicePtrMut;
 use gradwire_tensor::{CudaStorage, DType};
 
-use super::{NcclComm, NcclReduction, cuda, driver, native_reduction, sys};
+use super::{NcclComm, NcclReduction, cuda, driver, native_reduction};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::header::{Call, Kind};
@@ -62,21 +61,10 @@ impl NcclComm {
             .map_err(|e| driver("cuStreamWaitEvent", e))?;
         let issue = |count: usize, buffers: &mut [CudaStorage]| -> Result<()> {
             for i in 0..count {
-                let storage = &mut buffers[i % ROTATION];
-                let mut view = storage.bytes_mut().map_err(cuda)?;
-                let (p, guard) = view.device_ptr_mut(&self.stream);
-                let queued = self.queue("library all_reduce", move |comm, stream| {
-                    #[allow(unsafe_code)]
-                    // SAFETY: `len` f32 elements at `p` (the storage's
-                    // whole view), kept alive until the wait that follows
-                    // the loop; every rank agreed on `len` and issues the
-                    // same calls.
-                    unsafe {
-                        sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
-                    }
-                });
-                drop(guard);
-                queued?;
+                // Kept alive until the wait that follows the loop; every rank
+                // agreed on `len` and issues the same calls.
+                let mut view = buffers[i % ROTATION].bytes_mut().map_err(cuda)?;
+                self.queue_all_reduce_in_place("library all_reduce", &mut view, len, (dtype, op))?;
             }
             self.sync()
         };

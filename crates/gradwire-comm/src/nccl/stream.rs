@@ -32,6 +32,36 @@ impl NcclComm {
         })
     }
 
+    /// Queues NCCL's `ncclAllReduce` in place on the first `len` elements
+    /// of `buf` (of NCCL's `dtype`), refusing a buffer shorter than that.
+    /// The caller keeps `buf` alive, and reads it only after the stream has
+    /// passed the call (its wait, inside [`NcclComm::watched`]); every rank
+    /// must queue the same call (the header exchange has checked it).
+    pub(super) fn queue_all_reduce_in_place<B: DevicePtrMut<u8>>(
+        &self,
+        what: &'static str,
+        buf: &mut B,
+        len: usize,
+        (dtype, op): (sys::DataType, sys::RedOp),
+    ) -> Result<()> {
+        let size = sys::datatype_size(dtype);
+        if len.checked_mul(size).is_none_or(|b| b > buf.len()) {
+            return Err(beyond(what, 0, len.saturating_mul(size), buf.len()));
+        }
+        let (p, guard) = buf.device_ptr_mut(&self.stream);
+        let queued = self.queue(what, move |comm, stream| {
+            #[allow(unsafe_code)]
+            // SAFETY: `len` elements of `dtype` at `p`, checked within the
+            // buffer, which the caller keeps alive until its wait on the
+            // stream.
+            unsafe {
+                sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
+            }
+        });
+        drop(guard);
+        queued
+    }
+
     /// Runs `body`, which queues work and blocks until the stream has done
     /// it, as one wait the watchdog watches (deadline, asynchronous
     /// errors, poisoning from another thread). Returns the reason the

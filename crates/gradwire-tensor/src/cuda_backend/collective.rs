@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
 
-use super::driver::{CudaDevice, CudaStorage, DeviceBuffer};
+use super::driver::CudaDevice;
 use super::launch::{driver_error, grid_stride, len_arg};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// How [`reduce_chunks`] combines the chunks (the codes of `comm.cu`).
+/// How [`reduce_chunks_bytes`] combines the chunks (the codes of `comm.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkOp {
     /// The sum, in rank order.
@@ -36,80 +36,12 @@ impl ChunkOp {
     }
 }
 
-/// `out[i] = op(stage[i], stage[n + i], ..., stage[(world - 1) * n + i])`
-/// with `n = out.len()`, combined in that order in f32 and rounded once into
-/// `out`'s dtype, queued on `stream` (a stream of `out`'s device; the caller
-/// orders it after the writes to `stage`).
-///
-/// `stage` must hold exactly `world * out.len()` elements of `out`'s dtype on
-/// the same device, and `world` must be at least 1.
-pub fn reduce_chunks(
-    out: &mut CudaStorage,
-    stage: &CudaStorage,
-    world: usize,
-    op: ChunkOp,
-    stream: &Arc<CudaStream>,
-) -> Result<()> {
-    const OP: &str = "reduce_chunks";
-    if out.dtype() != stage.dtype() {
-        return Err(Error::DTypeMismatch {
-            op: OP,
-            expected: out.dtype(),
-            got: stage.dtype(),
-        });
-    }
-    if out.ordinal() != stage.ordinal() {
-        return Err(Error::DeviceMismatch {
-            op: OP,
-            expected: crate::Device::Cuda(out.ordinal()),
-            got: crate::Device::Cuda(stage.ordinal()),
-        });
-    }
-    let n = out.len();
-    let expected = world.checked_mul(n).ok_or(Error::ShapeOverflow)?;
-    if world == 0 || stage.len() != expected {
-        return Err(Error::LengthMismatch {
-            op: OP,
-            expected,
-            got: stage.len(),
-        });
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    let args = ChunkArgs {
-        n: len_arg(n)?,
-        world: u32::try_from(world)
-            .map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?,
-        op: op.code(),
-    };
-    let device = Arc::clone(out.device());
-    let stage_buffer = stage.buffer();
-    use gradwire_kernels::comm::{REDUCE_CHUNKS_BF16, REDUCE_CHUNKS_F16, REDUCE_CHUNKS_F32};
-    let function = |kernel| device.function(gradwire_kernels::comm::NAME, kernel);
-    match (out.buffer_mut()?, stage_buffer) {
-        (DeviceBuffer::F32(o), DeviceBuffer::F32(s)) => {
-            launch_reduce(stream, &function(REDUCE_CHUNKS_F32)?, o, s, &args)
-        }
-        (DeviceBuffer::F16(o), DeviceBuffer::F16(s)) => {
-            launch_reduce(stream, &function(REDUCE_CHUNKS_F16)?, o, s, &args)
-        }
-        (DeviceBuffer::BF16(o), DeviceBuffer::BF16(s)) => {
-            launch_reduce(stream, &function(REDUCE_CHUNKS_BF16)?, o, s, &args)
-        }
-        // Unreachable: the dtypes were compared above.
-        _ => Err(Error::DTypeMismatch {
-            op: OP,
-            expected: out.dtype(),
-            got: stage.dtype(),
-        }),
-    }
-}
-
-/// [`reduce_chunks`] on byte views of memory the caller manages (a
-/// communicator's cached scratch, a range of a tensor's buffer): `out`
-/// receives `n = out.len() / size` elements of `dtype`, combined from
-/// `stage`'s `world` blocks of `n` elements, in block order, queued on
+/// `out[i] = op(stage[i], stage[n + i], ..., stage[(world - 1) * n + i])`,
+/// combined in that order in f32 and rounded once into `dtype`, on byte
+/// views of memory the caller manages (a communicator's cached scratch, a
+/// range of a tensor's buffer): `out` receives `n = out.len() / size`
+/// elements of `dtype`, combined from `stage`'s `world` blocks of `n`
+/// elements, in block order, queued on
 /// `stream` (a stream of `device`, which both views are on; the caller
 /// orders it after the writes to `stage`). Both views must be aligned to
 /// the element size (allocations and element offsets are).
@@ -182,32 +114,4 @@ struct ChunkArgs {
     n: u64,
     world: u32,
     op: u32,
-}
-
-/// Launches `reduce_chunks_<dt>(T* out, const T* stage, gw_u64 n, gw_u32
-/// world, gw_u32 op)`; `T` is `f32` for the f32 kernel and `u16` (the bits
-/// of `gw_f16` / `gw_bf16`) for the half ones, as the caller pairs them.
-fn launch_reduce<T>(
-    stream: &Arc<CudaStream>,
-    function: &CudaFunction,
-    out: &mut CudaSlice<T>,
-    stage: &CudaSlice<T>,
-    args: &ChunkArgs,
-) -> Result<()> {
-    let cfg = grid_stride(out.len());
-    let mut launch = stream.launch_builder(function);
-    launch
-        .arg(out)
-        .arg(stage)
-        .arg(&args.n)
-        .arg(&args.world)
-        .arg(&args.op);
-    #[allow(unsafe_code)]
-    // SAFETY: five arguments of the kernel's types in its order (two device
-    // pointers to elements of the kernel's storage type, u64, u32, u32);
-    // `out` holds n elements and `stage` world * n (checked by
-    // `reduce_chunks`), and the kernel touches no index beyond them.
-    unsafe { launch.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| driver_error("reduce_chunks", e))
 }
