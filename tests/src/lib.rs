@@ -25,7 +25,8 @@
 //!   `conformance_mpi.rs`.
 //! - `conformance_nccl.rs` and `distopt_nccl.rs` (feature `nccl`): the
 //!   suite on NcclComm, and DistOpt with its parameters on the GPUs against
-//!   DistOpt on LocalComm with host parameters; [`gpu`] gates them.
+//!   DistOpt on LocalComm with host parameters; `gpu` (feature `nccl`)
+//!   gates them.
 
 #![deny(missing_docs)]
 
