@@ -36,6 +36,10 @@ use crate::handle::Traffic;
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::lowrank;
 use gradwire_tensor::{DType, Tensor};
+use std::borrow::Cow;
+
+#[cfg(feature = "cuda")]
+mod device;
 
 /// PowerSGD's settings (DDP's names in parentheses).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -169,6 +173,10 @@ pub struct PowerSgd {
     second: Vec<f32>,
     /// The step's layout, one part per tensor.
     parts: Vec<Part>,
+    /// The state and buffers on a GPU, once steps run there (CUDA tensors
+    /// on a communicator that takes them); the state from then on.
+    #[cfg(feature = "cuda")]
+    device: Option<Box<device::DeviceState>>,
 }
 
 impl PowerSgd {
@@ -181,6 +189,8 @@ impl PowerSgd {
             first: Vec::new(),
             second: Vec::new(),
             parts: Vec::new(),
+            #[cfg(feature = "cuda")]
+            device: None,
         })
     }
 
@@ -194,10 +204,45 @@ impl PowerSgd {
         &self.state
     }
 
-    /// The state, to restore (a checkpoint, or a copy taken before a step
-    /// that failed).
+    /// The state, to restore (a copy taken before a host step that
+    /// failed). A state from elsewhere (a checkpoint) goes through
+    /// [`PowerSgd::restore`], which also covers the device form.
     pub fn state_mut(&mut self) -> &mut PowerSgdState {
         &mut self.state
+    }
+
+    /// The state in its host form: [`PowerSgd::state`] while the steps run
+    /// on the host, a copy of the device state once they run on a GPU
+    /// (feature `cuda`), for a checkpoint.
+    pub fn host_state(&self) -> Result<Cow<'_, PowerSgdState>> {
+        #[cfg(feature = "cuda")]
+        if let Some(device) = &self.device {
+            return Ok(Cow::Owned(device.to_host()?));
+        }
+        Ok(Cow::Borrowed(&self.state))
+    }
+
+    /// Replaces the state (from a checkpoint): the host form becomes the
+    /// state; the next step on a GPU moves it there.
+    pub fn restore(&mut self, state: PowerSgdState) {
+        self.state = state;
+        #[cfg(feature = "cuda")]
+        {
+            self.device = None;
+        }
+    }
+
+    /// The step is over: a step that ran on a GPU puts its device state
+    /// back as the step found it unless `kept` (it failed or was skipped on
+    /// some rank). Host steps keep no copy here: their caller keeps one of
+    /// [`PowerSgd::state`] and puts it back through
+    /// [`PowerSgd::state_mut`].
+    pub fn end_step(&mut self, kept: bool) {
+        #[cfg(feature = "cuda")]
+        if let Some(device) = &mut self.device {
+            device.end_step(kept);
+        }
+        let _ = kept;
     }
 
     /// Averages `tensors` across the ranks of `comm` (see the module docs):
@@ -210,6 +255,10 @@ impl PowerSgd {
         slots: &[usize],
         step: u64,
     ) -> Result<Traffic> {
+        #[cfg(feature = "cuda")]
+        if comm.takes_device_tensors() && tensors.iter().any(|t| !t.device().is_cpu()) {
+            return self.all_reduce_on_device(comm, tensors, slots, step);
+        }
         let world = comm.world_size();
         let compress = step >= self.config.start_step;
         let (n_first, n_second) = prepare(comm, || self.lay_out(tensors, slots, step, compress))?;
@@ -292,10 +341,7 @@ impl PowerSgd {
                 slots.len()
             )));
         }
-        let rank = self.config.rank;
-        self.parts.clear();
-        let (mut n_first, mut n_second) = (0usize, 0usize);
-        for (t, &slot) in tensors.iter().zip(slots) {
+        for t in tensors.iter() {
             if t.dtype() != DType::F32 || !t.device().is_cpu() {
                 return Err(AlgoError::InvalidArgument(format!(
                     "PowerSGD runs on f32 tensors in host memory, got {} on {:?}",
@@ -312,44 +358,25 @@ impl PowerSgd {
             {
                 return Err(gradwire_compress::CompressError::NonFinite { index, value }.into());
             }
-            if self.state.slots.len() <= slot {
-                self.state.slots.resize(slot + 1, None);
-            }
-            match &self.state.slots[slot] {
-                Some(state) if state.dims != t.dims() => {
-                    return Err(AlgoError::InvalidArgument(format!(
-                        "PowerSGD: slot {slot} held a tensor of shape {:?}, now {:?}",
-                        state.dims,
-                        t.dims()
-                    )));
-                }
-                _ => {}
-            }
-            if slots[..self.parts.len()].contains(&slot) {
-                return Err(AlgoError::InvalidArgument(format!(
-                    "PowerSGD: slot {slot} given twice"
-                )));
-            }
-            let matrix = lowrank::matrix_shape(t.dims(), rank, self.config.min_compression_rate)
-                .filter(|_| compress);
-            self.parts.push(match matrix {
-                Some((rows, cols)) => {
-                    let part = Part::Matrix {
-                        rows,
-                        cols,
-                        p: n_first,
-                        q: n_second,
-                    };
-                    n_first += rows * rank;
-                    n_second += cols * rank;
-                    part
-                }
-                None => {
-                    let part = Part::Dense { at: n_first };
-                    n_first += t.len();
-                    part
-                }
-            });
+        }
+        let rank = self.config.rank;
+        let state = &self.state;
+        let (n_first, n_second) = plan(
+            &mut self.parts,
+            tensors,
+            slots,
+            rank,
+            self.config.min_compression_rate,
+            compress,
+            |slot, dims| match state.slots.get(slot) {
+                Some(Some(kept)) if kept.dims != dims => Some(kept.dims.clone()),
+                _ => None,
+            },
+        )?;
+        if let Some(&most) = slots.iter().max()
+            && self.state.slots.len() <= most
+        {
+            self.state.slots.resize(most + 1, None);
         }
         if self.first.len() < n_first {
             self.first.resize(n_first, 0.0);
@@ -383,15 +410,9 @@ impl PowerSgd {
                     if !self.config.warm_start || state.q.len() != cols * rank {
                         state.q.clear();
                         state.q.resize(cols * rank, 0.0);
-                        // A fresh start: per slot, and per step without
-                        // warm start; the same on every rank.
-                        let salt = if self.config.warm_start { 0 } else { step };
-                        lowrank::init_q(
-                            self.config.seed
-                                ^ (slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                                ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03),
-                            &mut state.q,
-                        );
+                        let seed =
+                            initial_q_seed(self.config.seed, slot, self.config.warm_start, step);
+                        lowrank::init_q(seed, &mut state.q);
                     }
                     lowrank::project(m, rows, cols, &state.q, &mut self.first[p..p + rows * rank])?;
                 }
@@ -399,4 +420,63 @@ impl PowerSgd {
         }
         Ok((n_first, n_second))
     }
+}
+
+/// The seed of a slot's fresh `Q`: per slot, and per step without warm
+/// start; the same on every rank (and on the host and a GPU).
+fn initial_q_seed(seed: u64, slot: usize, warm_start: bool, step: u64) -> u64 {
+    let salt = if warm_start { 0 } else { step };
+    seed ^ (slot as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ salt.wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+/// The step's layout, the same on the host and a GPU: one part per tensor
+/// (sent dense at an offset of the first buffer, or compressed with its
+/// `P` and `Qᵀ` offsets), after the slots' checks (a slot given twice; a
+/// slot whose kept shape, `kept_dims(slot, dims)` when it differs, is not
+/// the tensor's). Returns the lengths of the two buffers.
+fn plan(
+    parts: &mut Vec<Part>,
+    tensors: &[Tensor],
+    slots: &[usize],
+    rank: usize,
+    min_rate: f64,
+    compress: bool,
+    mut kept_dims: impl FnMut(usize, &[usize]) -> Option<Vec<usize>>,
+) -> Result<(usize, usize)> {
+    parts.clear();
+    let (mut n_first, mut n_second) = (0usize, 0usize);
+    for (t, &slot) in tensors.iter().zip(slots) {
+        if let Some(kept) = kept_dims(slot, t.dims()) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "PowerSGD: slot {slot} held a tensor of shape {kept:?}, now {:?}",
+                t.dims()
+            )));
+        }
+        if slots[..parts.len()].contains(&slot) {
+            return Err(AlgoError::InvalidArgument(format!(
+                "PowerSGD: slot {slot} given twice"
+            )));
+        }
+        let matrix = lowrank::matrix_shape(t.dims(), rank, min_rate).filter(|_| compress);
+        parts.push(match matrix {
+            Some((rows, cols)) => {
+                let part = Part::Matrix {
+                    rows,
+                    cols,
+                    p: n_first,
+                    q: n_second,
+                };
+                n_first += rows * rank;
+                n_second += cols * rank;
+                part
+            }
+            None => {
+                let part = Part::Dense { at: n_first };
+                n_first += t.len();
+                part
+            }
+        });
+    }
+    Ok((n_first, n_second))
 }

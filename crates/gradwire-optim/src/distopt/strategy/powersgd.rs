@@ -1,6 +1,8 @@
 //! The PowerSGD strategy: each bucket's matrices travel as rank-`r`
 //! factors ([`gradwire_algos::powersgd`]), with error feedback and a warm
-//! start that a failed or skipped step puts back as they were.
+//! start that a failed or skipped step puts back as they were. On CUDA
+//! tensors over a communicator that takes them, the state and the products
+//! stay on the GPU (`gradwire_algos::powersgd`'s device form).
 
 use super::{BeforeStep, BucketView, Combined, Combiner};
 use crate::checkpoint::Checkpoint;
@@ -58,12 +60,15 @@ impl<C: Communicator + 'static> Combiner<C> for PowerSgdAverage {
 
     fn end_step(&mut self, _bucket: usize, kept: bool) {
         self.before.end(self.inner.state_mut(), kept);
+        // A step on a GPU keeps its own copy of the device state.
+        self.inner.end_step(kept);
     }
 
     /// Each slot's `Q` and residual as tensors `powersgd/<bucket>/<slot>/q`
     /// and `.../residual`, its shape as value `powersgd/<bucket>/<slot>/dims`.
     fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        for (k, slot) in self.inner.state().slots.iter().enumerate() {
+        let state = self.inner.host_state()?;
+        for (k, slot) in state.slots.iter().enumerate() {
             let Some(slot) = slot else { continue };
             let key = format!("powersgd/{bucket}/{k}");
             ckpt.values
@@ -116,7 +121,7 @@ impl<C: Communicator + 'static> Combiner<C> for PowerSgdAverage {
             state.slots[k] = Some(Slot { dims, q, residual });
         }
         if apply {
-            *self.inner.state_mut() = state;
+            self.inner.restore(state);
             self.before.forget();
         }
         Ok(())
