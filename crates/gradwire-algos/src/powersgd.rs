@@ -334,13 +334,7 @@ impl PowerSgd {
         step: u64,
         compress: bool,
     ) -> Result<(usize, usize)> {
-        if slots.len() != tensors.len() {
-            return Err(AlgoError::InvalidArgument(format!(
-                "PowerSGD: {} tensors but {} slots",
-                tensors.len(),
-                slots.len()
-            )));
-        }
+        check_slot_count(tensors, slots)?;
         for t in tensors.iter() {
             if t.dtype() != DType::F32 || !t.device().is_cpu() {
                 return Err(AlgoError::InvalidArgument(format!(
@@ -419,6 +413,19 @@ impl PowerSgd {
             }
         }
         Ok((n_first, n_second))
+    }
+}
+
+/// One slot per tensor.
+fn check_slot_count(tensors: &[Tensor], slots: &[usize]) -> Result<()> {
+    if slots.len() == tensors.len() {
+        Ok(())
+    } else {
+        Err(AlgoError::InvalidArgument(format!(
+            "PowerSGD: {} tensors but {} slots",
+            tensors.len(),
+            slots.len()
+        )))
     }
 }
 

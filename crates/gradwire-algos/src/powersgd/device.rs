@@ -26,7 +26,7 @@ use gradwire_compress::{CompressError, lowrank};
 use gradwire_tensor::cuda_backend::kernels::select::first_non_finite;
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor};
 
-use super::{Part, PowerSgd, PowerSgdState, Slot, initial_q_seed};
+use super::{Part, PowerSgd, PowerSgdState, Slot, check_slot_count, initial_q_seed};
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
 use crate::handle::Traffic;
@@ -280,13 +280,7 @@ impl PowerSgd {
         step: u64,
         compress: bool,
     ) -> Result<()> {
-        if slots.len() != tensors.len() {
-            return Err(AlgoError::InvalidArgument(format!(
-                "PowerSGD: {} tensors but {} slots",
-                tensors.len(),
-                slots.len()
-            )));
-        }
+        check_slot_count(tensors, slots)?;
         let ordinal = match tensors.first().map(Tensor::device) {
             Some(Device::Cuda(ordinal)) => ordinal,
             _ => self.device.as_ref().map_or(0, |d| d.ordinal),
