@@ -56,19 +56,23 @@ export RUST_BACKTRACE=1
 run_suites() {
     local log=$out/suites.log
     : >"$log"
+    local one
+    one=$(mktemp)
     for t in "$here"/tests/*; do
         local name
         name=$(basename "$t")
-        echo "=== $name" >>"$log"
         local start=$SECONDS
-        if timeout 300 "$t" --test-threads=1 >>"$log" 2>&1; then
+        if timeout 300 "$t" --test-threads=1 >"$one" 2>&1; then
             note "PASS $name ($((SECONDS - start)) s)"
         else
             note "FAIL $name ($((SECONDS - start)) s; see suites.log)"
             failed=1
         fi
-        grep -E '^test result|SKIP' "$log" | tail -n 1 >>"$summary"
+        # This binary's own verdict line (none if it crashed).
+        grep -E '^test result' "$one" >>"$summary" || echo "  (no test result line)" >>"$summary"
+        { echo "=== $name"; cat "$one"; } >>"$log"
     done
+    rm -f "$one"
 }
 
 run_sanitize() {
@@ -78,7 +82,7 @@ run_sanitize() {
         note "SKIP sanitize: no compute-sanitizer"
         return
     fi
-    for t in "$here"/tests/gradwire-tensor--gradwire_tensor "$here"/tests/gradwire-compress--cuda \
+    for t in "$here"/tests/gradwire-tensor--cuda "$here"/tests/gradwire-compress--cuda \
         "$here"/tests/gradwire-optim--cuda "$here"/tests/gradwire-algos--cuda; do
         [ -x "$t" ] || continue
         for tool in memcheck racecheck; do

@@ -1,11 +1,10 @@
 //! `cargo xtask gpu-bundle`: the GPU suites built here, to run on a machine
 //! with an NVIDIA GPU and no Rust toolchain.
 //!
-//! It builds every GPU test binary (`cargo test --no-run` with the `cuda`
-//! and `nccl` features: the suites the README's "Running the GPU suite"
-//! lists) and the `gradwire` binary with both features, strips them, and
-//! puts them in `target/gpu-bundle/` beside `xtask/gpu_suite.sh`, which runs
-//! them there: every suite with `GRADWIRE_REQUIRE_GPU=1`, compute-sanitizer
+//! It builds every GPU test binary (`cargo test --no-run` of
+//! [`GPU_SUITES`], the suites `cargo xtask test` runs) and the `gradwire`
+//! binary with both features, strips them, and puts them in
+//! `target/gpu-bundle/` beside `xtask/gpu_suite.sh`, which runs them there: every suite with `GRADWIRE_REQUIRE_GPU=1`, compute-sanitizer
 //! over the kernel suites, and the GPU benches; `target/gpu-bundle.tar.gz`
 //! is the same folder in one file to carry. The PTX is inside the
 //! binaries (`include_str!`) and the CUDA driver and NCCL are loaded at run
@@ -20,49 +19,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::gpu::GPU_SUITES;
 use crate::{Result, cargo, describe, run, workspace_root};
-
-/// One suite: the package, its features, and which test targets (`None`:
-/// all of the package's tests, the library's included).
-struct Suite {
-    package: &'static str,
-    features: &'static str,
-    tests: Option<&'static [&'static str]>,
-}
-
-/// The GPU suites (the README's "Running the GPU suite").
-const SUITES: &[Suite] = &[
-    Suite {
-        package: "gradwire-tensor",
-        features: "cuda",
-        tests: None,
-    },
-    Suite {
-        package: "gradwire-compress",
-        features: "cuda",
-        tests: Some(&["cuda"]),
-    },
-    Suite {
-        package: "gradwire-optim",
-        features: "cuda",
-        tests: Some(&["cuda"]),
-    },
-    Suite {
-        package: "gradwire-algos",
-        features: "cuda",
-        tests: Some(&["cuda"]),
-    },
-    Suite {
-        package: "gradwire-comm",
-        features: "nccl",
-        tests: Some(&[]),
-    },
-    Suite {
-        package: "gradwire-tests",
-        features: "nccl",
-        tests: Some(&["conformance_nccl", "distopt_nccl"]),
-    },
-];
 
 fn bundle_dir() -> PathBuf {
     crate::gpu::target_dir().join("gpu-bundle")
@@ -127,28 +85,15 @@ pub fn gpu_bundle() -> Result {
     let tests_dir = dir.join("tests");
     fs::create_dir_all(&tests_dir)
         .map_err(|e| format!("could not create {}: {e}", tests_dir.display()))?;
-    for suite in SUITES {
+    for suite in GPU_SUITES {
         let mut command = cargo();
-        command.args([
-            "test",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-            "-p",
-            suite.package,
-            "--features",
-            suite.features,
-        ]);
-        match suite.tests {
-            None => {}
-            Some([]) => {
-                command.arg("--lib");
-            }
-            Some(tests) => {
-                for test in tests {
-                    command.args(["--test", test]);
-                }
-            }
-        }
+        command
+            .args([
+                "test",
+                "--no-run",
+                "--message-format=json-render-diagnostics",
+            ])
+            .args(suite.cargo_args());
         for (target, exe) in executables(&mut command)? {
             let name = format!("{}--{}", suite.package, target.replace('-', "_"));
             copy_stripped(&exe, &tests_dir.join(&name))?;

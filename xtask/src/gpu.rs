@@ -452,6 +452,68 @@ pub(crate) fn make_executable(_path: &Path) -> Result {
     Ok(())
 }
 
+/// One GPU suite: a package, its feature, and which of its test targets
+/// (`None`: all of them, the library's included; an empty list: the
+/// library's unit tests alone).
+pub(crate) struct GpuSuite {
+    pub(crate) package: &'static str,
+    pub(crate) feature: &'static str,
+    pub(crate) tests: Option<&'static [&'static str]>,
+}
+
+/// Every GPU suite, as `cargo xtask test` runs them here (SKIP without a
+/// GPU) and `cargo xtask gpu-bundle` packs them for a GPU machine (the
+/// README's "Running the GPU suite").
+pub(crate) const GPU_SUITES: &[GpuSuite] = &[
+    GpuSuite {
+        package: "gradwire-tensor",
+        feature: "cuda",
+        tests: None,
+    },
+    GpuSuite {
+        package: "gradwire-optim",
+        feature: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    GpuSuite {
+        package: "gradwire-compress",
+        feature: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    GpuSuite {
+        package: "gradwire-algos",
+        feature: "cuda",
+        tests: Some(&["cuda"]),
+    },
+    GpuSuite {
+        package: "gradwire-comm",
+        feature: "nccl",
+        tests: Some(&[]),
+    },
+    GpuSuite {
+        package: "gradwire-tests",
+        feature: "nccl",
+        tests: Some(&["conformance_nccl", "distopt_nccl"]),
+    },
+];
+
+impl GpuSuite {
+    /// `cargo test`'s arguments selecting this suite (after `test`).
+    pub(crate) fn cargo_args(&self) -> Vec<&'static str> {
+        let mut args = vec!["-p", self.package, "--features", self.feature];
+        match self.tests {
+            None => {}
+            Some([]) => args.push("--lib"),
+            Some(tests) => {
+                for test in tests {
+                    args.extend(["--test", test]);
+                }
+            }
+        }
+        args
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{entries, parse_ptxas_log};

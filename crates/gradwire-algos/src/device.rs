@@ -1,4 +1,4 @@
-//! The device forms of the fused strategies (feature `cuda`), for CUDA
+//! The device forms of the fused and sparse strategies (feature `cuda`), for CUDA
 //! tensors on a communicator that reduces them in device memory
 //! ([`Communicator::takes_device_tensors`]: NcclComm): the bucket is packed,
 //! encoded, reduced, decoded and unpacked without leaving the GPU.
@@ -25,8 +25,9 @@ use gradwire_compress::cuda::{self as codecs, CudaErrorFeedback, DeviceSparse};
 use gradwire_compress::{SparseCodec, SparseVec, wire};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor, flat};
 
-/// The device buffers of [`fused_all_reduce`] and [`half_all_reduce`],
-/// kept from call to call (a bucket's size is the same every step).
+/// The device buffers of [`fused_all_reduce`], [`half_all_reduce`] and
+/// [`sparse_exchange_on_device`] (and the latter's host payloads), kept from
+/// call to call (a bucket's size is the same every step).
 #[derive(Debug, Default)]
 pub(crate) struct DeviceFusion {
     /// The packed bucket of [`fused_all_reduce`], in the bucket's dtype.
@@ -176,7 +177,7 @@ pub fn sparse_exchange_on_device<C: Communicator>(
     mut feedback: Option<&mut CudaErrorFeedback>,
     buffers: &mut FusionBuffers,
 ) -> Result<Traffic> {
-    let fusion = buffers.device_mut();
+    let fusion = &mut buffers.device;
     let (n, layout, selected) = prepare(comm, || {
         let (n, device) = check_bucket(tensors, usize::MAX)?;
         if !matches!(device, Device::Cuda(_)) {

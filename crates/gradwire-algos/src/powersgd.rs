@@ -199,7 +199,8 @@ impl PowerSgd {
         &self.config
     }
 
-    /// The state kept between steps.
+    /// The state kept between steps while they run on the host (empty once
+    /// they run on a GPU: see [`PowerSgd::host_state`]).
     pub fn state(&self) -> &PowerSgdState {
         &self.state
     }

@@ -75,15 +75,7 @@ pub struct FusionBuffers {
     /// The device buffers of CUDA buckets on a communicator that takes
     /// device tensors.
     #[cfg(feature = "cuda")]
-    device: crate::device::DeviceFusion,
-}
-
-impl FusionBuffers {
-    /// The device buffers.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn device_mut(&mut self) -> &mut crate::device::DeviceFusion {
-        &mut self.device
-    }
+    pub(crate) device: crate::device::DeviceFusion,
 }
 
 /// What [`sparse_exchange_with`] reuses beyond the f32 fusion buffer.

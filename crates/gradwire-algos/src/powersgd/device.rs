@@ -13,8 +13,9 @@
 //!
 //! The host [`PowerSgdState`] stays the form checkpoints read and write:
 //! the first device step moves it to the device (`DeviceState`), which
-//! is the state from then on; [`PowerSgd::host_state`] copies it back, and
-//! [`PowerSgd::restore`] replaces it. A step keeps a copy of the device
+//! is the state from then on (the host form is left empty);
+//! [`PowerSgd::host_state`] copies it back, and [`PowerSgd::restore`]
+//! replaces it. A step keeps a copy of the device
 //! state (device clones share memory until written) that
 //! [`PowerSgd::end_step`] puts back when the step failed or was skipped.
 
@@ -306,6 +307,9 @@ impl PowerSgd {
         }
         if self.device.as_ref().is_none_or(|d| d.ordinal != ordinal) {
             self.device = Some(Box::new(DeviceState::from_host(&self.state, ordinal)?));
+            // The device copy is the state now: a stale host copy would only
+            // be copied by callers keeping `state()` before each step.
+            self.state = PowerSgdState::default();
         }
         let rank = self.config.rank;
         let min_rate = self.config.min_compression_rate;
@@ -332,10 +336,10 @@ impl PowerSgd {
                 _ => None,
             },
         )?;
-        if device.slots.len() < slots.iter().max().map_or(0, |&s| s + 1) {
-            device
-                .slots
-                .resize(slots.iter().max().map_or(0, |&s| s + 1), None);
+        if let Some(&most) = slots.iter().max()
+            && device.slots.len() <= most
+        {
+            device.slots.resize(most + 1, None);
         }
         let cuda = Device::Cuda(ordinal);
         let first = exact(&mut device.first, n_first, cuda)?;
@@ -367,9 +371,10 @@ impl PowerSgd {
                         lowrank::init_q(initial_q_seed(seed, slot, warm_start, step), &mut q);
                         state.q = Some(upload(&q, ordinal)?);
                     }
-                    let (Some(q), m) = (state.q.as_ref(), storage(t)?) else {
-                        continue;
-                    };
+                    let q = state.q.as_ref().ok_or_else(|| {
+                        AlgoError::InvalidArgument("PowerSGD's Q went missing".into())
+                    })?;
+                    let m = storage(t)?;
                     products::project(
                         &Window::whole(&m)?,
                         rows,

@@ -98,16 +98,7 @@ pub fn kernels(codecs: &[String], elements: &[usize], budget: Budget) -> Result<
         let copy = copy_secs(&device, &xs, budget)?;
         for codec in codecs {
             let secs = codec_secs(codec, &device, &xs, budget)?;
-            let gbs = 4.0 * n as f64 / secs / 1e9;
-            let copy_gbs = 4.0 * n as f64 / copy / 1e9;
-            rows.push(CompressRow {
-                codec: codec.clone(),
-                elements: n,
-                secs,
-                gbs,
-                memcpy_gbs: copy_gbs,
-                ratio: gbs / copy_gbs,
-            });
+            rows.push(CompressRow::new(codec, n, secs, copy));
         }
     }
     Ok(rows)

@@ -257,10 +257,28 @@ pub struct CompressRow {
     pub secs: f64,
     /// Input bytes / time, GB/s.
     pub gbs: f64,
-    /// memcpy of the input bytes, GB/s.
+    /// A copy of the input bytes (memcpy on the CPU; device to device for
+    /// `gradwire bench kernels`), GB/s.
     pub memcpy_gbs: f64,
     /// gbs / memcpy_gbs.
     pub ratio: f64,
+}
+
+impl CompressRow {
+    /// The row of `codec` on `elements` f32 values taking `secs`, beside a
+    /// copy of the same bytes taking `copy_secs`.
+    pub(crate) fn new(codec: &str, elements: usize, secs: f64, copy_secs: f64) -> CompressRow {
+        let gbs = 4.0 * elements as f64 / secs / 1e9;
+        let memcpy_gbs = 4.0 * elements as f64 / copy_secs / 1e9;
+        CompressRow {
+            codec: codec.into(),
+            elements,
+            secs,
+            gbs,
+            memcpy_gbs,
+            ratio: gbs / memcpy_gbs,
+        }
+    }
 }
 
 /// Median seconds of an encode to `H` and a decode back of `x`.
@@ -379,16 +397,7 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                     )));
                 }
             };
-            let gbs = 4.0 * n as f64 / secs / 1e9;
-            let memcpy_gbs = 4.0 * n as f64 / memcpy / 1e9;
-            rows.push(CompressRow {
-                codec: codec.clone(),
-                elements: n,
-                secs,
-                gbs,
-                memcpy_gbs,
-                ratio: gbs / memcpy_gbs,
-            });
+            rows.push(CompressRow::new(codec, n, secs, memcpy));
         }
     }
     Ok(rows)

@@ -78,14 +78,16 @@ impl<C: Communicator + 'static> Combiner<C> for SparseSelect {
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<Combined> {
         let codec = self.codec_at(bucket.step);
-        // The residual as it was (none without error feedback), in memory
-        // kept from step to step; the exchange need not keep a copy of its
-        // own.
-        self.before.keep(&self.residual);
+        // A bucket of CUDA tensors keeps its residual (and its copy from
+        // before the step) on the device.
         #[cfg(feature = "cuda")]
         if let Some(gradwire_tensor::Device::Cuda(ordinal)) = tensors.first().map(Tensor::device) {
             return self.combine_on_device(comm, bucket, tensors, &codec, ordinal);
         }
+        // The residual as it was (none without error feedback), in memory
+        // kept from step to step; the exchange need not keep a copy of its
+        // own.
+        self.before.keep(&self.residual);
         let Some(memory) = self.residual.as_mut() else {
             let traffic = sparse_exchange_with(comm, tensors, &codec, None, &mut self.fusion)?;
             return Ok(Combined {

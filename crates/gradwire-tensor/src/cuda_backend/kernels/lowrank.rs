@@ -146,9 +146,69 @@ fn check_operands(
     require_len(op, out_len, out.len())
 }
 
-/// A kernel argument: an element offset or a dimension.
-fn arg(n: usize) -> Result<u64> {
-    len_arg(n)
+/// The three products' kernels take the same arguments: two input
+/// windows, the output window (each an f32 pointer and an element offset)
+/// and the shape: `kernel(const float* a, u64 a_at, const float* b, u64
+/// b_at, float* out, u64 out_at, u64 rows, u64 cols, u64 rank)`. Checks
+/// that the windows have the lengths `lens` gives (a, b, out) and lie on
+/// `out`'s device, then launches `kernel` with `config(outputs)`.
+fn launch_product(
+    op: &'static str,
+    kernel: &'static str,
+    (a, b, out): (&Window<'_>, &Window<'_>, &mut WindowMut<'_>),
+    lens: [usize; 3],
+    shape: LowRankShape,
+    config: fn(usize) -> LaunchConfig,
+) -> Result<()> {
+    let [a_len, b_len, outputs] = lens;
+    check_operands(op, [(a, a_len), (b, b_len)], out, outputs)?;
+    if outputs == 0 {
+        return Ok(());
+    }
+    let device = Arc::clone(out.storage.device());
+    let function = device.function(k::NAME, kernel)?;
+    let (a_at, b_at, out_at) = (
+        len_arg(a.range.start)?,
+        len_arg(b.range.start)?,
+        len_arg(out.range.start)?,
+    );
+    let (rows, cols, rank) = (
+        len_arg(shape.rows)?,
+        len_arg(shape.cols)?,
+        len_arg(shape.rank)?,
+    );
+    let (av, bv) = (a.storage.bytes()?, b.storage.bytes()?);
+    let mut ov = out.storage.bytes_mut()?;
+    let mut args = device.stream().launch_builder(&function);
+    args.arg(&av)
+        .arg(&a_at)
+        .arg(&bv)
+        .arg(&b_at)
+        .arg(&mut ov)
+        .arg(&out_at)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&rank);
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel reads a[a_at..a_at + a_len] and b[b_at..b_at +
+    // b_len] and writes out[out_at..out_at + outputs], where the lengths
+    // are the shape's products for this kernel (its doc in lowrank.cu):
+    // each window lies in its f32 buffer with exactly that length
+    // (checked); `out` is borrowed mutably, so it is a buffer distinct from
+    // the inputs; `config` is the geometry the kernel requires (BLOCK
+    // threads per block for the projection, a grid-stride loop for the
+    // others).
+    let result = unsafe { args.launch(config(outputs)) };
+    launched(kernel, result)
+}
+
+/// The projection's geometry: [`PROJECT_OUTPUTS_PER_BLOCK`] outputs per
+/// block of [`BLOCK`] threads, at most [`MAX_GRID`] blocks.
+fn project_config(outputs: usize) -> LaunchConfig {
+    let grid = outputs
+        .div_ceil(PROJECT_OUTPUTS_PER_BLOCK)
+        .clamp(1, MAX_GRID as usize);
+    blocks(u32::try_from(grid).unwrap_or(MAX_GRID))
 }
 
 /// `p = m q` (gradwire-compress's `lowrank::project`, bitwise): `m` is
@@ -160,51 +220,14 @@ pub fn project(
     p: &mut WindowMut<'_>,
     shape: LowRankShape,
 ) -> Result<()> {
-    const OP: &str = "lowrank::project";
-    check_operands(
-        OP,
-        [(m, shape.m_len()?), (qt, shape.q_len()?)],
-        p,
-        shape.p_len()?,
-    )?;
-    let outputs = shape.p_len()?;
-    if outputs == 0 {
-        return Ok(());
-    }
-    let device = Arc::clone(p.storage.device());
-    let function = device.function(k::NAME, k::LOWRANK_PROJECT_F32)?;
-    let grid = outputs
-        .div_ceil(PROJECT_OUTPUTS_PER_BLOCK)
-        .clamp(1, MAX_GRID as usize);
-    let config: LaunchConfig = blocks(u32::try_from(grid).unwrap_or(MAX_GRID));
-    let (m_at, qt_at, p_at) = (
-        arg(m.range.start)?,
-        arg(qt.range.start)?,
-        arg(p.range.start)?,
-    );
-    let (rows, cols, rank) = (arg(shape.rows)?, arg(shape.cols)?, arg(shape.rank)?);
-    let (mv, qv) = (m.storage.bytes()?, qt.storage.bytes()?);
-    let mut pv = p.storage.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mv)
-        .arg(&m_at)
-        .arg(&qv)
-        .arg(&qt_at)
-        .arg(&mut pv)
-        .arg(&p_at)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&rank);
-    #[allow(unsafe_code)]
-    // SAFETY: lowrank_project_f32(const float* m, u64 m_at, const float*
-    // qt, u64 qt_at, float* p, u64 p_at, u64 rows, u64 cols, u64 rank)
-    // reads m[m_at..m_at + rows cols] and qt[qt_at..qt_at + rank cols] and
-    // writes p[p_at..p_at + rows rank]: each window lies in its f32 buffer
-    // and has exactly that length (checked); `p` is borrowed mutably, so
-    // it is a buffer distinct from the inputs; BLOCK threads per block as
-    // the kernel requires.
-    let result = unsafe { args.launch(config) };
-    launched(k::LOWRANK_PROJECT_F32, result)
+    launch_product(
+        "lowrank::project",
+        k::LOWRANK_PROJECT_F32,
+        (m, qt, p),
+        [shape.m_len()?, shape.q_len()?, shape.p_len()?],
+        shape,
+        project_config,
+    )
 }
 
 /// `qt = (mᵀ p)ᵀ` (gradwire-compress's `lowrank::project_back`, bitwise):
@@ -216,46 +239,14 @@ pub fn project_back(
     qt: &mut WindowMut<'_>,
     shape: LowRankShape,
 ) -> Result<()> {
-    const OP: &str = "lowrank::project_back";
-    check_operands(
-        OP,
-        [(m, shape.m_len()?), (p, shape.p_len()?)],
-        qt,
-        shape.q_len()?,
-    )?;
-    let outputs = shape.q_len()?;
-    if outputs == 0 {
-        return Ok(());
-    }
-    let device = Arc::clone(qt.storage.device());
-    let function = device.function(k::NAME, k::LOWRANK_PROJECT_BACK_F32)?;
-    let (m_at, p_at, qt_at) = (
-        arg(m.range.start)?,
-        arg(p.range.start)?,
-        arg(qt.range.start)?,
-    );
-    let (rows, cols, rank) = (arg(shape.rows)?, arg(shape.cols)?, arg(shape.rank)?);
-    let (mv, pv) = (m.storage.bytes()?, p.storage.bytes()?);
-    let mut qv = qt.storage.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mv)
-        .arg(&m_at)
-        .arg(&pv)
-        .arg(&p_at)
-        .arg(&mut qv)
-        .arg(&qt_at)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&rank);
-    #[allow(unsafe_code)]
-    // SAFETY: lowrank_project_back_f32(const float* m, u64 m_at, const
-    // float* p, u64 p_at, float* qt, u64 qt_at, u64 rows, u64 cols, u64
-    // rank) reads m[m_at..+rows cols] and p[p_at..+rows rank] and writes
-    // qt[qt_at..+rank cols]: windows checked inside their f32 buffers with
-    // those lengths, `qt` a distinct buffer (borrowed mutably); a
-    // grid-stride loop, any geometry.
-    let result = unsafe { args.launch(grid_stride(outputs)) };
-    launched(k::LOWRANK_PROJECT_BACK_F32, result)
+    launch_product(
+        "lowrank::project_back",
+        k::LOWRANK_PROJECT_BACK_F32,
+        (m, p, qt),
+        [shape.m_len()?, shape.p_len()?, shape.q_len()?],
+        shape,
+        grid_stride,
+    )
 }
 
 /// `out = p qᵀ` (gradwire-compress's `lowrank::reconstruct`, bitwise): `p`
@@ -267,45 +258,14 @@ pub fn reconstruct(
     out: &mut WindowMut<'_>,
     shape: LowRankShape,
 ) -> Result<()> {
-    const OP: &str = "lowrank::reconstruct";
-    check_operands(
-        OP,
-        [(p, shape.p_len()?), (qt, shape.q_len()?)],
-        out,
-        shape.m_len()?,
-    )?;
-    let outputs = shape.m_len()?;
-    if outputs == 0 {
-        return Ok(());
-    }
-    let device = Arc::clone(out.storage.device());
-    let function = device.function(k::NAME, k::LOWRANK_RECONSTRUCT_F32)?;
-    let (p_at, qt_at, out_at) = (
-        arg(p.range.start)?,
-        arg(qt.range.start)?,
-        arg(out.range.start)?,
-    );
-    let (rows, cols, rank) = (arg(shape.rows)?, arg(shape.cols)?, arg(shape.rank)?);
-    let (pv, qv) = (p.storage.bytes()?, qt.storage.bytes()?);
-    let mut ov = out.storage.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&pv)
-        .arg(&p_at)
-        .arg(&qv)
-        .arg(&qt_at)
-        .arg(&mut ov)
-        .arg(&out_at)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&rank);
-    #[allow(unsafe_code)]
-    // SAFETY: lowrank_reconstruct_f32(const float* p, u64 p_at, const
-    // float* qt, u64 qt_at, float* out, u64 out_at, u64 rows, u64 cols,
-    // u64 rank) reads p[p_at..+rows rank] and qt[qt_at..+rank cols] and
-    // writes out[out_at..+rows cols]: windows checked inside their f32
-    // buffers with those lengths, `out` a distinct buffer; grid-stride.
-    let result = unsafe { args.launch(grid_stride(outputs)) };
-    launched(k::LOWRANK_RECONSTRUCT_F32, result)
+    launch_product(
+        "lowrank::reconstruct",
+        k::LOWRANK_RECONSTRUCT_F32,
+        (p, qt, out),
+        [shape.p_len()?, shape.q_len()?, shape.m_len()?],
+        shape,
+        grid_stride,
+    )
 }
 
 /// Makes the `rank` columns of `p` (`rows x rank`, row-major) orthonormal
@@ -321,7 +281,7 @@ pub fn orthonormalize(p: &mut WindowMut<'_>, rows: usize, rank: usize) -> Result
     }
     let device = Arc::clone(p.storage.device());
     let function = device.function(k::NAME, k::LOWRANK_ORTHONORMALIZE_F32)?;
-    let (p_at, rows, rank) = (arg(p.range.start)?, arg(rows)?, arg(rank)?);
+    let (p_at, rows, rank) = (len_arg(p.range.start)?, len_arg(rows)?, len_arg(rank)?);
     let mut pv = p.storage.bytes_mut()?;
     let mut args = device.stream().launch_builder(&function);
     args.arg(&mut pv).arg(&p_at).arg(&rows).arg(&rank);
