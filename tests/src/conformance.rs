@@ -1775,36 +1775,30 @@ fn training_runs_match_local<C: Backend + 'static>(
     checks: &mut Checks,
 ) -> Result<(), CaseError> {
     use gradwire_cli::train::{Silent, train, train_rank};
-    use gradwire_cli::{Strategy, TrainConfig, data::Digits};
+    use gradwire_cli::{TrainConfig, data::Digits};
     let data = Digits::load(42);
     let mlp = TrainConfig {
         world: comm.world_size(),
         epochs: 2,
         hidden: vec![16],
-        ratio: 0.05,
         dimreduce_dense_epochs: Some(1),
         components: 8,
         ..TrainConfig::default()
     };
     // The convolutional network too, with AdamW's state.
     let cnn = TrainConfig {
-        strategy: Strategy::Fp16,
+        strategy: "fp16".parse().expect("a registry name"),
         model: gradwire_cli::ModelKind::Cnn,
         channels: vec![4, 8],
         optimizer: gradwire_cli::OptimizerKind::Adamw,
         lr: 0.01,
         ..mlp.clone()
     };
-    let configs = [
-        Strategy::Dense,
-        Strategy::Topk,
-        Strategy::Partial,
-        Strategy::AdasumDelta,
-        Strategy::Dimreduce,
-    ]
-    .map(|strategy| TrainConfig {
-        strategy,
-        ..mlp.clone()
+    let configs = ["dense", "topk:0.05", "partial", "adasum-delta", "dimreduce"].map(|strategy| {
+        TrainConfig {
+            strategy: strategy.parse().expect("a registry name"),
+            ..mlp.clone()
+        }
     });
     for config in configs.iter().chain([&cnn]) {
         let (config, strategy) = (config.clone(), config.strategy);

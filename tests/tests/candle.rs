@@ -12,7 +12,7 @@ use gradwire_candle::{DataParallel, named_vars};
 use gradwire_comm::Communicator;
 use gradwire_comm::local;
 use gradwire_compress::SparseCodec;
-use gradwire_optim::{AdamConfig, DistOptConfig, Mode, SgdConfig};
+use gradwire_optim::{AdamConfig, DistOptConfig, SgdConfig, StrategyConfig};
 use gradwire_tests::candle_model::{BATCH, Mlp, STEPS, data, first_far, single, values, worker};
 
 fn parallel<O: candle_nn::Optimizer>(
@@ -80,18 +80,18 @@ fn sgd_with_momentum_and_gradwire_adamw_on_1_to_8_workers_equal_one_process() {
 #[test]
 fn compressed_modes_learn() {
     let modes = [
-        Mode::Half {
+        StrategyConfig::Half {
             precision: HalfPrecision::BF16,
             clip: None,
         },
-        Mode::Sparse {
+        StrategyConfig::Sparse {
             codec: SparseCodec::TopK(0.2),
             error_feedback: true,
         },
     ];
     for mode in modes {
         let dist = DistOptConfig {
-            mode,
+            strategy: mode,
             ..DistOptConfig::default()
         };
         let results = parallel::<SGD>(4, 0.5, dist);
@@ -116,8 +116,8 @@ fn a_candle_optimizer_steps_locally_in_partial_and_delta_weight_modes() {
             let rank = comm.rank();
             let mut runs = Vec::new();
             for mode in [
-                Mode::DeltaWeight,
-                Mode::Partial {
+                StrategyConfig::DeltaWeight { group: None },
+                StrategyConfig::Partial {
                     average_state: false,
                 },
             ] {
@@ -129,11 +129,11 @@ fn a_candle_optimizer_steps_locally_in_partial_and_delta_weight_modes() {
                 let model = Mlp::new(&varmap)?;
                 let vars = named_vars(&varmap)?;
                 let dist = DistOptConfig {
-                    mode,
+                    strategy: mode,
                     fusion_threshold: 64,
                     ..DistOptConfig::default()
                 };
-                let mut dp = if mode == Mode::DeltaWeight {
+                let mut dp = if matches!(mode, StrategyConfig::DeltaWeight { .. }) {
                     let adasum = AdaSum::new(&own).map_err(candle_core::Error::wrap)?;
                     DataParallel::<SGD, _>::with_combiner(vars, 0.5, own, dist, adasum)?
                 } else {

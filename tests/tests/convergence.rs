@@ -29,7 +29,7 @@ use gradwire_candle::DistOptVars;
 use gradwire_cli::data::{Digits, epoch_order};
 use gradwire_cli::model::Model;
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
-use gradwire_optim::{Combined, Combiner, DistOptConfig, Mode, Sgd, SgdConfig};
+use gradwire_optim::{Combined, Combiner, DistOptConfig, Sgd, SgdConfig, StrategyConfig};
 use gradwire_tensor::Tensor;
 
 const HIDDEN: usize = 32;
@@ -105,13 +105,13 @@ impl Combiner<LocalComm> for PlainSum {
 /// every rank takes its quarter of each global batch of `WORLD * BATCH`.
 fn data_parallel<K: Combiner<LocalComm>>(
     data: &Digits,
-    mode: Mode,
+    mode: StrategyConfig,
     combiner: impl Fn(&LocalComm) -> Option<K> + Sync,
 ) -> Vec<f64> {
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
         let config = DistOptConfig {
-            mode,
+            strategy: mode,
             ..DistOptConfig::default()
         };
         let mlp = mlp();
@@ -174,13 +174,15 @@ fn dense_and_adasum_reach_95_percent_on_digits() {
     let data = Digits::load(42);
     let global_batch = single_worker(&data, WORLD * BATCH);
     show("one worker, batch 64", &global_batch, EVALS_PER_EPOCH);
-    let dense = data_parallel::<PlainSum>(&data, Mode::Dense, |_| None);
+    let dense = data_parallel::<PlainSum>(&data, StrategyConfig::Dense, |_| None);
     show("dense average, 4 x 16", &dense, EVALS_PER_EPOCH);
-    let adasum = data_parallel(&data, Mode::DeltaWeight, |c| {
+    let adasum = data_parallel(&data, StrategyConfig::DeltaWeight { group: None }, |c| {
         Some(AdaSum::new(c).expect("adasum"))
     });
     show("AdaSum delta weight, 4 x 16", &adasum, EVALS_PER_EPOCH);
-    let summed = data_parallel(&data, Mode::DeltaWeight, |_| Some(PlainSum));
+    let summed = data_parallel(&data, StrategyConfig::DeltaWeight { group: None }, |_| {
+        Some(PlainSum)
+    });
     show("plain sum of deltas, 4 x 16", &summed, EVALS_PER_EPOCH);
     let sequential = single_worker(&data, BATCH);
     show("one worker, batch 16", &sequential, EVALS_PER_EPOCH);

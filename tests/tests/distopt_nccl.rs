@@ -23,8 +23,8 @@ use gradwire_comm::nccl::{self, NcclComm, NcclConfig, NcclReduction};
 use gradwire_comm::{CommError, Communicator, LocalComm, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
-    Adam, AdamConfig, AnyOptimizer, DistOpt, DistOptConfig, Mode, OptimError, ParamSpec, Schedule,
-    Sgd, SgdConfig,
+    Adam, AdamConfig, AnyOptimizer, DistOpt, DistOptConfig, OptimError, ParamSpec, Schedule, Sgd,
+    SgdConfig, StrategyConfig,
 };
 use gradwire_tensor::{Device, Tensor};
 use gradwire_tests::gpu::gpus;
@@ -54,9 +54,9 @@ fn specs(device: Device) -> Vec<ParamSpec> {
         .collect()
 }
 
-fn config(mode: Mode) -> DistOptConfig {
+fn config(mode: StrategyConfig) -> DistOptConfig {
     DistOptConfig {
-        mode,
+        strategy: mode,
         // Small buckets: several per step, some holding one parameter.
         fusion_threshold: 1000,
         ..DistOptConfig::default()
@@ -95,7 +95,7 @@ fn optimizer(rule: Rule) -> Result<AnyOptimizer, OptimError> {
 fn train<C: Communicator + 'static>(
     comm: C,
     device: Device,
-    mode: Mode,
+    mode: StrategyConfig,
     rule: Rule,
 ) -> Result<Vec<Vec<f32>>, OptimError> {
     let rank = comm.rank();
@@ -131,7 +131,7 @@ fn train<C: Communicator + 'static>(
 }
 
 /// The host run on LocalComm: every rank's final parameters.
-fn on_host(world: usize, mode: Mode, rule: Rule) -> Vec<Vec<Vec<f32>>> {
+fn on_host(world: usize, mode: StrategyConfig, rule: Rule) -> Vec<Vec<Vec<f32>>> {
     local::run(world, |comm: LocalComm| {
         train(comm, Device::Cpu, mode, rule)
     })
@@ -145,7 +145,7 @@ fn on_host(world: usize, mode: Mode, rule: Rule) -> Vec<Vec<Vec<f32>>> {
 fn on_gpus(
     ordinals: &[usize],
     reduction: NcclReduction,
-    mode: Mode,
+    mode: StrategyConfig,
     rule: Rule,
 ) -> Vec<Vec<Vec<f32>>> {
     let config = NcclConfig {
@@ -167,12 +167,12 @@ fn on_gpus(
 /// rank-ordered reduction is bitwise the host run (PowerSGD's
 /// orthonormalisation sums in f64 in another order on the GPU: within a
 /// few ulps, which its error feedback carries along).
-fn modes() -> [(&'static str, Mode, f32, bool); 6] {
+fn modes() -> [(&'static str, StrategyConfig, f32, bool); 6] {
     [
-        ("dense", Mode::Dense, f32::EPSILON, true),
+        ("dense", StrategyConfig::Dense, f32::EPSILON, true),
         (
             "half f16",
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::F16,
                 clip: None,
             },
@@ -181,7 +181,7 @@ fn modes() -> [(&'static str, Mode, f32, bool); 6] {
         ),
         (
             "half bf16 clipped",
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::BF16,
                 clip: Some(0.5),
             },
@@ -190,7 +190,7 @@ fn modes() -> [(&'static str, Mode, f32, bool); 6] {
         ),
         (
             "top-k 10 % with error feedback",
-            Mode::Sparse {
+            StrategyConfig::Sparse {
                 codec: SparseCodec::TopK(0.1),
                 error_feedback: true,
             },
@@ -199,7 +199,7 @@ fn modes() -> [(&'static str, Mode, f32, bool); 6] {
         ),
         (
             "threshold",
-            Mode::Sparse {
+            StrategyConfig::Sparse {
                 codec: SparseCodec::Threshold(0.9),
                 error_feedback: false,
             },
@@ -208,7 +208,7 @@ fn modes() -> [(&'static str, Mode, f32, bool); 6] {
         ),
         (
             "PowerSGD rank 2",
-            Mode::PowerSgd(PowerSgdConfig {
+            StrategyConfig::PowerSgd(PowerSgdConfig {
                 rank: 2,
                 start_step: 1,
                 ..PowerSgdConfig::default()

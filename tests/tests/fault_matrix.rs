@@ -5,8 +5,9 @@
 //! after a fault must complete, and the ranks must end bitwise equal
 //! (`gradwire_cli::faults`; `gradwire faults` prints the same matrix).
 
-use gradwire_cli::faults::{self, Fault, ModeCase, Outcome};
+use gradwire_cli::faults::{self, Fault, Outcome};
 use gradwire_comm::{LocalConfig, local};
+use gradwire_optim::StrategyConfig;
 use std::time::Duration;
 
 /// A deadline no passing scenario comes near (a hang would fail here).
@@ -55,13 +56,14 @@ fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
     let mut rng = Rng(0x5EED_F00D_0BAD_CAFE);
     for case in 0..48 {
         let world = 1 + rng.below(8);
-        let mode = ModeCase::ALL[rng.below(ModeCase::ALL.len())];
+        let examples = StrategyConfig::examples();
+        let mode = examples[rng.below(examples.len())];
         let skip = rng.below(2) == 0;
         let mut schedule = Vec::new();
         for _ in 0..rng.below(4) {
             // Faults at any step but the last, on any rank.
             let fault = Fault::ALL[1 + rng.below(Fault::ALL.len() - 1)];
-            if mode == ModeCase::DimReduce && fault == Fault::OptimizerError {
+            if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
                 continue;
             }
             schedule.push((rng.below(STEPS - 1), rng.below(world), fault));
@@ -76,7 +78,7 @@ fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
             .collect();
         let what = format!(
             "case {case}: W = {world}, {}, skip {skip}, {schedule:?}",
-            mode.name()
+            mode
         );
         for (rank, r) in records.iter().enumerate() {
             assert_eq!(
@@ -94,7 +96,7 @@ fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
             }
         }
         let partial_update = schedule.iter().any(|(_, _, f)| !f.passes());
-        if mode != ModeCase::Partial && !partial_update {
+        if !matches!(mode, StrategyConfig::Partial { .. }) && !partial_update {
             for (rank, r) in records.iter().enumerate() {
                 assert!(
                     r.params == records[0].params,

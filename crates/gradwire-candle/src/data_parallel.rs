@@ -1,6 +1,6 @@
 //! [`DataParallel`]: a candle optimizer made data-parallel, on
 //! [`GradSync`]: its gradients combined across the workers before it steps
-//! (the gradient-combining modes), or its local step followed by the
+//! (the gradient strategies), or its local step followed by the
 //! averaging of parameters (`Partial`) or the combination of the weight
 //! changes (`DeltaWeight`, AdaSum).
 
@@ -57,9 +57,11 @@ pub struct DataParallel<O, C: Communicator + 'static> {
 
 impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// Every variable of `varmap`, an optimizer `O` made from `config` over
-    /// them, gradients combined as `dist.mode` says (`Dense`, `Half`,
-    /// `Sparse`; or `Partial` without `average_state`: local steps, one
-    /// bucket of parameters averaged per step) over `comm`.
+    /// them, combined as `dist.strategy` says (a gradient strategy of the
+    /// registry: `dense`, `fp16`, `topk:0.01`, `powersgd:4`, `adasum-grad`,
+    /// ...; or local steps: `partial` without its state, one bucket of
+    /// parameters averaged per step, or `adasum-delta`, the weight changes
+    /// combined by AdaSum) over `comm`.
     pub fn new(
         varmap: &VarMap,
         config: O::Config,
@@ -82,9 +84,9 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     }
 
     /// [`DataParallel::from_vars`] with gradients combined by `combiner`
-    /// (`Mode::Custom`: AdaSum by gradient, or a strategy of your own), or
-    /// the weight changes of local steps (`Mode::DeltaWeight`: AdaSum by
-    /// delta weight).
+    /// (`StrategyConfig::Custom`: a strategy of your own), or the weight
+    /// changes of local steps (`StrategyConfig::DeltaWeight`, in place of
+    /// AdaSum).
     pub fn with_combiner(
         vars: Vec<(String, Var)>,
         config: O::Config,

@@ -29,7 +29,7 @@ pub struct DistOptVars<O: Optimizer, C: Communicator + 'static> {
 }
 
 impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
-    /// DistOpt in `config.mode` with `optimizer` over `vars` (f32, CPU; the
+    /// DistOpt in `config.strategy` with `optimizer` over `vars` (f32, CPU; the
     /// same names and order on every worker: [`crate::named_vars`]).
     pub fn new(
         vars: Vec<(String, Var)>,
@@ -41,8 +41,8 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         Self::from_dist(vars, dist)
     }
 
-    /// [`DistOptVars::new`] combining with `combiner` (`Mode::Custom` or
-    /// `Mode::DeltaWeight`: AdaSum).
+    /// [`DistOptVars::new`] combining with `combiner` (`StrategyConfig::Custom` or
+    /// `StrategyConfig::DeltaWeight`: AdaSum).
     pub fn with_combiner(
         vars: Vec<(String, Var)>,
         optimizer: O,

@@ -3,112 +3,10 @@
 //! anything starts.
 
 use crate::error::{CliError, Result};
+use gradwire_compress::{Quantizer, SparseCodec};
+use gradwire_optim::StrategyConfig;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-
-/// How the workers combine what they computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    /// f32 gradients summed and averaged (all-reduce).
-    Dense,
-    /// Gradients sent as IEEE half precision, averaged in f32.
-    Fp16,
-    /// Gradients sent as bfloat16, averaged in f32.
-    Bf16,
-    /// Only entries with |g| >= threshold are sent.
-    Threshold,
-    /// Only the top `ratio` fraction of magnitudes is sent.
-    Topk,
-    /// Top-k estimated from a sample (DGC): k to 1.3 k entries.
-    SampledTopk,
-    /// A seeded random `ratio` fraction of entries. With error feedback it
-    /// wants `--momentum 0`: momentum on top of the residual's bursts
-    /// diverges on the default settings.
-    Randomk,
-    /// Local steps; one bucket of parameters averaged per step, in turn.
-    Partial,
-    /// Gradients combined with AdaSum.
-    AdasumGrad,
-    /// Local steps; weight changes combined with AdaSum.
-    AdasumDelta,
-    /// A dense stage recording the trajectory, then DimReduce.
-    Dimreduce,
-    /// PowerSGD: matrices sent as rank-`--powersgd-rank` factors, with
-    /// error feedback (dense for the first `--powersgd-start-step` steps).
-    Powersgd,
-    /// One bit per entry (scaled sign) both ways, with error feedback on
-    /// both sides (EF-SignSGD; 1-bit Adam's compressed all-reduce).
-    Onebit,
-    /// QSGD: 8-bit levels, max-norm scaled per chunk, stochastic rounding.
-    Qsgd,
-    /// Min-max uint8 per chunk (Bagua's ByteGrad), deterministic.
-    Uint8,
-    /// 1-bit Adam (with `--optimizer adam` or `adamw`): Adam for
-    /// `--freeze-step` steps, then the variance frozen and the momentum
-    /// exchanged in 1 bit with error feedback.
-    OnebitAdam,
-    /// The yardstick, not a gradwire strategy: Horovod's loop on CPUs. All
-    /// gradients copied into one buffer, summed by the backend library's
-    /// own all-reduce (Open MPI's `MPI_Allreduce` under `--backend mpi`),
-    /// averaged, and stepped by the same optimizer.
-    Baseline,
-}
-
-impl Strategy {
-    /// Every strategy, in the order of the help text.
-    pub const ALL: [Strategy; 17] = [
-        Strategy::Dense,
-        Strategy::Fp16,
-        Strategy::Bf16,
-        Strategy::Threshold,
-        Strategy::Topk,
-        Strategy::SampledTopk,
-        Strategy::Randomk,
-        Strategy::Partial,
-        Strategy::AdasumGrad,
-        Strategy::AdasumDelta,
-        Strategy::Dimreduce,
-        Strategy::Powersgd,
-        Strategy::Onebit,
-        Strategy::Qsgd,
-        Strategy::Uint8,
-        Strategy::OnebitAdam,
-        Strategy::Baseline,
-    ];
-
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Dense => "dense",
-            Strategy::Fp16 => "fp16",
-            Strategy::Bf16 => "bf16",
-            Strategy::Threshold => "threshold",
-            Strategy::Topk => "topk",
-            Strategy::SampledTopk => "sampled-topk",
-            Strategy::Randomk => "randomk",
-            Strategy::Partial => "partial",
-            Strategy::AdasumGrad => "adasum-grad",
-            Strategy::AdasumDelta => "adasum-delta",
-            Strategy::Dimreduce => "dimreduce",
-            Strategy::Powersgd => "powersgd",
-            Strategy::Onebit => "onebit",
-            Strategy::Qsgd => "qsgd",
-            Strategy::Uint8 => "uint8",
-            Strategy::OnebitAdam => "onebit-adam",
-            Strategy::Baseline => "baseline",
-        }
-    }
-
-    /// Whether the strategy sends a sparse selection (and so takes `ratio`
-    /// or `threshold` and error feedback).
-    pub fn is_sparse(self) -> bool {
-        matches!(
-            self,
-            Strategy::Threshold | Strategy::Topk | Strategy::SampledTopk | Strategy::Randomk
-        )
-    }
-}
 
 /// The network trained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -149,12 +47,21 @@ pub enum ScheduleKind {
 }
 
 /// One training run. A field missing from saved JSON (a checkpoint of an
-/// older version) takes its default.
+/// older version) takes its default; a configuration of the first format
+/// (the strategy's settings in flags of their own) reads as the same run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, from = "legacy::TrainConfigRecord")]
 pub struct TrainConfig {
-    /// How workers combine their work.
-    pub strategy: Strategy,
+    /// How workers combine their work: a strategy of the registry, in its
+    /// printed form (`topk:0.01`, `powersgd:4`; see
+    /// [`gradwire_optim::StrategyConfig`]).
+    pub strategy: StrategyConfig,
+    /// The yardstick instead of a gradwire strategy (`-s baseline`):
+    /// Horovod's loop on CPUs, all gradients copied into one buffer, summed
+    /// by the backend library's own all-reduce (Open MPI's `MPI_Allreduce`
+    /// under `--backend mpi`), averaged, and stepped by the same optimizer.
+    /// `strategy` is then dense.
+    pub baseline: bool,
     /// Workers (W).
     pub world: usize,
     /// Passes over the training set.
@@ -167,18 +74,8 @@ pub struct TrainConfig {
     pub hidden: Vec<usize>,
     /// Channels of each 3x3 convolution (CNN; one to three).
     pub channels: Vec<usize>,
-    /// Fraction sent by top-k, sampled top-k and random-k, in (0, 1].
-    pub ratio: f64,
-    /// Magnitude threshold of the threshold strategy (> 0).
-    pub threshold: f32,
-    /// Keep what sparsification did not send for later steps.
-    pub error_feedback: bool,
-    /// Clamp gradients to [-clip, clip] before a half-precision cast.
-    pub clip: Option<f32>,
     /// Elements above which a fusion bucket is closed.
     pub fusion_threshold: usize,
-    /// Partial averaging: also average the optimizer's buffers.
-    pub average_state: bool,
     /// The local optimizer.
     pub optimizer: OptimizerKind,
     /// Peak learning rate.
@@ -187,12 +84,10 @@ pub struct TrainConfig {
     pub momentum: f64,
     /// The learning-rate schedule.
     pub schedule: ScheduleKind,
-    /// Seeds the model's initial weights and random-k (the data split and
-    /// epoch orders have their own fixed seeds).
+    /// Seeds the model's initial weights and the strategies that draw at
+    /// random (random-k, QSGD, PowerSGD's fresh factors; the data split
+    /// and epoch orders have their own fixed seeds).
     pub seed: u64,
-    /// AdaSum: average within groups of this many consecutive ranks (a node)
-    /// first, then AdaSum across groups (hierarchical); must divide `world`.
-    pub adasum_group: Option<usize>,
     /// DimReduce: epochs of dense training that record the trajectory
     /// (default: half the run).
     pub dimreduce_dense_epochs: Option<usize>,
@@ -200,46 +95,46 @@ pub struct TrainConfig {
     pub components: usize,
     /// DimReduce: a PCA file to start from instead of a dense stage.
     pub pca: Option<PathBuf>,
-    /// PowerSGD: the rank of the approximation (at least 1).
-    pub powersgd_rank: usize,
-    /// PowerSGD: the steps averaged dense before compression starts.
-    pub powersgd_start_step: u64,
-    /// 1-bit Adam: the steps of plain Adam before the variance is frozen.
-    pub freeze_step: u64,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
-            strategy: Strategy::Dense,
+            strategy: StrategyConfig::Dense,
+            baseline: false,
             world: 4,
             epochs: 20,
             batch: 16,
             model: ModelKind::Mlp,
             hidden: vec![128],
             channels: vec![16, 32],
-            ratio: 0.01,
-            threshold: 0.01,
-            error_feedback: true,
-            clip: None,
             // Small, so that the small model has several buckets (overlap,
             // and a cycle for partial averaging).
             fusion_threshold: 2048,
-            average_state: false,
             optimizer: OptimizerKind::Sgd,
             lr: 0.05,
             momentum: 0.9,
             schedule: ScheduleKind::Constant,
             seed: 7,
-            adasum_group: None,
             dimreduce_dense_epochs: None,
             components: 32,
             pca: None,
-            powersgd_rank: 2,
-            powersgd_start_step: 10,
-            freeze_step: 100,
         }
     }
+}
+
+/// Parses `-s`: a strategy of the registry (`topk:0.01`, ...) or
+/// `baseline`; the result is the strategy and whether it is the baseline.
+pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {
+    if text == "baseline" {
+        return Ok((StrategyConfig::Dense, true));
+    }
+    text.parse().map(|s| (s, false)).map_err(|e| {
+        CliError::Usage(match e {
+            gradwire_optim::StrategyError::UnknownName { .. } => format!("{e}, or baseline"),
+            other => other.to_string(),
+        })
+    })
 }
 
 /// The largest world size the in-process backend is run with here: every
@@ -254,9 +149,36 @@ impl TrainConfig {
     /// amplifies the delayed entries of error feedback: 85 % against dense
     /// 96 % on digits, measured).
     pub fn momentum_before_exchange(&self) -> bool {
-        self.strategy == Strategy::Onebit
-            && self.optimizer == OptimizerKind::Sgd
+        matches!(
+            self.strategy,
+            StrategyConfig::Quantized {
+                quantizer: Quantizer::Sign,
+                momentum: None,
+                ..
+            }
+        ) && self.optimizer == OptimizerKind::Sgd
             && self.momentum > 0.0
+    }
+
+    /// The strategy DistOpt runs: the registry's, drawing from the run's
+    /// seed, with SGD's momentum moved before the 1-bit exchange
+    /// ([`TrainConfig::momentum_before_exchange`]); dense for the baseline
+    /// (which runs no DistOpt) and for DimReduce's dense stage.
+    pub fn distopt_strategy(&self) -> StrategyConfig {
+        let strategy = match self.strategy {
+            StrategyConfig::DimReduce => StrategyConfig::Dense,
+            StrategyConfig::Quantized {
+                quantizer,
+                error_feedback,
+                momentum: None,
+            } if self.momentum_before_exchange() => StrategyConfig::Quantized {
+                quantizer,
+                error_feedback,
+                momentum: Some(self.momentum as f32),
+            },
+            other => other,
+        };
+        strategy.with_seed(self.seed)
     }
 
     /// Checks every value; the message names the flag.
@@ -280,19 +202,14 @@ impl TrainConfig {
         if self.channels.is_empty() || self.channels.len() > 3 || self.channels.contains(&0) {
             return bad("--channels takes one to three widths, each at least 1".into());
         }
-        if !(self.ratio > 0.0 && self.ratio <= 1.0) {
-            return bad(format!("--ratio must be in (0, 1], got {}", self.ratio));
+        if let Err(e) = self.strategy.validate() {
+            return bad(format!("--strategy: {e}"));
         }
-        if !(self.threshold.is_finite() && self.threshold > 0.0) {
-            return bad(format!(
-                "--threshold must be positive and finite, got {}",
-                self.threshold
-            ));
+        if self.strategy == StrategyConfig::Custom {
+            return bad("--strategy: a custom combiner has no name to run".into());
         }
-        if let Some(clip) = self.clip
-            && !(clip.is_finite() && clip > 0.0)
-        {
-            return bad(format!("--clip must be positive and finite, got {clip}"));
+        if self.baseline && self.strategy != StrategyConfig::Dense {
+            return bad("--strategy: the baseline is dense".into());
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!("--lr must be positive and finite, got {}", self.lr));
@@ -303,22 +220,20 @@ impl TrainConfig {
                 self.momentum
             ));
         }
-        if self.strategy == Strategy::OnebitAdam
+        if matches!(self.strategy, StrategyConfig::OneBitAdam { .. })
             && !matches!(self.optimizer, OptimizerKind::Adam | OptimizerKind::Adamw)
         {
             return bad("-s onebit-adam is Adam's own: it takes --optimizer adam or adamw".into());
         }
-        if self.powersgd_rank == 0 {
-            return bad("--powersgd-rank must be at least 1".into());
-        }
         if self.fusion_threshold == 0 {
             return bad("--fusion-threshold must be at least 1".into());
         }
-        if let Some(group) = self.adasum_group
-            && (group == 0 || !self.world.is_multiple_of(group))
+        if let StrategyConfig::AdaSum { group: Some(group) }
+        | StrategyConfig::DeltaWeight { group: Some(group) } = self.strategy
+            && !self.world.is_multiple_of(group)
         {
             return bad(format!(
-                "--adasum-group must divide --world ({}), got {group}",
+                "--strategy: AdaSum's group must divide --world ({}), got {group}",
                 self.world
             ));
         }
@@ -327,7 +242,7 @@ impl TrainConfig {
         }
         // A dense stage as long as the run is allowed: a run may stop in it
         // and be resumed with more epochs.
-        if self.dimreduce_dense_epochs == Some(0) && self.strategy == Strategy::Dimreduce {
+        if self.dimreduce_dense_epochs == Some(0) && self.strategy == StrategyConfig::DimReduce {
             return bad("--dimreduce-dense-epochs must be at least 1 (or give --pca)".into());
         }
         Ok(())
@@ -336,7 +251,7 @@ impl TrainConfig {
     /// DimReduce's dense epochs (0 with a PCA file; by default half the
     /// run, at least one).
     pub fn dense_epochs(&self) -> usize {
-        if self.strategy != Strategy::Dimreduce || self.pca.is_some() {
+        if self.strategy != StrategyConfig::DimReduce || self.pca.is_some() {
             return 0;
         }
         self.dimreduce_dense_epochs
@@ -346,6 +261,9 @@ impl TrainConfig {
 
     /// A short label for tables and plots: the strategy and what sets it apart.
     pub fn label(&self) -> String {
+        if self.baseline {
+            return "baseline".into();
+        }
         let percent = |r: f64| {
             let p = r * 100.0;
             if p >= 1.0 {
@@ -354,17 +272,170 @@ impl TrainConfig {
                 format!("{p:.1} %")
             }
         };
-        let ef = if self.error_feedback { "" } else { ", no EF" };
+        let name = self.strategy.name();
+        let ef = if self.strategy.error_feedback() {
+            ""
+        } else {
+            ", no EF"
+        };
         match self.strategy {
-            Strategy::Topk | Strategy::SampledTopk | Strategy::Randomk => {
-                format!("{} {}{ef}", self.strategy.name(), percent(self.ratio))
+            StrategyConfig::Sparse { codec, .. } => match codec {
+                SparseCodec::Threshold(t) => format!("threshold {t}{ef}"),
+                SparseCodec::TopK(r)
+                | SparseCodec::SampledTopK(r)
+                | SparseCodec::RandomK { ratio: r, .. } => format!("{name} {}{ef}", percent(r)),
+            },
+            StrategyConfig::PowerSgd(config) => format!("powersgd rank {}{ef}", config.rank),
+            StrategyConfig::Quantized { .. } => format!("{name}{ef}"),
+            _ => name.to_string(),
+        }
+    }
+}
+
+/// The first format of a saved configuration: the strategy by name, its
+/// settings in fields of their own (`ratio`, `threshold`, ...). Both
+/// formats read through [`TrainConfigRecord`](legacy::TrainConfigRecord).
+mod legacy {
+    use super::*;
+
+    /// A saved configuration of either format.
+    #[derive(Debug, Deserialize)]
+    #[serde(default)]
+    pub struct TrainConfigRecord {
+        strategy: String,
+        baseline: bool,
+        world: usize,
+        epochs: usize,
+        batch: usize,
+        model: ModelKind,
+        hidden: Vec<usize>,
+        channels: Vec<usize>,
+        fusion_threshold: usize,
+        optimizer: OptimizerKind,
+        lr: f64,
+        momentum: f64,
+        schedule: ScheduleKind,
+        seed: u64,
+        dimreduce_dense_epochs: Option<usize>,
+        components: usize,
+        pca: Option<PathBuf>,
+        // The first format's strategy settings.
+        ratio: Option<f64>,
+        threshold: Option<f32>,
+        error_feedback: Option<bool>,
+        clip: Option<f32>,
+        average_state: Option<bool>,
+        adasum_group: Option<usize>,
+        powersgd_rank: Option<usize>,
+        powersgd_start_step: Option<u64>,
+        freeze_step: Option<u64>,
+    }
+
+    impl Default for TrainConfigRecord {
+        fn default() -> Self {
+            let d = TrainConfig::default();
+            TrainConfigRecord {
+                strategy: d.strategy.to_string(),
+                baseline: d.baseline,
+                world: d.world,
+                epochs: d.epochs,
+                batch: d.batch,
+                model: d.model,
+                hidden: d.hidden,
+                channels: d.channels,
+                fusion_threshold: d.fusion_threshold,
+                optimizer: d.optimizer,
+                lr: d.lr,
+                momentum: d.momentum,
+                schedule: d.schedule,
+                seed: d.seed,
+                dimreduce_dense_epochs: d.dimreduce_dense_epochs,
+                components: d.components,
+                pca: d.pca,
+                ratio: None,
+                threshold: None,
+                error_feedback: None,
+                clip: None,
+                average_state: None,
+                adasum_group: None,
+                powersgd_rank: None,
+                powersgd_start_step: None,
+                freeze_step: None,
             }
-            Strategy::Threshold => format!("threshold {}{ef}", self.threshold),
-            Strategy::Powersgd => format!("powersgd rank {}{ef}", self.powersgd_rank),
-            Strategy::Onebit | Strategy::Qsgd | Strategy::Uint8 => {
-                format!("{}{ef}", self.strategy.name())
+        }
+    }
+
+    impl TrainConfigRecord {
+        /// The strategy: the printed form, or the first format's name with
+        /// its settings. An unreadable one is left as it was written, as
+        /// `Custom`, which `TrainConfig::validate` refuses, so that a bad
+        /// saved configuration is a mismatch, not a different run.
+        fn strategy(&self) -> (StrategyConfig, bool) {
+            if self.strategy == "baseline" {
+                return (StrategyConfig::Dense, true);
             }
-            s => s.name().to_string(),
+            let Ok(mut s) = self.strategy.parse::<StrategyConfig>() else {
+                return (StrategyConfig::Custom, false);
+            };
+            match &mut s {
+                StrategyConfig::Half { clip, .. } => *clip = self.clip.or(*clip),
+                StrategyConfig::Sparse {
+                    codec,
+                    error_feedback,
+                } => {
+                    *error_feedback = self.error_feedback.unwrap_or(*error_feedback);
+                    match codec {
+                        SparseCodec::Threshold(t) => *t = self.threshold.unwrap_or(*t),
+                        SparseCodec::TopK(r)
+                        | SparseCodec::SampledTopK(r)
+                        | SparseCodec::RandomK { ratio: r, .. } => *r = self.ratio.unwrap_or(*r),
+                    }
+                }
+                StrategyConfig::PowerSgd(config) => {
+                    config.rank = self.powersgd_rank.unwrap_or(config.rank);
+                    config.start_step = self.powersgd_start_step.unwrap_or(config.start_step);
+                    config.error_feedback = self.error_feedback.unwrap_or(config.error_feedback);
+                }
+                StrategyConfig::Quantized { error_feedback, .. } => {
+                    *error_feedback = self.error_feedback.unwrap_or(*error_feedback)
+                }
+                StrategyConfig::OneBitAdam { freeze_step, .. } => {
+                    *freeze_step = self.freeze_step.unwrap_or(*freeze_step)
+                }
+                StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group } => {
+                    *group = self.adasum_group.or(*group)
+                }
+                StrategyConfig::Partial { average_state } => {
+                    *average_state = self.average_state.unwrap_or(*average_state)
+                }
+                StrategyConfig::Dense | StrategyConfig::Custom | StrategyConfig::DimReduce => {}
+            }
+            (s, false)
+        }
+    }
+
+    impl From<TrainConfigRecord> for TrainConfig {
+        fn from(r: TrainConfigRecord) -> TrainConfig {
+            let (strategy, baseline) = r.strategy();
+            TrainConfig {
+                strategy,
+                baseline: baseline || r.baseline,
+                world: r.world,
+                epochs: r.epochs,
+                batch: r.batch,
+                model: r.model,
+                hidden: r.hidden,
+                channels: r.channels,
+                fusion_threshold: r.fusion_threshold,
+                optimizer: r.optimizer,
+                lr: r.lr,
+                momentum: r.momentum,
+                schedule: r.schedule,
+                seed: r.seed,
+                dimreduce_dense_epochs: r.dimreduce_dense_epochs,
+                components: r.components,
+                pca: r.pca,
+            }
         }
     }
 }
@@ -372,6 +443,13 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with(strategy: &str) -> TrainConfig {
+        TrainConfig {
+            strategy: strategy.parse().unwrap(),
+            ..TrainConfig::default()
+        }
+    }
 
     #[test]
     fn bad_values_name_their_flag() {
@@ -382,27 +460,6 @@ mod tests {
                     ..TrainConfig::default()
                 },
                 "--world",
-            ),
-            (
-                TrainConfig {
-                    ratio: 0.0,
-                    ..TrainConfig::default()
-                },
-                "--ratio",
-            ),
-            (
-                TrainConfig {
-                    ratio: 1.5,
-                    ..TrainConfig::default()
-                },
-                "--ratio",
-            ),
-            (
-                TrainConfig {
-                    ratio: f64::NAN,
-                    ..TrainConfig::default()
-                },
-                "--ratio",
             ),
             (
                 TrainConfig {
@@ -420,19 +477,29 @@ mod tests {
             ),
             (
                 TrainConfig {
-                    clip: Some(0.0),
+                    strategy: StrategyConfig::Sparse {
+                        codec: SparseCodec::TopK(1.5),
+                        error_feedback: true,
+                    },
                     ..TrainConfig::default()
                 },
-                "--clip",
+                "--strategy",
             ),
             (
                 TrainConfig {
-                    strategy: Strategy::Dimreduce,
+                    world: 3,
+                    ..with("adasum-delta:group=2")
+                },
+                "--world",
+            ),
+            (
+                TrainConfig {
                     dimreduce_dense_epochs: Some(0),
-                    ..TrainConfig::default()
+                    ..with("dimreduce")
                 },
                 "--dimreduce-dense-epochs",
             ),
+            (with("onebit-adam"), "--optimizer"),
         ];
         for (config, flag) in cases {
             match config.validate() {
@@ -441,41 +508,59 @@ mod tests {
             }
         }
         assert!(TrainConfig::default().validate().is_ok());
-        assert!(
-            TrainConfig {
-                ratio: 1.0,
-                ..TrainConfig::default()
-            }
-            .validate()
-            .is_ok()
+        assert!(with("topk:1").validate().is_ok());
+        assert!(matches!(
+            parse_strategy("topk:2"),
+            Err(CliError::Usage(m)) if m.contains("the ratio must be in (0, 1]")
+        ));
+        assert_eq!(
+            parse_strategy("baseline").unwrap(),
+            (StrategyConfig::Dense, true)
         );
     }
 
     #[test]
     fn labels_and_dense_epochs() {
-        let topk = TrainConfig {
-            strategy: Strategy::Topk,
-            error_feedback: false,
-            ..TrainConfig::default()
-        };
-        assert_eq!(topk.label(), "topk 1 %, no EF");
-        let sampled = TrainConfig {
-            strategy: Strategy::SampledTopk,
-            ratio: 0.001,
-            ..TrainConfig::default()
-        };
-        assert_eq!(sampled.label(), "sampled-topk 0.1 %");
-        let powersgd = TrainConfig {
-            strategy: Strategy::Powersgd,
-            powersgd_rank: 4,
-            ..TrainConfig::default()
-        };
-        assert_eq!(powersgd.label(), "powersgd rank 4");
-        let dr = TrainConfig {
-            strategy: Strategy::Dimreduce,
-            ..TrainConfig::default()
-        };
-        assert_eq!(dr.dense_epochs(), 10);
+        assert_eq!(with("topk:0.01:no-ef").label(), "topk 1 %, no EF");
+        assert_eq!(with("sampled-topk:0.001").label(), "sampled-topk 0.1 %");
+        assert_eq!(with("powersgd:4").label(), "powersgd rank 4");
+        assert_eq!(with("uint8:no-ef").label(), "uint8, no EF");
+        assert_eq!(with("dimreduce").dense_epochs(), 10);
         assert_eq!(TrainConfig::default().dense_epochs(), 0);
+    }
+
+    #[test]
+    fn the_first_format_reads_as_the_same_run() {
+        let old = serde_json::json!({
+            "adasum_group": null, "average_state": false, "batch": 16,
+            "channels": [16, 32], "clip": null, "components": 32,
+            "dimreduce_dense_epochs": null, "epochs": 1, "error_feedback": false,
+            "freeze_step": 100, "fusion_threshold": 2048, "hidden": [8],
+            "lr": 0.05, "model": "mlp", "momentum": 0.9, "optimizer": "sgd",
+            "pca": null, "powersgd_rank": 2, "powersgd_start_step": 10,
+            "ratio": 0.05, "schedule": "constant", "seed": 7,
+            "strategy": "topk", "threshold": 0.009999999776482582, "world": 2
+        });
+        let config: TrainConfig = serde_json::from_value(old).unwrap();
+        assert_eq!(
+            config,
+            TrainConfig {
+                world: 2,
+                epochs: 1,
+                hidden: vec![8],
+                ..with("topk:0.05:no-ef")
+            }
+        );
+        let baseline: TrainConfig =
+            serde_json::from_value(serde_json::json!({"strategy": "baseline"})).unwrap();
+        assert!(baseline.baseline && baseline.strategy == StrategyConfig::Dense);
+        // Today's format: the printed strategy, round trip.
+        let now = with("powersgd:4:start=1:no-ef");
+        let back: TrainConfig =
+            serde_json::from_value(serde_json::to_value(&now).unwrap()).unwrap();
+        assert_eq!(back, now);
+        let unreadable: TrainConfig =
+            serde_json::from_value(serde_json::json!({"strategy": "gzip"})).unwrap();
+        assert!(unreadable.validate().is_err());
     }
 }

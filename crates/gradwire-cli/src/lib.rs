@@ -9,12 +9,11 @@
 //! runs is here, so the end-to-end tests call the same code.
 //!
 //! ```
-//! use gradwire_cli::{Strategy, TrainConfig, data::Digits, train::{Silent, train}};
+//! use gradwire_cli::{TrainConfig, data::Digits, train::{Silent, train}};
 //!
 //! // Two workers, top-k 10 % with error feedback, two epochs.
 //! let config = TrainConfig {
-//!     strategy: Strategy::Topk,
-//!     ratio: 0.1,
+//!     strategy: "topk:0.1".parse()?,
 //!     world: 2,
 //!     epochs: 2,
 //!     hidden: vec![16],
@@ -23,7 +22,7 @@
 //! let report = train(&config, &Digits::load(42), &Silent, None)?;
 //! assert_eq!(report.epochs.len(), 2);
 //! assert!(report.compression() > 1.0); // sent less than dense would have
-//! # Ok::<(), gradwire_cli::CliError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 #![deny(missing_docs)]
@@ -41,7 +40,7 @@ pub mod plot;
 pub mod project;
 pub mod train;
 
-pub use config::{ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+pub use config::{ModelKind, OptimizerKind, ScheduleKind, TrainConfig, parse_strategy};
 pub use engine::Backend;
 pub use error::{CliError, Result};
 pub use train::{EpochRecord, RunReport, train};

@@ -7,7 +7,8 @@
 
 use clap::{Args, Parser, Subcommand};
 use gradwire_cli::project;
-use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, TrainConfig};
+use gradwire_optim::StrategyConfig;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -99,27 +100,12 @@ struct Common {
     /// CNN channels per 3x3 convolution (one to three), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,32")]
     channels: Vec<usize>,
-    /// Fraction sent by topk, sampled-topk and randomk, in (0, 1].
-    #[arg(long, default_value_t = TrainConfig::default().ratio)]
-    ratio: f64,
-    /// Magnitude threshold of the threshold strategy.
-    #[arg(long, default_value_t = TrainConfig::default().threshold)]
-    threshold: f32,
-    /// Drop what sparsification does not send instead of keeping it.
-    #[arg(long)]
-    no_error_feedback: bool,
-    /// Clamp gradients to [-clip, clip] before fp16/bf16.
-    #[arg(long)]
-    clip: Option<f32>,
     /// Elements above which a fusion bucket is closed (small by default, so
     /// that the small model has several buckets; on a shaped network it is
     /// also the fastest measured: a large tensor is reduced in place, see
     /// README).
     #[arg(long, default_value_t = TrainConfig::default().fusion_threshold)]
     fusion_threshold: usize,
-    /// Partial averaging: also average the optimizer's buffers.
-    #[arg(long)]
-    average_state: bool,
     /// The local optimizer.
     #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
     optimizer: OptimizerKind,
@@ -138,10 +124,6 @@ struct Common {
     /// Seed of the train/test split.
     #[arg(long, default_value_t = 42)]
     split_seed: u64,
-    /// AdaSum: average within groups of this many ranks first, then AdaSum
-    /// across groups (hierarchical, as on nodes of several GPUs).
-    #[arg(long)]
-    adasum_group: Option<usize>,
     /// DimReduce: dense epochs recording the trajectory (default: half).
     #[arg(long)]
     dimreduce_dense_epochs: Option<usize>,
@@ -151,57 +133,57 @@ struct Common {
     /// DimReduce: start from this PCA file instead of a dense stage.
     #[arg(long)]
     pca: Option<PathBuf>,
-    /// PowerSGD: the rank of the approximation.
-    #[arg(long, default_value_t = TrainConfig::default().powersgd_rank)]
-    powersgd_rank: usize,
-    /// PowerSGD: steps averaged dense before compression starts.
-    #[arg(long, default_value_t = TrainConfig::default().powersgd_start_step)]
-    powersgd_start_step: u64,
-    /// 1-bit Adam: steps of plain Adam before the variance is frozen.
-    #[arg(long, default_value_t = TrainConfig::default().freeze_step)]
-    freeze_step: u64,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
 }
 
 impl Common {
-    fn config(&self, strategy: Strategy) -> TrainConfig {
+    /// The run these flags describe, with the dense strategy (the
+    /// commands that take one set it).
+    fn config(&self) -> TrainConfig {
         TrainConfig {
-            strategy,
+            strategy: StrategyConfig::Dense,
+            baseline: false,
             world: self.world,
             epochs: self.epochs,
             batch: self.batch,
             model: self.model,
             hidden: self.hidden.clone(),
             channels: self.channels.clone(),
-            ratio: self.ratio,
-            threshold: self.threshold,
-            error_feedback: !self.no_error_feedback,
-            clip: self.clip,
             fusion_threshold: self.fusion_threshold,
-            average_state: self.average_state,
             optimizer: self.optimizer,
             lr: self.lr,
             momentum: self.momentum,
             schedule: self.schedule,
             seed: self.seed,
-            adasum_group: self.adasum_group,
             dimreduce_dense_epochs: self.dimreduce_dense_epochs,
             components: self.components,
             pca: self.pca.clone(),
-            powersgd_rank: self.powersgd_rank,
-            powersgd_start_step: self.powersgd_start_step,
-            freeze_step: self.freeze_step,
         }
     }
 }
 
+/// `-s`'s parser: a registry strategy or `baseline` (clap reports the
+/// error with the flag).
+fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
+    gradwire_cli::parse_strategy(text).map_err(|e| match e {
+        CliError::Usage(m) => m,
+        other => other.to_string(),
+    })
+}
+
 #[derive(Args, Debug)]
 struct TrainArgs {
-    /// How workers combine their work.
-    #[arg(long, short = 's', value_enum, default_value_t = Strategy::Dense)]
-    strategy: Strategy,
+    /// How workers combine their work: a strategy of the registry, as
+    /// `name[:value][:key=value|:flag]...` (dense, fp16|bf16[:clip=C],
+    /// threshold[:T], topk|sampled-topk|randomk[:RATIO], with :no-ef to drop
+    /// what is not sent; powersgd[:RANK][:start=STEP]; onebit, qsgd, uint8;
+    /// onebit-adam[:freeze=STEP]; adasum-grad|adasum-delta[:group=G];
+    /// partial[:state]; dimreduce), or baseline (the backend library's
+    /// all-reduce).
+    #[arg(long, short = 's', default_value = "dense", value_parser = strategy_arg)]
+    strategy: (StrategyConfig, bool),
     /// The communicator.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     backend: Backend,
@@ -240,9 +222,10 @@ struct NetworkArgs {
 
 #[derive(Args, Debug)]
 struct CompareArgs {
-    /// Strategies as name[:ratio][:ef|:no-ef], comma-separated (default:
-    /// dense, fp16, topk 1 % with and without error feedback, sampled-topk
-    /// 0.1 %, partial, adasum-delta, dimreduce).
+    /// Strategies as in `train -s` (e.g. topk:0.01:no-ef, powersgd:4,
+    /// baseline), comma-separated (default: dense, fp16, topk 1 % with and
+    /// without error feedback, sampled-topk 0.1 %, powersgd rank 2, onebit,
+    /// uint8, partial, adasum-delta, dimreduce).
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     #[command(flatten)]
@@ -293,7 +276,7 @@ enum BenchCommand {
     /// shapes, beside dense f32 (and the time of a step of W in-process
     /// ranks on this machine).
     Strategies {
-        /// Strategies as in compare (name[:ratio|rank][:ef|:no-ef]).
+        /// Gradient strategies as in `train -s`, comma-separated.
         #[arg(
             long,
             value_delimiter = ',',

@@ -17,7 +17,7 @@ mod common;
 use gradwire_algos::HalfPrecision;
 use gradwire_comm::{Communicator, LocalConfig, local};
 use gradwire_compress::SparseCodec;
-use gradwire_optim::{DistOpt, DistOptConfig, Mode, ParamSpec, Sgd, SgdConfig};
+use gradwire_optim::{DistOpt, DistOptConfig, ParamSpec, Sgd, SgdConfig, StrategyConfig};
 use gradwire_tensor::Tensor;
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,7 @@ struct Outcome {
     sent: u64,
 }
 
-fn run(mode: Mode, overlap: bool) -> Outcome {
+fn run(mode: StrategyConfig, overlap: bool) -> Outcome {
     let shapes = shapes();
     let total: usize = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
     let specs: Vec<ParamSpec> = shapes
@@ -51,7 +51,7 @@ fn run(mode: Mode, overlap: bool) -> Outcome {
         let rank = comm.rank();
         let sgd = Sgd::new(SgdConfig::default().lr(1e-3).momentum(0.9)).expect("sgd");
         let dist_config = DistOptConfig {
-            mode,
+            strategy: mode,
             ..DistOptConfig::default()
         };
         let mut dist = DistOpt::new(sgd, comm, specs.clone(), dist_config).expect("distopt");
@@ -124,17 +124,17 @@ fn run(mode: Mode, overlap: bool) -> Outcome {
 
 fn main() {
     let modes = [
-        ("dense", Mode::Dense),
+        ("dense", StrategyConfig::Dense),
         (
             "half f16",
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::F16,
                 clip: None,
             },
         ),
         (
             "sparse top-k 1% + EF",
-            Mode::Sparse {
+            StrategyConfig::Sparse {
                 codec: SparseCodec::TopK(0.01),
                 error_feedback: true,
             },

@@ -10,6 +10,10 @@ pub enum OptimError {
     /// nesterov without momentum, a schedule with a zero period...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A strategy's text or settings were refused (an unknown name, a
+    /// ratio outside (0, 1], ...).
+    #[error(transparent)]
+    Strategy(#[from] crate::StrategyError),
     /// A parameter and its gradient (or a saved buffer) differ in shape.
     #[error("{what}: shape {expected:?} expected, got {got:?}")]
     ShapeMismatch {

@@ -57,7 +57,7 @@
 //! ```
 
 use crate::checkpoint::Checkpoint;
-use crate::distopt::{Combiner, DistOpt, DistOptConfig, Mode, ParamSpec, StepStats};
+use crate::distopt::{Combiner, DistOpt, DistOptConfig, ParamSpec, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state::{OptimizerState, ParamState};
@@ -203,31 +203,30 @@ pub struct GradSync<C: Communicator + 'static> {
 
 impl<C: Communicator + 'static> GradSync<C> {
     /// Gradients of `params` (declared in the order backward produces
-    /// them), combined by `config.mode`: `Dense`, `Half`, `Sparse`,
-    /// `PowerSgd` or `Quantized`; or
-    /// `Partial` (without `average_state`), stepped with
+    /// them), combined by `config.strategy`: `Dense`, `Half`, `Sparse`,
+    /// `PowerSgd`, `Quantized` or `AdaSum`; or `Partial` (without
+    /// `average_state`) or `DeltaWeight`, stepped with
     /// [`GradSync::step_locally`].
     pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
-        Self::check_mode(config.mode)?;
-        if matches!(config.mode, Mode::Custom | Mode::DeltaWeight) {
-            return Err(OptimError::InvalidArgument(format!(
-                "mode {:?} combines with a combiner: GradSync::with_combiner",
-                config.mode
-            )));
+        Self::check_mode(config.strategy)?;
+        if config.strategy == StrategyConfig::Custom {
+            return Err(OptimError::InvalidArgument(
+                "a Custom strategy combines with a combiner: GradSync::with_combiner".into(),
+            ));
         }
         let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;
         Ok(Self::around(dist, params))
     }
 
-    /// [`GradSync::new`] in `Mode::Custom`, combined by `combiner` (AdaSum
-    /// by gradient, or a strategy of your own).
+    /// [`GradSync::new`] in `StrategyConfig::Custom` (or `DeltaWeight`),
+    /// combined by `combiner`: a strategy of your own.
     pub fn with_combiner(
         comm: C,
         params: Vec<ParamSpec>,
         config: DistOptConfig,
         combiner: impl Combiner<C>,
     ) -> Result<Self> {
-        Self::check_mode(config.mode)?;
+        Self::check_mode(config.strategy)?;
         let dist = DistOpt::with_combiner(
             Passthrough::default(),
             comm,
@@ -238,20 +237,20 @@ impl<C: Communicator + 'static> GradSync<C> {
         Ok(Self::around(dist, params))
     }
 
-    fn check_mode(mode: Mode) -> Result<()> {
+    fn check_mode(mode: StrategyConfig) -> Result<()> {
         match mode {
             mode if mode.combines_gradients() => Ok(()),
-            Mode::Partial {
+            StrategyConfig::Partial {
                 average_state: false,
             }
-            | Mode::DeltaWeight => Ok(()),
-            Mode::Partial {
+            | StrategyConfig::DeltaWeight { .. } => Ok(()),
+            StrategyConfig::Partial {
                 average_state: true,
             } => Err(OptimError::InvalidArgument(
                 "GradSync cannot average the caller's optimizer state (average_state)".into(),
             )),
             other => Err(OptimError::InvalidArgument(format!(
-                "GradSync does not run mode {other:?} (use DistOpt)"
+                "GradSync does not run strategy {other} (use DistOpt)"
             ))),
         }
     }
@@ -260,7 +259,10 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// `DeltaWeight`: [`GradSync::step_locally`]) rather than combining
     /// gradients ([`GradSync::finish`]).
     pub fn steps_locally(&self) -> bool {
-        matches!(self.dist.mode(), Mode::Partial { .. } | Mode::DeltaWeight)
+        matches!(
+            self.dist.strategy(),
+            StrategyConfig::Partial { .. } | StrategyConfig::DeltaWeight { .. }
+        )
     }
 
     /// A step of `Partial` or `DeltaWeight` with the caller's own local
@@ -430,7 +432,10 @@ impl<C: Communicator + 'static> GradSync<C> {
                     .into(),
             ));
         }
-        if self.dist.mode() == Mode::Custom {
+        if matches!(
+            self.dist.strategy(),
+            StrategyConfig::Custom | StrategyConfig::AdaSum { .. }
+        ) {
             return Err(OptimError::InvalidArgument(
                 "a combiner is not an average: sample weights do not apply".into(),
             ));

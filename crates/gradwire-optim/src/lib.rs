@@ -39,8 +39,9 @@ mod state;
 pub use any::AnyOptimizer;
 pub use distopt::strategy;
 pub use distopt::{
-    BucketView, Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, Mode,
-    ParamSpec, SkipVote, StepStats,
+    BucketView, Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig,
+    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, ParamSpec, QSGD_LEVELS, STRATEGY_NAMES, SkipVote,
+    StepStats, StrategyConfig, StrategyError,
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};

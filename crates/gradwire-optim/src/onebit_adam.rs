@@ -11,12 +11,12 @@
 //! The two halves go together: [`OneBitAdamRule`] is the optimizer (Adam
 //! until `freeze_step`; after it, the combined "gradient" it receives *is*
 //! the averaged momentum, and the variance stays as it was), and
-//! [`OneBitAdamConfig::mode`] is the DistOpt mode
-//! ([`crate::Mode::OneBitAdam`]) whose strategy folds and exchanges the
+//! [`OneBitAdamConfig::strategy`] is the DistOpt strategy
+//! ([`crate::StrategyConfig::OneBitAdam`]) whose strategy folds and exchanges the
 //! momentum. Weight decay is decoupled (AdamW's), since after the freeze
 //! there is no gradient to add an L2 term to.
 
-use crate::distopt::Mode;
+use crate::distopt::StrategyConfig;
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optim, UpdateRule};
 use crate::rules::{
@@ -43,9 +43,9 @@ impl OneBitAdamConfig {
         OneBitAdamConfig { adam, freeze_step }
     }
 
-    /// The DistOpt mode that goes with this optimizer.
-    pub fn mode(&self) -> Result<Mode> {
-        Ok(Mode::OneBitAdam {
+    /// The DistOpt strategy that goes with this optimizer.
+    pub fn strategy(&self) -> Result<StrategyConfig> {
+        Ok(StrategyConfig::OneBitAdam {
             beta1: constant_beta1(&self.adam.beta1)?,
             freeze_step: self.freeze_step,
         })
@@ -78,7 +78,7 @@ pub struct OneBitAdamValues {
 #[derive(Debug, Clone, Copy)]
 pub struct OneBitAdamRule;
 
-/// 1-bit Adam (use with [`OneBitAdamConfig::mode`]).
+/// 1-bit Adam (use with [`OneBitAdamConfig::strategy`]).
 pub type OneBitAdam = Optim<OneBitAdamRule>;
 
 impl UpdateRule for OneBitAdamRule {

@@ -5,12 +5,13 @@
 //! into today's DistOpt, checkpoints again to the very same bytes, and
 //! training goes on from it bitwise as it did when it was written.
 
-use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
-use gradwire_optim::{DistOpt, DistOptConfig, Mode, OptimError, ParamSpec, Sgd, SgdConfig};
+use gradwire_optim::{
+    DistOpt, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
+};
 use gradwire_tensor::Tensor;
 use std::path::PathBuf;
 
@@ -25,26 +26,26 @@ fn dir() -> PathBuf {
 }
 
 /// Every strategy with state of its own, and the plain ones.
-fn cases() -> Vec<(&'static str, Mode)> {
+fn cases() -> Vec<(&'static str, StrategyConfig)> {
     vec![
-        ("dense", Mode::Dense),
+        ("dense", StrategyConfig::Dense),
         (
             "fp16",
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::F16,
                 clip: None,
             },
         ),
         (
             "topk",
-            Mode::Sparse {
+            StrategyConfig::Sparse {
                 codec: SparseCodec::TopK(0.3),
                 error_feedback: true,
             },
         ),
         (
             "powersgd",
-            Mode::PowerSgd(PowerSgdConfig {
+            StrategyConfig::PowerSgd(PowerSgdConfig {
                 rank: 1,
                 start_step: 1,
                 min_compression_rate: 1.0,
@@ -53,7 +54,7 @@ fn cases() -> Vec<(&'static str, Mode)> {
         ),
         (
             "onebit",
-            Mode::Quantized {
+            StrategyConfig::Quantized {
                 quantizer: Quantizer::Sign,
                 error_feedback: true,
                 momentum: Some(0.9),
@@ -61,11 +62,11 @@ fn cases() -> Vec<(&'static str, Mode)> {
         ),
         (
             "partial",
-            Mode::Partial {
+            StrategyConfig::Partial {
                 average_state: true,
             },
         ),
-        ("adasum-delta", Mode::DeltaWeight),
+        ("adasum-delta", StrategyConfig::DeltaWeight { group: None }),
     ]
 }
 
@@ -86,19 +87,16 @@ fn gradient(rank: usize, step: usize, k: usize) -> Tensor {
     Tensor::from_vec(values, dims).unwrap()
 }
 
-fn make(mode: Mode, comm: LocalComm) -> Result<DistOpt<Sgd, LocalComm>, OptimError> {
+fn make(mode: StrategyConfig, comm: LocalComm) -> Result<DistOpt<Sgd, LocalComm>, OptimError> {
     let sgd = Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9))?;
     let config = DistOptConfig {
-        mode,
+        strategy: mode,
         fusion_threshold: 40,
         ..DistOptConfig::default()
     };
-    if mode == Mode::DeltaWeight {
-        let adasum = AdaSum::new(&comm)?;
-        DistOpt::with_combiner(sgd, comm, specs(), config, adasum)
-    } else {
-        DistOpt::new(sgd, comm, specs(), config)
-    }
+    // AdaSum (adasum-delta) is prepared by DistOpt from the registry; the
+    // fixtures were written with one given to `with_combiner`.
+    DistOpt::new(sgd, comm, specs(), config)
 }
 
 fn steps(
@@ -131,7 +129,10 @@ fn from_bits(bits: &[u32]) -> Vec<Tensor> {
         .iter()
         .map(|dims| {
             let n: usize = dims.iter().product();
-            let values = bits[at..at + n].iter().map(|&b| f32::from_bits(b)).collect();
+            let values = bits[at..at + n]
+                .iter()
+                .map(|&b| f32::from_bits(b))
+                .collect();
             at += n;
             Tensor::from_vec(values, dims.to_vec()).unwrap()
         })
@@ -157,10 +158,7 @@ fn write_fixtures() {
                 .collect::<Result<_, _>>()?;
             steps(&mut dist, &mut params, 0..BEFORE)?;
             let file = |what: &str| dir().join(format!("{name}.rank{rank}.{what}"));
-            std::fs::write(
-                file("ckpt"),
-                checkpoint::to_bytes(&dist.checkpoint()?)?,
-            )?;
+            std::fs::write(file("ckpt"), checkpoint::to_bytes(&dist.checkpoint()?)?)?;
             let at_save = serde_json::to_string(&bits(&params)).unwrap();
             std::fs::write(file("params.json"), at_save)?;
             steps(&mut dist, &mut params, BEFORE..BEFORE + AFTER)?;

@@ -7,8 +7,8 @@
 use gradwire_algos::HalfPrecision;
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
-    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, Mode, OptimError,
-    Optimizer, ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig, SkipVote,
+    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, OptimError, Optimizer,
+    ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig, SkipVote, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 
@@ -208,7 +208,7 @@ fn half_precision_stays_within_its_rounding() {
         (HalfPrecision::BF16, 2f32.powi(-8)),
     ] {
         let config = DistOptConfig {
-            mode: Mode::Half {
+            strategy: StrategyConfig::Half {
                 precision,
                 clip: None,
             },
@@ -469,7 +469,7 @@ fn sparse_with_everything_selected_equals_dense() {
         (SparseCodec::TopK(1.0), false),
     ] {
         let config = DistOptConfig {
-            mode: Mode::Sparse {
+            strategy: StrategyConfig::Sparse {
                 codec,
                 error_feedback,
             },
@@ -484,7 +484,7 @@ fn sparse_with_everything_selected_equals_dense() {
 fn sparse_top_k_trains_and_its_checkpoint_resumes_bitwise() {
     use gradwire_compress::SparseCodec;
     let config = DistOptConfig {
-        mode: Mode::Sparse {
+        strategy: StrategyConfig::Sparse {
             codec: SparseCodec::TopK(0.2),
             error_feedback: true,
         },
@@ -509,7 +509,7 @@ fn sparse_top_k_trains_and_its_checkpoint_resumes_bitwise() {
 #[test]
 fn partial_averages_each_partition_in_turn_and_resumes_bitwise() {
     let config = DistOptConfig {
-        mode: Mode::Partial {
+        strategy: StrategyConfig::Partial {
             average_state: false,
         },
         ..small_buckets()
@@ -560,7 +560,7 @@ fn partial_with_identical_gradients_equals_local_training() {
     let want = train_single(6, make());
     // Two ranks, both on the whole batch: averaging equal values is exact.
     let config = DistOptConfig {
-        mode: Mode::Partial {
+        strategy: StrategyConfig::Partial {
             average_state: false,
         },
         ..small_buckets()
@@ -573,14 +573,14 @@ fn partial_with_identical_gradients_equals_local_training() {
 fn train_with_combiner<K: gradwire_optim::Combiner<LocalComm>>(
     world: usize,
     steps: usize,
-    mode: Mode,
+    mode: StrategyConfig,
     whole_batch: bool,
     combiner: impl Fn(&LocalComm) -> K + Sync,
 ) -> Vec<Vec<f32>> {
     train_with(world, steps, whole_batch, |comm| {
         let k = combiner(&comm);
         let config = DistOptConfig {
-            mode,
+            strategy: mode,
             ..small_buckets()
         };
         let sgd = Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
@@ -615,7 +615,7 @@ impl gradwire_optim::Combiner<LocalComm> for PlainSum {
 fn a_custom_combiner_plugs_in_without_changing_distopt() {
     let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
     let dense = train_distributed(3, 4, small_buckets(), &sgd);
-    let custom = train_with_combiner(3, 4, Mode::Custom, false, |_| PlainSum);
+    let custom = train_with_combiner(3, 4, StrategyConfig::Custom, false, |_| PlainSum);
     assert_eq!(bits(&custom), bits(&dense));
 }
 
@@ -629,17 +629,56 @@ fn adasum_by_gradient_and_by_delta_weight_through_distopt() {
     for world in [2usize, 3, 5] {
         // Identical gradients everywhere: AdaSum gives the gradient back, so
         // both modes reduce to local training.
-        for mode in [Mode::Custom, Mode::DeltaWeight] {
+        for mode in [
+            StrategyConfig::Custom,
+            StrategyConfig::DeltaWeight { group: None },
+        ] {
             let got = train_with_combiner(world, 4, mode, true, |c| AdaSum::new(c).unwrap());
             let diff = max_diff(&got, &local_training);
             assert!(diff <= 1e-5, "{mode:?}, world {world}: {diff}");
         }
         // Different shards: the ranks still agree (checked inside) and train.
-        let sharded = train_with_combiner(world, 4, Mode::DeltaWeight, false, |c| {
-            AdaSum::new(c).unwrap()
-        });
+        let sharded = train_with_combiner(
+            world,
+            4,
+            StrategyConfig::DeltaWeight { group: None },
+            false,
+            |c| AdaSum::new(c).unwrap(),
+        );
         assert!(sharded.iter().flatten().all(|v| v.is_finite()));
         assert!(max_diff(&sharded, &initial()) > 0.0);
+    }
+}
+
+#[test]
+fn the_registry_prepares_adasum_as_a_given_combiner_does() {
+    use gradwire_algos::AdaSum;
+    let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
+    for world in [1usize, 2, 3, 4, 6] {
+        for group in [None, Some(1), Some(2)] {
+            if group.is_some_and(|g| world % g != 0) {
+                continue;
+            }
+            let prepared = |comm: &LocalComm| match group {
+                Some(g) => AdaSum::hierarchical(comm, g).unwrap(),
+                None => AdaSum::new(comm).unwrap(),
+            };
+            for (built, given) in [
+                (StrategyConfig::AdaSum { group }, StrategyConfig::Custom),
+                (
+                    StrategyConfig::DeltaWeight { group },
+                    StrategyConfig::DeltaWeight { group: None },
+                ),
+            ] {
+                let config = DistOptConfig {
+                    strategy: built,
+                    ..small_buckets()
+                };
+                let got = train_distributed(world, 3, config, &sgd);
+                let want = train_with_combiner(world, 3, given, false, prepared);
+                assert_eq!(bits(&got), bits(&want), "{built}, W = {world}");
+            }
+        }
     }
 }
 
@@ -647,7 +686,7 @@ fn adasum_by_gradient_and_by_delta_weight_through_distopt() {
 fn partial_can_average_the_optimizer_state_too() {
     let world = 4;
     let config = DistOptConfig {
-        mode: Mode::Partial {
+        strategy: StrategyConfig::Partial {
             average_state: true,
         },
         ..small_buckets()
@@ -773,7 +812,7 @@ fn random_k_without_error_feedback_draws_anew_every_step() {
     use gradwire_compress::SparseCodec;
     let changed = local::run(2, |comm: LocalComm| {
         let config = DistOptConfig {
-            mode: Mode::Sparse {
+            strategy: StrategyConfig::Sparse {
                 codec: SparseCodec::RandomK {
                     ratio: 0.1,
                     seed: 5,
@@ -815,7 +854,7 @@ fn random_k_without_error_feedback_draws_anew_every_step() {
 fn restoring_into_another_configuration_names_the_difference() {
     use gradwire_compress::SparseCodec;
     let sparse = |ratio| DistOptConfig {
-        mode: Mode::Sparse {
+        strategy: StrategyConfig::Sparse {
             codec: SparseCodec::TopK(ratio),
             error_feedback: true,
         },

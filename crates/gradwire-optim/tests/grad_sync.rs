@@ -10,8 +10,8 @@ use gradwire_algos::{FaultKind, HalfPrecision};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
-    DistOpt, DistOptConfig, GradSync, Mode, OptimError, Optimizer, OptimizerState, ParamSpec,
-    ParamState, Result,
+    DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, OptimizerState, ParamSpec, ParamState,
+    Result, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 use std::collections::BTreeMap;
@@ -42,9 +42,9 @@ fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Option<Vec<f32>> {
     )
 }
 
-fn config(mode: Mode) -> DistOptConfig {
+fn config(mode: StrategyConfig) -> DistOptConfig {
     DistOptConfig {
-        mode,
+        strategy: mode,
         fusion_threshold: 16,
         ..DistOptConfig::default()
     }
@@ -101,11 +101,11 @@ const STEPS: usize = 4;
 /// Per step, per parameter: what DistOpt's optimizer saw (None: skipped).
 type Seen = Vec<Vec<Option<Vec<f32>>>>;
 
-fn through_distopt(comm: LocalComm, mode: Mode) -> Result<Seen> {
+fn through_distopt(comm: LocalComm, mode: StrategyConfig) -> Result<Seen> {
     let rank = comm.rank();
     let specs = specs();
     let mut dist = match mode {
-        Mode::Custom => {
+        StrategyConfig::Custom => {
             let adasum = AdaSum::new(&comm)?;
             DistOpt::with_combiner(
                 Recorder::default(),
@@ -143,11 +143,11 @@ fn through_distopt(comm: LocalComm, mode: Mode) -> Result<Seen> {
     Ok(seen)
 }
 
-fn through_gradsync(comm: LocalComm, mode: Mode) -> Result<Seen> {
+fn through_gradsync(comm: LocalComm, mode: StrategyConfig) -> Result<Seen> {
     let rank = comm.rank();
     let specs = specs();
     let mut sync = match mode {
-        Mode::Custom => {
+        StrategyConfig::Custom => {
             let adasum = AdaSum::new(&comm)?;
             GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
         }
@@ -182,27 +182,27 @@ fn through_gradsync(comm: LocalComm, mode: Mode) -> Result<Seen> {
 #[test]
 fn combined_gradients_are_bitwise_distopts_in_every_gradient_mode() {
     let modes = [
-        Mode::Dense,
-        Mode::Half {
+        StrategyConfig::Dense,
+        StrategyConfig::Half {
             precision: HalfPrecision::F16,
             clip: None,
         },
-        Mode::Sparse {
+        StrategyConfig::Sparse {
             codec: SparseCodec::TopK(0.3),
             error_feedback: true,
         },
-        Mode::Sparse {
+        StrategyConfig::Sparse {
             codec: SparseCodec::Threshold(0.1),
             error_feedback: false,
         },
-        Mode::Sparse {
+        StrategyConfig::Sparse {
             codec: SparseCodec::RandomK {
                 ratio: 0.5,
                 seed: 3,
             },
             error_feedback: false,
         },
-        Mode::Custom,
+        StrategyConfig::Custom,
     ];
     for mode in modes {
         for world in 1..=5 {
@@ -239,7 +239,7 @@ fn sample_weights_give_the_weighted_mean() {
         let total: u64 = samples.iter().sum();
         let results = local::run(world, |comm| {
             let rank = comm.rank();
-            let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+            let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
             sync.set_samples(samples[rank])?;
             let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
             for (k, spec) in specs().iter().enumerate() {
@@ -269,7 +269,7 @@ fn sample_weights_give_the_weighted_mean() {
     let samples = [5u64, 1, 2];
     let results = local::run(world, |comm| {
         let rank = comm.rank();
-        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
         sync.set_samples(samples[rank])?;
         let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
         for (k, spec) in specs().iter().enumerate() {
@@ -305,7 +305,7 @@ fn sample_weights_give_the_weighted_mean() {
 fn broadcast_copies_the_roots_parameters() {
     let results = local::run(4, |comm| {
         let rank = comm.rank() as f32;
-        let sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        let sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
         let mut a = vec![rank; 15];
         let mut b = vec![rank + 10.0; 7];
         sync.broadcast(&mut [&mut a[..], &mut b[..]], 2)?;
@@ -321,7 +321,7 @@ fn broadcast_copies_the_roots_parameters() {
 fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
     let results = local::run(3, |comm| {
         let rank = comm.rank();
-        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense))?;
+        let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
         let mut outcomes = Vec::new();
         for step in 0..3 {
             let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
@@ -353,13 +353,13 @@ fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
 #[test]
 fn modes_it_cannot_run_are_refused() {
     for mode in [
-        Mode::DimReduce,
-        Mode::Partial {
+        StrategyConfig::DimReduce,
+        StrategyConfig::Partial {
             average_state: true,
         },
-        // A combiner's modes without a combiner.
-        Mode::DeltaWeight,
-        Mode::Custom,
+        // A user's combiner without a combiner (AdaSum's strategies,
+        // `AdaSum` and `DeltaWeight`, are prepared by DistOpt).
+        StrategyConfig::Custom,
     ] {
         let comm = LocalComm::create(1).unwrap().pop().unwrap();
         let err = GradSync::new(comm, specs(), config(mode)).err();

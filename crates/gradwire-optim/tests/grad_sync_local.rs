@@ -8,8 +8,8 @@ use gradwire_algos::FaultKind;
 use gradwire_algos::adasum::AdaSum;
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
-    DistOpt, DistOptConfig, GradSync, Mode, OptimError, Optimizer, ParamSpec, Result, Sgd,
-    SgdConfig,
+    DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, ParamSpec, Result, Sgd, SgdConfig,
+    StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 
@@ -22,9 +22,9 @@ fn specs() -> Vec<ParamSpec> {
     ]
 }
 
-fn config(mode: Mode) -> DistOptConfig {
+fn config(mode: StrategyConfig) -> DistOptConfig {
     DistOptConfig {
-        mode,
+        strategy: mode,
         fusion_threshold: 12,
         skip_non_finite: true,
         ..DistOptConfig::default()
@@ -53,11 +53,11 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
 
 /// DistOpt with SGD as the local step: every rank's parameters after
 /// `STEPS` steps.
-fn through_distopt(comm: LocalComm, mode: Mode) -> Result<Vec<Vec<f32>>> {
+fn through_distopt(comm: LocalComm, mode: StrategyConfig) -> Result<Vec<Vec<f32>>> {
     let rank = comm.rank();
     let specs = specs();
     let mut dist = match mode {
-        Mode::DeltaWeight => {
+        StrategyConfig::DeltaWeight { group: None } => {
             let adasum = AdaSum::new(&comm)?;
             DistOpt::with_combiner(sgd(), comm, specs.clone(), config(mode), adasum)?
         }
@@ -86,13 +86,13 @@ type Outcome = std::result::Result<bool, (Option<usize>, FaultKind)>;
 /// at step 3. Every rank's parameters, and every step's outcome.
 fn through_grad_sync(
     comm: LocalComm,
-    mode: Mode,
+    mode: StrategyConfig,
     fail: bool,
 ) -> Result<(Vec<Vec<f32>>, Vec<Outcome>)> {
     let (rank, world) = (comm.rank(), comm.world_size());
     let specs = specs();
     let mut sync = match mode {
-        Mode::DeltaWeight => {
+        StrategyConfig::DeltaWeight { group: None } => {
             let adasum = AdaSum::new(&comm)?;
             GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
         }
@@ -138,7 +138,7 @@ fn through_grad_sync(
         outcomes.push(match result {
             Ok(stats) => Ok(stats.non_finite),
             Err(OptimError::Fault { rank, kind, .. }) => {
-                if mode == Mode::DeltaWeight {
+                if matches!(mode, StrategyConfig::DeltaWeight { .. }) {
                     assert_eq!(bits(&params), bits(&before), "p0 put back after a failure");
                 }
                 Err((rank, kind))
@@ -156,12 +156,12 @@ fn through_grad_sync(
     Ok((params, outcomes))
 }
 
-fn modes() -> [Mode; 2] {
+fn modes() -> [StrategyConfig; 2] {
     [
-        Mode::Partial {
+        StrategyConfig::Partial {
             average_state: false,
         },
-        Mode::DeltaWeight,
+        StrategyConfig::DeltaWeight { group: None },
     ]
 }
 
@@ -202,7 +202,7 @@ fn a_failing_local_step_or_a_nan_ends_the_step_alike_on_every_rank() {
                     "{mode:?}: the NaN is skipped everywhere"
                 );
                 assert_eq!(outcomes[4], Ok(false), "{mode:?}: the next step works");
-                if mode == Mode::DeltaWeight {
+                if matches!(mode, StrategyConfig::DeltaWeight { .. }) {
                     // Delta weight ends every step with equal parameters.
                     assert_eq!(bits(params), bits(&runs[0].0));
                 }
@@ -214,12 +214,12 @@ fn a_failing_local_step_or_a_nan_ends_the_step_alike_on_every_rank() {
 #[test]
 fn modes_and_buffers_that_cannot_work_are_refused() {
     local::run(2, |comm| {
-        let average_state = Mode::Partial {
+        let average_state = StrategyConfig::Partial {
             average_state: true,
         };
         let other = comm.split(Some(0), comm.rank() as i64).unwrap().unwrap();
         assert!(GradSync::new(other, specs(), config(average_state)).is_err());
-        let mut sync = GradSync::new(comm, specs(), config(Mode::Dense)).unwrap();
+        let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense)).unwrap();
         assert!(!sync.steps_locally());
         let mut params = [vec![0f32; 1], vec![0f32; 13], vec![0f32; 28]];
         let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
@@ -240,7 +240,7 @@ fn a_wrong_buffer_on_one_rank_fails_the_step_on_every_rank() {
         let out = local::run(3, |comm| {
             let rank = comm.rank();
             let mut sync = match mode {
-                Mode::DeltaWeight => {
+                StrategyConfig::DeltaWeight { group: None } => {
                     let adasum = AdaSum::new(&comm)?;
                     GradSync::with_combiner(comm, specs(), config(mode), adasum)?
                 }

@@ -5,8 +5,8 @@
 
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
-    AdamConfig, AdamW, DistOpt, DistOptConfig, Mode, OneBitAdam, OneBitAdamConfig, OptimError,
-    Optimizer, ParamSpec,
+    AdamConfig, AdamW, DistOpt, DistOptConfig, OneBitAdam, OneBitAdamConfig, OptimError, Optimizer,
+    ParamSpec, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 
@@ -100,10 +100,10 @@ fn train<O: Optimizer + 'static>(
 #[test]
 fn until_the_freeze_it_is_adamw_with_dense_averaging_bit_for_bit() {
     let config = OneBitAdamConfig::new(adam(), FREEZE);
-    let mode = config.mode().unwrap();
+    let mode = config.strategy().unwrap();
     let onebit = train(3, FREEZE as usize, |comm| {
         let dist = DistOptConfig {
-            mode,
+            strategy: mode,
             ..DistOptConfig::default()
         };
         DistOpt::new(OneBitAdam::new(config.clone())?, comm, specs(), dist)
@@ -120,10 +120,10 @@ fn until_the_freeze_it_is_adamw_with_dense_averaging_bit_for_bit() {
 fn after_the_freeze_every_rank_holds_the_averaged_moment_and_it_descends() {
     for world in [1usize, 2, 4] {
         let config = OneBitAdamConfig::new(adam_without_decay(), FREEZE);
-        let mode = config.mode().unwrap();
+        let mode = config.strategy().unwrap();
         let runs = train(world, 40, |comm| {
             let dist = DistOptConfig {
-                mode,
+                strategy: mode,
                 ..DistOptConfig::default()
             };
             DistOpt::new(OneBitAdam::new(config.clone())?, comm, specs(), dist)
@@ -154,11 +154,15 @@ fn a_varying_beta1_or_a_bad_mode_is_refused() {
         },
         ..adam()
     };
-    assert!(OneBitAdamConfig::new(varying.clone(), 3).mode().is_err());
+    assert!(
+        OneBitAdamConfig::new(varying.clone(), 3)
+            .strategy()
+            .is_err()
+    );
     assert!(OneBitAdam::new(OneBitAdamConfig::new(varying, 3)).is_err());
     let comm = LocalComm::create(1).unwrap().pop().unwrap();
     let bad = DistOptConfig {
-        mode: Mode::OneBitAdam {
+        strategy: StrategyConfig::OneBitAdam {
             beta1: 1.5,
             freeze_step: 3,
         },

@@ -11,7 +11,9 @@ use gradwire_algos::quantized::QuantizedAllReduce;
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::Quantizer;
 use gradwire_optim::checkpoint;
-use gradwire_optim::{DistOpt, DistOptConfig, Mode, OptimError, ParamSpec, Sgd, SgdConfig};
+use gradwire_optim::{
+    DistOpt, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
+};
 use gradwire_tensor::Tensor;
 
 /// Matrices (compressed at rank 2), a conv-shaped kernel and a vector (dense).
@@ -53,15 +55,15 @@ fn powersgd() -> PowerSgdConfig {
 }
 
 /// Every stateful mode.
-fn modes() -> Vec<Mode> {
+fn modes() -> Vec<StrategyConfig> {
     vec![
-        Mode::PowerSgd(powersgd()),
-        Mode::Quantized {
+        StrategyConfig::PowerSgd(powersgd()),
+        StrategyConfig::Quantized {
             quantizer: Quantizer::Sign,
             error_feedback: true,
             momentum: Some(0.9),
         },
-        Mode::Quantized {
+        StrategyConfig::Quantized {
             quantizer: Quantizer::Qsgd {
                 levels: 127,
                 seed: 5,
@@ -69,22 +71,22 @@ fn modes() -> Vec<Mode> {
             error_feedback: true,
             momentum: None,
         },
-        Mode::Quantized {
+        StrategyConfig::Quantized {
             quantizer: Quantizer::MinMaxU8,
             error_feedback: false,
             momentum: None,
         },
         // Dense for two steps, then the 1-bit moment.
-        Mode::OneBitAdam {
+        StrategyConfig::OneBitAdam {
             beta1: 0.9,
             freeze_step: 2,
         },
     ]
 }
 
-fn config(mode: Mode, fusion_threshold: usize) -> DistOptConfig {
+fn config(mode: StrategyConfig, fusion_threshold: usize) -> DistOptConfig {
     DistOptConfig {
-        mode,
+        strategy: mode,
         fusion_threshold,
         skip_non_finite: true,
         ..DistOptConfig::default()
@@ -102,10 +104,10 @@ enum Reference {
 }
 
 impl Reference {
-    fn new(mode: Mode) -> Reference {
+    fn new(mode: StrategyConfig) -> Reference {
         match mode {
-            Mode::PowerSgd(c) => Reference::PowerSgd(PowerSgd::new(c).unwrap()),
-            Mode::Quantized {
+            StrategyConfig::PowerSgd(c) => Reference::PowerSgd(PowerSgd::new(c).unwrap()),
+            StrategyConfig::Quantized {
                 quantizer,
                 error_feedback,
                 momentum,
@@ -142,7 +144,7 @@ fn distopt_gives_what_the_algorithm_gives_on_the_same_bucket() {
     // tested through its optimizer in tests/onebit_adam.rs.
     for mode in modes()
         .into_iter()
-        .filter(|m| !matches!(m, Mode::OneBitAdam { .. }))
+        .filter(|m| !matches!(m, StrategyConfig::OneBitAdam { .. }))
     {
         for world in [1usize, 2, 3, 5] {
             let results = local::run(world, |comm: LocalComm| {
@@ -192,7 +194,7 @@ fn distopt_gives_what_the_algorithm_gives_on_the_same_bucket() {
 /// every rank), with a checkpoint through bytes into a fresh DistOpt after
 /// `save_at` steps when given.
 fn train(
-    mode: Mode,
+    mode: StrategyConfig,
     world: usize,
     steps: &[Option<usize>],
     save_at: Option<usize>,
@@ -281,16 +283,16 @@ fn a_checkpoint_resumes_bitwise() {
 #[test]
 fn bad_settings_are_refused_at_construction() {
     let bad = [
-        Mode::PowerSgd(PowerSgdConfig {
+        StrategyConfig::PowerSgd(PowerSgdConfig {
             rank: 0,
             ..PowerSgdConfig::default()
         }),
-        Mode::Quantized {
+        StrategyConfig::Quantized {
             quantizer: Quantizer::Qsgd { levels: 0, seed: 0 },
             error_feedback: false,
             momentum: None,
         },
-        Mode::Quantized {
+        StrategyConfig::Quantized {
             quantizer: Quantizer::Sign,
             error_feedback: true,
             momentum: Some(1.0),

@@ -17,7 +17,7 @@
 use gradwire_algos::{AdaSum, HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
-use gradwire_optim::{DistOptConfig, GradSync, Mode, ParamSpec};
+use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -92,19 +92,19 @@ fn switch_measuring(comm: &LocalComm, on: bool) {
 }
 
 /// Runs `world` ranks through warm-up and measured steps of `mode` (with
-/// AdaSum as the combiner of `Mode::Custom`); returns (allocations,
+/// AdaSum as the combiner of `StrategyConfig::Custom`); returns (allocations,
 /// largest) over the measured steps. With `skip_bias`, no rank writes the
 /// bias after the warm-up's first step (a partly written bucket).
-fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
+fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize) {
     let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
     let config = DistOptConfig {
-        mode,
+        strategy: mode,
         ..DistOptConfig::default()
     };
     counted(world, |comm| {
         let rank = comm.rank();
         let mut sync: GradSync<LocalComm> = match mode {
-            Mode::Custom => {
+            StrategyConfig::Custom => {
                 let adasum = AdaSum::new(&comm).expect("AdaSum");
                 GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)
             }
@@ -139,10 +139,10 @@ fn measure(world: usize, mode: Mode, skip_bias: bool) -> (usize, usize) {
 /// [`measure`] for the modes that step locally first (`Partial`, and
 /// `DeltaWeight` with AdaSum), through `GradSync::step_locally` with a
 /// caller's SGD step.
-fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
+fn measure_local(world: usize, mode: StrategyConfig) -> (usize, usize) {
     let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
     let config = DistOptConfig {
-        mode,
+        strategy: mode,
         // Several buckets: partial averaging cycles through them.
         fusion_threshold: 4096,
         ..DistOptConfig::default()
@@ -150,7 +150,7 @@ fn measure_local(world: usize, mode: Mode) -> (usize, usize) {
     counted(world, |comm| {
         let rank = comm.rank();
         let mut sync: GradSync<LocalComm> = match mode {
-            Mode::DeltaWeight => {
+            StrategyConfig::DeltaWeight { group: None } => {
                 let adasum = AdaSum::new(&comm).expect("AdaSum");
                 GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)
             }
@@ -265,26 +265,26 @@ fn a_steady_step_allocates_nothing() {
         error_feedback,
         ..PowerSgdConfig::default()
     };
-    let quantized = |quantizer, error_feedback| Mode::Quantized {
+    let quantized = |quantizer, error_feedback| StrategyConfig::Quantized {
         quantizer,
         error_feedback,
         momentum: error_feedback.then_some(0.9),
     };
-    let sparse = |codec, error_feedback| Mode::Sparse {
+    let sparse = |codec, error_feedback| StrategyConfig::Sparse {
         codec,
         error_feedback,
     };
     let modes = [
-        (Mode::Dense, false),
+        (StrategyConfig::Dense, false),
         (
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::F16,
                 clip: None,
             },
             false,
         ),
         (
-            Mode::Half {
+            StrategyConfig::Half {
                 precision: HalfPrecision::BF16,
                 clip: Some(1.0),
             },
@@ -321,12 +321,12 @@ fn a_steady_step_allocates_nothing() {
             ),
             false,
         ),
-        (Mode::Custom, false),
+        (StrategyConfig::Custom, false),
         // PowerSGD: the matrix compressed, the bias dense beside it; dense
         // steps first, then compressed ones (the switch in the warm-up).
-        (Mode::PowerSgd(powersgd(true)), false),
-        (Mode::PowerSgd(powersgd(true)), true),
-        (Mode::PowerSgd(powersgd(false)), false),
+        (StrategyConfig::PowerSgd(powersgd(true)), false),
+        (StrategyConfig::PowerSgd(powersgd(true)), true),
+        (StrategyConfig::PowerSgd(powersgd(false)), false),
         // Quantized both ways, with and without error feedback.
         (quantized(Quantizer::Sign, true), false),
         (quantized(Quantizer::Sign, true), true),
@@ -343,14 +343,14 @@ fn a_steady_step_allocates_nothing() {
         (quantized(Quantizer::MinMaxU8, false), false),
         // 1-bit Adam: dense steps, then the 1-bit moment (in the warm-up).
         (
-            Mode::OneBitAdam {
+            StrategyConfig::OneBitAdam {
                 beta1: 0.9,
                 freeze_step: 3,
             },
             false,
         ),
         (
-            Mode::OneBitAdam {
+            StrategyConfig::OneBitAdam {
                 beta1: 0.9,
                 freeze_step: 3,
             },
@@ -369,10 +369,10 @@ fn a_steady_step_allocates_nothing() {
         }
     }
     for mode in [
-        Mode::Partial {
+        StrategyConfig::Partial {
             average_state: false,
         },
-        Mode::DeltaWeight,
+        StrategyConfig::DeltaWeight { group: None },
     ] {
         for world in 1..=4 {
             let (count, largest) = measure_local(world, mode);

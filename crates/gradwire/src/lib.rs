@@ -43,7 +43,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Swap `DistOptConfig::default()` for another `Mode` to send fp16, a top-k
+//! Swap `DistOptConfig::default()` for another `StrategyConfig` to send fp16, a top-k
 //! selection with error feedback, AdaSum-combined deltas or DimReduce steps;
 //! the `gradwire` command line (crate gradwire-cli) runs them all side by side.
 
@@ -71,7 +71,7 @@ pub use gradwire_optim as optim;
 #[cfg(feature = "optim")]
 pub use gradwire_optim::OptimError as Error;
 #[cfg(feature = "optim")]
-pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, Mode};
+pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, StrategyConfig};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

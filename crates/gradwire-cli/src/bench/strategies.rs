@@ -7,13 +7,10 @@
 //! own `Traffic`), which depend on the shapes, the buckets and the
 //! settings, not on the machine.
 
-use crate::compare::Entry;
-use crate::config::{Strategy, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{CliError, Result};
-use crate::train::mode_of;
-use gradwire_algos::AdaSum;
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_optim::{DistOptConfig, GradSync, Mode, ParamSpec};
+use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -95,7 +92,7 @@ fn fill(grad: &mut [f32], rank: usize, step: usize, k: usize) {
 /// (the first `warm` not measured); returns (bytes sent per step, seconds
 /// per step).
 fn run(
-    mode: Mode,
+    mode: StrategyConfig,
     shapes: &[Vec<usize>],
     world: usize,
     warm: usize,
@@ -107,18 +104,12 @@ fn run(
         .map(|(k, s)| ParamSpec::new(format!("p{k}"), s.clone()))
         .collect();
     let config = DistOptConfig {
-        mode,
+        strategy: mode,
         ..DistOptConfig::default()
     };
     let results = local::run(world, |comm: LocalComm| -> Result<(u64, f64)> {
         let rank = comm.rank();
-        let mut sync = match mode {
-            Mode::Custom => {
-                let adasum = AdaSum::new(&comm)?;
-                GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)?
-            }
-            _ => GradSync::new(comm, specs.clone(), config.clone())?,
-        };
+        let mut sync = GradSync::new(comm, specs.clone(), config.clone())?;
         let mut grads: Vec<Vec<f32>> = shapes
             .iter()
             .map(|s| vec![0f32; s.iter().product()])
@@ -152,10 +143,11 @@ fn run(
 
 /// Every gradient strategy of `entries` (dense is run first, as the
 /// reference) on `shapes` with `world` ranks: `steps` measured steps after
-/// `warm` unmeasured ones. Local-step strategies (partial, adasum-delta,
-/// dimreduce) are refused: they send parameters, not gradients.
+/// `warm` unmeasured ones, PowerSGD compressing from the first. Local-step
+/// strategies (partial, adasum-delta, dimreduce) are refused: they send
+/// parameters, not gradients.
 pub fn strategies(
-    entries: &[Entry],
+    entries: &[StrategyConfig],
     shapes: &[Vec<usize>],
     world: usize,
     warm: usize,
@@ -171,40 +163,31 @@ pub fn strategies(
         world,
         ..TrainConfig::default()
     };
-    let dense = TrainConfig {
-        strategy: Strategy::Dense,
-        ..base.clone()
-    };
-    let (dense_bytes, dense_secs) = run(mode_of(&dense), shapes, world, warm, steps)?;
-    let mut rows = vec![StrategyRow {
-        strategy: dense.label(),
-        params,
-        world,
-        bytes_per_step: dense_bytes,
-        vs_dense: 1.0,
-        step_secs: dense_secs,
-    }];
-    for e in entries.iter().filter(|e| e.strategy != Strategy::Dense) {
-        if matches!(
-            e.strategy,
-            Strategy::Partial | Strategy::AdasumDelta | Strategy::Dimreduce
-        ) {
+    let mut rows: Vec<StrategyRow> = Vec::new();
+    let others = entries.iter().filter(|&&e| e != StrategyConfig::Dense);
+    for &strategy in std::iter::once(&StrategyConfig::Dense).chain(others) {
+        if !strategy.combines_gradients() {
             return Err(CliError::Usage(format!(
                 "{} steps locally and sends parameters: not a gradient strategy",
-                e.strategy.name()
+                strategy.name()
             )));
         }
+        let strategy = match strategy {
+            StrategyConfig::PowerSgd(config) => {
+                StrategyConfig::PowerSgd(gradwire_algos::PowerSgdConfig {
+                    start_step: 0,
+                    ..config
+                })
+            }
+            other => other,
+        };
         let config = TrainConfig {
-            strategy: e.strategy,
-            ratio: e.ratio.unwrap_or(base.ratio),
-            error_feedback: e.error_feedback.unwrap_or(base.error_feedback),
-            powersgd_rank: e.rank.unwrap_or(base.powersgd_rank),
-            // Compressed from the first measured step on.
-            powersgd_start_step: 0,
+            strategy,
             ..base.clone()
         };
         config.validate()?;
-        let (bytes, secs) = run(mode_of(&config), shapes, world, warm, steps)?;
+        let (bytes, secs) = run(config.distopt_strategy(), shapes, world, warm, steps)?;
+        let dense_bytes = rows.first().map_or(bytes, |dense| dense.bytes_per_step);
         rows.push(StrategyRow {
             strategy: config.label(),
             params,
@@ -220,7 +203,10 @@ pub fn strategies(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::parse_entry;
+
+    fn parse(text: &str) -> StrategyConfig {
+        text.parse().unwrap()
+    }
 
     #[test]
     fn resnet50_has_its_published_parameter_count() {
@@ -237,9 +223,9 @@ mod tests {
 
     #[test]
     fn compressed_strategies_send_less_than_dense_on_the_mlp() {
-        let entries: Vec<Entry> = ["fp16", "topk:0.01", "powersgd:2", "onebit", "uint8"]
-            .iter()
-            .map(|e| parse_entry(e).unwrap())
+        let entries: Vec<StrategyConfig> = ["fp16", "topk:0.01", "powersgd:2", "onebit", "uint8"]
+            .into_iter()
+            .map(parse)
             .collect();
         let rows = strategies(&entries, &mlp_shapes(&[256]), 2, 1, 2).unwrap();
         assert_eq!(rows.len(), 6);
@@ -249,15 +235,6 @@ mod tests {
         }
         // f16 is half of dense (the votes aside).
         assert!((rows[1].vs_dense - 2.0).abs() < 0.1, "{}", rows[1].vs_dense);
-        assert!(
-            strategies(
-                &[parse_entry("partial").unwrap()],
-                &mlp_shapes(&[8]),
-                2,
-                0,
-                1
-            )
-            .is_err()
-        );
+        assert!(strategies(&[parse("partial")], &mlp_shapes(&[8]), 2, 0, 1).is_err());
     }
 }

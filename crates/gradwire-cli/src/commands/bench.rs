@@ -5,7 +5,6 @@
 use crate::{Backend, BenchCommand, ShapeModel};
 use gradwire_cli::CliError;
 use gradwire_cli::bench::{self, Budget};
-use gradwire_cli::compare;
 
 /// Runs one `gradwire bench` subcommand.
 pub(crate) fn run(command: BenchCommand) -> Result<(), CliError> {
@@ -42,7 +41,10 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), CliError> {
         } => {
             let entries = strategies
                 .iter()
-                .map(|e| compare::parse_entry(e))
+                .map(|e| {
+                    e.parse()
+                        .map_err(|err| CliError::Usage(format!("--strategies: {err}")))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let shapes = match model {
                 ShapeModel::Resnet50 => bench::strategies::resnet50_shapes(),

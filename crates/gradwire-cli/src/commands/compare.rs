@@ -10,7 +10,7 @@ use gradwire_cli::data::Digits;
 use gradwire_cli::plot;
 use gradwire_cli::project;
 use gradwire_cli::train::RunReport;
-use gradwire_cli::{CliError, Strategy, TrainConfig};
+use gradwire_cli::{CliError, TrainConfig};
 use indicatif::ProgressBar;
 use std::path::Path;
 
@@ -19,16 +19,12 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), CliError> {
     if let Some(rate) = &args.network.network {
         return over_network(rate, args.common.world, Some(&args.out));
     }
-    let entries = if args.strategies.is_empty() {
-        compare::default_entries()
+    let base = args.common.config();
+    let configs = if args.strategies.is_empty() {
+        compare::configs(&base, &compare::DEFAULT_LINE_UP)?
     } else {
-        args.strategies
-            .iter()
-            .map(|s| compare::parse_entry(s))
-            .collect::<Result<_, _>>()?
+        compare::configs(&base, &args.strategies)?
     };
-    let base = args.common.config(Strategy::Dense);
-    let configs = compare::configs(&base, &entries)?;
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
     let header = |world: usize| {

@@ -15,7 +15,12 @@ pub(crate) fn run(args: TrainArgs) -> Result<(), CliError> {
     if let Some(rate) = &args.network.network {
         return over_network(rate, args.common.world, None);
     }
-    let mut config = args.common.config(args.strategy);
+    let (strategy, baseline) = args.strategy;
+    let mut config = TrainConfig {
+        strategy,
+        baseline,
+        ..args.common.config()
+    };
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
     let console = Console {

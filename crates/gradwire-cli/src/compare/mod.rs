@@ -4,134 +4,41 @@
 //! On a shaped network (`--network`, ranks under MPI) the report is about
 //! time: `shaped.rs`.
 
-use crate::config::{Strategy, TrainConfig};
+use crate::config::{TrainConfig, parse_strategy};
 use crate::data::Digits;
 use crate::engine::Backend;
-use crate::error::{CliError, Result};
+use crate::error::Result;
 use crate::train::{Observer, RunReport, TARGET_ACCURACY, train, train_rank};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 
-/// One strategy to compare, with what it overrides of the shared settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Entry {
-    /// The strategy.
-    pub strategy: Strategy,
-    /// The fraction sent (sparse strategies), if not the shared one.
-    pub ratio: Option<f64>,
-    /// Error feedback on or off, if not the shared setting.
-    pub error_feedback: Option<bool>,
-    /// PowerSGD's rank, if not the shared one.
-    pub rank: Option<usize>,
-}
+/// The default line-up, in the registry's printed forms: dense, fp16,
+/// top-k 1 % with and without error feedback, sampled top-k 0.1 %,
+/// PowerSGD at rank 2, 1-bit and min-max uint8 (error feedback), partial
+/// averaging, AdaSum by delta weight and DimReduce.
+pub const DEFAULT_LINE_UP: [&str; 11] = [
+    "dense",
+    "fp16",
+    "topk:0.01",
+    "topk:0.01:no-ef",
+    "sampled-topk:0.001",
+    "powersgd:2",
+    "onebit",
+    "uint8",
+    "partial",
+    "adasum-delta",
+    "dimreduce",
+];
 
-impl Entry {
-    fn plain(strategy: Strategy) -> Entry {
-        Entry {
-            strategy,
-            ratio: None,
-            error_feedback: None,
-            rank: None,
-        }
-    }
-}
-
-/// The default line-up: dense, fp16, top-k 1 % with and without error
-/// feedback, sampled top-k 0.1 %, PowerSGD at rank 2, 1-bit and min-max
-/// uint8 (error feedback), partial averaging, AdaSum by delta weight and
-/// DimReduce.
-pub fn default_entries() -> Vec<Entry> {
-    vec![
-        Entry::plain(Strategy::Dense),
-        Entry::plain(Strategy::Fp16),
-        Entry {
-            strategy: Strategy::Topk,
-            ratio: Some(0.01),
-            error_feedback: Some(true),
-            rank: None,
-        },
-        Entry {
-            strategy: Strategy::Topk,
-            ratio: Some(0.01),
-            error_feedback: Some(false),
-            rank: None,
-        },
-        Entry {
-            strategy: Strategy::SampledTopk,
-            ratio: Some(0.001),
-            error_feedback: Some(true),
-            rank: None,
-        },
-        Entry {
-            rank: Some(2),
-            ..Entry::plain(Strategy::Powersgd)
-        },
-        Entry::plain(Strategy::Onebit),
-        Entry::plain(Strategy::Uint8),
-        Entry::plain(Strategy::Partial),
-        Entry::plain(Strategy::AdasumDelta),
-        Entry::plain(Strategy::Dimreduce),
-    ]
-}
-
-/// Parses `name[:ratio][:ef|:no-ef]`, e.g. `topk:0.01:no-ef`; PowerSGD's
-/// number is its rank (`powersgd:4`).
-pub fn parse_entry(text: &str) -> Result<Entry> {
-    let mut parts = text.split(':');
-    let name = parts.next().unwrap_or_default();
-    let strategy = Strategy::ALL
-        .into_iter()
-        .find(|s| s.name() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = Strategy::ALL.iter().map(|s| s.name()).collect();
-            CliError::Usage(format!(
-                "unknown strategy {name:?} in {text:?} (one of: {})",
-                names.join(", ")
-            ))
-        })?;
-    let mut entry = Entry::plain(strategy);
-    for part in parts {
-        match part {
-            "ef" => entry.error_feedback = Some(true),
-            "no-ef" => entry.error_feedback = Some(false),
-            number if strategy == Strategy::Powersgd => {
-                let rank: usize = number.parse().map_err(|_| {
-                    CliError::Usage(format!("{text:?}: {number:?} is not a rank (1, 2, ...)"))
-                })?;
-                if rank == 0 {
-                    return Err(CliError::Usage(format!(
-                        "{text:?}: the rank must be at least 1"
-                    )));
-                }
-                entry.rank = Some(rank);
-            }
-            number => {
-                let ratio: f64 = number.parse().map_err(|_| {
-                    CliError::Usage(format!(
-                        "{text:?}: {number:?} is neither a ratio nor ef / no-ef"
-                    ))
-                })?;
-                if !(ratio > 0.0 && ratio <= 1.0) {
-                    return Err(CliError::Usage(format!(
-                        "{text:?}: the ratio must be in (0, 1], got {ratio}"
-                    )));
-                }
-                entry.ratio = Some(ratio);
-            }
-        }
-    }
-    Ok(entry)
-}
-
-/// The configuration of each entry: `base` with the entry's overrides.
-pub fn configs(base: &TrainConfig, entries: &[Entry]) -> Result<Vec<TrainConfig>> {
-    entries
+/// The configuration of each strategy (a registry form such as
+/// `topk:0.01:no-ef`, or `baseline`): `base` with that strategy.
+pub fn configs(base: &TrainConfig, strategies: &[impl AsRef<str>]) -> Result<Vec<TrainConfig>> {
+    strategies
         .iter()
-        .map(|e| {
+        .map(|text| {
+            let (strategy, baseline) = parse_strategy(text.as_ref().trim())?;
             let config = TrainConfig {
-                strategy: e.strategy,
-                ratio: e.ratio.unwrap_or(base.ratio),
-                error_feedback: e.error_feedback.unwrap_or(base.error_feedback),
-                powersgd_rank: e.rank.unwrap_or(base.powersgd_rank),
+                strategy,
+                baseline,
                 ..base.clone()
             };
             config.validate()?;
@@ -218,18 +125,15 @@ pub use shaped::{CALIBRATION_BYTES, Calibration, ShapedRow, calibrate, shaped_ta
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::CliError;
 
     #[test]
-    fn entries_parse_with_their_overrides() {
-        let e = parse_entry("topk:0.01:no-ef").unwrap();
-        assert_eq!(e.strategy, Strategy::Topk);
-        assert_eq!(e.ratio, Some(0.01));
-        assert_eq!(e.error_feedback, Some(false));
-        assert_eq!(
-            parse_entry("adasum-delta").unwrap().strategy,
-            Strategy::AdasumDelta
-        );
-        assert_eq!(parse_entry("powersgd:4").unwrap().rank, Some(4));
+    fn strategies_parse_in_the_registrys_forms() {
+        let base = TrainConfig::default();
+        let got = configs(&base, &["topk:0.01:no-ef", "adasum-delta", "baseline"]).unwrap();
+        assert_eq!(got[0].label(), "topk 1 %, no EF");
+        assert_eq!(got[1].strategy.name(), "adasum-delta");
+        assert!(got[2].baseline);
         for bad in [
             "topk:2",
             "topk:0",
@@ -239,14 +143,17 @@ mod tests {
             "powersgd:0",
             "powersgd:0.5",
         ] {
-            assert!(matches!(parse_entry(bad), Err(CliError::Usage(_))), "{bad}");
+            assert!(
+                matches!(configs(&base, &[bad]), Err(CliError::Usage(_))),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn the_default_line_up_differs_only_where_it_says() {
         let base = TrainConfig::default();
-        let configs = configs(&base, &default_entries()).unwrap();
+        let configs = configs(&base, &DEFAULT_LINE_UP).unwrap();
         assert_eq!(configs.len(), 11);
         assert!(
             configs

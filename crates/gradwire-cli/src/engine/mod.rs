@@ -4,22 +4,20 @@
 //! gradient-combining ones, partial averaging and AdaSum by delta weight;
 //! with [`DistOptVars`] (DistOpt over a gradwire copy of the variables)
 //! DimReduce, whose update is its own, and partial averaging of the
-//! optimizer's state too (`--average-state`); with [`LibraryLoop`] the
+//! optimizer's state too (`-s partial:state`); with [`LibraryLoop`] the
 //! baseline (`library.rs`: the backend library's own all-reduce).
 
-use crate::config::{Strategy, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::Result;
 use crate::model::Model;
 use candle_core::backprop::GradStore;
-use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_candle::{
     CandleOptim, DataParallel, DistOptVars, parameters_in, parameters_of, write_values,
 };
-use gradwire_comm::Communicator;
 use gradwire_optim::Optimizer as _;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{DistOptConfig, Mode, Optim, StepStats, UpdateRule};
+use gradwire_optim::{DistOptConfig, Optim, StepStats, StrategyConfig, UpdateRule};
 use gradwire_tensor::Tensor;
 
 mod library;
@@ -37,14 +35,6 @@ pub(crate) enum Engine<R: UpdateRule, C: Backend + 'static> {
     Library(Box<LibraryLoop<R, C>>),
 }
 
-/// The AdaSum combiner of a run (hierarchical with `--adasum-group`).
-fn adasum<C: Communicator + 'static>(config: &TrainConfig, comm: &C) -> Result<AdaSum<C>> {
-    Ok(match config.adasum_group {
-        Some(group) => AdaSum::hierarchical(comm, group)?,
-        None => AdaSum::new(comm)?,
-    })
-}
-
 impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// The engine of `config.strategy` for `model`'s variables.
     pub(crate) fn new(
@@ -55,32 +45,29 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         dist: DistOptConfig,
     ) -> Result<Self> {
         let vars = model.vars().to_vec();
-        if config.strategy == Strategy::Baseline {
+        if config.baseline {
             return Ok(Engine::Library(Box::new(LibraryLoop::new(
                 vars, optimizer, comm,
             )?)));
         }
         // DimReduce's update is its own; the caller's optimizer state
         // cannot be averaged through DataParallel.
-        let copied = config.strategy == Strategy::Dimreduce
-            || (config.strategy == Strategy::Partial && config.average_state);
+        let copied = matches!(
+            config.strategy,
+            StrategyConfig::DimReduce
+                | StrategyConfig::Partial {
+                    average_state: true
+                }
+        );
         if copied {
             let optimizer = Optim::<R>::new(optimizer)?;
             return Ok(Engine::Copied(Box::new(DistOptVars::new(
                 vars, optimizer, comm, dist,
             )?)));
         }
-        Ok(match config.strategy {
-            Strategy::AdasumGrad | Strategy::AdasumDelta => {
-                let combiner = adasum(config, &comm)?;
-                Engine::InPlace(Box::new(DataParallel::with_combiner(
-                    vars, optimizer, comm, dist, combiner,
-                )?))
-            }
-            _ => Engine::InPlace(Box::new(DataParallel::from_vars(
-                vars, optimizer, comm, dist,
-            )?)),
-        })
+        Ok(Engine::InPlace(Box::new(DataParallel::from_vars(
+            vars, optimizer, comm, dist,
+        )?)))
     }
 
     /// The communicator.
@@ -94,7 +81,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
 
     /// Whether DistOpt is in DimReduce's mode.
     pub(crate) fn in_dimreduce(&self) -> bool {
-        matches!(self, Engine::Copied(dv) if dv.dist().mode() == Mode::DimReduce)
+        matches!(self, Engine::Copied(dv) if dv.dist().strategy() == StrategyConfig::DimReduce)
     }
 
     /// Switches to DimReduce with `pca` (the DimReduce strategy only).

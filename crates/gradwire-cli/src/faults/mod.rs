@@ -1,4 +1,5 @@
-//! The fault matrix: DistOpt under injected faults, every mode, any
+//! The fault matrix: DistOpt under injected faults, every strategy of the
+//! registry's examples, any
 //! communicator (the failure model of ARCHITECTURE.md, measured).
 //!
 //! A scenario trains a three-parameter model (two fusion buckets) for
@@ -21,9 +22,8 @@ pub use report::{Report, TerminalReport, table, terminal_table};
 pub use run::{run_local, run_local_terminal, run_on};
 pub use scenario::{run_scenario, run_schedule};
 
-use gradwire_algos::{FaultKind, HalfPrecision, PowerSgdConfig};
-use gradwire_compress::SparseCodec;
-use gradwire_optim::{Mode, OptimError};
+use gradwire_algos::FaultKind;
+use gradwire_optim::{OptimError, StrategyConfig};
 use std::time::Duration;
 
 /// Steps per scenario.
@@ -101,106 +101,6 @@ impl Fault {
     }
 }
 
-/// The DistOpt modes of the matrix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModeCase {
-    /// f32 all-reduce.
-    Dense,
-    /// f16 on the wire.
-    Fp16,
-    /// Top-k 30 % with error feedback.
-    TopKFeedback,
-    /// Threshold without error feedback.
-    Threshold,
-    /// Partial averaging with the optimizer state.
-    Partial,
-    /// AdaSum of the gradients (a combiner).
-    AdaSumGrad,
-    /// AdaSum of the weight changes.
-    DeltaWeight,
-    /// DimReduce after one dense step.
-    DimReduce,
-    /// PowerSGD at rank 1 (the matrix compressed from the second step on).
-    PowerSgd,
-    /// 1 bit per entry both ways, with error feedback and local momentum.
-    OneBit,
-    /// 1-bit Adam's exchange (dense until step 2, then the 1-bit moment).
-    OneBitAdam,
-}
-
-impl ModeCase {
-    /// Every mode.
-    pub const ALL: [ModeCase; 11] = [
-        ModeCase::Dense,
-        ModeCase::Fp16,
-        ModeCase::TopKFeedback,
-        ModeCase::Threshold,
-        ModeCase::Partial,
-        ModeCase::AdaSumGrad,
-        ModeCase::DeltaWeight,
-        ModeCase::DimReduce,
-        ModeCase::PowerSgd,
-        ModeCase::OneBit,
-        ModeCase::OneBitAdam,
-    ];
-
-    /// Its name in the table.
-    pub fn name(self) -> &'static str {
-        match self {
-            ModeCase::Dense => "dense",
-            ModeCase::Fp16 => "fp16",
-            ModeCase::TopKFeedback => "topk+EF",
-            ModeCase::Threshold => "threshold",
-            ModeCase::Partial => "partial",
-            ModeCase::AdaSumGrad => "adasum-grad",
-            ModeCase::DeltaWeight => "adasum-delta",
-            ModeCase::DimReduce => "dimreduce",
-            ModeCase::PowerSgd => "powersgd",
-            ModeCase::OneBit => "onebit",
-            ModeCase::OneBitAdam => "onebit-adam",
-        }
-    }
-
-    fn mode(self) -> Mode {
-        match self {
-            ModeCase::Dense | ModeCase::DimReduce => Mode::Dense,
-            ModeCase::Fp16 => Mode::Half {
-                precision: HalfPrecision::F16,
-                clip: None,
-            },
-            ModeCase::TopKFeedback => Mode::Sparse {
-                codec: SparseCodec::TopK(0.3),
-                error_feedback: true,
-            },
-            ModeCase::Threshold => Mode::Sparse {
-                codec: SparseCodec::Threshold(0.05),
-                error_feedback: false,
-            },
-            ModeCase::Partial => Mode::Partial {
-                average_state: true,
-            },
-            ModeCase::AdaSumGrad => Mode::Custom,
-            ModeCase::DeltaWeight => Mode::DeltaWeight,
-            // The 3 x 5 parameter is compressed only at a rate of 1.
-            ModeCase::PowerSgd => Mode::PowerSgd(PowerSgdConfig {
-                rank: 1,
-                start_step: 1,
-                min_compression_rate: 1.0,
-                ..PowerSgdConfig::default()
-            }),
-            ModeCase::OneBit => Mode::Quantized {
-                quantizer: gradwire_compress::Quantizer::Sign,
-                error_feedback: true,
-                momentum: Some(0.9),
-            },
-            ModeCase::OneBitAdam => Mode::OneBitAdam {
-                beta1: 0.9,
-                freeze_step: 2,
-            },
-        }
-    }
-}
-
 /// What one step gave on one rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -273,14 +173,24 @@ pub struct RankRecord {
     pub params: Vec<u32>,
 }
 
-/// The scenarios of the matrix: every mode and fault (the non-finite ones
+/// Whether the strategy combines through AdaSum, which the matrix wraps in
+/// a combiner that panics on demand.
+pub(crate) fn has_combiner(strategy: StrategyConfig) -> bool {
+    matches!(
+        strategy,
+        StrategyConfig::AdaSum { .. } | StrategyConfig::DeltaWeight { .. }
+    )
+}
+
+/// The scenarios of the matrix: every strategy of the registry's examples
+/// and every fault (the non-finite ones
 /// with and without `skip_non_finite`), less the optimizer fault in
 /// DimReduce mode, which steps without the optimizer.
-pub fn scenarios() -> Vec<(ModeCase, Fault, bool)> {
+pub fn scenarios() -> Vec<(StrategyConfig, Fault, bool)> {
     let mut all = Vec::new();
-    for mode in ModeCase::ALL {
+    for mode in StrategyConfig::examples() {
         for fault in Fault::ALL {
-            if mode == ModeCase::DimReduce && fault == Fault::OptimizerError {
+            if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
                 continue;
             }
             all.push((mode, fault, true));
@@ -294,11 +204,11 @@ pub fn scenarios() -> Vec<(ModeCase, Fault, bool)> {
 
 /// The terminal scenarios: a rank that panics or drops its communicator in
 /// every mode, a panicking combiner in the modes that have one.
-pub fn terminal_scenarios() -> Vec<(ModeCase, Fault)> {
+pub fn terminal_scenarios() -> Vec<(StrategyConfig, Fault)> {
     let mut all = Vec::new();
-    for mode in ModeCase::ALL {
+    for mode in StrategyConfig::examples() {
         for fault in Fault::TERMINAL {
-            let has_combiner = matches!(mode, ModeCase::AdaSumGrad | ModeCase::DeltaWeight);
+            let has_combiner = has_combiner(mode);
             if fault != Fault::PanickingCombiner || has_combiner {
                 all.push((mode, fault));
             }

@@ -6,7 +6,7 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct Report {
     /// The mode.
-    pub mode: ModeCase,
+    pub mode: StrategyConfig,
     /// The fault.
     pub fault: Fault,
     /// Whether DistOpt skipped non-finite steps.
@@ -26,7 +26,7 @@ pub struct Report {
 
 impl Report {
     /// Judges the records of every rank (rank order).
-    pub fn judge(mode: ModeCase, fault: Fault, skip: bool, records: &[RankRecord]) -> Report {
+    pub fn judge(mode: StrategyConfig, fault: Fault, skip: bool, records: &[RankRecord]) -> Report {
         let first = &records[0];
         // Outcomes compared whole: the same kind and the same named rank.
         let agreed = records.iter().all(|r| r.outcomes == first.outcomes);
@@ -35,8 +35,8 @@ impl Report {
                 .iter()
                 .all(|o| *o == Outcome::Done)
         });
-        let equal =
-            (mode != ModeCase::Partial).then(|| records.iter().all(|r| r.params == first.params));
+        let equal = (!matches!(mode, StrategyConfig::Partial { .. }))
+            .then(|| records.iter().all(|r| r.params == first.params));
         let time_to_outcome = records
             .iter()
             .map(|r| r.times[FAULT_STEP])
@@ -91,7 +91,7 @@ impl Report {
 #[derive(Debug, Clone)]
 pub struct TerminalReport {
     /// The mode.
-    pub mode: ModeCase,
+    pub mode: StrategyConfig,
     /// The fault.
     pub fault: Fault,
     /// Each rank's last step and its outcome (`None`: the rank is gone).
@@ -104,7 +104,11 @@ pub struct TerminalReport {
 
 impl TerminalReport {
     /// Judges every rank's record (`None` for the rank that panicked).
-    pub fn judge(mode: ModeCase, fault: Fault, records: &[Option<RankRecord>]) -> TerminalReport {
+    pub fn judge(
+        mode: StrategyConfig,
+        fault: Fault,
+        records: &[Option<RankRecord>],
+    ) -> TerminalReport {
         let last = |r: &RankRecord| r.outcomes.last().map(|o| (r.outcomes.len() - 1, o.clone()));
         let outcomes = records.iter().map(|r| r.as_ref().and_then(last)).collect();
         let done_before = records.iter().flatten().all(|r| {
@@ -171,7 +175,7 @@ pub fn terminal_table(reports: &[TerminalReport], backend: &str, world: usize) -
             })
             .collect();
         table.add_row(vec![
-            r.mode.name().to_string(),
+            r.mode.to_string(),
             r.fault.name().to_string(),
             outcomes.join(" | "),
             format!("{:.1}", r.time_to_outcome.as_secs_f64() * 1e3),
@@ -200,7 +204,7 @@ pub fn table(reports: &[Report], backend: &str, world: usize) -> String {
     ]);
     for r in reports {
         table.add_row(vec![
-            r.mode.name().to_string(),
+            r.mode.to_string(),
             r.fault.name().to_string(),
             if r.skip_non_finite { "yes" } else { "no" }.to_string(),
             if r.agreed {

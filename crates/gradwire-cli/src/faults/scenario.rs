@@ -110,7 +110,7 @@ fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
 /// injecting `fault` at [`FAULT_STEP`].
 pub fn run_scenario<C: Communicator + 'static>(
     comm: C,
-    mode: ModeCase,
+    mode: StrategyConfig,
     fault: Fault,
     skip_non_finite: bool,
 ) -> gradwire_optim::Result<RankRecord> {
@@ -128,7 +128,7 @@ pub fn run_scenario<C: Communicator + 'static>(
 /// `schedule` (at most one fault per rank and step: the first listed).
 pub fn run_schedule<C: Communicator + 'static>(
     comm: C,
-    mode: ModeCase,
+    mode: StrategyConfig,
     schedule: &[(usize, usize, Fault)],
     skip_non_finite: bool,
     steps: usize,
@@ -151,13 +151,18 @@ pub fn run_schedule<C: Communicator + 'static>(
     };
     let combiner_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
-        mode: mode.mode(),
+        // DimReduce starts from a dense DistOpt (below).
+        strategy: match mode {
+            StrategyConfig::DimReduce => StrategyConfig::Dense,
+            other => other,
+        },
         fusion_threshold: FUSION_THRESHOLD,
         skip_non_finite,
         ..DistOptConfig::default()
     };
     let mut dist = match mode {
-        ModeCase::AdaSumGrad | ModeCase::DeltaWeight => {
+        // AdaSum as DistOpt prepares it, wrapped so that it panics on demand.
+        mode if has_combiner(mode) => {
             let inner = AdaSum::new(&comm).map_err(OptimError::from)?;
             let combiner = PanickingCombiner {
                 inner,
@@ -177,7 +182,7 @@ pub fn run_schedule<C: Communicator + 'static>(
             )
         })
         .collect::<Result<_, _>>()?;
-    if mode == ModeCase::DimReduce {
+    if mode == StrategyConfig::DimReduce {
         // Two components over the whole model, the same on every rank.
         let total: usize = params.iter().map(Tensor::len).sum();
         let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
@@ -234,7 +239,7 @@ pub fn run_schedule<C: Communicator + 'static>(
         if inject && fault == Fault::WrongShape {
             targets[0].1 = &mut wrong;
         }
-        let result = if mode == ModeCase::DimReduce {
+        let result = if mode == StrategyConfig::DimReduce {
             let loss = 1.0 + step as f64;
             dist.finish_dimreduce(targets, loss, |_| Ok(0.5))
         } else {

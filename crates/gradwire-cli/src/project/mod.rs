@@ -28,7 +28,7 @@ pub use profile::{Profile, ProfileLink, ProfileStrategy};
 pub use report::{print_report, published_comparison};
 pub use validate::{collectives_of, predictions, profile_of, shapes_of, warm_up_of};
 
-use crate::compare::{configs, parse_entry};
+use crate::compare::configs;
 use crate::config::TrainConfig;
 use crate::error::{CliError, Result};
 use crate::network::Rate;
@@ -190,16 +190,7 @@ impl Settings {
         if args.workers.contains(&0) {
             return Err(CliError::Usage("--workers must be at least 1".into()));
         }
-        let entries = args
-            .strategies
-            .iter()
-            .map(|s| parse_entry(s.trim()))
-            .collect::<Result<Vec<_>>>()?;
-        let base = TrainConfig {
-            powersgd_start_step: 0,
-            ..TrainConfig::default()
-        };
-        let strategies = configs(&base, &entries)?
+        let strategies = configs(&TrainConfig::default(), &args.strategies)?
             .iter()
             .map(entry_of)
             .collect::<Result<Vec<_>>>()?;

@@ -3,10 +3,12 @@
 //! without a profile.
 
 use crate::bench::strategies::resnet50_shapes;
-use crate::config::{Strategy, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{CliError, Result};
+use gradwire_algos::HalfPrecision;
 use gradwire_algos::cost::StrategySpec;
-use gradwire_compress::Quantizer;
+use gradwire_compress::{Quantizer, SparseCodec};
+use gradwire_optim::StrategyConfig;
 
 /// A model to project: a name, its parameter shapes (`[out, in, ...]`, in
 /// declaration order) and its forward + backward time per step on one
@@ -181,97 +183,61 @@ pub const DIMREDUCE_TRIALS: usize = 1;
 /// "Benchmarks"); strategies it did not measure say so.
 pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
     const BENCH: &str = "gradwire bench compress, 16 M f32, one core (README)";
-    let (spec, codec_fraction, codec_source) = match config.strategy {
-        Strategy::Dense | Strategy::Baseline => (StrategySpec::Dense, 0.0, "none"),
-        Strategy::Fp16 => (StrategySpec::Half, 0.67, BENCH),
-        Strategy::Bf16 => (StrategySpec::Half, 0.51, BENCH),
-        Strategy::Topk => (
-            StrategySpec::TopK {
-                ratio: config.ratio,
-            },
-            if config.error_feedback { 0.20 } else { 0.48 },
-            BENCH,
-        ),
-        Strategy::SampledTopk => (
-            StrategySpec::SampledTopK {
-                ratio: config.ratio,
-                overshoot: SAMPLED_OVERSHOOT,
-            },
-            0.42,
-            BENCH,
-        ),
-        Strategy::Randomk => (
-            StrategySpec::RandomK {
-                ratio: config.ratio,
-            },
-            0.40,
-            BENCH,
-        ),
-        Strategy::Powersgd => (
-            StrategySpec::PowerSgd {
-                rank: config.powersgd_rank,
-                min_compression_rate: gradwire_algos::PowerSgdConfig::default()
-                    .min_compression_rate,
-            },
+    let strategy = config.strategy;
+    let Some(spec) = (if config.baseline {
+        Some(StrategySpec::Dense)
+    } else {
+        strategy.cost_spec(SAMPLED_OVERSHOOT, (config.components, DIMREDUCE_TRIALS))
+    }) else {
+        return Err(CliError::Usage(format!(
+            "{} is not modelled: {}",
+            strategy.name(),
+            if strategy.is_sparse() {
+                "what it sends depends on the data (use topk)"
+            } else {
+                "it steps locally and sends parameters"
+            }
+        )));
+    };
+    let (codec_fraction, codec_source) = match strategy {
+        _ if config.baseline => (0.0, "none"),
+        StrategyConfig::Dense => (0.0, "none"),
+        StrategyConfig::Half {
+            precision: HalfPrecision::F16,
+            ..
+        } => (0.67, BENCH),
+        StrategyConfig::Half { .. } => (0.51, BENCH),
+        StrategyConfig::Sparse { codec, .. } => match codec {
+            SparseCodec::TopK(_) if strategy.error_feedback() => (0.20, BENCH),
+            SparseCodec::TopK(_) => (0.48, BENCH),
+            SparseCodec::SampledTopK(_) => (0.42, BENCH),
+            _ => (0.40, BENCH),
+        },
+        StrategyConfig::PowerSgd(_) => (
             0.18,
             "gradwire bench compress, rank-4 step on 1024 rows (README)",
         ),
-        Strategy::Onebit => (
-            StrategySpec::Quantized {
-                quantizer: Quantizer::Sign,
-            },
-            0.25,
-            BENCH,
-        ),
-        Strategy::Qsgd => (
-            StrategySpec::Quantized {
-                quantizer: Quantizer::Qsgd {
-                    levels: 127,
-                    seed: config.seed,
-                },
-            },
-            0.12,
-            BENCH,
-        ),
-        Strategy::Uint8 => (
-            StrategySpec::Quantized {
-                quantizer: Quantizer::MinMaxU8,
-            },
-            0.18,
-            BENCH,
-        ),
-        Strategy::OnebitAdam => (
-            StrategySpec::OneBitAdam { compressed: true },
-            0.25,
-            "as onebit",
-        ),
-        Strategy::AdasumGrad => (
-            StrategySpec::AdaSum,
+        StrategyConfig::Quantized { quantizer, .. } => match quantizer {
+            Quantizer::Sign => (0.25, BENCH),
+            Quantizer::Qsgd { .. } => (0.12, BENCH),
+            Quantizer::MinMaxU8 => (0.18, BENCH),
+        },
+        StrategyConfig::OneBitAdam { .. } => (0.25, "as onebit"),
+        StrategyConfig::AdaSum { .. } => (
             0.5,
             "assumed: two passes (partials, combine) per level at memcpy's half",
         ),
-        Strategy::Dimreduce => (
-            StrategySpec::DimReduce {
-                components: config.components,
-                trials: DIMREDUCE_TRIALS,
-            },
-            // P g and P^T d: 2 x components multiply-adds per entry of a
-            // rank's slice, about 8 GFLOP/s on a core: relative to memcpy's
-            // 2.5 G f32/s, 1.6 / components.
+        // P g and P^T d: 2 x components multiply-adds per entry of a
+        // rank's slice, about 8 GFLOP/s on a core: relative to memcpy's
+        // 2.5 G f32/s, 1.6 / components.
+        StrategyConfig::DimReduce => (
             1.6 / config.components.max(1) as f64,
             "assumed: 2 x components multiply-adds per entry at 8 GFLOP/s",
         ),
-        Strategy::Threshold | Strategy::Partial | Strategy::AdasumDelta => {
-            return Err(CliError::Usage(format!(
-                "{} is not modelled: {}",
-                config.strategy.name(),
-                if config.strategy == Strategy::Threshold {
-                    "what it sends depends on the data (use topk)"
-                } else {
-                    "it steps locally and sends parameters"
-                }
-            )));
-        }
+        // No cost_spec: refused above.
+        StrategyConfig::Partial { .. }
+        | StrategyConfig::DeltaWeight { .. }
+        | StrategyConfig::Custom => (0.0, "none"),
     };
     Ok(StrategyEntry {
         label: config.label(),

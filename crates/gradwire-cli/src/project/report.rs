@@ -3,7 +3,7 @@
 //! profile's check, and what the projection says about published results.
 
 use super::{ModelSpec, Projection, ProjectionRow, Settings, dense_entry, entry_of, predict_row};
-use crate::compare::{configs, parse_entry};
+use crate::compare::configs;
 use crate::config::TrainConfig;
 use crate::error::Result;
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
@@ -128,11 +128,7 @@ pub fn print_report(projection: &Projection, settings: &Settings) {
 
 /// `label` (a `compare` entry) as the projection's strategy.
 fn entry(label: &str) -> Result<super::StrategyEntry> {
-    let base = TrainConfig {
-        powersgd_start_step: 0,
-        ..TrainConfig::default()
-    };
-    let config = configs(&base, &[parse_entry(label)?])?;
+    let config = configs(&TrainConfig::default(), &[label])?;
     entry_of(&config[0])
 }
 

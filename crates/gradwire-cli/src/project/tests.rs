@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::bench::strategies::{mlp_shapes, strategies};
-use crate::compare::Entry;
 use gradwire_algos::cost::{CollectiveCall, Link};
+use gradwire_optim::StrategyConfig;
 
 fn args() -> ProjectArgs {
     ProjectArgs {
@@ -242,18 +242,15 @@ fn analytic_bytes_equal_what_distopt_sends() {
         "uint8",
         "adasum-grad",
     ];
-    let entries: Vec<Entry> = labels.iter().map(|l| parse_entry(l).unwrap()).collect();
-    let sampled = [parse_entry("sampled-topk:0.01").unwrap()];
-    let base = TrainConfig {
-        powersgd_start_step: 0,
-        ..TrainConfig::default()
-    };
+    let entries: Vec<StrategyConfig> = labels.iter().map(|l| l.parse().unwrap()).collect();
+    let sampled: [StrategyConfig; 1] = ["sampled-topk:0.01".parse().unwrap()];
+    let base = TrainConfig::default();
     let model_of = |config: &TrainConfig| entry_of(config).unwrap().spec;
     for shapes in [mlp_shapes(&[2048, 2048]), mlp_shapes(&[32])] {
         for world in 1..=4 {
             let rows = strategies(&entries, &shapes, world, 0, 2).unwrap();
             let mut wanted = vec![StrategySpec::Dense];
-            wanted.extend(configs(&base, &entries).unwrap().iter().map(model_of));
+            wanted.extend(configs(&base, &labels).unwrap().iter().map(model_of));
             assert_eq!(rows.len(), wanted.len());
             for (row, spec) in rows.iter().zip(&wanted) {
                 let calls = step_collectives(spec, &shapes, world, &Bucketing::default()).unwrap();

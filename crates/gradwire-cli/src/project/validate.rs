@@ -8,7 +8,7 @@
 
 use super::{Profile, ProfileLink, ProfileStrategy, entry_of};
 use crate::compare::{Calibration, ShapedRow};
-use crate::config::{Strategy, TrainConfig};
+use crate::config::TrainConfig;
 use crate::error::{CliError, Result};
 use crate::model::Model;
 use crate::train::RunReport;
@@ -16,6 +16,7 @@ use gradwire_algos::cost::{
     Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
     fit_all_reduce, predict_step_secs, step_collectives,
 };
+use gradwire_optim::StrategyConfig;
 
 /// The parameter shapes of `config`'s model, in declaration order
 /// (DistOpt's): what [`collectives_of`] and [`warm_up_of`] plan with.
@@ -48,7 +49,7 @@ pub fn collectives_of(
     config: &TrainConfig,
     shapes: &[Vec<usize>],
 ) -> Result<Option<Vec<CollectiveCall>>> {
-    if config.strategy == Strategy::Baseline {
+    if config.baseline {
         let bytes = 4 * shapes
             .iter()
             .map(|s| s.iter().product::<usize>())
@@ -76,12 +77,12 @@ pub fn warm_up_of(
     steps_per_epoch: usize,
 ) -> Result<Option<(u64, Vec<CollectiveCall>)>> {
     let (steps, spec) = match config.strategy {
-        Strategy::Powersgd => (config.powersgd_start_step, StrategySpec::Dense),
-        Strategy::OnebitAdam => (
-            config.freeze_step,
-            StrategySpec::OneBitAdam { compressed: false },
-        ),
-        Strategy::Dimreduce => (
+        _ if config.baseline => return Ok(None),
+        StrategyConfig::PowerSgd(powersgd) => (powersgd.start_step, StrategySpec::Dense),
+        StrategyConfig::OneBitAdam { freeze_step, .. } => {
+            (freeze_step, StrategySpec::OneBitAdam { compressed: false })
+        }
+        StrategyConfig::DimReduce => (
             (config.dense_epochs() * steps_per_epoch) as u64,
             StrategySpec::Dense,
         ),
@@ -131,7 +132,7 @@ pub fn profile_of(
         // Rank 0's network time includes waiting for slower ranks; the
         // model's collectives start when the last rank arrives.
         let imbalance = split.imbalance.unwrap_or(0.0);
-        let link = if run.config.strategy == Strategy::Baseline {
+        let link = if run.config.baseline {
             &library
         } else {
             &gradwire
@@ -185,7 +186,7 @@ pub fn predictions(profile: &Profile, runs: &[RunReport]) -> Vec<Option<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::{configs, parse_entry};
+    use crate::compare::configs;
     use crate::data::Digits;
     use crate::train::{Silent, train};
     use gradwire_algos::cost::{Link, bytes_sent};
@@ -197,21 +198,19 @@ mod tests {
             epochs: 1,
             hidden: vec![24, 16],
             fusion_threshold: 300,
-            // Some dense steps first: the model mixes them in.
-            powersgd_start_step: 5,
             ..TrainConfig::default()
         };
+        // PowerSGD with some dense steps first: the model mixes them in.
         let entries = [
             "baseline",
             "dense",
             "fp16",
             "topk:0.05",
             "randomk:0.05",
-            "powersgd:2",
+            "powersgd:2:start=5",
             "onebit",
             "uint8",
-        ]
-        .map(|e| parse_entry(e).unwrap());
+        ];
         configs(&base, &entries)
             .unwrap()
             .iter()

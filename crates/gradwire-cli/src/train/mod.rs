@@ -11,20 +11,19 @@
 //! a dense run that records the trajectory; at its end every worker fits
 //! the same components from the same snapshots and switches DistOpt's mode.
 
-use crate::config::{OptimizerKind, ScheduleKind, Strategy, TrainConfig};
+use crate::config::{OptimizerKind, ScheduleKind, TrainConfig};
 use crate::data::{Digits, epoch_order};
 use crate::engine::{Backend, Engine};
 use crate::error::{CliError, Result};
 use crate::model::Model;
+use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
-use gradwire_algos::{HalfPrecision, PowerSgdConfig, Traffic};
 use gradwire_comm::{LocalComm, ReduceOp, local};
-use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
-    AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, Mode,
-    OneBitAdamConfig, OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule,
-    SkipVote, UpdateRule,
+    AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, OneBitAdamConfig,
+    OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, SkipVote,
+    StrategyConfig, UpdateRule,
 };
 use std::time::{Duration, Instant};
 
@@ -157,7 +156,7 @@ pub fn train_rank<C: Backend + 'static>(
     // DimReduce's dense stage, fixed for the whole run: a resumed run keeps
     // the saved one unless told otherwise (it would move with --epochs).
     let mut config = config.clone();
-    if config.strategy == Strategy::Dimreduce && config.dimreduce_dense_epochs.is_none() {
+    if config.strategy == StrategyConfig::DimReduce && config.dimreduce_dense_epochs.is_none() {
         let saved = match plan.filter(|p| p.resume) {
             Some(p) => {
                 saved_config(&checkpoint::load(rank_file(&p.dir, comm.rank()))?)?
@@ -202,14 +201,16 @@ pub fn train_rank<C: Backend + 'static>(
             run.go::<SgdRule, _>(comm, SgdConfig::default().lr(lr).momentum(momentum))
         }
         // 1-bit Adam is an optimizer and a strategy together.
-        OptimizerKind::Adam | OptimizerKind::Adamw if config.strategy == Strategy::OnebitAdam => {
+        OptimizerKind::Adam | OptimizerKind::Adamw
+            if matches!(config.strategy, StrategyConfig::OneBitAdam { .. }) =>
+        {
             let adam = match config.optimizer {
                 OptimizerKind::Adamw => AdamConfig::adamw(),
                 _ => AdamConfig::default(),
             };
             run.go::<OneBitAdamRule, _>(
                 comm,
-                OneBitAdamConfig::new(adam.lr(lr), config.freeze_step),
+                OneBitAdamConfig::new(adam.lr(lr), onebit_adam_freeze_step(config)),
             )
         }
         OptimizerKind::Adam => run.go::<AdamRule, _>(comm, AdamConfig::default().lr(lr)),
@@ -240,61 +241,12 @@ struct Run<'a> {
     steps_per_epoch: usize,
 }
 
-/// DistOpt's mode for a strategy.
-pub(crate) fn mode_of(config: &TrainConfig) -> Mode {
-    let sparse = |codec| Mode::Sparse {
-        codec,
-        error_feedback: config.error_feedback,
-    };
-    let quantized = |quantizer| Mode::Quantized {
-        quantizer,
-        error_feedback: config.error_feedback,
-        momentum: config
-            .momentum_before_exchange()
-            .then_some(config.momentum as f32),
-    };
+/// 1-bit Adam's freeze step, which the optimizer needs as well as the
+/// strategy.
+fn onebit_adam_freeze_step(config: &TrainConfig) -> u64 {
     match config.strategy {
-        // The baseline runs no DistOpt (crate::engine's LibraryLoop).
-        Strategy::Dense | Strategy::Dimreduce | Strategy::Baseline => Mode::Dense,
-        Strategy::Fp16 => Mode::Half {
-            precision: HalfPrecision::F16,
-            clip: config.clip,
-        },
-        Strategy::Bf16 => Mode::Half {
-            precision: HalfPrecision::BF16,
-            clip: config.clip,
-        },
-        Strategy::Threshold => sparse(SparseCodec::Threshold(config.threshold)),
-        Strategy::Topk => sparse(SparseCodec::TopK(config.ratio)),
-        Strategy::SampledTopk => sparse(SparseCodec::SampledTopK(config.ratio)),
-        Strategy::Randomk => sparse(SparseCodec::RandomK {
-            ratio: config.ratio,
-            seed: config.seed,
-        }),
-        Strategy::Partial => Mode::Partial {
-            average_state: config.average_state,
-        },
-        Strategy::AdasumGrad => Mode::Custom,
-        Strategy::AdasumDelta => Mode::DeltaWeight,
-        Strategy::Powersgd => Mode::PowerSgd(PowerSgdConfig {
-            rank: config.powersgd_rank,
-            start_step: config.powersgd_start_step,
-            error_feedback: config.error_feedback,
-            seed: config.seed,
-            ..PowerSgdConfig::default()
-        }),
-        Strategy::Onebit => quantized(Quantizer::Sign),
-        Strategy::Qsgd => quantized(Quantizer::Qsgd {
-            levels: 127,
-            seed: config.seed,
-        }),
-        Strategy::Uint8 => quantized(Quantizer::MinMaxU8),
-        // Adam's default beta1, which the optimizer (AdamConfig's default
-        // or adamw()) uses too.
-        Strategy::OnebitAdam => Mode::OneBitAdam {
-            beta1: 0.9,
-            freeze_step: config.freeze_step,
-        },
+        StrategyConfig::OneBitAdam { freeze_step, .. } => freeze_step,
+        _ => gradwire_optim::ONEBIT_ADAM_FREEZE_STEP,
     }
 }
 
@@ -348,7 +300,7 @@ impl Run<'_> {
         }
         let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
         let dist_config = DistOptConfig {
-            mode: mode_of(config),
+            strategy: config.distopt_strategy(),
             fusion_threshold: config.fusion_threshold,
             capacity: config
                 .fusion_threshold
@@ -367,7 +319,14 @@ impl Run<'_> {
         if let Some(plan) = self.plan.filter(|p| p.resume) {
             let ckpt = checkpoint::load(rank_file(&plan.dir, rank))?;
             start_epoch = self.resume(&ckpt, &mut recorder, &mut history)?;
-            if config.strategy == Strategy::Dimreduce && start_epoch >= dense_epochs {
+            // DimReduce ran when the checkpoint was saved if an epoch past
+            // the dense stage was done (or a PCA file was given); saved at
+            // the end of the dense stage, the loop below fits the
+            // components from the restored trajectory, as the straight run
+            // does.
+            if config.strategy == StrategyConfig::DimReduce
+                && (config.pca.is_some() || start_epoch > dense_epochs)
+            {
                 let pca = match &config.pca {
                     Some(path) => checkpoint::load_pca(path)?,
                     None => checkpoint::load_pca(plan.dir.join(PCA_FILE))?,
@@ -375,7 +334,7 @@ impl Run<'_> {
                 engine.start_dimreduce(&pca, dimreduce_config(config))?;
             }
             engine.restore(&ckpt)?;
-        } else if let (Strategy::Dimreduce, Some(path)) = (config.strategy, &config.pca) {
+        } else if let (StrategyConfig::DimReduce, Some(path)) = (config.strategy, &config.pca) {
             let pca = checkpoint::load_pca(path)?;
             engine.start_dimreduce(&pca, dimreduce_config(config))?;
         }
@@ -384,7 +343,7 @@ impl Run<'_> {
         let mut dimreduce_started = engine.in_dimreduce();
         let global_batch = world * config.batch;
         for epoch in start_epoch..config.epochs {
-            let dimreduce = config.strategy == Strategy::Dimreduce && epoch >= dense_epochs;
+            let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
                 dimreduce_started = true;
                 // Every rank fits the same components from the same snapshots.
@@ -422,7 +381,7 @@ impl Run<'_> {
                 } else {
                     engine.step(grads)?
                 };
-                if config.strategy == Strategy::Dimreduce && !dimreduce {
+                if config.strategy == StrategyConfig::DimReduce && !dimreduce {
                     let params = engine.parameters(&model)?;
                     recorder.record(&params.iter().collect::<Vec<_>>())?;
                 }

@@ -3,12 +3,13 @@
 //! trajectory) and how a run continues from them, bitwise.
 
 use super::{EpochRecord, Run};
-use crate::config::{Strategy, TrainConfig};
+use crate::config::TrainConfig;
 use crate::engine::Backend;
 use crate::engine::Engine;
 use crate::error::{CliError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::TrajectoryRecorder;
+use gradwire_optim::StrategyConfig;
 use gradwire_optim::UpdateRule;
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_tensor::Tensor;
@@ -65,7 +66,7 @@ impl Run<'_> {
             .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
         ckpt.values
             .insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
-        if self.config.strategy == Strategy::Dimreduce && !dimreduce && !recorder.is_empty() {
+        if self.config.strategy == StrategyConfig::DimReduce && !dimreduce && !recorder.is_empty() {
             let rows: Vec<f32> = recorder.snapshots().flatten().copied().collect();
             let width = rows.len() / recorder.len();
             ckpt.tensors.insert(

@@ -3,7 +3,7 @@
 //! line search through the caller's loss closure).
 
 use super::local_step::recycle;
-use super::{DistOpt, Mode, StepStats};
+use super::{DistOpt, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
@@ -13,7 +13,7 @@ use gradwire_tensor::{DType, Device, Tensor};
 use std::time::Instant;
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
-    /// Switches to [`Mode::DimReduce`] with the components `pca` (the same on
+    /// Switches to [`StrategyConfig::DimReduce`] with the components `pca` (the same on
     /// every rank: fit from the same trajectory, or broadcast) over all
     /// declared parameters flattened in declaration order. Call between
     /// steps; the optimizer's state is kept, unused, in the checkpoints.
@@ -36,7 +36,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             ..config
         };
         self.dimreduce = Some(DimReduce::new(&self.comm, pca, config)?);
-        self.config.mode = Mode::DimReduce;
+        self.config.strategy = StrategyConfig::DimReduce;
         Ok(())
     }
 
@@ -77,7 +77,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         loss: f64,
         mut eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
     ) -> Result<StepStats> {
-        if self.config.mode != Mode::DimReduce || self.dimreduce.is_none() {
+        if self.config.strategy != StrategyConfig::DimReduce || self.dimreduce.is_none() {
             self.record(
                 FaultKind::InvalidArgument,
                 &"finish_dimreduce needs start_dimreduce first",

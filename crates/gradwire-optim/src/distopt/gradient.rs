@@ -4,7 +4,7 @@
 
 use super::bucket::{BucketOutput, scan_non_finite};
 use super::local_step::{LocalUpdate, recycle};
-use super::{DistOpt, LocalFault, Mode, SkipVote, StepStats};
+use super::{DistOpt, LocalFault, SkipVote, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
@@ -65,13 +65,15 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Result<StepStats> {
         let mut targets = self.take_targets(params);
-        let result = match self.config.mode {
-            Mode::Partial { average_state } => {
+        let result = match self.config.strategy {
+            StrategyConfig::Partial { average_state } => {
                 self.finish_partial(&mut targets, average_state, LocalUpdate::Optimizer)
             }
-            Mode::DeltaWeight => self.finish_delta_weight(&mut targets, LocalUpdate::Optimizer),
+            StrategyConfig::DeltaWeight { .. } => {
+                self.finish_delta_weight(&mut targets, LocalUpdate::Optimizer)
+            }
             mode => {
-                if mode == Mode::DimReduce {
+                if mode == StrategyConfig::DimReduce {
                     self.record(
                         FaultKind::InvalidArgument,
                         &"DimReduce mode steps with finish_dimreduce, which takes the loss",
@@ -98,7 +100,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// still advances. An `apply` error on one rank is an error on every
     /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
     /// optimizer error. Gradient-combining modes only
-    /// ([`Mode::combines_gradients`]); [`crate::GradSync`] is built on it.
+    /// ([`StrategyConfig::combines_gradients`]); [`crate::GradSync`] is built on it.
     pub fn finish_gradients(
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
@@ -112,12 +114,12 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         mut apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
-        if !self.config.mode.combines_gradients() {
+        if !self.config.strategy.combines_gradients() {
             self.record(
                 FaultKind::InvalidArgument,
                 &format!(
                     "finish_gradients combines gradients; mode {:?} steps the parameters",
-                    self.config.mode
+                    self.config.strategy
                 ),
             );
         }

@@ -7,7 +7,7 @@
 //! collective of the step.
 
 use super::bucket::scan_non_finite;
-use super::{DistOpt, Mode, StepStats};
+use super::{DistOpt, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
@@ -77,8 +77,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
         step: &mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>,
     ) -> Result<StepStats> {
-        let result = match self.config.mode {
-            Mode::Partial {
+        let result = match self.config.strategy {
+            StrategyConfig::Partial {
                 average_state: false,
             } => {
                 let mut targets = self.take_targets(params);
@@ -86,7 +86,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 self.local.targets = recycle(targets);
                 result
             }
-            Mode::DeltaWeight => {
+            StrategyConfig::DeltaWeight { .. } => {
                 let mut targets = self.take_targets(params);
                 let result = self.finish_delta_weight(&mut targets, LocalUpdate::Caller(step));
                 self.local.targets = recycle(targets);

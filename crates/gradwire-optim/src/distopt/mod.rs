@@ -55,6 +55,7 @@ mod dimreduce;
 mod gradient;
 mod local_step;
 mod partial;
+mod registry;
 mod spec;
 mod state;
 pub mod strategy;
@@ -62,12 +63,17 @@ pub mod strategy;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
-pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, Mode, SkipVote, StepStats};
+pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats};
 use gradient::StepScratch;
 use gradwire_algos::FaultKind;
+use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::DimReduce;
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
+pub use registry::{
+    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, STRATEGY_NAMES, StrategyConfig,
+    StrategyError,
+};
 pub use spec::ParamSpec;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -123,7 +129,7 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
-    /// The combiner of `Mode::Custom` and `Mode::DeltaWeight`, shared by
+    /// The combiner of `StrategyConfig::AdaSum`, `Custom` and `DeltaWeight`, shared by
     /// the buckets' strategies.
     combiner: Option<SharedCombiner<C>>,
     /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
@@ -137,11 +143,40 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// Wraps `optimizer` for the parameters `params`, declared in the order
     /// backward produces their gradients.
+    ///
+    /// The strategy is `config.strategy`; AdaSum's (`AdaSum`,
+    /// `DeltaWeight`) is prepared here, on every rank alike (it splits the
+    /// communicator). A [`StrategyConfig::Custom`] strategy needs
+    /// [`DistOpt::with_combiner`].
     pub fn new(
         optimizer: O,
         comm: C,
         params: Vec<ParamSpec>,
         config: DistOptConfig,
+    ) -> Result<Self> {
+        Self::build(optimizer, comm, params, config, None)
+    }
+
+    /// [`DistOpt::new`] with `combiner` for `StrategyConfig::Custom`
+    /// (buckets of gradients) or in place of AdaSum in
+    /// `StrategyConfig::DeltaWeight` (buckets of weight changes).
+    pub fn with_combiner(
+        optimizer: O,
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+        combiner: impl Combiner<C>,
+    ) -> Result<Self> {
+        let combiner = SharedCombiner::new(combiner);
+        Self::build(optimizer, comm, params, config, Some(combiner))
+    }
+
+    fn build(
+        optimizer: O,
+        comm: C,
+        params: Vec<ParamSpec>,
+        config: DistOptConfig,
+        combiner: Option<SharedCombiner<C>>,
     ) -> Result<Self> {
         let mut index = HashMap::new();
         for (i, p) in params.iter().enumerate() {
@@ -152,31 +187,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 )));
             }
         }
-        match config.mode {
-            Mode::PowerSgd(powersgd) => powersgd.validate()?,
-            Mode::Quantized {
-                quantizer,
-                momentum,
-                ..
-            } => {
-                quantizer
-                    .validate()
-                    .map_err(gradwire_algos::AlgoError::from)?;
-                if let Some(mu) = momentum
-                    && !(0.0..1.0).contains(&mu)
-                {
-                    return Err(OptimError::InvalidArgument(format!(
-                        "the quantized mode's momentum must be in [0, 1), got {mu}"
-                    )));
-                }
-            }
-            Mode::OneBitAdam { beta1, .. } if !(0.0..1.0).contains(&beta1) => {
-                return Err(OptimError::InvalidArgument(format!(
-                    "1-bit Adam's beta1 must be in [0, 1), got {beta1}"
-                )));
-            }
-            _ => {}
-        }
+        config.strategy.validate()?;
         if config.ranks_per_node == Some(0) {
             return Err(OptimError::InvalidArgument(
                 "ranks_per_node must be positive".into(),
@@ -204,6 +215,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .map(|b| Arc::from(&lens[b.clone()]))
             .collect();
         let buffers = buckets.iter().map(|_| BucketBuffers::default()).collect();
+        let combiner = match (combiner, config.strategy) {
+            (Some(combiner), _) => Some(combiner),
+            (None, StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group }) => {
+                Some(SharedCombiner::new(match group {
+                    Some(group) => AdaSum::hierarchical(&comm, group)?,
+                    None => AdaSum::new(&comm)?,
+                }))
+            }
+            (None, _) => None,
+        };
         Ok(DistOpt {
             optimizer,
             comm,
@@ -223,7 +244,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             all_written: vec![true; bucket_lens.iter().map(|b| b.len()).max().unwrap_or(0)],
             bucket_lens,
             partial_counter: 0,
-            combiner: None,
+            combiner,
             dimreduce: None,
             local: local_step::LocalScratch::default(),
             dimreduce_scratch: dimreduce::DimReduceScratch::default(),
@@ -235,7 +256,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub(super) fn take_strategy(&mut self, b: usize) -> Box<dyn Combiner<C>> {
         self.strategies[b].take().unwrap_or_else(|| {
             let len = self.bucket_lens[b].iter().sum();
-            strategy::for_bucket(self.config.mode, len, self.combiner.as_ref())
+            strategy::for_bucket(self.config.strategy, len, self.combiner.as_ref())
         })
     }
 
@@ -243,20 +264,6 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub(super) fn strategy_mut(&mut self, b: usize) -> &mut Box<dyn Combiner<C>> {
         let strategy = self.take_strategy(b);
         self.strategies[b].insert(strategy)
-    }
-
-    /// [`DistOpt::new`] with a [`Combiner`] for `Mode::Custom` (buckets of
-    /// gradients) or `Mode::DeltaWeight` (buckets of weight changes).
-    pub fn with_combiner(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-        combiner: impl Combiner<C>,
-    ) -> Result<Self> {
-        let mut dist = DistOpt::new(optimizer, comm, params, config)?;
-        dist.combiner = Some(SharedCombiner::new(combiner));
-        Ok(dist)
     }
 
     /// Number of ranks (SINGA's `world_size`).
@@ -300,10 +307,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         self.comm
     }
 
-    /// The current mode ([`Mode::DimReduce`] after
+    /// The current strategy ([`StrategyConfig::DimReduce`] after
     /// [`DistOpt::start_dimreduce`]).
-    pub fn mode(&self) -> Mode {
-        self.config.mode
+    pub fn strategy(&self) -> StrategyConfig {
+        self.config.strategy
     }
 
     /// The buckets, as ranges of the declared parameters.
@@ -328,8 +335,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         };
         self.grads[i] = Some(grad);
         if matches!(
-            self.config.mode,
-            Mode::Partial { .. } | Mode::DeltaWeight | Mode::DimReduce
+            self.config.strategy,
+            StrategyConfig::Partial { .. }
+                | StrategyConfig::DeltaWeight { .. }
+                | StrategyConfig::DimReduce
         ) || self.config.vote == SkipVote::PerStep
         {
             return Ok(()); // communication happens in finish

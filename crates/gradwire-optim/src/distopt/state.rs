@@ -26,7 +26,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             match strategy {
                 Some(strategy) => strategy.save_state(b, &mut ckpt)?,
                 None => strategy::for_bucket(
-                    self.config.mode,
+                    self.config.strategy,
                     self.bucket_lens[b].iter().sum(),
                     self.combiner.as_ref(),
                 )
@@ -59,7 +59,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// What a checkpoint records of this DistOpt's configuration, and
-    /// `restore` compares: the mode (with its codec), the world size, the
+    /// `restore` compares: the strategy (with its codec), the world size, the
     /// rank and the parameter declarations.
     fn configuration(&self) -> Vec<(&'static str, serde_json::Value)> {
         let params: Vec<serde_json::Value> = self
@@ -75,7 +75,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             })
             .collect();
         vec![
-            ("distopt/mode", format!("{:?}", self.config.mode).into()),
+            (
+                "distopt/mode",
+                self.config.strategy.checkpoint_label().into(),
+            ),
             ("distopt/world_size", (self.world_size() as u64).into()),
             ("distopt/rank", (self.rank() as u64).into()),
             ("distopt/params", params.into()),

@@ -6,8 +6,8 @@
 //! feedback), [`quantized`] (1 or 8 bits per entry both ways),
 //! [`onebit_adam`] (Adam's momentum in 1 bit after a warm-up), AdaSum (its impl below) and whatever a user plugs in with
 //! [`super::DistOpt::with_combiner`]. DistOpt holds one strategy per
-//! bucket, made from its [`Mode`](super::Mode) by this module's registry
-//! (`for_bucket`): a new strategy is its file, a `Mode` variant and one
+//! bucket, made from its [`StrategyConfig`](super::StrategyConfig) by this module's registry
+//! (`for_bucket`): a new strategy is its file, a `StrategyConfig` variant and one
 //! arm there. A strategy owns its state (error-feedback
 //! residuals, warm starts) and its scratch buffers; DistOpt owns the
 //! buckets, the overlap, the skip vote, averaging, clipping, the
@@ -21,7 +21,7 @@ pub mod powersgd;
 pub mod quantized;
 pub mod sparse;
 
-use super::Mode;
+use super::StrategyConfig;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use gradwire_algos::adasum::AdaSum;
@@ -260,33 +260,36 @@ impl<C: Communicator + 'static> Combiner<C> for Refused {
     }
 }
 
-/// The registry: bucket `len` elements long's strategy in `mode` (`shared`
-/// is the combiner of `Custom` and `DeltaWeight`, if one was given). Every
+/// Builds the registry's `strategy` for a bucket `len` elements long
+/// (`shared` is the combiner of `AdaSum`, `Custom` and `DeltaWeight`, if
+/// DistOpt has one). Every
 /// bucket has one; `Partial` never combines gradients (its own averaging
 /// is in `local_step`) and `DimReduce` averages them as `Dense` does.
 pub(super) fn for_bucket<C: Communicator + 'static>(
-    mode: Mode,
+    strategy: StrategyConfig,
     len: usize,
     shared: Option<&SharedCombiner<C>>,
 ) -> Box<dyn Combiner<C>> {
-    match mode {
-        Mode::Dense | Mode::DimReduce | Mode::Partial { .. } => {
+    match strategy {
+        StrategyConfig::Dense | StrategyConfig::DimReduce | StrategyConfig::Partial { .. } => {
             Box::new(dense::DenseSum::default())
         }
-        Mode::Half { precision, clip } => Box::new(half::HalfAverage::new(precision, clip)),
-        Mode::Sparse {
+        StrategyConfig::Half { precision, clip } => {
+            Box::new(half::HalfAverage::new(precision, clip))
+        }
+        StrategyConfig::Sparse {
             codec,
             error_feedback,
         } => Box::new(sparse::SparseSelect::new(
             codec,
             error_feedback.then_some(len),
         )),
-        Mode::PowerSgd(config) => match powersgd::PowerSgdAverage::new(config) {
+        StrategyConfig::PowerSgd(config) => match powersgd::PowerSgdAverage::new(config) {
             Ok(strategy) => Box::new(strategy),
             // Checked by DistOpt::new: not reached.
             Err(e) => Box::new(Refused(e.to_string())),
         },
-        Mode::Quantized {
+        StrategyConfig::Quantized {
             quantizer,
             error_feedback,
             momentum,
@@ -295,16 +298,18 @@ pub(super) fn for_bucket<C: Communicator + 'static>(
             // Checked by DistOpt::new: not reached.
             Err(e) => Box::new(Refused(e.to_string())),
         },
-        Mode::OneBitAdam { beta1, freeze_step } => {
+        StrategyConfig::OneBitAdam { beta1, freeze_step } => {
             match onebit_adam::OneBitAdamMomentum::new(beta1, freeze_step) {
                 Ok(strategy) => Box::new(strategy),
                 // Checked by DistOpt::new: not reached.
                 Err(e) => Box::new(Refused(e.to_string())),
             }
         }
-        Mode::Custom | Mode::DeltaWeight => match shared {
+        StrategyConfig::AdaSum { .. }
+        | StrategyConfig::Custom
+        | StrategyConfig::DeltaWeight { .. } => match shared {
             Some(shared) => Box::new(shared.clone()),
-            None => Box::new(Refused("this mode needs DistOpt::with_combiner".into())),
+            None => Box::new(Refused("this strategy needs DistOpt::with_combiner".into())),
         },
     }
 }

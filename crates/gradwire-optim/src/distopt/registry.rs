@@ -1,0 +1,868 @@
+//! The strategy registry: [`StrategyConfig`], the one value that names a
+//! strategy and its settings. It parses and prints itself (the names the
+//! CLI takes: `topk:0.01`, `powersgd:4:start=1`, `adasum-delta:group=2`),
+//! validates itself, is built by DistOpt into each bucket's
+//! [`Combiner`](super::Combiner), tells the cost model what it sends
+//! ([`StrategyConfig::cost_spec`]) and lists example configurations
+//! ([`StrategyConfig::examples`]) that the CLI, the cost model, the fault
+//! matrix and the benches walk. Adding a strategy is its module, a variant
+//! here and its arms in this file.
+//!
+//! The printed form is `name[:value][:key=value|:flag]...`: a setting is
+//! printed only when it differs from the default the parser fills in, so
+//! `s.to_string().parse() == Ok(s)` for every value but
+//! [`StrategyConfig::Custom`] (a user's own combiner, which has no name to
+//! parse).
+
+use gradwire_algos::cost::StrategySpec;
+use gradwire_algos::{HalfPrecision, PowerSgdConfig};
+use gradwire_compress::{Quantizer, SparseCodec};
+use std::fmt;
+use std::str::FromStr;
+
+/// How DistOpt combines what the ranks computed: a gradient strategy (the
+/// gradients combined bucket by bucket), a local-step strategy (each rank
+/// steps first; parameters or weight changes are combined), or DimReduce.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StrategyConfig {
+    /// `dense`: f32 sum, then divided by the world size (SINGA
+    /// `backward_and_update`).
+    Dense,
+    /// `fp16` / `bf16`: half precision on the wire (SINGA
+    /// `backward_and_update_half`), averaged in f32 before the one
+    /// rounding, so it cannot overflow as SINGA's fp16 sum does; with
+    /// `clip`, gradients are clamped to [-clip, clip] first.
+    Half {
+        /// The wire precision.
+        precision: HalfPrecision,
+        /// The clamp, if any.
+        clip: Option<f32>,
+    },
+    /// `threshold:T`, `topk:R`, `sampled-topk:R`, `randomk:R`: each bucket
+    /// sends only what `codec` selects (SINGA `backward_and_sparse_update`),
+    /// with an error-feedback residual per bucket when `error_feedback`; a
+    /// bucket that is not sparse enough is sent dense. The sum is divided
+    /// by the world size.
+    Sparse {
+        /// Which entries to send.
+        codec: SparseCodec,
+        /// Keep what is not sent for later steps (SINGA's `corr`).
+        error_feedback: bool,
+    },
+    /// `powersgd:R`: PowerSGD (Vogels et al., NeurIPS 2019; DDP's PowerSGD
+    /// hook): each matrix-shaped gradient travels as two rank-`R` factors
+    /// (two all-reduces per bucket), with error feedback and a warm start;
+    /// vectors and small matrices travel dense beside them. Dense until
+    /// `start_step`. The result is an average.
+    PowerSgd(PowerSgdConfig),
+    /// `onebit`, `qsgd`, `uint8`: every entry in 1 bit
+    /// ([`Quantizer::Sign`], EF-SignSGD) or 8 bits (QSGD, min-max uint8),
+    /// both ways: a reduce-scatter and an all-gather of quantized chunks
+    /// (DeepSpeed's compressed all-reduce, Bagua's ByteGrad), with worker
+    /// and server error feedback when `error_feedback` (the 1-bit sign
+    /// needs it). The result is an average.
+    Quantized {
+        /// How entries are quantized.
+        quantizer: Quantizer,
+        /// Keep what quantization lost, on both sides, for later steps.
+        error_feedback: bool,
+        /// Send a local momentum `m = mu m + g` instead of the gradients
+        /// (dist-EF-SGDM): the combined gradient is then the average
+        /// momentum, for an optimizer without momentum of its own. What
+        /// keeps momentum SGD accurate with the 1-bit sign.
+        momentum: Option<f32>,
+    },
+    /// `onebit-adam`: 1-bit Adam's exchange (with [`crate::OneBitAdam`],
+    /// made by [`crate::OneBitAdamConfig::strategy`]): dense averages of the
+    /// gradients until `freeze_step`; from then on each rank folds its
+    /// gradient into Adam's first moment (`beta1`), and the moments are
+    /// averaged through the 1-bit all-reduce with error feedback on both
+    /// sides, every rank continuing from the average, which is what the
+    /// optimizer receives.
+    OneBitAdam {
+        /// Adam's `beta1`, constant.
+        beta1: f32,
+        /// The first step of the compressed stage.
+        freeze_step: u64,
+    },
+    /// `adasum-grad`: the gradients combined by AdaSum (orthogonal
+    /// gradients add, identical ones average), which DistOpt prepares on
+    /// its communicator: flat, or with `group`, averaged within groups of
+    /// that many consecutive ranks (a node) first, then AdaSum across
+    /// groups.
+    AdaSum {
+        /// Ranks per group of the hierarchical form.
+        group: Option<usize>,
+    },
+    /// Each bucket combined by the [`Combiner`](super::Combiner) given to
+    /// [`DistOpt::with_combiner`](super::DistOpt::with_combiner): a
+    /// strategy of your own. It has no printed name to parse.
+    Custom,
+    /// `adasum-delta`: weight changes combined instead of gradients
+    /// (Horovod's AdaSum default, MindSpore's
+    /// `AdaSumByDeltaWeightWrapCell`): save `p0`, step the optimizer
+    /// locally with this rank's gradient, `delta = p0 - p`, combine the
+    /// deltas bucket by bucket with AdaSum (`group` as in
+    /// [`StrategyConfig::AdaSum`]) or the combiner given to
+    /// [`DistOpt::with_combiner`](super::DistOpt::with_combiner), `p = p0 -
+    /// combined`.
+    DeltaWeight {
+        /// Ranks per group of AdaSum's hierarchical form.
+        group: Option<usize>,
+    },
+    /// `partial`: local SGD with round-robin partial averaging (SINGA
+    /// `backward_and_partial_update`): every parameter is updated with its
+    /// own rank's gradient, then the parameters of one bucket (partition
+    /// `counter mod K`) are averaged across ranks, and with `average_state`
+    /// (`partial:state`) their optimizer buffers too (SINGA keeps them
+    /// local).
+    Partial {
+        /// Also average the partition's optimizer buffers.
+        average_state: bool,
+    },
+    /// `dimreduce`: DimReduce (MindSpore boost): a quasi-Newton step in the
+    /// PCA subspace with a line search replaces the optimizer; the
+    /// gradients are averaged within the step (P sharded by parameter
+    /// columns: 1.5 times a dense step's bytes). Entered with
+    /// [`DistOpt::start_dimreduce`](super::DistOpt::start_dimreduce)
+    /// (usually after a first stage of another strategy that recorded the
+    /// trajectory); steps with
+    /// [`DistOpt::finish_dimreduce`](super::DistOpt::finish_dimreduce),
+    /// which takes the loss. Until then DistOpt averages densely.
+    DimReduce,
+}
+
+/// QSGD's default levels per sign: 127, every entry in 8 bits.
+pub const QSGD_LEVELS: u8 = 127;
+
+/// 1-bit Adam's default freeze step.
+pub const ONEBIT_ADAM_FREEZE_STEP: u64 = 100;
+
+/// Adam's default `beta1`, 1-bit Adam's too.
+pub const ONEBIT_ADAM_BETA1: f32 = 0.9;
+
+/// Why a strategy's text or settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StrategyError {
+    /// The name is none of the registry's.
+    #[error("unknown strategy {name:?} (one of: {known})")]
+    UnknownName {
+        /// The name given.
+        name: String,
+        /// The registry's names, comma-separated.
+        known: String,
+    },
+    /// A part after the name is not one this strategy takes.
+    #[error("{text:?}: {reason}")]
+    BadPart {
+        /// The whole text.
+        text: String,
+        /// What is wrong with which part.
+        reason: String,
+    },
+    /// A setting is out of its domain.
+    #[error("{strategy}: {reason}")]
+    OutOfRange {
+        /// The strategy's name.
+        strategy: &'static str,
+        /// Which setting and why.
+        reason: String,
+    },
+}
+
+/// Every name of the registry, in the order of the help text.
+pub const STRATEGY_NAMES: [&str; 16] = [
+    "dense",
+    "fp16",
+    "bf16",
+    "threshold",
+    "topk",
+    "sampled-topk",
+    "randomk",
+    "partial",
+    "adasum-grad",
+    "adasum-delta",
+    "dimreduce",
+    "powersgd",
+    "onebit",
+    "qsgd",
+    "uint8",
+    "onebit-adam",
+];
+
+impl StrategyConfig {
+    /// The registry name (`custom` for a user's own combiner).
+    pub fn name(&self) -> &'static str {
+        match self {
+            StrategyConfig::Dense => "dense",
+            StrategyConfig::Half {
+                precision: HalfPrecision::F16,
+                ..
+            } => "fp16",
+            StrategyConfig::Half {
+                precision: HalfPrecision::BF16,
+                ..
+            } => "bf16",
+            StrategyConfig::Sparse { codec, .. } => match codec {
+                SparseCodec::Threshold(_) => "threshold",
+                SparseCodec::TopK(_) => "topk",
+                SparseCodec::SampledTopK(_) => "sampled-topk",
+                SparseCodec::RandomK { .. } => "randomk",
+            },
+            StrategyConfig::PowerSgd(_) => "powersgd",
+            StrategyConfig::Quantized { quantizer, .. } => match quantizer {
+                Quantizer::Sign => "onebit",
+                Quantizer::Qsgd { .. } => "qsgd",
+                Quantizer::MinMaxU8 => "uint8",
+            },
+            StrategyConfig::OneBitAdam { .. } => "onebit-adam",
+            StrategyConfig::AdaSum { .. } => "adasum-grad",
+            StrategyConfig::Custom => "custom",
+            StrategyConfig::DeltaWeight { .. } => "adasum-delta",
+            StrategyConfig::Partial { .. } => "partial",
+            StrategyConfig::DimReduce => "dimreduce",
+        }
+    }
+
+    /// The strategy of `name` with every setting at its default (the
+    /// sparse ratios and threshold at 1 %, PowerSGD at rank 2).
+    pub fn default_of(name: &str) -> Result<StrategyConfig, StrategyError> {
+        Ok(match name {
+            "dense" => StrategyConfig::Dense,
+            "fp16" | "bf16" => StrategyConfig::Half {
+                precision: if name == "fp16" {
+                    HalfPrecision::F16
+                } else {
+                    HalfPrecision::BF16
+                },
+                clip: None,
+            },
+            "threshold" | "topk" | "sampled-topk" | "randomk" => StrategyConfig::Sparse {
+                codec: match name {
+                    "threshold" => SparseCodec::Threshold(0.01),
+                    "topk" => SparseCodec::TopK(0.01),
+                    "sampled-topk" => SparseCodec::SampledTopK(0.01),
+                    _ => SparseCodec::RandomK {
+                        ratio: 0.01,
+                        seed: 0,
+                    },
+                },
+                error_feedback: true,
+            },
+            "powersgd" => StrategyConfig::PowerSgd(PowerSgdConfig::default()),
+            "onebit" | "qsgd" | "uint8" => StrategyConfig::Quantized {
+                quantizer: match name {
+                    "onebit" => Quantizer::Sign,
+                    "qsgd" => Quantizer::Qsgd {
+                        levels: QSGD_LEVELS,
+                        seed: 0,
+                    },
+                    _ => Quantizer::MinMaxU8,
+                },
+                error_feedback: true,
+                momentum: None,
+            },
+            "onebit-adam" => StrategyConfig::OneBitAdam {
+                beta1: ONEBIT_ADAM_BETA1,
+                freeze_step: ONEBIT_ADAM_FREEZE_STEP,
+            },
+            "adasum-grad" => StrategyConfig::AdaSum { group: None },
+            "adasum-delta" => StrategyConfig::DeltaWeight { group: None },
+            "partial" => StrategyConfig::Partial {
+                average_state: false,
+            },
+            "dimreduce" => StrategyConfig::DimReduce,
+            _ => {
+                return Err(StrategyError::UnknownName {
+                    name: name.to_string(),
+                    known: STRATEGY_NAMES.join(", "),
+                });
+            }
+        })
+    }
+
+    /// One example of every registered strategy, with settings that make
+    /// each one compress even a model of a few small tensors (top-k 30 %,
+    /// PowerSGD at rank 1 from the second step on any matrix, 1-bit Adam
+    /// frozen at step 2): what the registry test, the fault matrix and
+    /// `gradwire bench strategies` walk. [`StrategyConfig::Custom`] is not
+    /// among them.
+    pub fn examples() -> Vec<StrategyConfig> {
+        let parse = |text: &str| {
+            text.parse::<StrategyConfig>()
+                .expect("the registry's own examples parse")
+        };
+        [
+            "dense",
+            "fp16",
+            "bf16:clip=1",
+            "threshold:0.05:no-ef",
+            "topk:0.3",
+            "sampled-topk:0.3",
+            "randomk:0.3:no-ef",
+            "partial:state",
+            "adasum-grad",
+            "adasum-delta",
+            "dimreduce",
+            "powersgd:1:start=1:min-rate=1",
+            "onebit:momentum=0.9",
+            "qsgd",
+            "uint8",
+            "onebit-adam:freeze=2",
+        ]
+        .into_iter()
+        .map(parse)
+        .collect()
+    }
+
+    /// Whether the strategy combines gradients, bucket by bucket (every
+    /// one but those that step locally first, `Partial` and `DeltaWeight`,
+    /// and `DimReduce`, which steps the parameters itself).
+    pub fn combines_gradients(&self) -> bool {
+        !matches!(
+            self,
+            StrategyConfig::Partial { .. }
+                | StrategyConfig::DeltaWeight { .. }
+                | StrategyConfig::DimReduce
+        )
+    }
+
+    /// Whether the strategy sends a sparse selection (and so takes a ratio
+    /// or a threshold).
+    pub fn is_sparse(&self) -> bool {
+        matches!(self, StrategyConfig::Sparse { .. })
+    }
+
+    /// Whether the strategy keeps what it did not send for later steps.
+    pub fn error_feedback(&self) -> bool {
+        match self {
+            StrategyConfig::Sparse { error_feedback, .. }
+            | StrategyConfig::Quantized { error_feedback, .. } => *error_feedback,
+            StrategyConfig::PowerSgd(config) => config.error_feedback,
+            StrategyConfig::OneBitAdam { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The same strategy drawing from `seed` wherever it draws at random
+    /// (random-k's indices, QSGD's rounding, PowerSGD's fresh `Q`s): the
+    /// run's seed, which the printed form leaves out when it is 0
+    /// (PowerSGD's: its default).
+    pub fn with_seed(self, seed: u64) -> StrategyConfig {
+        match self {
+            StrategyConfig::Sparse {
+                codec: SparseCodec::RandomK { ratio, .. },
+                error_feedback,
+            } => StrategyConfig::Sparse {
+                codec: SparseCodec::RandomK { ratio, seed },
+                error_feedback,
+            },
+            StrategyConfig::Quantized {
+                quantizer: Quantizer::Qsgd { levels, .. },
+                error_feedback,
+                momentum,
+            } => StrategyConfig::Quantized {
+                quantizer: Quantizer::Qsgd { levels, seed },
+                error_feedback,
+                momentum,
+            },
+            StrategyConfig::PowerSgd(config) => {
+                StrategyConfig::PowerSgd(PowerSgdConfig { seed, ..config })
+            }
+            other => other,
+        }
+    }
+
+    /// Checks every setting: ratios in (0, 1], a finite threshold of at
+    /// least 0, a positive finite clip, PowerSGD's and the quantizers' own checks, momenta and
+    /// `beta1` in [0, 1), groups of at least one rank. (That a group
+    /// divides the world size is checked where the world is known, when
+    /// DistOpt builds AdaSum.)
+    pub fn validate(&self) -> Result<(), StrategyError> {
+        let strategy = self.name();
+        let bad = |reason: String| Err(StrategyError::OutOfRange { strategy, reason });
+        match *self {
+            StrategyConfig::Half {
+                clip: Some(clip), ..
+            } if !(clip.is_finite() && clip > 0.0) => {
+                bad(format!("the clip must be positive and finite, got {clip}"))
+            }
+            StrategyConfig::Sparse { codec, .. } => match codec {
+                SparseCodec::Threshold(t) if !(t.is_finite() && t >= 0.0) => bad(format!(
+                    "the threshold must be finite and not negative, got {t}"
+                )),
+                SparseCodec::TopK(r)
+                | SparseCodec::SampledTopK(r)
+                | SparseCodec::RandomK { ratio: r, .. }
+                    if !(r > 0.0 && r <= 1.0) =>
+                {
+                    bad(format!("the ratio must be in (0, 1], got {r}"))
+                }
+                _ => Ok(()),
+            },
+            StrategyConfig::PowerSgd(config) => config.validate().or_else(|e| bad(e.to_string())),
+            StrategyConfig::Quantized {
+                quantizer,
+                momentum,
+                ..
+            } => {
+                if let Err(e) = quantizer.validate() {
+                    return bad(e.to_string());
+                }
+                match momentum {
+                    Some(mu) if !(0.0..1.0).contains(&mu) => {
+                        bad(format!("the momentum must be in [0, 1), got {mu}"))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            StrategyConfig::OneBitAdam { beta1, .. } if !(0.0..1.0).contains(&beta1) => {
+                bad(format!("beta1 must be in [0, 1), got {beta1}"))
+            }
+            StrategyConfig::AdaSum { group: Some(0) }
+            | StrategyConfig::DeltaWeight { group: Some(0) } => {
+                bad("a group must hold at least one rank".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What the strategy sends per step, for the cost model
+    /// ([`gradwire_algos::cost::step_collectives`]): its compressed stage
+    /// (after PowerSGD's start step and 1-bit Adam's freeze), with sampled
+    /// top-k's overshoot and DimReduce's components and line-search trials
+    /// as the model assumes them. `None` where the model has no form for
+    /// it yet: a threshold's count depends on the data, the local-step
+    /// strategies (`partial`, `adasum-delta`) send parameters, and a user's
+    /// own combiner is unknown to it.
+    pub fn cost_spec(
+        &self,
+        sampled_overshoot: f64,
+        dimreduce: (usize, usize),
+    ) -> Option<StrategySpec> {
+        Some(match *self {
+            StrategyConfig::Dense => StrategySpec::Dense,
+            StrategyConfig::Half { .. } => StrategySpec::Half,
+            StrategyConfig::Sparse { codec, .. } => match codec {
+                SparseCodec::Threshold(_) => return None,
+                SparseCodec::TopK(ratio) => StrategySpec::TopK { ratio },
+                SparseCodec::SampledTopK(ratio) => StrategySpec::SampledTopK {
+                    ratio,
+                    overshoot: sampled_overshoot,
+                },
+                SparseCodec::RandomK { ratio, .. } => StrategySpec::RandomK { ratio },
+            },
+            StrategyConfig::PowerSgd(config) => StrategySpec::PowerSgd {
+                rank: config.rank,
+                min_compression_rate: config.min_compression_rate,
+            },
+            StrategyConfig::Quantized { quantizer, .. } => StrategySpec::Quantized { quantizer },
+            StrategyConfig::OneBitAdam { .. } => StrategySpec::OneBitAdam { compressed: true },
+            StrategyConfig::AdaSum { .. } => StrategySpec::AdaSum,
+            StrategyConfig::DimReduce => StrategySpec::DimReduce {
+                components: dimreduce.0,
+                trials: dimreduce.1,
+            },
+            StrategyConfig::Custom
+            | StrategyConfig::Partial { .. }
+            | StrategyConfig::DeltaWeight { .. } => return None,
+        })
+    }
+}
+
+impl StrategyConfig {
+    /// How a DistOpt checkpoint records the strategy (its value
+    /// `distopt/mode`, which `restore` compares): the first format's,
+    /// which named AdaSum by gradient `Custom` and the weight-change
+    /// strategy `DeltaWeight` (with no group), kept so that its
+    /// checkpoints still load.
+    pub(crate) fn checkpoint_label(&self) -> String {
+        match self {
+            StrategyConfig::AdaSum { group: None } => "Custom".into(),
+            StrategyConfig::DeltaWeight { group: None } => "DeltaWeight".into(),
+            other => format!("{other:?}"),
+        }
+    }
+}
+
+impl fmt::Display for StrategyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        let no_ef = |f: &mut fmt::Formatter<'_>, ef: bool| {
+            if ef { Ok(()) } else { f.write_str(":no-ef") }
+        };
+        let seed = |f: &mut fmt::Formatter<'_>, seed: u64, default: u64| {
+            if seed == default {
+                Ok(())
+            } else {
+                write!(f, ":seed={seed}")
+            }
+        };
+        let group = |f: &mut fmt::Formatter<'_>, group: Option<usize>| match group {
+            Some(g) => write!(f, ":group={g}"),
+            None => Ok(()),
+        };
+        match *self {
+            StrategyConfig::Dense | StrategyConfig::Custom | StrategyConfig::DimReduce => Ok(()),
+            StrategyConfig::Half { clip, .. } => match clip {
+                Some(clip) => write!(f, ":clip={clip}"),
+                None => Ok(()),
+            },
+            StrategyConfig::Sparse {
+                codec,
+                error_feedback,
+            } => {
+                match codec {
+                    SparseCodec::Threshold(t) => write!(f, ":{t}")?,
+                    SparseCodec::TopK(r) | SparseCodec::SampledTopK(r) => write!(f, ":{r}")?,
+                    SparseCodec::RandomK { ratio, seed: s } => {
+                        write!(f, ":{ratio}")?;
+                        seed(f, s, 0)?;
+                    }
+                }
+                no_ef(f, error_feedback)
+            }
+            StrategyConfig::PowerSgd(config) => {
+                let default = PowerSgdConfig::default();
+                write!(f, ":{}", config.rank)?;
+                if config.start_step != default.start_step {
+                    write!(f, ":start={}", config.start_step)?;
+                }
+                if config.min_compression_rate.to_bits() != default.min_compression_rate.to_bits() {
+                    write!(f, ":min-rate={}", config.min_compression_rate)?;
+                }
+                if !config.warm_start {
+                    f.write_str(":cold")?;
+                }
+                seed(f, config.seed, default.seed)?;
+                no_ef(f, config.error_feedback)
+            }
+            StrategyConfig::Quantized {
+                quantizer,
+                error_feedback,
+                momentum,
+            } => {
+                if let Quantizer::Qsgd { levels, seed: s } = quantizer {
+                    if levels != QSGD_LEVELS {
+                        write!(f, ":levels={levels}")?;
+                    }
+                    seed(f, s, 0)?;
+                }
+                if let Some(mu) = momentum {
+                    write!(f, ":momentum={mu}")?;
+                }
+                no_ef(f, error_feedback)
+            }
+            StrategyConfig::OneBitAdam { beta1, freeze_step } => {
+                if freeze_step != ONEBIT_ADAM_FREEZE_STEP {
+                    write!(f, ":freeze={freeze_step}")?;
+                }
+                if beta1.to_bits() != ONEBIT_ADAM_BETA1.to_bits() {
+                    write!(f, ":beta1={beta1}")?;
+                }
+                Ok(())
+            }
+            StrategyConfig::AdaSum { group: g } | StrategyConfig::DeltaWeight { group: g } => {
+                group(f, g)
+            }
+            StrategyConfig::Partial { average_state } => {
+                if average_state {
+                    f.write_str(":state")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl FromStr for StrategyConfig {
+    type Err = StrategyError;
+
+    /// Parses the printed form, `name[:value][:key=value|:flag]...`; the
+    /// result is validated.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut parts = text.split(':');
+        let name = parts.next().unwrap_or_default();
+        let mut strategy = StrategyConfig::default_of(name)?;
+        let bad = |reason: String| StrategyError::BadPart {
+            text: text.to_string(),
+            reason,
+        };
+        for part in parts {
+            let (key, value) = match part.split_once('=') {
+                Some((key, value)) => (key, Some(value)),
+                None => (part, None),
+            };
+            let number = |what: &str| -> Result<f64, StrategyError> {
+                let v = value.unwrap_or(part);
+                v.parse::<f64>()
+                    .map_err(|_| bad(format!("{v:?} is not a number ({what})")))
+            };
+            let integer = |what: &str| -> Result<u64, StrategyError> {
+                let v = value.unwrap_or(part);
+                v.parse::<u64>()
+                    .map_err(|_| bad(format!("{v:?} is not a whole number ({what})")))
+            };
+            let unknown = || {
+                bad(format!(
+                    "{part:?} is not a setting of {name} (the printed forms: {})",
+                    StrategyConfig::default_of(name)
+                        .map(|s| s.usage())
+                        .unwrap_or_default()
+                ))
+            };
+            match (&mut strategy, key, value) {
+                (
+                    StrategyConfig::Sparse { error_feedback, .. }
+                    | StrategyConfig::Quantized { error_feedback, .. },
+                    "ef" | "no-ef",
+                    None,
+                ) => *error_feedback = key == "ef",
+                (StrategyConfig::PowerSgd(config), "ef" | "no-ef", None) => {
+                    config.error_feedback = key == "ef"
+                }
+                (StrategyConfig::Half { clip, .. }, "clip", Some(_)) => {
+                    *clip = Some(number("the clip")? as f32)
+                }
+                (StrategyConfig::Sparse { codec, .. }, _, None) if key.parse::<f64>().is_ok() => {
+                    match codec {
+                        SparseCodec::Threshold(t) => *t = number("the threshold")? as f32,
+                        SparseCodec::TopK(r) | SparseCodec::SampledTopK(r) => {
+                            *r = number("the ratio")?
+                        }
+                        SparseCodec::RandomK { ratio, .. } => *ratio = number("the ratio")?,
+                    }
+                }
+                (
+                    StrategyConfig::Sparse {
+                        codec: SparseCodec::RandomK { seed, .. },
+                        ..
+                    },
+                    "seed",
+                    Some(_),
+                ) => *seed = integer("the seed")?,
+                (StrategyConfig::PowerSgd(config), _, None) if key.parse::<u64>().is_ok() => {
+                    config.rank = usize::try_from(integer("the rank")?)
+                        .map_err(|_| bad(format!("{key:?} is too large a rank")))?
+                }
+                (StrategyConfig::PowerSgd(config), "start", Some(_)) => {
+                    config.start_step = integer("the start step")?
+                }
+                (StrategyConfig::PowerSgd(config), "min-rate", Some(_)) => {
+                    config.min_compression_rate = number("the least compression rate")?
+                }
+                (StrategyConfig::PowerSgd(config), "cold", None) => config.warm_start = false,
+                (StrategyConfig::PowerSgd(config), "seed", Some(_)) => {
+                    config.seed = integer("the seed")?
+                }
+                (
+                    StrategyConfig::Quantized {
+                        quantizer: Quantizer::Qsgd { levels, .. },
+                        ..
+                    },
+                    "levels",
+                    Some(_),
+                ) => {
+                    *levels = u8::try_from(integer("the levels")?)
+                        .map_err(|_| bad("QSGD's levels must be 1 to 127".into()))?
+                }
+                (
+                    StrategyConfig::Quantized {
+                        quantizer: Quantizer::Qsgd { seed, .. },
+                        ..
+                    },
+                    "seed",
+                    Some(_),
+                ) => *seed = integer("the seed")?,
+                (StrategyConfig::Quantized { momentum, .. }, "momentum", Some(_)) => {
+                    *momentum = Some(number("the momentum")? as f32)
+                }
+                (StrategyConfig::OneBitAdam { freeze_step, .. }, "freeze", Some(_)) => {
+                    *freeze_step = integer("the freeze step")?
+                }
+                (StrategyConfig::OneBitAdam { beta1, .. }, "beta1", Some(_)) => {
+                    *beta1 = number("beta1")? as f32
+                }
+                (
+                    StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group },
+                    "group",
+                    Some(_),
+                ) => {
+                    *group = Some(
+                        usize::try_from(integer("the group")?)
+                            .map_err(|_| bad(format!("{part:?} is too large a group")))?,
+                    )
+                }
+                (StrategyConfig::Partial { average_state }, "state", None) => *average_state = true,
+                _ => return Err(unknown()),
+            }
+        }
+        strategy.validate()?;
+        Ok(strategy)
+    }
+}
+
+impl StrategyConfig {
+    /// The forms this strategy's text takes, for messages and help.
+    pub fn usage(&self) -> &'static str {
+        match self {
+            StrategyConfig::Dense => "dense",
+            StrategyConfig::Half { .. } => "fp16|bf16[:clip=C]",
+            StrategyConfig::Sparse {
+                codec: SparseCodec::RandomK { .. },
+                ..
+            } => "randomk[:RATIO][:seed=S][:ef|:no-ef]",
+            StrategyConfig::Sparse {
+                codec: SparseCodec::Threshold(_),
+                ..
+            } => "threshold[:T][:ef|:no-ef]",
+            StrategyConfig::Sparse { .. } => "topk|sampled-topk[:RATIO][:ef|:no-ef]",
+            StrategyConfig::PowerSgd(_) => {
+                "powersgd[:RANK][:start=STEP][:min-rate=R][:cold][:seed=S][:ef|:no-ef]"
+            }
+            StrategyConfig::Quantized {
+                quantizer: Quantizer::Qsgd { .. },
+                ..
+            } => "qsgd[:levels=L][:seed=S][:momentum=M][:ef|:no-ef]",
+            StrategyConfig::Quantized { .. } => "onebit|uint8[:momentum=M][:ef|:no-ef]",
+            StrategyConfig::OneBitAdam { .. } => "onebit-adam[:freeze=STEP][:beta1=B]",
+            StrategyConfig::AdaSum { .. } => "adasum-grad[:group=G]",
+            StrategyConfig::Custom => "custom (DistOpt::with_combiner; not parsed)",
+            StrategyConfig::DeltaWeight { .. } => "adasum-delta[:group=G]",
+            StrategyConfig::Partial { .. } => "partial[:state]",
+            StrategyConfig::DimReduce => "dimreduce",
+        }
+    }
+}
+
+impl serde::Serialize for StrategyConfig {
+    /// As its printed form.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for StrategyConfig {
+    /// From its printed form.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_example_prints_and_parses_back() {
+        let examples = StrategyConfig::examples();
+        let names: Vec<&str> = examples.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names, STRATEGY_NAMES,
+            "one example per registered name, in order"
+        );
+        for s in examples {
+            let text = s.to_string();
+            assert_eq!(text.parse::<StrategyConfig>(), Ok(s), "{text}");
+            assert_eq!(s.validate(), Ok(()), "{text}");
+        }
+    }
+
+    #[test]
+    fn every_setting_round_trips() {
+        let seeded = [
+            "randomk:0.25:seed=9",
+            "qsgd:levels=15:seed=3:momentum=0.5:no-ef",
+            "powersgd:4:start=0:min-rate=1.5:cold:seed=11:no-ef",
+            "onebit-adam:freeze=7:beta1=0.8",
+            "adasum-delta:group=2",
+            "adasum-grad:group=4",
+            "fp16:clip=0.25",
+            "threshold:0.001",
+            "sampled-topk:0.001:no-ef",
+        ];
+        for text in seeded {
+            let s: StrategyConfig = text.parse().unwrap();
+            assert_eq!(s.to_string(), text);
+        }
+        // Defaults are left out; explicit defaults parse to the same value.
+        assert_eq!(
+            "topk:0.01:ef"
+                .parse::<StrategyConfig>()
+                .unwrap()
+                .to_string(),
+            "topk:0.01"
+        );
+        assert_eq!(
+            "powersgd".parse::<StrategyConfig>().unwrap(),
+            StrategyConfig::PowerSgd(PowerSgdConfig::default())
+        );
+        assert_eq!(
+            "randomk:0.5"
+                .parse::<StrategyConfig>()
+                .unwrap()
+                .with_seed(5),
+            "randomk:0.5:seed=5".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_text_names_its_cause() {
+        assert!(matches!(
+            "gzip".parse::<StrategyConfig>(),
+            Err(StrategyError::UnknownName { .. })
+        ));
+        assert!(matches!(
+            "custom".parse::<StrategyConfig>(),
+            Err(StrategyError::UnknownName { .. })
+        ));
+        for text in [
+            "topk:x",
+            "topk:0.1:fast",
+            "dense:1",
+            "powersgd:two",
+            "powersgd:0.5",
+            "qsgd:levels=300",
+            "randomk:0.1:seed=-1",
+        ] {
+            assert!(
+                matches!(
+                    text.parse::<StrategyConfig>(),
+                    Err(StrategyError::BadPart { .. })
+                ),
+                "{text}"
+            );
+        }
+        for text in [
+            "topk:0",
+            "topk:1.5",
+            "randomk:NaN",
+            "threshold:-1",
+            "fp16:clip=inf",
+            "powersgd:0",
+            "qsgd:levels=0",
+            "onebit:momentum=1",
+            "onebit-adam:beta1=1",
+            "adasum-grad:group=0",
+        ] {
+            assert!(
+                matches!(
+                    text.parse::<StrategyConfig>(),
+                    Err(StrategyError::OutOfRange { .. })
+                ),
+                "{text}: {:?}",
+                text.parse::<StrategyConfig>()
+            );
+        }
+    }
+
+    #[test]
+    fn serde_uses_the_printed_form() {
+        let s: StrategyConfig = "topk:0.05:no-ef".parse().unwrap();
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json, "\"topk:0.05:no-ef\"");
+        assert_eq!(serde_json::from_str::<StrategyConfig>(&json).unwrap(), s);
+        assert!(serde_json::from_str::<StrategyConfig>("\"topk:2\"").is_err());
+    }
+}
