@@ -26,8 +26,8 @@
 //! goes on issuing the same collectives, so one rank's failure cannot leave
 //! the others waiting. [`run_case`] then gathers every rank's failures, so
 //! every rank reports the same verdict. Instantiated in-process for
-//! [`LocalComm`] by `tests/conformance_local.rs`, and for `MpiComm` by the
-//! `gradwire-mpi-conformance` binary that `tests/conformance_mpi.rs` starts
+//! [`LocalComm`] by `tests/it/conformance_local.rs`, and for `MpiComm` by the
+//! `gradwire-mpi-conformance` binary that `tests/it/conformance_mpi.rs` starts
 //! under `mpirun`.
 
 use gradwire_algos::AlgoError;

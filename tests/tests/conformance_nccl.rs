@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with GPUs.
+//!
 //! The conformance suite on NcclComm (feature `nccl`): every case on worlds
 //! of 1 to G ranks, one per GPU of this machine (G = the number of CUDA
 //! devices; NCCL allows one rank per device in a communicator), in-process

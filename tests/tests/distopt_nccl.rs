@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with GPUs.
+//!
 //! DistOpt end to end on the GPU (feature `nccl`): parameters, gradients,
 //! fusion buffers, the skip vote's zeros, error-feedback residuals and the
 //! optimizer state in device memory, NcclComm between the ranks (one per

@@ -1,3 +1,6 @@
+//! A test binary of its own: it is an MPI program (its own `main`, no
+//! harness) that starts itself under `mpirun`.
+//!
 //! MpiComm's failure model under `mpirun` (feature `mpi`): every wait has a
 //! deadline, and a fault is an error on every rank, never a hang. (A
 //! panicking asynchronous job is the conformance suite's

@@ -461,9 +461,10 @@ pub(crate) struct GpuSuite {
     pub(crate) tests: Option<&'static [&'static str]>,
 }
 
-/// Every GPU suite, as `cargo xtask test` runs them here (SKIP without a
-/// GPU) and `cargo xtask gpu-bundle` packs them for a GPU machine (the
-/// README's "Running the GPU suite").
+/// Every GPU suite, as `cargo xtask gpu-bundle` packs them for a GPU
+/// machine (the README's "Running the GPU suite"); `cargo xtask test` runs
+/// the same targets here in its all-features `cargo test` (SKIP without a
+/// GPU).
 pub(crate) const GPU_SUITES: &[GpuSuite] = &[
     GpuSuite {
         package: "gradwire-tensor",

@@ -57,11 +57,13 @@ Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings
                        (default features, then mpi + cuda + nccl), cargo check with
-                       cuda + nccl, cargo test --workspace, MpiComm's unit tests, the
-                       conformance suite and the MPI fault tests under mpirun
-                       (GRADWIRE_REQUIRE_MPI=1),
-                       ptxas on every PTX file (sm_70, sm_80, sm_90), the CUDA and
-                       NCCL tests (SKIP without a GPU), cargo doc with warnings denied.
+                       cuda + nccl, cargo test --workspace, then cargo test --workspace
+                       with mpi + cuda + nccl (MpiComm's unit tests, the conformance
+                       suite and the MPI fault tests under mpirun with
+                       GRADWIRE_REQUIRE_MPI=1, the shaped-network run where namespaces
+                       can be made, the CUDA and NCCL suites, which SKIP without a GPU),
+                       ptxas on every PTX file (sm_70, sm_80, sm_90), cargo doc with
+                       warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
                        (compute_70; the pinned wheel is fetched with pip into target/
@@ -182,82 +184,34 @@ fn test(test_args: &[String]) -> Result {
     step("cargo test", || {
         run(cargo().args(["test", "--workspace", "--"]).args(test_args))
     })?;
-    // MpiComm's unit tests.
-    step("cargo test (feature mpi)", || {
-        run(cargo()
-            .args([
-                "test",
-                "-p",
-                "gradwire-comm",
-                "--features",
-                "mpi",
-                "--lib",
-                "--",
-            ])
-            .args(test_args)
-            .env("GRADWIRE_REQUIRE_MPI", "1"))
-    })?;
-    // The conformance suite on MpiComm under mpirun, W = 1..=4, and
-    // MpiComm's failure model there (`tests/mpi_faults.rs` starts itself
-    // under mpirun). CI must run them: with GRADWIRE_REQUIRE_MPI=1 a missing
-    // MPI fails instead of skipping.
-    step("MPI conformance suite and fault tests (mpirun)", || {
-        run(cargo()
-            .args([
-                "test",
-                "-p",
-                "gradwire-tests",
-                "--features",
-                "mpi",
-                "--test",
-                "conformance_mpi",
-                "--test",
-                "mpi_faults",
-                "--",
-            ])
-            .args(test_args)
-            .env("GRADWIRE_REQUIRE_MPI", "1"))
-    })?;
-    // A short comparison on a shaped network (two ranks in namespaces, 1
-    // Gbit/s links, Open MPI over TCP, two strategies): runs wherever this
-    // process may make network namespaces, and must pass there; elsewhere
-    // (no root, a container without CAP_NET_ADMIN) it says so and skips.
+    // Every test again with every feature on, in one build: MpiComm's unit
+    // tests, the conformance suite under mpirun (W = 1..=4) and MpiComm's
+    // failure model (`mpi_faults`, which starts itself under mpirun), which
+    // must run here (GRADWIRE_REQUIRE_MPI=1: a missing MPI fails instead of
+    // skipping); the shaped-network run (two ranks in namespaces, 1 Gbit/s
+    // links, Open MPI over TCP), required wherever this process may make
+    // network namespaces and skipped loudly elsewhere (not root, a
+    // container without CAP_NET_ADMIN); and the GPU suites, which SKIP
+    // loudly without a GPU (on a GPU machine GRADWIRE_REQUIRE_GPU=1 makes a
+    // missing GPU a failure).
     step(
-        "shaped network (2 ranks, namespaces, tc tbf, mpirun)",
+        "cargo test (features mpi, cuda, nccl; MPI suites under mpirun)",
         || {
-            if let Some(why) = cannot_make_namespaces() {
-                println!("SKIP shaped network: {why}");
-                return Ok(());
-            }
-            run(cargo()
-                .args([
-                    "test",
-                    "-p",
-                    "gradwire-cli",
-                    "--features",
-                    "mpi",
-                    "--test",
-                    "shaped_network",
-                    "--",
-                ])
+            let mut command = cargo();
+            command
+                .args(["test", "--workspace", "--features", &all_features, "--"])
                 .args(test_args)
-                .env("GRADWIRE_REQUIRE_NETWORK", "1"))
+                .env("GRADWIRE_REQUIRE_MPI", "1");
+            match cannot_make_namespaces() {
+                None => {
+                    command.env("GRADWIRE_REQUIRE_NETWORK", "1");
+                }
+                Some(why) => println!("SKIP shaped network: {why}"),
+            }
+            run(&mut command)
         },
     )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
-    // With no GPU the GPU tests check the typed errors and print SKIP lines;
-    // on a GPU machine they run (GRADWIRE_REQUIRE_GPU=1 makes a missing GPU
-    // a failure).
-    step("cargo test (features cuda, nccl)", || {
-        for suite in gpu::GPU_SUITES {
-            run(cargo()
-                .arg("test")
-                .args(suite.cargo_args())
-                .arg("--")
-                .args(test_args))?;
-        }
-        Ok(())
-    })?;
     // Broken intra-doc links are documentation that is no longer true.
     step("cargo doc", || {
         run(cargo()

@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with a GPU.
+//!
 //! AdaSum on CUDA tensors (feature `cuda`) against AdaSum on the CPU: the
 //! pairwise rule's kernels and the whole recursive-halving combination on
 //! world sizes 1 to 8 agree within the rounding of the f64 partial sums.
@@ -22,6 +25,7 @@ fn device_or_skip(test: &str) -> bool {
         .is_some()
 }
 
+#[path = "it/common.rs"]
 mod common;
 use common::{ranges, vector};
 

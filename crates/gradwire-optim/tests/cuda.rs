@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with a GPU.
+//!
 //! The optimizers on CUDA parameters (feature `cuda`) against the same
 //! optimizers on the CPU: several steps of every rule, in every parameter
 //! dtype, give bitwise the same parameters and the same state; state moves

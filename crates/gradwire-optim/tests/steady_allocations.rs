@@ -1,3 +1,5 @@
+//! A test binary of its own: it installs a counting global allocator.
+//!
 //! In steady state a GradSync step allocates nothing at all, on any thread:
 //! the gradient buffers, the fusion and wire buffers, the sparse selection,
 //! its scratch, payload and gathered payloads, the error-feedback residual

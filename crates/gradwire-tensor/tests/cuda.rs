@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with a GPU.
+//!
 //! CUDA storage (feature `cuda`): run on every machine, exercised on a GPU.
 //!
 //! Without a CUDA device each test checks that the device is refused with

@@ -2,7 +2,7 @@
 //! runs every case of [`gradwire_tests::conformance`] with its MpiComm, and
 //! rank 0 prints one line per case. The exit status is the same on every
 //! rank: 0 when every case passed everywhere, 1 otherwise (2 when MPI could
-//! not start). `tests/conformance_mpi.rs` launches it for W = 1..=4.
+//! not start). `tests/it/conformance_mpi.rs` launches it for W = 1..=4.
 //!
 //! `mpirun --oversubscribe -np 3 gradwire-mpi-conformance [name-filter]`
 

@@ -1,3 +1,6 @@
+//! A test binary of its own: a GPU suite, which `cargo xtask gpu-bundle`
+//! ships alone to a machine with a GPU.
+//!
 //! The device codecs (feature `cuda`) against the CPU codecs: the same
 //! selections (indices and value bits), the same error-feedback memories
 //! step after step, the same casts and scatter-adds (`sparse.rs`), the same

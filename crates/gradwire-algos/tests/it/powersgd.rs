@@ -11,8 +11,7 @@ use gradwire_compress::lowrank;
 use gradwire_tensor::Tensor;
 use proptest::prelude::*;
 
-mod common;
-use common::vector;
+use crate::common::vector;
 
 fn config(rank: usize) -> PowerSgdConfig {
     PowerSgdConfig {

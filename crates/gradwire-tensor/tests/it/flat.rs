@@ -1,9 +1,7 @@
 //! Fusion buffers: pack/unpack round trips for random shape lists and every
 //! dtype combination, the layout arithmetic, and all-or-nothing errors.
 
-mod common;
-
-use common::{any_dtype, mixed_f32, same_f32, through};
+use crate::common::{any_dtype, mixed_f32, same_f32, through};
 use gradwire_tensor::{
     DType, Device, Error, FlatLayout, Shape, Tensor, f16, pack, pack_new, unpack,
 };

@@ -1,9 +1,8 @@
 //! The lazy zeroed flag (SPEC §3): zero_ is O(1), reads see zeros and keep
 //! the flag, writes clear it and start from zeros, clones keep it.
 
-mod common;
-
-use common::{mixed_f32, same, tensor_of};
+use crate::common;
+use crate::common::{mixed_f32, same, tensor_of};
 use gradwire_tensor::{DType, Device, Tensor, WithDType, bf16, f16, pack, pack_new, unpack};
 use proptest::prelude::*;
 

@@ -12,8 +12,7 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor;
 
-mod common;
-use common::{BATCH, BLOCKS, gradient, initial, specs};
+use crate::common::{BATCH, BLOCKS, gradient, initial, specs};
 
 /// `steps` data-parallel steps on `world` ranks; rank 0's parameters.
 fn train_distributed<O: Optimizer + 'static>(

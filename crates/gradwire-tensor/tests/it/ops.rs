@@ -3,9 +3,8 @@
 //! the documented lane order, bitwise); elementwise ops exactly, per element,
 //! against "compute in f32, round once".
 
-mod common;
-
-use common::{any_len, mixed_f32, round_all, same, wide_f32, widen};
+use crate::common;
+use crate::common::{any_len, mixed_f32, round_all, same, wide_f32, widen};
 use gradwire_tensor::{DType, Device, Tensor, WithDType, bf16, f16, ops};
 use proptest::prelude::*;
 

@@ -12,8 +12,7 @@ use gradwire_optim::{DistOpt, DistOptConfig, OptimError, Sgd, SgdConfig};
 use gradwire_tensor::Tensor;
 use std::path::Path;
 
-mod common;
-use common::{BATCH, BLOCKS, gradient, initial, loss, specs};
+use crate::common::{BATCH, BLOCKS, gradient, initial, loss, specs};
 
 const DENSE_STEPS: usize = 12;
 const COMPONENTS: usize = 6;

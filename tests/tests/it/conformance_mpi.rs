@@ -23,7 +23,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 
 /// Skips loudly, or fails when MPI is required.
 fn unavailable(why: &str) {
-    let run = "run `cargo test -p gradwire-tests --features mpi --test conformance_mpi`";
+    let run = "run `cargo test -p gradwire-tests --features mpi --test it -- conformance_mpi`";
     assert!(
         mpirun::skip("MPI conformance suite", why, run),
         "GRADWIRE_REQUIRE_MPI=1 but the MPI conformance suite cannot run: {why}"

@@ -13,8 +13,7 @@ use gradwire_compress::Quantizer;
 use gradwire_tensor::Tensor;
 use proptest::prelude::*;
 
-mod common;
-use common::vector;
+use crate::common::vector;
 
 /// Splits `v` into tensors of `sizes`.
 fn tensors(v: &[f32], sizes: &[usize]) -> Vec<Tensor> {

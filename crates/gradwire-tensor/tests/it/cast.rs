@@ -2,9 +2,7 @@
 //! NaN, ±inf stays ±inf, overflow goes to inf, subnormals handled, and
 //! half -> f32 -> half is the identity.
 
-mod common;
-
-use common::same_f32;
+use crate::common::same_f32;
 use gradwire_tensor::{DType, Tensor, WithDType, bf16, f16, ops};
 use proptest::prelude::*;
 

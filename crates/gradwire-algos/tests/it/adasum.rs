@@ -10,8 +10,7 @@ use proptest::prelude::*;
 use std::ops::Range;
 
 /// Tensor boundaries for a list of sizes.
-mod common;
-use common::{ranges, vector};
+use crate::common::{ranges, vector};
 
 /// Runs AdaSum on `world` ranks, each with `inputs[rank]`; returns every
 /// rank's result (checked bitwise equal).

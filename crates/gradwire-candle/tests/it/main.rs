@@ -1,0 +1,5 @@
+//! gradwire-candle's integration tests, gathered into one test binary (one link
+//! instead of one per file): each module is the file it was.
+
+mod errors;
+mod optim;

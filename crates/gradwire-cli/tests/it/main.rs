@@ -1,0 +1,6 @@
+//! gradwire-cli's integration tests, gathered into one test binary (one link
+//! instead of one per file): each module is the file it was.
+
+mod cli;
+#[cfg(feature = "mpi")]
+mod shaped_network;

@@ -1,0 +1,7 @@
+//! gradwire-compress's integration tests, gathered into one test binary (one link
+//! instead of one per file): each module is the file it was.
+
+mod codecs;
+mod lowrank;
+mod quant;
+mod wire;

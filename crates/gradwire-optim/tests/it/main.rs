@@ -1,0 +1,15 @@
+//! gradwire-optim's integration tests, gathered into one test binary (one link
+//! instead of one per file): each module is the file it was.
+
+mod any_optimizer;
+mod checkpoint;
+mod checkpoint_fixture;
+mod common;
+mod dimreduce;
+mod distopt;
+mod grad_sync;
+mod grad_sync_local;
+mod onebit_adam;
+mod optimizers;
+mod stateful_strategies;
+mod trajectory;

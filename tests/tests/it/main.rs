@@ -1,0 +1,9 @@
+//! gradwire-tests's integration tests, gathered into one test binary (one link
+//! instead of one per file): each module is the file it was.
+
+mod candle;
+mod conformance_local;
+mod conformance_mpi;
+mod convergence;
+mod fault_matrix;
+mod registry;
