@@ -12,6 +12,7 @@
 //! when the table names a kernel its PTX does not define.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod fnv;
 mod generated;

@@ -10,9 +10,12 @@
 //! any system package is installed.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod bundle;
 mod gpu;
+#[cfg(test)]
+mod tidy;
 
 use std::env;
 use std::ffi::OsStr;

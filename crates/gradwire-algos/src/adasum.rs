@@ -4,7 +4,7 @@
 //! `adasum(a, b) = (1 - a.b / (2 |a|^2)) a + (1 - a.b / (2 |b|^2)) b`, a
 //! coefficient staying 1 where its norm^2 is below `sqrt(f64::MIN_POSITIVE)`.
 //! Orthogonal gradients are summed, equal ones averaged; it is
-//! scale-equivariant (SPEC §4).
+//! scale-equivariant, so averaging within a node first is consistent.
 //!
 //! Across W ranks it runs as Horovod does, by recursive vector halving and
 //! distance doubling: at each level every rank keeps half of its current

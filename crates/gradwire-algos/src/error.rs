@@ -57,6 +57,20 @@ impl From<CommError> for AlgoError {
 }
 
 impl AlgoError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> gradwire_tensor::ErrorKind {
+        use gradwire_tensor::ErrorKind;
+        match self {
+            AlgoError::Capacity { .. } | AlgoError::InvalidArgument(_) => {
+                ErrorKind::InvalidArgument
+            }
+            AlgoError::Fault { .. } => ErrorKind::Fault,
+            AlgoError::Comm(e) => e.kind(),
+            AlgoError::Compress(e) => e.kind(),
+            AlgoError::Tensor(e) => e.kind(),
+        }
+    }
+
     /// The kind of fault this error is, as posted to the other ranks: the
     /// same on the rank that failed and on every rank it failed.
     pub fn fault_kind(&self) -> FaultKind {

@@ -27,6 +27,9 @@
 //! ```
 
 #![deny(missing_docs)]
+// `deny`, not `forbid`: ndarray's `s!` expands to an `unsafe` block under
+// `#[allow(unsafe_code)]`, which `forbid` rejects. No unsafe code of our own.
+#![deny(unsafe_code)]
 
 pub mod adasum;
 pub mod cost;

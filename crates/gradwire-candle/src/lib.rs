@@ -72,6 +72,7 @@
 //! [candle]: https://github.com/huggingface/candle
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod data_parallel;
 mod dist_opt_vars;

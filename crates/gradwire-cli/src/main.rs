@@ -4,6 +4,7 @@
 //! `gradwire_cli` library, where the work is, and prints what it returns.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
 use gradwire_cli::project;

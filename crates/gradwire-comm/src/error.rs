@@ -5,6 +5,7 @@
 //! decided once per collective and returned to *every* rank that took part, so
 //! that no rank continues while another gives up.
 
+use gradwire_tensor::ErrorKind;
 use std::time::Duration;
 
 /// What can go wrong in a communicator call.
@@ -165,6 +166,27 @@ fn describe_timeout(op: &str, waited: &Duration, missing: &[usize]) -> String {
 }
 
 impl CommError {
+    /// What kind of failure this is: a lost asynchronous lane is a lost
+    /// peer (the communicator is unusable), any other posted fault a
+    /// [`ErrorKind::Fault`].
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CommError::Mismatch { .. } => ErrorKind::Mismatch,
+            CommError::PeerLost { .. }
+            | CommError::RankPanicked { .. }
+            | CommError::WorkerStopped => ErrorKind::PeerLost,
+            CommError::Fault { .. } if self.is_lane_lost() => ErrorKind::PeerLost,
+            CommError::Fault { .. } => ErrorKind::Fault,
+            CommError::Timeout { .. } => ErrorKind::Timeout,
+            CommError::InvalidArgument(_) | CommError::InvalidRank { .. } => {
+                ErrorKind::InvalidArgument
+            }
+            CommError::Mpi { .. } | CommError::Nccl { .. } => ErrorKind::Backend,
+            CommError::NcclUnavailable(_) | CommError::Unsupported(_) => ErrorKind::Unavailable,
+            CommError::Tensor(e) => e.kind(),
+        }
+    }
+
     /// Whether this is the fault of a lost asynchronous lane ([`LANE_LOST`]),
     /// which poisons the communicator that sees it.
     pub fn is_lane_lost(&self) -> bool {

@@ -40,5 +40,20 @@ pub enum CompressError {
     Tensor(#[from] gradwire_tensor::Error),
 }
 
+impl CompressError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> gradwire_tensor::ErrorKind {
+        use gradwire_tensor::ErrorKind;
+        match self {
+            CompressError::NonFinite { .. } => ErrorKind::NonFinite,
+            CompressError::Corrupt(_) => ErrorKind::Corrupt,
+            CompressError::LengthMismatch { .. }
+            | CompressError::InvalidArgument(_)
+            | CompressError::TooLong(_) => ErrorKind::InvalidArgument,
+            CompressError::Tensor(e) => e.kind(),
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = CompressError> = std::result::Result<T, E>;

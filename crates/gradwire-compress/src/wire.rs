@@ -3,7 +3,7 @@
 //!
 //! SINGA's sparse all-reduce exchanged raw `(index, value)` arrays whose
 //! count was computed wrongly, so receivers summed stale tail entries,
-//! duplicates and out-of-range pairs (`SPEC.md` §2). Here a payload carries
+//! duplicates and out-of-range pairs. Here a payload carries
 //! its own header, and [`decode`] checks *everything* (length, magic,
 //! version, codec, dtype, ranges, exact size, every index in range and
 //! strictly increasing) before a single value can be read: a [`Payload`]

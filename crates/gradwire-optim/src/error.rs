@@ -58,6 +58,27 @@ pub enum OptimError {
     Tensor(#[from] gradwire_tensor::Error),
 }
 
+impl OptimError {
+    /// What kind of failure this is, whichever layer it came from
+    /// (`std::io::Error`'s shape): a lost peer is
+    /// [`ErrorKind::PeerLost`](gradwire_tensor::ErrorKind::PeerLost)
+    /// whether the communicator, a strategy or DistOpt saw it.
+    pub fn kind(&self) -> gradwire_tensor::ErrorKind {
+        use gradwire_tensor::ErrorKind;
+        match self {
+            OptimError::InvalidArgument(_)
+            | OptimError::Strategy(_)
+            | OptimError::ShapeMismatch { .. } => ErrorKind::InvalidArgument,
+            OptimError::StateMismatch(_) => ErrorKind::Mismatch,
+            OptimError::CorruptCheckpoint(_) => ErrorKind::Corrupt,
+            OptimError::Io(_) => ErrorKind::Io,
+            OptimError::Fault { .. } => ErrorKind::Fault,
+            OptimError::Distributed(e) => e.kind(),
+            OptimError::Tensor(e) => e.kind(),
+        }
+    }
+}
+
 /// A communicator's error (a lost peer, a timeout, a mismatch), as the
 /// strategies report it: so `?` works on a collective inside a function
 /// returning [`OptimError`].

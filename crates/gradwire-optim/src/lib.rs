@@ -3,11 +3,11 @@
 //! SINGA's optimizers (SGD, RMSProp, AdaGrad, Adam) with its formulas and
 //! defaults, plus AdamW, over gradwire-tensor; any hyper-parameter may be a
 //! [`Schedule`]; the whole state goes to a versioned, atomically written
-//! checkpoint that DistOpt extends with its own state. See SPEC §1.
+//! checkpoint that DistOpt extends with its own state.
 //!
 //! [`DistOpt`] wraps any optimizer and any communicator for data-parallel
 //! training: fused buckets overlapped with backward, dense or half-precision
-//! combination, skipping of gradients no rank wrote (SPEC §2-3).
+//! combination, skipping of gradients no rank wrote (decided by a vote).
 //!
 //! ```
 //! use gradwire_optim::{Optimizer, Sgd, SgdConfig};
@@ -24,6 +24,7 @@
 //! ```
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod any;
 pub mod checkpoint;

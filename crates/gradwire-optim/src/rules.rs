@@ -1,5 +1,5 @@
 //! The update rules: SGD, RMSProp, AdaGrad, Adam and AdamW, with SINGA's
-//! formulas and defaults (SPEC §1), AdamW's from Loshchilov & Hutter.
+//! formulas and defaults (on each config), AdamW's from Loshchilov & Hutter.
 //!
 //! Hyper-parameters are evaluated in f64 at the current step and used in f32;
 //! the element loops branch on the options outside the loop, so each variant

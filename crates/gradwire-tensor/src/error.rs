@@ -98,5 +98,59 @@ pub enum Error {
     InvalidArgument(String),
 }
 
+/// What kind of failure an error is, the same vocabulary at every layer
+/// (the `std::io::ErrorKind` shape): each crate's error has a `kind()`, and
+/// the `gradwire` facade's error is matched by it, so a caller can branch
+/// on the cause without naming the layer it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A bad input: an argument out of its domain, a tensor of the wrong
+    /// shape, dtype, length or device, an unknown name, a setting refused.
+    InvalidArgument,
+    /// A NaN or an infinity where finite values are required.
+    NonFinite,
+    /// The ranks disagreed (the same collective called with different
+    /// arguments), or a saved state does not match what loads it.
+    Mismatch,
+    /// A peer is gone: it left, dropped its communicator, or panicked (its
+    /// thread or one of its asynchronous jobs). The communicator is
+    /// unusable afterwards.
+    PeerLost,
+    /// A deadline passed before every rank arrived.
+    Timeout,
+    /// A rank failed locally and its failure ended the step on every rank
+    /// (the failure model): the same error on every rank, naming the
+    /// lowest failing rank.
+    Fault,
+    /// What the call needs is not here: CUDA, NCCL or MPI missing or not
+    /// compiled in, an operation the backend cannot do in this environment.
+    Unavailable,
+    /// A call into CUDA, NCCL or MPI failed.
+    Backend,
+    /// Bytes that do not decode: a corrupt payload or checkpoint.
+    Corrupt,
+    /// Reading or writing a file failed.
+    Io,
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotCompiledWithCuda | Error::CudaUnavailable(_) => ErrorKind::Unavailable,
+            Error::Cuda(_) => ErrorKind::Backend,
+            Error::NonFinite { .. } => ErrorKind::NonFinite,
+            Error::ShapeMismatch { .. }
+            | Error::LengthMismatch { .. }
+            | Error::DTypeMismatch { .. }
+            | Error::DeviceMismatch { .. }
+            | Error::UnknownDType(_)
+            | Error::ShapeOverflow
+            | Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
 /// `std::result::Result` specialised to this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;

@@ -7,7 +7,7 @@
 //!
 //! * [`Tensor`]: shape + dtype + storage, with O(1) [`Tensor::zero_`] whose
 //!   flag lets the upper layers skip gradients that backward never wrote
-//!   (nnabla's "zeroing", see `SPEC.md` §3 and the [`tensor`] module docs);
+//!   (nnabla's "zeroing", see the [`tensor`] module docs);
 //! * [`WithDType`]: the sealed trait naming the element types in generic
 //!   code, with exact widening to f32 and nearest-even rounding back;
 //! * [`ops`]: elementwise kernels and f64-accumulated, deterministic
@@ -86,7 +86,7 @@ pub use cuda_backend::{CudaDevice, DeviceBuffer};
 pub use cudarc;
 pub use device::Device;
 pub use dtype::{DType, WithDType};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use flat::{FlatEntry, FlatLayout, pack, pack_new, unpack};
 pub use half::{bf16, f16};
 pub use shape::Shape;

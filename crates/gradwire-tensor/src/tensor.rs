@@ -1,7 +1,7 @@
 //! [`Tensor`]: an owned, contiguous, typed buffer with a shape, plus the lazy
 //! *zeroed* flag that lets gradwire skip gradients nobody wrote.
 //!
-//! # The zeroed flag (nnabla's "zeroing", SPEC §3)
+//! # The zeroed flag (nnabla's "zeroing")
 //!
 //! Before every backward pass each gradient is reset to zero. Writing zeros
 //! into every gradient costs a full pass over model-sized memory, and worse,

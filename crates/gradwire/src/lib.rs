@@ -48,6 +48,7 @@
 //! the `gradwire` command line (crate gradwire-cli) runs them all side by side.
 
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub use gradwire_tensor as tensor;
 pub use gradwire_tensor::{DType, Device, Shape, Tensor};
@@ -67,11 +68,16 @@ pub use gradwire_algos as algos;
 pub use gradwire_optim as optim;
 /// The error every layer's error converts into with `?` (a tensor's, a
 /// communicator's, a codec's, a strategy's, an optimizer's): one error type
-/// for a training loop.
+/// for a training loop, matched by its [`Error::kind`] ([`ErrorKind`]:
+/// `PeerLost`, `Timeout`, `Mismatch`, `Fault`, `InvalidArgument`, ...)
+/// whichever layer it came from.
 #[cfg(feature = "optim")]
 pub use gradwire_optim::OptimError as Error;
 #[cfg(feature = "optim")]
 pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, StrategyConfig};
+/// What kind of failure an error is: the same vocabulary at every layer
+/// (every crate's error has a `kind()`).
+pub use gradwire_tensor::ErrorKind;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -1,4 +1,4 @@
-//! DimReduce (MindSpore boost's dimension-reduction training, SPEC §5, with
+//! DimReduce (MindSpore boost's dimension-reduction training, with
 //! its defects corrected): quasi-Newton steps in the subspace spanned by the
 //! principal components of the training trajectory.
 //!

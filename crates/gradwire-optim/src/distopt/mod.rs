@@ -1,5 +1,5 @@
 //! DistOpt: data-parallel training over any [`Communicator`] and any
-//! [`Optimizer`] (SINGA's DistOpt, SPEC §2-3, done right).
+//! [`Optimizer`] (SINGA's DistOpt with nnabla's gradient skipping, done right).
 //!
 //! The parameters are declared once, in backward order, with their shapes
 //! (and dtype and device); that order fixes the fusion buckets (SINGA's

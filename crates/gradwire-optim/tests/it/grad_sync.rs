@@ -370,6 +370,98 @@ fn modes_it_cannot_run_are_refused() {
     }
 }
 
+/// One failure has one kind at every layer: the communicator's error, the
+/// strategy's that wraps it and DistOpt's that wraps that say the same.
+#[test]
+fn an_error_keeps_its_kind_through_every_layer() {
+    use gradwire_algos::AlgoError;
+    use gradwire_comm::{CommError, LANE_LOST};
+    use gradwire_tensor::ErrorKind;
+    let cases = [
+        (
+            CommError::PeerLost {
+                op: "all_reduce",
+                ranks: vec![2],
+            },
+            ErrorKind::PeerLost,
+        ),
+        (
+            CommError::Fault {
+                rank: 1,
+                code: LANE_LOST,
+            },
+            ErrorKind::PeerLost,
+        ),
+        (
+            CommError::Fault {
+                rank: 1,
+                code: FaultKind::NonFinite.code(),
+            },
+            ErrorKind::Fault,
+        ),
+        (
+            CommError::Timeout {
+                op: "barrier",
+                waited: std::time::Duration::from_secs(1),
+                missing: vec![0],
+            },
+            ErrorKind::Timeout,
+        ),
+        (
+            CommError::Mismatch {
+                detail: "lengths".into(),
+            },
+            ErrorKind::Mismatch,
+        ),
+        (
+            CommError::InvalidArgument("root".into()),
+            ErrorKind::InvalidArgument,
+        ),
+    ];
+    for (comm, kind) in cases {
+        assert_eq!(comm.kind(), kind, "{comm}");
+        let algo = AlgoError::from(comm.clone());
+        assert_eq!(algo.kind(), kind, "{algo}");
+        assert_eq!(OptimError::from(algo).kind(), kind, "{comm}");
+        assert_eq!(OptimError::from(comm).kind(), kind);
+    }
+    let non_finite = gradwire_compress::select::top_k(&[f32::NAN, 1.0], 0.5).unwrap_err();
+    assert_eq!(OptimError::from(non_finite).kind(), ErrorKind::NonFinite);
+    let strategy = "topk:2".parse::<StrategyConfig>().unwrap_err();
+    assert_eq!(
+        OptimError::from(strategy).kind(),
+        ErrorKind::InvalidArgument
+    );
+    let corrupt = gradwire_optim::checkpoint::from_bytes(b"not a checkpoint").unwrap_err();
+    assert_eq!(corrupt.kind(), ErrorKind::Corrupt);
+}
+
+#[test]
+fn a_departed_rank_is_peer_lost_on_the_others() {
+    use gradwire_tensor::ErrorKind;
+    let results = local::run(3, |comm: LocalComm| -> Result<()> {
+        let rank = comm.rank();
+        let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
+        if rank == 2 {
+            // Leaves before the step: its communicator is dropped.
+            return Ok(());
+        }
+        for (k, spec) in specs().iter().enumerate() {
+            // A push may already see the departure; finish reports it.
+            let _ = sync.push(k, &vec![0.5; len(spec)]);
+        }
+        let mut out: Vec<Vec<f32>> = specs().iter().map(|s| vec![0.0; len(s)]).collect();
+        let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+        let err = sync.finish(&mut views).expect_err("a peer left");
+        assert_eq!(err.kind(), ErrorKind::PeerLost, "{err}");
+        Ok(())
+    })
+    .unwrap();
+    for r in results {
+        r.unwrap();
+    }
+}
+
 /// Every core crate's error converts into `OptimError` with `?`, keeping
 /// what it says.
 #[test]

@@ -13,7 +13,7 @@ fn tensor(v: &[f32]) -> Tensor {
     Tensor::from_vec(v.to_vec(), v.len()).unwrap()
 }
 
-/// The f64 reference of every optimizer, written from SPEC §1 directly.
+/// The f64 reference of every optimizer, written from SINGA's formulas directly.
 #[derive(Clone, Debug)]
 enum Reference {
     Sgd {

@@ -1,4 +1,4 @@
-//! The lazy zeroed flag (SPEC §3): zero_ is O(1), reads see zeros and keep
+//! The lazy zeroed flag (nnabla's): zero_ is O(1), reads see zeros and keep
 //! the flag, writes clear it and start from zeros, clones keep it.
 
 use crate::common;

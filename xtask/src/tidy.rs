@@ -1,0 +1,816 @@
+//! Tidy checks over the whole repository, in the style of rust-analyzer's
+//! tidy test; `cargo test -p xtask` runs them (and so `cargo xtask test`,
+//! through `cargo test --workspace`).
+//!
+//! For every workspace member (the `members` of the root `Cargo.toml`):
+//!
+//! - every `.rs` file under its `src/`, `benches/`, `examples/` and `tests/`
+//!   directories starts with a `//!` module doc comment (blank lines and
+//!   `// generated ...` header lines may come first);
+//! - its crate roots (`src/lib.rs`, `src/main.rs`) contain
+//!   `#![deny(missing_docs)]`, and `#![forbid(unsafe_code)]` unless
+//!   [`POLICY`] lists the crate as one that holds unsafe code (each with its
+//!   reason); a listed crate must still hold some, so the list stays true;
+//! - only the files of [`POLICY`]'s FFI list name raw foreign bindings
+//!   (rsmpi's `mpi::ffi`, `mpi_sys`, cudarc's `sys` and `result` modules);
+//!   everything else calls the checked wrappers of the FFI layer.
+//!
+//! Over the whole repository (every `.rs`, `.md` and `.toml` file): no
+//! reference to a specification or design file that lives outside it.
+//! `ARCHITECTURE.md` exists, is at most [`ARCHITECTURE_MAX_BYTES`] bytes and
+//! states its invariants (lines starting with `**Architecture Invariant:**`).
+//!
+//! `target/` (and `.git/`) directories are skipped. A failure lists every
+//! offending file with the rule it breaks.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Rule for crate roots: documentation is required.
+const RULE_DENY_MISSING_DOCS: &str = "crate root must contain `#![deny(missing_docs)]`";
+/// Rule for every Rust file of a member.
+const RULE_MODULE_DOC: &str = "file must start with a `//!` module doc comment";
+/// Rule for crate roots of crates that hold no unsafe code.
+const RULE_FORBID_UNSAFE: &str = "crate root must contain `#![forbid(unsafe_code)]` (or list the \
+     crate in tidy's POLICY.may_hold_unsafe, saying why)";
+/// Rule for crate roots of the crates that deny rather than forbid.
+const RULE_DENY_UNSAFE: &str = "crate root must contain `#![deny(unsafe_code)]`";
+/// Rule for the crates listed as holding unsafe code.
+const RULE_STALE_UNSAFE: &str = "crate is listed in tidy's POLICY.may_hold_unsafe but its sources \
+     hold no `unsafe`: remove it from the list and forbid unsafe code";
+/// Rule for files outside the FFI layer.
+const RULE_FFI: &str = "only the FFI layer may name raw foreign bindings (`mpi::ffi`, `mpi_sys`, \
+     cudarc's `sys` / `result`): call the checked wrappers, or add the file to tidy's \
+     POLICY.ffi_files with its reason";
+/// Rule for the files of the FFI list.
+const RULE_STALE_FFI: &str = "file is listed in tidy's POLICY.ffi_files but names no raw foreign \
+     binding (or does not exist): remove it from the list";
+/// Rule for every text file of the repository.
+const RULE_OUTSIDE_REFERENCE: &str = "file refers to a file outside the repository: state the fact itself, or point inside the repository";
+/// Rule for `ARCHITECTURE.md`'s size.
+const RULE_ARCHITECTURE_SIZE: &str =
+    "ARCHITECTURE.md must be at most 25,000 bytes: a map, not a retelling";
+/// Rule for `ARCHITECTURE.md`'s invariants.
+const RULE_ARCHITECTURE_INVARIANTS: &str =
+    "ARCHITECTURE.md must state its invariants (lines starting with `**Architecture Invariant:**`)";
+/// Rule for `ARCHITECTURE.md`'s existence.
+const RULE_ARCHITECTURE_MISSING: &str = "ARCHITECTURE.md must exist";
+
+/// The largest `ARCHITECTURE.md` allowed, in bytes.
+const ARCHITECTURE_MAX_BYTES: usize = 25_000;
+/// How an invariant line of `ARCHITECTURE.md` starts (rust-analyzer's spelling).
+const INVARIANT_MARKER: &str = "**Architecture Invariant:**";
+
+/// The directories of a member whose `.rs` files the rules apply to.
+const CHECKED_DIRS: &[&str] = &["src", "benches", "examples", "tests"];
+/// The crate roots of a member, relative to its directory.
+const CRATE_ROOTS: &[&str] = &["src/lib.rs", "src/main.rs"];
+/// The extensions of the files the outside-reference rule reads.
+const TEXT_EXTENSIONS: &[&str] = &["rs", "md", "toml"];
+/// Directories never walked: build output and git's own.
+const SKIPPED_DIRS: &[&str] = &["target", ".git"];
+
+/// Texts that point at files outside the repository (the specification and
+/// design notes a checkout does not have). Split with `concat!` so that this
+/// file does not match itself.
+const OUTSIDE_REFERENCES: &[&str] = &[
+    concat!("SPEC", " §"),
+    concat!("SPEC", ".md"),
+    concat!("DESIGN", ".md"),
+    concat!("..", "/shared"),
+];
+
+/// Which files and crates may do what the rules otherwise refuse, as paths
+/// relative to the workspace root.
+struct Policy<'a> {
+    /// The files that may name raw foreign bindings.
+    ffi_files: &'a [&'a str],
+    /// The members that hold unsafe code, so cannot forbid it.
+    may_hold_unsafe: &'a [&'a str],
+    /// The members with no unsafe code of their own that cannot take
+    /// `forbid(unsafe_code)` and deny it instead.
+    deny_unsafe: &'a [&'a str],
+}
+
+/// This workspace's policy.
+const POLICY: Policy<'static> = Policy {
+    ffi_files: &[
+        // The MPI FFI layer: checked wrappers over rsmpi's raw bindings.
+        "crates/gradwire-comm/src/mpi/sys.rs",
+        // The NCCL FFI layer: checked wrappers over cudarc's NCCL bindings.
+        "crates/gradwire-comm/src/nccl/sys.rs",
+        // Names the raw stream handle type (`CUstream`) that its queued
+        // NCCL calls take across threads; calls no foreign function.
+        "crates/gradwire-comm/src/nccl/stream.rs",
+        // The CUDA driver probe (`is_culib_present`, a dlopen only), made
+        // before any driver call so that a missing driver is an error value.
+        "crates/gradwire-tensor/src/cuda_backend/driver.rs",
+    ],
+    may_hold_unsafe: &[
+        // LocalComm's buffers shared between rank threads, rank_order.rs's
+        // AVX2 dispatch, the MPI and NCCL FFI and NCCL's queued calls.
+        "crates/gradwire-comm",
+        // The streaming-store f16 casts (x86-64 intrinsics) in cast.rs and
+        // quant.rs's AVX2 dispatch.
+        "crates/gradwire-compress",
+        // With the `cuda` feature: the driver probe, byte views of device
+        // buffers and kernel launches in cuda_backend/; its root forbids
+        // unsafe code without that feature.
+        "crates/gradwire-tensor",
+    ],
+    deny_unsafe: &[
+        // No unsafe code of its own, but ndarray's `s!` expands to an
+        // `unsafe` block under `#[allow(unsafe_code)]`, which `forbid`
+        // rejects (E0453).
+        "crates/gradwire-algos",
+    ],
+};
+
+#[test]
+fn workspace_is_tidy() {
+    let root = super::workspace_root();
+    let members = workspace_members(root);
+    for expected in ["tests", "xtask"] {
+        assert!(
+            members.contains(&root.join(expected)),
+            "workspace members not parsed from Cargo.toml: got {members:?}"
+        );
+    }
+    let problems = check_workspace(root, &POLICY);
+    assert!(
+        problems.is_empty(),
+        "tidy found {} problem(s):\n  {}",
+        problems.len(),
+        problems.join("\n  ")
+    );
+}
+
+/// Every broken rule in the repository at `root`, as `path: rule` lines,
+/// with paths relative to `root`.
+fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut named_raw_bindings = Vec::new();
+    for member in workspace_members(root) {
+        let member_name = relative(root, &member);
+        let mut files = Vec::new();
+        for dir in CHECKED_DIRS {
+            files_with_extensions(&member.join(dir), &["rs"], &mut files);
+        }
+        files.sort();
+        let mut sources_hold_unsafe = false;
+        for file in &files {
+            let text = read(file);
+            let shown = relative(root, file);
+            let mut broken = check_file(&text, CRATE_ROOTS.iter().any(|r| *file == member.join(r)));
+            if file.starts_with(member.join("src")) {
+                sources_hold_unsafe |= holds_unsafe_code(&text);
+            }
+            if names_raw_bindings(&text) {
+                named_raw_bindings.push(shown.clone());
+                if !policy.ffi_files.contains(&shown.as_str()) {
+                    broken.push(RULE_FFI);
+                }
+            }
+            problems.extend(broken.into_iter().map(|rule| format!("{shown}: {rule}")));
+        }
+        let required = if policy.may_hold_unsafe.contains(&member_name.as_str()) {
+            if !sources_hold_unsafe {
+                problems.push(format!("{member_name}: {RULE_STALE_UNSAFE}"));
+            }
+            None
+        } else if policy.deny_unsafe.contains(&member_name.as_str()) {
+            Some(("#![deny(unsafe_code)]", RULE_DENY_UNSAFE))
+        } else {
+            Some(("#![forbid(unsafe_code)]", RULE_FORBID_UNSAFE))
+        };
+        if let Some((attribute, rule)) = required {
+            for crate_root in CRATE_ROOTS.iter().map(|r| member.join(r)) {
+                if crate_root.is_file() && !has_inner_attribute(&read(&crate_root), attribute) {
+                    problems.push(format!("{}: {rule}", relative(root, &crate_root)));
+                }
+            }
+        }
+    }
+    for listed in policy.ffi_files {
+        if !named_raw_bindings.iter().any(|file| file == listed) {
+            problems.push(format!("{listed}: {RULE_STALE_FFI}"));
+        }
+    }
+    let mut text_files = Vec::new();
+    files_with_extensions(root, TEXT_EXTENSIONS, &mut text_files);
+    text_files.sort();
+    for file in text_files {
+        if let Some(found) = outside_reference(&read(&file)) {
+            let shown = relative(root, &file);
+            problems.push(format!("{shown}: {RULE_OUTSIDE_REFERENCE} (`{found}`)"));
+        }
+    }
+    match fs::read_to_string(root.join("ARCHITECTURE.md")) {
+        Ok(text) => problems.extend(
+            check_architecture(&text)
+                .into_iter()
+                .map(|rule| format!("ARCHITECTURE.md: {rule}")),
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            problems.push(format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_MISSING}"));
+        }
+        Err(e) => panic!("cannot read ARCHITECTURE.md: {e}"),
+    }
+    problems
+}
+
+/// The rules of every Rust file broken by a file with contents `text`.
+fn check_file(text: &str, is_crate_root: bool) -> Vec<&'static str> {
+    let mut broken = Vec::new();
+    if !has_module_doc(text) {
+        broken.push(RULE_MODULE_DOC);
+    }
+    if is_crate_root && !has_inner_attribute(text, "#![deny(missing_docs)]") {
+        broken.push(RULE_DENY_MISSING_DOCS);
+    }
+    broken
+}
+
+/// Whether some line of `text` is exactly `attribute` (surrounding blanks aside).
+fn has_inner_attribute(text: &str, attribute: &str) -> bool {
+    text.lines().any(|line| line.trim() == attribute)
+}
+
+/// Whether the first line of `text` that is neither blank nor a generated-file
+/// header is a `//!` comment.
+fn has_module_doc(text: &str) -> bool {
+    text.lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty() && !is_generated_header(line))
+        .is_some_and(|line| line.starts_with("//!"))
+}
+
+/// Whether `line` is a header such as `// generated by cargo xtask ptx, do not edit`.
+fn is_generated_header(line: &str) -> bool {
+    let lower = line.to_ascii_lowercase();
+    lower.starts_with("// generated") || lower.starts_with("// @generated")
+}
+
+/// The code of the Rust source `text`: comments (doc comments included)
+/// removed, and string, byte string, raw string and char literals emptied,
+/// so that words in them are not taken for code. Line breaks are kept.
+fn code_of(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let at = |i: usize| chars.get(i).copied();
+    let mut code = String::with_capacity(text.len());
+    let mut i = 0;
+    while let Some(c) = at(i) {
+        if c == '/' && at(i + 1) == Some('/') {
+            while at(i).is_some_and(|c| c != '\n') {
+                i += 1;
+            }
+        } else if c == '/' && at(i + 1) == Some('*') {
+            let mut depth = 0_usize;
+            while let Some(c) = at(i) {
+                if c == '/' && at(i + 1) == Some('*') {
+                    depth += 1;
+                    i += 2;
+                } else if c == '*' && at(i + 1) == Some('/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    if c == '\n' {
+                        code.push('\n');
+                    }
+                    i += 1;
+                }
+            }
+            code.push(' ');
+        } else if let Some(hashes) = raw_string_at(&chars, i) {
+            // r, the hashes, the quote; then up to a quote and as many hashes.
+            i += hashes + 2;
+            let closing: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            while i < chars.len() && !chars[i..].starts_with(&closing) {
+                i += 1;
+            }
+            i += closing.len();
+            code.push_str("\"\"");
+        } else if c == '"' {
+            i += 1;
+            while let Some(c) = at(i) {
+                i += if c == '\\' { 2 } else { 1 };
+                if c == '"' {
+                    break;
+                }
+            }
+            code.push_str("\"\"");
+        } else if c == '\'' && at(i + 1) == Some('\\') {
+            // An escaped char literal: past the escaped character, then up
+            // to the closing quote.
+            i += 3;
+            while at(i).is_some_and(|c| c != '\'') {
+                i += 1;
+            }
+            i += 1;
+            code.push_str("' '");
+        } else if c == '\'' && at(i + 2) == Some('\'') {
+            i += 3;
+            code.push_str("' '");
+        } else {
+            // Code, a lifetime's quote included.
+            code.push(c);
+            i += 1;
+        }
+    }
+    code
+}
+
+/// The number of `#`s of the raw string literal (`r"..."`, `r#"..."#`,
+/// `br"..."`) that starts at `chars[i]`, if one does.
+fn raw_string_at(chars: &[char], i: usize) -> Option<usize> {
+    let before = |back: usize| i.checked_sub(back).map(|j| chars[j]);
+    let starts_token = !before(1).is_some_and(is_ident_char)
+        || (before(1) == Some('b') && !before(2).is_some_and(is_ident_char));
+    if chars[i] != 'r' || !starts_token {
+        return None;
+    }
+    let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+    (chars.get(i + 1 + hashes) == Some(&'"')).then_some(hashes)
+}
+
+/// Whether `c` may be part of a Rust identifier.
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The byte offsets in `code` where the identifier or path prefix `word`
+/// starts, not preceded by an identifier character.
+fn word_starts<'a>(code: &'a str, word: &'a str) -> impl Iterator<Item = usize> + 'a {
+    code.match_indices(word)
+        .map(|(at, _)| at)
+        .filter(move |&at| !code[..at].chars().next_back().is_some_and(is_ident_char))
+}
+
+/// Whether the code of `text` uses the keyword `unsafe` (an `unsafe` block,
+/// function, impl or trait; `unsafe_code` in a lint name is not it).
+fn holds_unsafe_code(text: &str) -> bool {
+    let code = code_of(text);
+    word_starts(&code, "unsafe").any(|at| {
+        !code[at + "unsafe".len()..]
+            .chars()
+            .next()
+            .is_some_and(is_ident_char)
+    })
+}
+
+/// Whether the code of `text` names a raw foreign binding: rsmpi's
+/// `mpi::ffi` or the `mpi_sys` crate, or a `sys` or `result` module of
+/// cudarc (`cudarc::driver::sys`, `cudarc::nccl::result`, ...), in a path
+/// or a `use` tree. A module of cudarc bound to another name first
+/// (`use cudarc::driver; driver::sys::...`) is not followed.
+fn names_raw_bindings(text: &str) -> bool {
+    let code = code_of(text);
+    let in_tree = |prefix: &str, modules: &[&str]| {
+        word_starts(&code, prefix).any(|at| {
+            path_tree(&code[at + prefix.len()..])
+                .split(|c: char| !is_ident_char(c))
+                .any(|segment| modules.contains(&segment))
+        })
+    };
+    word_starts(&code, "mpi_sys").any(|at| !code[at + 7..].starts_with(is_ident_char))
+        || in_tree("mpi::", &["ffi"])
+        || in_tree("cudarc::", &["sys", "result"])
+}
+
+/// The path or `use` tree at the start of `code`: segments, `::` and
+/// `{...}` groups (whose insides may hold blanks and line breaks), up to the
+/// first character that ends it.
+fn path_tree(code: &str) -> &str {
+    let mut depth = 0_usize;
+    for (at, c) in code.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => depth -= 1,
+            ',' | '*' if depth > 0 => {}
+            c if c.is_whitespace() && depth > 0 => {}
+            c if is_ident_char(c) || c == ':' => {}
+            _ => return &code[..at],
+        }
+    }
+    code
+}
+
+/// The first text of [`OUTSIDE_REFERENCES`] in `text`, if any.
+fn outside_reference(text: &str) -> Option<&'static str> {
+    OUTSIDE_REFERENCES
+        .iter()
+        .copied()
+        .find(|needle| text.contains(needle))
+}
+
+/// The rules `ARCHITECTURE.md` with contents `text` breaks.
+fn check_architecture(text: &str) -> Vec<&'static str> {
+    let mut broken = Vec::new();
+    if text.len() > ARCHITECTURE_MAX_BYTES {
+        broken.push(RULE_ARCHITECTURE_SIZE);
+    }
+    if !text.lines().any(|line| line.starts_with(INVARIANT_MARKER)) {
+        broken.push(RULE_ARCHITECTURE_INVARIANTS);
+    }
+    broken
+}
+
+/// The member directories of the workspace at `root`, in manifest order, with
+/// `dir/*` patterns expanded to the subdirectories that have a `Cargo.toml`.
+fn workspace_members(root: &Path) -> Vec<PathBuf> {
+    let manifest = read(&root.join("Cargo.toml"));
+    let mut members = Vec::new();
+    for pattern in member_patterns(&manifest) {
+        match pattern.strip_suffix("/*") {
+            Some(parent) => {
+                let mut dirs: Vec<PathBuf> = read_dir(&root.join(parent))
+                    .into_iter()
+                    .filter(|dir| dir.join("Cargo.toml").is_file())
+                    .collect();
+                dirs.sort();
+                members.extend(dirs);
+            }
+            None => members.push(root.join(pattern)),
+        }
+    }
+    members
+}
+
+/// The strings of the `members = [...]` array of a workspace manifest.
+fn member_patterns(manifest: &str) -> Vec<String> {
+    let uncommented: Vec<&str> = manifest
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or_default())
+        .collect();
+    let text = uncommented.join("\n");
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let is_members = line
+            .trim_start()
+            .strip_prefix("members")
+            .is_some_and(|rest| rest.trim_start().starts_with('='));
+        if is_members {
+            let array = text[offset..]
+                .split_once('[')
+                .and_then(|(_, rest)| rest.split_once(']'))
+                .map_or("", |(array, _)| array);
+            return array
+                .split('"')
+                .skip(1)
+                .step_by(2)
+                .map(String::from)
+                .collect();
+        }
+        offset += line.len();
+    }
+    Vec::new()
+}
+
+/// Appends every file under `dir` whose extension is one of `extensions`
+/// (recursively, skipping [`SKIPPED_DIRS`]) to `files`. A missing `dir` has
+/// none.
+fn files_with_extensions(dir: &Path, extensions: &[&str], files: &mut Vec<PathBuf>) {
+    for path in read_dir(dir) {
+        if path.is_dir() {
+            let skipped = path
+                .file_name()
+                .is_some_and(|name| SKIPPED_DIRS.iter().any(|s| name == *s));
+            if !skipped {
+                files_with_extensions(&path, extensions, files);
+            }
+        } else if path
+            .extension()
+            .is_some_and(|ext| extensions.iter().any(|e| ext == *e))
+        {
+            files.push(path);
+        }
+    }
+}
+
+/// The entries of `dir`; none if it does not exist.
+fn read_dir(dir: &Path) -> Vec<PathBuf> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|entry| entry.expect("read directory entry").path())
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("cannot read {}: {e}", dir.display()),
+    }
+}
+
+/// The contents of `file`, which must be UTF-8.
+fn read(file: &Path) -> String {
+    fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()))
+}
+
+/// `path` relative to `root`, with `/` separators.
+fn relative(root: &Path, path: &Path) -> String {
+    let path = path.strip_prefix(root).unwrap_or(path);
+    let parts: Vec<_> = path.iter().map(|part| part.to_string_lossy()).collect();
+    parts.join("/")
+}
+
+/// A directory under the system's temporary directory, removed on drop.
+struct TempTree(PathBuf);
+
+impl TempTree {
+    /// A fresh, empty directory named after `name` and this process.
+    fn new(name: &str) -> TempTree {
+        let dir = std::env::temp_dir().join(format!("xtask-tidy-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("create a temporary directory");
+        TempTree(dir)
+    }
+
+    /// Writes `text` to `path` (relative to the tree), making its directories.
+    fn write(&self, path: &str, text: &str) {
+        let path = self.0.join(path);
+        fs::create_dir_all(path.parent().expect("a file has a parent"))
+            .expect("create directories");
+        fs::write(path, text).expect("write a file");
+    }
+}
+
+impl Drop for TempTree {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn module_doc_rule() {
+    assert!(has_module_doc("//! Docs.\n\nfn f() {}\n"));
+    assert!(has_module_doc("\n\n//! Docs after blank lines.\n"));
+    assert!(has_module_doc(
+        "// generated by `cargo xtask ptx`, do not edit\n//! Kernels.\n"
+    ));
+    assert!(has_module_doc("// @generated\n\n//! Docs.\n"));
+
+    assert!(!has_module_doc(""));
+    assert!(!has_module_doc("\n\n"));
+    assert!(!has_module_doc("fn f() {}\n"));
+    assert!(!has_module_doc("// A plain comment.\n//! Docs.\n"));
+    assert!(!has_module_doc("/// Item docs.\nfn f() {}\n"));
+    assert!(!has_module_doc("#![deny(missing_docs)]\n//! Docs.\n"));
+    assert!(!has_module_doc("fn f() {}\n//! Docs too late.\n"));
+}
+
+#[test]
+fn file_rules() {
+    let good_root = "//! Docs.\n\n#![deny(missing_docs)]\n";
+    assert_eq!(check_file(good_root, true), Vec::<&str>::new());
+    assert_eq!(check_file("//! Docs.\n", false), Vec::<&str>::new());
+    assert_eq!(check_file("//! Docs.\n", true), [RULE_DENY_MISSING_DOCS]);
+    assert_eq!(check_file("fn f() {}\n", false), [RULE_MODULE_DOC]);
+    assert_eq!(
+        check_file("// #![deny(missing_docs)]\npub fn f() {}\n", true),
+        [RULE_MODULE_DOC, RULE_DENY_MISSING_DOCS]
+    );
+}
+
+#[test]
+fn code_is_told_from_comments_and_literals() {
+    assert_eq!(code_of("a // b\nc /* d /* e */ f */ g\n"), "a \nc   g\n");
+    assert_eq!(code_of("f(\"unsafe // {\\\" x\", y)"), "f(\"\", y)");
+    assert_eq!(
+        code_of("r#\"a \" b\"# + br\"c\" + b\"d\""),
+        "\"\" + b\"\" + b\"\""
+    );
+    assert_eq!(
+        code_of("['\"', '\\'', '\\u{1F600}', 'x']"),
+        "[' ', ' ', ' ', ' ']"
+    );
+    assert_eq!(
+        code_of("fn f<'a>(x: &'a str) -> char { 'b' }"),
+        "fn f<'a>(x: &'a str) -> char { ' ' }"
+    );
+    assert_eq!(code_of("let bar = r;"), "let bar = r;");
+}
+
+#[test]
+fn unsafe_code_is_found() {
+    assert!(holds_unsafe_code("fn f() { unsafe { g() } }\n"));
+    assert!(holds_unsafe_code("unsafe impl Send for T {}\n"));
+    assert!(holds_unsafe_code("pub unsafe fn f() {}\n"));
+    assert!(holds_unsafe_code("let x = unsafe{ *p };\n"));
+
+    assert!(!holds_unsafe_code("#![forbid(unsafe_code)]\n"));
+    assert!(!holds_unsafe_code("#[allow(unsafe_code)]\nfn f() {}\n"));
+    assert!(!holds_unsafe_code("//! Kernels borrow without `unsafe`.\n"));
+    assert!(!holds_unsafe_code("fn f() {} // unsafe { no }\n"));
+    assert!(!holds_unsafe_code("let not_unsafe = 1;\n"));
+}
+
+#[test]
+fn raw_bindings_are_found() {
+    for named in [
+        "use ::mpi::ffi;\n",
+        "use mpi::ffi::MPI_Comm;\n",
+        "let c = mpi::ffi::RSMPI_COMM_WORLD;\n",
+        "use mpi_sys::MPI_Init;\n",
+        "use cudarc::driver::sys::CUstream;\n",
+        "use gradwire_tensor::cudarc::driver::sys::CUstream;\n",
+        "unsafe { cudarc::driver::sys::is_culib_present() }\n",
+        "use cudarc::driver::result;\n",
+        "use cudarc::nccl::sys;\n",
+        "use cudarc::nccl::result::group_start;\n",
+        "use cudarc::nvrtc::sys as nvrtc_sys;\n",
+        "use cudarc::driver::{CudaSlice, sys::CUstream};\n",
+        "use cudarc::{\n    driver::{self, result},\n    nvrtc,\n};\n",
+    ] {
+        assert!(names_raw_bindings(named), "{named:?}");
+    }
+    for not_named in [
+        "use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};\n",
+        "let ptx = cudarc::nvrtc::Ptx::from_src(src);\n",
+        "pub use cudarc;\n",
+        "use super::sys::{self, RawComm};\n",
+        "use gradwire_comm::mpi::{MpiComm, MpiConfig};\n",
+        "use mpi::traits::*;\n",
+        "//! Wrappers over `cudarc::nccl::sys`, `mpi::ffi`.\n",
+        "let my_mpi_sys_count = 1;\n",
+        "use gradwire_cudarc::driver::sys;\n",
+    ] {
+        assert!(!names_raw_bindings(not_named), "{not_named:?}");
+    }
+}
+
+#[test]
+fn outside_references_are_found() {
+    let spec = concat!("SPEC", " §");
+    let spec_file = concat!("SPEC", ".md");
+    let design = concat!("DESIGN", ".md");
+    let shared = concat!("..", "/shared");
+    assert_eq!(
+        outside_reference(&format!("//! Docs ({spec}3).\n")),
+        Some(spec)
+    );
+    assert_eq!(
+        outside_reference(&format!("see `{spec_file}`\n")),
+        Some(spec_file)
+    );
+    assert_eq!(
+        outside_reference(&format!("[notes]({design})\n")),
+        Some(design)
+    );
+    assert_eq!(
+        outside_reference(&format!("path = \"{shared}/x\"\n")),
+        Some(shared)
+    );
+    assert_eq!(
+        outside_reference("//! The spec of the wire format.\n"),
+        None
+    );
+    assert_eq!(
+        outside_reference("see ARCHITECTURE.md and README.md\n"),
+        None
+    );
+}
+
+#[test]
+fn architecture_rules() {
+    let invariant = format!("## Code map\n\n{INVARIANT_MARKER} comm never compresses.\n");
+    assert_eq!(check_architecture(&invariant), Vec::<&str>::new());
+    assert_eq!(
+        check_architecture("# Architecture\n\nNo invariants.\n"),
+        [RULE_ARCHITECTURE_INVARIANTS]
+    );
+    assert_eq!(
+        check_architecture(&format!(
+            " {INVARIANT_MARKER} indented, so not a line of its own\n"
+        )),
+        [RULE_ARCHITECTURE_INVARIANTS]
+    );
+    let long = format!("{invariant}{}", "x".repeat(ARCHITECTURE_MAX_BYTES));
+    assert_eq!(check_architecture(&long), [RULE_ARCHITECTURE_SIZE]);
+}
+
+#[test]
+fn member_patterns_are_parsed() {
+    let manifest = r#"
+[workspace]
+resolver = "3"
+members = [
+    "crates/*",   # every crate
+    # "commented/out",
+    "kernels", "xtask",
+]
+default-members = ["crates/*"]
+"#;
+    assert_eq!(member_patterns(manifest), ["crates/*", "kernels", "xtask"]);
+    assert_eq!(
+        member_patterns("[package]\nname = \"x\"\n"),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn tidy_workspace_passes() {
+    let tree = TempTree::new("tidy");
+    let root_file = "//! Docs.\n#![deny(missing_docs)]\n#![forbid(unsafe_code)]\n";
+    tree.write("Cargo.toml", "[workspace]\nmembers = [\"crates/*\"]\n");
+    tree.write("ARCHITECTURE.md", &format!("{INVARIANT_MARKER} tidy.\n"));
+    tree.write("crates/safe/Cargo.toml", "");
+    tree.write("crates/safe/src/lib.rs", root_file);
+    tree.write("crates/ffi/Cargo.toml", "");
+    tree.write(
+        "crates/ffi/src/lib.rs",
+        "//! Docs.\n#![deny(missing_docs)]\n",
+    );
+    tree.write(
+        "crates/ffi/src/sys.rs",
+        "//! FFI.\nuse ::mpi::ffi;\npub fn f() { unsafe { ffi::MPI_Init() }; }\n",
+    );
+    let policy = Policy {
+        ffi_files: &["crates/ffi/src/sys.rs"],
+        may_hold_unsafe: &["crates/ffi"],
+        deny_unsafe: &[],
+    };
+    assert_eq!(check_workspace(&tree.0, &policy), Vec::<String>::new());
+}
+
+#[test]
+fn untidy_workspace_is_reported() {
+    let tree = TempTree::new("untidy");
+    let root_file = "//! Docs.\n#![deny(missing_docs)]\n#![forbid(unsafe_code)]\n";
+    let spec = concat!("SPEC", " §");
+    tree.write(
+        "Cargo.toml",
+        "[workspace]\nmembers = [\"crates/*\", \"tool\"]\n",
+    );
+    tree.write(
+        "ARCHITECTURE.md",
+        &format!("# Architecture\n\nSee {}.\n", concat!("DESIGN", ".md")),
+    );
+    tree.write("README.md", "# Readme\n");
+    tree.write("crates/good/Cargo.toml", "");
+    tree.write("crates/good/src/lib.rs", root_file);
+    tree.write("crates/good/src/module/inner.rs", "//! Docs.\n");
+    tree.write("crates/bad/Cargo.toml", &format!("# {spec}2\n"));
+    tree.write("crates/bad/src/lib.rs", "pub fn f() {}\n");
+    tree.write("crates/bad/src/util.rs", "// Not a doc comment.\n");
+    tree.write("crates/bad/benches/speed.rs", "fn main() {}\n");
+    tree.write("crates/bad/examples/demo.rs", "//! Docs.\nfn main() {}\n");
+    tree.write("crates/bad/tests/common/mod.rs", "\n");
+    tree.write("crates/bad/target/debug/build/out.rs", "fn skipped() {}\n");
+    tree.write("crates/not-a-member/src/lib.rs", "fn skipped() {}\n");
+    // Holds unsafe code and is listed: no forbid needed. Its FFI file is
+    // listed; its other file names raw bindings without being listed.
+    tree.write("crates/ffi/Cargo.toml", "");
+    tree.write(
+        "crates/ffi/src/lib.rs",
+        "//! Docs.\n#![deny(missing_docs)]\n",
+    );
+    tree.write(
+        "crates/ffi/src/sys.rs",
+        "//! FFI.\nuse cudarc::nccl::sys;\npub fn f() { unsafe { sys::g() } }\n",
+    );
+    tree.write(
+        "crates/ffi/src/stray.rs",
+        "//! Not FFI.\nuse cudarc::driver::{CudaSlice, result};\n",
+    );
+    // Listed as holding unsafe code, but holds none.
+    tree.write("crates/listed/Cargo.toml", "");
+    tree.write(
+        "crates/listed/src/lib.rs",
+        "//! Docs.\n#![deny(missing_docs)]\n",
+    );
+    // Listed as denying unsafe code, but does not.
+    tree.write("crates/denies/Cargo.toml", "");
+    tree.write("crates/denies/src/lib.rs", root_file);
+    tree.write("tool/src/main.rs", "//! Docs.\nfn main() {}\n");
+    tree.write("tool/target/notes.md", &format!("{spec}9, skipped\n"));
+    let policy = Policy {
+        ffi_files: &["crates/ffi/src/sys.rs", "crates/good/src/lib.rs"],
+        may_hold_unsafe: &["crates/ffi", "crates/listed"],
+        deny_unsafe: &["crates/denies"],
+    };
+
+    let design = concat!("DESIGN", ".md");
+    assert_eq!(
+        check_workspace(&tree.0, &policy),
+        [
+            format!("crates/bad/benches/speed.rs: {RULE_MODULE_DOC}"),
+            format!("crates/bad/src/lib.rs: {RULE_MODULE_DOC}"),
+            format!("crates/bad/src/lib.rs: {RULE_DENY_MISSING_DOCS}"),
+            format!("crates/bad/src/util.rs: {RULE_MODULE_DOC}"),
+            format!("crates/bad/tests/common/mod.rs: {RULE_MODULE_DOC}"),
+            format!("crates/bad/src/lib.rs: {RULE_FORBID_UNSAFE}"),
+            format!("crates/denies/src/lib.rs: {RULE_DENY_UNSAFE}"),
+            format!("crates/ffi/src/stray.rs: {RULE_FFI}"),
+            format!("crates/listed: {RULE_STALE_UNSAFE}"),
+            format!("tool/src/main.rs: {RULE_DENY_MISSING_DOCS}"),
+            format!("tool/src/main.rs: {RULE_FORBID_UNSAFE}"),
+            format!("crates/good/src/lib.rs: {RULE_STALE_FFI}"),
+            format!("ARCHITECTURE.md: {RULE_OUTSIDE_REFERENCE} (`{design}`)"),
+            format!("crates/bad/Cargo.toml: {RULE_OUTSIDE_REFERENCE} (`{spec}`)"),
+            format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_INVARIANTS}"),
+        ]
+    );
+}
