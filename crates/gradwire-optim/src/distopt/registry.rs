@@ -598,6 +598,13 @@ impl FromStr for StrategyConfig {
                 v.parse::<f64>()
                     .map_err(|_| bad(format!("{v:?} is not a number ({what})")))
             };
+            // f32 settings are parsed as f32: through f64 a printed f32
+            // could round twice and come back as its neighbour.
+            let number32 = |what: &str| -> Result<f32, StrategyError> {
+                let v = value.unwrap_or(part);
+                v.parse::<f32>()
+                    .map_err(|_| bad(format!("{v:?} is not a number ({what})")))
+            };
             let integer = |what: &str| -> Result<u64, StrategyError> {
                 let v = value.unwrap_or(part);
                 v.parse::<u64>()
@@ -622,11 +629,11 @@ impl FromStr for StrategyConfig {
                     config.error_feedback = key == "ef"
                 }
                 (StrategyConfig::Half { clip, .. }, "clip", Some(_)) => {
-                    *clip = Some(number("the clip")? as f32)
+                    *clip = Some(number32("the clip")?)
                 }
                 (StrategyConfig::Sparse { codec, .. }, _, None) if key.parse::<f64>().is_ok() => {
                     match codec {
-                        SparseCodec::Threshold(t) => *t = number("the threshold")? as f32,
+                        SparseCodec::Threshold(t) => *t = number32("the threshold")?,
                         SparseCodec::TopK(r) | SparseCodec::SampledTopK(r) => {
                             *r = number("the ratio")?
                         }
@@ -675,13 +682,13 @@ impl FromStr for StrategyConfig {
                     Some(_),
                 ) => *seed = integer("the seed")?,
                 (StrategyConfig::Quantized { momentum, .. }, "momentum", Some(_)) => {
-                    *momentum = Some(number("the momentum")? as f32)
+                    *momentum = Some(number32("the momentum")?)
                 }
                 (StrategyConfig::OneBitAdam { freeze_step, .. }, "freeze", Some(_)) => {
                     *freeze_step = integer("the freeze step")?
                 }
                 (StrategyConfig::OneBitAdam { beta1, .. }, "beta1", Some(_)) => {
-                    *beta1 = number("beta1")? as f32
+                    *beta1 = number32("beta1")?
                 }
                 (
                     StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group },
@@ -805,6 +812,42 @@ mod tests {
                 .with_seed(5),
             "randomk:0.5:seed=5".parse().unwrap()
         );
+    }
+
+    #[test]
+    fn random_settings_round_trip() {
+        // A deterministic walk over many bit patterns of the settings.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let unit = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let ratio = unit.max(f64::MIN_POSITIVE);
+            let small = f32::from_bits((x as u32) & 0x3F7F_FFFF);
+            for s in [
+                StrategyConfig::Sparse {
+                    codec: SparseCodec::TopK(ratio),
+                    error_feedback: x & 1 == 0,
+                },
+                StrategyConfig::Sparse {
+                    codec: SparseCodec::Threshold(small),
+                    error_feedback: true,
+                },
+                StrategyConfig::Half {
+                    precision: HalfPrecision::BF16,
+                    clip: Some(small.max(f32::MIN_POSITIVE)),
+                },
+                StrategyConfig::Quantized {
+                    quantizer: Quantizer::Sign,
+                    error_feedback: true,
+                    momentum: Some(small.min(0.999)),
+                },
+            ] {
+                let text = s.to_string();
+                assert_eq!(text.parse::<StrategyConfig>(), Ok(s), "{text}");
+            }
+        }
     }
 
     #[test]
