@@ -63,16 +63,22 @@ pub struct PowerSgdConfig {
     pub seed: u64,
 }
 
+impl PowerSgdConfig {
+    /// The defaults (DDP's hook's, rank 2, dense for 10 steps), as a
+    /// constant for tables of settings.
+    pub const DEFAULT: PowerSgdConfig = PowerSgdConfig {
+        rank: 2,
+        start_step: 10,
+        min_compression_rate: 2.0,
+        error_feedback: true,
+        warm_start: true,
+        seed: 0x005E_ED0F_90E5,
+    };
+}
+
 impl Default for PowerSgdConfig {
     fn default() -> Self {
-        PowerSgdConfig {
-            rank: 2,
-            start_step: 10,
-            min_compression_rate: 2.0,
-            error_feedback: true,
-            warm_start: true,
-            seed: 0x005E_ED0F_90E5,
-        }
+        PowerSgdConfig::DEFAULT
     }
 }
 

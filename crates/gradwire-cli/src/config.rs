@@ -50,7 +50,7 @@ pub enum ScheduleKind {
 /// older version) takes its default; a configuration of the first format
 /// (the strategy's settings in flags of their own) reads as the same run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, from = "legacy::TrainConfigRecord")]
+#[serde(default, try_from = "legacy::TrainConfigRecord")]
 pub struct TrainConfig {
     /// How workers combine their work: a strategy of the registry, in its
     /// printed form (`topk:0.01`, `powersgd:4`; see
@@ -160,13 +160,12 @@ impl TrainConfig {
             && self.momentum > 0.0
     }
 
-    /// The strategy DistOpt runs: the registry's, drawing from the run's
-    /// seed, with SGD's momentum moved before the 1-bit exchange
-    /// ([`TrainConfig::momentum_before_exchange`]); dense for the baseline
-    /// (which runs no DistOpt) and for DimReduce's dense stage.
+    /// The strategy DistOpt starts with: the registry's first stage
+    /// ([`StrategyConfig::first_stage`]: dense for DimReduce), drawing from
+    /// the run's seed, with SGD's momentum moved before the 1-bit exchange
+    /// ([`TrainConfig::momentum_before_exchange`]).
     pub fn distopt_strategy(&self) -> StrategyConfig {
-        let strategy = match self.strategy {
-            StrategyConfig::DimReduce => StrategyConfig::Dense,
+        let strategy = match self.strategy.first_stage() {
             StrategyConfig::Quantized {
                 quantizer,
                 error_feedback,
@@ -366,17 +365,11 @@ mod legacy {
     }
 
     impl TrainConfigRecord {
-        /// The strategy: the printed form, or the first format's name with
-        /// its settings. An unreadable one is left as it was written, as
-        /// `Custom`, which `TrainConfig::validate` refuses, so that a bad
-        /// saved configuration is a mismatch, not a different run.
-        fn strategy(&self) -> (StrategyConfig, bool) {
-            if self.strategy == "baseline" {
-                return (StrategyConfig::Dense, true);
-            }
-            let Ok(mut s) = self.strategy.parse::<StrategyConfig>() else {
-                return (StrategyConfig::Custom, false);
-            };
+        /// The strategy and whether it is the baseline: the printed form, or
+        /// the first format's name with its settings. An unreadable one is
+        /// an error, never another run.
+        fn strategy(&self) -> Result<(StrategyConfig, bool)> {
+            let (mut s, baseline) = parse_strategy(&self.strategy)?;
             match &mut s {
                 StrategyConfig::Half { clip, .. } => *clip = self.clip.or(*clip),
                 StrategyConfig::Sparse {
@@ -410,14 +403,16 @@ mod legacy {
                 }
                 StrategyConfig::Dense | StrategyConfig::Custom | StrategyConfig::DimReduce => {}
             }
-            (s, false)
+            Ok((s, baseline))
         }
     }
 
-    impl From<TrainConfigRecord> for TrainConfig {
-        fn from(r: TrainConfigRecord) -> TrainConfig {
-            let (strategy, baseline) = r.strategy();
-            TrainConfig {
+    impl TryFrom<TrainConfigRecord> for TrainConfig {
+        type Error = CliError;
+
+        fn try_from(r: TrainConfigRecord) -> Result<TrainConfig> {
+            let (strategy, baseline) = r.strategy()?;
+            Ok(TrainConfig {
                 strategy,
                 baseline: baseline || r.baseline,
                 world: r.world,
@@ -435,7 +430,7 @@ mod legacy {
                 dimreduce_dense_epochs: r.dimreduce_dense_epochs,
                 components: r.components,
                 pca: r.pca,
-            }
+            })
         }
     }
 }
@@ -559,8 +554,12 @@ mod tests {
         let back: TrainConfig =
             serde_json::from_value(serde_json::to_value(&now).unwrap()).unwrap();
         assert_eq!(back, now);
-        let unreadable: TrainConfig =
-            serde_json::from_value(serde_json::json!({"strategy": "gzip"})).unwrap();
-        assert!(unreadable.validate().is_err());
+        let unreadable =
+            serde_json::from_value::<TrainConfig>(serde_json::json!({"strategy": "gzip"}))
+                .unwrap_err();
+        assert!(
+            unreadable.to_string().contains("unknown strategy \"gzip\""),
+            "{unreadable}"
+        );
     }
 }

@@ -165,6 +165,17 @@ impl Common {
     }
 }
 
+/// `-s`'s long help, from the registry's forms.
+fn strategy_help() -> String {
+    format!(
+        "How workers combine their work: a strategy of the registry, \
+         `name[:value][:key=value|:flag]...` (`:no-ef` drops what is not sent), \
+         one of:\n{}\nor baseline (the gradients summed by the backend library's own \
+         all-reduce).",
+        StrategyConfig::forms()
+    )
+}
+
 /// `-s`'s parser: a registry strategy or `baseline` (clap reports the
 /// error with the flag).
 fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
@@ -176,14 +187,15 @@ fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
 
 #[derive(Args, Debug)]
 struct TrainArgs {
-    /// How workers combine their work: a strategy of the registry, as
-    /// `name[:value][:key=value|:flag]...` (dense, fp16|bf16[:clip=C],
-    /// threshold[:T], topk|sampled-topk|randomk[:RATIO], with :no-ef to drop
-    /// what is not sent; powersgd[:RANK][:start=STEP]; onebit, qsgd, uint8;
-    /// onebit-adam[:freeze=STEP]; adasum-grad|adasum-delta[:group=G];
-    /// partial[:state]; dimreduce), or baseline (the backend library's
-    /// all-reduce).
-    #[arg(long, short = 's', default_value = "dense", value_parser = strategy_arg)]
+    /// How workers combine their work: a strategy of the registry
+    /// (`topk:0.01:no-ef`, `powersgd:4`, ...) or baseline.
+    #[arg(
+        long,
+        short = 's',
+        default_value = "dense",
+        value_parser = strategy_arg,
+        long_help = strategy_help()
+    )]
     strategy: (StrategyConfig, bool),
     /// The communicator.
     #[arg(long, value_enum, default_value_t = Backend::Local)]

@@ -41,7 +41,7 @@ pub use any::AnyOptimizer;
 pub use distopt::strategy;
 pub use distopt::{
     BucketView, Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig,
-    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, ParamSpec, QSGD_LEVELS, STRATEGY_NAMES, SkipVote,
+    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote,
     StepStats, StrategyConfig, StrategyError,
 };
 pub use error::{OptimError, Result};

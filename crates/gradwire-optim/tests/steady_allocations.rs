@@ -16,7 +16,7 @@
 //!
 //! One test in this binary, so that no other test allocates meanwhile.
 
-use gradwire_algos::{AdaSum, HalfPrecision, PowerSgdConfig};
+use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
@@ -94,7 +94,7 @@ fn switch_measuring(comm: &LocalComm, on: bool) {
 }
 
 /// Runs `world` ranks through warm-up and measured steps of `mode` (with
-/// AdaSum as the combiner of `StrategyConfig::Custom`); returns (allocations,
+/// AdaSum prepared by DistOpt for `StrategyConfig::AdaSum`); returns (allocations,
 /// largest) over the measured steps. With `skip_bias`, no rank writes the
 /// bias after the warm-up's first step (a partly written bucket).
 fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize) {
@@ -105,14 +105,8 @@ fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize
     };
     counted(world, |comm| {
         let rank = comm.rank();
-        let mut sync: GradSync<LocalComm> = match mode {
-            StrategyConfig::Custom => {
-                let adasum = AdaSum::new(&comm).expect("AdaSum");
-                GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)
-            }
-            _ => GradSync::new(comm, specs.clone(), config.clone()),
-        }
-        .expect("a GradSync");
+        // AdaSum's strategies as the registry builds them.
+        let mut sync = GradSync::new(comm, specs.clone(), config.clone()).expect("a GradSync");
         // Gradients that change from step to step (a sparse selection
         // moves), refilled in place: a cycle of four steps, so that the
         // warm-up has seen every size a selection takes (its buffers grow
@@ -151,14 +145,8 @@ fn measure_local(world: usize, mode: StrategyConfig) -> (usize, usize) {
     };
     counted(world, |comm| {
         let rank = comm.rank();
-        let mut sync: GradSync<LocalComm> = match mode {
-            StrategyConfig::DeltaWeight { group: None } => {
-                let adasum = AdaSum::new(&comm).expect("AdaSum");
-                GradSync::with_combiner(comm, specs.clone(), config.clone(), adasum)
-            }
-            _ => GradSync::new(comm, specs.clone(), config.clone()),
-        }
-        .expect("a GradSync");
+        // AdaSum's strategies as the registry builds them.
+        let mut sync = GradSync::new(comm, specs.clone(), config.clone()).expect("a GradSync");
         let mut w = vec![0.5f32; W];
         let mut b = vec![0.1f32; B];
         for step in 0..WARM_UP + MEASURED {
@@ -323,7 +311,7 @@ fn a_steady_step_allocates_nothing() {
             ),
             false,
         ),
-        (StrategyConfig::Custom, false),
+        (StrategyConfig::AdaSum { group: None }, false),
         // PowerSGD: the matrix compressed, the bias dense beside it; dense
         // steps first, then compressed ones (the switch in the warm-up).
         (StrategyConfig::PowerSgd(powersgd(true)), false),

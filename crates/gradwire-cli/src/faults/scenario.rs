@@ -151,11 +151,8 @@ pub fn run_schedule<C: Communicator + 'static>(
     };
     let combiner_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
-        // DimReduce starts from a dense DistOpt (below).
-        strategy: match mode {
-            StrategyConfig::DimReduce => StrategyConfig::Dense,
-            other => other,
-        },
+        // DimReduce starts dense and is entered below.
+        strategy: mode.first_stage(),
         fusion_threshold: FUSION_THRESHOLD,
         skip_non_finite,
         ..DistOptConfig::default()

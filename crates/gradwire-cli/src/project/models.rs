@@ -187,12 +187,12 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
     let Some(spec) = (if config.baseline {
         Some(StrategySpec::Dense)
     } else {
-        strategy.cost_spec(SAMPLED_OVERSHOOT, (config.components, DIMREDUCE_TRIALS))
+        strategy.cost_spec(SAMPLED_OVERSHOOT, config.components, DIMREDUCE_TRIALS)
     }) else {
         return Err(CliError::Usage(format!(
             "{} is not modelled: {}",
             strategy.name(),
-            if strategy.is_sparse() {
+            if matches!(strategy, StrategyConfig::Sparse { .. }) {
                 "what it sends depends on the data (use topk)"
             } else {
                 "it steps locally and sends parameters"

@@ -71,7 +71,7 @@ use gradwire_algos::dimreduce::DimReduce;
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
-    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, STRATEGY_NAMES, StrategyConfig,
+    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, REGISTRY, StrategyConfig,
     StrategyError,
 };
 pub use spec::ParamSpec;

@@ -1,7 +1,8 @@
 //! Checkpoints of the first DistOpt format still load: the fixtures in
 //! `tests/fixtures/distopt-v1/` were written by the version before the
-//! strategy registry (`write_fixtures`, ignored, made them: run it with
-//! `--ignored` only to make a new format's fixtures). Each one restores
+//! strategy registry (`write_fixtures`, ignored, made them; it is run alone,
+//! `cargo test -p gradwire-optim --test it -- --ignored write_fixtures`,
+//! only to make a new format's fixtures). Each one restores
 //! into today's DistOpt, checkpoints again to the very same bytes, and
 //! training goes on from it bitwise as it did when it was written.
 

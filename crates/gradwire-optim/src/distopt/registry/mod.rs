@@ -6,7 +6,7 @@
 //! ([`StrategyConfig::cost_spec`]) and lists example configurations
 //! ([`StrategyConfig::examples`]) that the CLI, the cost model, the fault
 //! matrix and the benches walk. Adding a strategy is its module, a variant
-//! here and its arms in this module (`text.rs` holds the printed form:
+//! here, its [`REGISTRY`] entry and its arms in this module (`text.rs` holds the printed form:
 //! `Display`, `FromStr`, serde).
 //!
 //! The printed form is `name[:value][:key=value|:flag]...`: a setting is
@@ -124,10 +124,11 @@ pub enum StrategyConfig {
     /// gradients are averaged within the step (P sharded by parameter
     /// columns: 1.5 times a dense step's bytes). Entered with
     /// [`DistOpt::start_dimreduce`](super::DistOpt::start_dimreduce)
-    /// (usually after a first stage of another strategy that recorded the
-    /// trajectory); steps with
+    /// after a first stage of another strategy that recorded the trajectory
+    /// (a DistOpt is made with [`StrategyConfig::first_stage`], dense);
+    /// steps with
     /// [`DistOpt::finish_dimreduce`](super::DistOpt::finish_dimreduce),
-    /// which takes the loss. Until then DistOpt averages densely.
+    /// which takes the loss.
     DimReduce,
 }
 
@@ -169,24 +170,69 @@ pub enum StrategyError {
     },
 }
 
-/// Every name of the registry, in the order of the help text.
-pub const STRATEGY_NAMES: [&str; 16] = [
-    "dense",
-    "fp16",
-    "bf16",
-    "threshold",
-    "topk",
-    "sampled-topk",
-    "randomk",
-    "partial",
-    "adasum-grad",
-    "adasum-delta",
-    "dimreduce",
-    "powersgd",
-    "onebit",
-    "qsgd",
-    "uint8",
-    "onebit-adam",
+/// The registry: every strategy that has a name, each with its settings at
+/// their defaults (the sparse ratios and the threshold at 1 %, PowerSGD at
+/// rank 2 from step 10, 1-bit Adam frozen at step 100), in the order of the
+/// help text. The names, the parser's starting points and the help derive
+/// from it.
+pub const REGISTRY: [StrategyConfig; 16] = [
+    StrategyConfig::Dense,
+    StrategyConfig::Half {
+        precision: HalfPrecision::F16,
+        clip: None,
+    },
+    StrategyConfig::Half {
+        precision: HalfPrecision::BF16,
+        clip: None,
+    },
+    StrategyConfig::Sparse {
+        codec: SparseCodec::Threshold(0.01),
+        error_feedback: true,
+    },
+    StrategyConfig::Sparse {
+        codec: SparseCodec::TopK(0.01),
+        error_feedback: true,
+    },
+    StrategyConfig::Sparse {
+        codec: SparseCodec::SampledTopK(0.01),
+        error_feedback: true,
+    },
+    StrategyConfig::Sparse {
+        codec: SparseCodec::RandomK {
+            ratio: 0.01,
+            seed: 0,
+        },
+        error_feedback: true,
+    },
+    StrategyConfig::Partial {
+        average_state: false,
+    },
+    StrategyConfig::AdaSum { group: None },
+    StrategyConfig::DeltaWeight { group: None },
+    StrategyConfig::DimReduce,
+    StrategyConfig::PowerSgd(PowerSgdConfig::DEFAULT),
+    StrategyConfig::Quantized {
+        quantizer: Quantizer::Sign,
+        error_feedback: true,
+        momentum: None,
+    },
+    StrategyConfig::Quantized {
+        quantizer: Quantizer::Qsgd {
+            levels: QSGD_LEVELS,
+            seed: 0,
+        },
+        error_feedback: true,
+        momentum: None,
+    },
+    StrategyConfig::Quantized {
+        quantizer: Quantizer::MinMaxU8,
+        error_feedback: true,
+        momentum: None,
+    },
+    StrategyConfig::OneBitAdam {
+        beta1: ONEBIT_ADAM_BETA1,
+        freeze_step: ONEBIT_ADAM_FREEZE_STEP,
+    },
 ];
 
 impl StrategyConfig {
@@ -223,61 +269,28 @@ impl StrategyConfig {
         }
     }
 
-    /// The strategy of `name` with every setting at its default (the
-    /// sparse ratios and threshold at 1 %, PowerSGD at rank 2).
+    /// The strategy of `name` with every setting at its default (its entry
+    /// of [`REGISTRY`]).
     pub fn default_of(name: &str) -> Result<StrategyConfig, StrategyError> {
-        Ok(match name {
-            "dense" => StrategyConfig::Dense,
-            "fp16" | "bf16" => StrategyConfig::Half {
-                precision: if name == "fp16" {
-                    HalfPrecision::F16
-                } else {
-                    HalfPrecision::BF16
-                },
-                clip: None,
-            },
-            "threshold" | "topk" | "sampled-topk" | "randomk" => StrategyConfig::Sparse {
-                codec: match name {
-                    "threshold" => SparseCodec::Threshold(0.01),
-                    "topk" => SparseCodec::TopK(0.01),
-                    "sampled-topk" => SparseCodec::SampledTopK(0.01),
-                    _ => SparseCodec::RandomK {
-                        ratio: 0.01,
-                        seed: 0,
-                    },
-                },
-                error_feedback: true,
-            },
-            "powersgd" => StrategyConfig::PowerSgd(PowerSgdConfig::default()),
-            "onebit" | "qsgd" | "uint8" => StrategyConfig::Quantized {
-                quantizer: match name {
-                    "onebit" => Quantizer::Sign,
-                    "qsgd" => Quantizer::Qsgd {
-                        levels: QSGD_LEVELS,
-                        seed: 0,
-                    },
-                    _ => Quantizer::MinMaxU8,
-                },
-                error_feedback: true,
-                momentum: None,
-            },
-            "onebit-adam" => StrategyConfig::OneBitAdam {
-                beta1: ONEBIT_ADAM_BETA1,
-                freeze_step: ONEBIT_ADAM_FREEZE_STEP,
-            },
-            "adasum-grad" => StrategyConfig::AdaSum { group: None },
-            "adasum-delta" => StrategyConfig::DeltaWeight { group: None },
-            "partial" => StrategyConfig::Partial {
-                average_state: false,
-            },
-            "dimreduce" => StrategyConfig::DimReduce,
-            _ => {
-                return Err(StrategyError::UnknownName {
-                    name: name.to_string(),
-                    known: STRATEGY_NAMES.join(", "),
-                });
+        REGISTRY
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| StrategyError::UnknownName {
+                name: name.to_string(),
+                known: REGISTRY.map(|s| s.name()).join(", "),
+            })
+    }
+
+    /// The forms every registered strategy's text takes, one line each
+    /// (what `gradwire train --help` prints for `-s`).
+    pub fn forms() -> String {
+        let mut forms: Vec<&str> = Vec::new();
+        for form in REGISTRY.iter().map(StrategyConfig::usage) {
+            if !forms.contains(&form) {
+                forms.push(form);
             }
-        })
+        }
+        forms.join("\n")
     }
 
     /// One example of every registered strategy, with settings that make
@@ -326,10 +339,15 @@ impl StrategyConfig {
         )
     }
 
-    /// Whether the strategy sends a sparse selection (and so takes a ratio
-    /// or a threshold).
-    pub fn is_sparse(&self) -> bool {
-        matches!(self, StrategyConfig::Sparse { .. })
+    /// The strategy a DistOpt starts with: DimReduce is entered with
+    /// [`DistOpt::start_dimreduce`](crate::DistOpt::start_dimreduce) after a
+    /// first stage that records the trajectory, which runs dense; every
+    /// other strategy is its own first stage.
+    pub fn first_stage(self) -> StrategyConfig {
+        match self {
+            StrategyConfig::DimReduce => StrategyConfig::Dense,
+            other => other,
+        }
     }
 
     /// Whether the strategy keeps what it did not send for later steps.
@@ -437,7 +455,8 @@ impl StrategyConfig {
     pub fn cost_spec(
         &self,
         sampled_overshoot: f64,
-        dimreduce: (usize, usize),
+        dimreduce_components: usize,
+        dimreduce_trials: usize,
     ) -> Option<StrategySpec> {
         Some(match *self {
             StrategyConfig::Dense => StrategySpec::Dense,
@@ -459,8 +478,8 @@ impl StrategyConfig {
             StrategyConfig::OneBitAdam { .. } => StrategySpec::OneBitAdam { compressed: true },
             StrategyConfig::AdaSum { .. } => StrategySpec::AdaSum,
             StrategyConfig::DimReduce => StrategySpec::DimReduce {
-                components: dimreduce.0,
-                trials: dimreduce.1,
+                components: dimreduce_components,
+                trials: dimreduce_trials,
             },
             StrategyConfig::Custom
             | StrategyConfig::Partial { .. }
