@@ -244,7 +244,7 @@ impl<C: Communicator> AdaSum<C> {
 
     /// [`AdaSum::combine`] working in this AdaSum's own buffers, kept from
     /// call to call: for a caller that holds it mutably and combines every
-    /// step (DistOpt's combiner). See [`AdaSum::combine_with`].
+    /// step (DistOpt's strategy). See [`AdaSum::combine_with`].
     pub fn combine_reusing_buffers(&mut self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
         let mut buffers = std::mem::take(&mut self.buffers);
         let result = self.combine_with(comm, tensors, &mut buffers);
@@ -870,5 +870,25 @@ fn split_two<'v>(
     } else {
         let (left, right) = v.split_at_mut(a.start);
         (&right[..a.len()], &mut left[b.clone()])
+    }
+}
+
+/// AdaSum as a bucket's strategy: orthogonal gradients add, identical ones
+/// average, so the result is used as it is (`averaged`). Prepare it with
+/// [`AdaSum::new`] (or [`AdaSum::hierarchical`]) on the caller's
+/// communicator, on every rank.
+impl<C: Communicator + 'static> crate::Strategy<C> for AdaSum<C> {
+    fn combine(
+        &mut self,
+        comm: &C,
+        _bucket: &crate::BucketView<'_>,
+        tensors: &mut [Tensor],
+    ) -> Result<crate::Combined> {
+        // Its own buffers, reused every step: no allocation once warm.
+        let traffic = self.combine_reusing_buffers(comm, tensors)?;
+        Ok(crate::Combined {
+            traffic,
+            averaged: true,
+        })
     }
 }

@@ -17,8 +17,10 @@
 
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
+use crate::fusion::{FusionBuffers, check_capacity};
+use crate::half::{HalfOptions, HalfPrecision};
 use crate::handle::Traffic;
-use crate::reduce::{FusionBuffers, HalfOptions, HalfPrecision, check_capacity, sparse_costs_more};
+use crate::sparse::sparse_costs_more;
 use gradwire_comm::{Communicator, Gathered, ReduceOp};
 use gradwire_compress::cast::CastOptions;
 use gradwire_compress::cuda::{self as codecs, CudaErrorFeedback, DeviceSparse};

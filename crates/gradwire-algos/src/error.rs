@@ -20,6 +20,10 @@ pub enum AlgoError {
     /// An argument is out of its domain.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A saved state ([`crate::StateDict`]) does not match the strategy it
+    /// is loaded into (a missing entry, a wrong length or layout).
+    #[error("state mismatch: {0}")]
+    StateMismatch(String),
     /// Another rank failed (see [`crate::fault`]): it posted a fault of
     /// `kind` in place of the collective this rank was in, so this rank's
     /// operation ends here too, at the same point of the sequence as
@@ -64,6 +68,7 @@ impl AlgoError {
             AlgoError::Capacity { .. } | AlgoError::InvalidArgument(_) => {
                 ErrorKind::InvalidArgument
             }
+            AlgoError::StateMismatch(_) => ErrorKind::Mismatch,
             AlgoError::Fault { .. } => ErrorKind::Fault,
             AlgoError::Comm(e) => e.kind(),
             AlgoError::Compress(e) => e.kind(),

@@ -25,8 +25,8 @@ pub enum FaultKind {
     InvalidArgument,
     /// The optimizer's update failed.
     Optimizer,
-    /// A combiner (AdaSum or a user's strategy) failed.
-    Combiner,
+    /// A strategy (AdaSum or a user's strategy) failed.
+    Strategy,
     /// Anything else (a tensor operation, a codec).
     Other,
 }
@@ -36,7 +36,7 @@ impl FaultKind {
         FaultKind::NonFinite,
         FaultKind::InvalidArgument,
         FaultKind::Optimizer,
-        FaultKind::Combiner,
+        FaultKind::Strategy,
         FaultKind::Other,
     ];
 
@@ -47,7 +47,7 @@ impl FaultKind {
             FaultKind::NonFinite => 1,
             FaultKind::InvalidArgument => 2,
             FaultKind::Optimizer => 3,
-            FaultKind::Combiner => 4,
+            FaultKind::Strategy => 4,
             FaultKind::Other => 5,
         }
     }
@@ -64,7 +64,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::NonFinite => "non-finite value",
             FaultKind::InvalidArgument => "invalid argument",
             FaultKind::Optimizer => "optimizer error",
-            FaultKind::Combiner => "combiner error",
+            FaultKind::Strategy => "strategy error",
             FaultKind::Other => "error",
         })
     }

@@ -1,14 +1,20 @@
 //! gradwire-algos: how ranks combine what they computed.
 //!
-//! Strategies over any [`gradwire_comm::Communicator`], usable without
-//! DistOpt: dense all-reduce of one tensor or of a fused list, half-precision
-//! all-reduce (f32 accumulation), and sparse all-reduce with optional error
-//! feedback and an automatic dense fallback; [`adasum`] for any world size;
-//! [`powersgd`]'s low-rank all-reduce with error feedback; [`quantized`]'s
-//! 1-bit and 8-bit all-reduce (compressed both ways, error feedback).
-//! [`dimreduce`] for PCA-subspace quasi-Newton steps. [`cost`] models what
-//! each of them costs per step on a network (alpha-beta, ring / tree /
-//! hierarchical collectives), byte for byte what they send.
+//! The strategies, over any [`gradwire_comm::Communicator`] and usable
+//! without DistOpt, each in its own module with its CPU and CUDA forms side
+//! by side and implementing the one [`Strategy`] trait (a bucket combined
+//! per call; state put back after a failed step; saved through a
+//! [`StateDict`]): [`dense`] (all-reduce of one tensor or of a fused list),
+//! [`half`] (f16/bf16 on the wire, f32 accumulation), [`sparse`] (a codec's
+//! selection with optional error feedback and an automatic dense fallback),
+//! [`powersgd`] (low-rank factors with error feedback), [`quantized`]
+//! (1 and 8 bits both ways, error feedback), [`onebit_adam`] (Adam's
+//! momentum in 1 bit after a warm-up) and [`adasum`] (any world size).
+//! Each module also offers its collectives as plain functions, blocking or
+//! on the communication thread (`_async`). [`dimreduce`] is the
+//! PCA-subspace quasi-Newton step. [`cost`] models what each of them costs
+//! per step on a network (alpha-beta, ring / tree / hierarchical
+//! collectives), byte for byte what they send.
 //!
 //! ```
 //! use gradwire_algos::{DEFAULT_FUSION_CAPACITY, fused_all_reduce_async};
@@ -33,27 +39,41 @@
 
 pub mod adasum;
 pub mod cost;
+pub mod dense;
 #[cfg(feature = "cuda")]
 mod device;
 pub mod dimreduce;
 mod error;
 pub mod fault;
+mod fusion;
+pub mod half;
 mod handle;
+pub mod onebit_adam;
 pub mod powersgd;
 pub mod quantized;
-mod reduce;
+pub mod sparse;
+pub mod strategy;
 
 pub use adasum::AdaSum;
+pub use dense::{
+    DenseSum, all_reduce, all_reduce_async, fused_all_reduce, fused_all_reduce_async,
+    fused_all_reduce_with,
+};
 #[cfg(feature = "cuda")]
 pub use device::sparse_exchange_on_device;
 pub use error::{AlgoError, Result};
 pub use fault::FaultKind;
+pub use fusion::{DEFAULT_FUSION_CAPACITY, FusionBuffers};
+pub use half::{
+    HalfAverage, HalfOptions, HalfPrecision, half_all_reduce, half_all_reduce_async,
+    half_all_reduce_with,
+};
 pub use handle::{Handle, Reduced, Traffic};
+pub use onebit_adam::OneBitAdamExchange;
 pub use powersgd::{PowerSgd, PowerSgdConfig};
 pub use quantized::QuantizedAllReduce;
-pub use reduce::{
-    DEFAULT_FUSION_CAPACITY, FusionBuffers, HalfOptions, HalfPrecision, all_reduce,
-    all_reduce_async, fused_all_reduce, fused_all_reduce_async, fused_all_reduce_with,
-    half_all_reduce, half_all_reduce_async, half_all_reduce_with, sparse_all_reduce,
-    sparse_all_reduce_async, sparse_costs_more, sparse_exchange, sparse_exchange_with,
+pub use sparse::{
+    SparseSelect, sparse_all_reduce, sparse_all_reduce_async, sparse_costs_more, sparse_exchange,
+    sparse_exchange_with,
 };
+pub use strategy::{BucketView, Combined, StateDict, Strategy};

@@ -40,6 +40,7 @@ use std::borrow::Cow;
 
 #[cfg(feature = "cuda")]
 mod device;
+mod strategy;
 
 /// PowerSGD's settings (DDP's names in parentheses).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,6 +180,10 @@ pub struct PowerSgd {
     second: Vec<f32>,
     /// The step's layout, one part per tensor.
     parts: Vec<Part>,
+    /// As a [`crate::Strategy`]: the state before this step's combination.
+    before: crate::strategy::BeforeStep<PowerSgdState>,
+    /// As a [`crate::Strategy`]: the slots of the written parameters.
+    written: Vec<usize>,
     /// The state and buffers on a GPU, once steps run there (CUDA tensors
     /// on a communicator that takes them); the state from then on.
     #[cfg(feature = "cuda")]
@@ -195,6 +200,8 @@ impl PowerSgd {
             first: Vec::new(),
             second: Vec::new(),
             parts: Vec::new(),
+            before: Default::default(),
+            written: Vec::new(),
             #[cfg(feature = "cuda")]
             device: None,
         })
@@ -233,6 +240,7 @@ impl PowerSgd {
     /// state; the next step on a GPU moves it there.
     pub fn restore(&mut self, state: PowerSgdState) {
         self.state = state;
+        self.before.forget();
         #[cfg(feature = "cuda")]
         {
             self.device = None;
@@ -241,9 +249,10 @@ impl PowerSgd {
 
     /// The step is over: a step that ran on a GPU puts its device state
     /// back as the step found it unless `kept` (it failed or was skipped on
-    /// some rank). Host steps keep no copy here: their caller keeps one of
-    /// [`PowerSgd::state`] and puts it back through
-    /// [`PowerSgd::state_mut`].
+    /// some rank). A host step called directly keeps no copy here: its
+    /// caller keeps one of [`PowerSgd::state`] and puts it back through
+    /// [`PowerSgd::state_mut`]; as a [`crate::Strategy`], PowerSGD keeps
+    /// its own (`Strategy::end_step`).
     pub fn end_step(&mut self, kept: bool) {
         #[cfg(feature = "cuda")]
         if let Some(device) = &mut self.device {

@@ -42,6 +42,8 @@ use gradwire_compress::Quantizer;
 use gradwire_tensor::{DType, Tensor, flat};
 use std::ops::Range;
 
+mod strategy;
+
 /// The error-feedback residuals (and momentum) of a quantized all-reduce.
 #[derive(Debug, Default, PartialEq)]
 pub struct QuantizedState {
@@ -86,7 +88,7 @@ pub struct QuantizedAllReduce {
     error_feedback: bool,
     /// The momentum sent instead of the tensors, if any.
     momentum: Option<Momentum>,
-    state: QuantizedState,
+    pub(crate) state: QuantizedState,
     /// The packed tensors (then the averaged result).
     flat: Vec<f32>,
     /// The decoded chunks of this rank (what the workers' residuals lose).
@@ -105,6 +107,11 @@ pub struct QuantizedAllReduce {
     reduced: Vec<u8>,
     /// Every rank's quantized average.
     gathered: Gathered<u8>,
+    /// As a [`crate::Strategy`]: the state before this step's combination.
+    pub(crate) before: crate::strategy::BeforeStep<QuantizedState>,
+    /// As a [`crate::Strategy`]: the written parameters' ranges of the
+    /// bucket.
+    pub(crate) written: Vec<Range<usize>>,
 }
 
 impl QuantizedAllReduce {
@@ -126,6 +133,8 @@ impl QuantizedAllReduce {
             average: Vec::new(),
             reduced: Vec::new(),
             gathered: Gathered::default(),
+            before: Default::default(),
+            written: Vec::new(),
         })
     }
 

@@ -11,7 +11,7 @@ use candle_core::{Device, Tensor, Var};
 use candle_nn::{Optimizer, VarMap};
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{Combiner, DistOptConfig, GradSync, OptimError, ParamAccess, StepStats};
+use gradwire_optim::{DistOptConfig, GradSync, OptimError, ParamAccess, StepStats, Strategy};
 
 /// Candle variables as GradSync reads and writes them, in place.
 struct VarAccess<'v>(&'v [(String, Var)]);
@@ -83,18 +83,18 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         Self::from_sync(vars, config, sync)
     }
 
-    /// [`DataParallel::from_vars`] with gradients combined by `combiner`
+    /// [`DataParallel::from_vars`] with gradients combined by `strategy`
     /// (`StrategyConfig::Custom`: a strategy of your own), or the weight
     /// changes of local steps (`StrategyConfig::DeltaWeight`, in place of
     /// AdaSum).
-    pub fn with_combiner(
+    pub fn with_strategy(
         vars: Vec<(String, Var)>,
         config: O::Config,
         comm: C,
         dist: DistOptConfig,
-        combiner: impl Combiner<C>,
+        strategy: impl Strategy<C>,
     ) -> candle_core::Result<Self> {
-        let sync = GradSync::with_combiner(comm, specs_of(&vars)?, dist, combiner).map_err(wrap)?;
+        let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy).map_err(wrap)?;
         Self::from_sync(vars, config, sync)
     }
 
@@ -220,7 +220,7 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         &self.vars
     }
 
-    /// The gradient combiner underneath.
+    /// The gradient strategy underneath.
     pub fn sync(&self) -> &GradSync<C> {
         &self.sync
     }

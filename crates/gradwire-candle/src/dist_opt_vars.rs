@@ -15,7 +15,7 @@ use candle_core::Var;
 use candle_core::backprop::GradStore;
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{Combiner, DistOpt, DistOptConfig, Optimizer, StepStats};
+use gradwire_optim::{DistOpt, DistOptConfig, Optimizer, StepStats, Strategy};
 use gradwire_tensor::Tensor as GwTensor;
 
 /// DistOpt (any mode, a gradwire optimizer) training candle variables.
@@ -41,16 +41,16 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         Self::from_dist(vars, dist)
     }
 
-    /// [`DistOptVars::new`] combining with `combiner` (`StrategyConfig::Custom` or
+    /// [`DistOptVars::new`] combining with `strategy` (`StrategyConfig::Custom` or
     /// `StrategyConfig::DeltaWeight`: AdaSum).
-    pub fn with_combiner(
+    pub fn with_strategy(
         vars: Vec<(String, Var)>,
         optimizer: O,
         comm: C,
         config: DistOptConfig,
-        combiner: impl Combiner<C>,
+        strategy: impl Strategy<C>,
     ) -> candle_core::Result<Self> {
-        let dist = DistOpt::with_combiner(optimizer, comm, specs_of(&vars)?, config, combiner)
+        let dist = DistOpt::with_strategy(optimizer, comm, specs_of(&vars)?, config, strategy)
             .map_err(wrap)?;
         Self::from_dist(vars, dist)
     }

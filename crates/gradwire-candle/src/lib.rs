@@ -4,7 +4,7 @@
 //! [`candle_nn::Optimizer`] (SGD, AdamW, ...) so that every worker computes
 //! gradients on its shard of the batch, gradwire combines them across the
 //! workers (dense, fp16/bf16, sparse with error feedback, or any
-//! [`gradwire_optim::Combiner`] such as AdaSum; over any gradwire
+//! [`gradwire_optim::Strategy`] such as AdaSum; over any gradwire
 //! [`Communicator`](gradwire_comm::Communicator): threads, MPI processes), and the optimizer steps with
 //! the combined gradients on every worker alike.
 //!

@@ -205,7 +205,7 @@ impl TrainConfig {
             return bad(format!("--strategy: {e}"));
         }
         if self.strategy == StrategyConfig::Custom {
-            return bad("--strategy: a custom combiner has no name to run".into());
+            return bad("--strategy: a custom strategy has no name to run".into());
         }
         if self.baseline && self.strategy != StrategyConfig::Dense {
             return bad("--strategy: the baseline is dense".into());

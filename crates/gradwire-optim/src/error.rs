@@ -52,7 +52,7 @@ pub enum OptimError {
     /// Combining gradients across ranks failed (a lost peer, a mismatch, a
     /// timeout...).
     #[error(transparent)]
-    Distributed(#[from] gradwire_algos::AlgoError),
+    Distributed(gradwire_algos::AlgoError),
     /// A tensor could not be used (wrong dtype, device...).
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
@@ -75,6 +75,19 @@ impl OptimError {
             OptimError::Fault { .. } => ErrorKind::Fault,
             OptimError::Distributed(e) => e.kind(),
             OptimError::Tensor(e) => e.kind(),
+        }
+    }
+}
+
+/// A strategy's error: a saved state that does not match
+/// ([`gradwire_algos::AlgoError::StateMismatch`]) is this crate's
+/// [`OptimError::StateMismatch`], as the rest of a checkpoint's; anything
+/// else is [`OptimError::Distributed`].
+impl From<gradwire_algos::AlgoError> for OptimError {
+    fn from(e: gradwire_algos::AlgoError) -> Self {
+        match e {
+            gradwire_algos::AlgoError::StateMismatch(what) => OptimError::StateMismatch(what),
+            e => OptimError::Distributed(e),
         }
     }
 }

@@ -11,7 +11,7 @@
 //! the caller's optimizer steps with them.
 //!
 //! Every gradient-combining mode of DistOpt works (`Dense`, `Half`,
-//! `Sparse` with or without error feedback, `Custom` with a [`Combiner`]
+//! `Sparse` with or without error feedback, `Custom` with a [`Strategy`]
 //! such as AdaSum), with the same buckets, votes, clipping, non-finite
 //! skipping and failure model, because it *is* DistOpt's step
 //! ([`DistOpt::finish_gradients`]) with the parameter update left to the
@@ -57,7 +57,7 @@
 //! ```
 
 use crate::checkpoint::Checkpoint;
-use crate::distopt::{Combiner, DistOpt, DistOptConfig, ParamSpec, StepStats, StrategyConfig};
+use crate::distopt::{DistOpt, DistOptConfig, ParamSpec, StepStats, Strategy, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state::{OptimizerState, ParamState};
@@ -211,7 +211,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         Self::check_mode(config.strategy)?;
         if config.strategy == StrategyConfig::Custom {
             return Err(OptimError::InvalidArgument(
-                "a Custom strategy combines with a combiner: GradSync::with_combiner".into(),
+                "a Custom strategy combines with a strategy: GradSync::with_strategy".into(),
             ));
         }
         let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;
@@ -219,20 +219,20 @@ impl<C: Communicator + 'static> GradSync<C> {
     }
 
     /// [`GradSync::new`] in `StrategyConfig::Custom` (or `DeltaWeight`),
-    /// combined by `combiner`: a strategy of your own.
-    pub fn with_combiner(
+    /// combined by `strategy`: a strategy of your own.
+    pub fn with_strategy(
         comm: C,
         params: Vec<ParamSpec>,
         config: DistOptConfig,
-        combiner: impl Combiner<C>,
+        strategy: impl Strategy<C>,
     ) -> Result<Self> {
         Self::check_mode(config.strategy)?;
-        let dist = DistOpt::with_combiner(
+        let dist = DistOpt::with_strategy(
             Passthrough::default(),
             comm,
             params.clone(),
             config,
-            combiner,
+            strategy,
         )?;
         Ok(Self::around(dist, params))
     }
@@ -270,7 +270,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// with this rank's own gradients), then GradSync averages one bucket
     /// of them across ranks (`Partial`, a bucket in turn) or combines the
     /// weight changes (`DeltaWeight`: `p = p0 - combined(p0 - p)`, the
-    /// combiner's AdaSum), writing the result through `params`. Gradients
+    /// strategy's AdaSum), writing the result through `params`. Gradients
     /// pushed before ([`GradSync::push`], optional) are checked for NaN and
     /// infinities, which fail (or, with `skip_non_finite`, skip) the step
     /// on every rank before anything changes.
@@ -437,7 +437,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             StrategyConfig::Custom | StrategyConfig::AdaSum { .. }
         ) {
             return Err(OptimError::InvalidArgument(
-                "a combiner is not an average: sample weights do not apply".into(),
+                "a strategy is not an average: sample weights do not apply".into(),
             ));
         }
         let mut total = [samples];

@@ -38,11 +38,10 @@ mod schedule;
 mod state;
 
 pub use any::AnyOptimizer;
-pub use distopt::strategy;
 pub use distopt::{
-    BucketView, Combined, Combiner, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig,
-    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote,
-    StepStats, StrategyConfig, StrategyError,
+    BucketView, Combined, DEFAULT_FUSION_THRESHOLD, DistOpt, DistOptConfig, ONEBIT_ADAM_BETA1,
+    ONEBIT_ADAM_FREEZE_STEP, ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote, StateDict, StepStats,
+    Strategy, StrategyConfig, StrategyError,
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};

@@ -135,7 +135,7 @@ fn a_candle_optimizer_steps_locally_in_partial_and_delta_weight_modes() {
                 };
                 let mut dp = if matches!(mode, StrategyConfig::DeltaWeight { .. }) {
                     let adasum = AdaSum::new(&own).map_err(candle_core::Error::wrap)?;
-                    DataParallel::<SGD, _>::with_combiner(vars, 0.5, own, dist, adasum)?
+                    DataParallel::<SGD, _>::with_strategy(vars, 0.5, own, dist, adasum)?
                 } else {
                     DataParallel::<SGD, _>::from_vars(vars, 0.5, own, dist)?
                 };

@@ -29,7 +29,7 @@ use gradwire_candle::DistOptVars;
 use gradwire_cli::data::{Digits, epoch_order};
 use gradwire_cli::model::Model;
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
-use gradwire_optim::{Combined, Combiner, DistOptConfig, Sgd, SgdConfig, StrategyConfig};
+use gradwire_optim::{Combined, DistOptConfig, Sgd, SgdConfig, Strategy, StrategyConfig};
 use gradwire_tensor::Tensor;
 
 const HIDDEN: usize = 32;
@@ -86,7 +86,7 @@ fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
 /// A plain sum of the ranks' tensors, presented as final (no division).
 struct PlainSum;
 
-impl Combiner<LocalComm> for PlainSum {
+impl Strategy<LocalComm> for PlainSum {
     fn combine(
         &mut self,
         comm: &LocalComm,
@@ -103,10 +103,10 @@ impl Combiner<LocalComm> for PlainSum {
 
 /// Test accuracy (rank 0's model), `EVALS_PER_EPOCH` times per epoch, of data-parallel training:
 /// every rank takes its quarter of each global batch of `WORLD * BATCH`.
-fn data_parallel<K: Combiner<LocalComm>>(
+fn data_parallel<K: Strategy<LocalComm>>(
     data: &Digits,
     mode: StrategyConfig,
-    combiner: impl Fn(&LocalComm) -> Option<K> + Sync,
+    strategy: impl Fn(&LocalComm) -> Option<K> + Sync,
 ) -> Vec<f64> {
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
@@ -116,8 +116,8 @@ fn data_parallel<K: Combiner<LocalComm>>(
         };
         let mlp = mlp();
         let vars = mlp.vars().to_vec();
-        let mut dist = match combiner(&comm) {
-            Some(k) => DistOptVars::with_combiner(vars, sgd(), comm, config, k)?,
+        let mut dist = match strategy(&comm) {
+            Some(k) => DistOptVars::with_strategy(vars, sgd(), comm, config, k)?,
             None => DistOptVars::new(vars, sgd(), comm, config)?,
         };
         let mut accuracy = Vec::new();

@@ -107,7 +107,7 @@ fn random_fault_schedules_keep_ranks_in_step_and_bitwise_equal() {
     }
 }
 
-/// A rank that panics, drops its communicator, or whose combiner panics is
+/// A rank that panics, drops its communicator, or whose strategy panics is
 /// lost: every other rank's step fails naming it, promptly, never a hang.
 #[test]
 fn a_rank_that_panics_or_leaves_is_lost_on_every_other_rank_promptly() {

@@ -15,6 +15,11 @@
 //!   (rsmpi's `mpi::ffi`, `mpi_sys`, cudarc's `sys` and `result` modules);
 //!   everything else calls the checked wrappers of the FFI layer.
 //!
+//! - a strategy is implemented where the strategies live: outside
+//!   gradwire-algos, only the files of [`POLICY`]'s strategy list
+//!   implement its `Strategy` trait in a `src/` directory (tests, benches
+//!   and examples may), so no crate above grows adapters again.
+//!
 //! Over the whole repository (every `.rs`, `.md` and `.toml` file): no
 //! reference to a specification or design file that lives outside it.
 //! `ARCHITECTURE.md` exists, is at most [`ARCHITECTURE_MAX_BYTES`] bytes and
@@ -39,6 +44,15 @@ const RULE_DENY_UNSAFE: &str = "crate root must contain `#![deny(unsafe_code)]`"
 /// Rule for the crates listed as holding unsafe code.
 const RULE_STALE_UNSAFE: &str = "crate is listed in tidy's POLICY.may_hold_unsafe but its sources \
      hold no `unsafe`: remove it from the list and forbid unsafe code";
+/// Rule for library code outside gradwire-algos.
+const RULE_STRATEGY_IMPL: &str = "only gradwire-algos (and tidy's POLICY.strategy_impls) may \
+     implement `Strategy` in library code: a strategy is a module of gradwire-algos, not an \
+     adapter above it";
+
+/// Rule for the files of the strategy list.
+const RULE_STALE_STRATEGY_IMPL: &str =
+    "file is listed in tidy's POLICY.strategy_impls but implements no `Strategy`";
+
 /// Rule for files outside the FFI layer.
 const RULE_FFI: &str = "only the FFI layer may name raw foreign bindings (`mpi::ffi`, `mpi_sys`, \
      cudarc's `sys` / `result`): call the checked wrappers, or add the file to tidy's \
@@ -91,6 +105,10 @@ struct Policy<'a> {
     /// The members with no unsafe code of their own that cannot take
     /// `forbid(unsafe_code)` and deny it instead.
     deny_unsafe: &'a [&'a str],
+    /// The member whose library implements the strategies.
+    strategy_home: &'a str,
+    /// The other library files that may implement `Strategy`.
+    strategy_impls: &'a [&'a str],
 }
 
 /// This workspace's policy.
@@ -125,6 +143,14 @@ const POLICY: Policy<'static> = Policy {
         // rejects (E0453).
         "crates/gradwire-algos",
     ],
+    strategy_home: "crates/gradwire-algos",
+    strategy_impls: &[
+        // DistOpt's mechanism, not strategies: the one strategy a user
+        // gives, shared by every bucket, and the one that refuses.
+        "crates/gradwire-optim/src/distopt/strategies.rs",
+        // The fault matrix's injected fault: a strategy that panics.
+        "crates/gradwire-cli/src/faults/scenario.rs",
+    ],
 };
 
 #[test]
@@ -151,6 +177,7 @@ fn workspace_is_tidy() {
 fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     let mut problems = Vec::new();
     let mut named_raw_bindings = Vec::new();
+    let mut implemented_strategies = Vec::new();
     for member in workspace_members(root) {
         let member_name = relative(root, &member);
         let mut files = Vec::new();
@@ -170,6 +197,15 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
                 named_raw_bindings.push(shown.clone());
                 if !policy.ffi_files.contains(&shown.as_str()) {
                     broken.push(RULE_FFI);
+                }
+            }
+            if member_name != policy.strategy_home
+                && file.starts_with(member.join("src"))
+                && implements_strategy(&text)
+            {
+                implemented_strategies.push(shown.clone());
+                if !policy.strategy_impls.contains(&shown.as_str()) {
+                    broken.push(RULE_STRATEGY_IMPL);
                 }
             }
             problems.extend(broken.into_iter().map(|rule| format!("{shown}: {rule}")));
@@ -195,6 +231,11 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     for listed in policy.ffi_files {
         if !named_raw_bindings.iter().any(|file| file == listed) {
             problems.push(format!("{listed}: {RULE_STALE_FFI}"));
+        }
+    }
+    for listed in policy.strategy_impls {
+        if !implemented_strategies.iter().any(|file| file == listed) {
+            problems.push(format!("{listed}: {RULE_STALE_STRATEGY_IMPL}"));
         }
     }
     let mut text_files = Vec::new();
@@ -381,6 +422,25 @@ fn names_raw_bindings(text: &str) -> bool {
     word_starts(&code, "mpi_sys").any(|at| !code[at + 7..].starts_with(is_ident_char))
         || in_tree("mpi::", &["ffi"])
         || in_tree("cudarc::", &["sys", "result"])
+}
+
+/// Whether the code of `text` implements a trait named `Strategy` (`impl<..>
+/// path::Strategy<..> for ..`); a `-> impl Strategy<..>` return type
+/// (proptest's) has no `for` and is not one.
+fn implements_strategy(text: &str) -> bool {
+    let code = code_of(text);
+    word_starts(&code, "impl").any(|at| {
+        let rest = &code[at + "impl".len()..];
+        if rest.starts_with(is_ident_char) {
+            return false;
+        }
+        let header = &rest[..rest.find(['{', ';']).unwrap_or(rest.len())];
+        let Some((trait_part, _)) = header.split_once(" for ") else {
+            return false;
+        };
+        word_starts(trait_part, "Strategy")
+            .any(|s| !trait_part[s + "Strategy".len()..].starts_with(is_ident_char))
+    })
 }
 
 /// The path or `use` tree at the start of `code`: segments, `::` and

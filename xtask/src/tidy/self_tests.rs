@@ -102,6 +102,29 @@ fn raw_bindings_are_found() {
 }
 
 #[test]
+fn strategy_impls_are_found() {
+    assert!(implements_strategy(
+        "impl<C: Communicator + 'static> Strategy<C> for DenseSum {\n}"
+    ));
+    assert!(implements_strategy(
+        "impl gradwire_algos::Strategy<LocalComm> for PlainSum {}"
+    ));
+    assert!(implements_strategy(
+        "impl<C>\n    Strategy<C>\n    for Shared<C>\n{}"
+    ));
+    // proptest's strategies are returned, not implemented.
+    assert!(!implements_strategy(
+        "fn ratio() -> impl Strategy<Value = f64> { 0.0..1.0 }"
+    ));
+    assert!(!implements_strategy("impl StrategyConfig {}"));
+    assert!(!implements_strategy("impl Display for StrategyConfig {}"));
+    assert!(!implements_strategy("impl MyStrategy<C> for X {}"));
+    assert!(!implements_strategy(
+        "// impl Strategy<C> for X {}\nlet s = \"impl Strategy<C> for X\";"
+    ));
+}
+
+#[test]
 fn outside_references_are_found() {
     let spec = concat!("SPEC", " §");
     let spec_file = concat!("SPEC", ".md");
@@ -191,6 +214,8 @@ fn tidy_workspace_passes() {
         ffi_files: &["crates/ffi/src/sys.rs"],
         may_hold_unsafe: &["crates/ffi"],
         deny_unsafe: &[],
+        strategy_home: "crates/algos",
+        strategy_impls: &[],
     };
     assert_eq!(check_workspace(&tree.0, &policy), Vec::<String>::new());
 }
@@ -246,16 +271,29 @@ fn untidy_workspace_is_reported() {
     tree.write("crates/denies/src/lib.rs", root_file);
     tree.write("tool/src/main.rs", "//! Docs.\nfn main() {}\n");
     tree.write("tool/target/notes.md", &format!("{spec}9, skipped\n"));
+    // Strategies: at home in crates/algos, an adapter elsewhere, one in a
+    // test (allowed), and a listed file that implements none.
+    let implements = "//! Docs.\nimpl<C: Communicator> algos::Strategy<C> for Mine {}\n";
+    tree.write("crates/algos/Cargo.toml", "");
+    tree.write("crates/algos/src/lib.rs", root_file);
+    tree.write("crates/algos/src/dense.rs", implements);
+    tree.write("crates/adapter/Cargo.toml", "");
+    tree.write("crates/adapter/src/lib.rs", root_file);
+    tree.write("crates/adapter/src/dense.rs", implements);
+    tree.write("crates/adapter/tests/mine.rs", implements);
     let policy = Policy {
         ffi_files: &["crates/ffi/src/sys.rs", "crates/good/src/lib.rs"],
         may_hold_unsafe: &["crates/ffi", "crates/listed"],
         deny_unsafe: &["crates/denies"],
+        strategy_home: "crates/algos",
+        strategy_impls: &["crates/good/src/module/inner.rs"],
     };
 
     let design = concat!("DESIGN", ".md");
     assert_eq!(
         check_workspace(&tree.0, &policy),
         [
+            format!("crates/adapter/src/dense.rs: {RULE_STRATEGY_IMPL}"),
             format!("crates/bad/benches/speed.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_DENY_MISSING_DOCS}"),
@@ -268,6 +306,7 @@ fn untidy_workspace_is_reported() {
             format!("tool/src/main.rs: {RULE_DENY_MISSING_DOCS}"),
             format!("tool/src/main.rs: {RULE_FORBID_UNSAFE}"),
             format!("crates/good/src/lib.rs: {RULE_STALE_FFI}"),
+            format!("crates/good/src/module/inner.rs: {RULE_STALE_STRATEGY_IMPL}"),
             format!("ARCHITECTURE.md: {RULE_OUTSIDE_REFERENCE} (`{design}`)"),
             format!("crates/bad/Cargo.toml: {RULE_OUTSIDE_REFERENCE} (`{spec}`)"),
             format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_INVARIANTS}"),

@@ -20,7 +20,7 @@
 use super::collectives::{Collective, CollectiveCall};
 use crate::error::{AlgoError, Result};
 use crate::handle::Traffic;
-use crate::reduce::{DEFAULT_FUSION_CAPACITY, sparse_costs_more};
+use crate::{DEFAULT_FUSION_CAPACITY, sparse_costs_more};
 use gradwire_comm::chunk_range;
 use gradwire_compress::select::{SAMPLED_TOP_K_SLACK, count_for_ratio};
 use gradwire_compress::{Quantizer, lowrank, wire};

@@ -48,9 +48,9 @@ pub enum Fault {
     WrongShape,
     /// The optimizer's update fails.
     OptimizerError,
-    /// The combiner (AdaSum) panics, on the communication thread in
+    /// The strategy (AdaSum) panics, on the communication thread in
     /// adasum-grad mode and on the rank's own thread in adasum-delta mode.
-    PanickingCombiner,
+    PanickingStrategy,
     /// The rank's thread panics between its pushes and `finish`.
     RankPanics,
     /// The rank returns early and drops its DistOpt and communicator.
@@ -72,7 +72,7 @@ impl Fault {
     /// The faults that end the run: the faulty rank is gone, and every
     /// other rank must learn it promptly, at the same step.
     pub const TERMINAL: [Fault; 3] = [
-        Fault::PanickingCombiner,
+        Fault::PanickingStrategy,
         Fault::RankPanics,
         Fault::DropsCommunicator,
     ];
@@ -80,7 +80,7 @@ impl Fault {
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
-            Fault::PanickingCombiner => "panicking combiner",
+            Fault::PanickingStrategy => "panicking strategy",
             Fault::RankPanics => "rank panics",
             Fault::DropsCommunicator => "rank drops its comm",
             Fault::None => "none",
@@ -174,8 +174,8 @@ pub struct RankRecord {
 }
 
 /// Whether the strategy combines through AdaSum, which the matrix wraps in
-/// a combiner that panics on demand.
-pub(crate) fn has_combiner(strategy: StrategyConfig) -> bool {
+/// a strategy that panics on demand.
+pub(crate) fn has_strategy(strategy: StrategyConfig) -> bool {
     matches!(
         strategy,
         StrategyConfig::AdaSum { .. } | StrategyConfig::DeltaWeight { .. }
@@ -203,13 +203,13 @@ pub fn scenarios() -> Vec<(StrategyConfig, Fault, bool)> {
 }
 
 /// The terminal scenarios: a rank that panics or drops its communicator in
-/// every mode, a panicking combiner in the modes that have one.
+/// every mode, a panicking strategy in the modes that have one.
 pub fn terminal_scenarios() -> Vec<(StrategyConfig, Fault)> {
     let mut all = Vec::new();
     for mode in StrategyConfig::examples() {
         for fault in Fault::TERMINAL {
-            let has_combiner = has_combiner(mode);
-            if fault != Fault::PanickingCombiner || has_combiner {
+            let has_strategy = has_strategy(mode);
+            if fault != Fault::PanickingStrategy || has_strategy {
                 all.push((mode, fault));
             }
         }

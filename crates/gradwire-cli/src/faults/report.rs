@@ -74,7 +74,7 @@ impl Report {
                 matches!(self.at_fault, Outcome::Fault(Some(_), FaultKind::Optimizer))
             }
             // Judged by [`TerminalReport`]: the run does not go on.
-            Fault::PanickingCombiner | Fault::RankPanics | Fault::DropsCommunicator => false,
+            Fault::PanickingStrategy | Fault::RankPanics | Fault::DropsCommunicator => false,
         };
         let equal = self.equal.unwrap_or(true) || !self.fault.passes();
         expected && self.agreed && self.recovered && equal
@@ -134,7 +134,7 @@ impl TerminalReport {
     /// Whether every rank still there ended with a step that failed naming
     /// the lost rank (the last one), at the fault step or the one before,
     /// every earlier step done. The faulty rank itself may be gone, may have
-    /// returned after its last completed step, or (a panicking combiner on
+    /// returned after its last completed step, or (a panicking strategy on
     /// its communication thread) fail naming itself.
     pub fn holds(&self) -> bool {
         let lost = self.outcomes.len() - 1;

@@ -1,5 +1,5 @@
 //! One scenario on one rank: the model, the injected faults (a faulty
-//! optimizer, a panicking combiner, bad pushes and parameters, panics and
+//! optimizer, a panicking strategy, bad pushes and parameters, panics and
 //! early returns) and the record of every step.
 
 use super::*;
@@ -80,12 +80,12 @@ impl Optimizer for FaultyOptimizer {
 
 /// AdaSum, or a panic when armed (the scenario arms it on the injecting
 /// rank at the fault's step).
-struct PanickingCombiner<C: Communicator> {
+struct PanickingStrategy<C: Communicator> {
     inner: AdaSum<C>,
     armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl<C: Communicator + 'static> gradwire_optim::Combiner<C> for PanickingCombiner<C> {
+impl<C: Communicator + 'static> gradwire_optim::Strategy<C> for PanickingStrategy<C> {
     fn combine(
         &mut self,
         comm: &C,
@@ -93,9 +93,9 @@ impl<C: Communicator + 'static> gradwire_optim::Combiner<C> for PanickingCombine
         tensors: &mut [Tensor],
     ) -> gradwire_algos::Result<gradwire_optim::Combined> {
         if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            panic!("injected panic in the combiner of rank {}", comm.rank());
+            panic!("injected panic in the strategy of rank {}", comm.rank());
         }
-        gradwire_optim::Combiner::combine(&mut self.inner, comm, bucket, tensors)
+        gradwire_optim::Strategy::combine(&mut self.inner, comm, bucket, tensors)
     }
 }
 
@@ -149,7 +149,7 @@ pub fn run_schedule<C: Communicator + 'static>(
         })?,
         armed: false,
     };
-    let combiner_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let strategy_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
         // DimReduce starts dense and is entered below.
         strategy: mode.first_stage(),
@@ -159,13 +159,13 @@ pub fn run_schedule<C: Communicator + 'static>(
     };
     let mut dist = match mode {
         // AdaSum as DistOpt prepares it, wrapped so that it panics on demand.
-        mode if has_combiner(mode) => {
+        mode if has_strategy(mode) => {
             let inner = AdaSum::new(&comm).map_err(OptimError::from)?;
-            let combiner = PanickingCombiner {
+            let strategy = PanickingStrategy {
                 inner,
-                armed: std::sync::Arc::clone(&combiner_armed),
+                armed: std::sync::Arc::clone(&strategy_armed),
             };
-            DistOpt::with_combiner(optimizer, comm, specs.clone(), config, combiner)?
+            DistOpt::with_strategy(optimizer, comm, specs.clone(), config, strategy)?
         }
         _ => DistOpt::new(optimizer, comm, specs.clone(), config)?,
     };
@@ -195,8 +195,8 @@ pub fn run_schedule<C: Communicator + 'static>(
         let fault = fault_at(step);
         let inject = fault != Fault::None;
         dist.optimizer_mut().armed = fault == Fault::OptimizerError;
-        combiner_armed.store(
-            fault == Fault::PanickingCombiner,
+        strategy_armed.store(
+            fault == Fault::PanickingStrategy,
             std::sync::atomic::Ordering::SeqCst,
         );
         let start = Instant::now();

@@ -35,6 +35,7 @@ pub(super) const PCA_FILE: &str = "pca.safetensors";
 /// The run configuration a checkpoint was written with.
 pub(super) fn saved_config(ckpt: &Checkpoint) -> Result<TrainConfig> {
     let value = ckpt
+        .state
         .values
         .get(KEY_CONFIG)
         .cloned()
@@ -61,15 +62,19 @@ impl Run<'_> {
         dimreduce: bool,
     ) -> Result<()> {
         let mut ckpt = engine.checkpoint(model)?;
-        ckpt.values.insert(KEY_EPOCH.into(), epochs_done.into());
-        ckpt.values
+        ckpt.state
+            .values
+            .insert(KEY_EPOCH.into(), epochs_done.into());
+        ckpt.state
+            .values
             .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
-        ckpt.values
+        ckpt.state
+            .values
             .insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
         if self.config.strategy == StrategyConfig::DimReduce && !dimreduce && !recorder.is_empty() {
             let rows: Vec<f32> = recorder.snapshots().flatten().copied().collect();
             let width = rows.len() / recorder.len();
-            ckpt.tensors.insert(
+            ckpt.state.tensors.insert(
                 KEY_TRAJECTORY.into(),
                 Tensor::from_vec(rows, vec![recorder.len(), width])?,
             );
@@ -116,6 +121,7 @@ impl Run<'_> {
             )));
         }
         let done = ckpt
+            .state
             .values
             .get(KEY_EPOCH)
             .and_then(|v| v.as_u64())
@@ -127,12 +133,13 @@ impl Run<'_> {
             )));
         }
         *history = serde_json::from_value(
-            ckpt.values
+            ckpt.state
+                .values
                 .get(KEY_HISTORY)
                 .cloned()
                 .ok_or_else(|| bad("the checkpoint holds no history"))?,
         )?;
-        if let Some(rows) = ckpt.tensors.get(KEY_TRAJECTORY) {
+        if let Some(rows) = ckpt.state.tensors.get(KEY_TRAJECTORY) {
             let width = rows.dims().get(1).copied().unwrap_or(0);
             let flat = rows.to_vec::<f32>()?;
             for row in flat.chunks(width.max(1)) {

@@ -61,6 +61,7 @@ use serde_json::Value;
 
 use crate::error::{OptimError, Result};
 use crate::state::{OptimizerState, ParamState};
+use gradwire_algos::StateDict;
 use gradwire_algos::dimreduce::Pca;
 
 mod nested;
@@ -93,10 +94,9 @@ const EXTRA_PREFIX: &str = "extra/";
 pub struct Checkpoint {
     /// The optimizer's state.
     pub optimizer: OptimizerState,
-    /// Extra named tensors (f32, f16 or bf16), e.g. DistOpt's residuals.
-    pub tensors: BTreeMap<String, Tensor>,
-    /// Extra named JSON values, e.g. DistOpt's partial-update counter.
-    pub values: BTreeMap<String, Value>,
+    /// Extra named tensors (f32, f16 or bf16: DistOpt's residuals, a
+    /// strategy's warm start) and named JSON values (DistOpt's counters).
+    pub state: StateDict,
 }
 
 /// The prefix under which a training checkpoint keeps the parameters
@@ -108,8 +108,7 @@ impl Checkpoint {
     pub fn new(optimizer: OptimizerState) -> Checkpoint {
         Checkpoint {
             optimizer,
-            tensors: BTreeMap::new(),
-            values: BTreeMap::new(),
+            state: StateDict::default(),
         }
     }
 
@@ -117,7 +116,8 @@ impl Checkpoint {
     /// checkpoint can resume training or serve as a trajectory snapshot.
     pub fn set_parameters<'t>(&mut self, params: impl IntoIterator<Item = (&'t str, &'t Tensor)>) {
         for (name, t) in params {
-            self.tensors
+            self.state
+                .tensors
                 .insert(format!("{PARAM_PREFIX}{name}"), t.clone());
         }
     }
@@ -128,6 +128,7 @@ impl Checkpoint {
         let mut flat = Vec::new();
         for name in names {
             let t = self
+                .state
                 .tensors
                 .get(&format!("{PARAM_PREFIX}{name}"))
                 .ok_or_else(|| {
@@ -157,12 +158,13 @@ impl From<OptimizerState> for Checkpoint {
 impl PartialEq for Checkpoint {
     fn eq(&self, other: &Checkpoint) -> bool {
         state_eq(&self.optimizer, &other.optimizer)
-            && self.values == other.values
-            && self.tensors.len() == other.tensors.len()
+            && self.state.values == other.state.values
+            && self.state.tensors.len() == other.state.tensors.len()
             && self
+                .state
                 .tensors
                 .iter()
-                .zip(&other.tensors)
+                .zip(&other.state.tensors)
                 .all(|((ka, a), (kb, b))| ka == kb && tensor_eq(a, b))
     }
 }
@@ -375,7 +377,7 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
         }
         params.insert(pname.clone(), header);
     }
-    for (name, t) in &ckpt.tensors {
+    for (name, t) in &ckpt.state.tensors {
         let data = match t.dtype() {
             DType::F32 => Data::F32(t.as_slice::<f32>()?),
             DType::F16 => Data::F16(t.as_slice::<f16>()?),
@@ -399,8 +401,8 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
         config: state.config.clone(),
         overrides: state.overrides.clone(),
         params,
-        tensors: ckpt.tensors.keys().cloned().collect(),
-        values: ckpt.values.clone(),
+        tensors: ckpt.state.tensors.keys().cloned().collect(),
+        values: ckpt.state.values.clone(),
     };
     let json = serde_json::to_string(&header).map_err(|e| {
         OptimError::InvalidArgument(format!("checkpoint: cannot encode the header: {e}"))
@@ -606,8 +608,10 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
             overrides: header.overrides,
             params,
         },
-        tensors,
-        values: header.values,
+        state: StateDict {
+            tensors,
+            values: header.values,
+        },
     })
 }
 

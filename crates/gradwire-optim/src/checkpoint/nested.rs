@@ -46,7 +46,7 @@ impl Checkpoint {
             }
         }
         self.remove_optimizer_state(prefix);
-        self.tensors.extend(buffers);
+        self.state.tensors.extend(buffers);
         let nested = NestedState {
             kind: state.kind.clone(),
             step: state.step,
@@ -57,7 +57,7 @@ impl Checkpoint {
         let json = serde_json::to_value(&nested).map_err(|e| {
             OptimError::InvalidArgument(format!("cannot encode the state under {prefix}: {e}"))
         })?;
-        self.values.insert(prefix.to_string(), json);
+        self.state.values.insert(prefix.to_string(), json);
         Ok(())
     }
 
@@ -66,7 +66,7 @@ impl Checkpoint {
     /// [`OptimError::CorruptCheckpoint`] if its JSON or a buffer is missing
     /// or malformed.
     pub fn optimizer_state(&self, prefix: &str) -> Result<Option<OptimizerState>> {
-        let Some(json) = self.values.get(prefix) else {
+        let Some(json) = self.state.values.get(prefix) else {
             return Ok(None);
         };
         let nested: NestedState = serde_json::from_value(json.clone())
@@ -79,6 +79,7 @@ impl Checkpoint {
             for buffer in header.buffers {
                 let key = format!("{prefix}/{name}/{buffer}");
                 let t = self
+                    .state
                     .tensors
                     .get(&key)
                     .ok_or_else(|| corrupt(format!("no tensor {key}")))?;
@@ -113,9 +114,9 @@ impl Checkpoint {
     /// Removes what [`Checkpoint::insert_optimizer_state`] stored under
     /// `prefix`.
     fn remove_optimizer_state(&mut self, prefix: &str) {
-        if self.values.remove(prefix).is_some() {
+        if self.state.values.remove(prefix).is_some() {
             let start = format!("{prefix}/");
-            self.tensors.retain(|k, _| !k.starts_with(&start));
+            self.state.tensors.retain(|k, _| !k.starts_with(&start));
         }
     }
 }
@@ -149,7 +150,7 @@ mod tests {
         empty.params.clear();
         ckpt.insert_optimizer_state("x", &empty).unwrap();
         assert_eq!(ckpt.optimizer_state("x").unwrap(), Some(empty));
-        assert!(!ckpt.tensors.keys().any(|k| k.starts_with("x/")));
+        assert!(!ckpt.state.tensors.keys().any(|k| k.starts_with("x/")));
         // A state whose buffer has the wrong length changes nothing.
         let mut bad = adam_state();
         if let Some(p) = bad.params.get_mut("w") {
@@ -168,13 +169,13 @@ mod tests {
         let mut ckpt = Checkpoint::new(adam_state());
         ckpt.insert_optimizer_state("x", &adam_state()).unwrap();
         let mut missing = ckpt.clone();
-        missing.tensors.remove("x/w/m");
+        missing.state.tensors.remove("x/w/m");
         assert!(matches!(
             missing.optimizer_state("x"),
             Err(OptimError::CorruptCheckpoint(_))
         ));
         let mut wrong = ckpt.clone();
-        wrong.tensors.insert(
+        wrong.state.tensors.insert(
             "x/w/v".into(),
             Tensor::from_vec(vec![0f32; 2], vec![2]).unwrap(),
         );
@@ -182,7 +183,8 @@ mod tests {
             wrong.optimizer_state("x"),
             Err(OptimError::CorruptCheckpoint(_))
         ));
-        ckpt.values
+        ckpt.state
+            .values
             .insert("x".into(), Value::String("not a state".into()));
         assert!(matches!(
             ckpt.optimizer_state("x"),

@@ -3,10 +3,10 @@
 //! which also carries this rank's faults, then the combination by the
 //! bucket's strategy).
 
-use super::strategy::{BucketView, Combiner};
 use super::{DistOpt, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use gradwire_algos::{BucketView, Strategy};
 use gradwire_algos::{FaultKind, Reduced, Traffic};
 use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
@@ -85,7 +85,7 @@ pub(super) struct BucketBuffers {
 /// the step is in).
 pub(super) struct BucketOutput<C: Communicator> {
     /// The bucket's strategy, for its next step.
-    pub(super) strategy: Box<dyn Combiner<C>>,
+    pub(super) strategy: Box<dyn Strategy<C>>,
     /// The bucket's buffers, for its next step.
     pub(super) buffers: BucketBuffers,
     pub(super) result: gradwire_algos::Result<Reduced<BucketResult>>,
@@ -126,7 +126,7 @@ impl BucketJob {
         mut self,
         comm: &C,
         grads: Vec<Tensor>,
-        mut strategy: Box<dyn Combiner<C>>,
+        mut strategy: Box<dyn Strategy<C>>,
     ) -> BucketOutput<C> {
         let mut buffers = std::mem::take(&mut self.buffers);
         BucketOutput {
@@ -231,7 +231,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 pub(super) struct BucketTask<C: Communicator> {
     job: BucketJob,
     grads: Vec<Tensor>,
-    strategy: Box<dyn Combiner<C>>,
+    strategy: Box<dyn Strategy<C>>,
 }
 
 impl<C: Communicator + 'static> AsyncJob<C> for BucketTask<C> {
@@ -250,7 +250,7 @@ fn reduce_bucket<C: Communicator + 'static>(
     comm: &C,
     mut grads: Vec<Tensor>,
     buffers: &mut BucketBuffers,
-    strategy: &mut dyn Combiner<C>,
+    strategy: &mut dyn Strategy<C>,
 ) -> gradwire_algos::Result<Reduced<BucketResult>> {
     let BucketJob {
         bucket,

@@ -1,13 +1,13 @@
 //! Delta-weight mode (Horovod's AdaSum default, MindSpore's
 //! `AdaSumByDeltaWeightWrapCell`): a local step from `p0`, then the weight
 //! changes `p0 - p` combined bucket by bucket by the bucket's strategy (the
-//! [`super::Combiner`]), then `p = p0 - combined`.
+//! [`super::Strategy`]), then `p = p0 - combined`.
 
 use super::local_step::{LocalUpdate, copy_into};
-use super::strategy::BucketView;
 use super::{DistOpt, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
+use gradwire_algos::BucketView;
 use gradwire_algos::FaultKind;
 use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;

@@ -58,7 +58,7 @@ mod partial;
 mod registry;
 mod spec;
 mod state;
-pub mod strategy;
+mod strategies;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -68,6 +68,7 @@ use gradient::StepScratch;
 use gradwire_algos::FaultKind;
 use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::DimReduce;
+pub use gradwire_algos::{BucketView, Combined, StateDict, Strategy};
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
@@ -78,8 +79,7 @@ pub use spec::ParamSpec;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use strategy::SharedCombiner;
-pub use strategy::{BucketView, Combined, Combiner};
+use strategies::SharedStrategy;
 
 /// A fault this rank found during the current step, not yet known to the
 /// others: the next collective of the step carries it.
@@ -113,7 +113,7 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Each bucket's strategy, with its state (taken by the bucket's job
     /// while it runs, given back with its result; one lost with a failed
     /// job is made afresh).
-    strategies: Vec<Option<Box<dyn Combiner<C>>>>,
+    strategies: Vec<Option<Box<dyn Strategy<C>>>>,
     /// `true` for as many parameters as the largest bucket holds (the
     /// written flags of a bucket whose parameters all take part).
     all_written: Vec<bool>,
@@ -129,9 +129,9 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
-    /// The combiner of `StrategyConfig::AdaSum`, `Custom` and `DeltaWeight`, shared by
-    /// the buckets' strategies.
-    combiner: Option<SharedCombiner<C>>,
+    /// The strategy of `StrategyConfig::AdaSum`, `Custom` and
+    /// `DeltaWeight`, shared by the buckets.
+    shared: Option<SharedStrategy<C>>,
     /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
     dimreduce: Option<DimReduce>,
     /// What the local-step modes and `finish`'s targets reuse.
@@ -147,7 +147,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// The strategy is `config.strategy`; AdaSum's (`AdaSum`,
     /// `DeltaWeight`) is prepared here, on every rank alike (it splits the
     /// communicator). A [`StrategyConfig::Custom`] strategy needs
-    /// [`DistOpt::with_combiner`].
+    /// [`DistOpt::with_strategy`].
     pub fn new(
         optimizer: O,
         comm: C,
@@ -157,18 +157,23 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Self::build(optimizer, comm, params, config, None)
     }
 
-    /// [`DistOpt::new`] with `combiner` for `StrategyConfig::Custom`
+    /// [`DistOpt::new`] with `strategy` for `StrategyConfig::Custom`
     /// (buckets of gradients) or in place of AdaSum in
     /// `StrategyConfig::DeltaWeight` (buckets of weight changes).
-    pub fn with_combiner(
+    pub fn with_strategy(
         optimizer: O,
         comm: C,
         params: Vec<ParamSpec>,
         config: DistOptConfig,
-        combiner: impl Combiner<C>,
+        strategy: impl Strategy<C>,
     ) -> Result<Self> {
-        let combiner = SharedCombiner::new(combiner);
-        Self::build(optimizer, comm, params, config, Some(combiner))
+        Self::build(
+            optimizer,
+            comm,
+            params,
+            config,
+            Some(SharedStrategy::new(strategy)),
+        )
     }
 
     fn build(
@@ -176,7 +181,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         comm: C,
         params: Vec<ParamSpec>,
         config: DistOptConfig,
-        combiner: Option<SharedCombiner<C>>,
+        shared: Option<SharedStrategy<C>>,
     ) -> Result<Self> {
         let mut index = HashMap::new();
         for (i, p) in params.iter().enumerate() {
@@ -215,10 +220,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             .map(|b| Arc::from(&lens[b.clone()]))
             .collect();
         let buffers = buckets.iter().map(|_| BucketBuffers::default()).collect();
-        let combiner = match (combiner, config.strategy) {
-            (Some(combiner), _) => Some(combiner),
+        let shared = match (shared, config.strategy) {
+            (Some(shared), _) => Some(shared),
             (None, StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group }) => {
-                Some(SharedCombiner::new(match group {
+                Some(SharedStrategy::new(match group {
                     Some(group) => AdaSum::hierarchical(&comm, group)?,
                     None => AdaSum::new(&comm)?,
                 }))
@@ -244,7 +249,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             all_written: vec![true; bucket_lens.iter().map(|b| b.len()).max().unwrap_or(0)],
             bucket_lens,
             partial_counter: 0,
-            combiner,
+            shared,
             dimreduce: None,
             local: local_step::LocalScratch::default(),
             dimreduce_scratch: dimreduce::DimReduceScratch::default(),
@@ -253,15 +258,15 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 
     /// Bucket `b`'s strategy, taken (made from the mode if it has none: at
     /// the first step, or after its job was lost).
-    pub(super) fn take_strategy(&mut self, b: usize) -> Box<dyn Combiner<C>> {
+    pub(super) fn take_strategy(&mut self, b: usize) -> Box<dyn Strategy<C>> {
         self.strategies[b].take().unwrap_or_else(|| {
             let len = self.bucket_lens[b].iter().sum();
-            strategy::for_bucket(self.config.strategy, len, self.combiner.as_ref())
+            strategies::for_bucket(self.config.strategy, len, self.shared.as_ref())
         })
     }
 
     /// Bucket `b`'s strategy, made if it has none.
-    pub(super) fn strategy_mut(&mut self, b: usize) -> &mut Box<dyn Combiner<C>> {
+    pub(super) fn strategy_mut(&mut self, b: usize) -> &mut Box<dyn Strategy<C>> {
         let strategy = self.take_strategy(b);
         self.strategies[b].insert(strategy)
     }

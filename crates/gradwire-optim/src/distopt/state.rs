@@ -2,7 +2,7 @@
 //! (error-feedback residuals), the partial counter and DimReduce's state in
 //! one [`Checkpoint`].
 
-use super::{DistOpt, strategy};
+use super::{DistOpt, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -12,7 +12,7 @@ use gradwire_tensor::Tensor;
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// DistOpt's whole state: the optimizer's, each bucket's strategy's
-    /// ([`super::Combiner::save_state`]: sparse mode's residuals as tensors
+    /// ([`super::Strategy::save_state`]: sparse mode's residuals as tensors
     /// `residual/<bucket>`), partial mode's counter (value
     /// `partial_counter`) and DimReduce's state (`dimreduce/momentum`, and
     /// values `dimreduce/b`, `g_last`, `s`, `initialized`; the components
@@ -24,35 +24,43 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             // A bucket with no strategy yet (or since its job was lost)
             // has the state a fresh one has: a fresh one saves it.
             match strategy {
-                Some(strategy) => strategy.save_state(b, &mut ckpt)?,
-                None => strategy::for_bucket(
+                Some(strategy) => strategy.save_state(b, &mut ckpt.state)?,
+                None => strategies::for_bucket(
                     self.config.strategy,
                     self.bucket_lens[b].iter().sum(),
-                    self.combiner.as_ref(),
+                    self.shared.as_ref(),
                 )
-                .save_state(b, &mut ckpt)?,
+                .save_state(b, &mut ckpt.state)?,
             }
         }
-        ckpt.values
+        ckpt.state
+            .values
             .insert("partial_counter".into(), self.partial_counter.into());
         for (key, value) in self.configuration() {
-            ckpt.values.insert(key.into(), value);
+            ckpt.state.values.insert(key.into(), value);
         }
-        ckpt.values
+        ckpt.state
+            .values
             .insert("buckets".into(), (self.buckets.len() as u64).into());
         if let Some(dimreduce) = &self.dimreduce {
             let state = dimreduce.state();
             let n = state.momentum.len();
-            ckpt.tensors.insert(
+            ckpt.state.tensors.insert(
                 "dimreduce/momentum".into(),
                 Tensor::from_vec(state.momentum, n)?,
             );
             // f64 values, exact through JSON (serde_json's float_roundtrip).
-            ckpt.values.insert("dimreduce/b".into(), state.b.into());
-            ckpt.values
+            ckpt.state
+                .values
+                .insert("dimreduce/b".into(), state.b.into());
+            ckpt.state
+                .values
                 .insert("dimreduce/g_last".into(), state.g_last.into());
-            ckpt.values.insert("dimreduce/s".into(), state.s.into());
-            ckpt.values
+            ckpt.state
+                .values
+                .insert("dimreduce/s".into(), state.s.into());
+            ckpt.state
+                .values
                 .insert("dimreduce/initialized".into(), state.initialized.into());
         }
         Ok(ckpt)
@@ -94,7 +102,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         // The configuration it was saved with (absent in checkpoints of
         // earlier versions, which are checked by their contents alone).
         for (key, value) in self.configuration() {
-            if let Some(saved) = ckpt.values.get(key)
+            if let Some(saved) = ckpt.state.values.get(key)
                 && *saved != value
             {
                 return Err(mismatch(format!(
@@ -102,7 +110,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 )));
             }
         }
-        let buckets = ckpt.values.get("buckets").and_then(|v| v.as_u64());
+        let buckets = ckpt.state.values.get("buckets").and_then(|v| v.as_u64());
         if buckets != Some(self.buckets.len() as u64) {
             return Err(mismatch(format!(
                 "the checkpoint has {buckets:?} buckets, this DistOpt {}",
@@ -110,15 +118,16 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             )));
         }
         let counter = ckpt
+            .state
             .values
             .get("partial_counter")
             .and_then(|v| v.as_u64())
             .ok_or_else(|| mismatch("no partial_counter".into()))?;
         // Checked, every bucket, before anything changes.
         for b in 0..self.buckets.len() {
-            self.strategy_mut(b).load_state(b, ckpt, false)?;
+            self.strategy_mut(b).load_state(b, &ckpt.state, false)?;
         }
-        let dimreduce = match (&self.dimreduce, ckpt.values.get("dimreduce/b")) {
+        let dimreduce = match (&self.dimreduce, ckpt.state.values.get("dimreduce/b")) {
             (None, None) => None,
             (Some(_), Some(_)) => Some(dimreduce_state(ckpt)?),
             (None, Some(_)) => {
@@ -146,7 +155,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             self.dimreduce = dimreduce;
         }
         for b in 0..self.buckets.len() {
-            self.strategy_mut(b).load_state(b, ckpt, true)?;
+            self.strategy_mut(b).load_state(b, &ckpt.state, true)?;
         }
         self.partial_counter = counter;
         Ok(())
@@ -157,7 +166,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
     let mismatch = |what: &str| OptimError::StateMismatch(format!("DimReduce: {what}"));
     let floats = |key: &str| -> Result<Vec<f64>> {
-        ckpt.values
+        ckpt.state
+            .values
             .get(key)
             .and_then(|v| v.as_array())
             .ok_or_else(|| mismatch(&format!("no {key}")))?
@@ -173,11 +183,13 @@ fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
         g_last: floats("dimreduce/g_last")?,
         s: floats("dimreduce/s")?,
         initialized: ckpt
+            .state
             .values
             .get("dimreduce/initialized")
             .and_then(|v| v.as_bool())
             .ok_or_else(|| mismatch("no dimreduce/initialized"))?,
         momentum: ckpt
+            .state
             .tensors
             .get("dimreduce/momentum")
             .ok_or_else(|| mismatch("no dimreduce/momentum"))?

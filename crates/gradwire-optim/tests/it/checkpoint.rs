@@ -10,7 +10,7 @@ use gradwire_optim::checkpoint::{
     self, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Checkpoint, from_bytes, load, save,
     save_bytes_with, to_bytes,
 };
-use gradwire_optim::{OptimError, OptimizerState, ParamState};
+use gradwire_optim::{OptimError, OptimizerState, ParamState, StateDict};
 use gradwire_tensor::{Tensor, bf16, f16};
 use proptest::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -124,8 +124,7 @@ fn rich() -> Checkpoint {
     );
     Checkpoint {
         optimizer,
-        tensors,
-        values,
+        state: StateDict { tensors, values },
     }
 }
 
@@ -144,11 +143,11 @@ fn small() -> Checkpoint {
         overrides: BTreeMap::from([("b".to_owned(), json!({"lr": 0.25}))]),
         params,
     });
-    ckpt.tensors.insert(
+    ckpt.state.tensors.insert(
         "r".to_owned(),
         Tensor::from_vec(vec![f16::from_f32(0.5), f16::from_f32(-1.0)], [2]).unwrap(),
     );
-    ckpt.values.insert("counter".to_owned(), json!(2));
+    ckpt.state.values.insert("counter".to_owned(), json!(2));
     ckpt
 }
 
@@ -196,18 +195,18 @@ fn round_trip_is_bitwise() {
     assert_eq!(m[1].to_bits(), 0xffa0_0001);
     assert_eq!(m[2].to_bits(), 0x8000_0000);
     assert_eq!(m[5].to_bits(), 1);
-    let r = back.tensors["residual/γ"].as_slice::<f16>().unwrap();
+    let r = back.state.tensors["residual/γ"].as_slice::<f16>().unwrap();
     assert_eq!(r[1].to_bits(), f16::NAN.to_bits());
     assert_eq!(r[2].to_bits(), 0x8001);
-    let b = &back.tensors["bf"];
+    let b = &back.state.tensors["bf"];
     assert_eq!(b.dims(), &[2, 2]);
     assert_eq!(b.as_slice::<bf16>().unwrap()[1].to_bits(), 0x7fc1);
-    assert_eq!(back.tensors["empty"].dims(), &[0]);
+    assert_eq!(back.state.tensors["empty"].dims(), &[0]);
     assert_eq!(back.optimizer.params["empty"].shape, vec![0, 7]);
     assert_eq!(back.optimizer.params["scalar"].shape, Vec::<usize>::new());
     assert!(back.optimizer.params["no buffers"].buffers.is_empty());
     assert_eq!(back.optimizer.params["блок/γ/bias 😀"].updates, u64::MAX);
-    assert_eq!(back.values["nested/thing"]["b"], json!(u64::MAX));
+    assert_eq!(back.state.values["nested/thing"]["b"], json!(u64::MAX));
 }
 
 #[test]
@@ -215,9 +214,12 @@ fn zeroed_extra_tensor_saves_as_zeros() {
     let mut ckpt = small();
     let mut t = Tensor::from_vec(vec![1.0f32, 2.0], [2]).unwrap();
     t.zero_();
-    ckpt.tensors.insert("z".to_owned(), t);
+    ckpt.state.tensors.insert("z".to_owned(), t);
     let back = from_bytes(&to_bytes(&ckpt).unwrap()).unwrap();
-    assert_eq!(back.tensors["z"].to_vec::<f32>().unwrap(), vec![0.0, 0.0]);
+    assert_eq!(
+        back.state.tensors["z"].to_vec::<f32>().unwrap(),
+        vec![0.0, 0.0]
+    );
 }
 
 #[test]
@@ -253,7 +255,7 @@ fn equality_is_bitwise() {
     // Extra tensors: bits, dtype and dims all count.
     let t = |t: Tensor| {
         let mut c = small();
-        c.tensors.insert("r".to_owned(), t);
+        c.state.tensors.insert("r".to_owned(), t);
         c
     };
     let h = |v: f32| f16::from_f32(v);
@@ -275,7 +277,7 @@ fn equality_is_bitwise() {
     );
     // Values, step, updates, shapes.
     let mut c = small();
-    c.values.insert("counter".to_owned(), json!(3));
+    c.state.values.insert("counter".to_owned(), json!(3));
     assert_ne!(small(), c);
     let mut c = small();
     c.optimizer.step += 1;
@@ -786,7 +788,7 @@ fn config_floats_round_trip_bitwise() {
         f64::MAX,
     ];
     c.optimizer.config = json!({ "lr": awkward });
-    c.values.insert("x".to_owned(), json!(awkward));
+    c.state.values.insert("x".to_owned(), json!(awkward));
     let back = from_bytes(&to_bytes(&c).unwrap()).unwrap();
     for (i, &x) in awkward.iter().enumerate() {
         assert_eq!(

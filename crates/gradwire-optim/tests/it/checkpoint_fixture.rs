@@ -96,7 +96,7 @@ fn make(mode: StrategyConfig, comm: LocalComm) -> Result<DistOpt<Sgd, LocalComm>
         ..DistOptConfig::default()
     };
     // AdaSum (adasum-delta) is prepared by DistOpt from the registry; the
-    // fixtures were written with one given to `with_combiner`.
+    // fixtures were written with one given to `with_strategy`.
     DistOpt::new(sgd, comm, specs(), config)
 }
 

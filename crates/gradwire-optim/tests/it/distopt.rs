@@ -568,29 +568,29 @@ fn partial_with_identical_gradients_equals_local_training() {
     assert_eq!(bits(&got), bits(&want));
 }
 
-/// Trains like [`train_on`] but with a combiner made on each rank's communicator.
-fn train_with_combiner<K: gradwire_optim::Combiner<LocalComm>>(
+/// Trains like [`train_on`] but with a strategy made on each rank's communicator.
+fn train_with_strategy<K: gradwire_optim::Strategy<LocalComm>>(
     world: usize,
     steps: usize,
     mode: StrategyConfig,
     whole_batch: bool,
-    combiner: impl Fn(&LocalComm) -> K + Sync,
+    strategy: impl Fn(&LocalComm) -> K + Sync,
 ) -> Vec<Vec<f32>> {
     train_with(world, steps, whole_batch, |comm| {
-        let k = combiner(&comm);
+        let k = strategy(&comm);
         let config = DistOptConfig {
             strategy: mode,
             ..small_buckets()
         };
         let sgd = Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
-        DistOpt::with_combiner(sgd, comm, specs(), config, k)
+        DistOpt::with_strategy(sgd, comm, specs(), config, k)
     })
 }
 
-/// A combiner of our own: the plain sum, to show the hook is the whole story.
+/// A strategy of our own: the plain sum, to show the hook is the whole story.
 struct PlainSum;
 
-impl gradwire_optim::Combiner<LocalComm> for PlainSum {
+impl gradwire_optim::Strategy<LocalComm> for PlainSum {
     fn combine(
         &mut self,
         comm: &LocalComm,
@@ -614,7 +614,7 @@ impl gradwire_optim::Combiner<LocalComm> for PlainSum {
 fn a_custom_combiner_plugs_in_without_changing_distopt() {
     let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
     let dense = train_distributed(3, 4, small_buckets(), &sgd);
-    let custom = train_with_combiner(3, 4, StrategyConfig::Custom, false, |_| PlainSum);
+    let custom = train_with_strategy(3, 4, StrategyConfig::Custom, false, |_| PlainSum);
     assert_eq!(bits(&custom), bits(&dense));
 }
 
@@ -632,12 +632,12 @@ fn adasum_by_gradient_and_by_delta_weight_through_distopt() {
             StrategyConfig::Custom,
             StrategyConfig::DeltaWeight { group: None },
         ] {
-            let got = train_with_combiner(world, 4, mode, true, |c| AdaSum::new(c).unwrap());
+            let got = train_with_strategy(world, 4, mode, true, |c| AdaSum::new(c).unwrap());
             let diff = max_diff(&got, &local_training);
             assert!(diff <= 1e-5, "{mode:?}, world {world}: {diff}");
         }
         // Different shards: the ranks still agree (checked inside) and train.
-        let sharded = train_with_combiner(
+        let sharded = train_with_strategy(
             world,
             4,
             StrategyConfig::DeltaWeight { group: None },
@@ -674,7 +674,7 @@ fn the_registry_prepares_adasum_as_a_given_combiner_does() {
                     ..small_buckets()
                 };
                 let got = train_distributed(world, 3, config, &sgd);
-                let want = train_with_combiner(world, 3, given, false, prepared);
+                let want = train_with_strategy(world, 3, given, false, prepared);
                 assert_eq!(bits(&got), bits(&want), "{built}, W = {world}");
             }
         }

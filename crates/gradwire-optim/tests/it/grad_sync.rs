@@ -107,7 +107,7 @@ fn through_distopt(comm: LocalComm, mode: StrategyConfig) -> Result<Seen> {
     let mut dist = match mode {
         StrategyConfig::Custom => {
             let adasum = AdaSum::new(&comm)?;
-            DistOpt::with_combiner(
+            DistOpt::with_strategy(
                 Recorder::default(),
                 comm,
                 specs.clone(),
@@ -149,7 +149,7 @@ fn through_gradsync(comm: LocalComm, mode: StrategyConfig) -> Result<Seen> {
     let mut sync = match mode {
         StrategyConfig::Custom => {
             let adasum = AdaSum::new(&comm)?;
-            GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
+            GradSync::with_strategy(comm, specs.clone(), config(mode), adasum)?
         }
         _ => GradSync::new(comm, specs.clone(), config(mode))?,
     };
@@ -357,7 +357,7 @@ fn modes_it_cannot_run_are_refused() {
         StrategyConfig::Partial {
             average_state: true,
         },
-        // A user's combiner without a combiner (AdaSum's strategies,
+        // A user's strategy without a strategy (AdaSum's strategies,
         // `AdaSum` and `DeltaWeight`, are prepared by DistOpt).
         StrategyConfig::Custom,
     ] {

@@ -59,7 +59,7 @@ fn through_distopt(comm: LocalComm, mode: StrategyConfig) -> Result<Vec<Vec<f32>
     let mut dist = match mode {
         StrategyConfig::DeltaWeight { group: None } => {
             let adasum = AdaSum::new(&comm)?;
-            DistOpt::with_combiner(sgd(), comm, specs.clone(), config(mode), adasum)?
+            DistOpt::with_strategy(sgd(), comm, specs.clone(), config(mode), adasum)?
         }
         _ => DistOpt::new(sgd(), comm, specs.clone(), config(mode))?,
     };
@@ -94,7 +94,7 @@ fn through_grad_sync(
     let mut sync = match mode {
         StrategyConfig::DeltaWeight { group: None } => {
             let adasum = AdaSum::new(&comm)?;
-            GradSync::with_combiner(comm, specs.clone(), config(mode), adasum)?
+            GradSync::with_strategy(comm, specs.clone(), config(mode), adasum)?
         }
         _ => GradSync::new(comm, specs.clone(), config(mode))?,
     };
@@ -242,7 +242,7 @@ fn a_wrong_buffer_on_one_rank_fails_the_step_on_every_rank() {
             let mut sync = match mode {
                 StrategyConfig::DeltaWeight { group: None } => {
                     let adasum = AdaSum::new(&comm)?;
-                    GradSync::with_combiner(comm, specs(), config(mode), adasum)?
+                    GradSync::with_strategy(comm, specs(), config(mode), adasum)?
                 }
                 _ => GradSync::new(comm, specs(), config(mode))?,
             };

@@ -2,7 +2,7 @@
 //! strategy and its settings. It parses and prints itself (the names the
 //! CLI takes: `topk:0.01`, `powersgd:4:start=1`, `adasum-delta:group=2`),
 //! validates itself, is built by DistOpt into each bucket's
-//! [`Combiner`](super::Combiner), tells the cost model what it sends
+//! [`Strategy`](super::Strategy), tells the cost model what it sends
 //! ([`StrategyConfig::cost_spec`]) and lists example configurations
 //! ([`StrategyConfig::examples`]) that the CLI, the cost model, the fault
 //! matrix and the benches walk. Adding a strategy is its module, a variant
@@ -12,7 +12,7 @@
 //! The printed form is `name[:value][:key=value|:flag]...`: a setting is
 //! printed only when it differs from the default the parser fills in, so
 //! `s.to_string().parse() == Ok(s)` for every value but
-//! [`StrategyConfig::Custom`] (a user's own combiner, which has no name to
+//! [`StrategyConfig::Custom`] (a user's own strategy, which has no name to
 //! parse).
 
 use gradwire_algos::cost::StrategySpec;
@@ -93,8 +93,8 @@ pub enum StrategyConfig {
         /// Ranks per group of the hierarchical form.
         group: Option<usize>,
     },
-    /// Each bucket combined by the [`Combiner`](super::Combiner) given to
-    /// [`DistOpt::with_combiner`](super::DistOpt::with_combiner): a
+    /// Each bucket combined by the [`Strategy`](super::Strategy) given to
+    /// [`DistOpt::with_strategy`](super::DistOpt::with_strategy): a
     /// strategy of your own. It has no printed name to parse.
     Custom,
     /// `adasum-delta`: weight changes combined instead of gradients
@@ -102,8 +102,8 @@ pub enum StrategyConfig {
     /// `AdaSumByDeltaWeightWrapCell`): save `p0`, step the optimizer
     /// locally with this rank's gradient, `delta = p0 - p`, combine the
     /// deltas bucket by bucket with AdaSum (`group` as in
-    /// [`StrategyConfig::AdaSum`]) or the combiner given to
-    /// [`DistOpt::with_combiner`](super::DistOpt::with_combiner), `p = p0 -
+    /// [`StrategyConfig::AdaSum`]) or the strategy given to
+    /// [`DistOpt::with_strategy`](super::DistOpt::with_strategy), `p = p0 -
     /// combined`.
     DeltaWeight {
         /// Ranks per group of AdaSum's hierarchical form.
@@ -236,7 +236,7 @@ pub const REGISTRY: [StrategyConfig; 16] = [
 ];
 
 impl StrategyConfig {
-    /// The registry name (`custom` for a user's own combiner).
+    /// The registry name (`custom` for a user's own strategy).
     pub fn name(&self) -> &'static str {
         match self {
             StrategyConfig::Dense => "dense",
@@ -451,7 +451,7 @@ impl StrategyConfig {
     /// as the model assumes them. `None` where the model has no form for
     /// it yet: a threshold's count depends on the data, the local-step
     /// strategies (`partial`, `adasum-delta`) send parameters, and a user's
-    /// own combiner is unknown to it.
+    /// own strategy is unknown to it.
     pub fn cost_spec(
         &self,
         sampled_overshoot: f64,

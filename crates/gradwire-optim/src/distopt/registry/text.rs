@@ -260,7 +260,7 @@ impl StrategyConfig {
             StrategyConfig::Quantized { .. } => "onebit|uint8[:momentum=M][:ef|:no-ef]",
             StrategyConfig::OneBitAdam { .. } => "onebit-adam[:freeze=STEP][:beta1=B]",
             StrategyConfig::AdaSum { .. } => "adasum-grad[:group=G]",
-            StrategyConfig::Custom => "custom (DistOpt::with_combiner; not parsed)",
+            StrategyConfig::Custom => "custom (DistOpt::with_strategy; not parsed)",
             StrategyConfig::DeltaWeight { .. } => "adasum-delta[:group=G]",
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",

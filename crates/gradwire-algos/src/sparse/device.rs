@@ -11,9 +11,10 @@
 //! each way, only in such steps).
 
 use super::SparseSelect;
-use crate::distopt::strategy::{BucketView, Combined};
-use gradwire_algos::fault::{fail, prepare};
-use gradwire_algos::{AlgoError, sparse_exchange_on_device};
+use crate::device::sparse_exchange_on_device;
+use crate::error::{AlgoError, Result};
+use crate::fault::{fail, prepare};
+use crate::strategy::{BucketView, Combined};
 use gradwire_comm::Communicator;
 use gradwire_compress::cuda::CudaErrorFeedback;
 use gradwire_compress::{ErrorFeedback, SparseCodec};
@@ -23,7 +24,7 @@ use std::ops::Range;
 /// The device residual of a sparse bucket, and its copy from before the
 /// current step (put back when the step fails or is skipped).
 #[derive(Debug, Default)]
-pub(in crate::distopt) struct DeviceResidual {
+pub(super) struct DeviceResidual {
     memory: Option<CudaErrorFeedback>,
     before: Option<CudaErrorFeedback>,
     taken: bool,
@@ -32,11 +33,7 @@ pub(in crate::distopt) struct DeviceResidual {
 impl DeviceResidual {
     /// The memory on device `ordinal`, moved there from `host` unless it
     /// already is.
-    fn ensure(
-        &mut self,
-        host: &ErrorFeedback,
-        ordinal: usize,
-    ) -> gradwire_algos::Result<&mut CudaErrorFeedback> {
+    fn ensure(&mut self, host: &ErrorFeedback, ordinal: usize) -> Result<&mut CudaErrorFeedback> {
         let fits = self
             .memory
             .as_ref()
@@ -50,7 +47,7 @@ impl DeviceResidual {
     }
 
     /// The step is over: the memory goes back to its copy unless `kept`.
-    pub(in crate::distopt) fn end_step(&mut self, kept: bool) {
+    pub(super) fn end_step(&mut self, kept: bool) {
         if std::mem::take(&mut self.taken) && !kept {
             self.memory = self.before.take();
         }
@@ -58,19 +55,16 @@ impl DeviceResidual {
 
     /// The memory copied to the host, when it lives on a device (for a
     /// checkpoint).
-    pub(in crate::distopt) fn host_copy(&self) -> crate::Result<Option<ErrorFeedback>> {
+    pub(super) fn host_copy(&self) -> Result<Option<ErrorFeedback>> {
         let Some(memory) = &self.memory else {
             return Ok(None);
         };
-        let state = memory.state().map_err(AlgoError::from)?;
-        Ok(Some(
-            ErrorFeedback::from_state(state).map_err(AlgoError::from)?,
-        ))
+        Ok(Some(ErrorFeedback::from_state(memory.state()?)?))
     }
 
     /// Forgets the device memory: the host residual was restored from a
     /// checkpoint and is the memory again.
-    pub(in crate::distopt) fn forget(&mut self) {
+    pub(super) fn forget(&mut self) {
         *self = DeviceResidual::default();
     }
 }
@@ -80,7 +74,7 @@ fn load_parts(
     whole: &CudaErrorFeedback,
     ranges: &[Range<usize>],
     ordinal: usize,
-) -> gradwire_algos::Result<CudaErrorFeedback> {
+) -> Result<CudaErrorFeedback> {
     let host = ErrorFeedback::from_state(whole.state()?)?;
     let mut sub = ErrorFeedback::new(0);
     sub.load_parts(&host, ranges)?;
@@ -93,7 +87,7 @@ fn store_parts(
     whole: &mut CudaErrorFeedback,
     ranges: &[Range<usize>],
     ordinal: usize,
-) -> gradwire_algos::Result<()> {
+) -> Result<()> {
     let mut host = ErrorFeedback::from_state(whole.state()?)?;
     ErrorFeedback::from_state(sub.state()?)?.store_parts(&mut host, ranges)?;
     *whole = CudaErrorFeedback::from_state(host.state(), ordinal)?;
@@ -101,7 +95,7 @@ fn store_parts(
 }
 
 impl SparseSelect {
-    /// [`super::Combiner::combine`] for a bucket of CUDA tensors on device
+    /// [`crate::Strategy::combine`] for a bucket of CUDA tensors on device
     /// `ordinal`.
     pub(super) fn combine_on_device<C: Communicator>(
         &mut self,
@@ -110,7 +104,7 @@ impl SparseSelect {
         tensors: &mut [Tensor],
         codec: &SparseCodec,
         ordinal: usize,
-    ) -> gradwire_algos::Result<Combined> {
+    ) -> Result<Combined> {
         let Some(host) = self.residual.as_ref() else {
             let traffic = sparse_exchange_on_device(comm, tensors, codec, None, &mut self.fusion)?;
             return Ok(Combined {
@@ -134,13 +128,7 @@ impl SparseSelect {
             // Only the written parameters take part: their part of the
             // residual goes through the step, the rest stays as it is.
             let mut ranges = Vec::new();
-            let mut offset = 0;
-            for (&n, &w) in bucket.lens.iter().zip(bucket.written) {
-                if w {
-                    ranges.push(offset..offset + n);
-                }
-                offset += n;
-            }
+            bucket.written_ranges(&mut ranges);
             let mut sub = prepare(comm, || load_parts(memory, &ranges, ordinal))?;
             let traffic =
                 sparse_exchange_on_device(comm, tensors, codec, Some(&mut sub), &mut self.fusion)?;

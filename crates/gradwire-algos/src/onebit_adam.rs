@@ -1,44 +1,46 @@
-//! 1-bit Adam's exchange (Tang et al., ICML 2021): dense gradient averages
-//! during the warm-up, tracking Adam's first moment as the optimizer does;
-//! from `freeze_step` on, each rank's moment with its own gradient folded
-//! in, averaged through the 1-bit all-reduce with error feedback on both
-//! sides ([`gradwire_algos::quantized`]); every rank continues from the
-//! average. State (the moment, both residuals) is put back by a failed or
-//! skipped step.
+//! 1-bit Adam's exchange (Tang et al., ICML 2021) as a bucket's
+//! [`Strategy`]: dense gradient averages during the warm-up, tracking
+//! Adam's first moment as the optimizer does; from `freeze_step` on, each
+//! rank's moment with its own gradient folded in, averaged through the
+//! 1-bit all-reduce with error feedback on both sides
+//! ([`crate::quantized`]); every rank continues from the average. State
+//! (the moment, both residuals) is put back by a failed or skipped step.
 
-use super::quantized::{QuantizedAverage, written_ranges};
-use super::{BucketView, Combined, Combiner};
-use crate::checkpoint::Checkpoint;
-use crate::error::Result;
-use gradwire_algos::fault::prepare;
-use gradwire_algos::quantized::QuantizedAllReduce;
-use gradwire_algos::{AlgoError, FusionBuffers, fused_all_reduce_with};
+use crate::dense::fused_all_reduce_with;
+use crate::error::{AlgoError, Result};
+use crate::fault::prepare;
+use crate::fusion::FusionBuffers;
+use crate::handle::Traffic;
+use crate::quantized::QuantizedAllReduce;
+use crate::strategy::{BucketView, Combined, StateDict, Strategy};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::Quantizer;
 use gradwire_tensor::{DType, Tensor};
 
 /// 1-bit Adam's exchange of one bucket: the warm-up here, the compressed
-/// stage, the rollback and the checkpoints those of [`QuantizedAverage`]
-/// (1-bit sign, error feedback, Adam's momentum).
+/// stage, the rollback and the checkpoints those of the
+/// [`QuantizedAllReduce`] it holds (1-bit sign, error feedback, Adam's
+/// momentum).
 #[derive(Debug)]
-pub struct OneBitAdamMomentum {
+pub struct OneBitAdamExchange {
     beta1: f32,
     freeze_step: u64,
     /// The compressed stage; its state's `momentum` is the bucket's first
     /// moment in both stages.
-    quantized: QuantizedAverage,
+    quantized: QuantizedAllReduce,
     /// The warm-up's dense buffers.
     fusion: FusionBuffers,
 }
 
-impl OneBitAdamMomentum {
+impl OneBitAdamExchange {
     /// The exchange for Adam's `beta1`, compressed from `freeze_step` on.
-    pub fn new(beta1: f32, freeze_step: u64) -> gradwire_algos::Result<Self> {
-        let inner = QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?;
-        Ok(OneBitAdamMomentum {
+    pub fn new(beta1: f32, freeze_step: u64) -> Result<Self> {
+        let quantized =
+            QuantizedAllReduce::new(Quantizer::Sign, true)?.with_adam_momentum(beta1)?;
+        Ok(OneBitAdamExchange {
             beta1,
             freeze_step,
-            quantized: QuantizedAverage::around(inner),
+            quantized,
             fusion: FusionBuffers::default(),
         })
     }
@@ -50,7 +52,7 @@ impl OneBitAdamMomentum {
         comm: &C,
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
-    ) -> gradwire_algos::Result<gradwire_algos::Traffic> {
+    ) -> Result<Traffic> {
         // Checked before the collective: the warm-up folds f32 host values.
         prepare(comm, || {
             match tensors
@@ -66,8 +68,8 @@ impl OneBitAdamMomentum {
             }
         })?;
         let q = &mut self.quantized;
-        q.before.keep(q.inner.state());
-        let full_len = written_ranges(bucket, &mut q.ranges);
+        q.before.keep(&q.state);
+        let full_len = bucket.written_ranges(&mut q.written);
         let traffic = fused_all_reduce_with(
             comm,
             tensors,
@@ -78,11 +80,12 @@ impl OneBitAdamMomentum {
         let inverse = 1.0 / comm.world_size() as f32;
         let (beta1, gain) = (self.beta1, 1.0 - self.beta1);
         // The reduction is done: what follows is alike on every rank.
-        let m = &mut q.inner.state_mut().momentum;
+        let QuantizedAllReduce { state, written, .. } = q;
+        let m = &mut state.momentum;
         if m.len() < full_len {
             m.resize(full_len, 0.0);
         }
-        for (t, r) in tensors.iter_mut().zip(&q.ranges) {
+        for (t, r) in tensors.iter_mut().zip(written.iter()) {
             t.scale(inverse)?;
             for (m, g) in m[r.clone()].iter_mut().zip(t.as_slice::<f32>()?) {
                 *m = beta1 * *m + gain * g;
@@ -92,13 +95,13 @@ impl OneBitAdamMomentum {
     }
 }
 
-impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
+impl<C: Communicator + 'static> Strategy<C> for OneBitAdamExchange {
     fn combine(
         &mut self,
         comm: &C,
         bucket: &BucketView<'_>,
         tensors: &mut [Tensor],
-    ) -> gradwire_algos::Result<Combined> {
+    ) -> Result<Combined> {
         if bucket.step >= self.freeze_step {
             return self.quantized.combine(comm, bucket, tensors);
         }
@@ -109,16 +112,16 @@ impl<C: Communicator + 'static> Combiner<C> for OneBitAdamMomentum {
     }
 
     fn end_step(&mut self, bucket: usize, kept: bool) {
-        Combiner::<C>::end_step(&mut self.quantized, bucket, kept);
+        Strategy::<C>::end_step(&mut self.quantized, bucket, kept);
     }
 
-    /// As [`QuantizedAverage`]'s (`quantized/<bucket>/...`; the moment is
+    /// As [`QuantizedAllReduce`]'s (`quantized/<bucket>/...`; the moment is
     /// `.../momentum`).
-    fn save_state(&self, bucket: usize, ckpt: &mut Checkpoint) -> Result<()> {
-        Combiner::<C>::save_state(&self.quantized, bucket, ckpt)
+    fn save_state(&self, bucket: usize, state: &mut StateDict) -> Result<()> {
+        Strategy::<C>::save_state(&self.quantized, bucket, state)
     }
 
-    fn load_state(&mut self, bucket: usize, ckpt: &Checkpoint, apply: bool) -> Result<()> {
-        Combiner::<C>::load_state(&mut self.quantized, bucket, ckpt, apply)
+    fn load_state(&mut self, bucket: usize, state: &StateDict, apply: bool) -> Result<()> {
+        Strategy::<C>::load_state(&mut self.quantized, bucket, state, apply)
     }
 }
