@@ -34,8 +34,8 @@ use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
 use gradwire_cli::Backend;
 use gradwire_comm::{
-    AsyncJob, CommError, Communicator, Element, JobSlot, LANE_LOST, LocalComm, Pending, ReduceOp,
-    chunk_range, local,
+    AsyncJob, CommError, Communicator, Element, Fault, FaultKind, JobSlot, LocalComm, Pending,
+    ReduceOp, chunk_range, local,
 };
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
@@ -1038,10 +1038,7 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
     };
     // The last rank faults while the others all-reduce, gather or wait.
     let faulty = w - 1;
-    let want = CommError::Fault {
-        rank: faulty,
-        code: 7,
-    };
+    let want = CommError::Fault(Fault::posted(faulty, FaultKind::Code(7)));
     let calls: [&dyn Fn() -> Result<(), CommError>; 3] = [
         &|| comm.all_reduce(&mut [1f32; 5], ReduceOp::Sum),
         &|| comm.all_gather_varied(&vec![2u8; rank + 1]).map(|_| ()),
@@ -1049,7 +1046,7 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
     ];
     for (i, call) in calls.iter().enumerate() {
         let got = if rank == faulty {
-            Err(comm.post_fault(7))
+            Err(comm.post_fault(FaultKind::Code(7)))
         } else {
             call()
         };
@@ -1058,7 +1055,7 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
     }
     // Several ranks fault at once: the lowest one is named, with its code.
     let got = if rank % 2 == 1 || w == 1 {
-        Err(comm.post_fault(100 + rank as u32))
+        Err(comm.post_fault(FaultKind::Code(100 + rank as u32)))
     } else {
         comm.all_reduce(&mut [0f64; 3], ReduceOp::Max)
     };
@@ -1067,14 +1064,11 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
         checks,
         "faults on several ranks",
         got,
-        CommError::Fault {
-            rank: first,
-            code: 100 + first as u32,
-        },
+        CommError::Fault(Fault::posted(first, FaultKind::Code(100 + first as u32))),
     );
     // On the asynchronous lane too.
     let got = if rank == faulty {
-        comm.run_async(move |comm| Err::<(), _>(comm.post_fault(3)))?
+        comm.run_async(move |comm| Err::<(), _>(comm.post_fault(FaultKind::Code(300))))?
             .wait()
     } else {
         comm.all_reduce_async(vec![1f32; 4], ReduceOp::Sum)?
@@ -1085,10 +1079,7 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
         checks,
         "an asynchronous fault",
         got,
-        CommError::Fault {
-            rank: faulty,
-            code: 3,
-        },
+        CommError::Fault(Fault::posted(faulty, FaultKind::Code(300))),
     );
     let pending = comm.all_reduce_async(vec![1f32; 2], ReduceOp::Sum)?;
     let sum = pending.wait()?;
@@ -1124,7 +1115,7 @@ fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Res
 /// A job that panics on one rank loses the asynchronous lane of every rank,
 /// promptly (the backends' deadlines are minutes): its own handle is
 /// `RankPanicked`; a peer's job waiting in (or later reaching) a collective
-/// of the lane fails with `Fault { rank, code: LANE_LOST }`; every later job
+/// of the lane fails with `Fault` of kind `LaneLost`; every later job
 /// fails at once without running; the blocking lane goes on. Every rank in
 /// turn panics before, between and after the job's two collectives, each
 /// time on a fresh lane (a split of the whole group has its own); then a
@@ -1154,7 +1145,7 @@ impl<C: Communicator> AsyncJob<C> for SumJob {
 /// `run_job` through one slot, reused: every result right (waited, polled,
 /// or after a handle dropped unwaited, which leaves the slot to a new
 /// cell); a job that panics on one rank fails as `run_async`'s does (its
-/// own handle `RankPanicked`, the others `LANE_LOST`) and later jobs fail
+/// own handle `RankPanicked`, the others a `LaneLost` fault) and later jobs fail
 /// at once.
 fn reused_job_slots<C: Communicator + 'static>(
     comm: &C,
@@ -1210,10 +1201,7 @@ fn reused_job_slots<C: Communicator + 'static>(
             },
         )
         .and_then(Pending::wait);
-    let lost = CommError::Fault {
-        rank: panicker,
-        code: LANE_LOST,
-    };
+    let lost = CommError::lane_lost(panicker);
     if rank == panicker {
         checks.check(
             matches!(&failed, Err(CommError::RankPanicked { rank: r, .. }) if *r == rank),
@@ -1291,10 +1279,7 @@ fn panicking_async_job<C: Communicator + 'static>(
             })
             .and_then(Pending::wait);
         let third_took = asked.elapsed();
-        let lost = CommError::Fault {
-            rank: panicker,
-            code: LANE_LOST,
-        };
+        let lost = CommError::lane_lost(panicker);
         if rank == panicker {
             checks.check(
                 matches!(&first, Err(CommError::RankPanicked { rank: r, message })
@@ -1344,10 +1329,7 @@ fn panicking_async_job<C: Communicator + 'static>(
         let ok = if lane.rank() == 0 {
             matches!(got, Err(CommError::RankPanicked { rank: 0, .. }))
         } else {
-            got == Err(CommError::Fault {
-                rank: 0,
-                code: LANE_LOST,
-            })
+            got == Err(CommError::lane_lost(0))
         };
         checks.check(ok && took < PROMPT, || {
             format!("recv from a rank whose job panicked, after {took:?}: {got:?}")

@@ -30,7 +30,7 @@
 //! Without MPI (`mpirun` not on the PATH) it prints a loud SKIP and passes;
 //! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
 
-use gradwire_comm::{CommError, Communicator, MpiComm, MpiConfig, ReduceOp};
+use gradwire_comm::{CommError, Communicator, Fault, FaultKind, MpiComm, MpiConfig, ReduceOp};
 use gradwire_tests::mpirun;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -291,16 +291,13 @@ fn library_all_reduce(failures: &mut Failures) -> Result<(), CommError> {
             || format!("all_reduce beside library_all_reduce: {got:?}"),
         );
         let got = if rank == w - 1 {
-            Err(comm.post_fault(7))
+            Err(comm.post_fault(FaultKind::Code(7)))
         } else {
             comm.library_all_reduce(&mut [1f32; 4], ReduceOp::Sum)
         };
         check(
             failures,
-            got == Err(CommError::Fault {
-                rank: w - 1,
-                code: 7,
-            }),
+            got == Err(CommError::Fault(Fault::posted(w - 1, FaultKind::Code(7)))),
             || format!("a posted fault: {got:?}"),
         );
     }

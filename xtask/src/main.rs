@@ -16,6 +16,7 @@ mod bundle;
 mod gpu;
 #[cfg(test)]
 mod tidy;
+mod workspace;
 
 use std::env;
 use std::ffi::OsStr;
@@ -60,12 +61,12 @@ Tasks:
   test [-- <args>...]  the one test command (what CI runs): ensure system packages,
                        check the toolchain, cargo fmt --check, cargo clippy -D warnings
                        (default features, then mpi + cuda + nccl), cargo check with
-                       cuda + nccl, cargo test --workspace, then cargo test --workspace
-                       with mpi + cuda + nccl (MpiComm's unit tests, the conformance
-                       suite and the MPI fault tests under mpirun with
-                       GRADWIRE_REQUIRE_MPI=1, the shaped-network run where namespaces
-                       can be made, the CUDA and NCCL suites, which SKIP without a GPU),
-                       ptxas on every PTX file (sm_70, sm_80, sm_90), cargo doc with
+                       cuda + nccl, cargo test --workspace with mpi + cuda + nccl (every
+                       test; MpiComm's unit tests, the conformance suite and the MPI
+                       fault tests under mpirun with GRADWIRE_REQUIRE_MPI=1, the
+                       shaped-network run where namespaces can be made, the CUDA and
+                       NCCL suites, which SKIP without a GPU), cargo test without
+                       features of the packages with code of their own there, ptxas on every PTX file (sm_70, sm_80, sm_90), cargo doc with
                        warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
@@ -184,19 +185,17 @@ fn test(test_args: &[String]) -> Result {
             GPU_FEATURES,
         ]))
     })?;
-    step("cargo test", || {
-        run(cargo().args(["test", "--workspace", "--"]).args(test_args))
-    })?;
-    // Every test again with every feature on, in one build: MpiComm's unit
-    // tests, the conformance suite under mpirun (W = 1..=4) and MpiComm's
-    // failure model (`mpi_faults`, which starts itself under mpirun), which
-    // must run here (GRADWIRE_REQUIRE_MPI=1: a missing MPI fails instead of
-    // skipping); the shaped-network run (two ranks in namespaces, 1 Gbit/s
-    // links, Open MPI over TCP), required wherever this process may make
-    // network namespaces and skipped loudly elsewhere (not root, a
-    // container without CAP_NET_ADMIN); and the GPU suites, which SKIP
-    // loudly without a GPU (on a GPU machine GRADWIRE_REQUIRE_GPU=1 makes a
-    // missing GPU a failure).
+    // Every test with every feature on, in one build: every package's
+    // tests (the CPU paths are the same code with the features compiled in),
+    // MpiComm's unit tests, the conformance suite under mpirun (W = 1..=4)
+    // and MpiComm's failure model (`mpi_faults`, which starts itself under
+    // mpirun), which must run here (GRADWIRE_REQUIRE_MPI=1: a missing MPI
+    // fails instead of skipping); the shaped-network run (two ranks in
+    // namespaces, 1 Gbit/s links, Open MPI over TCP), required wherever this
+    // process may make network namespaces and skipped loudly elsewhere (not
+    // root, a container without CAP_NET_ADMIN); and the GPU suites, which
+    // SKIP loudly without a GPU (on a GPU machine GRADWIRE_REQUIRE_GPU=1
+    // makes a missing GPU a failure).
     step(
         "cargo test (features mpi, cuda, nccl; MPI suites under mpirun)",
         || {
@@ -212,6 +211,24 @@ fn test(test_args: &[String]) -> Result {
                 Some(why) => println!("SKIP shaped network: {why}"),
             }
             run(&mut command)
+        },
+    )?;
+    // Then, without features, the packages whose own code differs without
+    // them (a `not(feature = ...)` cfg in `src/`: the messages of a binary
+    // built without MPI or NCCL, errors without CUDA), found by reading the
+    // code. The other packages' default build is the same code minus the
+    // features (clippy checks it above): running all their tests twice
+    // bought nothing but minutes.
+    let packages = workspace::packages_with_default_only_code(workspace_root());
+    step(
+        &format!("cargo test (default features: {})", packages.join(", ")),
+        || {
+            let mut command = cargo();
+            command.arg("test");
+            for package in &packages {
+                command.args(["-p", package]);
+            }
+            run(command.arg("--").args(test_args))
         },
     )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;

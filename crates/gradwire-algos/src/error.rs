@@ -1,6 +1,6 @@
 //! The error type of the strategies.
 
-use crate::fault::FaultKind;
+use crate::fault::{Fault, FaultKind};
 use gradwire_comm::CommError;
 use gradwire_compress::CompressError;
 
@@ -24,17 +24,12 @@ pub enum AlgoError {
     /// is loaded into (a missing entry, a wrong length or layout).
     #[error("state mismatch: {0}")]
     StateMismatch(String),
-    /// Another rank failed (see [`crate::fault`]): it posted a fault of
-    /// `kind` in place of the collective this rank was in, so this rank's
-    /// operation ends here too, at the same point of the sequence as
-    /// every other rank's.
-    #[error("rank {rank} failed: {kind}")]
-    Fault {
-        /// The lowest rank that posted a fault.
-        rank: usize,
-        /// What kind of fault it was.
-        kind: FaultKind,
-    },
+    /// A rank failed (see [`crate::fault`]): it posted a fault in place of
+    /// the collective this rank was in, so this rank's operation ends here
+    /// too, at the same point of the sequence as every other rank's. The
+    /// communicator's [`Fault`], unchanged.
+    #[error(transparent)]
+    Fault(Fault),
     /// The collective failed.
     #[error(transparent)]
     Comm(CommError),
@@ -47,14 +42,12 @@ pub enum AlgoError {
 }
 
 impl From<CommError> for AlgoError {
-    /// A [`CommError::Fault`] with one of gradwire's [`FaultKind`] codes
-    /// becomes [`AlgoError::Fault`]; anything else stays a `Comm` error.
+    /// A [`CommError::Fault`] becomes [`AlgoError::Fault`], the fault
+    /// unchanged, except a lost asynchronous lane, which poisons the
+    /// communicator and stays a `Comm` error; anything else too.
     fn from(e: CommError) -> Self {
         match e {
-            CommError::Fault { rank, code } => match FaultKind::from_code(code) {
-                Some(kind) => AlgoError::Fault { rank, kind },
-                None => AlgoError::Comm(e),
-            },
+            CommError::Fault(fault) if fault.kind != FaultKind::LaneLost => AlgoError::Fault(fault),
             e => AlgoError::Comm(e),
         }
     }
@@ -69,7 +62,7 @@ impl AlgoError {
                 ErrorKind::InvalidArgument
             }
             AlgoError::StateMismatch(_) => ErrorKind::Mismatch,
-            AlgoError::Fault { .. } => ErrorKind::Fault,
+            AlgoError::Fault(fault) => fault.error_kind(),
             AlgoError::Comm(e) => e.kind(),
             AlgoError::Compress(e) => e.kind(),
             AlgoError::Tensor(e) => e.kind(),
@@ -80,7 +73,7 @@ impl AlgoError {
     /// same on the rank that failed and on every rank it failed.
     pub fn fault_kind(&self) -> FaultKind {
         match self {
-            AlgoError::Fault { kind, .. } => *kind,
+            AlgoError::Fault(fault) => fault.kind,
             AlgoError::Capacity { .. } | AlgoError::InvalidArgument(_) => {
                 FaultKind::InvalidArgument
             }

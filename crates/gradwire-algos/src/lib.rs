@@ -62,7 +62,7 @@ pub use dense::{
 #[cfg(feature = "cuda")]
 pub use device::sparse_exchange_on_device;
 pub use error::{AlgoError, Result};
-pub use fault::FaultKind;
+pub use fault::{Fault, FaultKind};
 pub use fusion::{DEFAULT_FUSION_CAPACITY, FusionBuffers};
 pub use half::{
     HalfAverage, HalfOptions, HalfPrecision, half_all_reduce, half_all_reduce_async,

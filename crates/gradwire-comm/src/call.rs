@@ -106,17 +106,18 @@ impl Call {
 ///
 /// A rank that posted a fault ([`Kind::Fault`]) decides the round first,
 /// whatever the others called: every rank gets [`CommError::Fault`] naming
-/// the lowest such rank and its code, and no data moves.
+/// the lowest such rank and its kind, and no data moves.
 pub(crate) fn validate(calls: &[Call]) -> Result<()> {
     if let Some((rank, call)) = calls
         .iter()
         .enumerate()
         .find(|(_, c)| c.kind == Kind::Fault)
     {
-        return Err(CommError::Fault {
+        let code = u32::try_from(call.key).unwrap_or(u32::MAX);
+        return Err(CommError::Fault(crate::Fault::posted(
             rank,
-            code: u32::try_from(call.key).unwrap_or(u32::MAX),
-        });
+            crate::FaultKind::from_code(code),
+        )));
     }
     let world = calls.len();
     let Some(first) = calls.first() else {
@@ -248,11 +249,17 @@ mod tests {
         };
         assert_eq!(
             validate(&[reduce, fault(7), Call::new(Kind::Barrier), fault(3)]),
-            Err(CommError::Fault { rank: 1, code: 7 })
+            Err(CommError::Fault(crate::Fault::posted(
+                1,
+                crate::FaultKind::Code(7)
+            )))
         );
         assert_eq!(
             validate(&[fault(9)]),
-            Err(CommError::Fault { rank: 0, code: 9 })
+            Err(CommError::Fault(crate::Fault::posted(
+                0,
+                crate::FaultKind::Code(9)
+            )))
         );
     }
 }

@@ -194,8 +194,7 @@ pub trait Communicator: Send + Sized {
     /// with this rank's next one). Whatever collective the other ranks
     /// called, each of them, and this rank, returns the same
     /// [`CommError::Fault`] naming the lowest rank that posted a fault and
-    /// its `code` (the caller's: gradwire-algos gives codes their meaning);
-    /// no data moves and the communicator stays usable. If the round fails
+    /// its `kind` (only the kind's code crosses the wire); no data moves and the communicator stays usable. If the round fails
     /// for another reason (a lost peer, a timeout) that error is returned.
     ///
     /// This is how a multi-collective operation keeps its invariant: a rank
@@ -203,12 +202,13 @@ pub trait Communicator: Send + Sized {
     /// next one, then returns its own error; every other rank returns the
     /// `Fault` from that same collective, so all stand at the same point.
     ///
-    /// Codes from [`FIRST_RESERVED_FAULT`](crate::FIRST_RESERVED_FAULT) up
-    /// are gradwire-comm's own. [`LANE_LOST`](crate::LANE_LOST) is what the
+    /// [`FaultKind::LaneLost`](crate::FaultKind::LaneLost) is what the
     /// asynchronous lane of a rank whose job panicked posts (see
     /// [`Communicator::run_async`]); a round that ends with it poisons the
-    /// communicator on every rank, whoever posted it.
-    fn post_fault(&self, code: u32) -> CommError;
+    /// communicator on every rank, whoever posted it. A caller's own codes
+    /// ([`FaultKind::Code`](crate::FaultKind::Code)) stay below
+    /// [`FIRST_RESERVED_CODE`](crate::FIRST_RESERVED_CODE).
+    fn post_fault(&self, kind: crate::FaultKind) -> CommError;
 
     /// Splits into sub-groups (MPI_Comm_split): ranks with the same `color`
     /// form a new communicator, ordered by `(key, old rank)`; `None` takes no
@@ -232,8 +232,9 @@ pub trait Communicator: Send + Sized {
     /// rank, at once (not at the deadline):
     ///
     /// - a peer's job that waits in a call of the lane, or reaches one
-    ///   later, fails with [`CommError::Fault`] `{ rank, code: LANE_LOST }`
-    ///   naming the panicking rank ([`LANE_LOST`](crate::LANE_LOST)); a
+    ///   later, fails with [`CommError::Fault`] of kind
+    ///   [`FaultKind::LaneLost`](crate::FaultKind::LaneLost) naming the
+    ///   panicking rank ([`CommError::lane_lost`]); a
     ///   peer's job whose collectives all completed before the panic
     ///   succeeds, and its next job fails;
     /// - from then on `run_async` fails at once, on every rank, with that

@@ -5,6 +5,7 @@
 //! decided once per collective and returned to *every* rank that took part, so
 //! that no rank continues while another gives up.
 
+use crate::fault::Fault;
 use gradwire_tensor::ErrorKind;
 use std::time::Duration;
 
@@ -53,23 +54,17 @@ pub enum CommError {
     /// A rank took part in this collective as failed
     /// ([`crate::Communicator::post_fault`]): something that rank found
     /// before the collective (a NaN, a bad argument) ends the collective on
-    /// every rank with this error, naming the lowest such rank and the code it
-    /// posted (whose meaning is the caller's). No data moved, and the
+    /// every rank with this error, naming the lowest such rank and the
+    /// [`FaultKind`](crate::FaultKind) it posted. No data moved, and the
     /// communicator stays usable: every rank is at the same point of its
     /// collective sequence.
     ///
-    /// Codes from [`FIRST_RESERVED_FAULT`] up are gradwire-comm's own. One is
-    /// in use: [`LANE_LOST`], the asynchronous lane of rank `rank` is lost
-    /// (one of its jobs panicked). It is the one `Fault` after which the
-    /// communicator is *not* usable: every later call on it returns the same
+    /// The one exception is [`FaultKind::LaneLost`](crate::FaultKind::LaneLost):
+    /// the asynchronous lane of the named rank is lost (one of its jobs
+    /// panicked), and every later call on the communicator returns the same
     /// error, on every rank (see [`crate::Communicator::run_async`]).
-    #[error("{}", describe_fault(*.rank, *.code))]
-    Fault {
-        /// The lowest rank that posted a fault.
-        rank: usize,
-        /// The code it posted.
-        code: u32,
-    },
+    #[error(transparent)]
+    Fault(Fault),
     /// A rank out of range for this communicator.
     #[error("rank {rank} is out of range for a world of {world_size}")]
     InvalidRank {
@@ -80,7 +75,7 @@ pub enum CommError {
     },
     /// A rank's closure panicked (reported by [`crate::local::run`]), or
     /// one of its asynchronous jobs did (the job's own handle; the peers see
-    /// a [`LANE_LOST`] fault).
+    /// a [`FaultKind::LaneLost`](crate::FaultKind::LaneLost) fault).
     #[error("rank {rank} panicked: {message}")]
     RankPanicked {
         /// The rank whose thread panicked.
@@ -90,7 +85,7 @@ pub enum CommError {
     },
     /// The communicator's background thread for asynchronous operations is
     /// gone (it can only stop when its communicator is dropped). A panicking
-    /// job does not stop it: see [`LANE_LOST`].
+    /// job does not stop it: see [`FaultKind::LaneLost`](crate::FaultKind::LaneLost).
     #[error("the asynchronous communication thread has stopped")]
     WorkerStopped,
     /// An MPI call failed (feature `mpi`): the call, MPI's error code and the
@@ -131,32 +126,6 @@ pub enum CommError {
     Tensor(#[from] gradwire_tensor::Error),
 }
 
-/// The first [`CommError::Fault`] code reserved for gradwire-comm itself:
-/// callers of [`crate::Communicator::post_fault`] use codes below it.
-pub const FIRST_RESERVED_FAULT: u32 = 0xFFFF_0000;
-
-/// The fault code of a lost asynchronous lane: `CommError::Fault { rank,
-/// code: LANE_LOST }` says that a job of rank `rank` panicked, so its
-/// asynchronous lane (the communicator `run_async` jobs run on) is gone, and
-/// with it the lane of every rank. Every backend returns exactly this error
-/// to the peers' jobs that were waiting in, or later reach, a collective of
-/// the lane (LocalComm and MpiComm: a receive too), and to every job
-/// submitted afterwards on any rank (the panicking job itself returns
-/// [`CommError::RankPanicked`]). See
-/// [`crate::Communicator::run_async`] for the whole failure model.
-pub const LANE_LOST: u32 = u32::MAX;
-
-fn describe_fault(rank: usize, code: u32) -> String {
-    if code == LANE_LOST {
-        format!(
-            "rank {rank} lost its asynchronous lane (one of its jobs panicked): \
-             the asynchronous lane of every rank is unusable"
-        )
-    } else {
-        format!("rank {rank} reported fault {code}")
-    }
-}
-
 fn describe_timeout(op: &str, waited: &Duration, missing: &[usize]) -> String {
     if missing.is_empty() {
         format!("{op} timed out after {waited:?}: not every rank arrived")
@@ -175,8 +144,7 @@ impl CommError {
             CommError::PeerLost { .. }
             | CommError::RankPanicked { .. }
             | CommError::WorkerStopped => ErrorKind::PeerLost,
-            CommError::Fault { .. } if self.is_lane_lost() => ErrorKind::PeerLost,
-            CommError::Fault { .. } => ErrorKind::Fault,
+            CommError::Fault(fault) => fault.error_kind(),
             CommError::Timeout { .. } => ErrorKind::Timeout,
             CommError::InvalidArgument(_) | CommError::InvalidRank { .. } => {
                 ErrorKind::InvalidArgument
@@ -187,16 +155,16 @@ impl CommError {
         }
     }
 
-    /// Whether this is the fault of a lost asynchronous lane ([`LANE_LOST`]),
-    /// which poisons the communicator that sees it.
+    /// Whether this is the fault of a lost asynchronous lane
+    /// ([`FaultKind::LaneLost`](crate::FaultKind::LaneLost)), which poisons
+    /// the communicator that sees it.
     pub fn is_lane_lost(&self) -> bool {
-        matches!(
-            self,
-            CommError::Fault {
-                code: LANE_LOST,
-                ..
-            }
-        )
+        matches!(self, CommError::Fault(fault) if fault.kind == crate::FaultKind::LaneLost)
+    }
+
+    /// The fault of lane lost by `rank`, as every rank sees it.
+    pub fn lane_lost(rank: usize) -> CommError {
+        CommError::Fault(Fault::posted(rank, crate::FaultKind::LaneLost))
     }
 }
 

@@ -22,7 +22,7 @@
 //! every wait has a deadline ([`CommError::Timeout`]); a rank that fails
 //! before a collective posts a fault ([`Communicator::post_fault`]); and an
 //! asynchronous job that panics loses the asynchronous lane of every rank at
-//! once ([`LANE_LOST`], see [`Communicator::run_async`]). The one worker that
+//! once ([`FaultKind::LaneLost`], see [`Communicator::run_async`]). The one worker that
 //! runs every backend's jobs is `worker.rs`.
 //!
 //! ```
@@ -50,6 +50,7 @@ mod call;
 mod communicator;
 mod element;
 mod error;
+mod fault;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod header;
 mod job_slot;
@@ -67,7 +68,8 @@ mod worker;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};
-pub use error::{CommError, FIRST_RESERVED_FAULT, LANE_LOST, Result};
+pub use error::{CommError, Result};
+pub use fault::{FIRST_RESERVED_CODE, Fault, FaultKind};
 pub use job_slot::{AsyncJob, JobSlot};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};

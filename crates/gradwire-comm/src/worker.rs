@@ -17,7 +17,7 @@
 //!   it is *lost*: the jobs queued behind it fail without running, later
 //!   submissions fail at once, and the backend announces the loss to the
 //!   peers ([`Lane::announce_lost`]) so that their lanes fail too, promptly,
-//!   with `CommError::Fault { rank, code: LANE_LOST }` naming this rank.
+//!   with `CommError::Fault` of kind `LaneLost` naming this rank.
 //! - A lane that a peer's loss (or a timeout, or a lost peer) poisoned is
 //!   lost the same way on this rank: every job from then on fails at once
 //!   with the error that poisoned it.
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(doc)]
 use crate::communicator::Communicator;
-use crate::error::{CommError, LANE_LOST, Result};
+use crate::error::{CommError, Result};
 use crate::job_slot::{AsyncJob, Cell, JobSlot};
 use crate::pending::{Pending, panic_message};
 
@@ -47,7 +47,7 @@ pub(crate) trait Lane: Send + 'static {
     fn poisoned(&self) -> Option<CommError>;
 
     /// Called on the worker thread after one of this rank's jobs panicked:
-    /// poisons this communicator with `lost` (the [`LANE_LOST`] fault naming
+    /// poisons this communicator with `lost` (the lost-lane fault naming
     /// this rank) and tells the peers, so that each peer's lane fails with
     /// the same error in the call it is waiting in, or in its next one.
     /// LocalComm and MpiComm return at once; NcclComm waits (at most its
@@ -333,10 +333,7 @@ fn serve<C: Lane>(lane: &C, rank: usize, shared: &Shared<C>) {
                 }
             }
             Ran::Panicked => {
-                let err = lose(&CommError::Fault {
-                    rank,
-                    code: LANE_LOST,
-                });
+                let err = lose(&CommError::lane_lost(rank));
                 // The jobs already queued fail now, not after the
                 // announcement (which may wait for the peers).
                 let queued = std::mem::take(&mut lock(&shared.state).jobs);
@@ -429,10 +426,7 @@ mod tests {
         assert!(
             matches!(boom.wait(), Err(CommError::RankPanicked { rank: 3, message }) if message == "job fails")
         );
-        let lost = CommError::Fault {
-            rank: 3,
-            code: LANE_LOST,
-        };
+        let lost = CommError::lane_lost(3);
         // Failed without running, although the announcement still waits.
         assert_eq!(behind.wait(), Err(lost.clone()));
         assert!(!ran.load(Ordering::SeqCst));

@@ -38,17 +38,11 @@ pub enum OptimError {
     /// [`crate::DistOpt`]): every rank returns this error from the same
     /// step, naming the same rank (the lowest that failed; `None` when the
     /// fault is in a value every rank computed alike, such as an averaged
-    /// gradient) and the same kind. `detail` is the failing rank's own
-    /// description on that rank, and says which rank reported it elsewhere.
-    #[error("step failed ({kind}{}): {detail}", .rank.map_or_else(String::new, |r| format!(" on rank {r}")))]
-    Fault {
-        /// The lowest rank that failed, if one did.
-        rank: Option<usize>,
-        /// What kind of fault it was.
-        kind: gradwire_algos::FaultKind,
-        /// What happened.
-        detail: String,
-    },
+    /// gradient) and the same kind. Its `detail` is the failing rank's own
+    /// description on that rank (empty elsewhere: only the kind travels).
+    /// The communicator's [`Fault`](gradwire_algos::Fault), unchanged.
+    #[error("step failed: {0}")]
+    Fault(gradwire_algos::Fault),
     /// Combining gradients across ranks failed (a lost peer, a mismatch, a
     /// timeout...).
     #[error(transparent)]
@@ -72,7 +66,7 @@ impl OptimError {
             OptimError::StateMismatch(_) => ErrorKind::Mismatch,
             OptimError::CorruptCheckpoint(_) => ErrorKind::Corrupt,
             OptimError::Io(_) => ErrorKind::Io,
-            OptimError::Fault { .. } => ErrorKind::Fault,
+            OptimError::Fault(fault) => fault.error_kind(),
             OptimError::Distributed(e) => e.kind(),
             OptimError::Tensor(e) => e.kind(),
         }

@@ -56,7 +56,7 @@ pub use gradwire_tensor::{DType, Device, Shape, Tensor};
 #[cfg(feature = "comm")]
 pub use gradwire_comm as comm;
 #[cfg(feature = "comm")]
-pub use gradwire_comm::{CommError, Communicator, LocalComm, ReduceOp};
+pub use gradwire_comm::{CommError, Communicator, Fault, FaultKind, LocalComm, ReduceOp};
 
 #[cfg(feature = "compress")]
 pub use gradwire_compress as compress;

@@ -28,6 +28,9 @@
 //! `target/` (and `.git/`) directories are skipped. A failure lists every
 //! offending file with the rule it breaks.
 
+use crate::workspace::{
+    code_of, files_with_extensions, is_ident_char, member_patterns, read, workspace_members,
+};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -82,8 +85,6 @@ const CHECKED_DIRS: &[&str] = &["src", "benches", "examples", "tests"];
 const CRATE_ROOTS: &[&str] = &["src/lib.rs", "src/main.rs"];
 /// The extensions of the files the outside-reference rule reads.
 const TEXT_EXTENSIONS: &[&str] = &["rs", "md", "toml"];
-/// Directories never walked: build output and git's own.
-const SKIPPED_DIRS: &[&str] = &["target", ".git"];
 
 /// Texts that point at files outside the repository (the specification and
 /// design notes a checkout does not have). Split with `concat!` so that this
@@ -293,98 +294,6 @@ fn is_generated_header(line: &str) -> bool {
     lower.starts_with("// generated") || lower.starts_with("// @generated")
 }
 
-/// The code of the Rust source `text`: comments (doc comments included)
-/// removed, and string, byte string, raw string and char literals emptied,
-/// so that words in them are not taken for code. Line breaks are kept.
-fn code_of(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let at = |i: usize| chars.get(i).copied();
-    let mut code = String::with_capacity(text.len());
-    let mut i = 0;
-    while let Some(c) = at(i) {
-        if c == '/' && at(i + 1) == Some('/') {
-            while at(i).is_some_and(|c| c != '\n') {
-                i += 1;
-            }
-        } else if c == '/' && at(i + 1) == Some('*') {
-            let mut depth = 0_usize;
-            while let Some(c) = at(i) {
-                if c == '/' && at(i + 1) == Some('*') {
-                    depth += 1;
-                    i += 2;
-                } else if c == '*' && at(i + 1) == Some('/') {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    if c == '\n' {
-                        code.push('\n');
-                    }
-                    i += 1;
-                }
-            }
-            code.push(' ');
-        } else if let Some(hashes) = raw_string_at(&chars, i) {
-            // r, the hashes, the quote; then up to a quote and as many hashes.
-            i += hashes + 2;
-            let closing: Vec<char> = std::iter::once('"')
-                .chain(std::iter::repeat_n('#', hashes))
-                .collect();
-            while i < chars.len() && !chars[i..].starts_with(&closing) {
-                i += 1;
-            }
-            i += closing.len();
-            code.push_str("\"\"");
-        } else if c == '"' {
-            i += 1;
-            while let Some(c) = at(i) {
-                i += if c == '\\' { 2 } else { 1 };
-                if c == '"' {
-                    break;
-                }
-            }
-            code.push_str("\"\"");
-        } else if c == '\'' && at(i + 1) == Some('\\') {
-            // An escaped char literal: past the escaped character, then up
-            // to the closing quote.
-            i += 3;
-            while at(i).is_some_and(|c| c != '\'') {
-                i += 1;
-            }
-            i += 1;
-            code.push_str("' '");
-        } else if c == '\'' && at(i + 2) == Some('\'') {
-            i += 3;
-            code.push_str("' '");
-        } else {
-            // Code, a lifetime's quote included.
-            code.push(c);
-            i += 1;
-        }
-    }
-    code
-}
-
-/// The number of `#`s of the raw string literal (`r"..."`, `r#"..."#`,
-/// `br"..."`) that starts at `chars[i]`, if one does.
-fn raw_string_at(chars: &[char], i: usize) -> Option<usize> {
-    let before = |back: usize| i.checked_sub(back).map(|j| chars[j]);
-    let starts_token = !before(1).is_some_and(is_ident_char)
-        || (before(1) == Some('b') && !before(2).is_some_and(is_ident_char));
-    if chars[i] != 'r' || !starts_token {
-        return None;
-    }
-    let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
-    (chars.get(i + 1 + hashes) == Some(&'"')).then_some(hashes)
-}
-
-/// Whether `c` may be part of a Rust identifier.
-fn is_ident_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
-}
-
 /// The byte offsets in `code` where the identifier or path prefix `word`
 /// starts, not preceded by an identifier character.
 fn word_starts<'a>(code: &'a str, word: &'a str) -> impl Iterator<Item = usize> + 'a {
@@ -479,94 +388,6 @@ fn check_architecture(text: &str) -> Vec<&'static str> {
         broken.push(RULE_ARCHITECTURE_INVARIANTS);
     }
     broken
-}
-
-/// The member directories of the workspace at `root`, in manifest order, with
-/// `dir/*` patterns expanded to the subdirectories that have a `Cargo.toml`.
-fn workspace_members(root: &Path) -> Vec<PathBuf> {
-    let manifest = read(&root.join("Cargo.toml"));
-    let mut members = Vec::new();
-    for pattern in member_patterns(&manifest) {
-        match pattern.strip_suffix("/*") {
-            Some(parent) => {
-                let mut dirs: Vec<PathBuf> = read_dir(&root.join(parent))
-                    .into_iter()
-                    .filter(|dir| dir.join("Cargo.toml").is_file())
-                    .collect();
-                dirs.sort();
-                members.extend(dirs);
-            }
-            None => members.push(root.join(pattern)),
-        }
-    }
-    members
-}
-
-/// The strings of the `members = [...]` array of a workspace manifest.
-fn member_patterns(manifest: &str) -> Vec<String> {
-    let uncommented: Vec<&str> = manifest
-        .lines()
-        .map(|line| line.split('#').next().unwrap_or_default())
-        .collect();
-    let text = uncommented.join("\n");
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let is_members = line
-            .trim_start()
-            .strip_prefix("members")
-            .is_some_and(|rest| rest.trim_start().starts_with('='));
-        if is_members {
-            let array = text[offset..]
-                .split_once('[')
-                .and_then(|(_, rest)| rest.split_once(']'))
-                .map_or("", |(array, _)| array);
-            return array
-                .split('"')
-                .skip(1)
-                .step_by(2)
-                .map(String::from)
-                .collect();
-        }
-        offset += line.len();
-    }
-    Vec::new()
-}
-
-/// Appends every file under `dir` whose extension is one of `extensions`
-/// (recursively, skipping [`SKIPPED_DIRS`]) to `files`. A missing `dir` has
-/// none.
-fn files_with_extensions(dir: &Path, extensions: &[&str], files: &mut Vec<PathBuf>) {
-    for path in read_dir(dir) {
-        if path.is_dir() {
-            let skipped = path
-                .file_name()
-                .is_some_and(|name| SKIPPED_DIRS.iter().any(|s| name == *s));
-            if !skipped {
-                files_with_extensions(&path, extensions, files);
-            }
-        } else if path
-            .extension()
-            .is_some_and(|ext| extensions.iter().any(|e| ext == *e))
-        {
-            files.push(path);
-        }
-    }
-}
-
-/// The entries of `dir`; none if it does not exist.
-fn read_dir(dir: &Path) -> Vec<PathBuf> {
-    match fs::read_dir(dir) {
-        Ok(entries) => entries
-            .map(|entry| entry.expect("read directory entry").path())
-            .collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => panic!("cannot read {}: {e}", dir.display()),
-    }
-}
-
-/// The contents of `file`, which must be UTF-8.
-fn read(file: &Path) -> String {
-    fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()))
 }
 
 /// `path` relative to `root`, with `/` separators.

@@ -313,3 +313,45 @@ fn untidy_workspace_is_reported() {
         ]
     );
 }
+
+#[test]
+fn packages_with_code_of_their_own_without_features_are_found() {
+    let tree = TempTree::new("features");
+    tree.write(
+        "Cargo.toml",
+        "[workspace]\nmembers = [\"crates/*\", \"tool\"]\n",
+    );
+    // A cfg in a source file, a cfg! in a binary; one in a comment and a
+    // string only, a lint's, and one in a test file only.
+    tree.write("crates/a/Cargo.toml", "[package]\nname = \"pkg-a\"\n");
+    tree.write(
+        "crates/a/src/lib.rs",
+        "#[cfg(not(feature = \"mpi\"))]\nfn f() {}\n",
+    );
+    tree.write("crates/c/Cargo.toml", "[package]\nname = \"pkg-c\"\n");
+    tree.write(
+        "crates/c/src/lib.rs",
+        "#[cfg_attr(not(feature = \"mpi\"), allow(dead_code))]\nfn f() {}\n",
+    );
+    tree.write(
+        "crates/c/tests/it.rs",
+        "#[cfg(not(feature = \"mpi\"))]\nfn f() {}\n",
+    );
+    tree.write("crates/b/Cargo.toml", "[package]\nname = \"pkg-b\"\n");
+    tree.write(
+        "crates/b/src/lib.rs",
+        "// #[cfg(not(feature = \"cuda\"))]\nconst S: &str = \"not(feature\";\n",
+    );
+    tree.write(
+        "tool/Cargo.toml",
+        "[package]\nname = \"tool\"\nversion = \"1\"\n",
+    );
+    tree.write(
+        "tool/src/main.rs",
+        "fn main() { if cfg!(not(feature = \"nccl\")) {} }\n",
+    );
+    assert_eq!(
+        crate::workspace::packages_with_default_only_code(&tree.0),
+        ["pkg-a", "tool"]
+    );
+}

@@ -343,15 +343,15 @@ fn a_fault_on_one_rank_ends_the_call_on_every_rank_and_the_next_works() {
         for (r, result) in results.into_iter().enumerate() {
             let (first, second, third) = result.unwrap();
             match first {
-                Err(AlgoError::Fault { rank, kind }) => {
-                    assert_eq!((rank, kind), (world - 1, FaultKind::NonFinite))
+                Err(AlgoError::Fault(f)) => {
+                    assert_eq!((f.rank, f.kind), (Some(world - 1), FaultKind::NonFinite))
                 }
                 Err(e) if r == world - 1 => assert_eq!(e.fault_kind(), FaultKind::NonFinite),
                 other => panic!("rank {r}: {other:?}"),
             }
             match second {
-                Err(AlgoError::Fault { rank, kind }) => {
-                    assert_eq!((rank, kind), (0, FaultKind::InvalidArgument))
+                Err(AlgoError::Fault(f)) => {
+                    assert_eq!((f.rank, f.kind), (Some(0), FaultKind::InvalidArgument))
                 }
                 Err(e) if r == 0 => assert_eq!(e.fault_kind(), FaultKind::InvalidArgument),
                 other => panic!("rank {r}: {other:?}"),

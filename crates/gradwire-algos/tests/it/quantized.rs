@@ -179,8 +179,8 @@ fn a_fault_on_one_rank_ends_the_call_on_every_rank_and_the_next_works() {
         for (r, result) in results.into_iter().enumerate() {
             let (first, second) = result.unwrap();
             match first {
-                Some(AlgoError::Fault { rank, kind }) => {
-                    assert_eq!((rank, kind), (world - 1, FaultKind::NonFinite))
+                Some(AlgoError::Fault(f)) => {
+                    assert_eq!((f.rank, f.kind), (Some(world - 1), FaultKind::NonFinite))
                 }
                 Some(e) if r == world - 1 => assert_eq!(e.fault_kind(), FaultKind::NonFinite),
                 other => panic!("W = {world}, rank {r}: {other:?}"),

@@ -123,7 +123,7 @@ impl Outcome {
         match result {
             Ok(stats) if stats.non_finite => Outcome::Skipped,
             Ok(_) => Outcome::Done,
-            Err(OptimError::Fault { rank, kind, .. }) => Outcome::Fault(*rank, *kind),
+            Err(OptimError::Fault(fault)) => Outcome::Fault(fault.rank, fault.kind),
             Err(e) => match lost_rank(e) {
                 Some(rank) => Outcome::Lost(rank),
                 None => Outcome::Error(e.to_string()),
@@ -146,10 +146,10 @@ impl Outcome {
 
 /// The rank a "lost rank" error names: a peer gone ([`CommError::PeerLost`]),
 /// this rank's own panicking job ([`CommError::RankPanicked`]), or a lane
-/// lost to another rank's panicking job ([`gradwire_comm::LANE_LOST`]).
+/// lost to another rank's panicking job ([`CommError::lane_lost`]).
 fn lost_rank(e: &OptimError) -> Option<usize> {
     use gradwire_algos::AlgoError;
-    use gradwire_comm::{CommError, LANE_LOST};
+    use gradwire_comm::CommError;
     let comm = match e {
         OptimError::Distributed(AlgoError::Comm(c)) => c,
         _ => return None,
@@ -157,7 +157,7 @@ fn lost_rank(e: &OptimError) -> Option<usize> {
     match comm {
         CommError::PeerLost { ranks, .. } => ranks.first().copied(),
         CommError::RankPanicked { rank, .. } => Some(*rank),
-        CommError::Fault { rank, code } if *code == LANE_LOST => Some(*rank),
+        CommError::Fault(fault) if comm.is_lane_lost() => fault.rank,
         _ => None,
     }
 }

@@ -114,7 +114,7 @@ impl RankRecord {
                 2 => Outcome::Skipped,
                 3 => Outcome::Fault(
                     (rank != 0xFFFF).then_some(rank),
-                    FaultKind::from_code(((code >> 8) & 0xFF) as u32)?,
+                    FaultKind::from_code(((code >> 8) & 0xFF) as u32),
                 ),
                 5 => Outcome::Lost(rank),
                 _ => Outcome::Error("(on another rank)".into()),

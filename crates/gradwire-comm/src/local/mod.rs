@@ -23,7 +23,7 @@
 //! - Asynchronous jobs run on the worker every backend shares (`worker.rs`),
 //!   on a member of the duplicate group. A job that panics loses the lane
 //!   (see [`Communicator::run_async`]): its rank poisons the duplicate group
-//!   with [`CommError::Fault`] `{ rank, code: LANE_LOST }`, which fails at
+//!   with [`CommError::Fault`] of kind `LaneLost`, which fails at
 //!   once the round a peer waits in, a peer's waiting receive, and every
 //!   later call of the group, on every rank.
 //!
@@ -458,18 +458,15 @@ impl Communicator for LocalComm {
         self.start(Post::new(Kind::Barrier)).map(|_| ())
     }
 
-    fn post_fault(&self, code: u32) -> CommError {
+    fn post_fault(&self, kind: crate::FaultKind) -> CommError {
         let post = Post {
-            key: i64::from(code),
+            key: i64::from(kind.code()),
             ..Post::new(Kind::Fault)
         };
         match self.start(post) {
             Err(err) => err,
             // Unreachable: a round with a fault in it always fails.
-            Ok(_) => CommError::Fault {
-                rank: self.rank,
-                code,
-            },
+            Ok(_) => CommError::Fault(crate::Fault::posted(self.rank, kind)),
         }
     }
 

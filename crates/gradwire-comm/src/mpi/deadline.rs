@@ -206,9 +206,13 @@ pub(super) fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
                 .chain(missing.iter().map(|&r| r as u64))
                 .collect()
         }
-        CommError::Fault { rank, code } => {
-            vec![round, NOTICE_FAULT, *rank as u64, u64::from(*code)]
-        }
+        // A communicator's fault names its rank and carries no detail.
+        CommError::Fault(fault) => vec![
+            round,
+            NOTICE_FAULT,
+            fault.rank? as u64,
+            u64::from(fault.kind.code()),
+        ],
         _ => return None,
     };
     Some(words.iter().flat_map(|w| w.to_le_bytes()).collect())
@@ -231,10 +235,10 @@ pub(super) fn decode_notice(bytes: &[u8]) -> Option<Notice> {
             waited: Duration::from_nanos(b),
             missing: rest.iter().map(|&r| r as usize).collect(),
         },
-        NOTICE_FAULT => CommError::Fault {
-            rank: usize::try_from(a).ok()?,
-            code: u32::try_from(b).ok()?,
-        },
+        NOTICE_FAULT => CommError::Fault(crate::Fault::posted(
+            usize::try_from(a).ok()?,
+            crate::FaultKind::from_code(u32::try_from(b).ok()?),
+        )),
         _ => return None,
     };
     Some(Notice { round, error })
@@ -257,10 +261,8 @@ mod tests {
                 waited: Duration::from_secs(600),
                 missing: vec![],
             },
-            CommError::Fault {
-                rank: 2,
-                code: u32::MAX,
-            },
+            CommError::lane_lost(2),
+            CommError::Fault(crate::Fault::posted(1, crate::FaultKind::NonFinite)),
         ];
         for (round, error) in errors.into_iter().enumerate() {
             let bytes = encode_notice(round as u64, &error).expect("encodes");

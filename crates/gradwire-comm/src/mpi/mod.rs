@@ -36,7 +36,7 @@
 //!   (the worker every backend shares) that owns the duplicate, concurrently
 //!   with the caller's blocking calls on the original. A job that panics
 //!   loses the lane on every rank: its rank poisons the duplicate and sends
-//!   each peer a notice ([`CommError::Fault`] `{ rank, code: LANE_LOST }`),
+//!   each peer a notice ([`CommError::Fault`] of kind `LaneLost`),
 //!   which ends the lane's collective or `recv` a peer waits in, or its
 //!   next one. Funnelling every call through one thread would also
 //!   work at `MPI_THREAD_FUNNELED`, but then a blocking call queued behind a
@@ -739,18 +739,15 @@ impl Communicator for MpiComm {
         self.agree(Call::new(Kind::Barrier)).map(|_| ())
     }
 
-    fn post_fault(&self, code: u32) -> CommError {
+    fn post_fault(&self, kind: crate::FaultKind) -> CommError {
         let call = Call {
-            key: i64::from(code),
+            key: i64::from(kind.code()),
             ..Call::new(Kind::Fault)
         };
         match self.agree(call) {
             Err(err) => err,
             // Unreachable: validation fails every round with a fault in it.
-            Ok(_) => CommError::Fault {
-                rank: self.rank(),
-                code,
-            },
+            Ok(_) => CommError::Fault(crate::Fault::posted(self.rank(), kind)),
         }
     }
 

@@ -308,18 +308,15 @@ impl Communicator for NcclComm {
         self.agree(Call::new(Kind::Barrier)).map(|_| ())
     }
 
-    fn post_fault(&self, code: u32) -> CommError {
+    fn post_fault(&self, kind: crate::FaultKind) -> CommError {
         let call = Call {
-            key: i64::from(code),
+            key: i64::from(kind.code()),
             ..Call::new(Kind::Fault)
         };
         match self.agree(call) {
             Err(err) => err,
             // Unreachable: validation fails every round with a fault in it.
-            Ok(_) => CommError::Fault {
-                rank: self.rank(),
-                code,
-            },
+            Ok(_) => CommError::Fault(crate::Fault::posted(self.rank(), kind)),
         }
     }
 

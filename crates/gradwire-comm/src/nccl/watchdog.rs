@@ -336,7 +336,7 @@ mod tests {
             judge(Some(("op", start)), None, failed, None, start),
             Verdict::Abort(nccl.clone())
         );
-        let lost = CommError::Fault { rank: 1, code: 7 };
+        let lost = CommError::Fault(crate::Fault::posted(1, crate::FaultKind::Code(7)));
         assert_eq!(
             judge(Some(("op", start)), Some(&lost), failed, None, start),
             Verdict::Abort(lost)
@@ -349,7 +349,10 @@ mod tests {
         watch.begin("op").expect("not poisoned");
         assert_eq!(watch.end(), None);
         watch.poison(CommError::WorkerStopped);
-        watch.abort_with(CommError::Fault { rank: 0, code: 1 });
+        watch.abort_with(CommError::Fault(crate::Fault::posted(
+            0,
+            crate::FaultKind::NonFinite,
+        )));
         assert_eq!(watch.reason(), Some(CommError::WorkerStopped));
         assert_eq!(watch.begin("op"), Err(CommError::WorkerStopped));
     }

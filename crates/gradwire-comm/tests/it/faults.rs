@@ -6,7 +6,7 @@
 //! (except in the timeout tests, which check the deadline itself).
 
 use gradwire_comm::{
-    CommError, Communicator, LANE_LOST, LocalComm, LocalConfig, Pending, ReduceOp, local,
+    CommError, Communicator, Fault, FaultKind, LocalComm, LocalConfig, Pending, ReduceOp, local,
 };
 use std::time::{Duration, Instant};
 
@@ -367,15 +367,16 @@ fn jobs_panicking_on_every_rank_end_every_lane() {
             // not run: it fails with the loss instead of panicking.
             match first {
                 Err(CommError::RankPanicked { rank: r, .. }) if r == rank => panicked += 1,
-                Err(CommError::Fault {
-                    rank: r,
-                    code: LANE_LOST,
-                }) if r != rank && r < world => {}
+                Err(CommError::Fault(Fault {
+                    rank: Some(r),
+                    kind: FaultKind::LaneLost,
+                    ..
+                })) if r != rank && r < world => {}
                 other => panic!("rank {rank}: {other:?}"),
             }
             // Whichever loss reached this lane first: a lost lane, by name.
             assert!(
-                matches!(later, Err(CommError::Fault { rank: r, code: LANE_LOST }) if r < world),
+                matches!(later, Err(CommError::Fault(Fault { rank: Some(r), kind: FaultKind::LaneLost, .. })) if r < world),
                 "{later:?}"
             );
         }

@@ -8,7 +8,7 @@
 //!
 //! * every optimizer buffer is an `F32` tensor named
 //!   `optim/<parameter name>/<buffer name>`, of the parameter's shape;
-//! * every extra tensor of [`Checkpoint::tensors`] is a tensor named
+//! * every extra tensor of [`Checkpoint::state`]'s tensors is a tensor named
 //!   `extra/<name>`, in its own dtype (`F32`, `F16` or `BF16`);
 //! * the header's `__metadata__` string map holds one key, `"gradwire"`, whose
 //!   value is a JSON document:
@@ -22,7 +22,7 @@
 //! ```
 //!
 //! `tensors` lists the names of the extra tensors; `values` holds
-//! [`Checkpoint::values`].
+//! [`Checkpoint::state`]'s values.
 //!
 //! # Validation
 //!

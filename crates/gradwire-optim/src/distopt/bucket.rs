@@ -270,7 +270,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         None => None,
     };
     if let Some(kind) = fault {
-        return Err(comm.post_fault(kind.code()).into());
+        return Err(comm.post_fault(kind).into());
     }
     let world = comm.world_size();
     let mut traffic = Traffic::default();

@@ -67,7 +67,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         if failure.is_some() {
             restore(targets)?;
             // Posted in place of the first combination the others start.
-            let err = self.comm.post_fault(FaultKind::Optimizer.code());
+            let err = self.comm.post_fault(FaultKind::Optimizer);
             return self.step_failed(err.into(), stats);
         }
         if self.local.buckets.len() != self.buckets.len() {

@@ -111,7 +111,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         // start: every rank fails there.
         if let Some(fault) = &self.fault {
             self.dimreduce_scratch = scratch;
-            let err = self.comm.post_fault(fault.kind.code());
+            let err = self.comm.post_fault(fault.kind);
             return self.step_failed(err.into(), stats);
         }
         let world = self.world_size();

@@ -180,9 +180,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     pub(super) fn agree_after(&mut self, kind: FaultKind, failure: Option<String>) -> Result<()> {
         match agree(&self.comm, failure.as_ref().map(|_| kind)) {
             Ok(()) => Ok(()),
-            Err(AlgoError::Fault { rank, kind }) => {
+            Err(AlgoError::Fault(fault)) => {
+                let kind = fault.kind;
                 let own = failure.map(|detail| LocalFault { kind, detail });
-                Err(self.fault_error(Some(rank), kind, own.as_ref()))
+                Err(self.fault_error(fault.rank, kind, own.as_ref()))
             }
             Err(e) => Err(e.into()),
         }
@@ -198,11 +199,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 ..stats
             });
         }
-        Err(OptimError::Fault {
+        Err(OptimError::Fault(gradwire_algos::Fault {
             rank: None,
             kind: FaultKind::NonFinite,
             detail: format!("{what} not finite"),
-        })
+        }))
     }
 
     /// How a step ends after an agreed failure `err` (the same on every
@@ -211,7 +212,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// peer, a timeout, a mismatch) pass through.
     pub(super) fn step_failed(&mut self, err: AlgoError, stats: StepStats) -> Result<StepStats> {
         let (rank, kind, own) = match err {
-            AlgoError::Fault { rank, kind } => (rank, kind, self.fault.clone()),
+            AlgoError::Fault(fault) => (fault.rank, fault.kind, self.fault.clone()),
             AlgoError::Comm(e) => return Err(AlgoError::Comm(e).into()),
             // This rank's own error, which it posted to the others.
             local => {
@@ -220,7 +221,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                     kind,
                     detail: local.to_string(),
                 };
-                (self.rank(), kind, Some(own))
+                (Some(self.rank()), kind, Some(own))
             }
         };
         if kind == FaultKind::NonFinite && self.config.skip_non_finite {
@@ -229,7 +230,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 ..stats
             });
         }
-        Err(self.fault_error(Some(rank), kind, own.as_ref()))
+        Err(self.fault_error(rank, kind, own.as_ref()))
     }
 
     /// The communication half of a step: carries this rank's faults to the
@@ -271,7 +272,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                     .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed()))),
             );
             let voted = match &self.fault {
-                Some(f) => Err(self.comm.post_fault(f.kind.code())),
+                Some(f) => Err(self.comm.post_fault(f.kind)),
                 None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),
             };
             if let Err(e) = voted {

@@ -65,10 +65,10 @@ use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
 pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats};
 use gradient::StepScratch;
-use gradwire_algos::FaultKind;
 use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::DimReduce;
 pub use gradwire_algos::{BucketView, Combined, StateDict, Strategy};
+use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
@@ -470,10 +470,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     ) -> OptimError {
         let detail = match (rank, own) {
             (Some(r), Some(own)) if r == self.rank() => own.detail.clone(),
-            (Some(r), _) => format!("reported by rank {r}"),
+            (Some(_), _) => String::new(),
             (None, Some(own)) => own.detail.clone(),
             (None, None) => kind.to_string(),
         };
-        OptimError::Fault { rank, kind, detail }
+        OptimError::Fault(Fault { rank, kind, detail })
     }
 }

@@ -41,7 +41,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         if failure.is_some() {
             // Posted in place of the averaging the other ranks start.
-            let err = self.comm.post_fault(FaultKind::Optimizer.code());
+            let err = self.comm.post_fault(FaultKind::Optimizer);
             return self.step_failed(err.into(), stats);
         }
         let b = (self.partial_counter % k) as usize;

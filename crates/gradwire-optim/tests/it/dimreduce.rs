@@ -4,8 +4,8 @@
 //! down; a checkpoint (DistOpt's state plus the PCA file) resumes bitwise;
 //! misuse is an error on every rank, never a hang.
 
-use gradwire_algos::FaultKind;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
+use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_optim::{DistOpt, DistOptConfig, OptimError, Sgd, SgdConfig};
@@ -278,11 +278,11 @@ fn misuse_is_an_error_on_every_rank() {
         assert!(
             matches!(
                 early,
-                Err(OptimError::Fault {
+                Err(OptimError::Fault(Fault {
                     kind: FaultKind::InvalidArgument,
                     rank: Some(0),
                     ..
-                })
+                }))
             ),
             "{early:?}"
         );
@@ -297,11 +297,11 @@ fn misuse_is_an_error_on_every_rank() {
         assert!(
             matches!(
                 plain,
-                Err(OptimError::Fault {
+                Err(OptimError::Fault(Fault {
                     kind: FaultKind::InvalidArgument,
                     rank: Some(0),
                     ..
-                })
+                }))
             ),
             "{plain:?}"
         );
@@ -338,11 +338,11 @@ fn misuse_is_an_error_on_every_rank() {
     }
     for (rank, (failing, _)) in outcomes.into_iter().enumerate() {
         match failing {
-            Err(OptimError::Fault {
+            Err(OptimError::Fault(Fault {
                 rank: Some(1),
                 kind: FaultKind::Other,
                 detail,
-            }) => assert!(
+            })) => assert!(
                 (rank == 1) == detail.contains("loss failed"),
                 "rank {rank}: {detail}"
             ),

@@ -335,7 +335,7 @@ fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
             let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
             outcomes.push(match sync.finish(&mut views) {
                 Ok(_) => None,
-                Err(OptimError::Fault { rank, kind, .. }) => Some((rank, kind)),
+                Err(OptimError::Fault(f)) => Some((f.rank, f.kind)),
                 Err(e) => panic!("{e}"),
             });
         }
@@ -375,7 +375,7 @@ fn modes_it_cannot_run_are_refused() {
 #[test]
 fn an_error_keeps_its_kind_through_every_layer() {
     use gradwire_algos::AlgoError;
-    use gradwire_comm::{CommError, LANE_LOST};
+    use gradwire_comm::{CommError, Fault};
     use gradwire_tensor::ErrorKind;
     let cases = [
         (
@@ -385,18 +385,9 @@ fn an_error_keeps_its_kind_through_every_layer() {
             },
             ErrorKind::PeerLost,
         ),
+        (CommError::lane_lost(1), ErrorKind::PeerLost),
         (
-            CommError::Fault {
-                rank: 1,
-                code: LANE_LOST,
-            },
-            ErrorKind::PeerLost,
-        ),
-        (
-            CommError::Fault {
-                rank: 1,
-                code: FaultKind::NonFinite.code(),
-            },
+            CommError::Fault(Fault::posted(1, FaultKind::NonFinite)),
             ErrorKind::Fault,
         ),
         (

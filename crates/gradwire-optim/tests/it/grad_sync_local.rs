@@ -4,8 +4,8 @@
 //! fails on every rank (and delta weight puts p0 back); a NaN gradient is
 //! skipped on every rank; the next step works.
 
-use gradwire_algos::FaultKind;
 use gradwire_algos::adasum::AdaSum;
+use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
     DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, ParamSpec, Result, Sgd, SgdConfig,
@@ -137,7 +137,7 @@ fn through_grad_sync(
         });
         outcomes.push(match result {
             Ok(stats) => Ok(stats.non_finite),
-            Err(OptimError::Fault { rank, kind, .. }) => {
+            Err(OptimError::Fault(Fault { rank, kind, .. })) => {
                 if matches!(mode, StrategyConfig::DeltaWeight { .. }) {
                     assert_eq!(bits(&params), bits(&before), "p0 put back after a failure");
                 }
@@ -261,11 +261,11 @@ fn a_wrong_buffer_on_one_rank_fails_the_step_on_every_rank() {
             assert!(
                 matches!(
                     first,
-                    Some(OptimError::Fault {
+                    Some(OptimError::Fault(Fault {
                         rank: Some(1),
                         kind: FaultKind::InvalidArgument,
                         ..
-                    })
+                    }))
                 ),
                 "{mode:?}: {first:?}"
             );
