@@ -63,6 +63,8 @@ pub mod nccl;
 mod op;
 mod pending;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
+mod protocol;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
 mod rank_order;
 mod worker;
 

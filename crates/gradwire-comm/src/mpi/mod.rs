@@ -377,41 +377,10 @@ impl MpiComm {
         Ok((node.rank, node.size))
     }
 
-    /// The header exchange: all-gathers every rank's description of its
-    /// call and validates them, identically on every rank. Returns them.
-    ///
-    /// The all-gather is non-blocking (`MPI_Iallgather`, polled with the
-    /// deadline), so a rank that never arrives is a `Timeout`, not a hang.
-    /// Once it completed every rank is present, and the data phase that
-    /// follows uses MPI's blocking collectives; a peer that gave up on this
-    /// very round (its deadline passed just before a late rank arrived) has
-    /// told everyone in a notice, which is checked here before any data
-    /// moves.
+    /// The agreement on `call` ([`crate::protocol::agree`]) over this
+    /// communicator's header exchange.
     fn agree(&self, call: Call) -> Result<Vec<Call>> {
-        let op = call.kind.name();
-        self.enter(op)?;
-        let round = self.rounds.get();
-        // A peer already said it will not come.
-        self.check_notice(Some(round))?;
-        self.rounds.set(round + 1);
-        let mut gathering = sys::iallgather(self.comm, call.encode().to_vec(), self.size)?;
-        self.poll(op, &[], Some(round), || gathering.test())?;
-        self.heed_notices(Some(round))?;
-        let all = gathering.received().ok_or_else(|| CommError::Mpi {
-            op: "MPI_Iallgather",
-            code: -1,
-            message: "the header exchange completed without its data".into(),
-        })?;
-        let calls = header::decode_all(all)?;
-        crate::call::validate(&calls).map_err(|err| {
-            // A lost lane's fault ends the communicator, as on every backend.
-            if err.is_lane_lost() {
-                self.poison(err)
-            } else {
-                err
-            }
-        })?;
-        Ok(calls)
+        crate::protocol::agree(self, call)
     }
 
     /// Borrows the reusable staging area as `n` elements of `T`.
@@ -734,30 +703,15 @@ impl Communicator for MpiComm {
 
     fn barrier(&self) -> Result<()> {
         let _busy = self.busy();
-        // The header all-gather is itself a barrier: no rank can hold every
-        // rank's description before every rank has sent it.
-        self.agree(Call::new(Kind::Barrier)).map(|_| ())
+        crate::protocol::barrier(self)
     }
 
     fn post_fault(&self, kind: crate::FaultKind) -> CommError {
-        let call = Call {
-            key: i64::from(kind.code()),
-            ..Call::new(Kind::Fault)
-        };
-        match self.agree(call) {
-            Err(err) => err,
-            // Unreachable: validation fails every round with a fault in it.
-            Ok(_) => CommError::Fault(crate::Fault::posted(self.rank(), kind)),
-        }
+        crate::protocol::post_fault(self, kind)
     }
 
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
-        let calls = self.agree(Call {
-            color,
-            key,
-            ..Call::new(Kind::Split)
-        })?;
-        let plan = header::split_plan(&calls)?;
+        let plan = crate::protocol::split_plan(self, color, key)?;
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
@@ -782,6 +736,44 @@ impl Communicator for MpiComm {
         job: J,
     ) -> Result<Pending<J::Output>> {
         self.lane_worker()?.submit_slot(slot, job)
+    }
+}
+
+/// MpiComm's header exchange: a non-blocking all-gather (`MPI_Iallgather`,
+/// polled with the deadline), so a rank that never arrives is a `Timeout`,
+/// not a hang. Once it completed every rank is present, and the data phase
+/// that follows uses MPI's blocking collectives; a peer that gave up on this
+/// very round (its deadline passed just before a late rank arrived) has told
+/// everyone in a notice, which is checked here before any data moves.
+impl crate::protocol::HeaderTransport for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn gather_headers<R>(
+        &self,
+        op: &'static str,
+        mine: [i64; header::WORDS],
+        then: impl FnOnce(&[i64]) -> Result<R>,
+    ) -> Result<R> {
+        self.enter(op)?;
+        let round = self.rounds.get();
+        // A peer already said it will not come.
+        self.check_notice(Some(round))?;
+        self.rounds.set(round + 1);
+        let mut gathering = sys::iallgather(self.comm, mine.to_vec(), self.size)?;
+        self.poll(op, &[], Some(round), || gathering.test())?;
+        self.heed_notices(Some(round))?;
+        let all = gathering.received().ok_or_else(|| CommError::Mpi {
+            op: "MPI_Iallgather",
+            code: -1,
+            message: "the header exchange completed without its data".into(),
+        })?;
+        then(all)
+    }
+
+    fn poison(&self, err: CommError) -> CommError {
+        MpiComm::poison(self, err)
     }
 }
 

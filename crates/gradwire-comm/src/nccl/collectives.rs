@@ -39,17 +39,25 @@ pub(super) fn bytes_of_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
-impl NcclComm {
-    /// The header exchange: all-gathers every rank's description of its
-    /// call (in place in the scratch) and validates them, identically on
-    /// every rank.
-    pub(super) fn agree(&self, call: Call) -> Result<Vec<Call>> {
+/// NcclComm's header exchange: an all-gather in place in the scratch, on
+/// the device, under the watchdog.
+impl crate::protocol::HeaderTransport for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn gather_headers<R>(
+        &self,
+        _op: &'static str,
+        mine: [i64; header::WORDS],
+        then: impl FnOnce(&[i64]) -> Result<R>,
+    ) -> Result<R> {
         if let Some(reason) = self.owner.aborted() {
             return Err(reason);
         }
         self.reap()?;
-        let mut mine = [0u8; HEADER_BYTES];
-        for (out, word) in mine.chunks_exact_mut(8).zip(call.encode()) {
+        let mut bytes = [0u8; HEADER_BYTES];
+        for (out, word) in bytes.chunks_exact_mut(8).zip(mine) {
             out.copy_from_slice(&word.to_le_bytes());
         }
         let mut all = vec![0u8; HEADER_BYTES * self.size];
@@ -57,7 +65,7 @@ impl NcclComm {
             let mut lease = self.scratch.lease(all.len(), &self.stream)?;
             self.watched("header exchange", || {
                 let buf = lease.buffer()?;
-                self.upload(&mine, buf, self.rank * HEADER_BYTES)?;
+                self.upload(&bytes, buf, self.rank * HEADER_BYTES)?;
                 self.all_gather_in_place("header exchange", buf, 0, HEADER_BYTES)?;
                 self.download(buf, 0, &mut all)?;
                 self.sync()
@@ -68,14 +76,20 @@ impl NcclComm {
             .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
             .collect();
         debug_assert_eq!(words.len(), WORDS * self.size);
-        let calls = header::decode_all(&words)?;
-        crate::call::validate(&calls).inspect_err(|err| {
-            // A lost lane's fault ends the communicator, as on every backend.
-            if err.is_lane_lost() {
-                self.owner.poison(err.clone());
-            }
-        })?;
-        Ok(calls)
+        then(&words)
+    }
+
+    fn poison(&self, err: CommError) -> CommError {
+        self.owner.poison(err.clone());
+        err
+    }
+}
+
+impl NcclComm {
+    /// The agreement on `call` ([`crate::protocol::agree`]) over this
+    /// communicator's header exchange.
+    pub(super) fn agree(&self, call: Call) -> Result<Vec<Call>> {
+        crate::protocol::agree(self, call)
     }
 
     /// `all_reduce` with NCCL's `ncclAllReduce`, in place in the scratch.
@@ -304,29 +318,15 @@ impl Communicator for NcclComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        // The header all-gather is itself a barrier.
-        self.agree(Call::new(Kind::Barrier)).map(|_| ())
+        crate::protocol::barrier(self)
     }
 
     fn post_fault(&self, kind: crate::FaultKind) -> CommError {
-        let call = Call {
-            key: i64::from(kind.code()),
-            ..Call::new(Kind::Fault)
-        };
-        match self.agree(call) {
-            Err(err) => err,
-            // Unreachable: validation fails every round with a fault in it.
-            Ok(_) => CommError::Fault(crate::Fault::posted(self.rank(), kind)),
-        }
+        crate::protocol::post_fault(self, kind)
     }
 
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
-        let calls = self.agree(Call {
-            color,
-            key,
-            ..Call::new(Kind::Split)
-        })?;
-        let plan = header::split_plan(&calls)?;
+        let plan = crate::protocol::split_plan(self, color, key)?;
         let (nccl_color, nccl_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         let size = color.map_or(0, |_| {
             plan.iter()

@@ -1,0 +1,91 @@
+//! The agreement protocol of the library backends, implemented once: before
+//! any data moves, every rank's description of its call ([`Call`], encoded
+//! by `header.rs`) is all-gathered and validated alike on every rank, so a
+//! mismatch, an invalid argument or a posted fault is the same error on
+//! every rank and the communicator stays usable. MpiComm and NcclComm
+//! provide the one thing that differs, the exchange of the headers
+//! ([`HeaderTransport`]: MPI's non-blocking all-gather under a deadline,
+//! NCCL's all-gather on the device under its watchdog); the agreement, the
+//! barrier, the posting of a fault and the split's plan are here.
+
+use crate::call::{Call, Kind};
+use crate::error::{CommError, Result};
+use crate::fault::{Fault, FaultKind};
+use crate::header::{self, WORDS};
+
+/// A backend's exchange of the headers.
+pub(crate) trait HeaderTransport {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// All-gathers `mine` (this rank's encoded call, for operation `op`)
+    /// with every rank's, in rank order, `WORDS` words each, and hands them
+    /// to `then`. The transport's own conditions (a poisoned communicator,
+    /// a deadline, a peer's notice) are checked here.
+    fn gather_headers<R>(
+        &self,
+        op: &'static str,
+        mine: [i64; WORDS],
+        then: impl FnOnce(&[i64]) -> Result<R>,
+    ) -> Result<R>;
+
+    /// Poisons the communicator with `err` (a lost asynchronous lane, which
+    /// ends it on every backend) and returns it.
+    fn poison(&self, err: CommError) -> CommError;
+}
+
+/// Agrees on `call`: every rank's calls, once validated alike on every
+/// rank. A posted fault, a mismatch or an invalid argument is the same
+/// error on every rank; a lost lane's fault also poisons the communicator.
+pub(crate) fn agree(transport: &impl HeaderTransport, call: Call) -> Result<Vec<Call>> {
+    let calls = transport.gather_headers(call.kind.name(), call.encode(), |words| {
+        header::decode_all(words)
+    })?;
+    crate::call::validate(&calls).map_err(|err| {
+        if err.is_lane_lost() {
+            transport.poison(err)
+        } else {
+            err
+        }
+    })?;
+    Ok(calls)
+}
+
+/// The barrier: the header exchange is itself one, since no rank can hold
+/// every rank's description before every rank has sent it.
+pub(crate) fn barrier(transport: &impl HeaderTransport) -> Result<()> {
+    agree(transport, Call::new(Kind::Barrier)).map(|_| ())
+}
+
+/// Takes part in the next round as a rank that failed with `kind` (see
+/// [`crate::Communicator::post_fault`]).
+pub(crate) fn post_fault(transport: &impl HeaderTransport, kind: FaultKind) -> CommError {
+    let call = Call {
+        key: i64::from(kind.code()),
+        ..Call::new(Kind::Fault)
+    };
+    match agree(transport, call) {
+        Err(err) => err,
+        // Unreachable: validation fails every round with a fault in it.
+        Ok(_) => CommError::Fault(Fault::posted(transport.rank(), kind)),
+    }
+}
+
+/// The agreed split of [`crate::Communicator::split`]: every rank's color
+/// and key in the library's terms (`None` for a rank that takes no part),
+/// the same on every rank.
+pub(crate) fn split_plan(
+    transport: &impl HeaderTransport,
+    color: Option<u32>,
+    key: i64,
+) -> Result<Vec<(Option<i32>, i32)>> {
+    let calls = agree(
+        transport,
+        Call {
+            color,
+            key,
+            ..Call::new(Kind::Split)
+        },
+    )?;
+    header::split_plan(&calls)
+}
