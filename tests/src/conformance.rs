@@ -32,12 +32,12 @@
 
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
-use gradwire_cli::Backend;
 use gradwire_comm::{
     AsyncJob, CommError, Communicator, Element, Fault, FaultKind, JobSlot, LocalComm, Pending,
     ReduceOp, chunk_range, local,
 };
 use gradwire_compress::SparseCodec;
+use gradwire_experiments::Backend;
 use gradwire_optim::{
     Adam, AdamConfig, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd, SgdConfig,
     SkipVote,
@@ -122,7 +122,7 @@ pub enum CaseError {
     Candle(String),
     /// A training run of gradwire-cli failed.
     #[error(transparent)]
-    Cli(#[from] gradwire_cli::CliError),
+    Cli(#[from] gradwire_experiments::ExperimentError),
 }
 
 /// The body of a case on one rank.
@@ -1089,13 +1089,13 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
     still_works(comm, checks, "the posted faults")
 }
 
-/// The fault matrix of `gradwire_cli::faults` on this backend: for every
+/// The fault matrix of `gradwire_experiments::faults` on this backend: for every
 /// mode and fault, every rank sees the same outcome at every step, the
 /// steps after the fault complete, and the ranks end bitwise equal (each
 /// scenario on its own duplicate; the records compared after an
 /// all-gather, `faults::run_on`).
 fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
-    for report in gradwire_cli::faults::run_on(comm)? {
+    for report in gradwire_experiments::faults::run_on(comm)? {
         checks.check(report.holds(), || {
             format!(
                 "{} / {} / skip {}: at the fault step {:?}, agreed {}, recovered {}, equal {:?}",
@@ -1756,8 +1756,8 @@ fn training_runs_match_local<C: Backend + 'static>(
     comm: &C,
     checks: &mut Checks,
 ) -> Result<(), CaseError> {
-    use gradwire_cli::train::{Silent, train, train_rank};
-    use gradwire_cli::{TrainConfig, data::Digits};
+    use gradwire_experiments::train::{Silent, train, train_rank};
+    use gradwire_experiments::{TrainConfig, data::Digits};
     let data = Digits::load(42);
     let mlp = TrainConfig {
         world: comm.world_size(),
@@ -1770,9 +1770,9 @@ fn training_runs_match_local<C: Backend + 'static>(
     // The convolutional network too, with AdamW's state.
     let cnn = TrainConfig {
         strategy: "fp16".parse().expect("a registry name"),
-        model: gradwire_cli::ModelKind::Cnn,
+        model: gradwire_experiments::ModelKind::Cnn,
         channels: vec![4, 8],
-        optimizer: gradwire_cli::OptimizerKind::Adamw,
+        optimizer: gradwire_experiments::OptimizerKind::Adamw,
         lr: 0.01,
         ..mlp.clone()
     };
@@ -1800,13 +1800,14 @@ fn training_runs_match_local<C: Backend + 'static>(
         let local = train(&config, &data, &Silent, None)?;
         if !checks.exact_sums() {
             // A library's sums: the same traffic, and the model as good.
-            let traffic = |r: &gradwire_cli::RunReport| -> Vec<u64> {
+            let traffic = |r: &gradwire_experiments::RunReport| -> Vec<u64> {
                 r.epochs.iter().map(|e| e.bytes_total).collect()
             };
             checks.check(traffic(&report) == traffic(&local), || {
                 format!("{strategy:?}: per-epoch traffic differs from LocalComm's")
             });
-            let last = |r: &gradwire_cli::RunReport| r.epochs.last().map(|e| e.test_accuracy);
+            let last =
+                |r: &gradwire_experiments::RunReport| r.epochs.last().map(|e| e.test_accuracy);
             let close = match (last(&report), last(&local)) {
                 (Some(a), Some(b)) => (a - b).abs() <= 0.05,
                 _ => false,
@@ -1826,7 +1827,7 @@ fn training_runs_match_local<C: Backend + 'static>(
                 report.param_checksum, local.param_checksum
             )
         });
-        let summary = |r: &gradwire_cli::RunReport| -> Vec<(u64, u64, u64)> {
+        let summary = |r: &gradwire_experiments::RunReport| -> Vec<(u64, u64, u64)> {
             r.epochs
                 .iter()
                 .map(|e| {

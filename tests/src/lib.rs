@@ -1,7 +1,7 @@
 //! Cross-crate tests of gradwire.
 //!
 //! It holds the tests that look at more than one crate at a time, in `tests/`;
-//! the digits data set and the MLP they train come from `gradwire-cli`.
+//! the digits data set and the MLP they train come from `gradwire-experiments`.
 //!
 //! - `convergence.rs`: data-parallel training of the digits MLP on 4 ranks:
 //!   dense averaging and AdaSum by delta weight against one worker.
@@ -15,7 +15,7 @@
 //! - `candle.rs`: a candle MLP through gradwire-candle ([`candle_model`])
 //!   on 1 to 8 workers against one process; the conformance suite's
 //!   `candle_training` case runs it on every backend.
-//! - `fault_matrix.rs`: DistOpt under injected faults (gradwire-cli's
+//! - `fault_matrix.rs`: DistOpt under injected faults (gradwire-experiments'
 //!   fault matrix), every mode, 1 to 8 ranks.
 //! - `mpi_faults.rs` (feature `mpi`): MpiComm's failure model under
 //!   `mpirun` (deadlines, a killed rank); [`mpirun`] starts it and

@@ -2,8 +2,8 @@
 //! line per epoch otherwise (under mpirun, where rank 0's stderr is a pipe
 //! and a bar would never show), then the rows and tables on stdout.
 
-use gradwire_cli::TrainConfig;
-use gradwire_cli::train::{EpochRecord, Observer};
+use gradwire_experiments::TrainConfig;
+use gradwire_experiments::train::{EpochRecord, Observer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::sync::Mutex;
 

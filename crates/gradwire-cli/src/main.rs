@@ -1,14 +1,14 @@
 //! `gradwire`: data-parallel training with every gradwire strategy
 //! (`train`), several strategies side by side with plots (`compare`), and
 //! the benchmarks (`bench`). Flags are parsed here; `commands/` calls the
-//! `gradwire_cli` library, where the work is, and prints what it returns.
+//! `gradwire_experiments` library, where the work is, and prints what it returns.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
-use gradwire_cli::project;
-use gradwire_cli::{CliError, ModelKind, OptimizerKind, ScheduleKind, TrainConfig};
+use gradwire_experiments::project;
+use gradwire_experiments::{ExperimentError, ModelKind, OptimizerKind, ScheduleKind, TrainConfig};
 use gradwire_optim::StrategyConfig;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -179,8 +179,8 @@ fn strategy_help() -> String {
 /// `-s`'s parser: a registry strategy or `baseline` (clap reports the
 /// error with the flag).
 fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
-    gradwire_cli::parse_strategy(text).map_err(|e| match e {
-        CliError::Usage(m) => m,
+    gradwire_experiments::parse_strategy(text).map_err(|e| match e {
+        ExperimentError::Usage(m) => m,
         other => other.to_string(),
     })
 }
@@ -364,7 +364,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             match e {
-                CliError::Usage(_) => ExitCode::from(2),
+                ExperimentError::Usage(_) => ExitCode::from(2),
                 _ => ExitCode::FAILURE,
             }
         }

@@ -26,9 +26,9 @@
 use candle_nn::Optimizer as _;
 use gradwire_algos::{AdaSum, fused_all_reduce};
 use gradwire_candle::DistOptVars;
-use gradwire_cli::data::{Digits, epoch_order};
-use gradwire_cli::model::Model;
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
+use gradwire_experiments::data::{Digits, epoch_order};
+use gradwire_experiments::model::Model;
 use gradwire_optim::{Combined, DistOptConfig, Sgd, SgdConfig, Strategy, StrategyConfig};
 use gradwire_tensor::Tensor;
 

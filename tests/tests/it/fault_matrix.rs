@@ -3,10 +3,10 @@
 //! one rank) in every mode, on 1 to 8 ranks, and under random fault
 //! schedules. Every rank must see the same outcome at every step, the steps
 //! after a fault must complete, and the ranks must end bitwise equal
-//! (`gradwire_cli::faults`; `gradwire faults` prints the same matrix).
+//! (`gradwire_experiments::faults`; `gradwire faults` prints the same matrix).
 
-use gradwire_cli::faults::{self, Fault, Outcome};
 use gradwire_comm::{LocalConfig, local};
+use gradwire_experiments::faults::{self, Fault, Outcome};
 use gradwire_optim::StrategyConfig;
 use std::time::Duration;
 

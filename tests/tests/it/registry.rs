@@ -6,11 +6,11 @@
 //! fault matrix. A new strategy is its module and its registry entry: this
 //! test then covers it with nothing else to edit.
 
-use gradwire_cli::data::Digits;
-use gradwire_cli::faults;
-use gradwire_cli::project::{collectives_of, entry_of, shapes_of};
-use gradwire_cli::train::{CheckpointPlan, Silent, train};
-use gradwire_cli::{CliError, OptimizerKind, TrainConfig};
+use gradwire_experiments::data::Digits;
+use gradwire_experiments::faults;
+use gradwire_experiments::project::{collectives_of, entry_of, shapes_of};
+use gradwire_experiments::train::{CheckpointPlan, Silent, train};
+use gradwire_experiments::{ExperimentError, OptimizerKind, TrainConfig};
 use gradwire_optim::{REGISTRY, StrategyConfig};
 
 /// A run of `strategy` small enough to take twice per world size.
@@ -94,7 +94,7 @@ fn every_strategy_is_costed_or_named_as_not_modelled() {
         let calls = collectives_of(&config, &shapes).unwrap();
         if NOT_MODELLED.contains(&strategy.name()) {
             assert!(
-                matches!(entry_of(&config), Err(CliError::Usage(m)) if m.contains("is not modelled")),
+                matches!(entry_of(&config), Err(ExperimentError::Usage(m)) if m.contains("is not modelled")),
                 "{strategy}"
             );
             assert!(calls.is_none(), "{strategy}");

@@ -150,7 +150,7 @@ const POLICY: Policy<'static> = Policy {
         // gives, shared by every bucket, and the one that refuses.
         "crates/gradwire-optim/src/distopt/strategies.rs",
         // The fault matrix's injected fault: a strategy that panics.
-        "crates/gradwire-cli/src/faults/scenario.rs",
+        "crates/gradwire-experiments/src/faults/scenario.rs",
     ],
 };
 

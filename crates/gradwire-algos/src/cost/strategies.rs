@@ -29,7 +29,7 @@ use std::ops::Range;
 
 /// DistOpt's default fusion threshold in elements (SINGA's), the same
 /// value as `gradwire_optim::DEFAULT_FUSION_THRESHOLD` (gradwire-optim
-/// depends on this crate, not the other way; a test in gradwire-cli
+/// depends on this crate, not the other way; a test in gradwire-experiments
 /// checks that the two agree).
 pub const DEFAULT_FUSION_THRESHOLD: usize = 2_097_152;
 

@@ -3,11 +3,11 @@
 //! feature), each beside a memcpy of the same bytes.
 
 use crate::{Backend, BenchCommand, ShapeModel};
-use gradwire_cli::CliError;
-use gradwire_cli::bench::{self, Budget};
+use gradwire_experiments::ExperimentError;
+use gradwire_experiments::bench::{self, Budget};
 
 /// Runs one `gradwire bench` subcommand.
-pub(crate) fn run(command: BenchCommand) -> Result<(), CliError> {
+pub(crate) fn run(command: BenchCommand) -> Result<(), ExperimentError> {
     let budget = |secs: f64| Budget {
         min_runs: 5,
         min_secs: secs,
@@ -43,7 +43,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<(), CliError> {
                 .iter()
                 .map(|e| {
                     e.parse()
-                        .map_err(|err| CliError::Usage(format!("--strategies: {err}")))
+                        .map_err(|err| ExperimentError::Usage(format!("--strategies: {err}")))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let shapes = match model {
@@ -80,7 +80,7 @@ fn bench_kernels(
     codecs: &[String],
     sizes: &[usize],
     budget: Budget,
-) -> Result<Vec<bench::CompressRow>, CliError> {
+) -> Result<Vec<bench::CompressRow>, ExperimentError> {
     bench::device::kernels(codecs, sizes, budget)
 }
 
@@ -89,7 +89,7 @@ fn bench_kernels(
     _: &[String],
     _: &[usize],
     _: Budget,
-) -> Result<Vec<bench::CompressRow>, CliError> {
+) -> Result<Vec<bench::CompressRow>, ExperimentError> {
     Err(super::cuda_missing())
 }
 
@@ -98,7 +98,7 @@ fn bench_kernels(
 fn bench_mpi(
     sizes: &[usize],
     budget: Budget,
-) -> Result<Option<Vec<bench::AllReduceRow>>, CliError> {
+) -> Result<Option<Vec<bench::AllReduceRow>>, ExperimentError> {
     use gradwire_comm::{Communicator, MpiComm};
     let comm = MpiComm::world()?;
     let rows = bench::all_reduce_on(&comm, "mpi", sizes, budget, |bytes| {
@@ -108,7 +108,7 @@ fn bench_mpi(
 }
 
 #[cfg(not(feature = "mpi"))]
-fn bench_mpi(_: &[usize], _: Budget) -> Result<Option<Vec<bench::AllReduceRow>>, CliError> {
+fn bench_mpi(_: &[usize], _: Budget) -> Result<Option<Vec<bench::AllReduceRow>>, ExperimentError> {
     Err(super::mpi_missing())
 }
 
@@ -120,7 +120,7 @@ fn bench_nccl(
     sizes: &[usize],
     worlds: &[usize],
     budget: Budget,
-) -> Result<Vec<bench::AllReduceRow>, CliError> {
+) -> Result<Vec<bench::AllReduceRow>, ExperimentError> {
     use gradwire_comm::nccl::{self, NcclConfig};
     let memcpy: Vec<f64> = sizes
         .iter()
@@ -155,10 +155,14 @@ fn bench_nccl(
 }
 
 #[cfg(not(feature = "nccl"))]
-fn bench_nccl(_: &[usize], _: &[usize], _: Budget) -> Result<Vec<bench::AllReduceRow>, CliError> {
+fn bench_nccl(
+    _: &[usize],
+    _: &[usize],
+    _: Budget,
+) -> Result<Vec<bench::AllReduceRow>, ExperimentError> {
     Err(super::nccl_missing())
 }
 
-fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, CliError> {
+fn parse_sizes(sizes: &[String]) -> Result<Vec<usize>, ExperimentError> {
     sizes.iter().map(|s| bench::parse_size(s)).collect()
 }

@@ -5,17 +5,17 @@
 use super::over_network;
 use crate::console::{RunBar, bar_style};
 use crate::{Backend, CompareArgs};
-use gradwire_cli::compare;
-use gradwire_cli::data::Digits;
-use gradwire_cli::plot;
-use gradwire_cli::project;
-use gradwire_cli::train::RunReport;
-use gradwire_cli::{CliError, TrainConfig};
+use gradwire_experiments::compare;
+use gradwire_experiments::data::Digits;
+use gradwire_experiments::plot;
+use gradwire_experiments::project;
+use gradwire_experiments::train::RunReport;
+use gradwire_experiments::{ExperimentError, TrainConfig};
 use indicatif::ProgressBar;
 use std::path::Path;
 
 /// Runs `gradwire compare` with its flags.
-pub(crate) fn run(args: CompareArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
     if let Some(rate) = &args.network.network {
         return over_network(rate, args.common.world, Some(&args.out));
     }
@@ -39,7 +39,7 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), CliError> {
             );
         }
     };
-    let bars = |_: usize, config: &TrainConfig| -> Box<dyn gradwire_cli::train::Observer> {
+    let bars = |_: usize, config: &TrainConfig| -> Box<dyn gradwire_experiments::train::Observer> {
         // The length is set when the first epoch says how many steps it has.
         let bar = ProgressBar::new(0)
             .with_style(bar_style())
@@ -72,7 +72,7 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), CliError> {
             }
         }
         Backend::Nccl => {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "compare runs on --backend local or mpi (or --network)".into(),
             ));
         }
@@ -88,7 +88,7 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), CliError> {
     });
     if plots.is_ok() {
         let path = args.out.join("compare.json");
-        std::fs::write(&path, record.to_string()).map_err(|source| CliError::Io {
+        std::fs::write(&path, record.to_string()).map_err(|source| ExperimentError::Io {
             path: path.display().to_string(),
             source,
         })?;
@@ -126,16 +126,16 @@ fn shaped_report(
     bits: u64,
     out: &Path,
     json: bool,
-) -> Result<(), CliError> {
+) -> Result<(), ExperimentError> {
     let profile = project::profile_of(runs, calibration, bits)?;
     let predicted = project::predictions(&profile, runs);
-    std::fs::create_dir_all(out).map_err(|source| CliError::Io {
+    std::fs::create_dir_all(out).map_err(|source| ExperimentError::Io {
         path: out.display().to_string(),
         source,
     })?;
     let path = out.join("profile.json");
     std::fs::write(&path, serde_json::to_string_pretty(&profile)?).map_err(|source| {
-        CliError::Io {
+        ExperimentError::Io {
             path: path.display().to_string(),
             source,
         }
@@ -184,8 +184,8 @@ fn compare_mpi<'o>(
     data: &Digits,
     shaped: bool,
     header: impl Fn(usize),
-    bars: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_cli::train::Observer + 'o>,
-) -> Result<Option<Compared>, CliError> {
+    bars: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_experiments::train::Observer + 'o>,
+) -> Result<Option<Compared>, ExperimentError> {
     use gradwire_comm::{Communicator, MpiComm};
     let world = MpiComm::world()?;
     let rank = world.rank();
@@ -212,7 +212,7 @@ fn compare_mpi<'o>(
     _: &Digits,
     _: bool,
     _: impl Fn(usize),
-    _: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_cli::train::Observer + 'o>,
-) -> Result<Option<Compared>, CliError> {
+    _: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_experiments::train::Observer + 'o>,
+) -> Result<Option<Compared>, ExperimentError> {
     Err(super::mpi_missing())
 }

@@ -2,17 +2,17 @@
 //! processes, judged against the failure model.
 
 use crate::{Backend, FaultsArgs};
-use gradwire_cli::CliError;
+use gradwire_experiments::ExperimentError;
 
 /// Runs `gradwire faults` with its flags.
-pub(crate) fn run(args: FaultsArgs) -> Result<(), CliError> {
-    use gradwire_cli::faults;
+pub(crate) fn run(args: FaultsArgs) -> Result<(), ExperimentError> {
+    use gradwire_experiments::faults;
     let deadline = std::time::Duration::from_secs(args.deadline);
     match args.backend {
         Backend::Local => {}
         Backend::Mpi => return faults_mpi(deadline),
         Backend::Nccl => {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "faults runs on --backend local or mpi".into(),
             ));
         }
@@ -25,7 +25,7 @@ pub(crate) fn run(args: FaultsArgs) -> Result<(), CliError> {
     let broken = reports.iter().filter(|r| !r.holds()).count()
         + terminal.iter().filter(|r| !r.holds()).count();
     if broken > 0 {
-        return Err(CliError::Usage(format!(
+        return Err(ExperimentError::Usage(format!(
             "{broken} of {total} scenarios break the failure model"
         )));
     }
@@ -35,9 +35,9 @@ pub(crate) fn run(args: FaultsArgs) -> Result<(), CliError> {
 
 /// The fault matrix on `MpiComm::world()` under mpirun; rank 0 prints.
 #[cfg(feature = "mpi")]
-fn faults_mpi(deadline: std::time::Duration) -> Result<(), CliError> {
-    use gradwire_cli::faults;
+fn faults_mpi(deadline: std::time::Duration) -> Result<(), ExperimentError> {
     use gradwire_comm::{Communicator, MpiComm, MpiConfig};
+    use gradwire_experiments::faults;
     let comm = MpiComm::world_with(&MpiConfig::with_timeout(Some(deadline)))?;
     let reports = faults::run_on(&comm)?;
     let broken = reports.iter().filter(|r| !r.holds()).count();
@@ -45,7 +45,7 @@ fn faults_mpi(deadline: std::time::Duration) -> Result<(), CliError> {
         println!("{}", faults::table(&reports, "mpi", comm.world_size()));
     }
     if broken > 0 {
-        return Err(CliError::Usage(format!(
+        return Err(ExperimentError::Usage(format!(
             "{broken} of {} scenarios break the failure model",
             reports.len()
         )));
@@ -57,6 +57,6 @@ fn faults_mpi(deadline: std::time::Duration) -> Result<(), CliError> {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn faults_mpi(_: std::time::Duration) -> Result<(), CliError> {
+fn faults_mpi(_: std::time::Duration) -> Result<(), ExperimentError> {
     Err(super::mpi_missing())
 }

@@ -1,5 +1,5 @@
 //! What each subcommand does with its parsed flags: the calls into the
-//! `gradwire_cli` library and the printing of what they return, one file
+//! `gradwire_experiments` library and the printing of what they return, one file
 //! per subcommand; here what several share (the messages of a build
 //! without a backend, and `--network`'s re-launch).
 
@@ -8,15 +8,15 @@ pub(crate) mod compare;
 pub(crate) mod faults;
 pub(crate) mod train;
 
-use gradwire_cli::CliError;
-use gradwire_cli::network::{self, MpiLaunch, Rate, ShapedNetwork};
+use gradwire_experiments::ExperimentError;
+use gradwire_experiments::network::{self, MpiLaunch, Rate, ShapedNetwork};
 use std::ffi::OsString;
 use std::path::Path;
 
 /// The error for `--backend nccl` in a build without NCCL support.
 #[cfg(not(feature = "nccl"))]
-pub(super) fn nccl_missing() -> CliError {
-    CliError::Usage(
+pub(super) fn nccl_missing() -> ExperimentError {
+    ExperimentError::Usage(
         "this gradwire was built without NCCL: cargo build --release -p gradwire-cli --features nccl"
             .into(),
     )
@@ -24,8 +24,8 @@ pub(super) fn nccl_missing() -> CliError {
 
 /// The error for `gradwire bench kernels` in a build without CUDA.
 #[cfg(not(feature = "cuda"))]
-pub(super) fn cuda_missing() -> CliError {
-    CliError::Usage(
+pub(super) fn cuda_missing() -> ExperimentError {
+    ExperimentError::Usage(
         "this gradwire was built without CUDA: cargo build --release -p gradwire-cli --features cuda"
             .into(),
     )
@@ -33,8 +33,8 @@ pub(super) fn cuda_missing() -> CliError {
 
 /// The error for `--backend mpi` in a build without MPI.
 #[cfg(not(feature = "mpi"))]
-pub(super) fn mpi_missing() -> CliError {
-    CliError::Usage(
+pub(super) fn mpi_missing() -> ExperimentError {
+    ExperimentError::Usage(
         "this gradwire was built without MPI: cargo build --release -p gradwire-cli --features mpi, \
          then run it under mpirun"
             .into(),
@@ -44,14 +44,18 @@ pub(super) fn mpi_missing() -> CliError {
 /// `--network RATE`: this command again, as `world` MPI ranks on a shaped
 /// network made for the run and removed after it (`out` made absolute: the
 /// ranks may start elsewhere).
-pub(super) fn over_network(rate: &str, world: usize, out: Option<&Path>) -> Result<(), CliError> {
+pub(super) fn over_network(
+    rate: &str,
+    world: usize,
+    out: Option<&Path>,
+) -> Result<(), ExperimentError> {
     let rate = Rate::parse(rate)?;
     if cfg!(not(feature = "mpi")) {
-        return Err(CliError::Usage(
+        return Err(ExperimentError::Usage(
             "--network starts MPI ranks: build with --features mpi".into(),
         ));
     }
-    let program = std::env::current_exe().map_err(|source| CliError::Io {
+    let program = std::env::current_exe().map_err(|source| ExperimentError::Io {
         path: "(this program)".into(),
         source,
     })?;
@@ -72,7 +76,7 @@ pub(super) fn over_network(rate: &str, world: usize, out: Option<&Path>) -> Resu
     args.extend(["--backend", "mpi", "--link-rate"].map(OsString::from));
     args.push(rate.bits_per_s.to_string().into());
     if let Some(out) = out {
-        let out = std::path::absolute(out).map_err(|source| CliError::Io {
+        let out = std::path::absolute(out).map_err(|source| ExperimentError::Io {
             path: out.display().to_string(),
             source,
         })?;

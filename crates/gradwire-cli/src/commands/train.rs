@@ -5,13 +5,13 @@
 use super::over_network;
 use crate::console::{Console, print_train_header};
 use crate::{Backend, TrainArgs};
-use gradwire_cli::data::Digits;
-use gradwire_cli::train::{CheckpointPlan, TARGET_ACCURACY, train};
-use gradwire_cli::{CliError, TrainConfig};
+use gradwire_experiments::data::Digits;
+use gradwire_experiments::train::{CheckpointPlan, TARGET_ACCURACY, train};
+use gradwire_experiments::{ExperimentError, TrainConfig};
 use std::sync::Mutex;
 
 /// Runs `gradwire train` with its flags.
-pub(crate) fn run(args: TrainArgs) -> Result<(), CliError> {
+pub(crate) fn run(args: TrainArgs) -> Result<(), ExperimentError> {
     if let Some(rate) = &args.network.network {
         return over_network(rate, args.common.world, None);
     }
@@ -84,7 +84,7 @@ fn train_mpi(
     data: &Digits,
     console: &Console,
     plan: Option<&CheckpointPlan>,
-) -> Result<Option<gradwire_cli::RunReport>, CliError> {
+) -> Result<Option<gradwire_experiments::RunReport>, ExperimentError> {
     use gradwire_comm::{Communicator, MpiComm};
     let comm = MpiComm::world()?;
     config.world = comm.world_size();
@@ -92,7 +92,7 @@ fn train_mpi(
     if comm.rank() == 0 {
         print_train_header(config, console.json);
     }
-    gradwire_cli::train::train_rank(comm, config, data, console, plan)
+    gradwire_experiments::train::train_rank(comm, config, data, console, plan)
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -101,7 +101,7 @@ fn train_mpi(
     _: &Digits,
     _: &Console,
     _: Option<&CheckpointPlan>,
-) -> Result<Option<gradwire_cli::RunReport>, CliError> {
+) -> Result<Option<gradwire_experiments::RunReport>, ExperimentError> {
     Err(super::mpi_missing())
 }
 
@@ -112,8 +112,8 @@ fn train_nccl(
     console: &Console,
     plan: Option<&CheckpointPlan>,
     deterministic: bool,
-) -> Result<gradwire_cli::RunReport, CliError> {
-    gradwire_cli::train::train_nccl(config, data, console, plan, deterministic)
+) -> Result<gradwire_experiments::RunReport, ExperimentError> {
+    gradwire_experiments::train::train_nccl(config, data, console, plan, deterministic)
 }
 
 #[cfg(not(feature = "nccl"))]
@@ -123,6 +123,6 @@ fn train_nccl(
     _: &Console,
     _: Option<&CheckpointPlan>,
     _: bool,
-) -> Result<gradwire_cli::RunReport, CliError> {
+) -> Result<gradwire_experiments::RunReport, ExperimentError> {
     Err(super::nccl_missing())
 }

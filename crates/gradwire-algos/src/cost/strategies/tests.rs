@@ -1,6 +1,6 @@
 //! The model against the strategies themselves, run in-process on
 //! LocalComm (DistOpt's buckets and votes are checked against real
-//! DistOpt steps in gradwire-cli's tests, which can reach gradwire-optim).
+//! DistOpt steps in gradwire-experiments' tests, which can reach gradwire-optim).
 
 use super::*;
 use crate::dimreduce::{DimReduce, DimReduceConfig, Pca};

@@ -6,7 +6,7 @@ use super::{EpochRecord, Run};
 use crate::config::TrainConfig;
 use crate::engine::Backend;
 use crate::engine::Engine;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::TrajectoryRecorder;
 use gradwire_optim::StrategyConfig;
@@ -25,6 +25,8 @@ pub struct CheckpointPlan {
     pub resume: bool,
 }
 
+// The checkpoint keys keep the names of the first format (the crate was
+// gradwire-cli then): checkpoints written since still resume.
 /// The checkpoint keys of the run's own state.
 pub(super) const KEY_EPOCH: &str = "gradwire-cli/epoch";
 pub(super) const KEY_CONFIG: &str = "gradwire-cli/config";
@@ -34,12 +36,9 @@ pub(super) const PCA_FILE: &str = "pca.safetensors";
 
 /// The run configuration a checkpoint was written with.
 pub(super) fn saved_config(ckpt: &Checkpoint) -> Result<TrainConfig> {
-    let value = ckpt
-        .state
-        .values
-        .get(KEY_CONFIG)
-        .cloned()
-        .ok_or_else(|| CliError::Resume("the checkpoint holds no run configuration".into()))?;
+    let value = ckpt.state.values.get(KEY_CONFIG).cloned().ok_or_else(|| {
+        ExperimentError::Resume("the checkpoint holds no run configuration".into())
+    })?;
     Ok(serde_json::from_value(value)?)
 }
 
@@ -91,7 +90,7 @@ impl Run<'_> {
         recorder: &mut TrajectoryRecorder,
         history: &mut Vec<EpochRecord>,
     ) -> Result<usize> {
-        let bad = |m: &str| CliError::Resume(m.to_string());
+        let bad = |m: &str| ExperimentError::Resume(m.to_string());
         let saved = saved_config(ckpt)?;
         // Only the length of the run may change.
         let comparable = TrainConfig {
@@ -115,7 +114,7 @@ impl Run<'_> {
                     )
                 })
                 .collect();
-            return Err(CliError::Resume(format!(
+            return Err(ExperimentError::Resume(format!(
                 "the checkpoint is of another run ({})",
                 differences.join("; ")
             )));
@@ -127,7 +126,7 @@ impl Run<'_> {
             .and_then(|v| v.as_u64())
             .ok_or_else(|| bad("the checkpoint holds no epoch count"))? as usize;
         if done > self.config.epochs {
-            return Err(CliError::Resume(format!(
+            return Err(ExperimentError::Resume(format!(
                 "the checkpoint is after epoch {done}, the run has {} epochs",
                 self.config.epochs
             )));

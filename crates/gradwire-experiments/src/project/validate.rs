@@ -9,7 +9,7 @@
 use super::{Profile, ProfileLink, ProfileStrategy, entry_of};
 use crate::compare::{Calibration, ShapedRow};
 use crate::config::TrainConfig;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
@@ -120,7 +120,7 @@ pub fn profile_of(
         let row = ShapedRow::of(run);
         let split = row.split;
         let network = split.network.ok_or_else(|| {
-            CliError::Usage(format!(
+            ExperimentError::Usage(format!(
                 "{}: the run did not time its communication (not on MPI)",
                 run.label
             ))

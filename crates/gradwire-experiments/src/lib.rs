@@ -1,15 +1,16 @@
-//! The `gradwire` command line as a library: data-parallel training of
-//! candle models (an MLP, a small convolutional network) on smartcore's
-//! digits through gradwire-candle, with every gradwire strategy
-//! ([`train`](mod@train)), several strategies side by side with plots
-//! ([`compare`]), and the communication and compression benchmarks
-//! ([`bench`](mod@bench)).
+//! gradwire's experiment machinery: data-parallel training of candle models
+//! (an MLP, a small convolutional network) on smartcore's digits through
+//! gradwire-candle, with every gradwire strategy ([`train`](mod@train)),
+//! several strategies side by side with plots ([`compare`]), the fault
+//! matrix ([`faults`]), shaped networks ([`network`]), the cost model's
+//! projections ([`project`]), and the communication and compression
+//! benchmarks ([`bench`](mod@bench)).
 //!
-//! The binary (`src/main.rs`) only parses flags and prints; everything it
-//! runs is here, so the end-to-end tests call the same code.
+//! The `gradwire` binary (crate gradwire-cli) only parses flags and prints;
+//! everything it runs is here, so the end-to-end tests call the same code.
 //!
 //! ```
-//! use gradwire_cli::{TrainConfig, data::Digits, train::{Silent, train}};
+//! use gradwire_experiments::{TrainConfig, data::Digits, train::{Silent, train}};
 //!
 //! // Two workers, top-k 10 % with error feedback, two epochs.
 //! let config = TrainConfig {
@@ -43,5 +44,5 @@ pub mod train;
 
 pub use config::{ModelKind, OptimizerKind, ScheduleKind, TrainConfig, parse_strategy};
 pub use engine::Backend;
-pub use error::{CliError, Result};
+pub use error::{ExperimentError, Result};
 pub use train::{EpochRecord, RunReport, train};

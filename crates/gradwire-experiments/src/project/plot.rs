@@ -5,7 +5,7 @@
 
 use super::Projection;
 use super::report::rate_label;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::plot::{draw_series, ensure_font};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -18,7 +18,7 @@ type Series = Vec<(String, Vec<(f64, f64)>)>;
 /// every model and algorithm; returns the files written.
 pub fn write_plots(projection: &Projection, dir: &Path) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
+    std::fs::create_dir_all(dir).map_err(|source| ExperimentError::Io {
         path: dir.display().to_string(),
         source,
     })?;
@@ -103,7 +103,7 @@ fn draw<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let fail = |e: &dyn std::fmt::Display| CliError::Plot {
+    let fail = |e: &dyn std::fmt::Display| ExperimentError::Plot {
         path: path.display().to_string(),
         message: e.to_string(),
     };

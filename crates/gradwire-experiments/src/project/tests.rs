@@ -35,7 +35,7 @@ fn rates_parse_and_bad_ones_say_why() {
         "10", "10mbps", "gbit", "-1gbit", "0gbit", "nangbit", "1e30tbit", "",
     ] {
         let e = parse_rate(bad).unwrap_err();
-        assert!(matches!(e, CliError::Usage(_)), "{bad}: {e}");
+        assert!(matches!(e, ExperimentError::Usage(_)), "{bad}: {e}");
     }
 }
 
@@ -189,7 +189,7 @@ fn plots_and_json_are_written() {
         out: out.clone(),
         ..args()
     };
-    if let Err(CliError::Plot { path, message }) = crate::plot::ensure_font()
+    if let Err(ExperimentError::Plot { path, message }) = crate::plot::ensure_font()
         && path == "(font)"
     {
         eprintln!("SKIP plots_and_json_are_written: {message}");

@@ -125,7 +125,7 @@ pub use shaped::{CALIBRATION_BYTES, Calibration, ShapedRow, calibrate, shaped_ta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::CliError;
+    use crate::error::ExperimentError;
 
     #[test]
     fn strategies_parse_in_the_registrys_forms() {
@@ -144,7 +144,7 @@ mod tests {
             "powersgd:0.5",
         ] {
             assert!(
-                matches!(configs(&base, &[bad]), Err(CliError::Usage(_))),
+                matches!(configs(&base, &[bad]), Err(ExperimentError::Usage(_))),
                 "{bad}"
             );
         }

@@ -88,7 +88,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         match self {
             Engine::Copied(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
-            Engine::InPlace(_) | Engine::Library(_) => Err(crate::CliError::Usage(
+            Engine::InPlace(_) | Engine::Library(_) => Err(crate::ExperimentError::Usage(
                 "DimReduce runs on DistOptVars".into(),
             )),
         }
@@ -113,7 +113,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     ) -> Result<StepStats> {
         match self {
             Engine::Copied(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
-            Engine::InPlace(_) | Engine::Library(_) => Err(crate::CliError::Usage(
+            Engine::InPlace(_) | Engine::Library(_) => Err(crate::ExperimentError::Usage(
                 "DimReduce runs on DistOptVars".into(),
             )),
         }

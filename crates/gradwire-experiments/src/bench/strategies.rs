@@ -8,7 +8,7 @@
 //! settings, not on the machine.
 
 use crate::config::TrainConfig;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
 use serde::Serialize;
@@ -137,7 +137,7 @@ fn run(
     let (bytes, secs) = results
         .into_iter()
         .next()
-        .ok_or_else(|| CliError::Usage("no rank ran".into()))??;
+        .ok_or_else(|| ExperimentError::Usage("no rank ran".into()))??;
     Ok((bytes as f64 / steps as f64, secs / steps as f64))
 }
 
@@ -154,7 +154,7 @@ pub fn strategies(
     steps: usize,
 ) -> Result<Vec<StrategyRow>> {
     if steps == 0 || world == 0 {
-        return Err(CliError::Usage(
+        return Err(ExperimentError::Usage(
             "--steps and --world must be at least 1".into(),
         ));
     }
@@ -167,7 +167,7 @@ pub fn strategies(
     let others = entries.iter().filter(|&&e| e != StrategyConfig::Dense);
     for &strategy in std::iter::once(&StrategyConfig::Dense).chain(others) {
         if !strategy.combines_gradients() {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "{} steps locally and sends parameters: not a gradient strategy",
                 strategy.name()
             )));
@@ -237,7 +237,7 @@ mod tests {
         assert!((rows[1].vs_dense - 2.0).abs() < 0.1, "{}", rows[1].vs_dense);
         assert!(matches!(
             strategies(&[parse("partial")], &mlp_shapes(&[8]), 2, 0, 1),
-            Err(CliError::Usage(m)) if m.contains("not a gradient strategy")
+            Err(ExperimentError::Usage(m)) if m.contains("not a gradient strategy")
         ));
     }
 }

@@ -30,7 +30,7 @@ pub use validate::{collectives_of, predictions, profile_of, shapes_of, warm_up_o
 
 use crate::compare::configs;
 use crate::config::TrainConfig;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::network::Rate;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, Collective, DEFAULT_FUSION_THRESHOLD, Link, StepModel, StrategySpec,
@@ -108,7 +108,7 @@ pub fn parse_rate(text: &str) -> Result<u64> {
 /// `intra`, the link inside a node).
 pub fn parse_algorithm(text: &str, intra: Link) -> Result<(String, Algorithm)> {
     let bad = || {
-        CliError::Usage(format!(
+        ExperimentError::Usage(format!(
             "algorithm {text:?}: one of ring, tree, hierarchical:<ranks per node>"
         ))
     };
@@ -165,7 +165,7 @@ impl Settings {
             if v.is_finite() && v >= 0.0 {
                 Ok(v)
             } else {
-                Err(CliError::Usage(format!(
+                Err(ExperimentError::Usage(format!(
                     "--{name} must be at least 0, got {v}"
                 )))
             }
@@ -188,7 +188,9 @@ impl Settings {
             }
         }
         if args.workers.contains(&0) {
-            return Err(CliError::Usage("--workers must be at least 1".into()));
+            return Err(ExperimentError::Usage(
+                "--workers must be at least 1".into(),
+            ));
         }
         let strategies = configs(&TrainConfig::default(), &args.strategies)?
             .iter()
@@ -196,7 +198,7 @@ impl Settings {
             .collect::<Result<Vec<_>>>()?;
         let memcpy = positive("memcpy-gbps", args.memcpy_gbps)?;
         if memcpy == 0.0 || args.fusion_threshold == 0 {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "--memcpy-gbps and --fusion-threshold must be positive".into(),
             ));
         }
@@ -230,7 +232,7 @@ impl Settings {
             || settings.workers.is_empty()
             || settings.algorithms.is_empty()
         {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "--models, --rates, --workers and --algorithm need a value each".into(),
             ));
         }
@@ -507,13 +509,13 @@ pub fn run(args: &ProjectArgs) -> Result<()> {
     let settings = Settings::from_args(args)?;
     let projection = project(&settings)?;
     print_report(&projection, &settings);
-    std::fs::create_dir_all(&args.out).map_err(|source| CliError::Io {
+    std::fs::create_dir_all(&args.out).map_err(|source| ExperimentError::Io {
         path: args.out.display().to_string(),
         source,
     })?;
     let json_path = args.out.join("project.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&projection)?).map_err(|source| {
-        CliError::Io {
+        ExperimentError::Io {
             path: json_path.display().to_string(),
             source,
         }
@@ -526,7 +528,7 @@ pub fn run(args: &ProjectArgs) -> Result<()> {
             }
         }
         // No font: the numbers are written; say why the plots are not.
-        Err(e @ CliError::Plot { .. }) if matches!(&e, CliError::Plot { path, .. } if path == "(font)") =>
+        Err(e @ ExperimentError::Plot { .. }) if matches!(&e, ExperimentError::Plot { path, .. } if path == "(font)") =>
         {
             eprintln!("no plots: {e}")
         }

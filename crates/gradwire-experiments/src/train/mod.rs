@@ -14,7 +14,7 @@
 use crate::config::{OptimizerKind, ScheduleKind, TrainConfig};
 use crate::data::{Digits, epoch_order};
 use crate::engine::{Backend, Engine};
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::model::Model;
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
@@ -86,7 +86,7 @@ pub fn train_nccl(
     rank_zero_report(
         results
             .into_iter()
-            .map(|r| r.map_err(CliError::from).and_then(|r| r)),
+            .map(|r| r.map_err(ExperimentError::from).and_then(|r| r)),
     )
 }
 
@@ -95,14 +95,14 @@ pub fn train_nccl(
 fn prepare(config: &TrainConfig, plan: Option<&CheckpointPlan>) -> Result<()> {
     config.validate()?;
     if let Some(plan) = plan {
-        std::fs::create_dir_all(&plan.dir).map_err(|source| CliError::Io {
+        std::fs::create_dir_all(&plan.dir).map_err(|source| ExperimentError::Io {
             path: plan.dir.display().to_string(),
             source,
         })?;
         for rank in 0..config.world {
             let file = rank_file(&plan.dir, rank);
             if plan.resume && !file.is_file() {
-                return Err(CliError::Resume(format!(
+                return Err(ExperimentError::Resume(format!(
                     "no checkpoint {} (was the run saved with --checkpoint and {} workers?)",
                     file.display(),
                     config.world
@@ -123,7 +123,7 @@ fn rank_zero_report(
             report = Some(r);
         }
     }
-    report.ok_or_else(|| CliError::Usage("rank 0 returned no report".into()))
+    report.ok_or_else(|| ExperimentError::Usage("rank 0 returned no report".into()))
 }
 
 /// One worker's part of a run on any communicator: rank 0 returns the
@@ -147,7 +147,7 @@ pub fn train_rank<C: Backend + 'static>(
         let mut any = [u8::from(unusable)];
         comm.all_reduce(&mut any, ReduceOp::Max)?;
         if any[0] != 0 {
-            return Err(CliError::Resume(format!(
+            return Err(ExperimentError::Resume(format!(
                 "{} has no checkpoint for every rank (or cannot be created)",
                 plan.dir.display()
             )));
@@ -293,7 +293,7 @@ impl Run<'_> {
         let data = self.data;
         let (rank, world) = (comm.rank(), comm.world_size());
         if world != config.world {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "the communicator has {world} ranks, --world says {}",
                 config.world
             )));

@@ -3,7 +3,7 @@
 //! (compute, codec, other), what the cost model predicted for the run, and
 //! the steps each strategy took to the target accuracy.
 
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -86,7 +86,7 @@ impl Profile {
     /// [`super::profile_of`] computes the profile again, with this
     /// version's model).
     pub fn load(path: &Path) -> Result<Profile> {
-        let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Io {
             path: path.display().to_string(),
             source,
         })?;
@@ -98,7 +98,7 @@ impl Profile {
                     super::profile_of(&record.runs, &calibration, rate)?
                 }
                 _ => {
-                    return Err(CliError::Usage(format!(
+                    return Err(ExperimentError::Usage(format!(
                         "{}: a comparison on no shaped network (run compare with --network)",
                         path.display()
                     )));
@@ -108,7 +108,7 @@ impl Profile {
             serde_json::from_value(value)?
         };
         if profile.params == 0 {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "{}: a profile of 0 parameters",
                 path.display()
             )));

@@ -4,7 +4,7 @@
 
 use crate::bench::strategies::resnet50_shapes;
 use crate::config::TrainConfig;
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use gradwire_algos::HalfPrecision;
 use gradwire_algos::cost::StrategySpec;
 use gradwire_compress::{Quantizer, SparseCodec};
@@ -89,7 +89,7 @@ impl ModelSpec {
             "resnet50" => Ok(ModelSpec::resnet50()),
             "bert-large" => Ok(ModelSpec::bert_large()),
             "resnet18-cifar" => Ok(ModelSpec::resnet18_cifar()),
-            other => Err(CliError::Usage(format!(
+            other => Err(ExperimentError::Usage(format!(
                 "unknown model {other:?} (one of: resnet50, bert-large, resnet18-cifar)"
             ))),
         }
@@ -189,7 +189,7 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
     } else {
         strategy.cost_spec(SAMPLED_OVERSHOOT, config.components, DIMREDUCE_TRIALS)
     }) else {
-        return Err(CliError::Usage(format!(
+        return Err(ExperimentError::Usage(format!(
             "{} is not modelled: {}",
             strategy.name(),
             if matches!(strategy, StrategyConfig::Sparse { .. }) {

@@ -16,7 +16,7 @@
 pub mod device;
 pub mod strategies;
 
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};
 use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::{ErrorFeedback, Quantizer, SparseCodec, lowrank, select};
@@ -144,7 +144,9 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
     let mut rows = Vec::new();
     for &world in worlds {
         if world == 0 {
-            return Err(CliError::Usage("world sizes must be at least 1".into()));
+            return Err(ExperimentError::Usage(
+                "world sizes must be at least 1".into(),
+            ));
         }
         let config = LocalConfig::with_timeout(None);
         let per_rank = local::run_with(world, &config, |comm| {
@@ -154,7 +156,7 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
         let mine = per_rank
             .into_iter()
             .next()
-            .ok_or_else(|| CliError::Usage("no rank 0".into()))???;
+            .ok_or_else(|| ExperimentError::Usage("no rank 0".into()))???;
         rows.extend(mine);
     }
     // By size, then world, as the table reads best.
@@ -164,7 +166,7 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
 
 fn check_sizes(sizes: &[usize]) -> Result<()> {
     match sizes.iter().find(|&&b| b % 4 != 0) {
-        Some(bytes) => Err(CliError::Usage(format!(
+        Some(bytes) => Err(ExperimentError::Usage(format!(
             "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
         ))),
         None => Ok(()),
@@ -391,7 +393,7 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                 "uint8" => quantize_round_trip(Quantizer::MinMaxU8, &x, budget)?,
                 "powersgd" => powersgd_step(&x, budget)?,
                 other => {
-                    return Err(CliError::Usage(format!(
+                    return Err(ExperimentError::Usage(format!(
                         "unknown codec {other:?} (one of: {})",
                         CODECS.join(", ")
                     )));
@@ -411,7 +413,7 @@ pub fn parse_size(text: &str) -> Result<usize> {
     let (digits, unit) = t.split_at(split);
     let value: usize = digits
         .parse()
-        .map_err(|_| CliError::Usage(format!("{text:?} is not a size like 4KiB or 1M")))?;
+        .map_err(|_| ExperimentError::Usage(format!("{text:?} is not a size like 4KiB or 1M")))?;
     let factor: usize = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" => 1_000,
@@ -420,11 +422,15 @@ pub fn parse_size(text: &str) -> Result<usize> {
         "mib" | "mi" => 1 << 20,
         "g" => 1_000_000_000,
         "gib" | "gi" => 1 << 30,
-        _ => return Err(CliError::Usage(format!("{text:?}: unknown unit {unit:?}"))),
+        _ => {
+            return Err(ExperimentError::Usage(format!(
+                "{text:?}: unknown unit {unit:?}"
+            )));
+        }
     };
     value
         .checked_mul(factor)
-        .ok_or_else(|| CliError::Usage(format!("{text:?} is too large")))
+        .ok_or_else(|| ExperimentError::Usage(format!("{text:?} is too large")))
 }
 
 /// A row of a `gradwire bench` table: its columns' names and cells.

@@ -14,7 +14,7 @@
 //! caller's [`ShapedNetwork`] drops and removes the namespaces.
 
 use super::{SUBNET, ShapedNetwork};
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -45,13 +45,13 @@ pub struct MpiLaunch {
 /// the run is interrupted.
 pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
     let mpirun = find_on_path("mpirun").ok_or_else(|| {
-        CliError::Network(
+        ExperimentError::Network(
             "`mpirun` is not on the PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)"
                 .into(),
         )
     })?;
     install_handler()?;
-    let dir = tempfile::tempdir().map_err(|source| CliError::Io {
+    let dir = tempfile::tempdir().map_err(|source| ExperimentError::Io {
         path: "(temporary directory)".into(),
         source,
     })?;
@@ -93,13 +93,13 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
     }
     command.arg(&launch.program).args(&launch.args);
     let child = command.spawn().map_err(|e| {
-        CliError::Network(format!("cannot start mpirun in {}: {e}", net.namespace(0)))
+        ExperimentError::Network(format!("cannot start mpirun in {}: {e}", net.namespace(0)))
     })?;
     let status = wait_or_stop(child)?;
     if status.success() {
         Ok(())
     } else {
-        Err(CliError::Network(format!(
+        Err(ExperimentError::Network(format!(
             "the MPI job over the shaped network failed ({status}); its output is above"
         )))
     }
@@ -126,7 +126,7 @@ fn write_agent(net: &ShapedNetwork, dir: &Path) -> Result<PathBuf> {
          exec ip netns exec \"$ns\" sh -c \"$*\"\n",
     );
     let path = dir.join("netns-agent.sh");
-    let io = |source| CliError::Io {
+    let io = |source| ExperimentError::Io {
         path: path.display().to_string(),
         source,
     };
@@ -139,7 +139,7 @@ fn write_agent(net: &ShapedNetwork, dir: &Path) -> Result<PathBuf> {
 /// Waits for mpirun; on Ctrl-C or SIGTERM, stops it (SIGTERM, then
 /// SIGKILL after [`GRACE`]) and returns an error.
 fn wait_or_stop(mut child: Child) -> Result<std::process::ExitStatus> {
-    let io = |source| CliError::Io {
+    let io = |source| ExperimentError::Io {
         path: "mpirun".into(),
         source,
     };
@@ -159,7 +159,7 @@ fn wait_or_stop(mut child: Child) -> Result<std::process::ExitStatus> {
             }
             let _ = child.kill();
             let _ = child.wait();
-            return Err(CliError::Network(
+            return Err(ExperimentError::Network(
                 "interrupted: the MPI job was stopped and the namespaces removed".into(),
             ));
         }
@@ -177,7 +177,7 @@ fn install_handler() -> Result<()> {
         }
     });
     match FAILED.get() {
-        Some(e) => Err(CliError::Network(format!(
+        Some(e) => Err(ExperimentError::Network(format!(
             "cannot catch Ctrl-C, so the namespaces could outlive an interrupted run: {e}"
         ))),
         None => Ok(()),

@@ -8,7 +8,9 @@ use gradwire_comm::Communicator;
 pub fn run_local_terminal(world: usize, deadline: Duration) -> crate::Result<Vec<TerminalReport>> {
     use gradwire_comm::{LocalConfig, local};
     if world == 0 {
-        return Err(crate::CliError::Usage("--world must be at least 1".into()));
+        return Err(crate::ExperimentError::Usage(
+            "--world must be at least 1".into(),
+        ));
     }
     let config = LocalConfig::with_timeout(Some(deadline));
     let _quiet = QuietInjectedPanics::install();
@@ -21,7 +23,7 @@ pub fn run_local_terminal(world: usize, deadline: Duration) -> crate::Result<Vec
         let records = results
             .into_iter()
             .map(|r| match r {
-                Ok(record) => record.map(Some).map_err(crate::CliError::from),
+                Ok(record) => record.map(Some).map_err(crate::ExperimentError::from),
                 Err(gradwire_comm::CommError::RankPanicked { .. }) => Ok(None),
                 Err(e) => Err(e.into()),
             })
@@ -136,14 +138,16 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
     for (mode, fault, skip) in scenarios() {
         let own = comm
             .split(Some(0), comm.rank() as i64)?
-            .ok_or_else(|| crate::CliError::Usage("a split left this rank out".into()))?;
+            .ok_or_else(|| crate::ExperimentError::Usage("a split left this rank out".into()))?;
         let record = run_scenario(own, mode, fault, skip)?;
         // Records have one length on every rank that completed the run.
         let gathered = comm.all_gather_varied(&record.encode())?;
         let records = (0..w)
             .map(|r| {
                 RankRecord::decode(gathered.part(r)).ok_or_else(|| {
-                    crate::CliError::Usage(format!("rank {r} sent a record this rank cannot read"))
+                    crate::ExperimentError::Usage(format!(
+                        "rank {r} sent a record this rank cannot read"
+                    ))
                 })
             })
             .collect::<crate::Result<Vec<_>>>()?;
@@ -157,7 +161,9 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
 pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>> {
     use gradwire_comm::{LocalConfig, local};
     if world == 0 {
-        return Err(crate::CliError::Usage("--world must be at least 1".into()));
+        return Err(crate::ExperimentError::Usage(
+            "--world must be at least 1".into(),
+        ));
     }
     let config = LocalConfig::with_timeout(Some(deadline));
     let mut reports = Vec::new();
@@ -167,8 +173,8 @@ pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>>
         let records = results
             .into_iter()
             .map(|r| {
-                r.map_err(crate::CliError::from)?
-                    .map_err(crate::CliError::from)
+                r.map_err(crate::ExperimentError::from)?
+                    .map_err(crate::ExperimentError::from)
             })
             .collect::<crate::Result<Vec<_>>>()?;
         reports.push(Report::judge(mode, fault, skip, &records));

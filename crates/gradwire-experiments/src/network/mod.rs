@@ -20,7 +20,7 @@
 //! Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for namespaces), `ip` and
 //! `tc` (Debian's iproute2) and the kernel's `sch_tbf`; netem is not used.
 
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use std::net::Ipv4Addr;
 use std::process::Command;
 
@@ -51,7 +51,7 @@ impl Rate {
     /// case-insensitive). Bytes (`mbps`, `gbyte`) are refused rather than
     /// guessed: tc reads `mbps` as megabytes, most people as megabits.
     pub fn any(text: &str) -> Result<Rate> {
-        let bad = |why: &str| CliError::Usage(format!("rate {text:?}: {why}"));
+        let bad = |why: &str| ExperimentError::Usage(format!("rate {text:?}: {why}"));
         let lower = text.trim().to_ascii_lowercase();
         let lower = lower.strip_suffix("/s").unwrap_or(&lower);
         let split = lower
@@ -82,7 +82,7 @@ impl Rate {
     pub fn parse(text: &str) -> Result<Rate> {
         let rate = Rate::any(text)?;
         if !(100_000_000..=100_000_000_000).contains(&rate.bits_per_s) {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "--network {text:?}: give a rate from 100mbit to 100gbit (e.g. 1gbit, 10gbit)"
             )));
         }
@@ -131,7 +131,7 @@ impl ShapedNetwork {
     /// `tc` or tbf; whatever was made before a failure is removed.
     pub fn create(world: usize, rate: Rate) -> Result<ShapedNetwork> {
         if world == 0 || world > MAX_RANKS {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "--network runs 1 to {MAX_RANKS} ranks, not {world}"
             )));
         }
@@ -213,7 +213,7 @@ impl ShapedNetwork {
                 ]),
         )
         .map_err(|e| {
-            CliError::Network(format!(
+            ExperimentError::Network(format!(
                 "{e} (the kernel needs the tbf qdisc: modprobe sch_tbf)"
             ))
         })
@@ -270,7 +270,7 @@ fn remove_stale() {
 /// Root, `ip`, `tc` and namespaces, checked before anything is made.
 fn preflight() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        return Err(CliError::Network(
+        return Err(ExperimentError::Network(
             "shaped networks need root (network namespaces, veth links and tc need \
              CAP_SYS_ADMIN and CAP_NET_ADMIN): run as root, or without --network"
                 .into(),
@@ -278,7 +278,7 @@ fn preflight() -> Result<()> {
     }
     for tool in ["ip", "tc"] {
         if Command::new(tool).arg("-V").output().is_err() {
-            return Err(CliError::Network(format!(
+            return Err(ExperimentError::Network(format!(
                 "`{tool}` is not installed (Debian: apt-get install iproute2)"
             )));
         }
@@ -290,13 +290,13 @@ fn preflight() -> Result<()> {
 fn ip(args: &[&str]) -> Result<()> {
     run_tool(Command::new("ip").args(args)).map_err(|e| {
         if e.contains("Operation not permitted") {
-            CliError::Network(format!(
+            ExperimentError::Network(format!(
                 "{e}: this process lacks CAP_NET_ADMIN / CAP_SYS_ADMIN (a container started \
                  without --cap-add NET_ADMIN, or a user namespace): run where root may make \
                  network namespaces"
             ))
         } else {
-            CliError::Network(e)
+            ExperimentError::Network(e)
         }
     })
 }
@@ -343,7 +343,10 @@ mod tests {
             "-1gbit",
             "1.2.3gbit",
         ] {
-            assert!(matches!(Rate::parse(bad), Err(CliError::Usage(_))), "{bad}");
+            assert!(
+                matches!(Rate::parse(bad), Err(ExperimentError::Usage(_))),
+                "{bad}"
+            );
         }
         assert_eq!(Rate::parse("1gbit").unwrap().to_string(), "1 Gbit/s");
         assert_eq!(Rate::parse("100mbit").unwrap().to_string(), "100 Mbit/s");

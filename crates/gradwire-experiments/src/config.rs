@@ -2,7 +2,7 @@
 //! optimizer and schedule, the world size and the seed; validated before
 //! anything starts.
 
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::StrategyConfig;
 use serde::{Deserialize, Serialize};
@@ -130,7 +130,7 @@ pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {
         return Ok((StrategyConfig::Dense, true));
     }
     text.parse().map(|s| (s, false)).map_err(|e| {
-        CliError::Usage(match e {
+        ExperimentError::Usage(match e {
             gradwire_optim::StrategyError::UnknownName { .. } => format!("{e}, or baseline"),
             other => other.to_string(),
         })
@@ -182,7 +182,7 @@ impl TrainConfig {
 
     /// Checks every value; the message names the flag.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(CliError::Usage(m));
+        let bad = |m: String| Err(ExperimentError::Usage(m));
         if self.world == 0 || self.world > MAX_LOCAL_WORLD {
             return bad(format!(
                 "--world must be between 1 and {MAX_LOCAL_WORLD}, got {}",
@@ -408,7 +408,7 @@ mod legacy {
     }
 
     impl TryFrom<TrainConfigRecord> for TrainConfig {
-        type Error = CliError;
+        type Error = ExperimentError;
 
         fn try_from(r: TrainConfigRecord) -> Result<TrainConfig> {
             let (strategy, baseline) = r.strategy()?;
@@ -498,7 +498,7 @@ mod tests {
         ];
         for (config, flag) in cases {
             match config.validate() {
-                Err(CliError::Usage(m)) => assert!(m.contains(flag), "{m}"),
+                Err(ExperimentError::Usage(m)) => assert!(m.contains(flag), "{m}"),
                 other => panic!("{flag}: {other:?}"),
             }
         }
@@ -506,7 +506,7 @@ mod tests {
         assert!(with("topk:1").validate().is_ok());
         assert!(matches!(
             parse_strategy("topk:2"),
-            Err(CliError::Usage(m)) if m.contains("the ratio must be in (0, 1]")
+            Err(ExperimentError::Usage(m)) if m.contains("the ratio must be in (0, 1]")
         ));
         assert_eq!(
             parse_strategy("baseline").unwrap(),

@@ -5,7 +5,7 @@ use thiserror::Error;
 
 /// What can go wrong in a `gradwire` command.
 #[derive(Debug, Error)]
-pub enum CliError {
+pub enum ExperimentError {
     /// A flag or combination of flags that cannot work (exit code 2).
     #[error("{0}")]
     Usage(String),
@@ -57,4 +57,4 @@ pub enum CliError {
 }
 
 /// Result alias of this crate.
-pub type Result<T, E = CliError> = std::result::Result<T, E>;
+pub type Result<T, E = ExperimentError> = std::result::Result<T, E>;

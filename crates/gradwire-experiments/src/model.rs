@@ -8,7 +8,7 @@
 
 use crate::config::ModelKind;
 use crate::data::{CLASSES, FEATURES, xorshift};
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Conv2d, Conv2dConfig, Linear, VarBuilder, VarMap};
@@ -55,7 +55,7 @@ impl Model {
     /// A `64 - hidden... - 10` MLP (layers `fc1`, `fc2`, ...).
     pub fn mlp(hidden: &[usize], seed: u64) -> Result<Model> {
         if hidden.contains(&0) {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "a hidden layer needs at least one unit".into(),
             ));
         }
@@ -78,7 +78,7 @@ impl Model {
     /// image is 8x8).
     pub fn cnn(channels: &[usize], seed: u64) -> Result<Model> {
         if channels.is_empty() || channels.len() > 3 || channels.contains(&0) {
-            return Err(CliError::Usage(
+            return Err(ExperimentError::Usage(
                 "--channels takes one to three convolution widths, each at least 1".into(),
             ));
         }
@@ -179,7 +179,7 @@ impl Model {
         for &s in samples {
             let row = x
                 .get(s * FEATURES..(s + 1) * FEATURES)
-                .ok_or_else(|| CliError::Usage(format!("no sample {s}")))?;
+                .ok_or_else(|| ExperimentError::Usage(format!("no sample {s}")))?;
             rows.extend_from_slice(row);
             labels.push(u32::try_from(y[s]).unwrap_or(u32::MAX));
         }

@@ -12,7 +12,7 @@
 //! directly (`NcclComm::time_library_all_reduce`), in the same run.
 
 use super::{AllReduceRow, Budget, CompressRow, gradient, median_time};
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use gradwire_compress::cast::CastOptions;
 use gradwire_compress::cuda::lowrank::{self, Window, WindowMut};
 use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceBytes};
@@ -76,7 +76,7 @@ fn copy_secs(device: &CudaDevice, inputs: &[CudaStorage], budget: Budget) -> Res
         let mut to = dst.bytes_mut()?;
         stream
             .memcpy_dtod(&from, &mut to)
-            .map_err(|e| CliError::Usage(format!("cuMemcpyDtoD: {e:?}")))
+            .map_err(|e| ExperimentError::Usage(format!("cuMemcpyDtoD: {e:?}")))
     })
 }
 
@@ -84,7 +84,7 @@ fn copy_secs(device: &CudaDevice, inputs: &[CudaStorage], budget: Budget) -> Res
 pub fn kernels(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
     for codec in codecs {
         if !KERNEL_CODECS.contains(&codec.as_str()) {
-            return Err(CliError::Usage(format!(
+            return Err(ExperimentError::Usage(format!(
                 "unknown codec {codec:?} (one of: {})",
                 KERNEL_CODECS.join(", ")
             )));
@@ -151,7 +151,7 @@ fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budg
         )?,
         "uint8" => quantize_round_trip(Quantizer::MinMaxU8, device, xs, budget)?,
         "powersgd" => powersgd_step(device, xs, budget)?,
-        other => return Err(CliError::Usage(format!("unknown codec {other:?}"))),
+        other => return Err(ExperimentError::Usage(format!("unknown codec {other:?}"))),
     })
 }
 

@@ -7,7 +7,7 @@
 //! from the file named by `GRADWIRE_FONT`: plotters needs a font to measure
 //! text even for SVG.
 
-use crate::error::{CliError, Result};
+use crate::error::{ExperimentError, Result};
 use crate::train::RunReport;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
@@ -46,7 +46,7 @@ pub(crate) fn ensure_font() -> Result<()> {
                 .map_err(|_| "the font file is not a TrueType font plotters can read".to_string())
         })
         .clone()
-        .map_err(|message| CliError::Plot {
+        .map_err(|message| ExperimentError::Plot {
             path: "(font)".into(),
             message,
         })
@@ -66,7 +66,7 @@ pub struct PlotFiles {
 /// Draws the three plots of `runs` into `dir` (created if missing).
 pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
     ensure_font()?;
-    std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
+    std::fs::create_dir_all(dir).map_err(|source| ExperimentError::Io {
         path: dir.display().to_string(),
         source,
     })?;
@@ -168,7 +168,7 @@ impl Chart {
     where
         DB::ErrorType: 'static,
     {
-        let fail = |e: &dyn std::fmt::Display| CliError::Plot {
+        let fail = |e: &dyn std::fmt::Display| ExperimentError::Plot {
             path: path.display().to_string(),
             message: e.to_string(),
         };
