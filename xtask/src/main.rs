@@ -66,7 +66,8 @@ Tasks:
                        fault tests under mpirun with GRADWIRE_REQUIRE_MPI=1, the
                        shaped-network run where namespaces can be made, the CUDA and
                        NCCL suites, which SKIP without a GPU), cargo test without
-                       features of the packages with code of their own there, ptxas on every PTX file (sm_70, sm_80, sm_90), cargo doc with
+                       features of the packages with code of their own there, ptxas
+                       on every PTX file (sm_70, sm_80, sm_90), cargo doc with
                        warnings denied.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
@@ -83,8 +84,9 @@ Tasks:
                        compute-sanitizer, the GPU benches).
   compare [-- <args>...]
                        the main job: ensure system packages as `test` does, then
-                       `gradwire compare` (dev profile, hot crates at opt-level 3; every strategy on the
-                       digits MLP, one table, plots in target/gradwire-compare).
+                       `gradwire compare` (dev profile, hot crates at opt-level 3;
+                       every strategy on the digits MLP, one table, plots in
+                       target/gradwire-compare).
                        <args> go to `gradwire compare`, e.g. `-- --epochs 30`.
   help                 print this help
 ";
@@ -220,17 +222,20 @@ fn test(test_args: &[String]) -> Result {
     // features (clippy checks it above): running all their tests twice
     // bought nothing but minutes.
     let packages = workspace::packages_with_default_only_code(workspace_root());
-    step(
-        &format!("cargo test (default features: {})", packages.join(", ")),
-        || {
-            let mut command = cargo();
-            command.arg("test");
-            for package in &packages {
-                command.args(["-p", package]);
-            }
-            run(command.arg("--").args(test_args))
-        },
-    )?;
+    // With none, a bare `cargo test` would run the whole workspace again.
+    if !packages.is_empty() {
+        step(
+            &format!("cargo test (default features: {})", packages.join(", ")),
+            || {
+                let mut command = cargo();
+                command.arg("test");
+                for package in &packages {
+                    command.args(["-p", package]);
+                }
+                run(command.arg("--").args(test_args))
+            },
+        )?;
+    }
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     // Broken intra-doc links are documentation that is no longer true.
     step("cargo doc", || {

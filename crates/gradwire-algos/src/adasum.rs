@@ -206,6 +206,16 @@ impl<C: Communicator> AdaSum<C> {
         })
     }
 
+    /// AdaSum flat ([`AdaSum::new`]) or, with `group`, hierarchical over
+    /// groups of that size ([`AdaSum::hierarchical`]): the form a
+    /// configuration names.
+    pub fn grouped(comm: &C, group: Option<usize>) -> Result<Self> {
+        match group {
+            Some(group) => AdaSum::hierarchical(comm, group),
+            None => AdaSum::new(comm),
+        }
+    }
+
     /// Hierarchical AdaSum: ranks `[g k, g (k + 1))` form node k; gradients
     /// are averaged within the node, then combined with AdaSum across nodes
     /// (among ranks with the same position in their node). `group_size` must

@@ -194,8 +194,9 @@ pub trait Communicator: Send + Sized {
     /// with this rank's next one). Whatever collective the other ranks
     /// called, each of them, and this rank, returns the same
     /// [`CommError::Fault`] naming the lowest rank that posted a fault and
-    /// its `kind` (only the kind's code crosses the wire); no data moves and the communicator stays usable. If the round fails
-    /// for another reason (a lost peer, a timeout) that error is returned.
+    /// its `kind` (only the kind's code crosses the wire); no data moves
+    /// and the communicator stays usable. If the round fails for another
+    /// reason (a lost peer, a timeout) that error is returned.
     ///
     /// This is how a multi-collective operation keeps its invariant: a rank
     /// that fails between two collectives posts a fault in place of the

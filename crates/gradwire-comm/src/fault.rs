@@ -26,9 +26,16 @@ pub enum FaultKind {
     Strategy,
     /// Anything else (a tensor operation, a codec).
     Other,
-    /// The asynchronous lane of the posting rank is lost (one of its jobs
-    /// panicked): the one fault after which a communicator is *not*
-    /// usable (see [`crate::Communicator::run_async`]).
+    /// The asynchronous lane of the posting rank is lost: a job of that
+    /// rank panicked, so its lane (the communicator `run_async` jobs run
+    /// on) is gone, and with it the lane of every rank. The one fault after
+    /// which a communicator is *not* usable. Every backend returns exactly
+    /// this fault ([`crate::CommError::lane_lost`]) to the peers' jobs that
+    /// were waiting in, or later reach, a collective of the lane (LocalComm
+    /// and MpiComm: a receive too), and to every job submitted afterwards
+    /// on any rank (the panicking job itself returns
+    /// [`crate::CommError::RankPanicked`]). See
+    /// [`crate::Communicator::run_async`] for the whole failure model.
     LaneLost,
     /// A code of the caller's own, below [`FIRST_RESERVED_CODE`] and
     /// outside gradwire's (1..=5).
@@ -127,16 +134,17 @@ impl Fault {
     }
 
     fn describe(&self) -> String {
-        let who = self
-            .rank
-            .map_or_else(|| "every rank".to_owned(), |rank| format!("rank {rank}"));
+        let on = self.rank.map_or_else(
+            || "on every rank".to_owned(),
+            |rank| format!("on rank {rank}"),
+        );
         match (self.kind, self.detail.is_empty()) {
             (FaultKind::LaneLost, _) => format!(
-                "{who} lost its asynchronous lane (one of its jobs panicked): \
+                "asynchronous lane lost {on} (one of its jobs panicked): \
                  the asynchronous lane of every rank is unusable"
             ),
-            (kind, true) => format!("{who} failed: {kind}"),
-            (kind, false) => format!("{who} failed ({kind}): {}", self.detail),
+            (kind, true) => format!("{kind} {on}"),
+            (kind, false) => format!("{kind} {on}: {}", self.detail),
         }
     }
 }
@@ -172,7 +180,16 @@ mod tests {
         );
         assert_eq!(
             Fault::posted(1, FaultKind::Optimizer).to_string(),
-            "rank 1 failed: optimizer error"
+            "optimizer error on rank 1"
+        );
+        let everywhere = Fault {
+            rank: None,
+            kind: FaultKind::NonFinite,
+            detail: "the averaged gradient is not finite".into(),
+        };
+        assert_eq!(
+            everywhere.to_string(),
+            "non-finite value on every rank: the averaged gradient is not finite"
         );
     }
 }

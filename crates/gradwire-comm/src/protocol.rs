@@ -13,11 +13,8 @@ use crate::error::{CommError, Result};
 use crate::fault::{Fault, FaultKind};
 use crate::header::{self, WORDS};
 
-/// A backend's exchange of the headers.
-pub(crate) trait HeaderTransport {
-    /// This rank.
-    fn rank(&self) -> usize;
-
+/// A communicator's exchange of the headers.
+pub(crate) trait HeaderTransport: crate::Communicator {
     /// All-gathers `mine` (this rank's encoded call, for operation `op`)
     /// with every rank's, in rank order, `WORDS` words each, and hands them
     /// to `then`. The transport's own conditions (a poisoned communicator,

@@ -211,7 +211,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         Self::check_mode(config.strategy)?;
         if config.strategy == StrategyConfig::Custom {
             return Err(OptimError::InvalidArgument(
-                "a Custom strategy combines with a strategy: GradSync::with_strategy".into(),
+                "a Custom strategy is the one you give: GradSync::with_strategy".into(),
             ));
         }
         let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;

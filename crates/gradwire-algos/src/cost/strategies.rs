@@ -8,8 +8,8 @@
 //! The model follows the code, not the papers: DistOpt's bucket plan
 //! (SINGA's grouping, [`plan_buckets`]), its written-anywhere vote per
 //! bucket (one `u8` per parameter), and each strategy's own calls
-//! (`reduce.rs`, `powersgd.rs`, `quantized.rs`, `adasum.rs`,
-//! `dimreduce/`), using the same helpers for sizes (the sparse wire
+//! (`dense.rs`, `half.rs`, `sparse.rs`, `powersgd.rs`, `quantized.rs`,
+//! `adasum.rs`, `dimreduce/`), using the same helpers for sizes (the sparse wire
 //! format's [`wire::encoded_len`], the quantizers'
 //! [`Quantizer::encoded_len`], PowerSGD's [`lowrank::matrix_shape`],
 //! [`chunk_range`], [`sparse_costs_more`]), so a change there changes the

@@ -16,10 +16,11 @@
 //! - **Deterministic reductions, bitwise equal to LocalComm.** MPI only moves
 //!   bytes (`MPI_Alltoallv`, then `MPI_Allgatherv`); each rank reduces its
 //!   [`chunk_range`] of all W buffers in rank order with the same kernels as
-//!   LocalComm (`reduce.rs`). So `all_reduce` and `reduce_scatter` give the
-//!   same bits on every rank, in every run, whatever algorithm MPI's tuning
-//!   picks, and the same bits as LocalComm for the same inputs. This is also
-//!   how f16 and bf16 are reduced (MPI has no half types): accumulated in
+//!   LocalComm (`element.rs`'s block kernels, through `rank_order.rs`). So
+//!   `all_reduce` and `reduce_scatter` give the same bits on every rank, in
+//!   every run, whatever algorithm MPI's tuning picks, and the same bits as
+//!   LocalComm for the same inputs. This is also how f16 and bf16 are
+//!   reduced (MPI has no half types): accumulated in
 //!   f32, rounded once. `Avg` is the sum divided by W in the accumulator's
 //!   precision (f32 for the half types, the type itself otherwise), then
 //!   rounded; it is refused for integers, as on every backend.
@@ -746,10 +747,6 @@ impl Communicator for MpiComm {
 /// very round (its deadline passed just before a late rank arrived) has told
 /// everyone in a notice, which is checked here before any data moves.
 impl crate::protocol::HeaderTransport for MpiComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
     fn gather_headers<R>(
         &self,
         op: &'static str,

@@ -42,10 +42,6 @@ pub(super) fn bytes_of_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 /// NcclComm's header exchange: an all-gather in place in the scratch, on
 /// the device, under the watchdog.
 impl crate::protocol::HeaderTransport for NcclComm {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
     fn gather_headers<R>(
         &self,
         _op: &'static str,

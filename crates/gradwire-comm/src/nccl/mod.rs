@@ -74,7 +74,8 @@
 //!   duplicate of itself at construction (collective); `run_async` runs jobs
 //!   in order on a thread that owns it (the worker every backend shares),
 //!   concurrently with blocking calls. A job that panics loses the lane on
-//!   every rank: its rank posts [`CommError::Fault`] of kind `LaneLost` in place of its next collective on the duplicate, which
+//!   every rank: its rank posts [`CommError::Fault`] of kind `LaneLost` in
+//!   place of its next collective on the duplicate, which
 //!   ends the collective the peers wait in (or their next), and every rank
 //!   that sees it poisons its duplicate; a peer waiting in `recv` for the
 //!   lost rank waits for its deadline.

@@ -173,13 +173,13 @@ pub struct RankRecord {
     pub params: Vec<u32>,
 }
 
-/// Whether the strategy combines through AdaSum, which the matrix wraps in
-/// a strategy that panics on demand.
-pub(crate) fn has_strategy(strategy: StrategyConfig) -> bool {
-    matches!(
-        strategy,
-        StrategyConfig::AdaSum { .. } | StrategyConfig::DeltaWeight { .. }
-    )
+/// The group of AdaSum (`None`: flat) when the strategy combines through
+/// AdaSum, which the matrix wraps in a strategy that panics on demand.
+pub(crate) fn adasum_group(strategy: StrategyConfig) -> Option<Option<usize>> {
+    match strategy {
+        StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group } => Some(group),
+        _ => None,
+    }
 }
 
 /// The scenarios of the matrix: every strategy of the registry's examples
@@ -203,13 +203,13 @@ pub fn scenarios() -> Vec<(StrategyConfig, Fault, bool)> {
 }
 
 /// The terminal scenarios: a rank that panics or drops its communicator in
-/// every mode, a panicking strategy in the modes that have one.
+/// every mode, a panicking strategy in the modes that combine through
+/// AdaSum (the matrix wraps it).
 pub fn terminal_scenarios() -> Vec<(StrategyConfig, Fault)> {
     let mut all = Vec::new();
     for mode in StrategyConfig::examples() {
         for fault in Fault::TERMINAL {
-            let has_strategy = has_strategy(mode);
-            if fault != Fault::PanickingStrategy || has_strategy {
+            if fault != Fault::PanickingStrategy || adasum_group(mode).is_some() {
                 all.push((mode, fault));
             }
         }

@@ -157,17 +157,17 @@ pub fn run_schedule<C: Communicator + 'static>(
         skip_non_finite,
         ..DistOptConfig::default()
     };
-    let mut dist = match mode {
+    let mut dist = match adasum_group(mode) {
         // AdaSum as DistOpt prepares it, wrapped so that it panics on demand.
-        mode if has_strategy(mode) => {
-            let inner = AdaSum::new(&comm).map_err(OptimError::from)?;
+        Some(group) => {
+            let inner = AdaSum::grouped(&comm, group).map_err(OptimError::from)?;
             let strategy = PanickingStrategy {
                 inner,
                 armed: std::sync::Arc::clone(&strategy_armed),
             };
             DistOpt::with_strategy(optimizer, comm, specs.clone(), config, strategy)?
         }
-        _ => DistOpt::new(optimizer, comm, specs.clone(), config)?,
+        None => DistOpt::new(optimizer, comm, specs.clone(), config)?,
     };
     let mut params: Vec<Tensor> = specs
         .iter()

@@ -25,9 +25,9 @@ pub struct CheckpointPlan {
     pub resume: bool,
 }
 
-// The checkpoint keys keep the names of the first format (the crate was
-// gradwire-cli then): checkpoints written since still resume.
-/// The checkpoint keys of the run's own state.
+/// The checkpoint keys of the run's own state. They keep the names of the
+/// first format (the crate was gradwire-cli then), so that checkpoints
+/// written since still resume.
 pub(super) const KEY_EPOCH: &str = "gradwire-cli/epoch";
 pub(super) const KEY_CONFIG: &str = "gradwire-cli/config";
 pub(super) const KEY_HISTORY: &str = "gradwire-cli/history";
@@ -61,15 +61,10 @@ impl Run<'_> {
         dimreduce: bool,
     ) -> Result<()> {
         let mut ckpt = engine.checkpoint(model)?;
-        ckpt.state
-            .values
-            .insert(KEY_EPOCH.into(), epochs_done.into());
-        ckpt.state
-            .values
-            .insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
-        ckpt.state
-            .values
-            .insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
+        let values = &mut ckpt.state.values;
+        values.insert(KEY_EPOCH.into(), epochs_done.into());
+        values.insert(KEY_CONFIG.into(), serde_json::to_value(self.config)?);
+        values.insert(KEY_HISTORY.into(), serde_json::to_value(history)?);
         if self.config.strategy == StrategyConfig::DimReduce && !dimreduce && !recorder.is_empty() {
             let rows: Vec<f32> = recorder.snapshots().flatten().copied().collect();
             let width = rows.len() / recorder.len();

@@ -223,10 +223,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         let shared = match (shared, config.strategy) {
             (Some(shared), _) => Some(shared),
             (None, StrategyConfig::AdaSum { group } | StrategyConfig::DeltaWeight { group }) => {
-                Some(SharedStrategy::new(match group {
-                    Some(group) => AdaSum::hierarchical(&comm, group)?,
-                    None => AdaSum::new(&comm)?,
-                }))
+                Some(SharedStrategy::new(AdaSum::grouped(&comm, group)?))
             }
             (None, _) => None,
         };
@@ -468,11 +465,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         kind: FaultKind,
         own: Option<&LocalFault>,
     ) -> OptimError {
-        let detail = match (rank, own) {
-            (Some(r), Some(own)) if r == self.rank() => own.detail.clone(),
-            (Some(_), _) => String::new(),
-            (None, Some(own)) => own.detail.clone(),
-            (None, None) => kind.to_string(),
+        // Only the kind travels: the failing rank (or every rank, for a
+        // value computed alike) has its own description, the others none.
+        let detail = match own {
+            Some(own) if rank.is_none_or(|r| r == self.rank()) => own.detail.clone(),
+            _ => String::new(),
         };
         OptimError::Fault(Fault { rank, kind, detail })
     }

@@ -6,9 +6,9 @@ use super::{DistOpt, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use gradwire_algos::StateDict;
 use gradwire_algos::dimreduce::DimReduceState;
 use gradwire_comm::Communicator;
-use gradwire_tensor::Tensor;
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// DistOpt's whole state: the optimizer's, each bucket's strategy's
@@ -33,35 +33,27 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 .save_state(b, &mut ckpt.state)?,
             }
         }
-        ckpt.state
-            .values
+        let dict = &mut ckpt.state;
+        dict.values
             .insert("partial_counter".into(), self.partial_counter.into());
         for (key, value) in self.configuration() {
-            ckpt.state.values.insert(key.into(), value);
+            dict.values.insert(key.into(), value);
         }
-        ckpt.state
-            .values
+        dict.values
             .insert("buckets".into(), (self.buckets.len() as u64).into());
         if let Some(dimreduce) = &self.dimreduce {
             let state = dimreduce.state();
-            let n = state.momentum.len();
-            ckpt.state.tensors.insert(
-                "dimreduce/momentum".into(),
-                Tensor::from_vec(state.momentum, n)?,
-            );
+            dict.insert_f32s("dimreduce/momentum".into(), state.momentum)?;
             // f64 values, exact through JSON (serde_json's float_roundtrip).
-            ckpt.state
-                .values
-                .insert("dimreduce/b".into(), state.b.into());
-            ckpt.state
-                .values
-                .insert("dimreduce/g_last".into(), state.g_last.into());
-            ckpt.state
-                .values
-                .insert("dimreduce/s".into(), state.s.into());
-            ckpt.state
-                .values
-                .insert("dimreduce/initialized".into(), state.initialized.into());
+            let values = [
+                ("dimreduce/b", state.b.into()),
+                ("dimreduce/g_last", state.g_last.into()),
+                ("dimreduce/s", state.s.into()),
+                ("dimreduce/initialized", state.initialized.into()),
+            ];
+            for (key, value) in values {
+                dict.values.insert(key.into(), value);
+            }
         }
         Ok(ckpt)
     }
@@ -129,7 +121,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         }
         let dimreduce = match (&self.dimreduce, ckpt.state.values.get("dimreduce/b")) {
             (None, None) => None,
-            (Some(_), Some(_)) => Some(dimreduce_state(ckpt)?),
+            (Some(_), Some(_)) => Some(dimreduce_state(&ckpt.state)?),
             (None, Some(_)) => {
                 return Err(mismatch(
                     "the checkpoint holds DimReduce state: start_dimreduce first".into(),
@@ -163,11 +155,10 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 }
 
 /// DimReduce's state as [`DistOpt::checkpoint`] stores it.
-fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
+fn dimreduce_state(dict: &StateDict) -> Result<DimReduceState> {
     let mismatch = |what: &str| OptimError::StateMismatch(format!("DimReduce: {what}"));
     let floats = |key: &str| -> Result<Vec<f64>> {
-        ckpt.state
-            .values
+        dict.values
             .get(key)
             .and_then(|v| v.as_array())
             .ok_or_else(|| mismatch(&format!("no {key}")))?
@@ -182,17 +173,11 @@ fn dimreduce_state(ckpt: &Checkpoint) -> Result<DimReduceState> {
         b: floats("dimreduce/b")?,
         g_last: floats("dimreduce/g_last")?,
         s: floats("dimreduce/s")?,
-        initialized: ckpt
-            .state
+        initialized: dict
             .values
             .get("dimreduce/initialized")
             .and_then(|v| v.as_bool())
             .ok_or_else(|| mismatch("no dimreduce/initialized"))?,
-        momentum: ckpt
-            .state
-            .tensors
-            .get("dimreduce/momentum")
-            .ok_or_else(|| mismatch("no dimreduce/momentum"))?
-            .to_vec::<f32>()?,
+        momentum: dict.f32s("dimreduce/momentum")?,
     })
 }

@@ -611,7 +611,7 @@ impl gradwire_optim::Strategy<LocalComm> for PlainSum {
 }
 
 #[test]
-fn a_custom_combiner_plugs_in_without_changing_distopt() {
+fn a_custom_strategy_plugs_in_without_changing_distopt() {
     let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
     let dense = train_distributed(3, 4, small_buckets(), &sgd);
     let custom = train_with_strategy(3, 4, StrategyConfig::Custom, false, |_| PlainSum);
@@ -650,7 +650,7 @@ fn adasum_by_gradient_and_by_delta_weight_through_distopt() {
 }
 
 #[test]
-fn the_registry_prepares_adasum_as_a_given_combiner_does() {
+fn the_registry_prepares_adasum_as_a_given_strategy_does() {
     use gradwire_algos::AdaSum;
     let sgd = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
     for world in [1usize, 2, 3, 4, 6] {
