@@ -1,8 +1,10 @@
-//! [`DistOptVars`]: DistOpt over candle variables, for the modes that step
-//! the parameters themselves (partial averaging, AdaSum by delta weight,
-//! DimReduce) and for gradwire's optimizers in every mode.
+//! [`DistOptVars`]: gradwire's front ends (the one of the strategy's
+//! training loop, [`AnyLoop`]) over candle variables, for the loops that
+//! step the parameters themselves (partial averaging with the optimizer's
+//! state, AdaSum by delta weight, DimReduce) and for gradwire's optimizers
+//! in every strategy.
 //!
-//! DistOpt updates gradwire tensors, so this type keeps one gradwire copy
+//! The front ends update gradwire tensors, so this type keeps one gradwire copy
 //! of each variable (the parameters' memory once more) and writes the
 //! updated values back into candle's storage, in place, after every step;
 //! each gradient is copied once into a gradwire tensor when it is handed
@@ -15,13 +17,14 @@ use candle_core::Var;
 use candle_core::backprop::GradStore;
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{DistOpt, DistOptConfig, Optimizer, StepStats, Strategy};
+use gradwire_optim::{AnyLoop, DistOptConfig, OptimError, Optimizer, StepStats, Strategy};
 use gradwire_tensor::Tensor as GwTensor;
 
-/// DistOpt (any mode, a gradwire optimizer) training candle variables.
+/// A gradwire front end (any strategy, a gradwire optimizer) training
+/// candle variables.
 #[derive(Debug)]
 pub struct DistOptVars<O: Optimizer, C: Communicator + 'static> {
-    dist: DistOpt<O, C>,
+    dist: AnyLoop<O, C>,
     vars: Vec<(String, Var)>,
     /// gradwire's copy of each variable, in declaration order.
     params: Vec<GwTensor>,
@@ -29,7 +32,7 @@ pub struct DistOptVars<O: Optimizer, C: Communicator + 'static> {
 }
 
 impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
-    /// DistOpt in `config.strategy` with `optimizer` over `vars` (f32, CPU; the
+    /// The front end of `config.strategy` with `optimizer` over `vars` (f32, CPU; the
     /// same names and order on every worker: [`crate::named_vars`]).
     pub fn new(
         vars: Vec<(String, Var)>,
@@ -37,7 +40,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         comm: C,
         config: DistOptConfig,
     ) -> candle_core::Result<Self> {
-        let dist = DistOpt::new(optimizer, comm, specs_of(&vars)?, config).map_err(wrap)?;
+        let dist = AnyLoop::new(optimizer, comm, specs_of(&vars)?, config).map_err(wrap)?;
         Self::from_dist(vars, dist)
     }
 
@@ -50,12 +53,12 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         config: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> candle_core::Result<Self> {
-        let dist = DistOpt::with_strategy(optimizer, comm, specs_of(&vars)?, config, strategy)
+        let dist = AnyLoop::with_strategy(optimizer, comm, specs_of(&vars)?, config, strategy)
             .map_err(wrap)?;
         Self::from_dist(vars, dist)
     }
 
-    fn from_dist(vars: Vec<(String, Var)>, dist: DistOpt<O, C>) -> candle_core::Result<Self> {
+    fn from_dist(vars: Vec<(String, Var)>, dist: AnyLoop<O, C>) -> candle_core::Result<Self> {
         Ok(DistOptVars {
             params: parameters_of(&vars)?,
             dist,
@@ -94,7 +97,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
             };
             let values = with_values(grad, <[f32]>::to_vec)?;
             let tensor = GwTensor::from_vec(values, grad.dims().to_vec()).map_err(wrap)?;
-            // A refused gradient is recorded by DistOpt and fails the step
+            // A refused gradient is recorded by the front end and fails the step
             // on every worker at finish.
             let _ = self.dist.push(name, tensor);
         }
@@ -111,7 +114,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
 
     /// One step of any mode but DimReduce with the gradients of `grads`:
     /// combined (or stepped locally and averaged, in the parameter modes)
-    /// as DistOpt's mode says, alike on every worker.
+    /// as the strategy says, alike on every worker.
     pub fn step(&mut self, grads: &GradStore) -> candle_core::Result<StepStats> {
         self.push_grads(grads)?;
         let named = self
@@ -127,8 +130,8 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         Ok(self.last)
     }
 
-    /// A DimReduce step (after [`DistOpt::start_dimreduce`] through
-    /// [`DistOptVars::dist_mut`]): `loss` is this worker's loss on its
+    /// A DimReduce step (after [`DimReduceOpt::start`](gradwire_optim::DimReduceOpt::start)
+    /// through [`DistOptVars::dist_mut`]): `loss` is this worker's loss on its
     /// batch, and `loss_at()` computes it again with the variables as they
     /// are when called (the line search writes each trial point into them).
     pub fn step_dimreduce(
@@ -143,14 +146,20 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
             .iter()
             .map(|(n, _)| n.as_str())
             .zip(self.params.iter_mut());
-        let result = self.dist.finish_dimreduce(named, loss, |trial| {
+        let Some(dimreduce) = self.dist.dimreduce_mut() else {
+            return Err(wrap(OptimError::InvalidArgument(format!(
+                "a DimReduce step in strategy {}",
+                self.dist.strategy()
+            ))));
+        };
+        let result = dimreduce.finish_dimreduce(named, loss, |trial| {
             let mut write = || -> candle_core::Result<f64> {
                 for ((_, t), (_, var)) in trial.iter().zip(vars) {
                     write_values(var, t.as_slice::<f32>().map_err(wrap)?)?;
                 }
                 loss_at()
             };
-            write().map_err(|e| gradwire_optim::OptimError::InvalidArgument(e.to_string()))
+            write().map_err(|e| OptimError::InvalidArgument(e.to_string()))
         });
         self.write_back()?;
         self.last = result.map_err(wrap)?;
@@ -173,17 +182,18 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         &self.params
     }
 
-    /// The DistOpt underneath.
-    pub fn dist(&self) -> &DistOpt<O, C> {
+    /// The front end underneath, of the strategy's training loop.
+    pub fn dist(&self) -> &AnyLoop<O, C> {
         &self.dist
     }
 
-    /// The DistOpt underneath, mutably (`start_dimreduce`, the optimizer).
-    pub fn dist_mut(&mut self) -> &mut DistOpt<O, C> {
+    /// The front end underneath, mutably (DimReduce's `start`, the
+    /// optimizer).
+    pub fn dist_mut(&mut self) -> &mut AnyLoop<O, C> {
         &mut self.dist
     }
 
-    /// DistOpt's checkpoint (optimizer, residuals, counters) with the
+    /// The front end's checkpoint (optimizer, residuals, counters) with the
     /// parameters (`param/<name>`).
     pub fn checkpoint(&self) -> candle_core::Result<Checkpoint> {
         let mut ckpt = self.dist.checkpoint().map_err(wrap)?;
@@ -196,7 +206,7 @@ impl<O: Optimizer + 'static, C: Communicator + 'static> DistOptVars<O, C> {
         Ok(ckpt)
     }
 
-    /// Restores a [`DistOptVars::checkpoint`]: DistOpt's state and the
+    /// Restores a [`DistOptVars::checkpoint`]: the front end's state and the
     /// parameters, written into the variables.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
         let params = parameters_in(ckpt, &self.vars)?;

@@ -47,7 +47,7 @@
 //!   momentum, which candle-nn lacks, [`Adam`], [`AdamW`], [`RmsProp`],
 //!   [`AdaGrad`], with gradwire's schedules), updating the variables in
 //!   place, their state saved in a gradwire checkpoint;
-//! - [`DistOptVars`]: DistOpt in any mode with a gradwire optimizer over
+//! - [`DistOptVars`]: gradwire's front ends (any strategy) with a gradwire optimizer over
 //!   candle variables, for DimReduce (whose update is its own) and the
 //!   averaging of optimizer state;
 //! - [`named_vars`], [`specs_of`], [`with_values`], [`write_values`],
@@ -63,7 +63,7 @@
 //! modes the parameters are copied into gradwire's buffers before and
 //! after the local step and written back once (the combination works on
 //! gradwire tensors); [`DistOptVars`] keeps one gradwire copy of the
-//! parameters, because DistOpt's optimizers update gradwire tensors. Parameters must be f32 on the CPU in this
+//! parameters, because gradwire's front ends update gradwire tensors. Parameters must be f32 on the CPU in this
 //! version (a typed error otherwise).
 //!
 //! Errors come back as [`candle_core::Error`] (gradwire's wrapped), so `?`

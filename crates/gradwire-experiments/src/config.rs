@@ -160,12 +160,11 @@ impl TrainConfig {
             && self.momentum > 0.0
     }
 
-    /// The strategy DistOpt starts with: the registry's first stage
-    /// ([`StrategyConfig::first_stage`]: dense for DimReduce), drawing from
-    /// the run's seed, with SGD's momentum moved before the 1-bit exchange
-    /// ([`TrainConfig::momentum_before_exchange`]).
+    /// The strategy the run's front end is made with: the registry's,
+    /// drawing from the run's seed, with SGD's momentum moved before the
+    /// 1-bit exchange ([`TrainConfig::momentum_before_exchange`]).
     pub fn distopt_strategy(&self) -> StrategyConfig {
-        let strategy = match self.strategy.first_stage() {
+        let strategy = match self.strategy {
             StrategyConfig::Quantized {
                 quantizer,
                 error_feedback,

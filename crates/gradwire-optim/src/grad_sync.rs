@@ -6,23 +6,23 @@
 //! ([`GradSync::push`], [`GradSync::push_tensor`]); each is copied once
 //! into a buffer `GradSync` keeps per parameter (reused from step to step)
 //! and its bucket travels as soon as it is complete, overlapping the rest
-//! of backward, exactly as in [`DistOpt`]. [`GradSync::finish`] waits and
+//! of backward, exactly as in [`crate::DistOpt`]. [`GradSync::finish`] waits and
 //! writes the combined gradients back into the caller's buffers, in place;
 //! the caller's optimizer steps with them.
 //!
 //! Every gradient-combining mode of DistOpt works (`Dense`, `Half`,
 //! `Sparse` with or without error feedback, `Custom` with a [`Strategy`]
 //! such as AdaSum), with the same buckets, votes, clipping, non-finite
-//! skipping and failure model, because it *is* DistOpt's step
-//! ([`DistOpt::finish_gradients`]) with the parameter update left to the
-//! caller: results are bitwise DistOpt's. The modes that step the
+//! skipping and failure model, because it *is* DistOpt's step (the
+//! engine's, with the parameter update left to the caller): results are
+//! bitwise DistOpt's. The modes that step the
 //! parameters locally first take the caller's own step as a closure
 //! ([`GradSync::step_locally`]): `Partial` (local steps, one bucket of
 //! parameters averaged per step) and `DeltaWeight` (the weight changes
 //! combined, AdaSum's delta-weight mode); the parameters are read and
 //! written through [`ParamAccess`] (plain slices, or a framework's
 //! storage). DimReduce, which replaces the optimizer's update with its own,
-//! stays on `DistOpt`.
+//! runs on [`crate::DimReduceOpt`].
 //!
 //! In steady state a step allocates nothing, on any thread (every
 //! gradient-combining mode over LocalComm; the buffers, the sparse
@@ -57,7 +57,10 @@
 //! ```
 
 use crate::checkpoint::Checkpoint;
-use crate::distopt::{DistOpt, DistOptConfig, ParamSpec, StepStats, Strategy, StrategyConfig};
+use crate::distopt::{
+    DistOptConfig, Engine, ParamSpec, SharedStrategy, StepStats, Strategy, StrategyConfig,
+    TrainingLoop,
+};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state::{OptimizerState, ParamState};
@@ -188,7 +191,7 @@ impl Optimizer for Passthrough {
 /// Data-parallel gradients for a framework's own parameters and optimizer.
 #[derive(Debug)]
 pub struct GradSync<C: Communicator + 'static> {
-    dist: DistOpt<Passthrough, C>,
+    dist: Engine<Passthrough, C>,
     specs: Vec<ParamSpec>,
     /// One buffer per parameter, handed to DistOpt for a step and given
     /// back by `finish` (so no step allocates one).
@@ -214,7 +217,15 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "a Custom strategy is the one you give: GradSync::with_strategy".into(),
             ));
         }
-        let dist = DistOpt::new(Passthrough::default(), comm, params.clone(), config)?;
+        let front = config.strategy.training_loop();
+        let dist = Engine::build(
+            front,
+            Passthrough::default(),
+            comm,
+            params.clone(),
+            config,
+            None,
+        )?;
         Ok(Self::around(dist, params))
     }
 
@@ -227,19 +238,20 @@ impl<C: Communicator + 'static> GradSync<C> {
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
         Self::check_mode(config.strategy)?;
-        let dist = DistOpt::with_strategy(
+        let dist = Engine::build(
+            config.strategy.training_loop(),
             Passthrough::default(),
             comm,
             params.clone(),
             config,
-            strategy,
+            Some(SharedStrategy::new(strategy)),
         )?;
         Ok(Self::around(dist, params))
     }
 
     fn check_mode(mode: StrategyConfig) -> Result<()> {
         match mode {
-            mode if mode.combines_gradients() => Ok(()),
+            mode if mode.training_loop() == TrainingLoop::Gradients => Ok(()),
             StrategyConfig::Partial {
                 average_state: false,
             }
@@ -250,7 +262,8 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "GradSync cannot average the caller's optimizer state (average_state)".into(),
             )),
             other => Err(OptimError::InvalidArgument(format!(
-                "GradSync does not run strategy {other} (use DistOpt)"
+                "GradSync does not run strategy {other} (use {})",
+                other.training_loop().front_end()
             ))),
         }
     }
@@ -331,7 +344,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         result
     }
 
-    fn around(dist: DistOpt<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
+    fn around(dist: Engine<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
         let pool = specs.iter().map(|_| None).collect();
         GradSync {
             dist,
@@ -540,7 +553,7 @@ impl<C: Communicator + 'static> GradSync<C> {
 
     /// GradSync's own state: the error-feedback residuals, the step
     /// counter and the configuration it runs (see
-    /// [`DistOpt::checkpoint`]); the caller saves its parameters and
+    /// [`crate::DistOpt::checkpoint`]); the caller saves its parameters and
     /// optimizer beside it.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         self.dist.checkpoint()

@@ -169,12 +169,12 @@ fn measure_local(world: usize, mode: StrategyConfig) -> (usize, usize) {
     })
 }
 
-/// [`measure`] for DimReduce mode (DistOpt: the gradients are the caller's
+/// [`measure`] for DimReduce mode (DimReduceOpt: the gradients are the caller's
 /// tensors, made before each measured step begins), on a least-squares
 /// loss whose line search the closure evaluates without allocating.
 fn measure_dimreduce(world: usize) -> (usize, usize) {
     use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
-    use gradwire_optim::{DistOpt, Sgd, SgdConfig};
+    use gradwire_optim::{DimReduceOpt, Sgd, SgdConfig};
     use gradwire_tensor::Tensor;
     let specs = vec![ParamSpec::new("w", [64, 32]), ParamSpec::new("b", [B])];
     let total = 64 * 32 + B;
@@ -190,9 +190,13 @@ fn measure_dimreduce(world: usize) -> (usize, usize) {
     counted(world, |comm| {
         let rank = comm.rank();
         let sgd = Sgd::new(SgdConfig::default().lr(0.1)).expect("sgd");
+        let dimreduce = DistOptConfig {
+            strategy: StrategyConfig::DimReduce,
+            ..DistOptConfig::default()
+        };
         let mut dist =
-            DistOpt::new(sgd, comm, specs.clone(), DistOptConfig::default()).expect("DistOpt");
-        dist.start_dimreduce(&pca, DimReduceConfig::default())
+            DimReduceOpt::new(sgd, comm, specs.clone(), dimreduce).expect("DimReduceOpt");
+        dist.start(&pca, DimReduceConfig::default())
             .expect("DimReduce");
         let mut w = Tensor::from_vec(vec![0.5f32; 64 * 32], vec![64, 32]).expect("w");
         let mut b = Tensor::from_vec(vec![0.1f32; B], vec![B]).expect("b");

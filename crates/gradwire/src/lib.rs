@@ -9,7 +9,7 @@
 //! | [`comm`] | gradwire-comm (feature `comm`, default) | the `Communicator` trait and its backends |
 //! | [`compress`] | gradwire-compress (feature `compress`, default) | casts, sparsifiers, error feedback, the sparse wire format |
 //! | [`algos`] | gradwire-algos (feature `algos`, default) | dense, half and sparse all-reduce, AdaSum, DimReduce |
-//! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints, `DistOpt` |
+//! | [`optim`] | gradwire-optim (feature `optim`, default) | optimizers, schedules, checkpoints, the front ends (`DistOpt`, `LocalSteps`, `DimReduceOpt`, `AnyLoop`) |
 //!
 //! Feature `cuda` turns on the CUDA storage of gradwire-tensor; `mpi` adds
 //! `comm::MpiComm` (Open MPI at build time) and `nccl` adds `comm::NcclComm`
@@ -74,7 +74,10 @@ pub use gradwire_optim as optim;
 #[cfg(feature = "optim")]
 pub use gradwire_optim::OptimError as Error;
 #[cfg(feature = "optim")]
-pub use gradwire_optim::{DistOpt, DistOptConfig, GradSync, StrategyConfig};
+pub use gradwire_optim::{
+    AnyLoop, DimReduceOpt, DistOpt, DistOptConfig, GradSync, LocalSteps, StrategyConfig,
+    TrainingLoop,
+};
 /// What kind of failure an error is: the same vocabulary at every layer
 /// (every crate's error has a `kind()`).
 pub use gradwire_tensor::ErrorKind;

@@ -223,8 +223,8 @@ struct DimReduceRun {
     accepted: f64,
 }
 
-/// Dense DistOpt for `dense_epochs` recording the trajectory (one snapshot
-/// per step, the last 60 kept), then DistOpt's DimReduce mode for the
+/// DimReduceOpt's dense first stage for `dense_epochs` recording the
+/// trajectory (one snapshot per step, the last 60 kept), then DimReduce for the
 /// remaining epochs (none when `dense_epochs == total_epochs`: plain dense
 /// training), on the same global batches.
 fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize) -> DimReduceRun {
@@ -234,8 +234,11 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
         let mlp = mlp();
         let mut accuracy = Vec::new();
         let mut recorder = TrajectoryRecorder::new(60);
-        let mut dist =
-            DistOptVars::new(mlp.vars().to_vec(), sgd(), comm, DistOptConfig::default())?;
+        let dimreduce = DistOptConfig {
+            strategy: StrategyConfig::DimReduce,
+            ..DistOptConfig::default()
+        };
+        let mut dist = DistOptVars::new(mlp.vars().to_vec(), sgd(), comm, dimreduce)?;
         let mut accepted = (0usize, 0usize);
         for epoch in 0..total_epochs {
             if epoch == dense_epochs {
@@ -249,7 +252,9 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     ..DimReduceConfig::default()
                 };
                 dist.dist_mut()
-                    .start_dimreduce(&pca, config)
+                    .dimreduce_mut()
+                    .ok_or_else(|| candle_core::Error::Msg("not made in DimReduce".into()))?
+                    .start(&pca, config)
                     .map_err(candle_core::Error::wrap)?;
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
@@ -259,7 +264,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     .expect("backward");
                 if epoch < dense_epochs {
                     dist.step(&grads)?;
-                    // DistOpt flattens in declaration order.
+                    // DimReduce flattens in declaration order.
                     let params: Vec<&Tensor> = dist.params().iter().collect();
                     recorder.record(&params).map_err(candle_core::Error::wrap)?;
                 } else {

@@ -10,7 +10,7 @@
 use crate::config::TrainConfig;
 use crate::error::{ExperimentError, Result};
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
+use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig, TrainingLoop};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -166,7 +166,7 @@ pub fn strategies(
     let mut rows: Vec<StrategyRow> = Vec::new();
     let others = entries.iter().filter(|&&e| e != StrategyConfig::Dense);
     for &strategy in std::iter::once(&StrategyConfig::Dense).chain(others) {
-        if !strategy.combines_gradients() {
+        if strategy.training_loop() != TrainingLoop::Gradients {
             return Err(ExperimentError::Usage(format!(
                 "{} steps locally and sends parameters: not a gradient strategy",
                 strategy.name()

@@ -79,7 +79,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         }
     }
 
-    /// Whether DistOpt is in DimReduce's mode.
+    /// Whether DimReduce's first stage is over.
     pub(crate) fn in_dimreduce(&self) -> bool {
         matches!(self, Engine::Copied(dv) if dv.dist().strategy() == StrategyConfig::DimReduce)
     }
@@ -87,7 +87,12 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// Switches to DimReduce with `pca` (the DimReduce strategy only).
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         match self {
-            Engine::Copied(dv) => Ok(dv.dist_mut().start_dimreduce(pca, config)?),
+            Engine::Copied(dv) => match dv.dist_mut().dimreduce_mut() {
+                Some(dimreduce) => Ok(dimreduce.start(pca, config)?),
+                None => Err(crate::ExperimentError::Usage(
+                    "DimReduce's start in another strategy".into(),
+                )),
+            },
             Engine::InPlace(_) | Engine::Library(_) => Err(crate::ExperimentError::Usage(
                 "DimReduce runs on DistOptVars".into(),
             )),

@@ -7,7 +7,7 @@ use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_comm::Communicator;
 use gradwire_optim::{
-    DistOpt, DistOptConfig, Optimizer, OptimizerState, ParamSpec, ParamState, Sgd, SgdConfig,
+    AnyLoop, DistOptConfig, Optimizer, OptimizerState, ParamSpec, ParamState, Sgd, SgdConfig,
 };
 use gradwire_tensor::Tensor;
 use std::time::Instant;
@@ -152,22 +152,22 @@ pub fn run_schedule<C: Communicator + 'static>(
     let strategy_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
         // DimReduce starts dense and is entered below.
-        strategy: mode.first_stage(),
+        strategy: mode,
         fusion_threshold: FUSION_THRESHOLD,
         skip_non_finite,
         ..DistOptConfig::default()
     };
     let mut dist = match adasum_group(mode) {
-        // AdaSum as DistOpt prepares it, wrapped so that it panics on demand.
+        // AdaSum as the engine prepares it, wrapped so that it panics on demand.
         Some(group) => {
             let inner = AdaSum::grouped(&comm, group).map_err(OptimError::from)?;
             let strategy = PanickingStrategy {
                 inner,
                 armed: std::sync::Arc::clone(&strategy_armed),
             };
-            DistOpt::with_strategy(optimizer, comm, specs.clone(), config, strategy)?
+            AnyLoop::with_strategy(optimizer, comm, specs.clone(), config, strategy)?
         }
-        None => DistOpt::new(optimizer, comm, specs.clone(), config)?,
+        None => AnyLoop::new(optimizer, comm, specs.clone(), config)?,
     };
     let mut params: Vec<Tensor> = specs
         .iter()
@@ -184,7 +184,9 @@ pub fn run_schedule<C: Communicator + 'static>(
         let total: usize = params.iter().map(Tensor::len).sum();
         let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
         let pca = Pca::fit(&snapshots, 2).map_err(OptimError::from)?;
-        dist.start_dimreduce(&pca, DimReduceConfig::default())?;
+        if let Some(dimreduce) = dist.dimreduce_mut() {
+            dimreduce.start(&pca, DimReduceConfig::default())?;
+        }
     }
     let mut record = RankRecord {
         outcomes: Vec::new(),
@@ -225,7 +227,7 @@ pub fn run_schedule<C: Communicator + 'static>(
         }
         match fault {
             Fault::RankPanics => panic!("injected panic on rank {rank}"),
-            // The early return drops DistOpt, and with it the communicator.
+            // The early return drops the front end, and with it the communicator.
             Fault::DropsCommunicator => return Ok(record),
             _ => {}
         }
@@ -236,11 +238,12 @@ pub fn run_schedule<C: Communicator + 'static>(
         if inject && fault == Fault::WrongShape {
             targets[0].1 = &mut wrong;
         }
-        let result = if mode == StrategyConfig::DimReduce {
-            let loss = 1.0 + step as f64;
-            dist.finish_dimreduce(targets, loss, |_| Ok(0.5))
-        } else {
-            dist.finish(targets)
+        let result = match dist.dimreduce_mut() {
+            Some(dimreduce) => {
+                let loss = 1.0 + step as f64;
+                dimreduce.finish_dimreduce(targets, loss, |_| Ok(0.5))
+            }
+            None => dist.finish(targets),
         };
         record.times.push(start.elapsed());
         record.outcomes.push(Outcome::of(&result));

@@ -3,7 +3,7 @@
 //! which also carries this rank's faults, then the combination by the
 //! bucket's strategy).
 
-use super::{DistOpt, ParamSpec};
+use super::{Engine, ParamSpec};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{BucketView, Strategy};
@@ -73,7 +73,7 @@ pub(super) struct BucketBuffers {
     pub(super) votes: Vec<u8>,
     /// Which of the bucket's parameters some rank wrote, once decided.
     pub(super) written: Vec<bool>,
-    /// The gradients no rank wrote, in order, back to DistOpt for reuse
+    /// The gradients no rank wrote, in order, back to the engine for reuse
     /// (as the next step's zeros of parameters not pushed).
     pub(super) unwritten: Vec<Tensor>,
     /// An empty list kept for the next step's written gradients.
@@ -81,7 +81,7 @@ pub(super) struct BucketBuffers {
 }
 
 /// Everything a bucket's job returns: its result, its buffers and its
-/// strategy (whose state DistOpt keeps or puts back once every bucket of
+/// strategy (whose state the engine keeps or puts back once every bucket of
 /// the step is in).
 pub(super) struct BucketOutput<C: Communicator> {
     /// The bucket's strategy, for its next step.
@@ -161,7 +161,7 @@ pub(super) fn scan_non_finite(grads: &[Option<Tensor>]) -> Option<(FaultKind, St
     }
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Starts the next bucket's job on the communication thread, carrying
     /// this rank's fault so far.
     pub(super) fn launch_next(&mut self, written: Option<&[bool]>) -> Result<()> {
@@ -284,7 +284,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         buffers.written.extend(votes.iter().map(|&v| v != 0));
     }
     // The written gradients go on; the others (zeros on every rank) come
-    // back to DistOpt for reuse. The two lists swap roles every step, both
+    // back to the engine for reuse. The two lists swap roles every step, both
     // keeping their capacity.
     let mut live = std::mem::take(&mut buffers.live);
     live.clear();

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// SINGA's default fusion threshold, in elements.
 pub const DEFAULT_FUSION_THRESHOLD: usize = 2_097_152;
 
-/// DistOpt's settings.
+/// The settings of every front end (DistOpt, LocalSteps, DimReduceOpt) and GradSync.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DistOptConfig {
     /// How the ranks' work is combined: a strategy of the registry.

@@ -4,7 +4,7 @@
 //! [`super::Strategy`]), then `p = p0 - combined`.
 
 use super::local_step::{LocalUpdate, copy_into};
-use super::{DistOpt, StepStats};
+use super::{Engine, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 use gradwire_algos::BucketView;
@@ -13,7 +13,7 @@ use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
 use std::time::Instant;
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Delta-weight mode's finish: the local step from `p0`, then the weight
     /// changes combined bucket by bucket, then `p = p0 - combined`. If the
     /// combination fails (on any rank: every rank alike), every parameter

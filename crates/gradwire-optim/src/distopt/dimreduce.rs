@@ -3,7 +3,7 @@
 //! line search through the caller's loss closure).
 
 use super::local_step::recycle;
-use super::{DistOpt, StepStats, StrategyConfig};
+use super::{Engine, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
@@ -12,16 +12,16 @@ use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::{DType, Device, Tensor};
 use std::time::Instant;
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Switches to [`StrategyConfig::DimReduce`] with the components `pca` (the same on
     /// every rank: fit from the same trajectory, or broadcast) over all
     /// declared parameters flattened in declaration order. Call between
     /// steps; the optimizer's state is kept, unused, in the checkpoints.
-    pub fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+    pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         let total: usize = self.lens.iter().sum();
         if pca.components.ncols() != total {
             return Err(OptimError::InvalidArgument(format!(
-                "the components cover {} parameters, DistOpt has {total}",
+                "the components cover {} parameters, the declared parameters {total}",
                 pca.components.ncols()
             )));
         }
@@ -30,7 +30,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 "start_dimreduce in the middle of a step".into(),
             ));
         }
-        // DistOpt's clipping applies to DimReduce's averaged gradient.
+        // The configured clipping applies to DimReduce's averaged gradient.
         let config = DimReduceConfig {
             clip_global_norm: config.clip_global_norm.or(self.config.clip_global_norm),
             ..config
@@ -40,7 +40,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Ok(())
     }
 
-    /// DimReduce mode's [`DistOpt::finish`]: one DimReduce step on `params`
+    /// DimReduce mode's [`Engine::finish`]: one DimReduce step on `params`
     /// (every declared parameter, f32) from this rank's pushed gradients
     /// and `loss`, both averaged across ranks within the step
     /// ([`DimReduce::step`]: P sharded by parameter columns, a reduce-scatter
@@ -49,7 +49,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// during backward). The line
     /// search calls `eval_loss` with the trial parameters (name and tensor,
     /// in declaration order) on every rank alike; it returns this rank's loss
-    /// on the same batch, which DistOpt averages. A parameter no rank wrote
+    /// on the same batch, which the engine averages. A parameter no rank wrote
     /// has a zero gradient here: DimReduce moves all parameters together.
     ///
     /// If `eval_loss` fails on a rank, that trial counts as rejected on every
@@ -58,7 +58,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// ([`OptimError::Fault`] naming the rank): ranks never diverge or wait
     /// on each other. A non-finite averaged loss is treated as a non-finite
     /// gradient (skipped with `skip_non_finite`, else a fault everywhere).
-    pub fn finish_dimreduce<'n, 'p>(
+    pub(crate) fn finish_dimreduce<'n, 'p>(
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
         loss: f64,
@@ -205,7 +205,7 @@ pub(super) struct DimReduceScratch {
     view: Vec<(&'static str, &'static Tensor)>,
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Fills `scratch` with the flat parameters (`targets`, all present and
     /// f32), this rank's gradient (zeros where none was pushed; f16 and
     /// bf16 gradients are widened, which allocates) and the offsets, and

@@ -4,7 +4,7 @@
 
 use super::bucket::{BucketOutput, scan_non_finite};
 use super::local_step::{LocalUpdate, recycle};
-use super::{DistOpt, LocalFault, SkipVote, StepStats, StrategyConfig};
+use super::{Engine, LocalFault, SkipVote, StepStats, StrategyConfig, TrainingLoop};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
@@ -16,7 +16,7 @@ use std::time::Instant;
 /// An averaged gradient: parameter index, value, whether it arrived averaged.
 pub(super) type ReducedGrad = (usize, Tensor, bool);
 
-/// The lists a step fills, kept by DistOpt between steps (emptied, their
+/// The lists a step fills, kept by the engine between steps (emptied, their
 /// capacity kept) so that a step in steady state allocates none.
 #[derive(Debug, Default)]
 pub(super) struct StepScratch {
@@ -44,14 +44,14 @@ pub(super) enum Reduction {
     Skipped(StepStats),
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Sends what is left, waits for every bucket, and updates every
     /// parameter some rank wrote (SINGA's `wait` + update + `step`).
     /// `params` must hold every declared parameter, once.
     ///
     /// Completes on every rank or fails (or is skipped) on every rank alike;
     /// see the module docs for the failure model.
-    pub fn finish<'n, 'p>(
+    pub(crate) fn finish<'n, 'p>(
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Result<StepStats> {
@@ -90,7 +90,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         result
     }
 
-    /// The gradient-level form of [`DistOpt::finish`]: the same step (the
+    /// The gradient-level form of [`Engine::finish`]: the same step (the
     /// buckets not yet sent, the waits, the agreed outcome, averaging,
     /// clipping, the non-finite check) but no parameter is updated: each
     /// averaged gradient some rank wrote goes to `apply(index, gradient)`
@@ -100,8 +100,8 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     /// still advances. An `apply` error on one rank is an error on every
     /// rank ([`OptimError::Fault`] of kind `Optimizer`), agreed like an
     /// optimizer error. Gradient-combining modes only
-    /// ([`StrategyConfig::combines_gradients`]); [`crate::GradSync`] is built on it.
-    pub fn finish_gradients(
+    /// ([`TrainingLoop::Gradients`]); [`crate::GradSync`] is built on it.
+    pub(crate) fn finish_gradients(
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
@@ -114,7 +114,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         &mut self,
         mut apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
-        if !self.config.strategy.combines_gradients() {
+        if self.config.strategy.training_loop() != TrainingLoop::Gradients {
             self.record(
                 FaultKind::InvalidArgument,
                 &format!(
@@ -252,7 +252,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         })
     }
 
-    /// [`DistOpt::reduce_gradients`] with its lists in `scratch`: `true`
+    /// [`Engine::reduce_gradients`] with its lists in `scratch`: `true`
     /// when the averaged gradients are in `scratch.reduced`, `false` for a
     /// skipped step.
     fn reduce_with(&mut self, stats: &mut StepStats, scratch: &mut StepScratch) -> Result<bool> {

@@ -7,7 +7,7 @@
 //! collective of the step.
 
 use super::bucket::scan_non_finite;
-use super::{DistOpt, StepStats, StrategyConfig};
+use super::{Engine, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
@@ -58,7 +58,7 @@ pub(super) fn copy_into<'t>(
 
 /// Who takes the local step of `Partial` and `DeltaWeight`.
 pub(crate) enum LocalUpdate<'f> {
-    /// DistOpt's optimizer, with the pushed gradients.
+    /// The engine's optimizer, with the pushed gradients.
     Optimizer,
     /// The caller's own step (a framework's optimizer): it leaves the
     /// stepped values in the targets. The pushed gradients, if any, are
@@ -66,7 +66,7 @@ pub(crate) enum LocalUpdate<'f> {
     Caller(&'f mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>),
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// `Partial` or `DeltaWeight` with the caller's own local step
     /// ([`crate::GradSync::step_locally`]): `params` hold every declared
     /// parameter's current values; `step` steps the caller's parameters
@@ -126,7 +126,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
 
     /// This step's gradients, taken, after this rank's non-finite check; then
     /// the agreement that opens the step. `Err` carries the agreed failure
-    /// (as [`DistOpt::step_failed`] ends it).
+    /// (as [`Engine::step_failed`] ends it).
     pub(super) fn open_local_step(
         &mut self,
     ) -> std::result::Result<Vec<Option<Tensor>>, AlgoError> {

@@ -1,21 +1,33 @@
-//! DistOpt: data-parallel training over any [`Communicator`] and any
-//! [`Optimizer`] (SINGA's DistOpt with nnabla's gradient skipping, done right).
+//! Data-parallel training over any [`Communicator`] and any [`Optimizer`]
+//! (SINGA's DistOpt with nnabla's gradient skipping, done right): one
+//! engine, three front ends.
 //!
-//! The parameters are declared once, in backward order, with their shapes
-//! (and dtype and device); that order fixes the fusion buckets (SINGA's
-//! rule: a tensor above the fusion threshold goes alone, smaller ones are
-//! grouped until the group's element count exceeds the threshold) and every
-//! bucket must fit the fusion capacity, checked at construction instead of
-//! overflowing. Because buckets are fixed and launched strictly in order,
-//! ranks whose backward passes produce different sets of gradients still
-//! issue the same collectives.
+//! The front ends are one type per training loop, each with only the calls
+//! that make sense for it (`front.rs`): [`DistOpt`] (gradient strategies:
+//! the gradients combined bucket by bucket, then the optimizer steps),
+//! [`LocalSteps`] (each rank steps first, then parameters or weight changes
+//! are combined: partial averaging, AdaSum by delta weight) and
+//! [`DimReduceOpt`] (a dense first stage, then DimReduce's own update). A
+//! strategy names its loop ([`StrategyConfig::training_loop`]); a front end
+//! refuses another loop's strategy at construction
+//! ([`StrategyError::WrongLoop`]). [`crate::GradSync`] is the
+//! framework-neutral slice API over the same engine.
 //!
-//! During backward, [`DistOpt::push`] hands over each gradient; as soon as all
-//! of a bucket's gradients (and all earlier buckets) are in, the bucket's
+//! The engine ([`Engine`]): the parameters are declared once, in backward
+//! order, with their shapes (and dtype and device); that order fixes the
+//! fusion buckets (SINGA's rule: a tensor above the fusion threshold goes
+//! alone, smaller ones are grouped until the group's element count exceeds
+//! the threshold) and every bucket must fit the fusion capacity, checked at
+//! construction instead of overflowing. Because buckets are fixed and
+//! launched strictly in order, ranks whose backward passes produce
+//! different sets of gradients still issue the same collectives.
+//!
+//! During backward, `push` hands over each gradient; as soon as all of a
+//! bucket's gradients (and all earlier buckets) are in, the bucket's
 //! collective starts on the communication thread, overlapping the rest of
-//! backward. [`DistOpt::finish`] sends what is left (a gradient never pushed
-//! counts as not written), waits, averages, optionally clips by global norm,
-//! checks for non-finite values, and applies the optimizer.
+//! backward. `finish` sends what is left (a gradient never pushed counts as
+//! not written), waits, averages, optionally clips by global norm, checks
+//! for non-finite values, and applies the optimizer.
 //!
 //! Skipping (nnabla, done right): each bucket first reduces one byte per
 //! parameter ("written on this rank", Max): a gradient written on no rank is
@@ -30,7 +42,7 @@
 //! A step either completes on every rank or fails (or is skipped) on every
 //! rank, and afterwards every rank stands at the same point of its
 //! collective sequence, so the next step works. Nothing returns early
-//! between collectives: a fault found on one rank (a bad [`DistOpt::push`],
+//! between collectives: a fault found on one rank (a bad [`Engine::push`],
 //! a parameter of the wrong shape, dtype or device at `finish`, a NaN, an
 //! optimizer error) is recorded, and the rank's next collective carries it
 //! to the others ([`Communicator::post_fault`], see
@@ -44,7 +56,7 @@
 //! were; the one exception is an optimizer error while the parameters are
 //! updated, after which the ranks agree that the step failed but the
 //! failing rank's parameters may be partly updated (restore a checkpoint).
-//! After a [`DistOpt::push`] error the step must still be ended with
+//! After a [`Engine::push`] error the step must still be ended with
 //! `finish` on that rank (as on the others): that is where every rank
 //! learns of it.
 
@@ -52,6 +64,7 @@ mod bucket;
 mod config;
 mod delta_weight;
 mod dimreduce;
+mod front;
 mod gradient;
 mod local_step;
 mod partial;
@@ -64,6 +77,7 @@ use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
 pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats};
+pub use front::{AnyLoop, DimReduceOpt, DistOpt, LocalSteps};
 use gradient::StepScratch;
 use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::dimreduce::DimReduce;
@@ -73,13 +87,13 @@ use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
     ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, REGISTRY, StrategyConfig,
-    StrategyError,
+    StrategyError, TrainingLoop,
 };
 pub use spec::ParamSpec;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use strategies::SharedStrategy;
+pub(crate) use strategies::SharedStrategy;
 
 /// A fault this rank found during the current step, not yet known to the
 /// others: the next collective of the step carries it.
@@ -89,9 +103,13 @@ struct LocalFault {
     detail: String,
 }
 
-/// The data-parallel optimizer.
+/// The engine under every front end: the declared parameters, the
+/// buckets and their overlap with backward, the vote, the strategies and
+/// the failure model. Which training loop it runs is its strategy's
+/// ([`StrategyConfig::training_loop`]); the front ends let only that
+/// loop's calls through.
 #[derive(Debug)]
-pub struct DistOpt<O: Optimizer, C: Communicator> {
+pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     optimizer: O,
     comm: C,
     config: DistOptConfig,
@@ -132,7 +150,7 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     /// The strategy of `StrategyConfig::AdaSum`, `Custom` and
     /// `DeltaWeight`, shared by the buckets.
     shared: Option<SharedStrategy<C>>,
-    /// DimReduce's state, once [`DistOpt::start_dimreduce`] ran.
+    /// DimReduce's state, once [`Engine::start_dimreduce`] ran.
     dimreduce: Option<DimReduce>,
     /// What the local-step modes and `finish`'s targets reuse.
     local: local_step::LocalScratch,
@@ -140,43 +158,15 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
     dimreduce_scratch: dimreduce::DimReduceScratch,
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
-    /// Wraps `optimizer` for the parameters `params`, declared in the order
-    /// backward produces their gradients.
-    ///
-    /// The strategy is `config.strategy`; AdaSum's (`AdaSum`,
-    /// `DeltaWeight`) is prepared here, on every rank alike (it splits the
-    /// communicator). A [`StrategyConfig::Custom`] strategy needs
-    /// [`DistOpt::with_strategy`].
-    pub fn new(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-    ) -> Result<Self> {
-        Self::build(optimizer, comm, params, config, None)
-    }
-
-    /// [`DistOpt::new`] with `strategy` for `StrategyConfig::Custom`
-    /// (buckets of gradients) or in place of AdaSum in
-    /// `StrategyConfig::DeltaWeight` (buckets of weight changes).
-    pub fn with_strategy(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-        strategy: impl Strategy<C>,
-    ) -> Result<Self> {
-        Self::build(
-            optimizer,
-            comm,
-            params,
-            config,
-            Some(SharedStrategy::new(strategy)),
-        )
-    }
-
-    fn build(
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
+    /// An engine wrapping `optimizer` for `params` (declared in the order
+    /// backward produces their gradients) in `config.strategy`, the front
+    /// end `front` asked for: a strategy of another training loop is
+    /// refused. AdaSum's strategy (`AdaSum`, `DeltaWeight`) is prepared
+    /// here, on every rank alike (it splits the communicator), unless
+    /// `shared` holds the one to use.
+    pub(crate) fn build(
+        front: TrainingLoop,
         optimizer: O,
         comm: C,
         params: Vec<ParamSpec>,
@@ -193,6 +183,14 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             }
         }
         config.strategy.validate()?;
+        if config.strategy.training_loop() != front {
+            return Err(StrategyError::WrongLoop {
+                strategy: config.strategy.to_string(),
+                runs_on: config.strategy.training_loop().front_end(),
+                given_to: front.front_end(),
+            }
+            .into());
+        }
         if config.ranks_per_node == Some(0) {
             return Err(OptimError::InvalidArgument(
                 "ranks_per_node must be positive".into(),
@@ -227,7 +225,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
             }
             (None, _) => None,
         };
-        Ok(DistOpt {
+        Ok(Engine {
             optimizer,
             comm,
             config,
@@ -269,17 +267,17 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// Number of ranks (SINGA's `world_size`).
-    pub fn world_size(&self) -> usize {
+    pub(crate) fn world_size(&self) -> usize {
         self.comm.world_size()
     }
 
     /// This rank (SINGA's `rank_in_global`).
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.comm.rank()
     }
 
     /// This rank within its node (SINGA's `rank_in_local`).
-    pub fn local_rank(&self) -> usize {
+    pub(crate) fn local_rank(&self) -> usize {
         self.rank()
             % self
                 .config
@@ -289,45 +287,45 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 
     /// The wrapped optimizer.
-    pub fn optimizer(&self) -> &O {
+    pub(crate) fn optimizer(&self) -> &O {
         &self.optimizer
     }
 
     /// The wrapped optimizer, mutably (to register per-parameter settings).
-    pub fn optimizer_mut(&mut self) -> &mut O {
+    pub(crate) fn optimizer_mut(&mut self) -> &mut O {
         &mut self.optimizer
     }
 
     /// The communicator.
-    pub fn comm(&self) -> &C {
+    pub(crate) fn comm(&self) -> &C {
         &self.comm
     }
 
-    /// Gives the communicator back (the optimizer and DistOpt's state are
-    /// dropped: take a [`DistOpt::checkpoint`] first to keep them).
-    pub fn into_comm(self) -> C {
+    /// Gives the communicator back (the optimizer and the engine's state are
+    /// dropped: take a [`Engine::checkpoint`] first to keep them).
+    pub(crate) fn into_comm(self) -> C {
         self.comm
     }
 
     /// The current strategy ([`StrategyConfig::DimReduce`] after
-    /// [`DistOpt::start_dimreduce`]).
-    pub fn strategy(&self) -> StrategyConfig {
+    /// [`Engine::start_dimreduce`]).
+    pub(crate) fn strategy(&self) -> StrategyConfig {
         self.config.strategy
     }
 
     /// The buckets, as ranges of the declared parameters.
-    pub fn buckets(&self) -> &[Range<usize>] {
+    pub(crate) fn buckets(&self) -> &[Range<usize>] {
         &self.buckets
     }
 
     /// Hands over the gradient of parameter `name` (during backward). Its
     /// bucket's collective starts as soon as the bucket is complete (the
-    /// last bucket's in [`DistOpt::finish`]).
+    /// last bucket's in [`Engine::finish`]).
     ///
     /// A bad gradient (an unknown name, a wrong shape, dtype or device, a
     /// second push) is an error here, and the step is marked failed: end it
     /// with `finish` as usual, which then fails on every rank alike.
-    pub fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
+    pub(crate) fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
         let i = match self.check_grad(name, &grad) {
             Ok(i) => i,
             Err(e) => {
@@ -357,11 +355,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Ok(())
     }
 
-    /// Pushes every gradient, then [`DistOpt::finish`]: a step without
+    /// Pushes every gradient, then [`Engine::finish`]: a step without
     /// overlap. `None` is a gradient backward did not produce. A bad
     /// gradient on one rank fails the step on every rank (see the module
     /// docs); this rank returns the first such error.
-    pub fn step<'n, 'p>(
+    pub(crate) fn step<'n, 'p>(
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor, Option<Tensor>)>,
     ) -> Result<StepStats> {

@@ -3,7 +3,7 @@
 //! ranks, and with `average_state` their optimizer buffers too.
 
 use super::local_step::{LocalUpdate, copy_into};
-use super::{DistOpt, StepStats};
+use super::{Engine, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::fail;
@@ -12,7 +12,7 @@ use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::time::Instant;
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Partial mode's finish: the local update, then the average of one
     /// bucket's parameters across ranks (and, with `average_state`, of
     /// their optimizer buffers). The counter advances only when the step

@@ -1,8 +1,8 @@
-//! DistOpt's checkpoints: the optimizer's state, the strategies' state
+//! The engine's checkpoints: the optimizer's state, the strategies' state
 //! (error-feedback residuals), the partial counter and DimReduce's state in
 //! one [`Checkpoint`].
 
-use super::{DistOpt, strategies};
+use super::{Engine, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -10,15 +10,15 @@ use gradwire_algos::StateDict;
 use gradwire_algos::dimreduce::DimReduceState;
 use gradwire_comm::Communicator;
 
-impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
-    /// DistOpt's whole state: the optimizer's, each bucket's strategy's
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
+    /// The engine's whole state: the optimizer's, each bucket's strategy's
     /// ([`super::Strategy::save_state`]: sparse mode's residuals as tensors
     /// `residual/<bucket>`), partial mode's counter (value
     /// `partial_counter`) and DimReduce's state (`dimreduce/momentum`, and
     /// values `dimreduce/b`, `g_last`, `s`, `initialized`; the components
     /// themselves go to their own file, [`crate::checkpoint::save_pca`]).
     /// Call between steps.
-    pub fn checkpoint(&self) -> Result<Checkpoint> {
+    pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
         let mut ckpt = Checkpoint::new(self.optimizer.state()?);
         for (b, strategy) in self.strategies.iter().enumerate() {
             // A bucket with no strategy yet (or since its job was lost)
@@ -58,7 +58,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         Ok(ckpt)
     }
 
-    /// What a checkpoint records of this DistOpt's configuration, and
+    /// What a checkpoint records of this engine's configuration, and
     /// `restore` compares: the strategy (with its codec), the world size, the
     /// rank and the parameter declarations.
     fn configuration(&self) -> Vec<(&'static str, serde_json::Value)> {
@@ -85,11 +85,11 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
         ]
     }
 
-    /// Restores a state saved by [`DistOpt::checkpoint`] from a DistOpt with
+    /// Restores a state saved by [`Engine::checkpoint`] from an engine with
     /// the same parameters and buckets (and, for DimReduce state, after
-    /// [`DistOpt::start_dimreduce`] with the same components); errors on any
-    /// mismatch, leaving this DistOpt as it was.
-    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+    /// [`Engine::start_dimreduce`] with the same components); errors on any
+    /// mismatch, leaving this engine as it was.
+    pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         let mismatch = |what: String| OptimError::StateMismatch(what);
         // The configuration it was saved with (absent in checkpoints of
         // earlier versions, which are checked by their contents alone).
@@ -98,14 +98,14 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
                 && *saved != value
             {
                 return Err(mismatch(format!(
-                    "the checkpoint was saved with {key} = {saved}, this DistOpt has {value}"
+                    "the checkpoint was saved with {key} = {saved}, this one has {value}"
                 )));
             }
         }
         let buckets = ckpt.state.values.get("buckets").and_then(|v| v.as_u64());
         if buckets != Some(self.buckets.len() as u64) {
             return Err(mismatch(format!(
-                "the checkpoint has {buckets:?} buckets, this DistOpt {}",
+                "the checkpoint has {buckets:?} buckets, this one {}",
                 self.buckets.len()
             )));
         }
@@ -154,7 +154,7 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 }
 
-/// DimReduce's state as [`DistOpt::checkpoint`] stores it.
+/// DimReduce's state as [`Engine::checkpoint`] stores it.
 fn dimreduce_state(dict: &StateDict) -> Result<DimReduceState> {
     let mismatch = |what: &str| OptimError::StateMismatch(format!("DimReduce: {what}"));
     let floats = |key: &str| -> Result<Vec<f64>> {

@@ -1,8 +1,8 @@
 //! The strategy of each bucket, made from the [`StrategyConfig`]
 //! ([`for_bucket`]): the built-in strategies of gradwire-algos (each in its
 //! own module there, its CPU and CUDA forms side by side), or the one
-//! strategy given to [`super::DistOpt::with_strategy`] (or the AdaSum
-//! DistOpt prepares), shared by every bucket.
+//! strategy given to a front end's `with_strategy` (or the AdaSum the
+//! engine prepares), shared by every bucket.
 
 use super::StrategyConfig;
 use gradwire_algos::fault::fail;
@@ -14,13 +14,13 @@ use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
 use std::sync::{Arc, Mutex};
 
-/// The strategy given to [`super::DistOpt::with_strategy`], shared by all
+/// The strategy given to a front end's `with_strategy`, shared by all
 /// the buckets (their jobs run one at a time on the communication thread;
 /// the lock is never contended).
-pub(super) struct SharedStrategy<C>(Arc<Mutex<Box<dyn Strategy<C>>>>);
+pub(crate) struct SharedStrategy<C>(Arc<Mutex<Box<dyn Strategy<C>>>>);
 
 impl<C: Communicator + 'static> SharedStrategy<C> {
-    pub(super) fn new(strategy: impl Strategy<C>) -> Self {
+    pub(crate) fn new(strategy: impl Strategy<C>) -> Self {
         SharedStrategy(Arc::new(Mutex::new(Box::new(strategy))))
     }
 }
@@ -83,7 +83,7 @@ impl<C: Communicator + 'static> Strategy<C> for SharedStrategy<C> {
 }
 
 /// The strategy of a bucket whose own could not be made (a strategy that
-/// needs [`super::DistOpt::with_strategy`] when none was given, settings
+/// needs a front end's `with_strategy` when none was given, settings
 /// refused): every combination fails, alike on every rank, with the reason.
 #[derive(Debug)]
 struct Refused(String);
@@ -99,7 +99,7 @@ impl<C: Communicator + 'static> Strategy<C> for Refused {
     }
 }
 
-/// Settings checked by `DistOpt::build` (`StrategyConfig::validate`): a
+/// Settings checked by `Engine::build` (`StrategyConfig::validate`): a
 /// refusal here is not reached, and would fail alike on every rank.
 fn or_refused<C: Communicator + 'static, S: Strategy<C>>(made: Result<S>) -> Box<dyn Strategy<C>> {
     match made {
@@ -110,7 +110,7 @@ fn or_refused<C: Communicator + 'static, S: Strategy<C>>(made: Result<S>) -> Box
 
 /// Builds the registry's `strategy` for a bucket `len` elements long
 /// (`shared` is the strategy of `AdaSum`, `Custom` and `DeltaWeight`, if
-/// DistOpt has one). Every bucket has one; `Partial` never combines
+/// the engine has one). Every bucket has one; `Partial` never combines
 /// gradients (its own averaging is in `local_step`) and `DimReduce`
 /// averages them as `Dense` does.
 pub(super) fn for_bucket<C: Communicator + 'static>(
@@ -145,7 +145,9 @@ pub(super) fn for_bucket<C: Communicator + 'static>(
         | StrategyConfig::Custom
         | StrategyConfig::DeltaWeight { .. } => match shared {
             Some(shared) => Box::new(shared.clone()),
-            None => Box::new(Refused("this strategy needs DistOpt::with_strategy".into())),
+            None => Box::new(Refused(
+                "this strategy needs a with_strategy constructor".into(),
+            )),
         },
     }
 }

@@ -3,7 +3,7 @@
 //! strategy registry (`write_fixtures`, ignored, made them; it is run alone,
 //! `cargo test -p gradwire-optim --test it -- --ignored write_fixtures`,
 //! only to make a new format's fixtures). Each one restores
-//! into today's DistOpt, checkpoints again to the very same bytes, and
+//! into today's front end of its loop, checkpoints again to the very same bytes, and
 //! training goes on from it bitwise as it did when it was written.
 
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
@@ -11,7 +11,7 @@ use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
-    DistOpt, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
+    AnyLoop, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 use std::path::PathBuf;
@@ -88,7 +88,7 @@ fn gradient(rank: usize, step: usize, k: usize) -> Tensor {
     Tensor::from_vec(values, dims).unwrap()
 }
 
-fn make(mode: StrategyConfig, comm: LocalComm) -> Result<DistOpt<Sgd, LocalComm>, OptimError> {
+fn make(mode: StrategyConfig, comm: LocalComm) -> Result<AnyLoop<Sgd, LocalComm>, OptimError> {
     let sgd = Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9))?;
     let config = DistOptConfig {
         strategy: mode,
@@ -97,11 +97,11 @@ fn make(mode: StrategyConfig, comm: LocalComm) -> Result<DistOpt<Sgd, LocalComm>
     };
     // AdaSum (adasum-delta) is prepared by DistOpt from the registry; the
     // fixtures were written with one given to `with_strategy`.
-    DistOpt::new(sgd, comm, specs(), config)
+    AnyLoop::new(sgd, comm, specs(), config)
 }
 
 fn steps(
-    dist: &mut DistOpt<Sgd, LocalComm>,
+    dist: &mut AnyLoop<Sgd, LocalComm>,
     params: &mut [Tensor],
     range: std::ops::Range<usize>,
 ) -> Result<(), OptimError> {

@@ -1,14 +1,14 @@
-//! DimReduce through DistOpt: a dense stage records the trajectory, then
-//! `start_dimreduce` switches modes. Every rank holds the same bits; W = 3
+//! DimReduce through DimReduceOpt: a dense first stage records the
+//! trajectory, then `start` switches to DimReduce's step. Every rank holds the same bits; W = 3
 //! matches W = 1 on the same global batch within a bound; the loss goes
-//! down; a checkpoint (DistOpt's state plus the PCA file) resumes bitwise;
+//! down; a checkpoint (DimReduceOpt's state plus the PCA file) resumes bitwise;
 //! misuse is an error on every rank, never a hang.
 
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::checkpoint::{self, Checkpoint};
-use gradwire_optim::{DistOpt, DistOptConfig, OptimError, Sgd, SgdConfig};
+use gradwire_optim::{DimReduceOpt, DistOptConfig, OptimError, Sgd, SgdConfig, StrategyConfig};
 use gradwire_tensor::Tensor;
 use std::path::Path;
 
@@ -23,6 +23,14 @@ fn sgd() -> Sgd {
 
 /// MindSpore's defaults with a longer line search (rho^0 .. rho^5): with
 /// only two step sizes a rejected step repeats itself on this problem.
+/// DimReduceOpt's settings: the defaults, in DimReduce.
+fn dimreduce() -> DistOptConfig {
+    DistOptConfig {
+        strategy: StrategyConfig::DimReduce,
+        ..DistOptConfig::default()
+    }
+}
+
 fn config() -> DimReduceConfig {
     let defaults = DimReduceConfig::default();
     DimReduceConfig {
@@ -39,7 +47,7 @@ fn values(w: &[Tensor]) -> Vec<Vec<f32>> {
     w.iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
 }
 
-/// Values of the trial parameters DistOpt hands to the loss closure, in
+/// Values of the trial parameters DimReduceOpt hands to the loss closure, in
 /// block order.
 fn trial_values(trial: &[(&str, &Tensor)]) -> Vec<Vec<f32>> {
     (0..BLOCKS.len())
@@ -53,7 +61,7 @@ fn trial_values(trial: &[(&str, &Tensor)]) -> Vec<Vec<f32>> {
 
 /// Pushes this rank's shard gradient in backward order.
 fn push_gradient(
-    dist: &mut DistOpt<Sgd, LocalComm>,
+    dist: &mut DimReduceOpt<Sgd, LocalComm>,
     w: &[Tensor],
     shard: std::ops::Range<usize>,
 ) -> Result<(), OptimError> {
@@ -65,16 +73,16 @@ fn push_gradient(
     Ok(())
 }
 
-/// What the dense stage leaves: DistOpt, the parameters, the components.
-type DenseStage = (DistOpt<Sgd, LocalComm>, Vec<Tensor>, Pca);
+/// What the dense stage leaves: DimReduceOpt, the parameters, the components.
+type DenseStage = (DimReduceOpt<Sgd, LocalComm>, Vec<Tensor>, Pca);
 
-/// The dense stage on `comm`: returns the DistOpt, the parameters and the
+/// The dense stage on `comm`: returns the DimReduceOpt, the parameters and the
 /// components fitted from the recorded trajectory (declaration order, as
 /// DimReduce flattens).
 fn dense_stage(comm: LocalComm) -> Result<DenseStage, OptimError> {
     let world = comm.world_size();
     let shard = comm.rank() * BATCH / world..(comm.rank() + 1) * BATCH / world;
-    let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
+    let mut dist = DimReduceOpt::new(sgd(), comm, specs(), dimreduce())?;
     let mut w: Vec<Tensor> = initial()
         .into_iter()
         .map(|v| {
@@ -99,9 +107,9 @@ fn dense_stage(comm: LocalComm) -> Result<DenseStage, OptimError> {
     Ok((dist, w, pca))
 }
 
-/// `steps` DimReduce steps through DistOpt; returns the step sizes taken.
+/// `steps` DimReduce steps through DimReduceOpt; returns the step sizes taken.
 fn dimreduce_steps(
-    dist: &mut DistOpt<Sgd, LocalComm>,
+    dist: &mut DimReduceOpt<Sgd, LocalComm>,
     w: &mut [Tensor],
     steps: usize,
 ) -> Result<Vec<f64>, OptimError> {
@@ -128,7 +136,7 @@ fn dimreduce_steps(
 fn run(world: usize, steps: usize) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
     local::run(world, |comm: LocalComm| {
         let (mut dist, mut w, pca) = dense_stage(comm)?;
-        dist.start_dimreduce(&pca, config())?;
+        dist.start(&pca, config())?;
         let taken = dimreduce_steps(&mut dist, &mut w, steps)?;
         Ok::<_, OptimError>((values(&w), taken))
     })
@@ -173,7 +181,11 @@ fn ranks_agree_the_loss_falls_and_world_sizes_match() {
     assert!(after < before / 4.0, "loss {before} -> {after}");
 }
 
-fn save_state(dir: &Path, dist: &DistOpt<Sgd, LocalComm>, w: &[Tensor]) -> Result<(), OptimError> {
+fn save_state(
+    dir: &Path,
+    dist: &DimReduceOpt<Sgd, LocalComm>,
+    w: &[Tensor],
+) -> Result<(), OptimError> {
     let mut ckpt = dist.checkpoint()?;
     let names = names();
     ckpt.set_parameters(names.iter().map(String::as_str).zip(w.iter()));
@@ -191,24 +203,24 @@ fn a_checkpoint_and_the_pca_file_resume_bitwise() {
         if dist.rank() == 0 {
             checkpoint::save_pca(dir_path.join("pca.safetensors"), &pca)?;
         }
-        dist.start_dimreduce(&pca, config())?;
+        dist.start(&pca, config())?;
         let mut taken = dimreduce_steps(&mut dist, &mut w, 4)?;
         save_state(dir_path, &dist, &w)?;
         dist.comm()
             .barrier()
             .map_err(gradwire_algos::AlgoError::from)?;
         let comm = dist.into_comm();
-        // Second run: a new DistOpt from the files.
+        // Second run: a new DimReduceOpt from the files.
         let ckpt: Checkpoint =
             checkpoint::load(dir_path.join(format!("rank{}.ckpt", comm.rank())))?;
         let pca = checkpoint::load_pca(dir_path.join("pca.safetensors"))?;
-        let mut dist = DistOpt::new(sgd(), comm, specs(), DistOptConfig::default())?;
-        // DimReduce state cannot go into a DistOpt not in DimReduce mode.
+        let mut dist = DimReduceOpt::new(sgd(), comm, specs(), dimreduce())?;
+        // DimReduce state cannot go into a DimReduceOpt in its first stage.
         assert!(matches!(
             dist.restore(&ckpt),
             Err(OptimError::StateMismatch(_))
         ));
-        dist.start_dimreduce(&pca, config())?;
+        dist.start(&pca, config())?;
         dist.restore(&ckpt)?;
         let mut w: Vec<Tensor> = (0..BLOCKS.len())
             .map(|k| {
@@ -268,7 +280,7 @@ fn misuse_is_an_error_on_every_rank() {
         let rank = comm.rank();
         let (mut dist, mut w, pca) = dense_stage(comm)?;
         let names = names();
-        // finish_dimreduce before start_dimreduce.
+        // finish_dimreduce before start.
         push_gradient(&mut dist, &w, 0..BATCH)?;
         let early = dist.finish_dimreduce(
             names.iter().map(String::as_str).zip(w.iter_mut()),
@@ -289,8 +301,8 @@ fn misuse_is_an_error_on_every_rank() {
         // Components of the wrong width.
         let narrow = Pca::fit(&[vec![0.0, 1.0], vec![1.0, 0.0], vec![0.5, 0.5]], 1)
             .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-        assert!(dist.start_dimreduce(&narrow, config()).is_err());
-        dist.start_dimreduce(&pca, config())?;
+        assert!(dist.start(&narrow, config()).is_err());
+        dist.start(&pca, config())?;
         // Plain finish in DimReduce mode (its buckets already travelled).
         push_gradient(&mut dist, &w, 0..BATCH)?;
         let plain = dist.finish(names.iter().map(String::as_str).zip(w.iter_mut()));
@@ -321,7 +333,7 @@ fn misuse_is_an_error_on_every_rank() {
             },
         );
         // The step completed alike everywhere: the ranks still agree, and
-        // DistOpt stays usable.
+        // DimReduceOpt stays usable.
         let after_failure = values(&w);
         push_gradient(&mut dist, &w, 0..BATCH)?;
         dist.finish_dimreduce(

@@ -7,8 +7,9 @@
 use gradwire_algos::HalfPrecision;
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
-    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, DistOpt, DistOptConfig, OptimError, Optimizer,
-    ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig, SkipVote, StrategyConfig,
+    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, AnyLoop, DistOpt, DistOptConfig, LocalSteps,
+    OptimError, Optimizer, ParamSpec, RmsProp, RmsPropConfig, Schedule, Sgd, SgdConfig, SkipVote,
+    StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 
@@ -34,18 +35,18 @@ fn train_on<O: Optimizer + 'static>(
     whole_batch: bool,
 ) -> Vec<Vec<f32>> {
     train_with(world, steps, whole_batch, |comm| {
-        DistOpt::new(make(), comm, specs(), config.clone())
+        AnyLoop::new(make(), comm, specs(), config.clone())
     })
 }
 
-/// `steps` steps of the DistOpt `build` makes on each rank's communicator,
+/// `steps` steps of the front end `build` makes on each rank's communicator,
 /// each rank on its shard of the batch or, with `whole_batch`, on all of it;
 /// checks the ranks agree bitwise and returns rank 0's parameters.
 fn train_with<O: Optimizer + 'static>(
     world: usize,
     steps: usize,
     whole_batch: bool,
-    build: impl Fn(LocalComm) -> Result<DistOpt<O, LocalComm>, OptimError> + Sync,
+    build: impl Fn(LocalComm) -> Result<AnyLoop<O, LocalComm>, OptimError> + Sync,
 ) -> Vec<Vec<f32>> {
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
@@ -394,7 +395,7 @@ fn clipping_and_the_non_finite_check_act_on_every_rank_alike() {
 
 /// One training run of the linear model with every rank's shard; returns each
 /// rank's parameters after every step (checkpointing after `save_at` steps into
-/// a fresh DistOpt when given).
+/// a fresh front end when given).
 fn run_mode(
     world: usize,
     steps: usize,
@@ -405,7 +406,7 @@ fn run_mode(
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
         let make = || Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
-        let mut dist = Some(DistOpt::new(make(), comm, specs(), config.clone())?);
+        let mut dist = Some(AnyLoop::new(make(), comm, specs(), config.clone())?);
         let mut w: Vec<Tensor> = initial()
             .iter()
             .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
@@ -414,11 +415,11 @@ fn run_mode(
         let mut history = Vec::new();
         for step in 0..steps {
             if Some(step) == save_at {
-                // Through the file format, into a brand-new DistOpt.
+                // Through the file format, into a brand-new front end.
                 let old = dist.take().unwrap();
                 let bytes = checkpoint::to_bytes(&old.checkpoint()?)?;
                 let comm = old.into_comm();
-                let mut fresh = DistOpt::new(make(), comm, specs(), config.clone())?;
+                let mut fresh = AnyLoop::new(make(), comm, specs(), config.clone())?;
                 fresh.restore(&checkpoint::from_bytes(&bytes)?)?;
                 dist = Some(fresh);
             }
@@ -515,7 +516,7 @@ fn partial_averages_each_partition_in_turn_and_resumes_bitwise() {
     };
     let specs_order = specs();
     let comm = LocalComm::create(1).unwrap().pop().unwrap();
-    let buckets = DistOpt::new(
+    let buckets = LocalSteps::new(
         Sgd::new(SgdConfig::default()).unwrap(),
         comm,
         specs(),
@@ -583,7 +584,7 @@ fn train_with_strategy<K: gradwire_optim::Strategy<LocalComm>>(
             ..small_buckets()
         };
         let sgd = Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
-        DistOpt::with_strategy(sgd, comm, specs(), config, k)
+        AnyLoop::with_strategy(sgd, comm, specs(), config, k)
     })
 }
 
@@ -692,7 +693,7 @@ fn partial_can_average_the_optimizer_state_too() {
     };
     let k = {
         let comm = LocalComm::create(1).unwrap().pop().unwrap();
-        DistOpt::new(
+        LocalSteps::new(
             Sgd::new(SgdConfig::default()).unwrap(),
             comm,
             specs(),
@@ -705,7 +706,7 @@ fn partial_can_average_the_optimizer_state_too() {
     let results = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
         let sgd = Sgd::new(SgdConfig::default().lr(0.05).momentum(0.9)).unwrap();
-        let mut dist = DistOpt::new(sgd, comm, specs(), config.clone())?;
+        let mut dist = LocalSteps::new(sgd, comm, specs(), config.clone())?;
         let mut w: Vec<Tensor> = initial()
             .iter()
             .map(|v| Tensor::from_vec(v.clone(), v.len()).unwrap())
@@ -935,4 +936,53 @@ fn overflowing_declarations_are_errors() {
         Ok::<_, OptimError>(())
     })
     .unwrap();
+}
+
+#[test]
+fn each_front_end_takes_only_the_strategies_of_its_loop() {
+    use gradwire_optim::{DimReduceOpt, REGISTRY, StrategyError, TrainingLoop};
+    let sgd = || Sgd::new(SgdConfig::default()).unwrap();
+    let comm = || LocalComm::create(1).unwrap().pop().unwrap();
+    for strategy in REGISTRY {
+        let config = DistOptConfig {
+            strategy,
+            ..DistOptConfig::default()
+        };
+        let outcomes = [
+            (
+                TrainingLoop::Gradients,
+                DistOpt::new(sgd(), comm(), specs(), config.clone()).err(),
+            ),
+            (
+                TrainingLoop::LocalSteps,
+                LocalSteps::new(sgd(), comm(), specs(), config.clone()).err(),
+            ),
+            (
+                TrainingLoop::DimReduce,
+                DimReduceOpt::new(sgd(), comm(), specs(), config.clone()).err(),
+            ),
+        ];
+        for (front, err) in outcomes {
+            if front == strategy.training_loop() {
+                assert!(
+                    err.is_none(),
+                    "{strategy} on {}: {err:?}",
+                    front.front_end()
+                );
+                continue;
+            }
+            match err {
+                Some(OptimError::Strategy(StrategyError::WrongLoop {
+                    runs_on, given_to, ..
+                })) => {
+                    assert_eq!(runs_on, strategy.training_loop().front_end());
+                    assert_eq!(given_to, front.front_end());
+                }
+                other => panic!("{strategy} on {}: {other:?}", front.front_end()),
+            }
+        }
+        // The loop chosen at run time is the strategy's.
+        let any = AnyLoop::new(sgd(), comm(), specs(), config).unwrap();
+        assert_eq!(any.training_loop(), strategy.training_loop());
+    }
 }

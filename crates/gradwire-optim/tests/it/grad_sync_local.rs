@@ -1,6 +1,6 @@
 //! `GradSync::step_locally`: partial averaging and delta-weight AdaSum with
-//! the caller's own local step give bitwise DistOpt's results with
-//! DistOpt's optimizer taking that step; a step that fails on one rank
+//! the caller's own local step give bitwise LocalSteps' results with
+//! LocalSteps' optimizer taking that step; a step that fails on one rank
 //! fails on every rank (and delta weight puts p0 back); a NaN gradient is
 //! skipped on every rank; the next step works.
 
@@ -8,7 +8,7 @@ use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
-    DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, ParamSpec, Result, Sgd, SgdConfig,
+    DistOptConfig, GradSync, LocalSteps, OptimError, Optimizer, ParamSpec, Result, Sgd, SgdConfig,
     StrategyConfig,
 };
 use gradwire_tensor::Tensor;
@@ -51,17 +51,17 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
     v.iter().flatten().map(|x| x.to_bits()).collect()
 }
 
-/// DistOpt with SGD as the local step: every rank's parameters after
+/// LocalSteps with SGD as the local step: every rank's parameters after
 /// `STEPS` steps.
-fn through_distopt(comm: LocalComm, mode: StrategyConfig) -> Result<Vec<Vec<f32>>> {
+fn through_local_steps(comm: LocalComm, mode: StrategyConfig) -> Result<Vec<Vec<f32>>> {
     let rank = comm.rank();
     let specs = specs();
     let mut dist = match mode {
         StrategyConfig::DeltaWeight { group: None } => {
             let adasum = AdaSum::new(&comm)?;
-            DistOpt::with_strategy(sgd(), comm, specs.clone(), config(mode), adasum)?
+            LocalSteps::with_strategy(sgd(), comm, specs.clone(), config(mode), adasum)?
         }
-        _ => DistOpt::new(sgd(), comm, specs.clone(), config(mode))?,
+        _ => LocalSteps::new(sgd(), comm, specs.clone(), config(mode))?,
     };
     let mut params: Vec<Tensor> = specs
         .iter()
@@ -166,10 +166,10 @@ fn modes() -> [StrategyConfig; 2] {
 }
 
 #[test]
-fn the_callers_step_gives_distopts_results_bitwise() {
+fn the_callers_step_gives_local_steps_results_bitwise() {
     for mode in modes() {
         for world in 1..=4 {
-            let want = local::run(world, |c| through_distopt(c, mode)).unwrap();
+            let want = local::run(world, |c| through_local_steps(c, mode)).unwrap();
             let got = local::run(world, |c| through_grad_sync(c, mode, false)).unwrap();
             for (rank, (w, g)) in want.into_iter().zip(got).enumerate() {
                 let (w, (g, outcomes)) = (w.unwrap(), g.unwrap());

@@ -12,7 +12,7 @@ use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::Quantizer;
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
-    DistOpt, DistOptConfig, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
+    DistOpt, DistOptConfig, GradSync, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 
@@ -155,16 +155,17 @@ fn distopt_gives_what_the_algorithm_gives_on_the_same_bucket() {
                     .map_err(gradwire_algos::AlgoError::from)?
                     .expect("every rank has color 0");
                 // One bucket holding every parameter.
-                let mut dist = DistOpt::new(sgd(), comm, specs(), config(mode, 1 << 20))?;
+                // The engine's gradient step, through its slice API.
+                let mut sync = GradSync::new(comm, specs(), config(mode, 1 << 20))?;
                 let mut reference = Reference::new(mode);
                 let mut differing = 0usize;
                 for step in 0..4 {
                     for k in 0..SHAPES.len() {
-                        dist.push(&format!("p{k}"), gradient(rank, step, k))?;
+                        sync.push_tensor(k, gradient(rank, step, k))?;
                     }
                     let mut got = vec![None; SHAPES.len()];
-                    dist.finish_gradients(|i, g| {
-                        got[i] = Some(g.to_vec::<f32>()?);
+                    sync.finish_each(|i, g: &[f32]| {
+                        got[i] = Some(g.to_vec());
                         Ok(())
                     })?;
                     let mut want: Vec<Tensor> =

@@ -1,7 +1,7 @@
 //! The strategy registry: [`StrategyConfig`], the one value that names a
 //! strategy and its settings. It parses and prints itself (the names the
 //! CLI takes: `topk:0.01`, `powersgd:4:start=1`, `adasum-delta:group=2`),
-//! validates itself, is built by DistOpt into each bucket's
+//! validates itself, is built by the engine into each bucket's
 //! [`Strategy`](super::Strategy), tells the cost model what it sends
 //! ([`StrategyConfig::cost_spec`]) and lists example configurations
 //! ([`StrategyConfig::examples`]) that the CLI, the cost model, the fault
@@ -19,9 +19,10 @@ use gradwire_algos::cost::StrategySpec;
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_compress::{Quantizer, SparseCodec};
 
-/// How DistOpt combines what the ranks computed: a gradient strategy (the
+/// How what the ranks computed is combined: a gradient strategy (the
 /// gradients combined bucket by bucket), a local-step strategy (each rank
-/// steps first; parameters or weight changes are combined), or DimReduce.
+/// steps first; parameters or weight changes are combined), or DimReduce;
+/// each runs on the front end of its [`TrainingLoop`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StrategyConfig {
     /// `dense`: f32 sum, then divided by the world size (SINGA
@@ -85,7 +86,7 @@ pub enum StrategyConfig {
         freeze_step: u64,
     },
     /// `adasum-grad`: the gradients combined by AdaSum (orthogonal
-    /// gradients add, identical ones average), which DistOpt prepares on
+    /// gradients add, identical ones average), which the engine prepares on
     /// its communicator: flat, or with `group`, averaged within groups of
     /// that many consecutive ranks (a node) first, then AdaSum across
     /// groups.
@@ -103,8 +104,8 @@ pub enum StrategyConfig {
     /// locally with this rank's gradient, `delta = p0 - p`, combine the
     /// deltas bucket by bucket with AdaSum (`group` as in
     /// [`StrategyConfig::AdaSum`]) or the strategy given to
-    /// [`DistOpt::with_strategy`](super::DistOpt::with_strategy), `p = p0 -
-    /// combined`.
+    /// [`LocalSteps::with_strategy`](super::LocalSteps::with_strategy),
+    /// `p = p0 - combined`.
     DeltaWeight {
         /// Ranks per group of AdaSum's hierarchical form.
         group: Option<usize>,
@@ -123,13 +124,38 @@ pub enum StrategyConfig {
     /// PCA subspace with a line search replaces the optimizer; the
     /// gradients are averaged within the step (P sharded by parameter
     /// columns: 1.5 times a dense step's bytes). Entered with
-    /// [`DistOpt::start_dimreduce`](super::DistOpt::start_dimreduce)
-    /// after a first stage of another strategy that recorded the trajectory
-    /// (a DistOpt is made with [`StrategyConfig::first_stage`], dense);
-    /// steps with
-    /// [`DistOpt::finish_dimreduce`](super::DistOpt::finish_dimreduce),
+    /// [`DimReduceOpt::start`](super::DimReduceOpt::start) after a first
+    /// stage that recorded the trajectory (dense:
+    /// [`StrategyConfig::first_stage`]); steps with
+    /// [`DimReduceOpt::finish_dimreduce`](super::DimReduceOpt::finish_dimreduce),
     /// which takes the loss.
     DimReduce,
+}
+
+/// The training loops, one front end each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TrainingLoop {
+    /// The gradients combined, bucket by bucket, then the optimizer steps:
+    /// [`DistOpt`](crate::DistOpt).
+    Gradients,
+    /// Each rank steps with its own gradients, then the parameters (partial
+    /// averaging) or the weight changes (delta weight) are combined:
+    /// [`LocalSteps`](crate::LocalSteps).
+    LocalSteps,
+    /// A dense first stage, then DimReduce's own update:
+    /// [`DimReduceOpt`](crate::DimReduceOpt).
+    DimReduce,
+}
+
+impl TrainingLoop {
+    /// The name of the front end that runs this loop.
+    pub fn front_end(self) -> &'static str {
+        match self {
+            TrainingLoop::Gradients => "DistOpt",
+            TrainingLoop::LocalSteps => "LocalSteps",
+            TrainingLoop::DimReduce => "DimReduceOpt",
+        }
+    }
 }
 
 /// QSGD's default levels per sign: 127, every entry in 8 bits.
@@ -159,6 +185,17 @@ pub enum StrategyError {
         text: String,
         /// What is wrong with which part.
         reason: String,
+    },
+    /// The strategy runs in another training loop than the front end it
+    /// was given to takes.
+    #[error("{strategy} runs on {runs_on}, not {given_to}")]
+    WrongLoop {
+        /// The strategy's printed form.
+        strategy: String,
+        /// The front end that runs it.
+        runs_on: &'static str,
+        /// The front end it was given to.
+        given_to: &'static str,
     },
     /// A setting is out of its domain.
     #[error("{strategy}: {reason}")]
@@ -327,22 +364,24 @@ impl StrategyConfig {
         .collect()
     }
 
-    /// Whether the strategy combines gradients, bucket by bucket (every
-    /// one but those that step locally first, `Partial` and `DeltaWeight`,
-    /// and `DimReduce`, which steps the parameters itself).
-    pub fn combines_gradients(&self) -> bool {
-        !matches!(
-            self,
-            StrategyConfig::Partial { .. }
-                | StrategyConfig::DeltaWeight { .. }
-                | StrategyConfig::DimReduce
-        )
+    /// The training loop the strategy runs in, and so the front end that
+    /// takes it: the gradients combined bucket by bucket (every strategy
+    /// but the three below), a local step first (`Partial`,
+    /// `DeltaWeight`), or DimReduce, which steps the parameters itself.
+    pub fn training_loop(&self) -> TrainingLoop {
+        match self {
+            StrategyConfig::Partial { .. } | StrategyConfig::DeltaWeight { .. } => {
+                TrainingLoop::LocalSteps
+            }
+            StrategyConfig::DimReduce => TrainingLoop::DimReduce,
+            _ => TrainingLoop::Gradients,
+        }
     }
 
-    /// The strategy a DistOpt starts with: DimReduce is entered with
-    /// [`DistOpt::start_dimreduce`](crate::DistOpt::start_dimreduce) after a
-    /// first stage that records the trajectory, which runs dense; every
-    /// other strategy is its own first stage.
+    /// The strategy the engine starts with: DimReduce is entered with
+    /// [`DimReduceOpt::start`](crate::DimReduceOpt::start) after a first
+    /// stage that records the trajectory, which runs dense; every other
+    /// strategy is its own first stage.
     pub fn first_stage(self) -> StrategyConfig {
         match self {
             StrategyConfig::DimReduce => StrategyConfig::Dense,
@@ -394,7 +433,7 @@ impl StrategyConfig {
     /// least 0, a positive finite clip, PowerSGD's and the quantizers' own checks, momenta and
     /// `beta1` in [0, 1), groups of at least one rank. (That a group
     /// divides the world size is checked where the world is known, when
-    /// DistOpt builds AdaSum.)
+    /// the engine builds AdaSum.)
     pub fn validate(&self) -> Result<(), StrategyError> {
         let strategy = self.name();
         let bad = |reason: String| Err(StrategyError::OutOfRange { strategy, reason });
