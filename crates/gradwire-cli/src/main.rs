@@ -8,7 +8,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use gradwire_experiments::project;
-use gradwire_experiments::{ExperimentError, ModelKind, OptimizerKind, ScheduleKind, TrainConfig};
+use gradwire_experiments::{ExperimentError, TrainConfig};
 use gradwire_optim::StrategyConfig;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -79,90 +79,18 @@ enum Backend {
     Nccl,
 }
 
-/// The settings every training run shares.
+/// The settings every training run shares: the run's (the library's
+/// [`TrainConfig`], whose fields are the flags) and how it is shown.
 #[derive(Args, Debug, Clone)]
 struct Common {
-    /// Workers (threads of the in-process backend).
-    #[arg(long, short = 'w', default_value_t = TrainConfig::default().world)]
-    world: usize,
-    /// Passes over the training set.
-    #[arg(long, default_value_t = TrainConfig::default().epochs)]
-    epochs: usize,
-    /// Samples per worker per step (the global batch is world x batch).
-    #[arg(long, default_value_t = TrainConfig::default().batch)]
-    batch: usize,
-    /// The network: an MLP (--hidden) or a convolutional network
-    /// (--channels), built with candle.
-    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
-    model: ModelKind,
-    /// MLP hidden layer widths, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "128")]
-    hidden: Vec<usize>,
-    /// CNN channels per 3x3 convolution (one to three), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "16,32")]
-    channels: Vec<usize>,
-    /// Elements above which a fusion bucket is closed (small by default, so
-    /// that the small model has several buckets; on a shaped network it is
-    /// also the fastest measured: a large tensor is reduced in place, see
-    /// README).
-    #[arg(long, default_value_t = TrainConfig::default().fusion_threshold)]
-    fusion_threshold: usize,
-    /// The local optimizer.
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
-    optimizer: OptimizerKind,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = TrainConfig::default().lr)]
-    lr: f64,
-    /// SGD momentum.
-    #[arg(long, default_value_t = TrainConfig::default().momentum)]
-    momentum: f64,
-    /// Learning-rate schedule.
-    #[arg(long, value_enum, default_value_t = ScheduleKind::Constant)]
-    schedule: ScheduleKind,
-    /// Seed of the initial weights and of random-k.
-    #[arg(long, default_value_t = TrainConfig::default().seed)]
-    seed: u64,
+    #[command(flatten)]
+    run: TrainConfig,
     /// Seed of the train/test split.
     #[arg(long, default_value_t = 42)]
     split_seed: u64,
-    /// DimReduce: dense epochs recording the trajectory (default: half).
-    #[arg(long)]
-    dimreduce_dense_epochs: Option<usize>,
-    /// DimReduce: principal components.
-    #[arg(long, default_value_t = TrainConfig::default().components)]
-    components: usize,
-    /// DimReduce: start from this PCA file instead of a dense stage.
-    #[arg(long)]
-    pca: Option<PathBuf>,
     /// Machine-readable JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
-}
-
-impl Common {
-    /// The run these flags describe, with the dense strategy (the
-    /// commands that take one set it).
-    fn config(&self) -> TrainConfig {
-        TrainConfig {
-            strategy: StrategyConfig::Dense,
-            baseline: false,
-            world: self.world,
-            epochs: self.epochs,
-            batch: self.batch,
-            model: self.model,
-            hidden: self.hidden.clone(),
-            channels: self.channels.clone(),
-            fusion_threshold: self.fusion_threshold,
-            optimizer: self.optimizer,
-            lr: self.lr,
-            momentum: self.momentum,
-            schedule: self.schedule,
-            seed: self.seed,
-            dimreduce_dense_epochs: self.dimreduce_dense_epochs,
-            components: self.components,
-            pca: self.pca.clone(),
-        }
-    }
 }
 
 /// `-s`'s long help, from the registry's forms.

@@ -49,51 +49,74 @@ pub enum ScheduleKind {
 /// One training run. A field missing from saved JSON (a checkpoint of an
 /// older version) takes its default; a configuration of the first format
 /// (the strategy's settings in flags of their own) reads as the same run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The `gradwire` binary's flags are these fields (`clap::Args`: the
+/// doc comments are the help, the defaults [`TrainConfig::default`]'s);
+/// the strategy is set by the commands that take one (`-s`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, try_from = "legacy::TrainConfigRecord")]
 pub struct TrainConfig {
     /// How workers combine their work: a strategy of the registry, in its
     /// printed form (`topk:0.01`, `powersgd:4`; see
     /// [`gradwire_optim::StrategyConfig`]).
+    #[arg(skip = StrategyConfig::Dense)]
     pub strategy: StrategyConfig,
     /// The yardstick instead of a gradwire strategy (`-s baseline`):
     /// Horovod's loop on CPUs, all gradients copied into one buffer, summed
     /// by the backend library's own all-reduce (Open MPI's `MPI_Allreduce`
     /// under `--backend mpi`), averaged, and stepped by the same optimizer.
     /// `strategy` is then dense.
+    #[arg(skip)]
     pub baseline: bool,
-    /// Workers (W).
+    /// Workers (threads of the in-process backend).
+    #[arg(long, short = 'w', default_value_t = TrainConfig::default().world)]
     pub world: usize,
     /// Passes over the training set.
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
     pub epochs: usize,
-    /// Samples per worker per step; a global batch is `world * batch`.
+    /// Samples per worker per step (the global batch is world x batch).
+    #[arg(long, default_value_t = TrainConfig::default().batch)]
     pub batch: usize,
-    /// The network.
+    /// The network: an MLP (--hidden) or a convolutional network
+    /// (--channels), built with candle.
+    #[arg(long, value_enum, default_value_t = TrainConfig::default().model)]
     pub model: ModelKind,
-    /// Hidden layer widths (MLP).
+    /// MLP hidden layer widths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "128")]
     pub hidden: Vec<usize>,
-    /// Channels of each 3x3 convolution (CNN; one to three).
+    /// CNN channels per 3x3 convolution (one to three), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,32")]
     pub channels: Vec<usize>,
-    /// Elements above which a fusion bucket is closed.
+    /// Elements above which a fusion bucket is closed (small by default, so
+    /// that the small model has several buckets; on a shaped network it is
+    /// also the fastest measured: a large tensor is reduced in place, see
+    /// README).
+    #[arg(long, default_value_t = TrainConfig::default().fusion_threshold)]
     pub fusion_threshold: usize,
     /// The local optimizer.
+    #[arg(long, value_enum, default_value_t = TrainConfig::default().optimizer)]
     pub optimizer: OptimizerKind,
     /// Peak learning rate.
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
     pub lr: f64,
-    /// Momentum (SGD).
+    /// SGD momentum.
+    #[arg(long, default_value_t = TrainConfig::default().momentum)]
     pub momentum: f64,
-    /// The learning-rate schedule.
+    /// Learning-rate schedule.
+    #[arg(long, value_enum, default_value_t = TrainConfig::default().schedule)]
     pub schedule: ScheduleKind,
-    /// Seeds the model's initial weights and the strategies that draw at
-    /// random (random-k, QSGD, PowerSGD's fresh factors; the data split
-    /// and epoch orders have their own fixed seeds).
+    /// Seed of the initial weights and of the strategies that draw at
+    /// random (random-k, QSGD, PowerSGD's fresh factors; the data split and
+    /// the epoch orders have their own seeds).
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
     pub seed: u64,
-    /// DimReduce: epochs of dense training that record the trajectory
-    /// (default: half the run).
+    /// DimReduce: dense epochs recording the trajectory (default: half).
+    #[arg(long)]
     pub dimreduce_dense_epochs: Option<usize>,
-    /// DimReduce: principal components kept.
+    /// DimReduce: principal components.
+    #[arg(long, default_value_t = TrainConfig::default().components)]
     pub components: usize,
-    /// DimReduce: a PCA file to start from instead of a dense stage.
+    /// DimReduce: start from this PCA file instead of a dense stage.
+    #[arg(long)]
     pub pca: Option<PathBuf>,
 }
 
@@ -443,6 +466,73 @@ mod tests {
             strategy: strategy.parse().unwrap(),
             ..TrainConfig::default()
         }
+    }
+
+    /// The flags a binary flattens from [`TrainConfig`].
+    #[derive(clap::Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        run: TrainConfig,
+    }
+
+    #[test]
+    fn no_flags_is_the_default_run_and_every_flag_reaches_its_field() {
+        use clap::Parser;
+        let none = Flags::try_parse_from(["gradwire"]).unwrap();
+        assert_eq!(none.run, TrainConfig::default());
+        let all = Flags::try_parse_from([
+            "gradwire",
+            "-w",
+            "3",
+            "--epochs",
+            "2",
+            "--batch",
+            "8",
+            "--model",
+            "cnn",
+            "--hidden",
+            "5,6",
+            "--channels",
+            "2",
+            "--fusion-threshold",
+            "99",
+            "--optimizer",
+            "adamw",
+            "--lr",
+            "0.5",
+            "--momentum",
+            "0.1",
+            "--schedule",
+            "cosine",
+            "--seed",
+            "11",
+            "--dimreduce-dense-epochs",
+            "1",
+            "--components",
+            "3",
+            "--pca",
+            "p.pca",
+        ])
+        .unwrap();
+        let want = TrainConfig {
+            world: 3,
+            epochs: 2,
+            batch: 8,
+            model: ModelKind::Cnn,
+            hidden: vec![5, 6],
+            channels: vec![2],
+            fusion_threshold: 99,
+            optimizer: OptimizerKind::Adamw,
+            lr: 0.5,
+            momentum: 0.1,
+            schedule: ScheduleKind::Cosine,
+            seed: 11,
+            dimreduce_dense_epochs: Some(1),
+            components: 3,
+            pca: Some("p.pca".into()),
+            ..TrainConfig::default()
+        };
+        assert_eq!(all.run, want);
     }
 
     #[test]

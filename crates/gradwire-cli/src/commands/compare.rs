@@ -17,9 +17,9 @@ use std::path::Path;
 /// Runs `gradwire compare` with its flags.
 pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
     if let Some(rate) = &args.network.network {
-        return over_network(rate, args.common.world, Some(&args.out));
+        return over_network(rate, args.common.run.world, Some(&args.out));
     }
-    let base = args.common.config();
+    let base = args.common.run.clone();
     let configs = if args.strategies.is_empty() {
         compare::configs(&base, &compare::DEFAULT_LINE_UP)?
     } else {

@@ -13,13 +13,13 @@ use std::sync::Mutex;
 /// Runs `gradwire train` with its flags.
 pub(crate) fn run(args: TrainArgs) -> Result<(), ExperimentError> {
     if let Some(rate) = &args.network.network {
-        return over_network(rate, args.common.world, None);
+        return over_network(rate, args.common.run.world, None);
     }
     let (strategy, baseline) = args.strategy;
     let mut config = TrainConfig {
         strategy,
         baseline,
-        ..args.common.config()
+        ..args.common.run.clone()
     };
     let data = Digits::load(args.common.split_seed);
     let json = args.common.json;
