@@ -27,7 +27,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         if !self.in_flight.is_empty() || self.grads.iter().any(Option::is_some) {
             return Err(OptimError::InvalidArgument(
-                "start_dimreduce in the middle of a step".into(),
+                "DimReduce started in the middle of a step".into(),
             ));
         }
         // The configured clipping applies to DimReduce's averaged gradient.
@@ -80,7 +80,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if self.config.strategy != StrategyConfig::DimReduce || self.dimreduce.is_none() {
             self.record(
                 FaultKind::InvalidArgument,
-                &"finish_dimreduce needs start_dimreduce first",
+                &"finish_dimreduce needs DimReduceOpt::start first",
             );
         }
         // DimReduce moves f32 parameters in host memory.
@@ -131,7 +131,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let Some(dimreduce) = self.dimreduce.as_mut() else {
             // Recorded as this rank's fault above: not reached.
             return Err(OptimError::InvalidArgument(
-                "finish_dimreduce needs start_dimreduce first".into(),
+                "finish_dimreduce needs DimReduceOpt::start first".into(),
             ));
         };
         let start = Instant::now();

@@ -124,7 +124,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             (Some(_), Some(_)) => Some(dimreduce_state(&ckpt.state)?),
             (None, Some(_)) => {
                 return Err(mismatch(
-                    "the checkpoint holds DimReduce state: start_dimreduce first".into(),
+                    "the checkpoint holds DimReduce state: start DimReduce first".into(),
                 ));
             }
             (Some(_), None) => {
