@@ -17,6 +17,63 @@ use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
 use std::ops::Range;
 
+/// `new` and `with_strategy` of a front end over an engine of `$loop`,
+/// with their docs.
+macro_rules! constructors {
+    (
+        $front:ident,
+        $loop:expr,
+        new { $(#[$new:meta])* }
+        with_strategy { $(#[$with:meta])* }
+    ) => {
+        impl<O: Optimizer, C: Communicator + 'static> $front<O, C> {
+            $(#[$new])*
+            pub fn new(
+                optimizer: O,
+                comm: C,
+                params: Vec<ParamSpec>,
+                config: DistOptConfig,
+            ) -> Result<Self> {
+                let engine = Engine::build($loop, optimizer, comm, params, config, None);
+                engine.map(|engine| $front { engine })
+            }
+
+            $(#[$with])*
+            pub fn with_strategy(
+                optimizer: O,
+                comm: C,
+                params: Vec<ParamSpec>,
+                config: DistOptConfig,
+                strategy: impl Strategy<C>,
+            ) -> Result<Self> {
+                let shared = Some(SharedStrategy::new(strategy));
+                let engine = Engine::build($loop, optimizer, comm, params, config, shared);
+                engine.map(|engine| $front { engine })
+            }
+        }
+    };
+}
+
+/// The engine of a front end that holds one (`engine`, `engine_mut`,
+/// `into_engine`, which `shared_calls!` forwards through).
+macro_rules! engine_field {
+    ($front:ident) => {
+        impl<O: Optimizer, C: Communicator + 'static> $front<O, C> {
+            fn engine(&self) -> &Engine<O, C> {
+                &self.engine
+            }
+
+            fn engine_mut(&mut self) -> &mut Engine<O, C> {
+                &mut self.engine
+            }
+
+            fn into_engine(self) -> Engine<O, C> {
+                self.engine
+            }
+        }
+    };
+}
+
 /// The calls every front end has, forwarded to its engine (each front end
 /// has `engine`, `engine_mut` and `into_engine`).
 macro_rules! shared_calls {
@@ -146,64 +203,6 @@ pub struct DistOpt<O: Optimizer, C: Communicator> {
 }
 
 impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
-    fn engine(&self) -> &Engine<O, C> {
-        &self.engine
-    }
-
-    fn engine_mut(&mut self) -> &mut Engine<O, C> {
-        &mut self.engine
-    }
-
-    fn into_engine(self) -> Engine<O, C> {
-        self.engine
-    }
-
-    /// Wraps `optimizer` for the parameters `params`, declared in the order
-    /// backward produces their gradients, combining them as
-    /// `config.strategy` says: a gradient strategy
-    /// ([`TrainingLoop::Gradients`]; another is
-    /// [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).
-    /// AdaSum is prepared here, on every rank alike (it splits the
-    /// communicator). A [`StrategyConfig::Custom`] strategy needs
-    /// [`DistOpt::with_strategy`].
-    pub fn new(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-    ) -> Result<Self> {
-        let engine = Engine::build(
-            TrainingLoop::Gradients,
-            optimizer,
-            comm,
-            params,
-            config,
-            None,
-        )?;
-        Ok(DistOpt { engine })
-    }
-
-    /// [`DistOpt::new`] combining every bucket with `strategy`
-    /// (`StrategyConfig::Custom`: a strategy of your own).
-    pub fn with_strategy(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-        strategy: impl Strategy<C>,
-    ) -> Result<Self> {
-        let shared = Some(SharedStrategy::new(strategy));
-        let engine = Engine::build(
-            TrainingLoop::Gradients,
-            optimizer,
-            comm,
-            params,
-            config,
-            shared,
-        )?;
-        Ok(DistOpt { engine })
-    }
-
     /// Sends what is left, waits for every bucket, and updates every
     /// parameter some rank wrote (SINGA's `wait` + update + `step`).
     /// `params` must hold every declared parameter, once.
@@ -218,6 +217,25 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     }
 }
 
+engine_field!(DistOpt);
+constructors!(
+    DistOpt,
+    TrainingLoop::Gradients,
+    new {
+        /// Wraps `optimizer` for the parameters `params`, declared in the order
+        /// backward produces their gradients, combining them as
+        /// `config.strategy` says: a gradient strategy
+        /// ([`TrainingLoop::Gradients`]; another is
+        /// [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).
+        /// AdaSum is prepared here, on every rank alike (it splits the
+        /// communicator). A [`StrategyConfig::Custom`] strategy needs
+        /// [`DistOpt::with_strategy`].
+    }
+    with_strategy {
+        /// [`DistOpt::new`] combining every bucket with `strategy`
+        /// (`StrategyConfig::Custom`: a strategy of your own).
+    }
+);
 shared_calls!(DistOpt);
 
 /// Local steps: every rank updates its parameters with its own gradients
@@ -234,61 +252,6 @@ pub struct LocalSteps<O: Optimizer, C: Communicator> {
 }
 
 impl<O: Optimizer, C: Communicator + 'static> LocalSteps<O, C> {
-    fn engine(&self) -> &Engine<O, C> {
-        &self.engine
-    }
-
-    fn engine_mut(&mut self) -> &mut Engine<O, C> {
-        &mut self.engine
-    }
-
-    fn into_engine(self) -> Engine<O, C> {
-        self.engine
-    }
-
-    /// Wraps `optimizer` for `params` (declared in backward order) in the
-    /// local-step strategy `config.strategy`
-    /// ([`TrainingLoop::LocalSteps`]: `Partial` or `DeltaWeight`; another
-    /// is [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).
-    /// `DeltaWeight`'s AdaSum is prepared here, on every rank alike.
-    pub fn new(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-    ) -> Result<Self> {
-        let engine = Engine::build(
-            TrainingLoop::LocalSteps,
-            optimizer,
-            comm,
-            params,
-            config,
-            None,
-        )?;
-        Ok(LocalSteps { engine })
-    }
-
-    /// [`LocalSteps::new`] in `DeltaWeight`, combining the weight changes
-    /// with `strategy` in place of AdaSum.
-    pub fn with_strategy(
-        optimizer: O,
-        comm: C,
-        params: Vec<ParamSpec>,
-        config: DistOptConfig,
-        strategy: impl Strategy<C>,
-    ) -> Result<Self> {
-        let shared = Some(SharedStrategy::new(strategy));
-        let engine = Engine::build(
-            TrainingLoop::LocalSteps,
-            optimizer,
-            comm,
-            params,
-            config,
-            shared,
-        )?;
-        Ok(LocalSteps { engine })
-    }
-
     /// The local step with the pushed gradients, then the combination:
     /// one bucket's parameters averaged (`Partial`, the bucket
     /// `counter mod K`, the counter advancing only when the step
@@ -303,6 +266,22 @@ impl<O: Optimizer, C: Communicator + 'static> LocalSteps<O, C> {
     }
 }
 
+engine_field!(LocalSteps);
+constructors!(
+    LocalSteps,
+    TrainingLoop::LocalSteps,
+    new {
+        /// Wraps `optimizer` for `params` (declared in backward order) in the
+        /// local-step strategy `config.strategy`
+        /// ([`TrainingLoop::LocalSteps`]: `Partial` or `DeltaWeight`; another
+        /// is [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).
+        /// `DeltaWeight`'s AdaSum is prepared here, on every rank alike.
+    }
+    with_strategy {
+        /// [`LocalSteps::new`] in `DeltaWeight`, combining the weight changes
+        /// with `strategy` in place of AdaSum.
+    }
+);
 shared_calls!(LocalSteps);
 
 /// DimReduce (MindSpore boost): a first stage of dense steps with the
@@ -317,18 +296,6 @@ pub struct DimReduceOpt<O: Optimizer, C: Communicator> {
 }
 
 impl<O: Optimizer, C: Communicator + 'static> DimReduceOpt<O, C> {
-    fn engine(&self) -> &Engine<O, C> {
-        &self.engine
-    }
-
-    fn engine_mut(&mut self) -> &mut Engine<O, C> {
-        &mut self.engine
-    }
-
-    fn into_engine(self) -> Engine<O, C> {
-        self.engine
-    }
-
     /// Wraps `optimizer` for `params` (declared in backward order) in
     /// DimReduce (`config.strategy` must be [`StrategyConfig::DimReduce`];
     /// another is [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)),
@@ -405,6 +372,7 @@ impl<O: Optimizer, C: Communicator + 'static> DimReduceOpt<O, C> {
     }
 }
 
+engine_field!(DimReduceOpt);
 shared_calls!(DimReduceOpt);
 
 /// A front end chosen at run time, by the training loop of its strategy:
