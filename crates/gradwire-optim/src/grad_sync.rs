@@ -21,8 +21,13 @@
 //! parameters averaged per step) and `DeltaWeight` (the weight changes
 //! combined, AdaSum's delta-weight mode); the parameters are read and
 //! written through [`ParamAccess`] (plain slices, or a framework's
-//! storage). DimReduce, which replaces the optimizer's update with its own,
-//! runs on [`crate::DimReduceOpt`].
+//! storage); partial averaging with the optimizer's state takes the
+//! caller's optimizer buffers ([`GradSync::step_locally_with_state`]).
+//! DimReduce, which replaces the optimizer's update with its own, runs its
+//! dense first stage through [`GradSync::finish`], then
+//! [`GradSync::start_dimreduce`] and [`GradSync::step_dimreduce`] (the
+//! line search reads the caller's loss). Every strategy of the registry
+//! runs here, in its training loop ([`GradSync::training_loop`]).
 //!
 //! In steady state a step allocates nothing, on any thread (every
 //! gradient-combining mode over LocalComm; the buffers, the sparse
@@ -59,14 +64,16 @@
 use crate::checkpoint::Checkpoint;
 use crate::distopt::{
     DistOptConfig, Engine, ParamSpec, SharedStrategy, StepStats, Strategy, StrategyConfig,
-    TrainingLoop,
+    StrategyError, TrainingLoop,
 };
 use crate::error::{OptimError, Result};
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, StateBuffers};
 use crate::state::{OptimizerState, ParamState};
 use gradwire_algos::FaultKind;
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::{DType, Device, Tensor, WithDType};
+use std::cell::RefCell;
 
 /// A parameter named by its declared name or its declaration index.
 pub trait ParamRef {
@@ -188,6 +195,30 @@ impl Optimizer for Passthrough {
     }
 }
 
+/// An optimizer's buffers lent to the engine between the uses of the local
+/// step ([`GradSync::step_locally_with_state`]).
+struct BorrowedBuffers<'c, 'o, S: ?Sized>(&'c RefCell<&'o mut S>);
+
+impl<S: StateBuffers + ?Sized> StateBuffers for BorrowedBuffers<'_, '_, S> {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        self.0.borrow().buffer_names()
+    }
+
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
+        self.0.borrow().buffer_values(name, buffer)
+    }
+
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()> {
+        self.0.borrow_mut().set_buffer(name, shape, buffer, values)
+    }
+}
+
 /// Data-parallel gradients for a framework's own parameters and optimizer.
 #[derive(Debug)]
 pub struct GradSync<C: Communicator + 'static> {
@@ -199,34 +230,37 @@ pub struct GradSync<C: Communicator + 'static> {
     /// The factor this rank's gradients are scaled by this step (the
     /// sample weighting), 1 without it.
     scale: f32,
-    /// The parameters' values during a [`GradSync::step_locally`] (made
-    /// on first use, reused).
+    /// The parameters' values during a [`GradSync::step_locally`] or
+    /// [`GradSync::step_dimreduce`] (made on first use, reused).
     values: Vec<Tensor>,
+    /// The configured strategy's training loop.
+    training_loop: TrainingLoop,
 }
 
 impl<C: Communicator + 'static> GradSync<C> {
     /// Gradients of `params` (declared in the order backward produces
-    /// them), combined by `config.strategy`: `Dense`, `Half`, `Sparse`,
-    /// `PowerSgd`, `Quantized` or `AdaSum`; or `Partial` (without
-    /// `average_state`) or `DeltaWeight`, stepped with
-    /// [`GradSync::step_locally`].
+    /// them), combined by `config.strategy`, in its training loop: a
+    /// gradient strategy (`Dense`, `Half`, `Sparse`, `PowerSgd`,
+    /// `Quantized`, `AdaSum`, ...: [`GradSync::finish`]), local steps
+    /// (`Partial`, `DeltaWeight`: [`GradSync::step_locally`]) or DimReduce
+    /// (its dense first stage through [`GradSync::finish`], then
+    /// [`GradSync::start_dimreduce`] and [`GradSync::step_dimreduce`]).
     pub fn new(comm: C, params: Vec<ParamSpec>, config: DistOptConfig) -> Result<Self> {
-        Self::check_mode(config.strategy)?;
         if config.strategy == StrategyConfig::Custom {
             return Err(OptimError::InvalidArgument(
                 "a Custom strategy is the one you give: GradSync::with_strategy".into(),
             ));
         }
-        let front = config.strategy.training_loop();
+        let training_loop = config.strategy.training_loop();
         let dist = Engine::build(
-            front,
+            training_loop,
             Passthrough::default(),
             comm,
             params.clone(),
             config,
             None,
         )?;
-        Ok(Self::around(dist, params))
+        Ok(Self::around(dist, params, training_loop))
     }
 
     /// [`GradSync::new`] in `StrategyConfig::Custom` (or `DeltaWeight`),
@@ -237,45 +271,23 @@ impl<C: Communicator + 'static> GradSync<C> {
         config: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
-        Self::check_mode(config.strategy)?;
+        let training_loop = config.strategy.training_loop();
         let dist = Engine::build(
-            config.strategy.training_loop(),
+            training_loop,
             Passthrough::default(),
             comm,
             params.clone(),
             config,
             Some(SharedStrategy::new(strategy)),
         )?;
-        Ok(Self::around(dist, params))
+        Ok(Self::around(dist, params, training_loop))
     }
 
-    fn check_mode(mode: StrategyConfig) -> Result<()> {
-        match mode {
-            mode if mode.training_loop() == TrainingLoop::Gradients => Ok(()),
-            StrategyConfig::Partial {
-                average_state: false,
-            }
-            | StrategyConfig::DeltaWeight { .. } => Ok(()),
-            StrategyConfig::Partial {
-                average_state: true,
-            } => Err(OptimError::InvalidArgument(
-                "GradSync cannot average the caller's optimizer state (average_state)".into(),
-            )),
-            other => Err(OptimError::InvalidArgument(format!(
-                "GradSync does not run strategy {other} (use {})",
-                other.training_loop().front_end()
-            ))),
-        }
-    }
-
-    /// Whether the mode steps the parameters locally first (`Partial`,
-    /// `DeltaWeight`: [`GradSync::step_locally`]) rather than combining
-    /// gradients ([`GradSync::finish`]).
-    pub fn steps_locally(&self) -> bool {
-        matches!(
-            self.dist.strategy(),
-            StrategyConfig::Partial { .. } | StrategyConfig::DeltaWeight { .. }
-        )
+    /// The training loop of the configured strategy: which step ends each
+    /// iteration ([`GradSync::finish`], [`GradSync::step_locally`], or
+    /// [`GradSync::step_dimreduce`] once DimReduce has started).
+    pub fn training_loop(&self) -> TrainingLoop {
+        self.training_loop
     }
 
     /// A step of `Partial` or `DeltaWeight` with the caller's own local
@@ -286,7 +298,8 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// strategy's AdaSum), writing the result through `params`. Gradients
     /// pushed before ([`GradSync::push`], optional) are checked for NaN and
     /// infinities, which fail (or, with `skip_non_finite`, skip) the step
-    /// on every rank before anything changes.
+    /// on every rank before anything changes. Partial averaging with the
+    /// optimizer's state takes [`GradSync::step_locally_with_state`].
     ///
     /// Completes on every rank or fails on every rank: a `step` or a
     /// `params.read` error on one rank is an error on every rank
@@ -298,7 +311,133 @@ impl<C: Communicator + 'static> GradSync<C> {
         params: &mut P,
         step: impl FnOnce(&mut P) -> Result<()>,
     ) -> Result<StepStats> {
+        self.local_step(params, None, step)
+    }
+
+    /// [`GradSync::step_locally`] whose averaging, in `Partial` with
+    /// `average_state` (`partial:state`), covers the buffers of the
+    /// caller's optimizer too (momentum, moments: `optimizer`'s
+    /// [`StateBuffers`]), one bucket's at a time, as [`crate::LocalSteps`]
+    /// does with gradwire's optimizer. `step(params, optimizer)` is the
+    /// local step. In the other local-step strategies the buffers are not
+    /// read.
+    pub fn step_locally_with_state<P, S>(
+        &mut self,
+        params: &mut P,
+        optimizer: &mut S,
+        step: impl FnOnce(&mut P, &mut S) -> Result<()>,
+    ) -> Result<StepStats>
+    where
+        P: ParamAccess + ?Sized,
+        S: StateBuffers + ?Sized,
+    {
+        // The local step and then the averaging use the optimizer in turn.
+        let optimizer = RefCell::new(optimizer);
+        let mut buffers = BorrowedBuffers(&optimizer);
+        self.local_step(params, Some(&mut buffers), |p| {
+            step(p, &mut **optimizer.borrow_mut())
+        })
+    }
+
+    fn local_step<P: ParamAccess + ?Sized>(
+        &mut self,
+        params: &mut P,
+        state: Option<&mut dyn StateBuffers>,
+        step: impl FnOnce(&mut P) -> Result<()>,
+    ) -> Result<StepStats> {
         self.scale = 1.0;
+        let unreadable = self.read_values(params)?;
+        let mut step = Some(step);
+        let mut values = std::mem::take(&mut self.values);
+        let names = self.specs.iter().map(|s| s.name.as_str());
+        let result = self.dist.finish_with_caller_step(
+            names.zip(values.iter_mut()),
+            &mut |targets| {
+                let step = step.take().ok_or_else(|| {
+                    OptimError::InvalidArgument("the local step ran twice".into())
+                })?;
+                step(params)?;
+                for (i, target) in targets.iter_mut().enumerate() {
+                    if let Some(t) = target {
+                        params.read(i, t.as_mut_slice::<f32>()?)?;
+                    }
+                }
+                Ok(())
+            },
+            state,
+        );
+        // The step's outcome is agreed; the values are the combined ones
+        // (or p0 put back, or the local step when the averaging failed).
+        self.write_values(params, values, unreadable)?;
+        result
+    }
+
+    /// Ends DimReduce's first stage (the dense steps through
+    /// [`GradSync::finish`]): from now on each step is
+    /// [`GradSync::step_dimreduce`], in the subspace of the components
+    /// `pca` (the same on every rank: fit from the same trajectory, or
+    /// broadcast) over all declared parameters flattened in declaration
+    /// order. Call between steps. Another strategy, a component count that
+    /// does not cover the parameters, or a call in the middle of a step is
+    /// an error and changes nothing.
+    pub fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+        if self.training_loop != TrainingLoop::DimReduce {
+            return Err(StrategyError::WrongLoop {
+                strategy: StrategyConfig::DimReduce.to_string(),
+                runs_on: TrainingLoop::DimReduce.front_end(),
+                given_to: self.training_loop.front_end(),
+            }
+            .into());
+        }
+        self.dist.start_dimreduce(pca, config)
+    }
+
+    /// Whether [`GradSync::start_dimreduce`] ended DimReduce's first stage.
+    pub fn dimreduce_started(&self) -> bool {
+        self.dist.strategy() == StrategyConfig::DimReduce
+    }
+
+    /// One DimReduce step ([`crate::DimReduceOpt::finish_dimreduce`]) on
+    /// the caller's parameters: from this rank's pushed gradients and
+    /// `loss` (this rank's loss on its batch), both averaged across ranks
+    /// within the step; the line search writes each trial point into
+    /// `params` and calls `loss_at(params)`, this rank's loss there on the
+    /// same batch. The parameters end at the accepted point (or where they
+    /// were, after a rejected or failed step), written through `params`.
+    ///
+    /// Completes on every rank or fails on every rank: a `params` or
+    /// `loss_at` error on one rank is an error on every rank
+    /// ([`OptimError::Fault`]); before [`GradSync::start_dimreduce`] the
+    /// step fails on every rank alike and changes nothing.
+    pub fn step_dimreduce<P: ParamAccess + ?Sized>(
+        &mut self,
+        params: &mut P,
+        loss: f64,
+        mut loss_at: impl FnMut(&mut P) -> Result<f64>,
+    ) -> Result<StepStats> {
+        self.scale = 1.0;
+        let unreadable = self.read_values(params)?;
+        let mut values = std::mem::take(&mut self.values);
+        let names = self.specs.iter().map(|s| s.name.as_str());
+        let result = self
+            .dist
+            .finish_dimreduce(names.zip(values.iter_mut()), loss, |trial| {
+                for (i, (_, t)) in trial.iter().enumerate() {
+                    params.write(i, t.as_slice::<f32>()?)?;
+                }
+                loss_at(params)
+            });
+        self.write_values(params, values, unreadable)?;
+        result
+    }
+
+    /// Reads the caller's parameters into GradSync's buffers (made on
+    /// first use, reused). A read error is returned as this rank's fault,
+    /// recorded for the step's first collective to carry.
+    fn read_values<P: ParamAccess + ?Sized>(
+        &mut self,
+        params: &mut P,
+    ) -> Result<Option<OptimError>> {
         if self.values.len() != self.specs.len() {
             self.values = self
                 .specs
@@ -313,40 +452,40 @@ impl<C: Communicator + 'static> GradSync<C> {
             }
         }
         if let Some(e) = &unreadable {
-            // Carried by the step's opening agreement.
             self.dist.record(FaultKind::InvalidArgument, e);
         }
-        let mut step = Some(step);
-        let mut values = std::mem::take(&mut self.values);
-        let names = self.specs.iter().map(|s| s.name.as_str());
-        let result =
-            self.dist
-                .finish_with_caller_step(names.zip(values.iter_mut()), &mut |targets| {
-                    let step = step.take().ok_or_else(|| {
-                        OptimError::InvalidArgument("the local step ran twice".into())
-                    })?;
-                    step(params)?;
-                    for (i, target) in targets.iter_mut().enumerate() {
-                        if let Some(t) = target {
-                            params.read(i, t.as_mut_slice::<f32>()?)?;
-                        }
-                    }
-                    Ok(())
-                });
-        // The step's outcome is agreed; the values are the combined ones
-        // (or p0 put back, or the local step when the averaging failed).
-        if unreadable.is_none() {
-            for (i, value) in values.iter().enumerate() {
-                params.write(i, value.as_slice::<f32>()?)?;
-            }
-        }
-        self.values = values;
-        result
+        Ok(unreadable)
     }
 
-    fn around(dist: Engine<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
+    /// Writes the step's outcome, `values`, into the caller's parameters
+    /// (unless they could not be read: they stay as they are), and keeps
+    /// the buffers for the next step.
+    fn write_values<P: ParamAccess + ?Sized>(
+        &mut self,
+        params: &mut P,
+        values: Vec<Tensor>,
+        unreadable: Option<OptimError>,
+    ) -> Result<()> {
+        let written = if unreadable.is_none() {
+            values
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, value)| params.write(i, value.as_slice::<f32>()?))
+        } else {
+            Ok(())
+        };
+        self.values = values;
+        written
+    }
+
+    fn around(
+        dist: Engine<Passthrough, C>,
+        specs: Vec<ParamSpec>,
+        training_loop: TrainingLoop,
+    ) -> Self {
         let pool = specs.iter().map(|_| None).collect();
         GradSync {
+            training_loop,
             dist,
             specs,
             pool,
@@ -439,7 +578,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// a u64; each push then scales its gradient in place after the copy).
     /// Not for `Custom` (AdaSum is not an average).
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
-        if self.steps_locally() {
+        if self.training_loop == TrainingLoop::LocalSteps {
             return Err(OptimError::InvalidArgument(
                 "the local-step modes send parameters, not gradients: sample weights do not apply"
                     .into(),

@@ -46,7 +46,7 @@ pub use distopt::{
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};
 pub use onebit_adam::{OneBitAdam, OneBitAdamConfig, OneBitAdamRule, OneBitAdamValues};
-pub use optimizer::{Optim, Optimizer, UpdateRule};
+pub use optimizer::{Optim, Optimizer, StateBuffers, UpdateRule};
 pub use rules::{
     AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,
     RmsPropConfig, RmsPropRule, Sgd, SgdConfig, SgdRule,

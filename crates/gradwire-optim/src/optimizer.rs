@@ -96,6 +96,50 @@ pub trait Optimizer: Send {
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
 }
 
+/// An optimizer's per-parameter buffers, read and replaced by name: what
+/// partial averaging with its state (`partial:state`) averages across
+/// ranks. Every [`Optimizer`] is one; the trait is object-safe, so a
+/// framework's optimizer that keeps gradwire's buffers (gradwire-candle's)
+/// hands itself to [`crate::GradSync::step_locally_with_state`].
+pub trait StateBuffers {
+    /// The names of the per-parameter buffers ([`Optimizer::buffer_names`]).
+    fn buffer_names(&self) -> &'static [&'static str];
+
+    /// A copy of buffer `buffer` of parameter `name`; `None` if the
+    /// parameter has no state yet ([`Optimizer::buffer_values`]).
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>>;
+
+    /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
+    /// `values` ([`Optimizer::set_buffer`]).
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()>;
+}
+
+impl<O: Optimizer> StateBuffers for O {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        Optimizer::buffer_names(self)
+    }
+
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
+        Optimizer::buffer_values(self, name, buffer)
+    }
+
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()> {
+        Optimizer::set_buffer(self, name, shape, buffer, values)
+    }
+}
+
 /// The part of an optimizer that differs from one to the next.
 pub trait UpdateRule: Send + Sync + 'static {
     /// The configuration.

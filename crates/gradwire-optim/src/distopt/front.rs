@@ -306,7 +306,7 @@ impl<O: Optimizer, C: Communicator + 'static> DimReduceOpt<O, C> {
         params: Vec<ParamSpec>,
         config: DistOptConfig,
     ) -> Result<Self> {
-        let mut engine = Engine::build(
+        let engine = Engine::build(
             TrainingLoop::DimReduce,
             optimizer,
             comm,
@@ -314,7 +314,6 @@ impl<O: Optimizer, C: Communicator + 'static> DimReduceOpt<O, C> {
             config,
             None,
         )?;
-        engine.config.strategy = engine.config.strategy.first_stage();
         Ok(DimReduceOpt { engine })
     }
 

@@ -67,7 +67,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let mut targets = self.take_targets(params);
         let result = match self.config.strategy {
             StrategyConfig::Partial { average_state } => {
-                self.finish_partial(&mut targets, average_state, LocalUpdate::Optimizer)
+                self.finish_partial(&mut targets, average_state, LocalUpdate::Optimizer, None)
             }
             StrategyConfig::DeltaWeight { .. } => {
                 self.finish_delta_weight(&mut targets, LocalUpdate::Optimizer)

@@ -9,7 +9,7 @@
 use super::bucket::scan_non_finite;
 use super::{Engine, StepStats, StrategyConfig};
 use crate::error::{OptimError, Result};
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, StateBuffers};
 use gradwire_algos::fault::agree;
 use gradwire_algos::{AlgoError, FaultKind, FusionBuffers};
 use gradwire_comm::Communicator;
@@ -70,19 +70,33 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// `Partial` or `DeltaWeight` with the caller's own local step
     /// ([`crate::GradSync::step_locally`]): `params` hold every declared
     /// parameter's current values; `step` steps the caller's parameters
-    /// and leaves the new values in the targets. In any other mode (the
-    /// same on every rank) an error on every rank, with no collective.
+    /// and leaves the new values in the targets; `state` is the caller's
+    /// optimizer's buffers, which `Partial` with `average_state` averages
+    /// (without them that step fails on every rank). In any other mode
+    /// (the same on every rank) an error on every rank, with no collective.
     pub(crate) fn finish_with_caller_step<'n, 'p>(
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
         step: &mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>,
+        state: Option<&mut dyn StateBuffers>,
     ) -> Result<StepStats> {
         let result = match self.config.strategy {
-            StrategyConfig::Partial {
-                average_state: false,
-            } => {
+            StrategyConfig::Partial { average_state } => {
+                if average_state && state.is_none() {
+                    // Carried by the step's opening agreement.
+                    self.record(
+                        FaultKind::InvalidArgument,
+                        &"partial averaging with the optimizer's state needs its buffers \
+                          (step_locally_with_state)",
+                    );
+                }
                 let mut targets = self.take_targets(params);
-                let result = self.finish_partial(&mut targets, false, LocalUpdate::Caller(step));
+                let result = self.finish_partial(
+                    &mut targets,
+                    average_state,
+                    LocalUpdate::Caller(step),
+                    state,
+                );
                 self.local.targets = recycle(targets);
                 result
             }
@@ -93,7 +107,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 result
             }
             mode => Err(OptimError::InvalidArgument(format!(
-                "a step of the caller's own takes Partial (without average_state) or DeltaWeight, not {mode:?}"
+                "a step of the caller's own takes Partial or DeltaWeight, not {mode:?}"
             ))),
         };
         self.end_step();

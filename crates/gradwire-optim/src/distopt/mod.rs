@@ -164,13 +164,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// end `front` asked for: a strategy of another training loop is
     /// refused. AdaSum's strategy (`AdaSum`, `DeltaWeight`) is prepared
     /// here, on every rank alike (it splits the communicator), unless
-    /// `shared` holds the one to use.
+    /// `shared` holds the one to use. DimReduce starts in its first stage
+    /// ([`StrategyConfig::first_stage`]) until [`Engine::start_dimreduce`].
     pub(crate) fn build(
         front: TrainingLoop,
         optimizer: O,
         comm: C,
         params: Vec<ParamSpec>,
-        config: DistOptConfig,
+        mut config: DistOptConfig,
         shared: Option<SharedStrategy<C>>,
     ) -> Result<Self> {
         let mut index = HashMap::new();
@@ -191,6 +192,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             .into());
         }
+        config.strategy = config.strategy.first_stage();
         if config.ranks_per_node == Some(0) {
             return Err(OptimError::InvalidArgument(
                 "ranks_per_node must be positive".into(),

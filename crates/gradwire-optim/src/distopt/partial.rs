@@ -5,7 +5,7 @@
 use super::local_step::{LocalUpdate, copy_into};
 use super::{Engine, StepStats};
 use crate::error::Result;
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, StateBuffers};
 use gradwire_algos::fault::fail;
 use gradwire_algos::{AlgoError, FaultKind, Traffic, fused_all_reduce, fused_all_reduce_with};
 use gradwire_comm::{Communicator, ReduceOp};
@@ -15,13 +15,15 @@ use std::time::Instant;
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Partial mode's finish: the local update, then the average of one
     /// bucket's parameters across ranks (and, with `average_state`, of
-    /// their optimizer buffers). The counter advances only when the step
+    /// their optimizer buffers: `state`'s, the caller's optimizer, or the
+    /// engine's when `None`). The counter advances only when the step
     /// completes.
     pub(crate) fn finish_partial(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
         average_state: bool,
         local: LocalUpdate<'_>,
+        state: Option<&mut dyn StateBuffers>,
     ) -> Result<StepStats> {
         let mut stats = StepStats {
             buckets: 1,
@@ -78,7 +80,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         self.local.buckets[b] = chosen;
         if average_state {
-            match self.average_buffers(b) {
+            match self.average_buffers(b, state) {
                 Ok(traffic) => stats.traffic += traffic,
                 Err(e) => return self.step_failed(e, stats),
             }
@@ -90,17 +92,26 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 
     /// Averages the optimizer buffers of bucket `b`'s parameters across ranks
     /// (a rank without state for one contributes zeros and gains the
-    /// average). Buffers on a device are read from there
+    /// average): `state`'s buffers, or the engine's optimizer's when
+    /// `None`. Buffers on a device are read from there
     /// ([`Optimizer::buffer_values`]), so the average is of the real state.
-    fn average_buffers(&mut self, b: usize) -> std::result::Result<Traffic, AlgoError> {
-        let names = self.optimizer.buffer_names();
+    fn average_buffers(
+        &mut self,
+        b: usize,
+        state: Option<&mut dyn StateBuffers>,
+    ) -> std::result::Result<Traffic, AlgoError> {
+        let optimizer: &mut dyn StateBuffers = match state {
+            Some(state) => state,
+            None => &mut self.optimizer,
+        };
+        let names = optimizer.buffer_names();
+        let (params, lens) = (&self.params, &self.lens);
         let gathered = (|| -> Result<Vec<Tensor>> {
             let mut buffers = Vec::new();
             for i in self.buckets[b].clone() {
-                let (name, n) = (self.params[i].name.as_str(), self.lens[i]);
+                let (name, n) = (params[i].name.as_str(), lens[i]);
                 for &buffer in names {
-                    let values = self
-                        .optimizer
+                    let values = optimizer
                         .buffer_values(name, buffer)?
                         .unwrap_or_else(|| vec![0.0; n]);
                     buffers.push(Tensor::from_vec(values, n)?);
@@ -126,7 +137,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 if let Some(t) = averaged.next() {
                     // Same names and lengths on every rank: cannot fail on
                     // one rank alone.
-                    self.optimizer
+                    optimizer
                         .set_buffer(&spec.name, &spec.shape, buffer, t.into_vec::<f32>()?)
                         .map_err(|e| AlgoError::InvalidArgument(e.to_string()))?;
                 }

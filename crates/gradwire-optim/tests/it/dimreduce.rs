@@ -8,7 +8,10 @@ use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::checkpoint::{self, Checkpoint};
-use gradwire_optim::{DimReduceOpt, DistOptConfig, OptimError, Sgd, SgdConfig, StrategyConfig};
+use gradwire_optim::{
+    DimReduceOpt, DistOptConfig, GradSync, OptimError, Optimizer, Sgd, SgdConfig, StrategyConfig,
+    StrategyError, TrainingLoop,
+};
 use gradwire_tensor::Tensor;
 use std::path::Path;
 
@@ -144,6 +147,145 @@ fn run(world: usize, steps: usize) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
     .into_iter()
     .map(Result::unwrap)
     .collect()
+}
+
+/// This rank's shard gradient, pushed to GradSync by declaration index
+/// (`w` in declaration order: the last block first).
+fn push_to_grad_sync(
+    sync: &mut GradSync<LocalComm>,
+    w: &[Vec<f32>],
+    shard: std::ops::Range<usize>,
+) -> Result<(), OptimError> {
+    let blocks: Vec<Vec<f32>> = w.iter().rev().cloned().collect();
+    for (i, g) in gradient(&blocks, shard).iter().rev().enumerate() {
+        let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+        sync.push(i, &g)?;
+    }
+    Ok(())
+}
+
+/// [`run`] through GradSync: the caller's own SGD over plain slices in the
+/// dense stage, then GradSync's DimReduce steps writing the trial points
+/// into those slices. Every rank's final parameters (block order) and
+/// step sizes.
+fn run_grad_sync(world: usize, steps: usize) -> Vec<(Vec<Vec<f32>>, Vec<f64>)> {
+    local::run(world, |comm: LocalComm| {
+        let shard = comm.rank() * BATCH / world..(comm.rank() + 1) * BATCH / world;
+        let specs = specs();
+        let mut sync = GradSync::new(comm, specs.clone(), dimreduce())?;
+        assert_eq!(sync.training_loop(), TrainingLoop::DimReduce);
+        let mut own = sgd();
+        let mut w: Vec<Vec<f32>> = initial().into_iter().rev().collect();
+        let mut recorder = TrajectoryRecorder::new(DENSE_STEPS);
+        for _ in 0..DENSE_STEPS {
+            push_to_grad_sync(&mut sync, &w, shard.clone())?;
+            let mut g: Vec<Vec<f32>> = w.iter().map(|p| vec![0.0; p.len()]).collect();
+            let mut out: Vec<&mut [f32]> = g.iter_mut().map(Vec::as_mut_slice).collect();
+            sync.finish(&mut out)?;
+            for (spec, (p, g)) in specs.iter().zip(w.iter_mut().zip(&g)) {
+                own.update_slice(&spec.name, &spec.shape, p, g)?;
+            }
+            own.step();
+            let snapshot = w
+                .iter()
+                .map(|p| Tensor::from_vec(p.clone(), p.len()))
+                .collect::<Result<Vec<_>, _>>()?;
+            recorder
+                .record(&snapshot.iter().collect::<Vec<_>>())
+                .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+        }
+        let pca = recorder
+            .fit(COMPONENTS)
+            .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
+        assert!(!sync.dimreduce_started());
+        sync.start_dimreduce(&pca, config())?;
+        assert!(sync.dimreduce_started());
+        let mut taken = Vec::new();
+        for _ in 0..steps {
+            push_to_grad_sync(&mut sync, &w, shard.clone())?;
+            let blocks: Vec<Vec<f32>> = w.iter().rev().cloned().collect();
+            let local_loss = loss(&blocks, shard.clone());
+            let mut slices: Vec<&mut [f32]> = w.iter_mut().map(Vec::as_mut_slice).collect();
+            let stats = sync.step_dimreduce(&mut slices[..], local_loss, |trial| {
+                let blocks: Vec<Vec<f32>> = trial.iter().rev().map(|p| p.to_vec()).collect();
+                Ok(loss(&blocks, shard.clone()))
+            })?;
+            taken.push(stats.dimreduce.expect("a DimReduce step").step);
+        }
+        Ok::<_, OptimError>((w.into_iter().rev().collect(), taken))
+    })
+    .unwrap()
+    .into_iter()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// GradSync runs DimReduce (its dense first stage with the caller's
+/// optimizer, then DimReduce's steps on the caller's parameters) bitwise
+/// as DimReduceOpt does, at every world size.
+#[test]
+fn grad_sync_runs_dimreduce_bitwise_as_dimreduce_opt() {
+    let bits = |r: &(Vec<Vec<f32>>, Vec<f64>)| -> (Vec<u32>, Vec<u64>) {
+        (
+            r.0.iter().flatten().map(|v| v.to_bits()).collect(),
+            r.1.iter().map(|v| v.to_bits()).collect(),
+        )
+    };
+    for world in 1..=4 {
+        let want = run(world, 5);
+        let got = run_grad_sync(world, 5);
+        for (rank, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(bits(g), bits(w), "W = {world}, rank {rank}");
+        }
+    }
+}
+
+/// DimReduce's calls through GradSync: a DimReduce step before
+/// `start_dimreduce` fails on every rank and changes nothing; another
+/// strategy's `start_dimreduce` is refused as the wrong loop.
+#[test]
+fn grad_sync_refuses_dimreduce_calls_out_of_place() {
+    let out = local::run(2, |comm: LocalComm| {
+        let rank = comm.rank();
+        let dense = DistOptConfig {
+            strategy: StrategyConfig::Dense,
+            ..DistOptConfig::default()
+        };
+        let other = comm.split(Some(0), rank as i64)?.expect("a member");
+        let mut sync = GradSync::new(comm, specs(), dimreduce())?;
+        let mut w: Vec<Vec<f32>> = initial().into_iter().rev().collect();
+        let before = w.clone();
+        push_to_grad_sync(&mut sync, &w, 0..BATCH)?;
+        let mut slices: Vec<&mut [f32]> = w.iter_mut().map(Vec::as_mut_slice).collect();
+        let early = sync
+            .step_dimreduce(&mut slices[..], 1.0, |_| Ok(1.0))
+            .unwrap_err();
+        let mut gradients = GradSync::new(other, specs(), dense)?;
+        let pca = Pca {
+            components: ndarray::Array2::zeros((COMPONENTS, crate::common::features())),
+        };
+        let wrong = gradients.start_dimreduce(&pca, config()).unwrap_err();
+        Ok::<_, OptimError>((early, wrong, w == before))
+    })
+    .unwrap();
+    for r in out {
+        let (early, wrong, unchanged) = r.unwrap();
+        assert!(
+            matches!(
+                early,
+                OptimError::Fault(Fault {
+                    kind: FaultKind::InvalidArgument,
+                    ..
+                })
+            ),
+            "{early}"
+        );
+        assert!(
+            matches!(wrong, OptimError::Strategy(StrategyError::WrongLoop { .. })),
+            "{wrong}"
+        );
+        assert!(unchanged, "a refused step changed the parameters");
+    }
 }
 
 #[test]

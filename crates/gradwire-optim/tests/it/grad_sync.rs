@@ -350,24 +350,26 @@ fn a_bad_call_on_one_rank_fails_the_step_everywhere_and_the_next_works() {
     }
 }
 
+/// Every strategy of the registry runs through GradSync, in its training
+/// loop; only `Custom` without the strategy it names is refused.
 #[test]
-fn modes_it_cannot_run_are_refused() {
-    for mode in [
-        StrategyConfig::DimReduce,
-        StrategyConfig::Partial {
-            average_state: true,
-        },
-        // A user's strategy without a strategy (AdaSum's strategies,
-        // `AdaSum` and `DeltaWeight`, are prepared by DistOpt).
-        StrategyConfig::Custom,
-    ] {
-        let comm = LocalComm::create(1).unwrap().pop().unwrap();
-        let err = GradSync::new(comm, specs(), config(mode)).err();
-        assert!(
-            matches!(err, Some(OptimError::InvalidArgument(_))),
-            "{mode:?}: {err:?}"
+fn every_registry_strategy_builds_and_custom_needs_its_strategy() {
+    let one = || LocalComm::create(1).unwrap().pop().unwrap();
+    for mode in StrategyConfig::examples() {
+        let built = GradSync::new(one(), specs(), config(mode));
+        assert_eq!(
+            built.map(|sync| sync.training_loop()).ok(),
+            Some(mode.training_loop()),
+            "{mode}"
         );
     }
+    // A user's strategy without a strategy (AdaSum's strategies, `AdaSum`
+    // and `DeltaWeight`, are prepared by the engine).
+    let custom = GradSync::new(one(), specs(), config(StrategyConfig::Custom)).err();
+    assert!(
+        matches!(custom, Some(OptimError::InvalidArgument(_))),
+        "{custom:?}"
+    );
 }
 
 /// One failure has one kind at every layer: the communicator's error, the

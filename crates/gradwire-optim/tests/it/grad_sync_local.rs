@@ -1,6 +1,7 @@
-//! `GradSync::step_locally`: partial averaging and delta-weight AdaSum with
-//! the caller's own local step give bitwise LocalSteps' results with
-//! LocalSteps' optimizer taking that step; a step that fails on one rank
+//! `GradSync::step_locally`: partial averaging (with the caller's
+//! optimizer state too, through `step_locally_with_state`) and
+//! delta-weight AdaSum with the caller's own local step give bitwise
+//! LocalSteps' results with LocalSteps' optimizer taking that step; a step that fails on one rank
 //! fails on every rank (and delta weight puts p0 back); a NaN gradient is
 //! skipped on every rank; the next step works.
 
@@ -9,7 +10,7 @@ use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
     DistOptConfig, GradSync, LocalSteps, OptimError, Optimizer, ParamSpec, Result, Sgd, SgdConfig,
-    StrategyConfig,
+    StrategyConfig, TrainingLoop,
 };
 use gradwire_tensor::Tensor;
 
@@ -98,7 +99,7 @@ fn through_grad_sync(
         }
         _ => GradSync::new(comm, specs.clone(), config(mode))?,
     };
-    assert!(sync.steps_locally());
+    assert_eq!(sync.training_loop(), TrainingLoop::LocalSteps);
     let mut own = sgd();
     let mut params: Vec<Vec<f32>> = specs
         .iter()
@@ -123,7 +124,7 @@ fn through_grad_sync(
         }
         let before = params.clone();
         let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
-        let result = sync.step_locally(&mut slices[..], |p| {
+        let local = |p: &mut [&mut [f32]], own: &mut Sgd| {
             if fail && step == 2 && rank == world - 1 {
                 return Err(OptimError::InvalidArgument(
                     "the caller's optimizer failed".into(),
@@ -134,7 +135,13 @@ fn through_grad_sync(
             }
             own.step();
             Ok(())
-        });
+        };
+        let result = match mode {
+            StrategyConfig::Partial {
+                average_state: true,
+            } => sync.step_locally_with_state(&mut slices[..], &mut own, local),
+            _ => sync.step_locally(&mut slices[..], |p| local(p, &mut own)),
+        };
         outcomes.push(match result {
             Ok(stats) => Ok(stats.non_finite),
             Err(OptimError::Fault(Fault { rank, kind, .. })) => {
@@ -156,10 +163,13 @@ fn through_grad_sync(
     Ok((params, outcomes))
 }
 
-fn modes() -> [StrategyConfig; 2] {
+fn modes() -> [StrategyConfig; 3] {
     [
         StrategyConfig::Partial {
             average_state: false,
+        },
+        StrategyConfig::Partial {
+            average_state: true,
         },
         StrategyConfig::DeltaWeight { group: None },
     ]
@@ -218,9 +228,31 @@ fn modes_and_buffers_that_cannot_work_are_refused() {
             average_state: true,
         };
         let other = comm.split(Some(0), comm.rank() as i64).unwrap().unwrap();
-        assert!(GradSync::new(other, specs(), config(average_state)).is_err());
+        // Partial averaging of the state without the optimizer's buffers:
+        // the step fails on every rank, and the parameters stay.
+        let mut without_state = GradSync::new(other, specs(), config(average_state)).unwrap();
+        let mut params = [vec![1f32; 1], vec![2f32; 13], vec![3f32; 28]];
+        let before = params.clone();
+        let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+        let err = without_state
+            .step_locally(&mut slices[..], |p| {
+                p[0][0] = 9.0;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OptimError::Fault(Fault {
+                    kind: FaultKind::InvalidArgument,
+                    ..
+                })
+            ),
+            "{err}"
+        );
+        assert_eq!(params, before);
         let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense)).unwrap();
-        assert!(!sync.steps_locally());
+        assert_eq!(sync.training_loop(), TrainingLoop::Gradients);
         let mut params = [vec![0f32; 1], vec![0f32; 13], vec![0f32; 28]];
         let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
         let err = sync.step_locally(&mut slices[..], |_| Ok(())).unwrap_err();
@@ -249,10 +281,13 @@ fn a_wrong_buffer_on_one_rank_fails_the_step_on_every_rank() {
             let short = if rank == 1 { 12 } else { 13 };
             let mut params = [vec![0f32; 1], vec![0f32; short], vec![0f32; 28]];
             let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
-            let first = sync.step_locally(&mut slices[..], |_| Ok(()));
+            // The optimizer's buffers lent in every mode (read only by
+            // partial averaging with the state).
+            let mut own = sgd();
+            let first = sync.step_locally_with_state(&mut slices[..], &mut own, |_, _| Ok(()));
             params[1].resize(13, 0.0);
             let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
-            let second = sync.step_locally(&mut slices[..], |_| Ok(()));
+            let second = sync.step_locally_with_state(&mut slices[..], &mut own, |_, _| Ok(()));
             Ok::<_, OptimError>((first.err(), second.is_ok()))
         })
         .unwrap();
