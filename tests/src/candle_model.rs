@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Linear, Optimizer, VarBuilder, VarMap, linear};
-use gradwire_candle::{DataParallel, named_vars};
+use gradwire_candle::{DataParallel, DataParallelOptimizer, named_vars};
 use gradwire_comm::Communicator;
 use gradwire_optim::DistOptConfig;
 
@@ -103,7 +103,7 @@ pub fn single<O: Optimizer>(config: O::Config) -> candle_core::Result<(Vec<Vec<f
 
 /// This rank's run through DataParallel on its shard of the batch: the
 /// parameters and each step's (local) loss.
-pub fn worker<O: Optimizer, C: Communicator + 'static>(
+pub fn worker<O: DataParallelOptimizer, C: Communicator + 'static>(
     comm: C,
     config: O::Config,
     dist: DistOptConfig,

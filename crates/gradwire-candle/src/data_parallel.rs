@@ -1,17 +1,25 @@
 //! [`DataParallel`]: a candle optimizer made data-parallel, on
-//! [`GradSync`]: its gradients combined across the workers before it steps
-//! (the gradient strategies), or its local step followed by the
-//! averaging of parameters (`Partial`) or the combination of the weight
-//! changes (`DeltaWeight`, AdaSum).
+//! [`GradSync`], in the training loop its strategy names: gradients
+//! combined across the workers before the optimizer steps (the gradient
+//! strategies); the optimizer's local step followed by the averaging of
+//! parameters (`partial`, with the optimizer's state too for
+//! `partial:state`) or the combination of the weight changes
+//! (`adasum-delta`); or DimReduce (a dense first stage, then DimReduce's
+//! own update with the line search through the caller's loss).
 
+use crate::optim::DataParallelOptimizer;
 use crate::vars::{named_vars, specs_of, with_values, write_values};
 use crate::wrap;
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
-use candle_nn::{Optimizer, VarMap};
+use candle_nn::VarMap;
+use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_comm::Communicator;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{DistOptConfig, GradSync, OptimError, ParamAccess, StepStats, Strategy};
+use gradwire_optim::{
+    DistOptConfig, GradSync, OptimError, ParamAccess, StateBuffers, StepStats, Strategy,
+    StrategyConfig, StrategyError, TrainingLoop,
+};
 
 /// Candle variables as GradSync reads and writes them, in place.
 struct VarAccess<'v>(&'v [(String, Var)]);
@@ -46,7 +54,59 @@ impl ParamAccess for VarAccess<'_> {
     }
 }
 
-/// A candle optimizer made data-parallel.
+/// The optimizer's buffers as the engine names them (the variables'
+/// names), translated to the optimizer's own keys (the variables'
+/// positions, as [`candle_nn::Optimizer::new`] names them).
+struct OptimizerBuffers<'o, O> {
+    optimizer: &'o mut O,
+    vars: &'o [(String, Var)],
+}
+
+impl<O: DataParallelOptimizer> OptimizerBuffers<'_, O> {
+    fn key(&self, name: &str) -> gradwire_optim::Result<String> {
+        self.vars
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(|i| i.to_string())
+            .ok_or_else(|| OptimError::InvalidArgument(format!("no variable {name}")))
+    }
+
+    fn private() -> OptimError {
+        OptimError::InvalidArgument("the optimizer keeps its state private".into())
+    }
+}
+
+impl<O: DataParallelOptimizer> StateBuffers for OptimizerBuffers<'_, O> {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        self.optimizer
+            .state_buffers()
+            .map_or(&[], |state| state.buffer_names())
+    }
+
+    fn buffer_values(&self, name: &str, buffer: &str) -> gradwire_optim::Result<Option<Vec<f32>>> {
+        let key = self.key(name)?;
+        let state = self.optimizer.state_buffers().ok_or_else(Self::private)?;
+        state.buffer_values(&key, buffer)
+    }
+
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> gradwire_optim::Result<()> {
+        let key = self.key(name)?;
+        let state = self
+            .optimizer
+            .state_buffers_mut()
+            .ok_or_else(Self::private)?;
+        state.set_buffer(&key, shape, buffer, values)
+    }
+}
+
+/// A candle optimizer made data-parallel, in the training loop of its
+/// strategy.
 #[derive(Debug)]
 pub struct DataParallel<O, C: Communicator + 'static> {
     sync: GradSync<C>,
@@ -55,13 +115,20 @@ pub struct DataParallel<O, C: Communicator + 'static> {
     last: StepStats,
 }
 
-impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
+impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// Every variable of `varmap`, an optimizer `O` made from `config` over
-    /// them, combined as `dist.strategy` says (a gradient strategy of the
-    /// registry: `dense`, `fp16`, `topk:0.01`, `powersgd:4`, `adasum-grad`,
-    /// ...; or local steps: `partial` without its state, one bucket of
-    /// parameters averaged per step, or `adasum-delta`, the weight changes
-    /// combined by AdaSum) over `comm`.
+    /// them, combined as `dist.strategy` says, in its training loop: a
+    /// gradient strategy of the registry (`dense`, `fp16`, `topk:0.01`,
+    /// `powersgd:4`, `adasum-grad`, ...: [`DataParallel::step`]); local
+    /// steps (`partial`, one bucket of parameters averaged per step, with
+    /// the optimizer's state too for `partial:state`; `adasum-delta`, the
+    /// weight changes combined by AdaSum: [`DataParallel::step`] too); or
+    /// `dimreduce` (dense steps, then [`DataParallel::start_dimreduce`] and
+    /// [`DataParallel::step_dimreduce`]). Over `comm`.
+    ///
+    /// `partial:state` needs an optimizer whose state gradwire can see
+    /// (gradwire's: [`crate::Sgd`], [`crate::Adam`], ...); candle's own
+    /// optimizers keep theirs private, and are refused for it.
     pub fn new(
         varmap: &VarMap,
         config: O::Config,
@@ -79,8 +146,9 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         comm: C,
         dist: DistOptConfig,
     ) -> candle_core::Result<Self> {
+        let strategy = dist.strategy;
         let sync = GradSync::new(comm, specs_of(&vars)?, dist).map_err(wrap)?;
-        Self::from_sync(vars, config, sync)
+        Self::from_sync(vars, config, sync, strategy)
     }
 
     /// [`DataParallel::from_vars`] with gradients combined by `strategy`
@@ -94,16 +162,27 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         dist: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> candle_core::Result<Self> {
+        let mode = dist.strategy;
         let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy).map_err(wrap)?;
-        Self::from_sync(vars, config, sync)
+        Self::from_sync(vars, config, sync, mode)
     }
 
     fn from_sync(
         vars: Vec<(String, Var)>,
         config: O::Config,
         sync: GradSync<C>,
+        strategy: StrategyConfig,
     ) -> candle_core::Result<Self> {
         let optimizer = O::new(vars.iter().map(|(_, v)| v.clone()).collect(), config)?;
+        let averages_state = strategy
+            == StrategyConfig::Partial {
+                average_state: true,
+            };
+        if averages_state && optimizer.state_buffers().is_none() {
+            return Err(wrap(StrategyError::PrivateState {
+                strategy: strategy.to_string(),
+            }));
+        }
         Ok(DataParallel {
             sync,
             vars,
@@ -128,10 +207,12 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
 
     /// Combines the gradients of `grads` across the workers and returns the
     /// store with each gradient replaced by the combined one (a gradient no
-    /// worker produced stays absent). For users who step themselves; after
-    /// a skipped step (a non-finite gradient with `skip_non_finite`) the
-    /// store comes back without gradients, so an optimizer step changes
-    /// nothing. Every worker must call it, each step.
+    /// worker produced stays absent). For users who step themselves, in a
+    /// gradient strategy (or DimReduce's first stage); after a skipped step
+    /// (a non-finite gradient with `skip_non_finite`) the store comes back
+    /// without gradients, so an optimizer step changes nothing. Every
+    /// worker must call it, each step; in another training loop it fails on
+    /// every worker alike.
     pub fn reduce(&mut self, mut grads: GradStore) -> candle_core::Result<GradStore> {
         self.push_all(&grads)?;
         let vars = &self.vars;
@@ -154,22 +235,33 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         Ok(grads)
     }
 
-    /// The gradients of `grads` combined across the workers, then the
-    /// optimizer's step with them (none after a skipped step). In
-    /// `Partial` and `DeltaWeight` modes the optimizer steps first with
-    /// this worker's own gradients, then the parameters (or their changes)
-    /// are combined ([`GradSync::step_locally`]; the gradients are only
-    /// checked for NaN and infinities).
+    /// One step with this worker's gradients `grads`, in the strategy's
+    /// loop. A gradient strategy (and DimReduce's first stage): the
+    /// gradients combined across the workers, then the optimizer's step
+    /// with them (none after a skipped step). Local steps (`partial`,
+    /// `adasum-delta`): the optimizer steps first with this worker's own
+    /// gradients, then the parameters (and with `partial:state` the
+    /// optimizer's buffers), or their changes, are combined
+    /// ([`GradSync::step_locally`]; the gradients are only checked for NaN
+    /// and infinities). After [`DataParallel::start_dimreduce`] a step
+    /// needs the loss ([`DataParallel::step_dimreduce`]): this one fails on
+    /// every worker alike.
     pub fn step(&mut self, grads: GradStore) -> candle_core::Result<StepStats> {
-        if self.sync.steps_locally() {
+        if self.sync.training_loop() == TrainingLoop::LocalSteps {
             self.push_all(&grads)?;
-            let optimizer = &mut self.optimizer;
+            let mut buffers = OptimizerBuffers {
+                optimizer: &mut self.optimizer,
+                vars: &self.vars,
+            };
             let mut vars = VarAccess(&self.vars);
-            let stats = self.sync.step_locally(&mut vars, |_| {
-                optimizer
-                    .step(&grads)
-                    .map_err(|e| OptimError::InvalidArgument(e.to_string()))
-            });
+            let stats = self
+                .sync
+                .step_locally_with_state(&mut vars, &mut buffers, |_, buffers| {
+                    buffers
+                        .optimizer
+                        .step(&grads)
+                        .map_err(|e| OptimError::InvalidArgument(e.to_string()))
+                });
             self.last = stats.map_err(wrap)?;
             return Ok(self.last);
         }
@@ -180,10 +272,50 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
         Ok(self.last)
     }
 
-    /// Backward from `loss`, the gradients combined across the workers,
-    /// then the optimizer's step: the data-parallel `backward_step`.
+    /// Backward from `loss`, then [`DataParallel::step`]: the
+    /// data-parallel `backward_step`.
     pub fn backward_step(&mut self, loss: &Tensor) -> candle_core::Result<()> {
         self.step(loss.backward()?).map(drop)
+    }
+
+    /// Ends DimReduce's first stage (strategy `dimreduce` only): from now
+    /// on each step is [`DataParallel::step_dimreduce`], in the subspace of
+    /// the components `pca` (the same on every worker: fit from the same
+    /// trajectory, or broadcast) over all variables flattened in
+    /// declaration order. Call between steps; an error changes nothing.
+    pub fn start_dimreduce(
+        &mut self,
+        pca: &Pca,
+        config: DimReduceConfig,
+    ) -> candle_core::Result<()> {
+        self.sync.start_dimreduce(pca, config).map_err(wrap)
+    }
+
+    /// Whether [`DataParallel::start_dimreduce`] ended the first stage.
+    pub fn dimreduce_started(&self) -> bool {
+        self.sync.dimreduce_started()
+    }
+
+    /// A DimReduce step (after [`DataParallel::start_dimreduce`]): `grads`
+    /// and `loss` are this worker's gradients and loss on its batch, and
+    /// `loss_at()` computes the loss again with the variables as they are
+    /// when called (the line search writes each trial point into them).
+    /// The variables end at the accepted point, alike on every worker; the
+    /// optimizer does not step. A failure on one worker (a `loss_at`
+    /// error) fails the step on every worker.
+    pub fn step_dimreduce(
+        &mut self,
+        grads: &GradStore,
+        loss: f64,
+        mut loss_at: impl FnMut() -> candle_core::Result<f64>,
+    ) -> candle_core::Result<StepStats> {
+        self.push_all(grads)?;
+        let mut vars = VarAccess(&self.vars);
+        let stats = self.sync.step_dimreduce(&mut vars, loss, |_| {
+            loss_at().map_err(|e| OptimError::InvalidArgument(e.to_string()))
+        });
+        self.last = stats.map_err(wrap)?;
+        Ok(self.last)
     }
 
     /// Hands every gradient of `grads` to GradSync (declaration order). A
@@ -226,14 +358,19 @@ impl<O: Optimizer, C: Communicator + 'static> DataParallel<O, C> {
     }
 
     /// gradwire's state (error-feedback residuals, counters, the
-    /// configuration), to save beside candle's safetensors of the weights
-    /// (`VarMap::save`) with `gradwire_optim::checkpoint::save`.
+    /// configuration) and the optimizer's, where gradwire sees it
+    /// ([`DataParallelOptimizer::save_into`]), to save beside candle's
+    /// safetensors of the weights (`VarMap::save`) with
+    /// `gradwire_optim::checkpoint::save`.
     pub fn checkpoint(&self) -> candle_core::Result<Checkpoint> {
-        self.sync.checkpoint().map_err(wrap)
+        let mut ckpt = self.sync.checkpoint().map_err(wrap)?;
+        self.optimizer.save_into(&mut ckpt)?;
+        Ok(ckpt)
     }
 
     /// Restores what [`DataParallel::checkpoint`] saved.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
-        self.sync.restore(ckpt).map_err(wrap)
+        self.sync.restore(ckpt).map_err(wrap)?;
+        self.optimizer.restore_from(ckpt)
     }
 }

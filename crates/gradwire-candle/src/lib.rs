@@ -38,18 +38,21 @@
 //!
 //! The pieces:
 //! - [`DataParallel`]: any candle optimizer made data-parallel (the
-//!   example above), on gradwire's [`gradwire_optim::GradSync`]: its
-//!   gradients combined before it steps (dense, fp16/bf16, sparse with
-//!   error feedback, AdaSum by gradient), or its step taken locally and
-//!   then the parameters averaged a bucket at a time (`Partial`) or the
-//!   weight changes combined (`DeltaWeight`, AdaSum);
+//!   example above), on gradwire's [`gradwire_optim::GradSync`], in the
+//!   training loop its configuration names: its gradients combined before
+//!   it steps (dense, fp16/bf16, sparse with error feedback, PowerSGD,
+//!   quantized, AdaSum by gradient); its step taken locally and then the
+//!   parameters averaged a bucket at a time (`partial`, with the
+//!   optimizer's state for `partial:state`) or the weight changes combined
+//!   (`adasum-delta`); or DimReduce (dense steps, then
+//!   [`DataParallel::start_dimreduce`] and
+//!   [`DataParallel::step_dimreduce`], whose line search calls your loss);
 //! - [`optim`]: gradwire's optimizers as candle optimizers ([`Sgd`] with
 //!   momentum, which candle-nn lacks, [`Adam`], [`AdamW`], [`RmsProp`],
 //!   [`AdaGrad`], with gradwire's schedules), updating the variables in
-//!   place, their state saved in a gradwire checkpoint;
-//! - [`DistOptVars`]: gradwire's front ends (any strategy) with a gradwire optimizer over
-//!   candle variables, for DimReduce (whose update is its own) and the
-//!   averaging of optimizer state;
+//!   place, their state in DataParallel's checkpoints
+//!   ([`DataParallelOptimizer`]: what DataParallel asks of an optimizer
+//!   beyond candle's trait, implemented for candle's `SGD` and `AdamW`);
 //! - [`named_vars`], [`specs_of`], [`with_values`], [`write_values`],
 //!   [`update_in_place`]: the variables in declaration order and their
 //!   values read and written in place.
@@ -59,12 +62,11 @@
 //! combined gradient becomes a new candle tensor, because a candle
 //! `GradStore` owns its tensors (and one storage may back several of
 //! them, so writing into one in place is not safe). Parameters are updated
-//! in place by [`optim`]'s optimizers. In `Partial` and `DeltaWeight`
-//! modes the parameters are copied into gradwire's buffers before and
-//! after the local step and written back once (the combination works on
-//! gradwire tensors); [`DistOptVars`] keeps one gradwire copy of the
-//! parameters, because gradwire's front ends update gradwire tensors. Parameters must be f32 on the CPU in this
-//! version (a typed error otherwise).
+//! in place by [`optim`]'s optimizers. In the local-step and DimReduce
+//! loops the parameters are copied into gradwire's buffers before and
+//! after the step and written back once (the combination works on
+//! gradwire tensors); no copy is kept between steps. Parameters must be
+//! f32 on the CPU in this version (a typed error otherwise).
 //!
 //! Errors come back as [`candle_core::Error`] (gradwire's wrapped), so `?`
 //! works in a candle training loop.
@@ -75,13 +77,11 @@
 #![forbid(unsafe_code)]
 
 mod data_parallel;
-mod dist_opt_vars;
 pub mod optim;
 mod vars;
 
 pub use data_parallel::DataParallel;
-pub use dist_opt_vars::DistOptVars;
-pub use optim::{AdaGrad, Adam, AdamW, CandleOptim, RmsProp, Sgd};
+pub use optim::{AdaGrad, Adam, AdamW, CandleOptim, DataParallelOptimizer, RmsProp, Sgd};
 pub use vars::{
     named_vars, parameters_in, parameters_of, specs_of, update_in_place, with_values, write_values,
 };

@@ -14,7 +14,7 @@ use crate::wrap;
 use candle_core::Var;
 use candle_core::backprop::GradStore;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{Optim, Schedule, UpdateRule};
+use gradwire_optim::{Optim, Schedule, StateBuffers, UpdateRule};
 
 /// The checkpoint prefix of a [`CandleOptim`]'s state
 /// ([`Checkpoint::insert_optimizer_state`]).
@@ -94,6 +94,63 @@ impl<R: UpdateRule> CandleOptim<R> {
             .map_err(wrap)?
             .ok_or_else(|| candle_core::Error::msg("the checkpoint holds no optimizer state"))?;
         self.optim.load_state(&state).map_err(wrap)
+    }
+}
+
+/// What [`crate::DataParallel`] asks of an optimizer beyond candle's
+/// [`candle_nn::Optimizer`]: its state, where gradwire can see it. The
+/// defaults say "none", which is right for candle's own optimizers (their
+/// state is private; implemented here for `SGD` and `AdamW`) and for any
+/// optimizer of your own (`impl DataParallelOptimizer for MyOpt {}`);
+/// gradwire's optimizers ([`CandleOptim`]) expose theirs, so their
+/// state goes into [`crate::DataParallel::checkpoint`] and partial
+/// averaging can average it (`partial:state`).
+pub trait DataParallelOptimizer: candle_nn::Optimizer {
+    /// The per-parameter buffers, keyed as the optimizer names its
+    /// variables when built by [`candle_nn::Optimizer::new`] (by position:
+    /// `"0"`, `"1"`, ..., as DataParallel builds it); `None` if private.
+    fn state_buffers(&self) -> Option<&dyn StateBuffers> {
+        None
+    }
+
+    /// [`DataParallelOptimizer::state_buffers`], mutably.
+    fn state_buffers_mut(&mut self) -> Option<&mut dyn StateBuffers> {
+        None
+    }
+
+    /// Stores the optimizer's state in `ckpt` (nothing by default).
+    fn save_into(&self, ckpt: &mut Checkpoint) -> candle_core::Result<()> {
+        let _ = ckpt;
+        Ok(())
+    }
+
+    /// Restores what [`DataParallelOptimizer::save_into`] stored (nothing
+    /// by default).
+    fn restore_from(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
+        let _ = ckpt;
+        Ok(())
+    }
+}
+
+impl DataParallelOptimizer for candle_nn::SGD {}
+
+impl DataParallelOptimizer for candle_nn::AdamW {}
+
+impl<R: UpdateRule> DataParallelOptimizer for CandleOptim<R> {
+    fn state_buffers(&self) -> Option<&dyn StateBuffers> {
+        Some(&self.optim)
+    }
+
+    fn state_buffers_mut(&mut self) -> Option<&mut dyn StateBuffers> {
+        Some(&mut self.optim)
+    }
+
+    fn save_into(&self, ckpt: &mut Checkpoint) -> candle_core::Result<()> {
+        CandleOptim::save_into(self, ckpt)
+    }
+
+    fn restore_from(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
+        CandleOptim::restore_from(self, ckpt)
     }
 }
 

@@ -15,7 +15,7 @@ use gradwire_compress::SparseCodec;
 use gradwire_optim::{AdamConfig, DistOptConfig, SgdConfig, StrategyConfig};
 use gradwire_tests::candle_model::{BATCH, Mlp, STEPS, data, first_far, single, values, worker};
 
-fn parallel<O: candle_nn::Optimizer>(
+fn parallel<O: gradwire_candle::DataParallelOptimizer>(
     world: usize,
     config: O::Config,
     dist: DistOptConfig,
@@ -39,7 +39,7 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
 /// Optimizer `O` with `config` on 1 to 8 workers: every worker bitwise
 /// equal, and equal to one process on the global batch (within
 /// [`first_far`]'s tolerance).
-fn equals_one_process<O: candle_nn::Optimizer>(name: &str, config: O::Config)
+fn equals_one_process<O: gradwire_candle::DataParallelOptimizer>(name: &str, config: O::Config)
 where
     O::Config: Clone + Sync,
 {

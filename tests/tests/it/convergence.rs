@@ -18,18 +18,18 @@
 //! notes for figures over seeds). Run with `--nocapture` to see the accuracy
 //! per quarter epoch.
 //!
-//! The second test runs DistOpt's DimReduce mode after a dense stage that
+//! The second test runs DimReduce (through DataParallel) after a dense stage that
 //! records the trajectory, beside dense training for the same number of
 //! steps: it must reach a clearly lower training loss and stay within a point
 //! of dense test accuracy.
 
 use candle_nn::Optimizer as _;
 use gradwire_algos::{AdaSum, fused_all_reduce};
-use gradwire_candle::DistOptVars;
+use gradwire_candle::{DataParallel, parameters_of};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_experiments::data::{Digits, epoch_order};
 use gradwire_experiments::model::Model;
-use gradwire_optim::{Combined, DistOptConfig, Sgd, SgdConfig, Strategy, StrategyConfig};
+use gradwire_optim::{Combined, DistOptConfig, SgdConfig, Strategy, StrategyConfig};
 use gradwire_tensor::Tensor;
 
 const HIDDEN: usize = 32;
@@ -43,10 +43,6 @@ const TARGET: f64 = 0.95;
 
 fn sgd_config() -> SgdConfig {
     SgdConfig::default().lr(LR).momentum(0.9)
-}
-
-fn sgd() -> Sgd {
-    Sgd::new(sgd_config()).expect("sgd")
 }
 
 fn mlp() -> Model {
@@ -116,9 +112,10 @@ fn data_parallel<K: Strategy<LocalComm>>(
         };
         let mlp = mlp();
         let vars = mlp.vars().to_vec();
+        type Dp = DataParallel<gradwire_candle::Sgd, LocalComm>;
         let mut dist = match strategy(&comm) {
-            Some(k) => DistOptVars::with_strategy(vars, sgd(), comm, config, k)?,
-            None => DistOptVars::new(vars, sgd(), comm, config)?,
+            Some(k) => Dp::with_strategy(vars, sgd_config(), comm, config, k)?,
+            None => Dp::from_vars(vars, sgd_config(), comm, config)?,
         };
         let mut accuracy = Vec::new();
         let batches = data.train_len().div_ceil(WORLD * BATCH);
@@ -131,7 +128,7 @@ fn data_parallel<K: Strategy<LocalComm>>(
                 let (_, grads) = mlp
                     .loss_and_grads(&data.train_x, &data.train_y, &mine)
                     .expect("backward");
-                dist.step(&grads)?;
+                dist.step(grads)?;
                 if evaluate_after(index, batches) {
                     accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
                 }
@@ -223,7 +220,7 @@ struct DimReduceRun {
     accepted: f64,
 }
 
-/// DimReduceOpt's dense first stage for `dense_epochs` recording the
+/// DimReduce's dense first stage for `dense_epochs` recording the
 /// trajectory (one snapshot per step, the last 60 kept), then DimReduce for the
 /// remaining epochs (none when `dense_epochs == total_epochs`: plain dense
 /// training), on the same global batches.
@@ -238,7 +235,12 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
             strategy: StrategyConfig::DimReduce,
             ..DistOptConfig::default()
         };
-        let mut dist = DistOptVars::new(mlp.vars().to_vec(), sgd(), comm, dimreduce)?;
+        let mut dist = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
+            mlp.vars().to_vec(),
+            sgd_config(),
+            comm,
+            dimreduce,
+        )?;
         let mut accepted = (0usize, 0usize);
         for epoch in 0..total_epochs {
             if epoch == dense_epochs {
@@ -251,11 +253,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     alpha: LR,
                     ..DimReduceConfig::default()
                 };
-                dist.dist_mut()
-                    .dimreduce_mut()
-                    .ok_or_else(|| candle_core::Error::Msg("not made in DimReduce".into()))?
-                    .start(&pca, config)
-                    .map_err(candle_core::Error::wrap)?;
+                dist.start_dimreduce(&pca, config)?;
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
@@ -263,10 +261,12 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     .loss_and_grads(&data.train_x, &data.train_y, &mine)
                     .expect("backward");
                 if epoch < dense_epochs {
-                    dist.step(&grads)?;
+                    dist.step(grads)?;
                     // DimReduce flattens in declaration order.
-                    let params: Vec<&Tensor> = dist.params().iter().collect();
-                    recorder.record(&params).map_err(candle_core::Error::wrap)?;
+                    let params = parameters_of(dist.vars())?;
+                    recorder
+                        .record(&params.iter().collect::<Vec<_>>())
+                        .map_err(candle_core::Error::wrap)?;
                 } else {
                     let stats = dist.step_dimreduce(&grads, f64::from(loss), || {
                         mlp.loss(&data.train_x, &data.train_y, &mine)

@@ -1,23 +1,19 @@
 //! How a run's steps are taken, through gradwire-candle: with
 //! [`DataParallel`] (gradwire's optimizer updating candle's variables in
-//! place, no copy of the parameters kept) every strategy it runs, the
-//! gradient-combining ones, partial averaging and AdaSum by delta weight;
-//! with [`DistOptVars`] (DistOpt over a gradwire copy of the variables)
-//! DimReduce, whose update is its own, and partial averaging of the
-//! optimizer's state too (`-s partial:state`); with [`LibraryLoop`] the
-//! baseline (`library.rs`: the backend library's own all-reduce).
+//! place, no copy of the parameters kept) every strategy, in its training
+//! loop (gradients combined, local steps with partial averaging or AdaSum
+//! by delta weight, DimReduce); with [`LibraryLoop`] the baseline
+//! (`library.rs`: the backend library's own all-reduce).
 
 use crate::config::TrainConfig;
 use crate::error::Result;
 use crate::model::Model;
 use candle_core::backprop::GradStore;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
-use gradwire_candle::{
-    CandleOptim, DataParallel, DistOptVars, parameters_in, parameters_of, write_values,
-};
+use gradwire_candle::{CandleOptim, DataParallel, parameters_in, parameters_of, write_values};
 use gradwire_optim::Optimizer as _;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{DistOptConfig, Optim, StepStats, StrategyConfig, UpdateRule};
+use gradwire_optim::{DistOptConfig, StepStats, UpdateRule};
 use gradwire_tensor::Tensor;
 
 mod library;
@@ -27,10 +23,8 @@ use library::LibraryLoop;
 
 /// One worker's training engine.
 pub(crate) enum Engine<R: UpdateRule, C: Backend + 'static> {
-    /// DataParallel: the variables updated in place.
-    InPlace(Box<DataParallel<CandleOptim<R>, C>>),
-    /// DistOpt over a copy of the variables.
-    Copied(Box<DistOptVars<Optim<R>, C>>),
+    /// DataParallel: every strategy, the variables updated in place.
+    Strategy(Box<DataParallel<CandleOptim<R>, C>>),
     /// The baseline: the library's all-reduce, then the optimizer.
     Library(Box<LibraryLoop<R, C>>),
 }
@@ -50,22 +44,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
                 vars, optimizer, comm,
             )?)));
         }
-        // DimReduce's update is its own; the caller's optimizer state
-        // cannot be averaged through DataParallel.
-        let copied = matches!(
-            config.strategy,
-            StrategyConfig::DimReduce
-                | StrategyConfig::Partial {
-                    average_state: true
-                }
-        );
-        if copied {
-            let optimizer = Optim::<R>::new(optimizer)?;
-            return Ok(Engine::Copied(Box::new(DistOptVars::new(
-                vars, optimizer, comm, dist,
-            )?)));
-        }
-        Ok(Engine::InPlace(Box::new(DataParallel::from_vars(
+        Ok(Engine::Strategy(Box::new(DataParallel::from_vars(
             vars, optimizer, comm, dist,
         )?)))
     }
@@ -73,28 +52,22 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// The communicator.
     pub(crate) fn comm(&self) -> &C {
         match self {
-            Engine::InPlace(dp) => dp.sync().comm(),
-            Engine::Copied(dv) => dv.dist().comm(),
+            Engine::Strategy(dp) => dp.sync().comm(),
             Engine::Library(library) => &library.comm,
         }
     }
 
     /// Whether DimReduce's first stage is over.
     pub(crate) fn in_dimreduce(&self) -> bool {
-        matches!(self, Engine::Copied(dv) if dv.dist().strategy() == StrategyConfig::DimReduce)
+        matches!(self, Engine::Strategy(dp) if dp.dimreduce_started())
     }
 
     /// Switches to DimReduce with `pca` (the DimReduce strategy only).
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
         match self {
-            Engine::Copied(dv) => match dv.dist_mut().dimreduce_mut() {
-                Some(dimreduce) => Ok(dimreduce.start(pca, config)?),
-                None => Err(crate::ExperimentError::Usage(
-                    "DimReduce's start in another strategy".into(),
-                )),
-            },
-            Engine::InPlace(_) | Engine::Library(_) => Err(crate::ExperimentError::Usage(
-                "DimReduce runs on DistOptVars".into(),
+            Engine::Strategy(dp) => Ok(dp.start_dimreduce(pca, config)?),
+            Engine::Library(_) => Err(crate::ExperimentError::Usage(
+                "DimReduce is a strategy, not the baseline".into(),
             )),
         }
     }
@@ -102,8 +75,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// One step with this worker's gradients.
     pub(crate) fn step(&mut self, grads: GradStore) -> Result<StepStats> {
         Ok(match self {
-            Engine::InPlace(dp) => dp.step(grads)?,
-            Engine::Copied(dv) => dv.step(&grads)?,
+            Engine::Strategy(dp) => dp.step(grads)?,
             Engine::Library(library) => library.step(grads)?,
         })
     }
@@ -117,9 +89,9 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         loss_at: impl FnMut() -> candle_core::Result<f64>,
     ) -> Result<StepStats> {
         match self {
-            Engine::Copied(dv) => Ok(dv.step_dimreduce(&grads, loss, loss_at)?),
-            Engine::InPlace(_) | Engine::Library(_) => Err(crate::ExperimentError::Usage(
-                "DimReduce runs on DistOptVars".into(),
+            Engine::Strategy(dp) => Ok(dp.step_dimreduce(&grads, loss, loss_at)?),
+            Engine::Library(_) => Err(crate::ExperimentError::Usage(
+                "DimReduce is a strategy, not the baseline".into(),
             )),
         }
     }
@@ -127,21 +99,13 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// The parameters as gradwire tensors, in declaration order (a
     /// trajectory snapshot; a checkpoint).
     pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
-        match self {
-            Engine::Copied(dv) => Ok(dv.params().to_vec()),
-            Engine::InPlace(_) | Engine::Library(_) => Ok(parameters_of(model.vars())?),
-        }
+        Ok(parameters_of(model.vars())?)
     }
 
     /// gradwire's whole state and the parameters (`param/<name>`).
     pub(crate) fn checkpoint(&self, model: &Model) -> Result<Checkpoint> {
         let mut ckpt = match self {
-            Engine::Copied(dv) => return Ok(dv.checkpoint()?),
-            Engine::InPlace(dp) => {
-                let mut ckpt = dp.checkpoint()?;
-                dp.optimizer().save_into(&mut ckpt)?;
-                ckpt
-            }
+            Engine::Strategy(dp) => dp.checkpoint()?,
             Engine::Library(library) => {
                 let mut ckpt = Checkpoint::new(library.optimizer.inner().state()?);
                 library.optimizer.save_into(&mut ckpt)?;
@@ -162,24 +126,22 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
 
     /// Restores a [`Engine::checkpoint`], the variables included.
     pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        // Everything read before anything changes.
+        let vars = match self {
+            Engine::Strategy(dp) => dp.vars(),
+            Engine::Library(library) => library.optimizer.vars(),
+        };
+        let params = parameters_in(ckpt, vars)?;
         match self {
-            Engine::Copied(dv) => dv.restore(ckpt)?,
-            Engine::InPlace(dp) => {
-                // Everything read before anything changes.
-                let params = parameters_in(ckpt, dp.vars())?;
-                dp.restore(ckpt)?;
-                dp.optimizer_mut().restore_from(ckpt)?;
-                for ((_, var), param) in dp.vars().iter().zip(&params) {
-                    write_values(var, param.as_slice::<f32>()?)?;
-                }
-            }
-            Engine::Library(library) => {
-                let params = parameters_in(ckpt, library.optimizer.vars())?;
-                library.optimizer.restore_from(ckpt)?;
-                for ((_, var), param) in library.optimizer.vars().iter().zip(&params) {
-                    write_values(var, param.as_slice::<f32>()?)?;
-                }
-            }
+            Engine::Strategy(dp) => dp.restore(ckpt)?,
+            Engine::Library(library) => library.optimizer.restore_from(ckpt)?,
+        }
+        let vars = match self {
+            Engine::Strategy(dp) => dp.vars(),
+            Engine::Library(library) => library.optimizer.vars(),
+        };
+        for ((_, var), param) in vars.iter().zip(&params) {
+            write_values(var, param.as_slice::<f32>()?)?;
         }
         Ok(())
     }

@@ -197,6 +197,13 @@ pub enum StrategyError {
         /// The front end it was given to.
         given_to: &'static str,
     },
+    /// The strategy averages the optimizer's state (`partial:state`), and
+    /// the optimizer it was given keeps its state private (candle's own).
+    #[error("{strategy} averages the optimizer's state, which this optimizer keeps private")]
+    PrivateState {
+        /// The strategy's printed form.
+        strategy: String,
+    },
     /// A setting is out of its domain.
     #[error("{strategy}: {reason}")]
     OutOfRange {

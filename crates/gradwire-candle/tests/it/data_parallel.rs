@@ -1,0 +1,189 @@
+//! One `DataParallel` in every training loop: the local-step strategies
+//! (partial averaging, with the optimizer's state too, and AdaSum by delta
+//! weight) over candle variables with gradwire's SGD as the candle
+//! optimizer give bitwise what gradwire's `LocalSteps` gives over gradwire
+//! tensors with the same SGD, at W = 1..=4; `partial:state` with an
+//! optimizer whose state is private (candle's) is refused with
+//! `StrategyError::PrivateState`; a checkpoint carries the optimizer's state.
+
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor, Var};
+use candle_nn::SGD;
+use gradwire_candle::{DataParallel, with_values};
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::{
+    DistOptConfig, LocalSteps, ParamSpec, Sgd, SgdConfig, StrategyConfig, StrategyError,
+    TrainingLoop,
+};
+use gradwire_tensor::Tensor as GwTensor;
+
+/// Lengths 1, a prime and a matrix; three buckets.
+const SHAPES: [&[usize]; 3] = [&[1], &[13], &[4, 7]];
+const STEPS: usize = 5;
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 37 + seed * 101) % 97) as f32 / 48.5 - 1.0) * 0.7)
+        .collect()
+}
+
+fn gradient(n: usize, rank: usize, step: usize, k: usize) -> Vec<f32> {
+    values(n, 10 + rank * 17 + step * 3 + k)
+}
+
+fn sgd_config() -> SgdConfig {
+    SgdConfig::default().lr(0.1).momentum(0.9)
+}
+
+fn config(strategy: StrategyConfig) -> DistOptConfig {
+    DistOptConfig {
+        strategy,
+        fusion_threshold: 12,
+        ..DistOptConfig::default()
+    }
+}
+
+fn local_step_strategies() -> [StrategyConfig; 3] {
+    [
+        StrategyConfig::Partial {
+            average_state: false,
+        },
+        StrategyConfig::Partial {
+            average_state: true,
+        },
+        StrategyConfig::DeltaWeight { group: None },
+    ]
+}
+
+fn bits(v: &[Vec<f32>]) -> Vec<u32> {
+    v.iter().flatten().map(|x| x.to_bits()).collect()
+}
+
+/// `STEPS` steps through DataParallel with gradwire's SGD as the candle
+/// optimizer: every variable's values at the end.
+fn through_data_parallel(comm: LocalComm, strategy: StrategyConfig) -> Vec<Vec<f32>> {
+    let rank = comm.rank();
+    let vars: Vec<(String, Var)> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            let n = shape.iter().product();
+            let t = Tensor::from_vec(values(n, k), *shape, &Device::Cpu).unwrap();
+            (format!("p{k}"), Var::from_tensor(&t).unwrap())
+        })
+        .collect();
+    let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
+        vars.clone(),
+        sgd_config(),
+        comm,
+        config(strategy),
+    )
+    .unwrap();
+    assert_eq!(dp.sync().training_loop(), TrainingLoop::LocalSteps);
+    for step in 0..STEPS {
+        let mut grads = GradStore::default();
+        for (k, (_, var)) in vars.iter().enumerate() {
+            let g = gradient(var.elem_count(), rank, step, k);
+            let g = Tensor::from_vec(g, var.shape(), &Device::Cpu).unwrap();
+            grads.insert(var.as_tensor(), g);
+        }
+        dp.step(grads).unwrap();
+    }
+    vars.iter()
+        .map(|(_, v)| with_values(v.as_tensor(), <[f32]>::to_vec).unwrap())
+        .collect()
+}
+
+/// The same steps through gradwire's LocalSteps with gradwire's SGD.
+fn through_local_steps(comm: LocalComm, strategy: StrategyConfig) -> Vec<Vec<f32>> {
+    let rank = comm.rank();
+    let specs: Vec<ParamSpec> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| ParamSpec::new(format!("p{k}"), shape.to_vec()))
+        .collect();
+    let sgd = Sgd::new(sgd_config()).unwrap();
+    let mut dist = LocalSteps::new(sgd, comm, specs.clone(), config(strategy)).unwrap();
+    let mut params: Vec<GwTensor> = specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            GwTensor::from_vec(values(s.shape.iter().product(), k), s.shape.clone()).unwrap()
+        })
+        .collect();
+    for step in 0..STEPS {
+        for (k, s) in specs.iter().enumerate() {
+            let g = GwTensor::from_vec(
+                gradient(s.shape.iter().product(), rank, step, k),
+                s.shape.clone(),
+            );
+            dist.push(&s.name, g.unwrap()).unwrap();
+        }
+        let named = specs.iter().map(|s| s.name.as_str()).zip(params.iter_mut());
+        dist.finish(named).unwrap();
+    }
+    params.iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
+}
+
+#[test]
+fn local_steps_over_candle_variables_are_bitwise_gradwires() {
+    for strategy in local_step_strategies() {
+        for world in 1..=4 {
+            let want = local::run(world, |c| through_local_steps(c, strategy)).unwrap();
+            let got = local::run(world, |c| through_data_parallel(c, strategy)).unwrap();
+            for (rank, (w, g)) in want.iter().zip(&got).enumerate() {
+                assert_eq!(bits(g), bits(w), "{strategy}, W = {world}, rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn averaging_a_private_optimizer_state_is_refused() {
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let var = Var::from_tensor(&Tensor::zeros(3, candle_core::DType::F32, &Device::Cpu).unwrap());
+    let vars = vec![("w".to_string(), var.unwrap())];
+    let state = StrategyConfig::Partial {
+        average_state: true,
+    };
+    let err = DataParallel::<SGD, _>::from_vars(vars, 0.1, comm, config(state)).unwrap_err();
+    // candle carries gradwire's error as its text: the kind's own message.
+    let want = StrategyError::PrivateState {
+        strategy: state.to_string(),
+    }
+    .to_string();
+    assert!(err.to_string().contains(&want), "{err}");
+}
+
+#[test]
+fn a_checkpoint_carries_the_optimizers_state() {
+    let out = local::run(2, |comm| {
+        let var = Var::from_tensor(&Tensor::ones(4, candle_core::DType::F32, &Device::Cpu)?)?;
+        let vars = vec![("w".to_string(), var.clone())];
+        let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
+            vars.clone(),
+            sgd_config(),
+            comm,
+            config(StrategyConfig::Dense),
+        )?;
+        let mut grads = GradStore::default();
+        grads.insert(
+            var.as_tensor(),
+            Tensor::ones(4, candle_core::DType::F32, &Device::Cpu)?,
+        );
+        dp.step(grads)?;
+        let ckpt = dp.checkpoint()?;
+        let state = ckpt
+            .optimizer_state(gradwire_candle::optim::STATE_PREFIX)
+            .map_err(candle_core::Error::wrap)?;
+        Ok::<_, candle_core::Error>(state.map(|s| s.step))
+    })
+    .unwrap();
+    for r in out {
+        assert_eq!(
+            r.unwrap(),
+            Some(1),
+            "the optimizer's step is in the checkpoint"
+        );
+    }
+}
