@@ -1,10 +1,19 @@
-//! smartcore's embedded digits data set (1,797 8x8 images, 10 classes) with
-//! a fixed, seeded train/test split, and the seeded order of every epoch.
+//! The digits data set (UCI's Optical Recognition of Handwritten Digits:
+//! 1,797 8x8 images, 10 classes, the copy scikit-learn and smartcore ship)
+//! embedded as `data/digits.bin`, with a fixed, seeded train/test split,
+//! and the seeded order of every epoch.
 
 /// Pixels per image.
 pub const FEATURES: usize = 64;
 /// Digits 0-9.
 pub const CLASSES: usize = 10;
+
+/// The images in their published order: per image its `FEATURES` pixels
+/// (integers 0 to 16, row-major), then its label, one byte each (made from
+/// smartcore 0.7's `digits.xy`, whose f32 values are those integers).
+const DIGITS: &[u8] = include_bytes!("../data/digits.bin");
+/// Bytes per image in [`DIGITS`]: the pixels and the label.
+const RECORD: usize = FEATURES + 1;
 
 /// The data, split: features scaled to [0, 1].
 #[derive(Debug, Clone)]
@@ -32,8 +41,7 @@ pub(crate) fn xorshift(state: &mut u64) -> u64 {
 impl Digits {
     /// Loads the data set and splits it 80/20 with a shuffle seeded by `seed`.
     pub fn load(seed: u64) -> Digits {
-        let data = smartcore::dataset::digits::load_dataset();
-        let n = data.num_samples;
+        let n = DIGITS.len() / RECORD;
         let mut order: Vec<usize> = (0..n).collect();
         let mut state = seed | 1;
         for i in (1..n).rev() {
@@ -48,10 +56,9 @@ impl Digits {
             test_y: vec![],
         };
         for (k, &i) in order.iter().enumerate() {
-            let x = data.data[i * FEATURES..(i + 1) * FEATURES]
-                .iter()
-                .map(|v| v / 16.0);
-            let y = data.target[i] as usize;
+            let record = &DIGITS[i * RECORD..(i + 1) * RECORD];
+            let x = record[..FEATURES].iter().map(|&v| f32::from(v) / 16.0);
+            let y = usize::from(record[FEATURES]);
             if k < test_len {
                 digits.test_x.extend(x);
                 digits.test_y.push(y);
@@ -93,6 +100,24 @@ mod tests {
         assert_eq!(a.test_y.len(), 359);
         assert!(a.train_x.iter().all(|v| (0.0..=1.0).contains(v)));
         assert_ne!(Digits::load(3).train_y, a.train_y);
+    }
+
+    /// The embedded bytes are the published data set: scikit-learn's
+    /// `load_digits()` has the same first image (a zero) and class counts.
+    #[test]
+    fn the_embedded_images_are_the_published_data_set() {
+        assert_eq!(DIGITS.len(), 1797 * RECORD);
+        assert_eq!(
+            DIGITS[..16],
+            [0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0]
+        );
+        assert_eq!(DIGITS[FEATURES], 0);
+        let mut counts = [0usize; CLASSES];
+        for record in DIGITS.chunks(RECORD) {
+            assert!(record[..FEATURES].iter().all(|&v| v <= 16));
+            counts[usize::from(record[FEATURES])] += 1;
+        }
+        assert_eq!(counts, [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! gradwire's experiment machinery: data-parallel training of candle models
-//! (an MLP, a small convolutional network) on smartcore's digits through
+//! (an MLP, a small convolutional network) on the digits data set through
 //! gradwire-candle, with every gradwire strategy ([`train`](mod@train)),
 //! several strategies side by side with plots ([`compare`]), the fault
 //! matrix ([`faults`]), shaped networks ([`network`]), the cost model's
