@@ -17,15 +17,7 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor as GwTensor;
 
-/// Lengths 1, a prime and a matrix; three buckets.
-const SHAPES: [&[usize]; 3] = [&[1], &[13], &[4, 7]];
-const STEPS: usize = 5;
-
-fn values(n: usize, seed: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| (((i * 37 + seed * 101) % 97) as f32 / 48.5 - 1.0) * 0.7)
-        .collect()
-}
+use crate::support::{SHAPES, STEPS, values};
 
 fn gradient(n: usize, rank: usize, step: usize, k: usize) -> Vec<f32> {
     values(n, 10 + rank * 17 + step * 3 + k)

@@ -4,3 +4,4 @@
 mod data_parallel;
 mod errors;
 mod optim;
+mod support;

@@ -12,15 +12,7 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor as GwTensor;
 
-/// Lengths 1, a prime, and a matrix.
-const SHAPES: [&[usize]; 3] = [&[1], &[13], &[4, 7]];
-const STEPS: usize = 5;
-
-fn values(n: usize, seed: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| (((i * 37 + seed * 101) % 97) as f32 / 48.5 - 1.0) * 0.7)
-        .collect()
-}
+use crate::support::{SHAPES, STEPS, values};
 
 fn vars() -> Vec<(String, Var)> {
     SHAPES
