@@ -104,7 +104,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // (a gradient not pushed is zeros), in memory kept from step to step;
         // a failure here is this rank's fault like the others.
         let mut scratch = std::mem::take(&mut self.dimreduce_scratch);
-        if let Err(e) = self.flatten_into(targets, &mut scratch) {
+        // Flattened only when every parameter is known good (a wrong one
+        // was recorded when the targets were taken).
+        if self.fault.is_none()
+            && let Err(e) = self.flatten_into(targets, &mut scratch)
+        {
             self.record(FaultKind::InvalidArgument, &e);
         }
         // This rank's fault takes the place of the reduce-scatter the others
@@ -218,9 +222,20 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let total: usize = self.lens.iter().sum();
         scratch.w.clear();
         scratch.offsets.clear();
-        for param in targets.iter().flatten() {
+        for (i, param) in targets.iter().enumerate() {
+            // Every parameter, of its declared length: the offsets below
+            // index the flat model by them.
+            let values = match param {
+                Some(param) if param.len() == self.lens[i] => param.as_slice::<f32>()?,
+                _ => {
+                    return Err(OptimError::InvalidArgument(format!(
+                        "parameter {} is not given with its {} declared elements",
+                        self.params[i].name, self.lens[i]
+                    )));
+                }
+            };
             scratch.offsets.push(scratch.w.len());
-            scratch.w.extend_from_slice(param.as_slice::<f32>()?);
+            scratch.w.extend_from_slice(values);
         }
         scratch.g.clear();
         scratch.g.resize(total, 0.0);

@@ -459,6 +459,31 @@ fn misuse_is_an_error_on_every_rank() {
             ),
             "{plain:?}"
         );
+        // A parameter of the wrong element count on rank 2 only (w5, the
+        // first declared, is 3 long; 4 given, which shifts every later
+        // parameter's place in the flat model): an error naming rank 2 on
+        // every rank, no panic, and nothing changes.
+        push_gradient(&mut dist, &w, 0..BATCH)?;
+        let before = values(&w);
+        let mut long = Tensor::from_vec(vec![0f32; BLOCKS[5] + 1], BLOCKS[5] + 1)?;
+        let mut given: Vec<(&str, &mut Tensor)> =
+            names.iter().map(String::as_str).zip(w.iter_mut()).collect();
+        if rank == 2 {
+            given[5].1 = &mut long; // w5
+        }
+        let wrong = dist.finish_dimreduce(given, 1.0, |_| Ok(0.5));
+        assert!(
+            matches!(
+                wrong,
+                Err(OptimError::Fault(Fault {
+                    kind: FaultKind::InvalidArgument,
+                    rank: Some(2),
+                    ..
+                }))
+            ),
+            "{wrong:?}"
+        );
+        assert_eq!(values(&w), before, "a refused step changed the parameters");
         // A loss closure failing on rank 1 only: every rank finishes the
         // step (every trial rejected, instead of hanging), then every rank
         // returns the fault, naming rank 1.
