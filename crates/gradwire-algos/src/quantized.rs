@@ -37,6 +37,7 @@
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
 use crate::handle::Traffic;
+use gradwire_comm::CommError;
 use gradwire_comm::{Communicator, Gathered, chunk_range};
 use gradwire_compress::Quantizer;
 use gradwire_tensor::{DType, Tensor, flat};
@@ -107,6 +108,8 @@ pub struct QuantizedAllReduce {
     reduced: Vec<u8>,
     /// Every rank's quantized average.
     gathered: Gathered<u8>,
+    /// Every rank's length, agreed before the exchanges.
+    lens: Vec<u64>,
     /// As a [`crate::Strategy`]: the state before this step's combination.
     pub(crate) before: crate::strategy::BeforeStep<QuantizedState>,
     /// As a [`crate::Strategy`]: the written parameters' ranges of the
@@ -133,6 +136,7 @@ impl QuantizedAllReduce {
             average: Vec::new(),
             reduced: Vec::new(),
             gathered: Gathered::default(),
+            lens: Vec::new(),
             before: Default::default(),
             written: Vec::new(),
         })
@@ -225,8 +229,17 @@ impl QuantizedAllReduce {
             self.quantize_chunks(tensors, ranges, world, rank, step)
         })?;
         // Carries a failure of this rank's preparation to every rank (the
-        // paired exchanges cannot).
-        comm.barrier()?;
+        // paired exchanges cannot), and agrees on the length: chunks of
+        // other sizes would pair sends and receives that never match.
+        self.lens.clear();
+        self.lens.resize(world, 0);
+        comm.all_gather(&[n as u64], &mut self.lens)?;
+        if self.lens.iter().any(|&len| len != self.lens[0]) {
+            // The same lengths on every rank: the same error everywhere.
+            return Err(AlgoError::Comm(CommError::Mismatch {
+                detail: format!("a quantized all-reduce of {:?} entries by rank", self.lens),
+            }));
+        }
         let q = self.quantizer;
         let own = chunk_range(n, world, rank);
         let own_len = q.encoded_len(own.len());
@@ -290,7 +303,12 @@ impl QuantizedAllReduce {
         let mut end = 0;
         let fits = ranges.len() == tensors.len()
             && ranges.iter().zip(tensors).all(|(r, t)| {
-                let ok = r.start >= end && r.end - r.start == t.len() && r.end <= full_len;
+                // `start <= end` first: a reversed range is refused, not
+                // subtracted.
+                let ok = r.start >= end
+                    && r.start <= r.end
+                    && r.end - r.start == t.len()
+                    && r.end <= full_len;
                 end = r.end;
                 ok
             });

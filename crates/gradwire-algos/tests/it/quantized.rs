@@ -191,6 +191,58 @@ fn a_fault_on_one_rank_ends_the_call_on_every_rank_and_the_next_works() {
     }
 }
 
+/// Ranks whose tensors differ in length (primes, one rank off by one) all
+/// get the same `Mismatch` before any paired exchange, instead of waiting
+/// for partners that never match; the next call of equal lengths works.
+#[test]
+fn lengths_that_differ_are_a_mismatch_on_every_rank() {
+    for world in 2..=5usize {
+        let results = local::run(world, |comm: LocalComm| {
+            let mut q = QuantizedAllReduce::new(Quantizer::MinMaxU8, true)?;
+            let n = if comm.rank() == world - 1 { 102 } else { 101 };
+            let mut ts = [Tensor::from_vec(vector(4, comm.rank(), n), n)?];
+            let first = q.all_reduce(&comm, &mut ts, 0).map(|_| ());
+            let mut ts = [Tensor::from_vec(vector(5, comm.rank(), 13), 13)?];
+            let second = q.all_reduce(&comm, &mut ts, 1).map(|_| flatten(&ts));
+            Ok::<_, AlgoError>((first, second))
+        })
+        .unwrap();
+        let mut outputs = Vec::new();
+        for (r, result) in results.into_iter().enumerate() {
+            let (first, second) = result.unwrap();
+            assert_eq!(
+                first.as_ref().err().map(AlgoError::kind),
+                Some(gradwire_tensor::ErrorKind::Mismatch),
+                "W = {world}, rank {r}: {first:?}"
+            );
+            outputs.push(second.unwrap());
+        }
+        assert!(outputs.iter().all(|o| o == &outputs[0]));
+    }
+}
+
+/// A reversed range in a layout is refused as an invalid argument on every
+/// rank (it underflowed in the length check before).
+#[test]
+fn a_reversed_range_is_refused_alike() {
+    let results = local::run(2, |comm: LocalComm| {
+        let mut q = QuantizedAllReduce::new(Quantizer::MinMaxU8, false)?;
+        let mut ts = [Tensor::from_vec(vec![1.0f32; 4], 4)?];
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = [6..2];
+        Ok::<_, AlgoError>(q.all_reduce_in(&comm, &mut ts, &reversed, 8, 0).map(|_| ()))
+    })
+    .unwrap();
+    for r in results {
+        let err = r.unwrap().unwrap_err();
+        assert_eq!(
+            err.kind(),
+            gradwire_tensor::ErrorKind::InvalidArgument,
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn device_or_half_tensors_are_refused_alike() {
     let results = local::run(2, |comm: LocalComm| {
