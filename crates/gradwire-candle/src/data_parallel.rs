@@ -214,7 +214,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// worker must call it, each step; in another training loop it fails on
     /// every worker alike.
     pub fn reduce(&mut self, mut grads: GradStore) -> candle_core::Result<GradStore> {
-        self.push_all(&grads)?;
+        self.push_all(&grads);
         let vars = &self.vars;
         let mut combined: Vec<(usize, Tensor)> = Vec::new();
         let stats = self.sync.finish_each(|i, values: &[f32]| {
@@ -248,7 +248,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// every worker alike.
     pub fn step(&mut self, grads: GradStore) -> candle_core::Result<StepStats> {
         if self.sync.training_loop() == TrainingLoop::LocalSteps {
-            self.push_all(&grads)?;
+            self.push_all(&grads);
             let mut buffers = OptimizerBuffers {
                 optimizer: &mut self.optimizer,
                 vars: &self.vars,
@@ -309,7 +309,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         loss: f64,
         mut loss_at: impl FnMut() -> candle_core::Result<f64>,
     ) -> candle_core::Result<StepStats> {
-        self.push_all(grads)?;
+        self.push_all(grads);
         let mut vars = VarAccess(&self.vars);
         let stats = self.sync.step_dimreduce(&mut vars, loss, |_| {
             loss_at().map_err(|e| OptimError::InvalidArgument(e.to_string()))
@@ -319,17 +319,19 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     }
 
     /// Hands every gradient of `grads` to GradSync (declaration order). A
-    /// bad gradient is recorded and fails the step on every worker.
-    fn push_all(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+    /// bad gradient, or one that cannot be read, is recorded and fails the
+    /// step on every worker: this worker never leaves the step early.
+    fn push_all(&mut self, grads: &GradStore) {
         for (i, (_, var)) in self.vars.iter().enumerate() {
             let Some(grad) = grads.get(var.as_tensor()) else {
                 continue; // not written on this worker
             };
             let sync = &mut self.sync;
-            // A refused gradient fails the step on every worker.
-            let _ = with_values(grad, |values| sync.push(i, values))?;
+            // A refused gradient is recorded by GradSync itself.
+            if let Err(e) = with_values(grad, |values| sync.push(i, values)) {
+                self.sync.fail_step(&e);
+            }
         }
-        Ok(())
     }
 
     /// What the last step did (traffic, waiting time, skips).

@@ -557,6 +557,16 @@ impl<C: Communicator + 'static> GradSync<C> {
         self.dist.push(&self.specs[i].name, grad)
     }
 
+    /// Fails this step on this rank with `detail`: for a framework's own
+    /// error while it hands over the gradients (a conversion that failed),
+    /// which must not end the step early on this rank alone. The step's
+    /// next collective carries it, and every rank's `finish` (or
+    /// `step_locally`, `step_dimreduce`) returns the fault, kind
+    /// `InvalidArgument`, naming this rank. End the step as usual.
+    pub fn fail_step(&mut self, detail: &dyn std::fmt::Display) {
+        self.dist.record(FaultKind::InvalidArgument, detail);
+    }
+
     /// The declaration index of `param`; an unknown one is an error, and
     /// this step's fault (every rank fails the step).
     fn index_of(&mut self, param: impl ParamRef) -> Result<usize> {

@@ -476,3 +476,47 @@ fn every_layers_error_converts_into_optim_error() {
     assert!(matches!(compress(), Err(OptimError::Distributed(_))));
     assert!(matches!(tensor(), Err(OptimError::Tensor(_))));
 }
+
+/// A framework's own error on one rank (`fail_step`, e.g. a gradient it
+/// could not convert) fails the step on every rank, naming that rank, and
+/// the next step works.
+#[test]
+fn a_failed_hand_over_on_one_rank_fails_the_step_on_every_rank() {
+    for world in 1..=4 {
+        let out = local::run(world, |comm| {
+            let rank = comm.rank();
+            let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense))?;
+            let mut run = |fail: bool| {
+                for (i, spec) in specs().iter().enumerate() {
+                    sync.push(i, &vec![1f32 + rank as f32; len(spec)])?;
+                }
+                if fail && rank == world - 1 {
+                    sync.fail_step(&"the gradient could not be converted");
+                }
+                let mut bufs: Vec<Vec<f32>> = specs().iter().map(|s| vec![0f32; len(s)]).collect();
+                let mut out: Vec<&mut [f32]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+                sync.finish(&mut out).map(|_| bufs)
+            };
+            let failed = run(true).err();
+            let next = run(false)?;
+            Ok::<_, OptimError>((failed, next))
+        })
+        .unwrap();
+        for r in out {
+            let (failed, next) = r.unwrap();
+            assert!(
+                matches!(
+                    failed,
+                    Some(OptimError::Fault(gradwire_comm::Fault {
+                        rank: Some(r),
+                        kind: FaultKind::InvalidArgument,
+                        ..
+                    })) if r == world - 1
+                ),
+                "W = {world}: {failed:?}"
+            );
+            let mean = (1..=world).sum::<usize>() as f32 / world as f32;
+            assert!(next.iter().flatten().all(|&v| v == mean), "W = {world}");
+        }
+    }
+}
