@@ -89,17 +89,11 @@ impl MpiComm {
         }
     }
 
-    /// Receives a notice and keeps the earliest round any peer gave (and,
-    /// for a departure, that its sender left).
+    /// Receives a notice and keeps the earliest round any peer gave.
     pub(super) fn take_notice(&self, probed: sys::Probed) -> Result<()> {
         let mut bytes = vec![0u8; probed.bytes];
         let source = probed.source;
         probed.receive(&mut bytes)?;
-        if is_departure(&bytes, source)
-            && let Some(left) = self.departed.borrow_mut().get_mut(source)
-        {
-            *left = true;
-        }
         let notice = decode_notice(&bytes).unwrap_or_else(|| Notice {
             round: 0,
             error: CommError::PeerLost {
@@ -112,51 +106,6 @@ impl MpiComm {
             *kept = Some(notice);
         }
         Ok(())
-    }
-
-    /// Leaves the communicator: tells every peer (a departure notice:
-    /// their calls from this round on fail at once with `PeerLost` naming
-    /// this rank), then takes the peers' notices until each peer's
-    /// departure has arrived, or [`DEPARTURE_WAIT`] has passed. Returns
-    /// whether every peer has left: only then may the communicator be
-    /// freed, since a departure is its sender's last message here and no
-    /// message may be left for a later communicator that reuses the MPI
-    /// context.
-    pub(super) fn depart(&self) -> bool {
-        let lost = CommError::PeerLost {
-            op: "drop",
-            ranks: vec![self.rank],
-        };
-        if let Some(bytes) = encode_notice(self.rounds.get(), &lost) {
-            let mut outbox = self.outbox.borrow_mut();
-            for peer in (0..self.size).filter(|&q| q != self.rank) {
-                if let Ok(outgoing) = sys::isend(self.comm, bytes.clone(), peer, NOTICE_TAG) {
-                    outbox.push(outgoing);
-                }
-            }
-        }
-        let start = Instant::now();
-        loop {
-            let taken = (|| -> Result<()> {
-                while let Some(probed) = sys::improbe(self.comm, None, Some(NOTICE_TAG))? {
-                    self.take_notice(probed)?;
-                }
-                Ok(())
-            })();
-            let everyone = self
-                .departed
-                .borrow()
-                .iter()
-                .enumerate()
-                .all(|(q, &left)| left || q == self.rank);
-            if everyone {
-                return true;
-            }
-            if taken.is_err() || start.elapsed() >= DEPARTURE_WAIT {
-                return false;
-            }
-            std::thread::sleep(MAX_SLEEP);
-        }
     }
 
     /// Polls `done` until it holds, with the deadline: spins briefly, then
@@ -221,11 +170,6 @@ const MAX_SLEEP: Duration = Duration::from_millis(1);
 /// types' tags, 1 to 9).
 pub(super) const NOTICE_TAG: c_int = 64;
 
-/// How long a dropped communicator waits for its peers' departures before
-/// it is left to MPI unfreed (a rank that returned early: its peers leave
-/// later). Only when to free depends on it, never an outcome.
-const DEPARTURE_WAIT: Duration = Duration::from_millis(200);
-
 /// The operations a notice can name (what `CommError::Timeout::op` holds).
 const NOTICE_OPS: &[&str] = &[
     "all_reduce",
@@ -238,19 +182,10 @@ const NOTICE_OPS: &[&str] = &[
     "split_shared",
     "fault",
     "recv",
-    "drop",
 ];
 
 const NOTICE_TIMEOUT: u64 = 1;
 const NOTICE_FAULT: u64 = 2;
-const NOTICE_PEER_LOST: u64 = 3;
-
-/// Whether `bytes` from `source` is its departure notice.
-fn is_departure(bytes: &[u8], source: usize) -> bool {
-    decode_notice(bytes).is_some_and(|notice| {
-        matches!(notice.error, CommError::PeerLost { op: "drop", ranks } if ranks == [source])
-    })
-}
 
 /// A notice's bytes: little-endian u64 words, the round first, then the
 /// error (only the errors a rank gives up with travel).
@@ -278,13 +213,6 @@ pub(super) fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
             fault.rank? as u64,
             u64::from(fault.kind.code()),
         ],
-        CommError::PeerLost { op, ranks } => {
-            let op = NOTICE_OPS.iter().position(|o| o == op)?;
-            [round, NOTICE_PEER_LOST, op as u64, 0]
-                .into_iter()
-                .chain(ranks.iter().map(|&r| r as u64))
-                .collect()
-        }
         _ => return None,
     };
     Some(words.iter().flat_map(|w| w.to_le_bytes()).collect())
@@ -311,10 +239,6 @@ pub(super) fn decode_notice(bytes: &[u8]) -> Option<Notice> {
             usize::try_from(a).ok()?,
             crate::FaultKind::from_code(u32::try_from(b).ok()?),
         )),
-        NOTICE_PEER_LOST => CommError::PeerLost {
-            op: usize::try_from(a).ok().and_then(|i| NOTICE_OPS.get(i))?,
-            ranks: rest.iter().map(|&r| r as usize).collect(),
-        },
         _ => return None,
     };
     Some(Notice { round, error })
@@ -339,25 +263,12 @@ mod tests {
             },
             CommError::lane_lost(2),
             CommError::Fault(crate::Fault::posted(1, crate::FaultKind::NonFinite)),
-            CommError::PeerLost {
-                op: "drop",
-                ranks: vec![3],
-            },
         ];
         for (round, error) in errors.into_iter().enumerate() {
             let bytes = encode_notice(round as u64, &error).expect("encodes");
             let notice = decode_notice(&bytes).expect("decodes");
             assert_eq!((notice.round, notice.error), (round as u64, error));
         }
-        let departure = CommError::PeerLost {
-            op: "drop",
-            ranks: vec![3],
-        };
-        let bytes = encode_notice(5, &departure).expect("encodes");
-        assert!(is_departure(&bytes, 3));
-        assert!(!is_departure(&bytes, 2), "a departure names its sender");
-        let timeout = encode_notice(5, &CommError::lane_lost(3)).expect("encodes");
-        assert!(!is_departure(&timeout, 3));
         assert!(encode_notice(0, &CommError::WorkerStopped).is_none());
         assert!(decode_notice(&[1, 2, 3]).is_none());
         assert!(decode_notice(&[0; 8 * 4]).is_none());

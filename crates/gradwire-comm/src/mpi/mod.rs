@@ -170,9 +170,6 @@ pub struct MpiComm {
     poison: RefCell<Option<CommError>>,
     /// The earliest round a peer said it will not take part in.
     notice: RefCell<Option<Notice>>,
-    /// Per rank, whether its departure notice arrived (it dropped the
-    /// communicator: nothing more comes from it here).
-    departed: RefCell<Vec<bool>>,
     /// The duplicate that asynchronous jobs run on, until the worker takes
     /// it (`None` for a worker's own communicator: no nested jobs).
     shadow: Cell<Option<Comm>>,
@@ -281,7 +278,6 @@ impl MpiComm {
             rounds: Cell::new(0),
             poison: RefCell::new(None),
             notice: RefCell::new(None),
-            departed: RefCell::new(vec![false; size]),
             shadow: Cell::new(shadow),
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
@@ -647,19 +643,8 @@ impl Communicator for MpiComm {
         let _busy = self.busy();
         self.check_rank(src)?;
         self.enter("recv")?;
-        // What the sender sent before it left (or gave up) is still
-        // received: a first look before the notices.
-        let mut found = sys::improbe(self.comm, Some(src), None)?;
-        if found.is_none()
-            && let Err(err) = self.heed_notices(None)
-        {
-            // One last look, as `poll` takes: the message may have come
-            // after the notice.
-            found = sys::improbe(self.comm, Some(src), None)?;
-            if found.is_none() {
-                return Err(err);
-            }
-        }
+        self.heed_notices(None)?;
+        let mut found = None;
         self.poll("recv", &[src], None, || {
             if found.is_none() {
                 found = sys::improbe(self.comm, Some(src), None)?;
@@ -827,9 +812,6 @@ impl Drop for MpiComm {
         }
         // Queued jobs are collectives the peers also run: let them finish.
         drop(self.worker.take());
-        // A peer still calling (this rank returned early, on an error)
-        // fails at once with `PeerLost` instead of waiting out its deadline.
-        let everyone_left = self.depart();
         for mut outgoing in self.outbox.take() {
             // A send nobody received is left to MPI (its buffer leaked)
             // rather than waited for.
@@ -838,15 +820,9 @@ impl Drop for MpiComm {
             }
         }
         if let Some(shadow) = self.shadow.take() {
-            // No job ever ran on it (the worker takes it): nothing in flight.
             sys::comm_free(shadow);
         }
-        // A peer still to leave will send its departure here: freed now,
-        // the MPI context could go to a later communicator and the notice
-        // with it. Left unfreed instead (MPI reclaims it at finalize).
-        if everyone_left {
-            sys::comm_free(self.comm);
-        }
+        sys::comm_free(self.comm);
         // `env` drops after this body: MPI is finalized after the frees.
     }
 }
