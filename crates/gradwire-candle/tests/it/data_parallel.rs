@@ -17,7 +17,7 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor as GwTensor;
 
-use crate::support::{SHAPES, STEPS, values};
+use crate::support::{SHAPES, STEPS, values, vars};
 
 fn gradient(n: usize, rank: usize, step: usize, k: usize) -> Vec<f32> {
     values(n, 10 + rank * 17 + step * 3 + k)
@@ -55,15 +55,7 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
 /// optimizer: every variable's values at the end.
 fn through_data_parallel(comm: LocalComm, strategy: StrategyConfig) -> Vec<Vec<f32>> {
     let rank = comm.rank();
-    let vars: Vec<(String, Var)> = SHAPES
-        .iter()
-        .enumerate()
-        .map(|(k, shape)| {
-            let n = shape.iter().product();
-            let t = Tensor::from_vec(values(n, k), *shape, &Device::Cpu).unwrap();
-            (format!("p{k}"), Var::from_tensor(&t).unwrap())
-        })
-        .collect();
+    let vars = vars();
     let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
         vars.clone(),
         sgd_config(),

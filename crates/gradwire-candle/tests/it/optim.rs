@@ -12,19 +12,7 @@ use gradwire_optim::{
 };
 use gradwire_tensor::Tensor as GwTensor;
 
-use crate::support::{SHAPES, STEPS, values};
-
-fn vars() -> Vec<(String, Var)> {
-    SHAPES
-        .iter()
-        .enumerate()
-        .map(|(k, shape)| {
-            let n = shape.iter().product();
-            let t = Tensor::from_vec(values(n, k), *shape, &Device::Cpu).unwrap();
-            (format!("p{k}"), Var::from_tensor(&t).unwrap())
-        })
-        .collect()
-}
+use crate::support::{STEPS, values, vars};
 
 /// The gradients of step `step` (one parameter left out every third step).
 fn grads(vars: &[(String, Var)], step: usize) -> GradStore {
