@@ -164,6 +164,11 @@ pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {
 /// worker is a thread.
 pub const MAX_LOCAL_WORLD: usize = 256;
 
+/// The most weights one layer of a run's model may hold (`--hidden`,
+/// `--channels`): 2^26, 256 MiB of f32 per copy, of which every worker
+/// keeps several.
+pub const MAX_LAYER: usize = 1 << 26;
+
 impl TrainConfig {
     /// Whether SGD's momentum is applied by each worker before the exchange
     /// instead of by the optimizer after it: the 1-bit strategy with SGD
@@ -222,6 +227,27 @@ impl TrainConfig {
         }
         if self.channels.is_empty() || self.channels.len() > 3 || self.channels.contains(&0) {
             return bad("--channels takes one to three widths, each at least 1".into());
+        }
+        // The model's largest layer, checked before anything is allocated
+        // (an MLP's widths multiply; a convolution's channels too).
+        let widths = match self.model {
+            ModelKind::Mlp => &self.hidden,
+            ModelKind::Cnn => &self.channels,
+        };
+        let layers = std::iter::once(&crate::data::FEATURES)
+            .chain(widths)
+            .zip(widths.iter().chain(std::iter::once(&crate::data::CLASSES)));
+        if let Some((a, b)) = layers
+            .into_iter()
+            .find(|&(a, b)| a.checked_mul(*b).is_none_or(|n| n > MAX_LAYER))
+        {
+            let flag = match self.model {
+                ModelKind::Mlp => "--hidden",
+                ModelKind::Cnn => "--channels",
+            };
+            return bad(format!(
+                "{flag}: a layer of {a} x {b} weights is more than {MAX_LAYER}"
+            ));
         }
         if let Err(e) = self.strategy.validate() {
             return bad(format!("--strategy: {e}"));

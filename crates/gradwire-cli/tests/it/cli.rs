@@ -307,6 +307,35 @@ fn bad_flags_are_messages_not_panics() {
             "unknown strategy",
         ),
         (&["bench", "allreduce", "--sizes", "4XB"], "unknown unit"),
+        (
+            &["bench", "allreduce", "--secs", "inf"],
+            "--secs must be between",
+        ),
+        (
+            &["bench", "allreduce", "--secs", "NaN"],
+            "--secs must be between",
+        ),
+        (
+            &["bench", "allreduce", "-w", "100000"],
+            "--world sizes must be between",
+        ),
+        (
+            &["bench", "allreduce", "--sizes", "0"],
+            "--sizes must be from 1",
+        ),
+        (
+            &["bench", "compress", "--sizes", "2G"],
+            "--sizes must be from 1",
+        ),
+        (&["faults", "-w", "100000"], "--world must be between"),
+        (
+            &["faults", "--deadline", "0"],
+            "--deadline must be at least",
+        ),
+        (
+            &["train", "--hidden", "100000000,100000000"],
+            "--hidden: a layer of",
+        ),
     ];
     for (args, message) in cases {
         let out = gradwire(args);

@@ -82,6 +82,8 @@ fn copy_secs(device: &CudaDevice, inputs: &[CudaStorage], budget: Budget) -> Res
 
 /// Each codec on `elements` f32 values on device 0, beside the copy.
 pub fn kernels(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
+    budget.check()?;
+    super::check_elements(elements)?;
     for codec in codecs {
         if !KERNEL_CODECS.contains(&codec.as_str()) {
             return Err(ExperimentError::Usage(format!(

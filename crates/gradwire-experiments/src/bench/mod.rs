@@ -34,6 +34,37 @@ pub struct Budget {
     pub min_secs: f64,
 }
 
+/// The longest measurement a budget may ask for, in seconds (`--secs`).
+pub const MAX_BUDGET_SECS: f64 = 3600.0;
+
+/// The most f32 elements a bench buffer may hold (`--sizes`): 4 GiB.
+pub const MAX_ELEMENTS: usize = 1 << 30;
+
+impl Budget {
+    /// Checks the budget: `min_secs` a number of seconds from 0 to
+    /// [`MAX_BUDGET_SECS`] (NaN or infinity would never end a measurement).
+    pub fn check(&self) -> Result<()> {
+        if (0.0..=MAX_BUDGET_SECS).contains(&self.min_secs) {
+            Ok(())
+        } else {
+            Err(ExperimentError::Usage(format!(
+                "--secs must be between 0 and {MAX_BUDGET_SECS}, got {}",
+                self.min_secs
+            )))
+        }
+    }
+}
+
+/// Checks element counts: each from 1 to [`MAX_ELEMENTS`].
+pub(crate) fn check_elements(elements: &[usize]) -> Result<()> {
+    match elements.iter().find(|&&n| n == 0 || n > MAX_ELEMENTS) {
+        Some(n) => Err(ExperimentError::Usage(format!(
+            "--sizes must be from 1 to {MAX_ELEMENTS} elements, got {n}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Default for Budget {
     fn default() -> Self {
         Budget {
@@ -98,6 +129,8 @@ pub(crate) fn time_collective<C: Communicator>(
 
 /// Seconds to copy `bytes` once (single thread, `copy_from_slice`).
 pub fn memcpy_secs(bytes: usize, budget: Budget) -> Result<f64> {
+    budget.check()?;
+    check_elements(&[bytes.div_ceil(4).max(1)])?;
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     median_time(budget, || {
@@ -130,7 +163,14 @@ pub struct AllReduceRow {
 
 /// All-reduce (f32 sum) over LocalComm for each world size and size.
 pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<Vec<AllReduceRow>> {
+    budget.check()?;
     check_sizes(sizes)?;
+    use crate::config::MAX_LOCAL_WORLD;
+    if let Some(w) = worlds.iter().find(|&&w| w == 0 || w > MAX_LOCAL_WORLD) {
+        return Err(ExperimentError::Usage(format!(
+            "--world sizes must be between 1 and {MAX_LOCAL_WORLD}, got {w}"
+        )));
+    }
     // memcpy first, alone: rank threads waiting in a collective would share
     // the cores with it.
     let memcpy: Vec<f64> = sizes
@@ -143,11 +183,6 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
     };
     let mut rows = Vec::new();
     for &world in worlds {
-        if world == 0 {
-            return Err(ExperimentError::Usage(
-                "world sizes must be at least 1".into(),
-            ));
-        }
         let config = LocalConfig::with_timeout(None);
         let per_rank = local::run_with(world, &config, |comm| {
             all_reduce_on(&comm, "local", sizes, budget, memcpy_of)
@@ -169,7 +204,7 @@ fn check_sizes(sizes: &[usize]) -> Result<()> {
         Some(bytes) => Err(ExperimentError::Usage(format!(
             "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
         ))),
-        None => Ok(()),
+        None => check_elements(&sizes.iter().map(|b| b / 4).collect::<Vec<_>>()),
     }
 }
 
@@ -184,6 +219,7 @@ pub fn all_reduce_on<C: Communicator>(
     budget: Budget,
     memcpy: impl Fn(usize) -> Result<f64>,
 ) -> Result<Vec<AllReduceRow>> {
+    budget.check()?;
     check_sizes(sizes)?;
     let world = comm.world_size();
     let mut rows = Vec::new();
@@ -349,6 +385,8 @@ pub(crate) fn gradient(n: usize) -> Vec<f32> {
 /// Each codec on `elements` f32 values (ratio 1 % for the selections; the
 /// threshold keeps about 1 % of this data).
 pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
+    budget.check()?;
+    check_elements(elements)?;
     let mut rows = Vec::new();
     for &n in elements {
         let x = gradient(n);

@@ -7,11 +7,7 @@ use gradwire_comm::Communicator;
 /// Runs every terminal scenario on `world` in-process ranks.
 pub fn run_local_terminal(world: usize, deadline: Duration) -> crate::Result<Vec<TerminalReport>> {
     use gradwire_comm::{LocalConfig, local};
-    if world == 0 {
-        return Err(crate::ExperimentError::Usage(
-            "--world must be at least 1".into(),
-        ));
-    }
+    check_run(world, deadline)?;
     let config = LocalConfig::with_timeout(Some(deadline));
     let _quiet = QuietInjectedPanics::install();
     let mut reports = Vec::new();
@@ -160,11 +156,7 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
 /// deadline of `deadline`) and judges each.
 pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>> {
     use gradwire_comm::{LocalConfig, local};
-    if world == 0 {
-        return Err(crate::ExperimentError::Usage(
-            "--world must be at least 1".into(),
-        ));
-    }
+    check_run(world, deadline)?;
     let config = LocalConfig::with_timeout(Some(deadline));
     let mut reports = Vec::new();
     for (mode, fault, skip) in scenarios() {
@@ -180,4 +172,23 @@ pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>>
         reports.push(Report::judge(mode, fault, skip, &records));
     }
     Ok(reports)
+}
+
+/// The fault matrix's settings, checked: 1 to
+/// [`MAX_LOCAL_WORLD`](crate::config::MAX_LOCAL_WORLD) ranks (threads of
+/// this process), a deadline of at least a second (shorter ones time out
+/// healthy steps and break scenarios that keep the failure model).
+fn check_run(world: usize, deadline: Duration) -> crate::Result<()> {
+    use crate::config::MAX_LOCAL_WORLD;
+    if world == 0 || world > MAX_LOCAL_WORLD {
+        return Err(crate::ExperimentError::Usage(format!(
+            "--world must be between 1 and {MAX_LOCAL_WORLD}, got {world}"
+        )));
+    }
+    if deadline < Duration::from_secs(1) {
+        return Err(crate::ExperimentError::Usage(format!(
+            "--deadline must be at least 1 second, got {deadline:?}"
+        )));
+    }
+    Ok(())
 }
