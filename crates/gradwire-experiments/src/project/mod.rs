@@ -39,6 +39,11 @@ use gradwire_algos::cost::{
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The most workers a projection takes (`--workers`): a million, past any
+/// cluster the cost model was validated for, and within the memory of the
+/// per-worker tables it builds.
+pub const MAX_WORKERS: usize = 1 << 20;
+
 /// `gradwire project`'s flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ProjectArgs {
@@ -187,10 +192,10 @@ impl Settings {
                 m.compute_source = "--compute-ms".into();
             }
         }
-        if args.workers.contains(&0) {
-            return Err(ExperimentError::Usage(
-                "--workers must be at least 1".into(),
-            ));
+        if let Some(w) = args.workers.iter().find(|&&w| w == 0 || w > MAX_WORKERS) {
+            return Err(ExperimentError::Usage(format!(
+                "--workers must be between 1 and {MAX_WORKERS}, got {w}"
+            )));
         }
         let strategies = configs(&TrainConfig::default(), &args.strategies)?
             .iter()
