@@ -336,6 +336,10 @@ fn bad_flags_are_messages_not_panics() {
             &["train", "--hidden", "100000000,100000000"],
             "--hidden: a layer of",
         ),
+        (
+            &["project", "--workers", "2000000"],
+            "--workers must be between",
+        ),
     ];
     for (args, message) in cases {
         let out = gradwire(args);
