@@ -64,5 +64,6 @@ fn configurations_travel_as_json_and_state_round_trips() {
     assert_eq!(other.state().unwrap(), state);
     assert_eq!(other.step_count(), 1);
     let mut adamw = AnyOptimizer::new(AdamW::new(AdamConfig::adamw()).unwrap()).unwrap();
-    assert!(adamw.load_state(&state).is_err());
+    let err = adamw.load_state(&state).unwrap_err();
+    assert!(matches!(err, OptimError::StateMismatch(_)), "{err}");
 }

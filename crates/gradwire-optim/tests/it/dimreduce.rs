@@ -443,7 +443,8 @@ fn misuse_is_an_error_on_every_rank() {
         // Components of the wrong width.
         let narrow = Pca::fit(&[vec![0.0, 1.0], vec![1.0, 0.0], vec![0.5, 0.5]], 1)
             .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-        assert!(dist.start(&narrow, config()).is_err());
+        let err = dist.start(&narrow, config()).unwrap_err();
+        assert!(matches!(err, OptimError::InvalidArgument(_)), "{err}");
         dist.start(&pca, config())?;
         // Plain finish in DimReduce mode (its buckets already travelled).
         push_gradient(&mut dist, &w, 0..BATCH)?;

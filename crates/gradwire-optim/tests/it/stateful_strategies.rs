@@ -13,6 +13,7 @@ use gradwire_compress::Quantizer;
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
     DistOpt, DistOptConfig, GradSync, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig,
+    StrategyError,
 };
 use gradwire_tensor::Tensor;
 
@@ -301,6 +302,10 @@ fn bad_settings_are_refused_at_construction() {
     ];
     for mode in bad {
         let comm = LocalComm::create(1).unwrap().pop().unwrap();
-        assert!(DistOpt::new(sgd(), comm, specs(), config(mode, 400)).is_err());
+        let err = DistOpt::new(sgd(), comm, specs(), config(mode, 400)).unwrap_err();
+        assert!(
+            matches!(err, OptimError::Strategy(StrategyError::OutOfRange { .. })),
+            "{mode:?}: {err}"
+        );
     }
 }
