@@ -64,7 +64,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::distopt::{
     DistOptConfig, Engine, ParamSpec, SharedStrategy, StepStats, Strategy, StrategyConfig,
-    StrategyError, TrainingLoop,
+    TrainingLoop,
 };
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optimizer, StateBuffers};
@@ -233,8 +233,6 @@ pub struct GradSync<C: Communicator + 'static> {
     /// The parameters' values during a [`GradSync::step_locally`] or
     /// [`GradSync::step_dimreduce`] (made on first use, reused).
     values: Vec<Tensor>,
-    /// The configured strategy's training loop.
-    training_loop: TrainingLoop,
 }
 
 impl<C: Communicator + 'static> GradSync<C> {
@@ -251,16 +249,15 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "a Custom strategy is the one you give: GradSync::with_strategy".into(),
             ));
         }
-        let training_loop = config.strategy.training_loop();
         let dist = Engine::build(
-            training_loop,
+            config.strategy.training_loop(),
             Passthrough::default(),
             comm,
             params.clone(),
             config,
             None,
         )?;
-        Ok(Self::around(dist, params, training_loop))
+        Ok(Self::around(dist, params))
     }
 
     /// [`GradSync::new`] in `StrategyConfig::Custom` (or `DeltaWeight`),
@@ -271,23 +268,22 @@ impl<C: Communicator + 'static> GradSync<C> {
         config: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
-        let training_loop = config.strategy.training_loop();
         let dist = Engine::build(
-            training_loop,
+            config.strategy.training_loop(),
             Passthrough::default(),
             comm,
             params.clone(),
             config,
             Some(SharedStrategy::new(strategy)),
         )?;
-        Ok(Self::around(dist, params, training_loop))
+        Ok(Self::around(dist, params))
     }
 
     /// The training loop of the configured strategy: which step ends each
     /// iteration ([`GradSync::finish`], [`GradSync::step_locally`], or
     /// [`GradSync::step_dimreduce`] once DimReduce has started).
     pub fn training_loop(&self) -> TrainingLoop {
-        self.training_loop
+        self.dist.training_loop()
     }
 
     /// A step of `Partial` or `DeltaWeight` with the caller's own local
@@ -381,20 +377,12 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// does not cover the parameters, or a call in the middle of a step is
     /// an error and changes nothing.
     pub fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
-        if self.training_loop != TrainingLoop::DimReduce {
-            return Err(StrategyError::WrongLoop {
-                strategy: StrategyConfig::DimReduce.to_string(),
-                runs_on: TrainingLoop::DimReduce.front_end(),
-                given_to: self.training_loop.front_end(),
-            }
-            .into());
-        }
         self.dist.start_dimreduce(pca, config)
     }
 
     /// Whether [`GradSync::start_dimreduce`] ended DimReduce's first stage.
     pub fn dimreduce_started(&self) -> bool {
-        self.dist.strategy() == StrategyConfig::DimReduce
+        self.dist.dimreduce_started()
     }
 
     /// One DimReduce step ([`crate::DimReduceOpt::finish_dimreduce`]) on
@@ -478,14 +466,9 @@ impl<C: Communicator + 'static> GradSync<C> {
         written
     }
 
-    fn around(
-        dist: Engine<Passthrough, C>,
-        specs: Vec<ParamSpec>,
-        training_loop: TrainingLoop,
-    ) -> Self {
+    fn around(dist: Engine<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
         let pool = specs.iter().map(|_| None).collect();
         GradSync {
-            training_loop,
             dist,
             specs,
             pool,
@@ -588,7 +571,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// a u64; each push then scales its gradient in place after the copy).
     /// Not for `Custom` (AdaSum is not an average).
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
-        if self.training_loop == TrainingLoop::LocalSteps {
+        if self.training_loop() == TrainingLoop::LocalSteps {
             return Err(OptimError::InvalidArgument(
                 "the local-step modes send parameters, not gradients: sample weights do not apply"
                     .into(),

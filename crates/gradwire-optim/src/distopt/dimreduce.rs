@@ -3,7 +3,7 @@
 //! line search through the caller's loss closure).
 
 use super::local_step::recycle;
-use super::{Engine, StepStats, StrategyConfig};
+use super::{Engine, StepStats, StrategyConfig, StrategyError, TrainingLoop};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::dimreduce::{DimReduce, DimReduceConfig, Pca};
@@ -18,6 +18,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// declared parameters flattened in declaration order. Call between
     /// steps; the optimizer's state is kept, unused, in the checkpoints.
     pub(crate) fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+        if self.training_loop != TrainingLoop::DimReduce {
+            return Err(StrategyError::WrongLoop {
+                strategy: StrategyConfig::DimReduce.to_string(),
+                runs_on: TrainingLoop::DimReduce.front_end(),
+                given_to: self.training_loop.front_end(),
+            }
+            .into());
+        }
         let total: usize = self.lens.iter().sum();
         if pca.components.ncols() != total {
             return Err(OptimError::InvalidArgument(format!(
@@ -104,11 +112,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // (a gradient not pushed is zeros), in memory kept from step to step;
         // a failure here is this rank's fault like the others.
         let mut scratch = std::mem::take(&mut self.dimreduce_scratch);
-        // Flattened only when every parameter is known good (a wrong one
-        // was recorded when the targets were taken).
-        if self.fault.is_none()
-            && let Err(e) = self.flatten_into(targets, &mut scratch)
-        {
+        if let Err(e) = self.flatten_into(targets, &mut scratch) {
             self.record(FaultKind::InvalidArgument, &e);
         }
         // This rank's fault takes the place of the reduce-scatter the others

@@ -341,7 +341,7 @@ impl<O: Optimizer, C: Communicator + 'static> DimReduceOpt<O, C> {
 
     /// Whether [`DimReduceOpt::start`] ended the first stage.
     pub fn started(&self) -> bool {
-        self.engine.strategy() == StrategyConfig::DimReduce
+        self.engine.dimreduce_started()
     }
 
     /// One DimReduce step on `params` (every declared parameter, f32 on the

@@ -113,6 +113,10 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     optimizer: O,
     comm: C,
     config: DistOptConfig,
+    /// The training loop the engine was built for (its configured
+    /// strategy's: `config.strategy` holds DimReduce's first stage until
+    /// DimReduce starts).
+    training_loop: TrainingLoop,
     params: Vec<ParamSpec>,
     /// Element counts of `params` (checked at construction).
     lens: Vec<usize>,
@@ -231,6 +235,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             optimizer,
             comm,
             config,
+            training_loop: front,
             params,
             lens,
             index,
@@ -307,6 +312,16 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// dropped: take a [`Engine::checkpoint`] first to keep them).
     pub(crate) fn into_comm(self) -> C {
         self.comm
+    }
+
+    /// The training loop the engine runs.
+    pub(crate) fn training_loop(&self) -> TrainingLoop {
+        self.training_loop
+    }
+
+    /// Whether DimReduce's first stage is over ([`Engine::start_dimreduce`]).
+    pub(crate) fn dimreduce_started(&self) -> bool {
+        self.config.strategy == StrategyConfig::DimReduce
     }
 
     /// The current strategy ([`StrategyConfig::DimReduce`] after
