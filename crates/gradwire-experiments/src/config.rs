@@ -164,6 +164,17 @@ pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {
 /// worker is a thread.
 pub const MAX_LOCAL_WORLD: usize = 256;
 
+/// An error unless `world` ranks fit this process: 1 to
+/// [`MAX_LOCAL_WORLD`] (`flag` names the flag that set it).
+pub fn check_local_world(flag: &str, world: usize) -> Result<()> {
+    if world == 0 || world > MAX_LOCAL_WORLD {
+        return Err(ExperimentError::Usage(format!(
+            "{flag} must be between 1 and {MAX_LOCAL_WORLD}, got {world}"
+        )));
+    }
+    Ok(())
+}
+
 /// The most weights one layer of a run's model may hold (`--hidden`,
 /// `--channels`): 2^26, 256 MiB of f32 per copy, of which every worker
 /// keeps several.
@@ -210,12 +221,7 @@ impl TrainConfig {
     /// Checks every value; the message names the flag.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ExperimentError::Usage(m));
-        if self.world == 0 || self.world > MAX_LOCAL_WORLD {
-            return bad(format!(
-                "--world must be between 1 and {MAX_LOCAL_WORLD}, got {}",
-                self.world
-            ));
-        }
+        check_local_world("--world", self.world)?;
         if self.epochs == 0 {
             return bad("--epochs must be at least 1".into());
         }
@@ -228,25 +234,14 @@ impl TrainConfig {
         if self.channels.is_empty() || self.channels.len() > 3 || self.channels.contains(&0) {
             return bad("--channels takes one to three widths, each at least 1".into());
         }
-        // The model's largest layer, checked before anything is allocated
-        // (an MLP's widths multiply; a convolution's channels too).
-        let widths = match self.model {
-            ModelKind::Mlp => &self.hidden,
-            ModelKind::Cnn => &self.channels,
-        };
-        let layers = std::iter::once(&crate::data::FEATURES)
-            .chain(widths)
-            .zip(widths.iter().chain(std::iter::once(&crate::data::CLASSES)));
-        if let Some((a, b)) = layers
-            .into_iter()
-            .find(|&(a, b)| a.checked_mul(*b).is_none_or(|n| n > MAX_LAYER))
-        {
+        let layers = crate::model::Model::layer_weights(self.model, &self.hidden, &self.channels);
+        if layers.is_none_or(|layers| layers.iter().any(|&n| n > MAX_LAYER)) {
             let flag = match self.model {
                 ModelKind::Mlp => "--hidden",
                 ModelKind::Cnn => "--channels",
             };
             return bad(format!(
-                "{flag}: a layer of {a} x {b} weights is more than {MAX_LAYER}"
+                "{flag}: a layer would hold more than {MAX_LAYER} weights"
             ));
         }
         if let Err(e) = self.strategy.validate() {

@@ -72,6 +72,41 @@ impl Model {
         Model::seeded(Layers::Mlp(layers), &varmap, seed)
     }
 
+    /// The weights of each layer of the model `kind` with these widths,
+    /// in the order [`Model::mlp`] and [`Model::cnn`] build them (an MLP's
+    /// `FEATURES x h0`, ..., `h_last x CLASSES`; a CNN's 3x3 convolutions
+    /// and its final linear layer); `None` if one does not fit a `usize`.
+    /// Computed without building anything, so a size can be refused
+    /// before memory is allocated.
+    pub fn layer_weights(
+        kind: ModelKind,
+        hidden: &[usize],
+        channels: &[usize],
+    ) -> Option<Vec<usize>> {
+        let chained = |first: usize, widths: &[usize], each: usize| {
+            std::iter::once(first)
+                .chain(widths.iter().copied())
+                .zip(widths.iter().copied())
+                .map(|(a, b)| a.checked_mul(b)?.checked_mul(each))
+                .collect::<Option<Vec<usize>>>()
+        };
+        match kind {
+            ModelKind::Mlp => {
+                let last = hidden.last().copied().unwrap_or(FEATURES);
+                let mut layers = chained(FEATURES, hidden, 1)?;
+                layers.push(last.checked_mul(CLASSES)?);
+                Some(layers)
+            }
+            ModelKind::Cnn => {
+                let mut layers = chained(1, channels, 9)?;
+                let side = SIDE >> channels.len().min(3);
+                let last = channels.last().copied().unwrap_or(1);
+                layers.push(last.checked_mul(side * side)?.checked_mul(CLASSES)?);
+                Some(layers)
+            }
+        }
+    }
+
     /// A convolutional network: for each of `channels`, a 3x3 convolution
     /// (padding 1), ReLU and 2x2 max-pooling (`conv1`, `conv2`, ...); then
     /// a linear layer `fc` to the classes. At most three convolutions (the
@@ -260,6 +295,44 @@ impl Model {
 mod tests {
     use super::*;
     use crate::data::Digits;
+
+    /// `layer_weights` names the weights of the layers the models build
+    /// (their non-bias variables, in build order), for both kinds, one to
+    /// three widths, primes among them; and `None` past `usize`.
+    #[test]
+    fn layer_weights_are_the_built_models_weights() {
+        for (kind, widths) in [
+            (ModelKind::Mlp, vec![7]),
+            (ModelKind::Mlp, vec![13, 5, 3]),
+            (ModelKind::Cnn, vec![2]),
+            (ModelKind::Cnn, vec![3, 5, 7]),
+        ] {
+            let model = Model::new(kind, &widths, &widths, 1).unwrap();
+            let mut built: Vec<(String, usize)> = model
+                .vars()
+                .iter()
+                .filter(|(name, _)| !name.ends_with(".bias"))
+                .map(|(name, var)| (name.clone(), var.elem_count()))
+                .collect();
+            // Build order: conv1.., fc last; layer0.., output last.
+            built.sort_by_key(|(name, _)| {
+                (
+                    name.starts_with("fc") || name.starts_with("out"),
+                    name.clone(),
+                )
+            });
+            let built: Vec<usize> = built.into_iter().map(|(_, n)| n).collect();
+            assert_eq!(
+                Model::layer_weights(kind, &widths, &widths),
+                Some(built),
+                "{kind:?} {widths:?}"
+            );
+        }
+        assert_eq!(
+            Model::layer_weights(ModelKind::Mlp, &[usize::MAX], &[]),
+            None
+        );
+    }
 
     /// Central differences in f64 of the loss along a few coordinates of
     /// every parameter, against candle's gradients, for both models. The

@@ -317,7 +317,7 @@ fn bad_flags_are_messages_not_panics() {
         ),
         (
             &["bench", "allreduce", "-w", "100000"],
-            "--world sizes must be between",
+            "--world must be between",
         ),
         (
             &["bench", "allreduce", "--sizes", "0"],
@@ -334,7 +334,7 @@ fn bad_flags_are_messages_not_panics() {
         ),
         (
             &["train", "--hidden", "100000000,100000000"],
-            "--hidden: a layer of",
+            "--hidden: a layer would hold",
         ),
         (
             &["project", "--workers", "2000000"],

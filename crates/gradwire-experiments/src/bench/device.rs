@@ -83,7 +83,7 @@ fn copy_secs(device: &CudaDevice, inputs: &[CudaStorage], budget: Budget) -> Res
 /// Each codec on `elements` f32 values on device 0, beside the copy.
 pub fn kernels(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
     budget.check()?;
-    super::check_elements(elements)?;
+    super::check_elements(elements.iter().copied())?;
     for codec in codecs {
         if !KERNEL_CODECS.contains(&codec.as_str()) {
             return Err(ExperimentError::Usage(format!(

@@ -56,8 +56,8 @@ impl Budget {
 }
 
 /// Checks element counts: each from 1 to [`MAX_ELEMENTS`].
-pub(crate) fn check_elements(elements: &[usize]) -> Result<()> {
-    match elements.iter().find(|&&n| n == 0 || n > MAX_ELEMENTS) {
+pub(crate) fn check_elements(elements: impl IntoIterator<Item = usize>) -> Result<()> {
+    match elements.into_iter().find(|&n| n == 0 || n > MAX_ELEMENTS) {
         Some(n) => Err(ExperimentError::Usage(format!(
             "--sizes must be from 1 to {MAX_ELEMENTS} elements, got {n}"
         ))),
@@ -130,7 +130,7 @@ pub(crate) fn time_collective<C: Communicator>(
 /// Seconds to copy `bytes` once (single thread, `copy_from_slice`).
 pub fn memcpy_secs(bytes: usize, budget: Budget) -> Result<f64> {
     budget.check()?;
-    check_elements(&[bytes.div_ceil(4).max(1)])?;
+    check_elements([bytes.div_ceil(4).max(1)])?;
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     median_time(budget, || {
@@ -165,11 +165,8 @@ pub struct AllReduceRow {
 pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<Vec<AllReduceRow>> {
     budget.check()?;
     check_sizes(sizes)?;
-    use crate::config::MAX_LOCAL_WORLD;
-    if let Some(w) = worlds.iter().find(|&&w| w == 0 || w > MAX_LOCAL_WORLD) {
-        return Err(ExperimentError::Usage(format!(
-            "--world sizes must be between 1 and {MAX_LOCAL_WORLD}, got {w}"
-        )));
+    for &world in worlds {
+        crate::config::check_local_world("--world", world)?;
     }
     // memcpy first, alone: rank threads waiting in a collective would share
     // the cores with it.
@@ -204,7 +201,7 @@ fn check_sizes(sizes: &[usize]) -> Result<()> {
         Some(bytes) => Err(ExperimentError::Usage(format!(
             "all-reduce sizes are f32 buffers: {bytes} bytes is not a multiple of 4"
         ))),
-        None => check_elements(&sizes.iter().map(|b| b / 4).collect::<Vec<_>>()),
+        None => check_elements(sizes.iter().map(|b| b / 4)),
     }
 }
 
@@ -386,7 +383,7 @@ pub(crate) fn gradient(n: usize) -> Vec<f32> {
 /// threshold keeps about 1 % of this data).
 pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result<Vec<CompressRow>> {
     budget.check()?;
-    check_elements(elements)?;
+    check_elements(elements.iter().copied())?;
     let mut rows = Vec::new();
     for &n in elements {
         let x = gradient(n);

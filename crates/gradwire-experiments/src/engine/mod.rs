@@ -96,6 +96,14 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         }
     }
 
+    /// The variables, in declaration order.
+    fn vars(&self) -> &[(String, candle_core::Var)] {
+        match self {
+            Engine::Strategy(dp) => dp.vars(),
+            Engine::Library(library) => library.optimizer.vars(),
+        }
+    }
+
     /// The parameters as gradwire tensors, in declaration order (a
     /// trajectory snapshot; a checkpoint).
     pub(crate) fn parameters(&self, model: &Model) -> Result<Vec<Tensor>> {
@@ -127,20 +135,12 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
     /// Restores a [`Engine::checkpoint`], the variables included.
     pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         // Everything read before anything changes.
-        let vars = match self {
-            Engine::Strategy(dp) => dp.vars(),
-            Engine::Library(library) => library.optimizer.vars(),
-        };
-        let params = parameters_in(ckpt, vars)?;
+        let params = parameters_in(ckpt, self.vars())?;
         match self {
             Engine::Strategy(dp) => dp.restore(ckpt)?,
             Engine::Library(library) => library.optimizer.restore_from(ckpt)?,
         }
-        let vars = match self {
-            Engine::Strategy(dp) => dp.vars(),
-            Engine::Library(library) => library.optimizer.vars(),
-        };
-        for ((_, var), param) in vars.iter().zip(&params) {
+        for ((_, var), param) in self.vars().iter().zip(&params) {
             write_values(var, param.as_slice::<f32>()?)?;
         }
         Ok(())

@@ -179,12 +179,7 @@ pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>>
 /// this process), a deadline of at least a second (shorter ones time out
 /// healthy steps and break scenarios that keep the failure model).
 fn check_run(world: usize, deadline: Duration) -> crate::Result<()> {
-    use crate::config::MAX_LOCAL_WORLD;
-    if world == 0 || world > MAX_LOCAL_WORLD {
-        return Err(crate::ExperimentError::Usage(format!(
-            "--world must be between 1 and {MAX_LOCAL_WORLD}, got {world}"
-        )));
-    }
+    crate::config::check_local_world("--world", world)?;
     if deadline < Duration::from_secs(1) {
         return Err(crate::ExperimentError::Usage(format!(
             "--deadline must be at least 1 second, got {deadline:?}"
