@@ -6,29 +6,21 @@
 //! or Adam from a flag and still hand one type to `DistOpt`.
 
 use crate::error::{OptimError, Result};
-use crate::optimizer::Optimizer;
+use crate::optimizer::{Optimizer, StateBuffers};
 use crate::state::{OptimizerState, ParamState};
 use gradwire_tensor::Tensor;
 use serde_json::Value;
 use std::fmt::Debug;
 
-/// The object-safe face of an [`Optimizer`].
-trait Erased: Send + Debug {
+/// The object-safe face of an [`Optimizer`] (its buffers are
+/// [`StateBuffers`], object-safe already).
+trait Erased: StateBuffers + Send + Debug {
     fn kind(&self) -> &'static str;
     fn register_json(&mut self, name: &str, config: &Value) -> Result<()>;
     fn update(&mut self, name: &str, param: &mut Tensor, grad: &Tensor) -> Result<()>;
     fn step(&mut self);
     fn step_count(&self) -> u64;
     fn param_state(&self, name: &str) -> Option<&ParamState>;
-    fn buffer_names(&self) -> &'static [&'static str];
-    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>>;
-    fn set_buffer(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        buffer: &str,
-        values: Vec<f32>,
-    ) -> Result<()>;
     fn state(&self) -> Result<OptimizerState>;
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
 }
@@ -57,21 +49,6 @@ impl<O: Optimizer + Debug + 'static> Erased for O {
     }
     fn param_state(&self, name: &str) -> Option<&ParamState> {
         Optimizer::param_state(self, name)
-    }
-    fn buffer_names(&self) -> &'static [&'static str] {
-        Optimizer::buffer_names(self)
-    }
-    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
-        Optimizer::buffer_values(self, name, buffer)
-    }
-    fn set_buffer(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        buffer: &str,
-        values: Vec<f32>,
-    ) -> Result<()> {
-        Optimizer::set_buffer(self, name, shape, buffer, values)
     }
     fn state(&self) -> Result<OptimizerState> {
         Optimizer::state(self)
@@ -150,6 +127,16 @@ impl Optimizer for AnyOptimizer {
         self.inner.param_state(name)
     }
 
+    fn state(&self) -> Result<OptimizerState> {
+        self.inner.state()
+    }
+
+    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
+        self.inner.load_state(state)
+    }
+}
+
+impl StateBuffers for AnyOptimizer {
     fn buffer_names(&self) -> &'static [&'static str] {
         self.inner.buffer_names()
     }
@@ -166,13 +153,5 @@ impl Optimizer for AnyOptimizer {
         values: Vec<f32>,
     ) -> Result<()> {
         self.inner.set_buffer(name, shape, buffer, values)
-    }
-
-    fn state(&self) -> Result<OptimizerState> {
-        self.inner.state()
-    }
-
-    fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
-        self.inner.load_state(state)
     }
 }

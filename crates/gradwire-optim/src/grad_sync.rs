@@ -166,14 +166,6 @@ impl Optimizer for Passthrough {
     fn param_state(&self, _: &str) -> Option<&ParamState> {
         None
     }
-    fn buffer_names(&self) -> &'static [&'static str] {
-        &[]
-    }
-    fn set_buffer(&mut self, name: &str, _: &[usize], buffer: &str, _: Vec<f32>) -> Result<()> {
-        Err(OptimError::StateMismatch(format!(
-            "{name}: GradSync keeps no buffer {buffer}"
-        )))
-    }
     fn state(&self) -> Result<OptimizerState> {
         Ok(OptimizerState {
             kind: "gradsync".into(),
@@ -192,6 +184,20 @@ impl Optimizer for Passthrough {
         }
         self.step = state.step;
         Ok(())
+    }
+}
+
+impl StateBuffers for Passthrough {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn buffer_values(&self, _: &str, _: &str) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
+    fn set_buffer(&mut self, name: &str, _: &[usize], buffer: &str, _: Vec<f32>) -> Result<()> {
+        Err(OptimError::StateMismatch(format!(
+            "{name}: GradSync keeps no buffer {buffer}"
+        )))
     }
 }
 

@@ -33,8 +33,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
-/// An optimizer: updates named parameters from their gradients.
-pub trait Optimizer: Send {
+/// An optimizer: updates named parameters from their gradients; its
+/// per-parameter buffers are read and replaced through [`StateBuffers`].
+pub trait Optimizer: StateBuffers + Send {
     /// The hyper-parameters (each a [`crate::Schedule`] where it makes sense).
     type Config: Clone + Debug + PartialEq + Serialize + DeserializeOwned + Send + Sync;
 
@@ -64,30 +65,6 @@ pub trait Optimizer: Send {
     /// `buffers` map is empty); [`Optimizer::state`] copies them out.
     fn param_state(&self, name: &str) -> Option<&ParamState>;
 
-    /// The names of the per-parameter buffers this optimizer keeps.
-    fn buffer_names(&self) -> &'static [&'static str];
-
-    /// A copy of buffer `buffer` of parameter `name`, wherever it lives (host
-    /// or device); `None` if the parameter has no state yet. The default
-    /// reads [`Optimizer::param_state`], which holds host buffers only: an
-    /// optimizer that keeps buffers on a device overrides it.
-    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
-        Ok(self
-            .param_state(name)
-            .and_then(|s| s.buffers.get(buffer).cloned()))
-    }
-
-    /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
-    /// `values`, creating the parameter's state if it has none (DistOpt's
-    /// partial mode averages optimizer state across ranks this way).
-    fn set_buffer(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        buffer: &str,
-        values: Vec<f32>,
-    ) -> Result<()>;
-
     /// The whole state, for a checkpoint.
     fn state(&self) -> Result<OptimizerState>;
 
@@ -98,19 +75,20 @@ pub trait Optimizer: Send {
 
 /// An optimizer's per-parameter buffers, read and replaced by name: what
 /// partial averaging with its state (`partial:state`) averages across
-/// ranks. Every [`Optimizer`] is one; the trait is object-safe, so a
+/// ranks. Every [`Optimizer`] has them; the trait is object-safe, so a
 /// framework's optimizer that keeps gradwire's buffers (gradwire-candle's)
 /// hands itself to [`crate::GradSync::step_locally_with_state`].
 pub trait StateBuffers {
-    /// The names of the per-parameter buffers ([`Optimizer::buffer_names`]).
+    /// The names of the per-parameter buffers this optimizer keeps.
     fn buffer_names(&self) -> &'static [&'static str];
 
-    /// A copy of buffer `buffer` of parameter `name`; `None` if the
-    /// parameter has no state yet ([`Optimizer::buffer_values`]).
+    /// A copy of buffer `buffer` of parameter `name`, wherever it lives
+    /// (host or device); `None` if the parameter has no state yet.
     fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>>;
 
     /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
-    /// `values` ([`Optimizer::set_buffer`]).
+    /// `values`, creating the parameter's state if it has none (partial
+    /// averaging of the state averages it across ranks this way).
     fn set_buffer(
         &mut self,
         name: &str,
@@ -118,26 +96,6 @@ pub trait StateBuffers {
         buffer: &str,
         values: Vec<f32>,
     ) -> Result<()>;
-}
-
-impl<O: Optimizer> StateBuffers for O {
-    fn buffer_names(&self) -> &'static [&'static str] {
-        Optimizer::buffer_names(self)
-    }
-
-    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
-        Optimizer::buffer_values(self, name, buffer)
-    }
-
-    fn set_buffer(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        buffer: &str,
-        values: Vec<f32>,
-    ) -> Result<()> {
-        Optimizer::set_buffer(self, name, shape, buffer, values)
-    }
 }
 
 /// The part of an optimizer that differs from one to the next.
@@ -473,65 +431,6 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         self.params.get(name)
     }
 
-    fn buffer_names(&self) -> &'static [&'static str] {
-        R::BUFFERS
-    }
-
-    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
-        #[cfg(feature = "cuda")]
-        if let Some(device) = self.device_buffers.get(name)
-            && let Some(index) = R::BUFFERS.iter().position(|&b| b == buffer)
-            && let Some(storage) = device.get(index)
-        {
-            return Ok(Some(storage.read_f32(0..storage.len())?));
-        }
-        Ok(self
-            .params
-            .get(name)
-            .and_then(|s| s.buffers.get(buffer).cloned()))
-    }
-
-    fn set_buffer(
-        &mut self,
-        name: &str,
-        shape: &[usize],
-        buffer: &str,
-        values: Vec<f32>,
-    ) -> Result<()> {
-        let n: usize = shape.iter().product();
-        if !R::BUFFERS.contains(&buffer) || values.len() != n {
-            return Err(OptimError::StateMismatch(format!(
-                "{name}: a {} optimizer has no buffer {buffer} of {} elements",
-                R::KIND,
-                values.len()
-            )));
-        }
-        let state = state_entry(&mut self.params, name, shape)?;
-        #[cfg(feature = "cuda")]
-        if let Some(device) = self.device_buffers.get_mut(name)
-            && !device.is_empty()
-        {
-            // The buffers live on the device: overwrite that one there (its
-            // name and length were checked above).
-            let slot = R::BUFFERS
-                .iter()
-                .position(|&b| b == buffer)
-                .and_then(|index| device.get_mut(index));
-            if let Some(slot) = slot {
-                slot.write_f32(0, &values)?;
-            }
-            return Ok(());
-        }
-        // Buffers exist all together or not at all.
-        if state.buffers.is_empty() {
-            for &b in R::BUFFERS {
-                state.buffers.insert(b.to_string(), vec![0.0; n]);
-            }
-        }
-        state.buffers.insert(buffer.to_string(), values);
-        Ok(())
-    }
-
     fn state(&self) -> Result<OptimizerState> {
         #[allow(unused_mut)]
         let mut params = self.params.clone();
@@ -596,6 +495,67 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         self.step = state.step;
         #[cfg(feature = "cuda")]
         self.device_buffers.clear();
+        Ok(())
+    }
+}
+
+impl<R: UpdateRule> StateBuffers for Optim<R> {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        R::BUFFERS
+    }
+
+    fn buffer_values(&self, name: &str, buffer: &str) -> Result<Option<Vec<f32>>> {
+        #[cfg(feature = "cuda")]
+        if let Some(device) = self.device_buffers.get(name)
+            && let Some(index) = R::BUFFERS.iter().position(|&b| b == buffer)
+            && let Some(storage) = device.get(index)
+        {
+            return Ok(Some(storage.read_f32(0..storage.len())?));
+        }
+        Ok(self
+            .params
+            .get(name)
+            .and_then(|s| s.buffers.get(buffer).cloned()))
+    }
+
+    fn set_buffer(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        buffer: &str,
+        values: Vec<f32>,
+    ) -> Result<()> {
+        let n: usize = shape.iter().product();
+        if !R::BUFFERS.contains(&buffer) || values.len() != n {
+            return Err(OptimError::StateMismatch(format!(
+                "{name}: a {} optimizer has no buffer {buffer} of {} elements",
+                R::KIND,
+                values.len()
+            )));
+        }
+        let state = state_entry(&mut self.params, name, shape)?;
+        #[cfg(feature = "cuda")]
+        if let Some(device) = self.device_buffers.get_mut(name)
+            && !device.is_empty()
+        {
+            // The buffers live on the device: overwrite that one there (its
+            // name and length were checked above).
+            let slot = R::BUFFERS
+                .iter()
+                .position(|&b| b == buffer)
+                .and_then(|index| device.get_mut(index));
+            if let Some(slot) = slot {
+                slot.write_f32(0, &values)?;
+            }
+            return Ok(());
+        }
+        // Buffers exist all together or not at all.
+        if state.buffers.is_empty() {
+            for &b in R::BUFFERS {
+                state.buffers.insert(b.to_string(), vec![0.0; n]);
+            }
+        }
+        state.buffers.insert(buffer.to_string(), values);
         Ok(())
     }
 }

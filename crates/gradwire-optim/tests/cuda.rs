@@ -11,6 +11,7 @@
 
 #![cfg(feature = "cuda")]
 
+use gradwire_optim::StateBuffers as _;
 use gradwire_optim::{
     AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, Optimizer, RmsProp, RmsPropConfig, Schedule,
     Sgd, SgdConfig,

@@ -58,8 +58,21 @@ impl Optimizer for FaultyOptimizer {
     fn param_state(&self, name: &str) -> Option<&ParamState> {
         self.inner.param_state(name)
     }
+    fn state(&self) -> gradwire_optim::Result<OptimizerState> {
+        self.inner.state()
+    }
+    fn load_state(&mut self, state: &OptimizerState) -> gradwire_optim::Result<()> {
+        self.inner.load_state(state)
+    }
+}
+
+// Every buffer call goes to the wrapped SGD (device buffers included).
+impl gradwire_optim::StateBuffers for FaultyOptimizer {
     fn buffer_names(&self) -> &'static [&'static str] {
         self.inner.buffer_names()
+    }
+    fn buffer_values(&self, name: &str, buffer: &str) -> gradwire_optim::Result<Option<Vec<f32>>> {
+        self.inner.buffer_values(name, buffer)
     }
     fn set_buffer(
         &mut self,
@@ -69,12 +82,6 @@ impl Optimizer for FaultyOptimizer {
         values: Vec<f32>,
     ) -> gradwire_optim::Result<()> {
         self.inner.set_buffer(name, shape, buffer, values)
-    }
-    fn state(&self) -> gradwire_optim::Result<OptimizerState> {
-        self.inner.state()
-    }
-    fn load_state(&mut self, state: &OptimizerState) -> gradwire_optim::Result<()> {
-        self.inner.load_state(state)
     }
 }
 

@@ -94,7 +94,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// (a rank without state for one contributes zeros and gains the
     /// average): `state`'s buffers, or the engine's optimizer's when
     /// `None`. Buffers on a device are read from there
-    /// ([`Optimizer::buffer_values`]), so the average is of the real state.
+    /// ([`StateBuffers::buffer_values`]), so the average is of the real state.
     fn average_buffers(
         &mut self,
         b: usize,

@@ -2,6 +2,7 @@
 //! (in DistOpt too), the same state, its configuration as JSON.
 
 use gradwire_comm::{Communicator, local};
+use gradwire_optim::StateBuffers as _;
 use gradwire_optim::{
     AdamConfig, AdamW, AnyOptimizer, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd,
     SgdConfig,

@@ -11,7 +11,7 @@ use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::SparseCodec;
 use gradwire_optim::{
     DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, OptimizerState, ParamSpec, ParamState,
-    Result, StrategyConfig,
+    Result, StateBuffers, StrategyConfig,
 };
 use gradwire_tensor::Tensor;
 use std::collections::BTreeMap;
@@ -82,16 +82,22 @@ impl Optimizer for Recorder {
     fn param_state(&self, _: &str) -> Option<&ParamState> {
         None
     }
-    fn buffer_names(&self) -> &'static [&'static str] {
-        &[]
-    }
-    fn set_buffer(&mut self, _: &str, _: &[usize], _: &str, _: Vec<f32>) -> Result<()> {
-        Ok(())
-    }
     fn state(&self) -> Result<OptimizerState> {
         Err(OptimError::InvalidArgument("not saved".into()))
     }
     fn load_state(&mut self, _: &OptimizerState) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl StateBuffers for Recorder {
+    fn buffer_names(&self) -> &'static [&'static str] {
+        &[]
+    }
+    fn buffer_values(&self, _: &str, _: &str) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
+    fn set_buffer(&mut self, _: &str, _: &[usize], _: &str, _: Vec<f32>) -> Result<()> {
         Ok(())
     }
 }
