@@ -9,22 +9,32 @@
 // a = ca a + cb b in f64, rounded once to f32, with the CPU's coefficients
 // (1 - a.b / (2 |a|^2), staying 1 below sqrt(f64::MIN_POSITIVE)).
 //
-// `ranges` holds 2 u64 per tensor: start and end (end <= the buffers'
-// length, start <= end). Grids: x = block columns per tensor, y = tensors
+// `ranges` holds 2 u64 per tensor: start and end, within the buffers' length
+// `n` (the kernels clip them to it, so a range read from device memory never
+// reaches past the buffers). Grids: x = block columns per tensor, y = tensors
 // (strided when there are more than gridDim.y). `partials` holds
 // 3 x tensors x gridDim.x doubles: partials[(t * gridDim.x + column) * 3 + j].
 // Launched with GW_BLOCK threads per block.
 
 #include "gradwire.cuh"
 
-extern "C" __global__ void adasum_partials_f32(const float* a, const float* b,
+// Tensor t's range clipped to [0, n): start <= end <= n.
+__device__ __forceinline__ void adasum_range(const gw_u64* ranges, gw_u64 t, gw_u64 n,
+                                             gw_u64* start, gw_u64* end) {
+    const gw_u64 e = ranges[2 * t + 1] < n ? ranges[2 * t + 1] : n;
+    *start = ranges[2 * t] < e ? ranges[2 * t] : e;
+    *end = e;
+}
+
+extern "C" __global__ void adasum_partials_f32(const float* a, const float* b, gw_u64 n,
                                                const gw_u64* ranges, gw_u64 tensors,
                                                double* partials) {
     __shared__ double shared[GW_BLOCK];
     GW_REQUIRE_BLOCK();
     for (gw_u64 t = blockIdx.y; t < tensors; t += gridDim.y) {
-        const gw_u64 start = ranges[2 * t];
-        const gw_u64 end = ranges[2 * t + 1];
+        gw_u64 start;
+        gw_u64 end;
+        adasum_range(ranges, t, n, &start, &end);
         double dot = 0.0;
         double aa = 0.0;
         double bb = 0.0;
@@ -75,11 +85,13 @@ __device__ __forceinline__ double adasum_coefficient(double dot, double norm_sq)
     return norm_sq < tiny ? 1.0 : 1.0 - dot / (2.0 * norm_sq);
 }
 
-extern "C" __global__ void adasum_combine_f32(float* a, const float* b, const gw_u64* ranges,
-                                              gw_u64 tensors, const double* sums) {
+extern "C" __global__ void adasum_combine_f32(float* a, const float* b, gw_u64 n,
+                                              const gw_u64* ranges, gw_u64 tensors,
+                                              const double* sums) {
     for (gw_u64 t = blockIdx.y; t < tensors; t += gridDim.y) {
-        const gw_u64 start = ranges[2 * t];
-        const gw_u64 end = ranges[2 * t + 1];
+        gw_u64 start;
+        gw_u64 end;
+        adasum_range(ranges, t, n, &start, &end);
         const double ca = adasum_coefficient(sums[3 * t], sums[3 * t + 1]);
         const double cb = adasum_coefficient(sums[3 * t], sums[3 * t + 2]);
         for (gw_u64 i = start + (gw_u64)blockIdx.x * blockDim.x + threadIdx.x; i < end;

@@ -246,11 +246,13 @@ __device__ __forceinline__ gw_u32 gw_block_prefix(bool flag, gw_u32* warp_totals
 
 // Writes the selected entries of each tile, in index order, at the offsets
 // the scans gave: entry i goes to (keys above t before i) + min(keys equal to
-// t before i, ties).
+// t before i, ties). The outputs hold `cap` entries (the launcher sizes them
+// from the counts); a position at or past it is not written, so offsets read
+// from device memory never reach past them.
 extern "C" __global__ void select_compact_f32(const float* x, gw_u64 n, gw_u64 tile,
                                               const gw_u64* sel, const gw_u64* offsets_gt,
                                               const gw_u64* offsets_eq, const gw_u32* src_index,
-                                              gw_u32* out_index, float* out_value) {
+                                              gw_u32* out_index, float* out_value, gw_u64 cap) {
     __shared__ gw_u32 warp_gt[GW_WARPS];
     __shared__ gw_u32 warp_eq[GW_WARPS];
     GW_REQUIRE_BLOCK();
@@ -274,8 +276,10 @@ extern "C" __global__ void select_compact_f32(const float* x, gw_u64 n, gw_u64 t
         const gw_u64 eq_before = eq_base + gw_block_prefix(eq, warp_eq, &round_eq);
         if (gt || (eq && eq_before < ties)) {
             const gw_u64 pos = gt_before + (eq_before < ties ? eq_before : ties);
-            out_index[pos] = src_index != 0 ? src_index[i] : (gw_u32)i;
-            out_value[pos] = v;
+            if (pos < cap) {
+                out_index[pos] = src_index != 0 ? src_index[i] : (gw_u32)i;
+                out_value[pos] = v;
+            }
         }
         gt_base += round_gt;
         eq_base += round_eq;

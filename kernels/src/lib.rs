@@ -2,22 +2,31 @@
 //!
 //! The CUDA C sources live in `kernels/cuda/`; `cargo xtask ptx` compiles them
 //! with NVRTC 12.2 to PTX for `compute_70` in `kernels/ptx/` and generates the
-//! table re-exported here ([`MODULES`], and one module of constants per source,
-//! e.g. [`select::RADIX_HISTOGRAM_F32`]), so this crate has no build script and
-//! no dependencies and builds on any machine. gradwire-tensor loads a module's
+//! table of modules re-exported here ([`MODULES`]), so this crate has no build
+//! script and no dependencies and builds on any machine. Beside it, one module
+//! per source declares each kernel's typed signature (e.g.
+//! [`select::RADIX_HISTOGRAM_F32`], a [`Kernel`]): what gradwire-tensor's
+//! typed launch checks every launch against. gradwire-tensor loads a module's
 //! PTX lazily, on first use on a device, and caches it.
 //!
 //! The tests of this crate fail when a source changed after its PTX was
-//! generated (the hashes in `kernels/ptx/manifest.txt`, see [`fnv`]) and
-//! when the table names a kernel its PTX does not define.
+//! generated (the hashes in `kernels/ptx/manifest.txt`, see [`fnv`]), when a
+//! PTX entry has no signature or a signature no entry, and when a signature's
+//! parameters differ from its entry's in count, order or width.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod fnv;
 mod generated;
+mod signature;
+mod table;
 
-pub use generated::*;
+pub use generated::MODULES;
+pub use signature::{Access, CType, Extent, Grid, Kernel, LaunchShape, Param};
+pub use table::{
+    ALL, adasum, cast, comm, elementwise, feedback, lowrank, optim, quant, reduce, select,
+};
 
 /// One CUDA source file compiled to PTX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +35,7 @@ pub struct PtxModule {
     pub name: &'static str,
     /// The PTX text.
     pub ptx: &'static str,
-    /// The `.visible .entry` functions the launchers call.
+    /// The `.visible .entry` functions it defines, in PTX order.
     pub entries: &'static [&'static str],
 }
 

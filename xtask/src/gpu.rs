@@ -307,43 +307,19 @@ fn rust_table(modules: &[(String, Vec<u8>, Vec<String>)]) -> String {
     let mut s = format!(
         "//! The PTX table: {GENERATED}.\n//!\n\
          //! One module per CUDA source in `kernels/cuda/`, with its PTX (NVRTC {NVRTC_VERSION},\n\
-         //! `{}`) and one constant per kernel,\n\
-         //! so a launcher names a kernel that the PTX is known to hold.\n\n\
+         //! `{}`) and the names of its entries; the\n\
+         //! typed signatures of those entries are declared in `table.rs`.\n\n\
          use crate::PtxModule;\n\n",
         NVRTC_OPTIONS.join(" ")
     );
-    for (stem, _, names) in modules {
-        let _ = writeln!(s, "/// The kernels of `kernels/cuda/{stem}.cu`.");
-        let _ = writeln!(s, "pub mod {stem} {{");
-        let _ = writeln!(s, "    /// The module name.");
-        let _ = writeln!(s, "    pub const NAME: &str = \"{stem}\";");
-        let _ = writeln!(s, "    /// The PTX text.");
-        let _ = writeln!(
-            s,
-            "    pub const PTX: &str = include_str!(\"../ptx/{stem}.ptx\");"
-        );
-        for name in names {
-            let _ = writeln!(s, "    /// The kernel `{name}`.");
-            let _ = writeln!(
-                s,
-                "    pub const {}: &str = \"{name}\";",
-                name.to_uppercase()
-            );
-        }
-        let _ = writeln!(s, "    /// Every kernel of the module, in PTX order.");
-        let list: Vec<String> = names.iter().map(|n| n.to_uppercase()).collect();
-        let _ = writeln!(
-            s,
-            "    pub const ENTRIES: &[&str] = &[{}];",
-            list.join(", ")
-        );
-        let _ = writeln!(s, "}}\n");
-    }
     s.push_str("/// Every kernel module, by name.\npub const MODULES: &[PtxModule] = &[\n");
-    for (stem, _, _) in modules {
+    for (stem, _, names) in modules {
+        let list: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
         let _ = writeln!(
             s,
-            "    PtxModule {{ name: {stem}::NAME, ptx: {stem}::PTX, entries: {stem}::ENTRIES }},"
+            "    PtxModule {{ name: \"{stem}\", ptx: include_str!(\"../ptx/{stem}.ptx\"), \
+             entries: &[{}] }},",
+            list.join(", ")
         );
     }
     s.push_str("];\n");

@@ -724,11 +724,14 @@ impl Workspace for HostWorkspace<'_> {
     }
 }
 
+#[cfg(feature = "cuda")]
+pub mod kernels;
+
 /// The workspace in CUDA memory (feature `cuda`).
 #[cfg(feature = "cuda")]
 mod device {
+    use super::kernels;
     use super::{Result, Workspace, no_scratch};
-    use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
     use gradwire_tensor::{CudaStorage, DType};
     use std::ops::Range;
 

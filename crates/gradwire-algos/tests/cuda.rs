@@ -11,9 +11,9 @@
 #![cfg(feature = "cuda")]
 
 use gradwire_algos::AlgoError;
+use gradwire_algos::adasum::kernels;
 use gradwire_algos::adasum::{self, AdaSum};
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_tensor::cuda_backend::kernels::adasum as kernels;
 use gradwire_tensor::cuda_backend::testing;
 use gradwire_tensor::{CpuStorage, CudaStorage, Device, Tensor};
 

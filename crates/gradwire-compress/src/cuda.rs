@@ -8,16 +8,16 @@
 //! the same payload bytes; the orthonormalisation within a few ulps), without
 //! the gradient leaving the device.
 //!
-//! They compose the launchers of gradwire-tensor's
-//! `cuda_backend::kernels::{select, feedback, quant, lowrank}`; only the selection's
+//! They compose the launchers of [`kernels`]
+//! (`select`, `feedback`, `quant`, `lowrank`); only the selection's
 //! size and a few counters cross to the host. Random-k has no device form
 //! (its ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses
 //! it.
 
-use gradwire_tensor::cuda_backend::kernels::{feedback, select as kernels};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Error as TensorError};
+use kernels::{feedback, select};
 
-pub use gradwire_tensor::cuda_backend::kernels::select::DeviceSparse;
+pub use crate::cuda::kernels::select::DeviceSparse;
 pub use quant::{DeviceBytes, quant_decode, quant_decode_add, quant_encode, quant_encode_into};
 
 use crate::cast::CastOptions;
@@ -26,6 +26,7 @@ use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
 use crate::select::{SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key};
 use crate::sparse::check_dense_len;
 
+pub mod kernels;
 pub mod lowrank;
 mod quant;
 
@@ -37,7 +38,7 @@ fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {
 
 /// Refuses a buffer holding a NaN or an infinity, as the CPU codecs do.
 fn refuse_non_finite(x: &CudaStorage) -> Result<()> {
-    match kernels::first_non_finite(x)? {
+    match select::first_non_finite(x)? {
         None => Ok(()),
         Some(index) => Err(CompressError::NonFinite {
             index,
@@ -56,8 +57,8 @@ pub fn threshold(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
 }
 
 fn threshold_finite(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
-    let selection = kernels::Selection::at_least(x.device(), key(threshold))?;
-    Ok(kernels::compact(x, &selection, None, x.len())?)
+    let selection = select::Selection::at_least(x.device(), key(threshold))?;
+    Ok(select::compact(x, &selection, None, x.len())?)
 }
 
 /// The `ceil(ratio * n)` entries of largest magnitude, ties to the lower
@@ -79,11 +80,11 @@ fn top_k_finite(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
     let k = k.min(x.len());
     let selection = if k == 0 {
         // Keys are at most 0x7f7f_ffff here: nothing is at least this.
-        kernels::Selection::at_least(x.device(), u32::MAX)?
+        select::Selection::at_least(x.device(), u32::MAX)?
     } else {
-        kernels::kth_largest(x, k)?
+        select::kth_largest(x, k)?
     };
-    Ok(kernels::compact(x, &selection, None, x.len())?)
+    Ok(select::compact(x, &selection, None, x.len())?)
 }
 
 /// Sampled top-k (Deep Gradient Compression, [`crate::select::sampled_top_k`]
@@ -103,21 +104,21 @@ fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceS
     if n < 4096 || k == 0 {
         return top_k_finite(x, k);
     }
-    let sample = kernels::sample_strided(x, 100)?;
+    let sample = select::sample_strided(x, 100)?;
     let len = sample.len();
     let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len);
     loop {
         // The sample's take-th largest key, every entry at least as large.
-        let mut estimate = kernels::kth_largest(&sample, take)?;
+        let mut estimate = select::kth_largest(&sample, take)?;
         estimate.keep_all_ties()?;
-        let survivors = kernels::compact(x, &estimate, None, n)?;
+        let survivors = select::compact(x, &estimate, None, n)?;
         if survivors.nnz() >= k {
             if survivors.nnz() <= cap {
                 return Ok(survivors);
             }
             // Too many: the exact top k among the survivors.
-            let best = kernels::kth_largest(survivors.values(), k)?;
-            return Ok(kernels::compact(
+            let best = select::kth_largest(survivors.values(), k)?;
+            return Ok(select::compact(
                 survivors.values(),
                 &best,
                 Some(&survivors),

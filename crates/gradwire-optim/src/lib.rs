@@ -47,6 +47,8 @@ pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};
 pub use onebit_adam::{OneBitAdam, OneBitAdamConfig, OneBitAdamRule, OneBitAdamValues};
 pub use optimizer::{Optim, Optimizer, StateBuffers, UpdateRule};
+#[cfg(feature = "cuda")]
+pub use rules::cuda::UpdateKernel;
 pub use rules::{
     AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,
     RmsPropConfig, RmsPropRule, Sgd, SgdConfig, SgdRule,

@@ -20,12 +20,12 @@
 //! match (the CPU widens any gradient to f32 first).
 
 use crate::error::{OptimError, Result};
+#[cfg(feature = "cuda")]
+use crate::rules::cuda::{UpdateKernel, apply_update};
 use crate::schedule::Schedule;
 use crate::state::{OptimizerState, ParamState};
 #[cfg(feature = "cuda")]
 use gradwire_tensor::CudaStorage;
-#[cfg(feature = "cuda")]
-use gradwire_tensor::cuda_backend::kernels::optim::{UpdateKernel, apply_update};
 use gradwire_tensor::{DType, Tensor};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

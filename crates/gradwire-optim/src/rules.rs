@@ -3,14 +3,18 @@
 //!
 //! Hyper-parameters are evaluated in f64 at the current step and used in f32;
 //! the element loops branch on the options outside the loop, so each variant
-//! is a straight, vectorisable loop.
+//! is a straight, vectorisable loop. Their CUDA forms, the launchers of
+//! `optim.cu`, are beside them in `cuda` (feature `cuda`).
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optim, UpdateRule};
 use crate::schedule::Schedule;
 #[cfg(feature = "cuda")]
-use gradwire_tensor::cuda_backend::kernels::optim::UpdateKernel;
+use cuda::UpdateKernel;
 use serde::{Deserialize, Serialize};
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 
 fn c(value: f64) -> Schedule {
     Schedule::constant(value)

@@ -5,11 +5,15 @@
 //! [`CudaStorage`]'s API. With the `cuda` feature it is the real thing (see
 //! the `driver` module: `CudaDevice`, the driver probed before any call,
 //! PTX modules loaded lazily and cached per device, host<->device copies;
-//! `launch`, the launch geometry of every kernel; `ops`, the CUDA forms of
-//! every tensor operation; `kernels`, the launchers of the optimizer,
-//! selection, error-feedback, quantizer and AdaSum kernels the upper crates
-//! compose;
-//! `collective`, the kernels communicators run between transfers).
+//! `launch`, the typed launch, the one place a kernel is queued, checking
+//! every launch against the kernel's signature in gradwire-kernels;
+//! `device_vec`, device vectors of plain values, the launchers' working
+//! memory; `ops`, the CUDA forms of every tensor operation; `collective`,
+//! the kernels communicators run between transfers). The domain kernels'
+//! launchers live beside their CPU forms in the crates that own them
+//! (optimizer rules in gradwire-optim, codecs in gradwire-compress, AdaSum
+//! in gradwire-algos) and launch through [`launch::Launch`] without
+//! `unsafe`.
 //! Without it, a stand-in whose every constructor returns
 //! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).
 //!
@@ -21,9 +25,9 @@
 #[cfg(feature = "cuda")]
 pub mod collective;
 #[cfg(feature = "cuda")]
-mod driver;
+mod device_vec;
 #[cfg(feature = "cuda")]
-pub mod kernels;
+mod driver;
 #[cfg(feature = "cuda")]
 pub mod launch;
 #[cfg(feature = "cuda")]
@@ -31,6 +35,8 @@ mod ops;
 #[cfg(feature = "cuda")]
 pub mod testing;
 
+#[cfg(feature = "cuda")]
+pub use device_vec::{DeviceScalar, DeviceVec, NO_INDEX, first_index_cell, read_first_index};
 #[cfg(feature = "cuda")]
 pub use driver::{CudaDevice, CudaStorage, DeviceBuffer};
 

@@ -15,9 +15,11 @@
 //! * [`flat`]: packing many tensors into one fusion buffer and back.
 //!
 //! With the `cuda` feature the same operations run on CUDA tensors, and
-//! `cuda_backend::kernels` holds the launchers the upper crates use for
-//! their device forms (optimizer updates, sparse selection, error feedback,
-//! quantizers, AdaSum).
+//! `cuda_backend::launch` is the typed launch through which every crate
+//! queues kernels: each launch is checked against the kernel's signature in
+//! gradwire-kernels, so the upper crates launch their device forms
+//! (optimizer updates, sparse selection, error feedback, quantizers,
+//! AdaSum) without `unsafe`.
 //!
 //! ```
 //! use gradwire_tensor::{DType, Device, Tensor};

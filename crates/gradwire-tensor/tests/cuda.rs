@@ -453,36 +453,3 @@ fn flat_pack_and_unpack_on_the_device_match_the_cpu() {
     let err = pack_new(&mixed, DType::F32).expect_err("mixed devices");
     assert!(matches!(err, Error::DeviceMismatch { .. }), "{err:?}");
 }
-
-/// Every kernel of gradwire-kernels has a launcher: its constant (the
-/// kernel's name in upper case) appears in the sources of the CUDA backend.
-/// A kernel nobody launches is dead code that no GPU test would exercise.
-#[test]
-fn every_kernel_has_a_launcher() {
-    fn sources(dir: &std::path::Path, out: &mut String) {
-        for entry in std::fs::read_dir(dir).expect("read_dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                sources(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push_str(&std::fs::read_to_string(&path).expect("read"));
-            }
-        }
-    }
-    let mut text = String::new();
-    let backend = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cuda_backend");
-    sources(&backend, &mut text);
-    let words: std::collections::HashSet<&str> = text
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .collect();
-    let missing: Vec<String> = gradwire_kernels::MODULES
-        .iter()
-        .flat_map(|m| m.entries.iter())
-        .map(|kernel| kernel.to_ascii_uppercase())
-        .filter(|constant| !words.contains(constant.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "kernels without a launcher: {missing:?}"
-    );
-}

@@ -15,6 +15,9 @@
 //!   (rsmpi's `mpi::ffi`, `mpi_sys`, cudarc's `sys` and `result` modules);
 //!   everything else calls the checked wrappers of the FFI layer.
 //!
+//! - only the files of [`POLICY`]'s launch list queue CUDA kernels
+//!   (cudarc's `launch_builder`): every other launch goes through
+//!   gradwire-tensor's typed launch, checked against the kernel's signature;
 //! - a strategy is implemented where the strategies live: outside
 //!   gradwire-algos, only the files of [`POLICY`]'s strategy list
 //!   implement its `Strategy` trait in a `src/` directory (tests, benches
@@ -63,6 +66,13 @@ const RULE_FFI: &str = "only the FFI layer may name raw foreign bindings (`mpi::
 /// Rule for the files of the FFI list.
 const RULE_STALE_FFI: &str = "file is listed in tidy's POLICY.ffi_files but names no raw foreign \
      binding (or does not exist): remove it from the list";
+/// Rule for files outside the typed launch.
+const RULE_KERNEL_LAUNCH: &str = "only gradwire-tensor's typed launch (tidy's POLICY.launch_files) \
+     may queue a kernel with cudarc's `launch_builder`: launch through \
+     `gradwire_tensor::cuda_backend::launch::Launch`";
+/// Rule for the files of the launch list.
+const RULE_STALE_KERNEL_LAUNCH: &str =
+    "file is listed in tidy's POLICY.launch_files but queues no kernel: remove it from the list";
 /// Rule for every text file of the repository.
 const RULE_OUTSIDE_REFERENCE: &str = "file refers to a file outside the repository: state the fact itself, or point inside the repository";
 /// Rule for `ARCHITECTURE.md`'s size.
@@ -101,6 +111,8 @@ const OUTSIDE_REFERENCES: &[&str] = &[
 struct Policy<'a> {
     /// The files that may name raw foreign bindings.
     ffi_files: &'a [&'a str],
+    /// The files that may queue kernels with cudarc's `launch_builder`.
+    launch_files: &'a [&'a str],
     /// The members that hold unsafe code, so cannot forbid it.
     may_hold_unsafe: &'a [&'a str],
     /// The members with no unsafe code of their own that cannot take
@@ -125,6 +137,11 @@ const POLICY: Policy<'static> = Policy {
         // The CUDA driver probe (`is_culib_present`, a dlopen only), made
         // before any driver call so that a missing driver is an error value.
         "crates/gradwire-tensor/src/cuda_backend/driver.rs",
+    ],
+    launch_files: &[
+        // The typed launch: every launch checked against the kernel's
+        // signature in gradwire-kernels, then queued.
+        "crates/gradwire-tensor/src/cuda_backend/launch.rs",
     ],
     may_hold_unsafe: &[
         // LocalComm's buffers shared between rank threads, rank_order.rs's
@@ -178,6 +195,7 @@ fn workspace_is_tidy() {
 fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     let mut problems = Vec::new();
     let mut named_raw_bindings = Vec::new();
+    let mut launching = Vec::new();
     let mut implemented_strategies = Vec::new();
     for member in workspace_members(root) {
         let member_name = relative(root, &member);
@@ -198,6 +216,12 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
                 named_raw_bindings.push(shown.clone());
                 if !policy.ffi_files.contains(&shown.as_str()) {
                     broken.push(RULE_FFI);
+                }
+            }
+            if queues_kernels(&text) {
+                launching.push(shown.clone());
+                if !policy.launch_files.contains(&shown.as_str()) {
+                    broken.push(RULE_KERNEL_LAUNCH);
                 }
             }
             if member_name != policy.strategy_home
@@ -232,6 +256,11 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     for listed in policy.ffi_files {
         if !named_raw_bindings.iter().any(|file| file == listed) {
             problems.push(format!("{listed}: {RULE_STALE_FFI}"));
+        }
+    }
+    for listed in policy.launch_files {
+        if !launching.iter().any(|file| file == listed) {
+            problems.push(format!("{listed}: {RULE_STALE_KERNEL_LAUNCH}"));
         }
     }
     for listed in policy.strategy_impls {
@@ -331,6 +360,14 @@ fn names_raw_bindings(text: &str) -> bool {
     word_starts(&code, "mpi_sys").any(|at| !code[at + 7..].starts_with(is_ident_char))
         || in_tree("mpi::", &["ffi"])
         || in_tree("cudarc::", &["sys", "result"])
+}
+
+/// Whether the code of `text` queues a kernel: calls cudarc's
+/// `launch_builder` (comments and string literals aside).
+fn queues_kernels(text: &str) -> bool {
+    let code = code_of(text);
+    word_starts(&code, "launch_builder")
+        .any(|at| !code[at + "launch_builder".len()..].starts_with(is_ident_char))
 }
 
 /// Whether the code of `text` implements a trait named `Strategy` (`impl<..>

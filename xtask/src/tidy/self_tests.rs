@@ -210,8 +210,13 @@ fn tidy_workspace_passes() {
         "crates/ffi/src/sys.rs",
         "//! FFI.\nuse ::mpi::ffi;\npub fn f() { unsafe { ffi::MPI_Init() }; }\n",
     );
+    tree.write(
+        "crates/ffi/src/launch.rs",
+        "//! Launch.\npub fn f(s: &S) { s.launch_builder(&k); }\n",
+    );
     let policy = Policy {
         ffi_files: &["crates/ffi/src/sys.rs"],
+        launch_files: &["crates/ffi/src/launch.rs"],
         may_hold_unsafe: &["crates/ffi"],
         deny_unsafe: &[],
         strategy_home: "crates/algos",
@@ -281,8 +286,15 @@ fn untidy_workspace_is_reported() {
     tree.write("crates/adapter/src/lib.rs", root_file);
     tree.write("crates/adapter/src/dense.rs", implements);
     tree.write("crates/adapter/tests/mine.rs", implements);
+    // A kernel queued outside the typed launch, and a listed launch file
+    // that queues none.
+    tree.write(
+        "crates/adapter/src/gpu.rs",
+        "//! Docs.\nfn f(s: &S) { s.launch_builder(&k); } // launch_builder\n",
+    );
     let policy = Policy {
         ffi_files: &["crates/ffi/src/sys.rs", "crates/good/src/lib.rs"],
+        launch_files: &["crates/good/src/module/inner.rs"],
         may_hold_unsafe: &["crates/ffi", "crates/listed"],
         deny_unsafe: &["crates/denies"],
         strategy_home: "crates/algos",
@@ -294,6 +306,7 @@ fn untidy_workspace_is_reported() {
         check_workspace(&tree.0, &policy),
         [
             format!("crates/adapter/src/dense.rs: {RULE_STRATEGY_IMPL}"),
+            format!("crates/adapter/src/gpu.rs: {RULE_KERNEL_LAUNCH}"),
             format!("crates/bad/benches/speed.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_DENY_MISSING_DOCS}"),
@@ -306,6 +319,7 @@ fn untidy_workspace_is_reported() {
             format!("tool/src/main.rs: {RULE_DENY_MISSING_DOCS}"),
             format!("tool/src/main.rs: {RULE_FORBID_UNSAFE}"),
             format!("crates/good/src/lib.rs: {RULE_STALE_FFI}"),
+            format!("crates/good/src/module/inner.rs: {RULE_STALE_KERNEL_LAUNCH}"),
             format!("crates/good/src/module/inner.rs: {RULE_STALE_STRATEGY_IMPL}"),
             format!("ARCHITECTURE.md: {RULE_OUTSIDE_REFERENCE} (`{design}`)"),
             format!("crates/bad/Cargo.toml: {RULE_OUTSIDE_REFERENCE} (`{spec}`)"),

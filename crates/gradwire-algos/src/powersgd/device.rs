@@ -22,9 +22,9 @@
 use std::borrow::Cow;
 
 use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_compress::cuda::kernels::select::first_non_finite;
 use gradwire_compress::cuda::lowrank::{self as products, Window, WindowMut};
 use gradwire_compress::{CompressError, lowrank};
-use gradwire_tensor::cuda_backend::kernels::select::first_non_finite;
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor};
 
 use super::{Part, PowerSgd, PowerSgdState, Slot, check_slot_count, initial_q_seed};

@@ -11,9 +11,9 @@
 //! its ranks on one kind of device, so each step's factors agree bitwise
 //! across ranks either way.
 
-use gradwire_tensor::cuda_backend::kernels::lowrank::{self as kernels, LowRankShape};
+use crate::cuda::kernels::lowrank::{self as kernels, LowRankShape};
 
-pub use gradwire_tensor::cuda_backend::kernels::lowrank::{Window, WindowMut};
+pub use crate::cuda::kernels::lowrank::{Window, WindowMut};
 
 use crate::error::Result;
 use crate::lowrank::{check_orthonormalize, check_project, check_project_back, check_reconstruct};

@@ -4,7 +4,7 @@
 //! bitwise its results: the same payload bytes for the same entries and
 //! stream, the same decoded values.
 //!
-//! They compose gradwire-tensor's `cuda_backend::kernels::quant` launchers
+//! They compose the launchers of [`super::kernels::quant`]
 //! (and `select::first_non_finite`, which refuses NaN and infinities at the
 //! index the CPU reports). Decoding checks the whole payload before it
 //! writes anything (the CPU has written the chunks before a corrupt one by
@@ -13,10 +13,10 @@
 //! ([`Quantizer::validate`]), as encoding does on both: the CPU's decode
 //! takes any QSGD levels, and zero levels would decode to NaN.
 
+use crate::cuda::kernels::quant::{self as kernels, QUANT_CHUNK, QuantCodec};
 use gradwire_tensor::CudaStorage;
-use gradwire_tensor::cuda_backend::kernels::quant::{self as kernels, QUANT_CHUNK, QuantCodec};
 
-pub use gradwire_tensor::cuda_backend::kernels::quant::DeviceBytes;
+pub use crate::cuda::kernels::quant::DeviceBytes;
 
 use super::refuse_non_finite;
 use crate::error::{CompressError, Result};

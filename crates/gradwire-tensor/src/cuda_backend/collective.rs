@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut};
+use gradwire_kernels::comm;
 
 use super::driver::CudaDevice;
-use super::launch::{driver_error, grid_stride, len_arg};
+use super::launch::{Blocks, Launch, Operand, by_dtype, ctype};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -77,41 +78,24 @@ pub fn reduce_chunks_bytes(
     if n == 0 {
         return Ok(());
     }
-    let args = ChunkArgs {
-        n: len_arg(n)?,
-        world: u32::try_from(world)
-            .map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?,
-        op: op.code(),
-    };
-    use gradwire_kernels::comm::{REDUCE_CHUNKS_BF16, REDUCE_CHUNKS_F16, REDUCE_CHUNKS_F32};
-    let kernel = match dtype {
-        DType::F32 => REDUCE_CHUNKS_F32,
-        DType::F16 => REDUCE_CHUNKS_F16,
-        DType::BF16 => REDUCE_CHUNKS_BF16,
-    };
-    let function = device.function(gradwire_kernels::comm::NAME, kernel)?;
-    let cfg = grid_stride(n);
-    let mut launch = stream.launch_builder(&function);
-    launch
-        .arg(out)
-        .arg(stage)
-        .arg(&args.n)
-        .arg(&args.world)
-        .arg(&args.op);
-    #[allow(unsafe_code)]
-    // SAFETY: five arguments of the kernel's types in its order (two device
-    // pointers, u64, u32, u32): the kernel reads its elements through the
-    // pointers, so byte views of the same memory pass the same addresses;
-    // `out` holds n elements and `stage` world * n (checked above), and the
-    // kernel touches no index beyond them.
-    unsafe { launch.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| driver_error("reduce_chunks", e))
-}
-
-/// The scalar arguments of `reduce_chunks_<dt>`.
-struct ChunkArgs {
-    n: u64,
-    world: u32,
-    op: u32,
+    let world =
+        u32::try_from(world).map_err(|_| Error::InvalidArgument(format!("{world} chunks")))?;
+    let kernel = by_dtype(
+        dtype,
+        [
+            &comm::REDUCE_CHUNKS_F32,
+            &comm::REDUCE_CHUNKS_F16,
+            &comm::REDUCE_CHUNKS_BF16,
+        ],
+    );
+    let (elem, ordinal) = (ctype(dtype), device.ordinal());
+    let stage_len = stage.len() / size;
+    Launch::new(device, kernel)
+        .on_stream(stream)
+        .write(Operand::write(out.slice_mut(..), elem, n, ordinal))
+        .read(Operand::read(stage.slice(..), elem, stage_len, ordinal))
+        .len(n)
+        .value(world)
+        .value(op.code())
+        .run(Blocks::Over(n))
 }

@@ -120,8 +120,9 @@ impl CudaDevice {
         Ok(module)
     }
 
-    /// The kernel `kernel` of module `module` (names from the
-    /// gradwire-kernels table, e.g. `gradwire_kernels::select::NAME`).
+    /// The kernel `kernel` of module `module` (a signature's
+    /// [`module`](gradwire_kernels::Kernel::module) and
+    /// [`name`](gradwire_kernels::Kernel::name)).
     pub fn function(&self, module: &str, kernel: &str) -> Result<CudaFunction> {
         self.module(module)?
             .load_function(kernel)

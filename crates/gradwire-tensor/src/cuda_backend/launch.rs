@@ -1,17 +1,31 @@
-//! Launch geometry and helpers shared by every kernel launcher.
+//! The typed launch: the one place gradwire queues a kernel.
 //!
-//! The kernels of gradwire-kernels come in two shapes: grid-stride loops
-//! (`GW_FOR_EACH`, any grid works, 64-bit indices) and block algorithms
-//! (block reductions, histograms, compaction) that require exactly
-//! [`BLOCK`] threads per block and trap otherwise. Launchers build their
-//! [`LaunchConfig`] here so those two rules live in one place, and share the
-//! operand checks, the small device allocations and copies, and the error
-//! mapping of every launch (crate-internal helpers).
+//! A [`Launch`] names a kernel by its signature in gradwire-kernels (a
+//! [`Kernel`]), takes its arguments in order (device buffers to read or
+//! write, null, values) and, in [`Launch::run`], checks them against the
+//! signature before anything is queued: the count; each value's C type; each
+//! buffer's element type, access (a buffer the kernel writes must be
+//! borrowed mutably, so it aliases no other argument), device, and length
+//! against the elements the kernel may touch through it (the signature's
+//! extent, computed from the integer arguments and the grid); the grid.
+//! Every launch runs [`BLOCK`] threads per block, the block size the block
+//! algorithms require. A launch that passes is memory-safe by the kernel's
+//! contract, so the crates that launch kernels (gradwire-compress,
+//! gradwire-optim, gradwire-algos, gradwire-comm) do so without `unsafe`;
+//! a launch that does not is an [`Error::InvalidArgument`] naming the
+//! kernel and the parameter.
+//!
+//! Also here: the geometry of grid-stride launches, and the operand checks
+//! the launchers share to refuse bad input with their own names before they
+//! queue the first of several kernels.
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, DriverError, LaunchConfig, ValidAsZeroBits};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, LaunchConfig, PushKernelArg};
+use gradwire_kernels::{Access, CType, Grid, Kernel, LaunchShape, Param};
 
+use super::device_vec::{DeviceScalar, DeviceVec};
 use super::driver::{CudaDevice, CudaStorage};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -26,32 +40,31 @@ pub const BLOCK: u32 = 256;
 /// results stay small.
 pub const MAX_GRID: u32 = 4096;
 
-/// A grid-stride launch over `n` elements: [`BLOCK`] threads per block and
-/// enough blocks to give each thread about one element, capped at
-/// [`MAX_GRID`]. At least one block, so `n = 0` launches are well formed
-/// (launchers skip them anyway).
-pub fn grid_stride(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (blocks_for(n), 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// The number of blocks [`grid_stride`] uses for `n` elements.
+/// The number of blocks a grid-stride launch over `n` elements uses: about
+/// one element per thread, at least one block, at most [`MAX_GRID`].
 pub fn blocks_for(n: usize) -> u32 {
     let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_GRID as usize);
     // In range by the clamp.
     u32::try_from(blocks).unwrap_or(MAX_GRID)
 }
 
-/// A launch of exactly `blocks` blocks of [`BLOCK`] threads (block
-/// algorithms that index per-block outputs).
-pub fn blocks(blocks: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (blocks.max(1), 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
+/// The grid of a launch, in blocks of [`BLOCK`] threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocks {
+    /// A grid-stride launch over this many elements ([`blocks_for`]).
+    Over(usize),
+    /// Exactly `x` by `y` blocks (block algorithms with per-block outputs;
+    /// a zero is taken as one).
+    Exactly(u32, u32),
+}
+
+impl Blocks {
+    /// The grid as `(x, y)` blocks.
+    pub fn grid(self) -> (u32, u32) {
+        match self {
+            Blocks::Over(n) => (blocks_for(n), 1),
+            Blocks::Exactly(x, y) => (x.max(1), y.max(1)),
+        }
     }
 }
 
@@ -61,7 +74,7 @@ pub fn driver_error(call: &str, e: DriverError) -> Error {
 }
 
 /// The error of a range of elements outside a buffer of `len`.
-pub(crate) fn out_of_bounds(op: &str, range: &std::ops::Range<usize>, len: usize) -> Error {
+pub fn out_of_bounds(op: &str, range: &Range<usize>, len: usize) -> Error {
     Error::InvalidArgument(format!(
         "{op}: range {}..{} out of bounds for {len} elements",
         range.start, range.end
@@ -73,15 +86,15 @@ pub fn len_arg(n: usize) -> Result<u64> {
     u64::try_from(n).map_err(|_| Error::ShapeOverflow)
 }
 
-/// `n` as a 32-bit kernel argument (tensor counts, grid sizes).
-pub(crate) fn u32_arg(what: &str, n: usize) -> Result<u32> {
+/// `n` as a 32-bit kernel argument or grid size.
+pub fn u32_arg(what: &str, n: usize) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{what} {n} exceeds u32")))
 }
 
-/// The kernel of `names` (its f32, f16 and bf16 forms, in that order) for
+/// The entry of `of` (its f32, f16 and bf16 forms, in that order) for
 /// `dtype`.
-pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
-    let [f32, f16, bf16] = names;
+pub fn by_dtype<T>(dtype: DType, of: [T; 3]) -> T {
+    let [f32, f16, bf16] = of;
     match dtype {
         DType::F32 => f32,
         DType::F16 => f16,
@@ -89,16 +102,9 @@ pub(crate) fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
     }
 }
 
-/// A launch's outcome as this crate's error, naming the kernel.
-pub(crate) fn launched<T>(kernel: &str, result: std::result::Result<T, DriverError>) -> Result<()> {
-    result
-        .map(|_| ())
-        .map_err(|e| driver_error(&format!("launching `{kernel}`"), e))
-}
-
 /// `storage` must hold f32 (optimizer buffers, residuals and selection
 /// inputs are f32 whatever the parameters' dtype).
-pub(crate) fn require_f32(op: &'static str, storage: &CudaStorage) -> Result<()> {
+pub fn require_f32(op: &'static str, storage: &CudaStorage) -> Result<()> {
     if storage.dtype() == DType::F32 {
         Ok(())
     } else {
@@ -111,7 +117,7 @@ pub(crate) fn require_f32(op: &'static str, storage: &CudaStorage) -> Result<()>
 }
 
 /// `other` must live on `storage`'s device.
-pub(crate) fn require_same_device(
+pub fn require_same_device(
     op: &'static str,
     storage: &CudaStorage,
     other: &CudaStorage,
@@ -127,7 +133,8 @@ pub(crate) fn require_same_device(
     }
 }
 
-pub(crate) fn require_len(op: &'static str, expected: usize, got: usize) -> Result<()> {
+/// Two lengths that must be equal.
+pub fn require_len(op: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected == got {
         Ok(())
     } else {
@@ -137,11 +144,7 @@ pub(crate) fn require_len(op: &'static str, expected: usize, got: usize) -> Resu
 
 /// `other` must be like `storage` (same device, dtype and length): the
 /// operands of an elementwise kernel.
-pub(crate) fn require_like(
-    op: &'static str,
-    storage: &CudaStorage,
-    other: &CudaStorage,
-) -> Result<()> {
+pub fn require_like(op: &'static str, storage: &CudaStorage, other: &CudaStorage) -> Result<()> {
     require_same_device(op, storage, other)?;
     if other.dtype() != storage.dtype() {
         return Err(Error::DTypeMismatch {
@@ -153,67 +156,666 @@ pub(crate) fn require_like(
     require_len(op, storage.len(), other.len())
 }
 
-/// `len` zeroed elements on `device` (at least one: cuMemAlloc refuses zero
-/// bytes; kernels are told the real length).
-pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
-    device: &Arc<CudaDevice>,
-    len: usize,
-) -> Result<CudaSlice<T>> {
-    device
-        .stream()
-        .alloc_zeros::<T>(len.max(1))
-        .map_err(|e| driver_error("cuMemAlloc / cuMemsetD8", e))
-}
-
-/// A device copy of `host` (at least one element, see [`zeros`]).
-pub(crate) fn upload<T: DeviceRepr + ValidAsZeroBits>(
-    device: &Arc<CudaDevice>,
-    host: &[T],
-) -> Result<CudaSlice<T>> {
-    if host.is_empty() {
-        return zeros(device, 0);
+/// The C type of a storage's elements.
+pub(crate) fn ctype(dtype: DType) -> CType {
+    match dtype {
+        DType::F32 => CType::F32,
+        DType::F16 => CType::F16,
+        DType::BF16 => CType::BF16,
     }
-    device
-        .stream()
-        .clone_htod(host)
-        .map_err(|e| driver_error("cuMemcpyHtoD", e))
 }
 
-/// The first `len` elements of `slice`, on the host (waits for the stream).
-pub(crate) fn download<T: DeviceRepr>(
-    device: &Arc<CudaDevice>,
-    slice: &CudaSlice<T>,
-    len: usize,
-) -> Result<Vec<T>> {
-    if len == 0 {
-        return Ok(Vec::new());
+/// A value argument.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    /// `gw_u64`.
+    U64(u64),
+    /// `gw_u32`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `float`.
+    F32(f32),
+}
+
+impl Value {
+    fn ctype(self) -> CType {
+        match self {
+            Value::U64(_) => CType::U64,
+            Value::U32(_) => CType::U32,
+            Value::I32(_) => CType::I32,
+            Value::F32(_) => CType::F32,
+        }
     }
-    let view = slice
-        .try_slice(..len)
-        .ok_or_else(|| Error::Cuda(format!("download of {len} elements from a shorter buffer")))?;
-    device
-        .stream()
-        .clone_dtoh(&view)
-        .map_err(|e| driver_error("cuMemcpyDtoH", e))
+
+    /// The value as an extent may read it (integers only).
+    fn integer(self) -> Option<u64> {
+        match self {
+            Value::U64(v) => Some(v),
+            Value::U32(v) => Some(u64::from(v)),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::F32(_) => None,
+        }
+    }
 }
 
-/// "No index" of the kernels' first-index reductions (`GW_NO_INDEX`).
-pub(crate) const NO_INDEX: u64 = u64::MAX;
-
-/// A one-u64 device cell starting at [`NO_INDEX`], for a kernel that
-/// records the smallest index with some property (`gw_first_index`).
-pub(crate) fn first_index_cell(device: &Arc<CudaDevice>) -> Result<CudaSlice<u64>> {
-    upload(device, &[NO_INDEX])
+impl From<u64> for Value {
+    fn from(v: u64) -> Value {
+        Value::U64(v)
+    }
 }
 
-/// The index a first-index cell holds, `None` if no element had the
-/// property (waits for the stream).
-pub(crate) fn read_first_index(
-    device: &Arc<CudaDevice>,
-    cell: &CudaSlice<u64>,
-) -> Result<Option<usize>> {
-    Ok(match download(device, cell, 1)?.first() {
-        Some(&i) if i != NO_INDEX => Some(usize::try_from(i).map_err(|_| Error::ShapeOverflow)?),
-        _ => None,
-    })
+impl From<u32> for Value {
+    fn from(v: u32) -> Value {
+        Value::U32(v)
+    }
+}
+
+impl From<i32> for Value {
+    fn from(v: i32) -> Value {
+        Value::I32(v)
+    }
+}
+
+impl From<f32> for Value {
+    fn from(v: f32) -> Value {
+        Value::F32(v)
+    }
+}
+
+/// Device memory a kernel reads: a storage, a range of one, or a
+/// [`DeviceVec`].
+pub trait DeviceRead<'a> {
+    /// The bytes, their element type and count, and the device.
+    fn operand(self) -> Result<Operand<'a>>;
+}
+
+/// Device memory a kernel writes: a storage, a range of one, or a
+/// [`DeviceVec`], borrowed mutably.
+pub trait DeviceWrite<'a> {
+    /// The bytes, their element type and count, and the device.
+    fn operand(self) -> Result<Operand<'a>>;
+}
+
+/// One argument of a launch, as [`Launch::run`] checks it.
+#[derive(Debug)]
+pub struct Operand<'a>(Arg<'a>);
+
+/// `bytes[window]` holds the argument's `len` elements of `elem`.
+#[derive(Debug)]
+enum Arg<'a> {
+    Read {
+        bytes: CudaView<'a, u8>,
+        window: Range<usize>,
+        elem: CType,
+        len: usize,
+        ordinal: usize,
+    },
+    Write {
+        bytes: CudaViewMut<'a, u8>,
+        window: Range<usize>,
+        elem: CType,
+        len: usize,
+        ordinal: usize,
+    },
+    Null,
+    Value(Value),
+}
+
+impl<'a> Operand<'a> {
+    /// All of `bytes`, read as `len` elements of `elem`.
+    pub(crate) fn read(bytes: CudaView<'a, u8>, elem: CType, len: usize, ordinal: usize) -> Self {
+        let window = 0..bytes.len();
+        Operand(Arg::Read {
+            bytes,
+            window,
+            elem,
+            len,
+            ordinal,
+        })
+    }
+
+    /// All of `bytes`, written as `len` elements of `elem`.
+    pub(crate) fn write(
+        bytes: CudaViewMut<'a, u8>,
+        elem: CType,
+        len: usize,
+        ordinal: usize,
+    ) -> Self {
+        let window = 0..bytes.len();
+        Operand(Arg::Write {
+            bytes,
+            window,
+            elem,
+            len,
+            ordinal,
+        })
+    }
+
+    /// The elements `range` of this operand (a storage's elements).
+    fn window(mut self, range: Range<usize>) -> Result<Self> {
+        let (Arg::Read {
+            window, elem, len, ..
+        }
+        | Arg::Write {
+            window, elem, len, ..
+        }) = &mut self.0
+        else {
+            return Ok(self);
+        };
+        if range.start > range.end || range.end > *len {
+            return Err(out_of_bounds("window", &range, *len));
+        }
+        let size = elem.size_in_bytes();
+        *window = window.start + range.start * size..window.start + range.end * size;
+        *len = range.len();
+        Ok(self)
+    }
+}
+
+/// Elements `range` of a storage, to read or write.
+#[derive(Debug)]
+pub struct Window<S> {
+    storage: S,
+    range: Range<usize>,
+}
+
+/// Elements `range` of `storage` as a kernel argument.
+pub fn window<S>(storage: S, range: Range<usize>) -> Window<S> {
+    Window { storage, range }
+}
+
+impl<'a> DeviceRead<'a> for &'a CudaStorage {
+    fn operand(self) -> Result<Operand<'a>> {
+        Ok(Operand::read(
+            self.bytes()?,
+            ctype(self.dtype()),
+            self.len(),
+            self.ordinal(),
+        ))
+    }
+}
+
+impl<'a> DeviceWrite<'a> for &'a mut CudaStorage {
+    fn operand(self) -> Result<Operand<'a>> {
+        let (elem, len, ordinal) = (ctype(self.dtype()), self.len(), self.ordinal());
+        Ok(Operand::write(self.bytes_mut()?, elem, len, ordinal))
+    }
+}
+
+impl<'a> DeviceRead<'a> for Window<&'a CudaStorage> {
+    fn operand(self) -> Result<Operand<'a>> {
+        self.storage.operand()?.window(self.range)
+    }
+}
+
+impl<'a> DeviceWrite<'a> for Window<&'a mut CudaStorage> {
+    fn operand(self) -> Result<Operand<'a>> {
+        self.storage.operand()?.window(self.range)
+    }
+}
+
+impl<'a, T: DeviceScalar> DeviceRead<'a> for &'a DeviceVec<T> {
+    fn operand(self) -> Result<Operand<'a>> {
+        Ok(Operand::read(
+            self.bytes()?,
+            T::CTYPE,
+            self.len(),
+            self.ordinal(),
+        ))
+    }
+}
+
+impl<'a, T: DeviceScalar> DeviceWrite<'a> for &'a mut DeviceVec<T> {
+    fn operand(self) -> Result<Operand<'a>> {
+        let (len, ordinal) = (self.len(), self.ordinal());
+        Ok(Operand::write(self.bytes_mut()?, T::CTYPE, len, ordinal))
+    }
+}
+
+impl<'a> DeviceRead<'a> for Operand<'a> {
+    fn operand(self) -> Result<Operand<'a>> {
+        Ok(self)
+    }
+}
+
+impl<'a> DeviceWrite<'a> for Operand<'a> {
+    fn operand(self) -> Result<Operand<'a>> {
+        Ok(self)
+    }
+}
+
+/// One kernel launch being built: see the [module docs](self).
+///
+/// Arguments go in the kernel's parameter order; an argument that cannot
+/// be taken (a range outside its storage) is kept as the launch's error,
+/// which [`Launch::run`] returns before anything is queued.
+#[derive(Debug)]
+#[must_use = "a launch does nothing until it is run"]
+pub struct Launch<'a> {
+    device: &'a CudaDevice,
+    kernel: &'static Kernel,
+    stream: Option<&'a Arc<CudaStream>>,
+    args: Vec<Arg<'a>>,
+    error: Option<Error>,
+}
+
+impl<'a> Launch<'a> {
+    /// A launch of `kernel` on `device`'s stream.
+    pub fn new(device: &'a CudaDevice, kernel: &'static Kernel) -> Launch<'a> {
+        Launch {
+            device,
+            kernel,
+            stream: None,
+            args: Vec::with_capacity(kernel.params().len()),
+            error: None,
+        }
+    }
+
+    /// Queues the launch on `stream` (a stream of the same device, ordered
+    /// by the caller after the work the arguments depend on) instead.
+    pub fn on_stream(mut self, stream: &'a Arc<CudaStream>) -> Launch<'a> {
+        self.stream = Some(stream);
+        self
+    }
+
+    fn push(mut self, arg: Result<Operand<'a>>) -> Launch<'a> {
+        match arg {
+            Ok(Operand(arg)) => self.args.push(arg),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// The next argument: memory the kernel reads.
+    pub fn read(self, memory: impl DeviceRead<'a>) -> Launch<'a> {
+        let arg = memory.operand();
+        self.push(arg)
+    }
+
+    /// The next argument: memory the kernel writes.
+    pub fn write(self, memory: impl DeviceWrite<'a>) -> Launch<'a> {
+        let arg = memory.operand();
+        self.push(arg)
+    }
+
+    /// The next argument, memory the kernel writes when there is some,
+    /// else null (a parameter that may be null).
+    pub fn write_or_null(self, memory: Option<impl DeviceWrite<'a>>) -> Launch<'a> {
+        match memory {
+            Some(memory) => self.write(memory),
+            None => self.push(Ok(Operand(Arg::Null))),
+        }
+    }
+
+    /// The next argument, memory the kernel reads when there is some, else
+    /// null (a parameter that may be null).
+    pub fn read_or_null(self, memory: Option<impl DeviceRead<'a>>) -> Launch<'a> {
+        match memory {
+            Some(memory) => self.read(memory),
+            None => self.push(Ok(Operand(Arg::Null))),
+        }
+    }
+
+    /// The next argument: a value.
+    pub fn value(self, value: impl Into<Value>) -> Launch<'a> {
+        self.push(Ok(Operand(Arg::Value(value.into()))))
+    }
+
+    /// The next argument: a length, as the `gw_u64` kernels take.
+    pub fn len(self, n: usize) -> Launch<'a> {
+        let arg = len_arg(n).map(|n| Operand(Arg::Value(Value::U64(n))));
+        self.push(arg)
+    }
+
+    /// Checks the arguments and the grid against the kernel's signature and
+    /// queues the kernel (see the [module docs](self)).
+    pub fn run(self, blocks: Blocks) -> Result<()> {
+        let Launch {
+            device,
+            kernel,
+            stream,
+            args,
+            error,
+        } = self;
+        if let Some(error) = error {
+            return Err(error);
+        }
+        let grid = blocks.grid();
+        let described: Vec<Described> = args.iter().map(Arg::describe).collect();
+        check(kernel, &described, grid, device.ordinal())?;
+        let function = device.function(kernel.module(), kernel.name())?;
+        let stream = stream.unwrap_or(device.stream());
+        let null: u64 = 0;
+        let mut args = args;
+        let mut views = Vec::with_capacity(args.len());
+        for arg in &mut args {
+            let outside = || Error::Cuda("a kernel argument outside its buffer".into());
+            views.push(match arg {
+                Arg::Read { bytes, window, .. } => {
+                    View::Read(bytes.try_slice(window.clone()).ok_or_else(outside)?)
+                }
+                Arg::Write { bytes, window, .. } => {
+                    View::Write(bytes.try_slice_mut(window.clone()).ok_or_else(outside)?)
+                }
+                Arg::Null => View::Null,
+                Arg::Value(v) => View::Value(*v),
+            });
+        }
+        let mut builder = stream.launch_builder(&function);
+        for view in &mut views {
+            match view {
+                View::Read(bytes) => builder.arg(&*bytes),
+                View::Write(bytes) => builder.arg(bytes),
+                View::Null => builder.arg(&null),
+                View::Value(Value::U64(v)) => builder.arg(&*v),
+                View::Value(Value::U32(v)) => builder.arg(&*v),
+                View::Value(Value::I32(v)) => builder.arg(&*v),
+                View::Value(Value::F32(v)) => builder.arg(&*v),
+            };
+        }
+        let config = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: `check` proved the arguments to be what the kernel's
+        // signature declares, in order: values of the declared C types;
+        // pointers to live allocations of this device holding at least the
+        // elements the kernel may touch (the signature's extents, computed
+        // from these very arguments and grid), of the declared element type
+        // (or null where the kernel accepts null); every buffer the kernel
+        // writes borrowed mutably, so it aliases no other argument; the grid
+        // one the kernel accepts, with the BLOCK threads per block every
+        // kernel is written for. The signatures are checked against the PTX
+        // by gradwire-kernels' tests; the views live until `builder` is
+        // dropped, after the launch is queued (cudarc records the events
+        // that keep the memory alive until the kernel is done).
+        let result = unsafe { builder.launch(config) };
+        result
+            .map(|_| ())
+            .map_err(|e| driver_error(&format!("launching `{}`", kernel.name()), e))
+    }
+}
+
+impl Arg<'_> {
+    fn describe(&self) -> Described {
+        match self {
+            Arg::Read {
+                elem, len, ordinal, ..
+            } => Described::Memory {
+                writes: false,
+                elem: *elem,
+                len: *len,
+                ordinal: *ordinal,
+            },
+            Arg::Write {
+                elem, len, ordinal, ..
+            } => Described::Memory {
+                writes: true,
+                elem: *elem,
+                len: *len,
+                ordinal: *ordinal,
+            },
+            Arg::Null => Described::Null,
+            Arg::Value(v) => Described::Value(*v),
+        }
+    }
+}
+
+/// What [`check`] knows of an argument: the memory's access, element type,
+/// length and device, or null, or the value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Described {
+    Memory {
+        writes: bool,
+        elem: CType,
+        len: usize,
+        ordinal: usize,
+    },
+    Null,
+    Value(Value),
+}
+
+/// An argument as it is passed: its window of device memory, or its value.
+enum View<'b> {
+    Read(CudaView<'b, u8>),
+    Write(CudaViewMut<'b, u8>),
+    Null,
+    Value(Value),
+}
+
+/// The refusal of a launch, naming the kernel.
+fn refuse(kernel: &Kernel, detail: String) -> Error {
+    Error::InvalidArgument(format!("launching `{}`: {detail}", kernel.name()))
+}
+
+/// Whether `args` on `grid` are what `kernel` declares (see [`Launch::run`]).
+fn check(kernel: &Kernel, args: &[Described], grid: (u32, u32), ordinal: usize) -> Result<()> {
+    let params = kernel.params();
+    if args.len() != params.len() {
+        return Err(refuse(
+            kernel,
+            format!("{} arguments for {} parameters", args.len(), params.len()),
+        ));
+    }
+    if kernel.grid() == Grid::OneBlock && grid != (1, 1) {
+        return Err(refuse(
+            kernel,
+            format!("a single-block kernel launched on {grid:?} blocks"),
+        ));
+    }
+    let integers: Vec<Option<u64>> = args
+        .iter()
+        .map(|a| match a {
+            Described::Value(v) => v.integer(),
+            _ => None,
+        })
+        .collect();
+    let shape = LaunchShape::new(&integers, grid);
+    for (i, (param, arg)) in params.iter().zip(args).enumerate() {
+        let mismatch = |what: String| refuse(kernel, format!("parameter {i}: {what}"));
+        match (param, *arg) {
+            (Param::Value(ty), Described::Value(v)) if v.ctype() == *ty => {}
+            (Param::Value(ty), _) => return Err(mismatch(format!("expected a {ty:?} value"))),
+            (Param::Pointer { nullable: true, .. }, Described::Null) => {}
+            (
+                Param::Pointer {
+                    elem,
+                    access,
+                    extent,
+                    ..
+                },
+                Described::Memory {
+                    writes,
+                    elem: got,
+                    len,
+                    ordinal: on,
+                },
+            ) => {
+                if (*access == Access::Write) != writes {
+                    return Err(mismatch(format!(
+                        "the kernel's access is {access:?}, the argument's the other"
+                    )));
+                }
+                if got != *elem {
+                    return Err(mismatch(format!("{got:?} elements for {elem:?}")));
+                }
+                if on != ordinal {
+                    return Err(Error::DeviceMismatch {
+                        op: kernel.name(),
+                        expected: Device::Cuda(ordinal),
+                        got: Device::Cuda(on),
+                    });
+                }
+                let needed = extent(&shape).ok_or(Error::ShapeOverflow)?;
+                if u64::try_from(len).map_or(true, |len| len < needed) {
+                    return Err(mismatch(format!(
+                        "{len} elements where the kernel may touch {needed}"
+                    )));
+                }
+            }
+            (Param::Pointer { .. }, _) => {
+                return Err(mismatch("expected device memory".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradwire_kernels::{elementwise, lowrank, optim, reduce};
+
+    fn memory(writes: bool, elem: CType, len: usize) -> Described {
+        Described::Memory {
+            writes,
+            elem,
+            len,
+            ordinal: 0,
+        }
+    }
+
+    fn refused(kernel: &Kernel, args: &[Described], grid: (u32, u32)) -> String {
+        match check(kernel, args, grid, 0) {
+            Err(Error::InvalidArgument(why)) => why,
+            other => panic!("{}: expected a refusal, got {other:?}", kernel.name()),
+        }
+    }
+
+    /// axpy_f32(T* y, float a, const T* x, u64 n) for n = 7.
+    fn axpy(y: usize, x: usize) -> [Described; 4] {
+        [
+            memory(true, CType::F32, y),
+            Described::Value(Value::F32(2.0)),
+            memory(false, CType::F32, x),
+            Described::Value(Value::U64(7)),
+        ]
+    }
+
+    #[test]
+    fn a_launch_as_declared_passes() {
+        let grid = Blocks::Over(7).grid();
+        assert_eq!(
+            check(&elementwise::AXPY_F32, &axpy(7, 7), grid, 0).ok(),
+            Some(())
+        );
+        // Longer buffers are fine: the kernel touches n elements.
+        assert_eq!(
+            check(&elementwise::AXPY_F32, &axpy(9, 8), grid, 0).ok(),
+            Some(())
+        );
+    }
+
+    #[test]
+    fn a_short_buffer_is_refused_whichever_it_is() {
+        let grid = Blocks::Over(7).grid();
+        assert!(refused(&elementwise::AXPY_F32, &axpy(6, 7), grid).contains("parameter 0"));
+        assert!(refused(&elementwise::AXPY_F32, &axpy(7, 6), grid).contains("parameter 2"));
+        // A window past its buffer: lowrank_orthonormalize_f32 at offset 5
+        // of a 3 x 2 matrix needs 11 elements.
+        let args = [
+            memory(true, CType::F32, 10),
+            Described::Value(Value::U64(5)),
+            Described::Value(Value::U64(3)),
+            Described::Value(Value::U64(2)),
+        ];
+        let why = refused(&lowrank::LOWRANK_ORTHONORMALIZE_F32, &args, (1, 1));
+        assert!(
+            why.contains("10 elements where the kernel may touch 11"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_kind_type_or_count_is_refused() {
+        let grid = (1, 1);
+        let mut args = axpy(7, 7);
+        args[1] = Described::Value(Value::U64(2));
+        assert!(refused(&elementwise::AXPY_F32, &args, grid).contains("F32 value"));
+        let mut args = axpy(7, 7);
+        args[2] = memory(false, CType::F16, 7);
+        assert!(refused(&elementwise::AXPY_F32, &args, grid).contains("F16 elements"));
+        let mut args = axpy(7, 7);
+        args[0] = memory(false, CType::F32, 7);
+        assert!(refused(&elementwise::AXPY_F32, &args, grid).contains("access"));
+        let mut args = axpy(7, 7);
+        args[2] = Described::Null;
+        assert!(refused(&elementwise::AXPY_F32, &args, grid).contains("device memory"));
+        assert!(refused(&elementwise::AXPY_F32, &axpy(7, 7)[..3], grid).contains("3 arguments"));
+    }
+
+    #[test]
+    fn null_only_where_the_kernel_takes_it() {
+        // sgd_f32's momentum buffer may be null (no momentum).
+        let sgd = |buf: Described| {
+            let mut args = vec![
+                memory(true, CType::F32, 5),
+                memory(false, CType::F32, 5),
+                buf,
+                Described::Value(Value::U64(5)),
+            ];
+            args.extend([Described::Value(Value::F32(0.1)); 4]);
+            args.push(Described::Value(Value::I32(0)));
+            args
+        };
+        assert_eq!(
+            check(&optim::SGD_F32, &sgd(Described::Null), (1, 1), 0).ok(),
+            Some(())
+        );
+        let short = sgd(memory(true, CType::F32, 4));
+        assert!(refused(&optim::SGD_F32, &short, (1, 1)).contains("parameter 2"));
+    }
+
+    #[test]
+    fn grids_and_devices_are_checked() {
+        let partials = |blocks: usize| {
+            [
+                memory(false, CType::F32, 1000),
+                Described::Value(Value::U64(1000)),
+                memory(true, CType::F64, blocks),
+            ]
+        };
+        // One partial per block: four blocks need four.
+        assert_eq!(
+            check(&reduce::SUM_PARTIAL_F32, &partials(4), (4, 1), 0).ok(),
+            Some(())
+        );
+        assert!(refused(&reduce::SUM_PARTIAL_F32, &partials(3), (4, 1)).contains("parameter 2"));
+        let finish = [
+            memory(false, CType::F64, 4),
+            Described::Value(Value::U64(4)),
+            memory(true, CType::F64, 1),
+        ];
+        assert!(refused(&reduce::FINISH_SUM_F64, &finish, (2, 1)).contains("single-block"));
+        let elsewhere = Described::Memory {
+            writes: true,
+            elem: CType::F32,
+            len: 7,
+            ordinal: 1,
+        };
+        let mut args = axpy(7, 7);
+        args[0] = elsewhere;
+        let err = check(&elementwise::AXPY_F32, &args, (1, 1), 0);
+        assert!(matches!(err, Err(Error::DeviceMismatch { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn an_extent_that_overflows_is_refused() {
+        let mut args = axpy(7, 7);
+        args[3] = Described::Value(Value::U64(u64::MAX));
+        assert!(refused(&elementwise::AXPY_F32, &args, (1, 1)).contains("parameter 0"));
+        let args = [
+            memory(true, CType::F32, 10),
+            Described::Value(Value::U64(u64::MAX)),
+            Described::Value(Value::U64(3)),
+            Described::Value(Value::U64(2)),
+        ];
+        let err = check(&lowrank::LOWRANK_ORTHONORMALIZE_F32, &args, (1, 1), 0);
+        assert!(matches!(err, Err(Error::ShapeOverflow)), "{err:?}");
+    }
 }

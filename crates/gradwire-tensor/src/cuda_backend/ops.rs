@@ -19,36 +19,30 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
-use gradwire_kernels::{cast, elementwise, reduce};
+use gradwire_kernels::{Kernel, cast, elementwise, reduce};
 
+use super::device_vec::DeviceVec;
 use super::driver::{CudaDevice, CudaStorage};
 use super::launch::{
-    blocks, blocks_for, by_dtype, download, driver_error, grid_stride, launched, len_arg,
-    out_of_bounds, require_like, require_same_device, zeros,
+    Blocks, Launch, blocks_for, by_dtype, driver_error, out_of_bounds, require_like,
+    require_same_device, window,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// The conversion kernel from `src` to `dst` (`None` when they are equal: a
 /// copy).
-fn cast_kernel(src: DType, dst: DType) -> Option<&'static str> {
+fn cast_kernel(src: DType, dst: DType) -> Option<&'static Kernel> {
     use DType::{BF16, F16, F32};
     Some(match (src, dst) {
-        (F32, F16) => cast::CAST_F32_F16,
-        (F32, BF16) => cast::CAST_F32_BF16,
-        (F16, F32) => cast::CAST_F16_F32,
-        (BF16, F32) => cast::CAST_BF16_F32,
-        (F16, BF16) => cast::CAST_F16_BF16,
-        (BF16, F16) => cast::CAST_BF16_F16,
+        (F32, F16) => &cast::CAST_F32_F16,
+        (F32, BF16) => &cast::CAST_F32_BF16,
+        (F16, F32) => &cast::CAST_F16_F32,
+        (BF16, F32) => &cast::CAST_BF16_F32,
+        (F16, BF16) => &cast::CAST_F16_BF16,
+        (BF16, F16) => &cast::CAST_BF16_F16,
         (F32, F32) | (F16, F16) | (BF16, BF16) => return None,
     })
-}
-
-/// The byte range of elements `range` of a `dtype` buffer.
-fn byte_range(range: &Range<usize>, dtype: DType) -> Range<usize> {
-    let size = dtype.size_in_bytes();
-    range.start * size..range.end * size
 }
 
 impl CudaStorage {
@@ -65,22 +59,17 @@ impl CudaStorage {
         let kernel = by_dtype(
             self.dtype(),
             [
-                elementwise::FILL_F32,
-                elementwise::FILL_F16,
-                elementwise::FILL_BF16,
+                &elementwise::FILL_F32,
+                &elementwise::FILL_F16,
+                &elementwise::FILL_BF16,
             ],
         );
         let device = self.device_arc();
-        let function = device.function(elementwise::NAME, kernel)?;
-        let n_arg = len_arg(n)?;
-        let mut y = self.bytes_mut()?;
-        let mut args = device.stream().launch_builder(&function);
-        args.arg(&mut y).arg(&n_arg).arg(&value);
-        #[allow(unsafe_code)]
-        // SAFETY: fill_<dt>(T* y, u64 n, float v): `y` is this buffer, which
-        // holds n elements of the kernel's dtype.
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)
+        Launch::new(&device, kernel)
+            .write(self)
+            .len(n)
+            .value(value)
+            .run(Blocks::Over(n))
     }
 
     /// Copies `src` (same device, dtype and length) into this storage, on the
@@ -115,35 +104,29 @@ impl CudaStorage {
         if n == 0 {
             return Ok(());
         }
-        let (src_dtype, dst_dtype) = (src.dtype(), self.dtype());
         let device = self.device_arc();
-        let stream = device.stream();
-        let src_bytes = src.bytes()?;
-        let src_view = src_bytes
-            .try_slice(byte_range(&src_range, src_dtype))
-            .ok_or_else(|| out_of_bounds(OP, &src_range, src.len()))?;
-        let dst_len = self.len();
-        let mut dst_bytes = self.bytes_mut()?;
-        let mut dst_view = dst_bytes
-            .try_slice_mut(byte_range(&dst_range, dst_dtype))
-            .ok_or_else(|| out_of_bounds(OP, &dst_range, dst_len))?;
-        let Some(kernel) = cast_kernel(src_dtype, dst_dtype) else {
-            // Same dtype, so the byte views have the same length.
-            return stream
+        let Some(kernel) = cast_kernel(src.dtype(), self.dtype()) else {
+            // Same dtype: a copy of the bytes.
+            let size = src.dtype().size_in_bytes();
+            let dst_len = self.len();
+            let src_bytes = src.bytes()?;
+            let src_view = src_bytes
+                .try_slice(src_range.start * size..src_range.end * size)
+                .ok_or_else(|| out_of_bounds(OP, &src_range, src.len()))?;
+            let mut dst_bytes = self.bytes_mut()?;
+            let mut dst_view = dst_bytes
+                .try_slice_mut(dst_range.start * size..dst_range.end * size)
+                .ok_or_else(|| out_of_bounds(OP, &dst_range, dst_len))?;
+            return device
+                .stream()
                 .memcpy_dtod(&src_view, &mut dst_view)
                 .map_err(|e| driver_error("cuMemcpyDtoD", e));
         };
-        let function = device.function(cast::NAME, kernel)?;
-        let n_arg = len_arg(n)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&src_view).arg(&mut dst_view).arg(&n_arg);
-        #[allow(unsafe_code)]
-        // SAFETY: cast_<s>_<d>(const S* src, D* dst, u64 n): the views hold
-        // exactly n elements of the source and destination dtypes (the byte
-        // ranges were computed from n and each dtype's size) and do not
-        // overlap (two storages, or one borrowed mutably only once).
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)
+        Launch::new(&device, kernel)
+            .read(window(src, src_range))
+            .write(window(self, dst_range))
+            .len(n)
+            .run(Blocks::Over(n))
     }
 
     /// Sets elements `range` to +0.0 (a memset; all-zero bits are +0.0 in
@@ -156,7 +139,8 @@ impl CudaStorage {
         if range.is_empty() {
             return Ok(());
         }
-        let bytes = byte_range(&range, self.dtype());
+        let size = self.dtype().size_in_bytes();
+        let bytes = range.start * size..range.end * size;
         let device = self.device_arc();
         let mut all = self.bytes_mut()?;
         let mut part = all
@@ -180,9 +164,9 @@ impl CudaStorage {
     pub fn axpy(&mut self, a: f32, x: &CudaStorage) -> Result<()> {
         require_like("axpy", self, x)?;
         let kernel = [
-            elementwise::AXPY_F32,
-            elementwise::AXPY_F16,
-            elementwise::AXPY_BF16,
+            &elementwise::AXPY_F32,
+            &elementwise::AXPY_F16,
+            &elementwise::AXPY_BF16,
         ];
         self.launch_update(kernel, Some(a), Some(x))
     }
@@ -190,9 +174,9 @@ impl CudaStorage {
     /// `self *= a` elementwise.
     pub fn scale(&mut self, a: f32) -> Result<()> {
         let kernel = [
-            elementwise::SCALE_F32,
-            elementwise::SCALE_F16,
-            elementwise::SCALE_BF16,
+            &elementwise::SCALE_F32,
+            &elementwise::SCALE_F16,
+            &elementwise::SCALE_BF16,
         ];
         self.launch_update(kernel, Some(a), None)
     }
@@ -202,9 +186,9 @@ impl CudaStorage {
     pub fn clamp(&mut self, c: f32) -> Result<()> {
         let c = crate::ops::check_clamp_bound(c)?;
         let kernel = [
-            elementwise::CLAMP_F32,
-            elementwise::CLAMP_F16,
-            elementwise::CLAMP_BF16,
+            &elementwise::CLAMP_F32,
+            &elementwise::CLAMP_F16,
+            &elementwise::CLAMP_BF16,
         ];
         self.launch_update(kernel, Some(c), None)
     }
@@ -213,9 +197,9 @@ impl CudaStorage {
     pub fn add(&mut self, x: &CudaStorage) -> Result<()> {
         require_like("add", self, x)?;
         let kernel = [
-            elementwise::ADD_F32,
-            elementwise::ADD_F16,
-            elementwise::ADD_BF16,
+            &elementwise::ADD_F32,
+            &elementwise::ADD_F16,
+            &elementwise::ADD_BF16,
         ];
         self.launch_update(kernel, None, Some(x))
     }
@@ -224,9 +208,9 @@ impl CudaStorage {
     pub fn mul(&mut self, x: &CudaStorage) -> Result<()> {
         require_like("mul", self, x)?;
         let kernel = [
-            elementwise::MUL_F32,
-            elementwise::MUL_F16,
-            elementwise::MUL_BF16,
+            &elementwise::MUL_F32,
+            &elementwise::MUL_F16,
+            &elementwise::MUL_BF16,
         ];
         self.launch_update(kernel, None, Some(x))
     }
@@ -237,7 +221,7 @@ impl CudaStorage {
     /// caller has checked `x` against `self`.
     fn launch_update(
         &mut self,
-        kernels: [&'static str; 3],
+        kernels: [&'static Kernel; 3],
         scalar: Option<f32>,
         x: Option<&CudaStorage>,
     ) -> Result<()> {
@@ -247,27 +231,14 @@ impl CudaStorage {
         }
         let kernel = by_dtype(self.dtype(), kernels);
         let device = self.device_arc();
-        let function = device.function(elementwise::NAME, kernel)?;
-        let n_arg = len_arg(n)?;
-        let x = x.map(CudaStorage::bytes).transpose()?;
-        let mut y = self.bytes_mut()?;
-        let mut args = device.stream().launch_builder(&function);
-        args.arg(&mut y);
-        if let Some(s) = &scalar {
-            args.arg(s);
+        let mut launch = Launch::new(&device, kernel).write(self);
+        if let Some(s) = scalar {
+            launch = launch.value(s);
         }
-        if let Some(x) = &x {
-            args.arg(x);
+        if let Some(x) = x {
+            launch = launch.read(x);
         }
-        args.arg(&n_arg);
-        #[allow(unsafe_code)]
-        // SAFETY: the kernels named by the callers take exactly `y`, the
-        // scalar if given, `x` if given, then n (elementwise.cu); `y` and
-        // `x` hold n elements of the kernel's dtype (the kernel is picked
-        // from `self.dtype()`, `x` checked like `self`) in distinct buffers
-        // (`self` is borrowed mutably).
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)
+        launch.len(n).run(Blocks::Over(n))
     }
 
     /// `sum_i self_i * other_i`, accumulated in f64 on the device.
@@ -276,9 +247,9 @@ impl CudaStorage {
         let kernel = by_dtype(
             self.dtype(),
             [
-                reduce::DOT_PARTIAL_F32,
-                reduce::DOT_PARTIAL_F16,
-                reduce::DOT_PARTIAL_BF16,
+                &reduce::DOT_PARTIAL_F32,
+                &reduce::DOT_PARTIAL_F16,
+                &reduce::DOT_PARTIAL_BF16,
             ],
         );
         self.sum_f64(kernel, Some(other))
@@ -289,9 +260,9 @@ impl CudaStorage {
         let kernel = by_dtype(
             self.dtype(),
             [
-                reduce::SUM_PARTIAL_F32,
-                reduce::SUM_PARTIAL_F16,
-                reduce::SUM_PARTIAL_BF16,
+                &reduce::SUM_PARTIAL_F32,
+                &reduce::SUM_PARTIAL_F16,
+                &reduce::SUM_PARTIAL_BF16,
             ],
         );
         self.sum_f64(kernel, None)
@@ -302,9 +273,9 @@ impl CudaStorage {
         let kernel = by_dtype(
             self.dtype(),
             [
-                reduce::SUM_SQ_PARTIAL_F32,
-                reduce::SUM_SQ_PARTIAL_F16,
-                reduce::SUM_SQ_PARTIAL_BF16,
+                &reduce::SUM_SQ_PARTIAL_F32,
+                &reduce::SUM_SQ_PARTIAL_F16,
+                &reduce::SUM_SQ_PARTIAL_BF16,
             ],
         );
         self.sum_f64(kernel, None)
@@ -312,34 +283,22 @@ impl CudaStorage {
 
     /// The two-stage f64 sum of `reduce.cu`: `kernel` leaves one partial per
     /// block, `finish_sum_f64` adds them; waits for the result.
-    fn sum_f64(&self, kernel: &'static str, other: Option<&CudaStorage>) -> Result<f64> {
+    fn sum_f64(&self, kernel: &'static Kernel, other: Option<&CudaStorage>) -> Result<f64> {
         let n = self.len();
         if n == 0 {
             return Ok(0.0);
         }
         let device = self.device_arc();
-        let stream = device.stream();
         let grid = blocks_for(n);
-        let mut partials = zeros::<f64>(&device, grid as usize)?;
-        let n_arg = len_arg(n)?;
-        let x = self.bytes()?;
-        let function = device.function(reduce::NAME, kernel)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&x);
-        let other_bytes;
+        let mut partials = DeviceVec::<f64>::zeros(&device, grid as usize)?;
+        let mut launch = Launch::new(&device, kernel).read(self);
         if let Some(other) = other {
-            other_bytes = other.bytes()?;
-            args.arg(&other_bytes);
+            launch = launch.read(other);
         }
-        args.arg(&n_arg).arg(&mut partials);
-        #[allow(unsafe_code)]
-        // SAFETY: sum_partial_<dt> / sum_sq_partial_<dt> take (const T* x,
-        // u64 n, double* partials) and dot_partial_<dt> (const T* a, const
-        // T* b, u64 n, double* partials); the inputs hold n elements of the
-        // kernel's dtype (checked by the callers), `partials` one f64 per
-        // block of the grid, and the block size is the required BLOCK.
-        let result = unsafe { args.launch(blocks(grid)) };
-        launched(kernel, result)?;
+        launch
+            .len(n)
+            .write(&mut partials)
+            .run(Blocks::Exactly(grid, 1))?;
         finish_sum(&device, &partials)
     }
 
@@ -353,25 +312,19 @@ impl CudaStorage {
         let kernel = by_dtype(
             self.dtype(),
             [
-                reduce::MAX_ABS_KEY_F32,
-                reduce::MAX_ABS_KEY_F16,
-                reduce::MAX_ABS_KEY_BF16,
+                &reduce::MAX_ABS_KEY_F32,
+                &reduce::MAX_ABS_KEY_F16,
+                &reduce::MAX_ABS_KEY_BF16,
             ],
         );
         let device = self.device_arc();
-        let stream = device.stream();
-        let mut key = zeros::<u32>(&device, 1)?;
-        let n_arg = len_arg(n)?;
-        let x = self.bytes()?;
-        let function = device.function(reduce::NAME, kernel)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&x).arg(&n_arg).arg(&mut key);
-        #[allow(unsafe_code)]
-        // SAFETY: max_abs_key_<dt>(const T* x, u64 n, u32* out_key): `x`
-        // holds n elements of the kernel's dtype, `key` one zeroed u32.
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(kernel, result)?;
-        let key = download(&device, &key, 1)?;
+        let mut key = DeviceVec::<u32>::zeros(&device, 1)?;
+        Launch::new(&device, kernel)
+            .read(self)
+            .len(n)
+            .write(&mut key)
+            .run(Blocks::Over(n))?;
+        let key = key.to_host()?;
         Ok(key_to_magnitude(key.first().copied().unwrap_or(0)))
     }
 }
@@ -389,20 +342,15 @@ fn key_to_magnitude(key: u32) -> f64 {
 
 /// Adds f64 `partials` on the device with `finish_sum_f64` and returns the
 /// total (waits for it).
-fn finish_sum(device: &Arc<CudaDevice>, partials: &CudaSlice<f64>) -> Result<f64> {
-    let stream = device.stream();
-    let mut total = zeros::<f64>(device, 1)?;
-    let count = len_arg(partials.len())?;
-    let function = device.function(reduce::NAME, reduce::FINISH_SUM_F64)?;
-    let mut args = stream.launch_builder(&function);
-    args.arg(partials).arg(&count).arg(&mut total);
-    #[allow(unsafe_code)]
-    // SAFETY: finish_sum_f64(const double* partials, u64 count, double* out)
-    // with `count` the length of `partials` and `total` one f64, launched
-    // with one block of the required BLOCK threads.
-    let result = unsafe { args.launch(blocks(1)) };
-    launched(reduce::FINISH_SUM_F64, result)?;
-    download(device, &total, 1)?
+fn finish_sum(device: &Arc<CudaDevice>, partials: &DeviceVec<f64>) -> Result<f64> {
+    let mut total = DeviceVec::<f64>::zeros(device, 1)?;
+    Launch::new(device, &reduce::FINISH_SUM_F64)
+        .read(partials)
+        .len(partials.len())
+        .write(&mut total)
+        .run(Blocks::Exactly(1, 1))?;
+    total
+        .to_host()?
         .first()
         .copied()
         .ok_or_else(|| Error::Cuda("finish_sum_f64 returned nothing".into()))
@@ -428,7 +376,11 @@ mod tests {
                 let kernel = cast_kernel(src, dst);
                 assert_eq!(kernel.is_none(), src == dst, "{src:?} -> {dst:?}");
                 if let Some(kernel) = kernel {
-                    assert!(cast::ENTRIES.contains(&kernel), "{kernel}");
+                    assert!(
+                        cast::ALL.iter().any(|k| k.name() == kernel.name()),
+                        "{}",
+                        kernel.name()
+                    );
                 }
             }
         }

@@ -11,16 +11,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use gradwire_kernels::select as k;
-
-use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::driver::CudaDevice;
-use crate::cuda_backend::launch::{
-    BLOCK, MAX_GRID, NO_INDEX, blocks, download, first_index_cell, grid_stride, launched, len_arg,
-    read_first_index, require_f32, u32_arg, upload, zeros,
+use gradwire_tensor::cuda_backend::launch::{
+    BLOCK, Blocks, Launch, MAX_GRID, require_f32, u32_arg,
 };
-use crate::error::{Error, Result};
+use gradwire_tensor::cuda_backend::{
+    CudaDevice, DeviceVec, NO_INDEX, first_index_cell, read_first_index,
+};
+use gradwire_tensor::{CudaStorage, DType, Error, Result};
 
 /// A selection on the device: keep every entry whose magnitude key is above
 /// `key`, and the first `ties` (in index order) of those equal to it. Four
@@ -29,7 +27,7 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct Selection {
     device: Arc<CudaDevice>,
-    state: CudaSlice<u64>,
+    state: DeviceVec<u64>,
     /// `ties` when the host knows it (every tie kept: a threshold), so that
     /// [`compact`] need not read it back; `None` after a radix select.
     ties_on_host: Option<u64>,
@@ -41,7 +39,7 @@ impl Selection {
     pub fn at_least(device: &Arc<CudaDevice>, key: u32) -> Result<Selection> {
         Ok(Selection {
             device: Arc::clone(device),
-            state: upload(device, &[u64::from(key), NO_INDEX, 0, 0])?,
+            state: DeviceVec::from_host(device, &[u64::from(key), NO_INDEX, 0, 0])?,
             ties_on_host: Some(NO_INDEX),
         })
     }
@@ -49,21 +47,16 @@ impl Selection {
     /// Keeps every entry equal to the key instead of the first `ties` (the
     /// threshold of sampled top-k: the sample's order statistic).
     pub fn keep_all_ties(&mut self) -> Result<()> {
-        let function = self.device.function(k::NAME, k::SELECTION_ALL_TIES)?;
-        let mut args = self.device.stream().launch_builder(&function);
-        args.arg(&mut self.state);
-        #[allow(unsafe_code)]
-        // SAFETY: selection_all_ties(u64* sel) writes sel[1] of the four-u64
-        // state this selection owns.
-        let result = unsafe { args.launch(blocks(1)) };
-        launched(k::SELECTION_ALL_TIES, result)?;
+        Launch::new(&self.device, &k::SELECTION_ALL_TIES)
+            .write(&mut self.state)
+            .run(Blocks::Exactly(1, 1))?;
         self.ties_on_host = Some(NO_INDEX);
         Ok(())
     }
 
     /// The selection's key and ties, on the host (waits for the stream).
     pub fn to_host(&self) -> Result<(u32, u64)> {
-        let state = download(&self.device, &self.state, 2)?;
+        let state = self.state.read(0..2)?;
         let key = state.first().copied().unwrap_or(0);
         let ties = state.get(1).copied().unwrap_or(0);
         Ok((u32::try_from(key).unwrap_or(u32::MAX), ties))
@@ -85,7 +78,7 @@ impl Selection {
 pub struct DeviceSparse {
     dense_len: usize,
     nnz: usize,
-    indices: CudaSlice<u32>,
+    indices: DeviceVec<u32>,
     values: CudaStorage,
 }
 
@@ -100,9 +93,8 @@ impl DeviceSparse {
         self.nnz
     }
 
-    /// The indices (the buffer may be longer than [`DeviceSparse::nnz`]:
-    /// it holds at least one element).
-    pub fn indices(&self) -> &CudaSlice<u32> {
+    /// The [`DeviceSparse::nnz`] indices.
+    pub fn indices(&self) -> &DeviceVec<u32> {
         &self.indices
     }
 
@@ -113,7 +105,7 @@ impl DeviceSparse {
 
     /// Indices and values on the host (waits for the stream).
     pub fn to_host(&self) -> Result<(Vec<u32>, Vec<f32>)> {
-        let indices = download(self.values.device(), &self.indices, self.nnz)?;
+        let indices = self.indices.to_host()?;
         let values = self.values.read_f32(0..self.nnz)?;
         Ok((indices, values))
     }
@@ -137,19 +129,14 @@ pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
     if n == 0 {
         return Ok(None);
     }
-    let device = Arc::clone(x.device());
-    let mut first = first_index_cell(&device)?;
-    let function = device.function(k::NAME, k::FIRST_NON_FINITE_F32)?;
-    let n_arg = len_arg(n)?;
-    let view = x.bytes()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&view).arg(&n_arg).arg(&mut first);
-    #[allow(unsafe_code)]
-    // SAFETY: first_non_finite_f32(const float* x, u64 n, u64* first): `x`
-    // holds n f32 (checked dtype), `first` one u64.
-    let result = unsafe { args.launch(grid_stride(n)) };
-    launched(k::FIRST_NON_FINITE_F32, result)?;
-    read_first_index(&device, &first)
+    let device = x.device();
+    let mut first = first_index_cell(device)?;
+    Launch::new(device, &k::FIRST_NON_FINITE_F32)
+        .read(x)
+        .len(n)
+        .write(&mut first)
+        .run(Blocks::Over(n))?;
+    read_first_index(&first)
 }
 
 /// The selection of the `k`-th largest magnitude key of `x` (f32, finite:
@@ -167,44 +154,26 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
         )));
     }
     let device = Arc::clone(x.device());
-    let mut state = zeros::<u64>(&device, 4)?;
-    let mut hist = zeros::<u64>(&device, 256)?;
-    let stream = device.stream();
-    let k_arg = len_arg(k_th)?;
-    let n_arg = len_arg(n)?;
-    {
-        let function = device.function(k::NAME, k::RADIX_INIT)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&mut state).arg(&mut hist).arg(&k_arg);
-        #[allow(unsafe_code)]
-        // SAFETY: radix_init(u64* state, u64* hist, u64 k): four u64 of
-        // state and 256 of histogram, one block of BLOCK threads.
-        let result = unsafe { args.launch(blocks(1)) };
-        launched(k::RADIX_INIT, result)?;
-    }
-    let view = x.bytes()?;
-    let histogram = device.function(k::NAME, k::RADIX_HISTOGRAM_F32)?;
-    let select_digit = device.function(k::NAME, k::RADIX_SELECT_DIGIT)?;
+    let mut state = DeviceVec::<u64>::zeros(&device, 4)?;
+    let mut hist = DeviceVec::<u64>::zeros(&device, 256)?;
+    Launch::new(&device, &k::RADIX_INIT)
+        .write(&mut state)
+        .write(&mut hist)
+        .len(k_th)
+        .run(Blocks::Exactly(1, 1))?;
     for shift in [24u32, 16, 8, 0] {
-        let mut args = stream.launch_builder(&histogram);
-        args.arg(&view)
-            .arg(&n_arg)
-            .arg(&state)
-            .arg(&mut hist)
-            .arg(&shift);
-        #[allow(unsafe_code)]
-        // SAFETY: radix_histogram_f32(const float* x, u64 n, const u64*
-        // state, u64* hist, u32 shift): n f32 in `x`, the four-u64 state and
-        // the 256-bin histogram; BLOCK threads per block as required.
-        let result = unsafe { args.launch(grid_stride(n)) };
-        launched(k::RADIX_HISTOGRAM_F32, result)?;
-        let mut args = stream.launch_builder(&select_digit);
-        args.arg(&mut state).arg(&mut hist).arg(&shift);
-        #[allow(unsafe_code)]
-        // SAFETY: radix_select_digit(u64* state, u64* hist, u32 shift) on
-        // the same state and histogram, one block of BLOCK threads.
-        let result = unsafe { args.launch(blocks(1)) };
-        launched(k::RADIX_SELECT_DIGIT, result)?;
+        Launch::new(&device, &k::RADIX_HISTOGRAM_F32)
+            .read(x)
+            .len(n)
+            .read(&state)
+            .write(&mut hist)
+            .value(shift)
+            .run(Blocks::Over(n))?;
+        Launch::new(&device, &k::RADIX_SELECT_DIGIT)
+            .write(&mut state)
+            .write(&mut hist)
+            .value(shift)
+            .run(Blocks::Exactly(1, 1))?;
     }
     Ok(Selection {
         device,
@@ -222,27 +191,16 @@ pub fn sample_strided(x: &CudaStorage, stride: usize) -> Result<CudaStorage> {
     }
     let n = x.len();
     let m = n.div_ceil(stride);
-    let mut out = CudaStorage::alloc_zeros(m, crate::DType::F32, x.ordinal())?;
+    let mut out = CudaStorage::alloc_zeros(m, DType::F32, x.ordinal())?;
     if m == 0 {
         return Ok(out);
     }
-    let device = Arc::clone(x.device());
-    let function = device.function(k::NAME, k::SAMPLE_STRIDED_F32)?;
-    let (n_arg, stride_arg) = (len_arg(n)?, len_arg(stride)?);
-    {
-        let view = x.bytes()?;
-        let mut sample = out.bytes_mut()?;
-        let mut args = device.stream().launch_builder(&function);
-        args.arg(&view)
-            .arg(&n_arg)
-            .arg(&stride_arg)
-            .arg(&mut sample);
-        #[allow(unsafe_code)]
-        // SAFETY: sample_strided_f32(const float* x, u64 n, u64 stride, float*
-        // out) writes out[0..ceil(n / stride)), which `out` holds.
-        let result = unsafe { args.launch(grid_stride(m)) };
-        launched(k::SAMPLE_STRIDED_F32, result)?;
-    }
+    Launch::new(x.device(), &k::SAMPLE_STRIDED_F32)
+        .read(x)
+        .len(n)
+        .len(stride)
+        .write(&mut out)
+        .run(Blocks::Over(m))?;
     Ok(out)
 }
 
@@ -291,42 +249,29 @@ pub fn compact(
         Ok(DeviceSparse {
             dense_len,
             nnz: 0,
-            indices: zeros(device, 0)?,
-            values: CudaStorage::alloc_zeros(0, crate::DType::F32, device.ordinal())?,
+            indices: DeviceVec::zeros(device, 0)?,
+            values: CudaStorage::alloc_zeros(0, DType::F32, device.ordinal())?,
         })
     };
     if n == 0 {
         return empty(&device);
     }
-    let stream = device.stream();
     let (tile, tiles) = tiling(n);
-    let (n_arg, tile_arg, tiles_arg) = (len_arg(n)?, len_arg(tile)?, len_arg(tiles)?);
-    let mut counts_gt = zeros::<u64>(&device, tiles)?;
-    let mut counts_eq = zeros::<u64>(&device, tiles)?;
-    let mut totals = zeros::<u64>(&device, 2)?;
-    let view = x.bytes()?;
-    {
-        let function = device.function(k::NAME, k::SELECT_COUNT_F32)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&view)
-            .arg(&n_arg)
-            .arg(&tile_arg)
-            .arg(&selection.state)
-            .arg(&mut counts_gt)
-            .arg(&mut counts_eq)
-            .arg(&mut totals);
-        #[allow(unsafe_code)]
-        // SAFETY: select_count_f32(const float* x, u64 n, u64 tile, const
-        // u64* sel, u64* counts_gt, u64* counts_eq, u64* totals): block b
-        // reads x[b tile, (b + 1) tile) ∩ [0, n) and writes counts[b] for
-        // b < tiles = ceil(n / tile), which both count buffers hold; totals
-        // holds two u64; BLOCK threads per block as required.
-        let result = unsafe { args.launch(blocks(u32_arg("tiles", tiles)?)) };
-        launched(k::SELECT_COUNT_F32, result)?;
-    }
+    let grid = Blocks::Exactly(u32_arg("tiles", tiles)?, 1);
+    let mut counts_gt = DeviceVec::<u64>::zeros(&device, tiles)?;
+    let mut counts_eq = DeviceVec::<u64>::zeros(&device, tiles)?;
+    let mut totals = DeviceVec::<u64>::zeros(&device, 2)?;
+    Launch::new(&device, &k::SELECT_COUNT_F32)
+        .read(x)
+        .len(n)
+        .len(tile)
+        .read(&selection.state)
+        .write(&mut counts_gt)
+        .write(&mut counts_eq)
+        .write(&mut totals)
+        .run(grid)?;
     let ties = selection.ties()?;
-    let counted = download(&device, &totals, 2)?;
-    let (above, equal) = match counted.as_slice() {
+    let (above, equal) = match totals.to_host()?.as_slice() {
         [above, equal] => (*above, *equal),
         _ => return Err(Error::Cuda("select_count_f32 returned no totals".into())),
     };
@@ -335,48 +280,29 @@ pub fn compact(
     if nnz == 0 {
         return empty(&device);
     }
-    let scan = device.function(k::NAME, k::EXCLUSIVE_SCAN_U64)?;
-    let mut offsets_gt = zeros::<u64>(&device, tiles + 1)?;
-    let mut offsets_eq = zeros::<u64>(&device, tiles + 1)?;
+    let mut offsets_gt = DeviceVec::<u64>::zeros(&device, tiles + 1)?;
+    let mut offsets_eq = DeviceVec::<u64>::zeros(&device, tiles + 1)?;
     for (counts, offsets) in [(&counts_gt, &mut offsets_gt), (&counts_eq, &mut offsets_eq)] {
-        let mut args = stream.launch_builder(&scan);
-        args.arg(counts).arg(&tiles_arg).arg(offsets);
-        #[allow(unsafe_code)]
-        // SAFETY: exclusive_scan_u64(const u64* in, u64 m, u64* out) reads
-        // m = tiles counts and writes m + 1 offsets, which the buffers hold;
-        // one block of BLOCK threads.
-        let result = unsafe { args.launch(blocks(1)) };
-        launched(k::EXCLUSIVE_SCAN_U64, result)?;
+        Launch::new(&device, &k::EXCLUSIVE_SCAN_U64)
+            .read(counts)
+            .len(tiles)
+            .write(offsets)
+            .run(Blocks::Exactly(1, 1))?;
     }
-    let mut indices = zeros::<u32>(&device, nnz)?;
-    let mut values = CudaStorage::alloc_zeros(nnz, crate::DType::F32, device.ordinal())?;
-    {
-        let function = device.function(k::NAME, k::SELECT_COMPACT_F32)?;
-        let null: u64 = 0;
-        let src: Option<CudaView<'_, u32>> = src_index.map(|s| s.indices.slice(..));
-        let mut out_values = values.bytes_mut()?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&view)
-            .arg(&n_arg)
-            .arg(&tile_arg)
-            .arg(&selection.state)
-            .arg(&offsets_gt)
-            .arg(&offsets_eq);
-        match &src {
-            Some(src) => args.arg(src),
-            None => args.arg(&null),
-        };
-        args.arg(&mut indices).arg(&mut out_values);
-        #[allow(unsafe_code)]
-        // SAFETY: select_compact_f32(const float* x, u64 n, u64 tile, const
-        // u64* sel, const u64* offsets_gt, const u64* offsets_eq, const u32*
-        // src_index, u32* out_index, float* out_value), with the same tiling
-        // as the count; the offsets hold tiles + 1 entries; src_index is
-        // null or holds n indices (checked); the outputs hold nnz = above +
-        // min(equal, ties) entries, exactly what the kernel writes.
-        let result = unsafe { args.launch(blocks(u32_arg("tiles", tiles)?)) };
-        launched(k::SELECT_COMPACT_F32, result)?;
-    }
+    let mut indices = DeviceVec::<u32>::zeros(&device, nnz)?;
+    let mut values = CudaStorage::alloc_zeros(nnz, DType::F32, device.ordinal())?;
+    Launch::new(&device, &k::SELECT_COMPACT_F32)
+        .read(x)
+        .len(n)
+        .len(tile)
+        .read(&selection.state)
+        .read(&offsets_gt)
+        .read(&offsets_eq)
+        .read_or_null(src_index.map(DeviceSparse::indices))
+        .write(&mut indices)
+        .write(&mut values)
+        .len(nnz)
+        .run(grid)?;
     Ok(DeviceSparse {
         dense_len,
         nnz,
@@ -417,7 +343,7 @@ impl DeviceSparse {
         Ok(DeviceSparse {
             dense_len,
             nnz: indices.len(),
-            indices: upload(&device, indices)?,
+            indices: DeviceVec::from_host(&device, indices)?,
             values,
         })
     }

@@ -10,17 +10,13 @@
 //! from the same partials, [`combine`] is bitwise the CPU's.
 
 use std::ops::Range;
-use std::sync::Arc;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 use gradwire_kernels::adasum as k;
-
-use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{
-    BLOCK, download, launched, len_arg, require_f32, require_len, require_same_device, u32_arg,
-    upload, zeros,
+use gradwire_tensor::cuda_backend::DeviceVec;
+use gradwire_tensor::cuda_backend::launch::{
+    BLOCK, Blocks, Launch, len_arg, require_f32, require_len, require_same_device, u32_arg,
 };
-use crate::error::{Error, Result};
+use gradwire_tensor::{CudaStorage, Error, Result};
 
 /// Most tensors one launch's grid covers in y (the kernels stride beyond).
 const MAX_GRID_Y: usize = 65_535;
@@ -68,16 +64,11 @@ fn check(
     Ok(())
 }
 
-fn grid(x: usize, y: usize) -> Result<LaunchConfig> {
-    Ok(LaunchConfig {
-        grid_dim: (
-            u32_arg("grid x", x.max(1))?,
-            u32_arg("grid y", y.clamp(1, MAX_GRID_Y))?,
-            1,
-        ),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    })
+fn grid(x: usize, y: usize) -> Result<Blocks> {
+    Ok(Blocks::Exactly(
+        u32_arg("grid x", x.max(1))?,
+        u32_arg("grid y", y.clamp(1, MAX_GRID_Y))?,
+    ))
 }
 
 /// `(a.b, |a|^2, |b|^2)` of every tensor range over `piece`, three f64 per
@@ -99,46 +90,26 @@ pub fn partials(
     if longest == 0 {
         return Ok(vec![0.0; 3 * count]);
     }
-    let device = Arc::clone(a.device());
-    let stream = device.stream();
+    let device = a.device();
     let cols = columns(longest);
-    let ranges = upload(&device, &ranges)?;
-    let mut column_partials = zeros::<f64>(&device, 3 * count * cols)?;
-    let mut sums = zeros::<f64>(&device, 3 * count)?;
-    let (count_arg, cols_arg) = (len_arg(count)?, len_arg(cols)?);
-    let (av, bv) = (a.bytes()?, b.bytes()?);
-    {
-        let function = device.function(k::NAME, k::ADASUM_PARTIALS_F32)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&av)
-            .arg(&bv)
-            .arg(&ranges)
-            .arg(&count_arg)
-            .arg(&mut column_partials);
-        #[allow(unsafe_code)]
-        // SAFETY: adasum_partials_f32(const float* a, const float* b, const
-        // u64* ranges, u64 tensors, double* partials): every range lies in
-        // both buffers (checked, then clipped), `ranges` holds 2 u64 per
-        // tensor and `partials` 3 x tensors x gridDim.x doubles; BLOCK
-        // threads per block as required.
-        let result = unsafe { args.launch(grid(cols, count)?) };
-        launched(k::ADASUM_PARTIALS_F32, result)?;
-    }
-    {
-        let function = device.function(k::NAME, k::ADASUM_FINISH_F64)?;
-        let mut args = stream.launch_builder(&function);
-        args.arg(&column_partials)
-            .arg(&count_arg)
-            .arg(&cols_arg)
-            .arg(&mut sums);
-        #[allow(unsafe_code)]
-        // SAFETY: adasum_finish_f64(const double* partials, u64 tensors, u64
-        // columns, double* sums) reads the 3 x tensors x columns partials
-        // written above and writes 3 x tensors sums; BLOCK threads.
-        let result = unsafe { args.launch(grid(count.min(4096), 1)?) };
-        launched(k::ADASUM_FINISH_F64, result)?;
-    }
-    download(&device, &sums, 3 * count)
+    let ranges = DeviceVec::from_host(device, &ranges)?;
+    let mut column_partials = DeviceVec::<f64>::zeros(device, 3 * count * cols)?;
+    let mut sums = DeviceVec::<f64>::zeros(device, 3 * count)?;
+    Launch::new(device, &k::ADASUM_PARTIALS_F32)
+        .read(a)
+        .read(b)
+        .len(a.len())
+        .read(&ranges)
+        .len(count)
+        .write(&mut column_partials)
+        .run(grid(cols, count)?)?;
+    Launch::new(device, &k::ADASUM_FINISH_F64)
+        .read(&column_partials)
+        .len(count)
+        .len(cols)
+        .write(&mut sums)
+        .run(grid(count.min(4096), 1)?)?;
+    sums.to_host()
 }
 
 /// `a = ca a + cb b` on every tensor range over `piece`, with each tensor's
@@ -160,27 +131,19 @@ pub fn combine(
     if count == 0 || longest == 0 {
         return Ok(());
     }
-    let device = Arc::clone(a.device());
-    let ranges = upload(&device, &ranges)?;
-    let sums = upload(&device, sums)?;
-    let count_arg = len_arg(count)?;
-    let function = device.function(k::NAME, k::ADASUM_COMBINE_F32)?;
-    let bv = b.bytes()?;
-    let mut av = a.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut av)
-        .arg(&bv)
-        .arg(&ranges)
-        .arg(&count_arg)
-        .arg(&sums);
+    let device = a.device().clone();
+    let ranges = DeviceVec::from_host(&device, &ranges)?;
+    let sums = DeviceVec::from_host(&device, sums)?;
+    let n = a.len();
     let blocks_x = longest.div_ceil(BLOCK as usize).clamp(1, 1024);
-    #[allow(unsafe_code)]
-    // SAFETY: adasum_combine_f32(float* a, const float* b, const u64*
-    // ranges, u64 tensors, const double* sums): ranges inside both buffers
-    // (checked and clipped), 3 sums per tensor (checked), `a` and `b`
-    // distinct buffers (`a` borrowed mutably).
-    let result = unsafe { args.launch(grid(blocks_x, count)?) };
-    launched(k::ADASUM_COMBINE_F32, result)
+    Launch::new(&device, &k::ADASUM_COMBINE_F32)
+        .write(a)
+        .read(b)
+        .len(n)
+        .read(&ranges)
+        .len(count)
+        .read(&sums)
+        .run(grid(blocks_x, count)?)
 }
 
 /// The pairwise rule on whole vectors, `a = adasum(a, b)` per tensor range

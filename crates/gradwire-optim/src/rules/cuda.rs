@@ -7,16 +7,11 @@
 //! for the step (schedules, and for Adam the f64 bias corrections turned
 //! into `step_size` and `inv_c2`); see [`UpdateKernel`].
 
-use cudarc::driver::PushKernelArg;
-use gradwire_kernels::optim as k;
-
-use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{
-    by_dtype, grid_stride, launched, len_arg, require_f32, require_len, require_like,
-    require_same_device,
+use gradwire_kernels::{Kernel, optim as k};
+use gradwire_tensor::cuda_backend::launch::{
+    Blocks, Launch, by_dtype, require_f32, require_len, require_like, require_same_device,
 };
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use gradwire_tensor::{CudaStorage, DType, Error, Result};
 
 /// One step's update rule and its values.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,7 +92,7 @@ pub enum UpdateKernel {
 
 impl UpdateKernel {
     /// How many f32 buffers the update reads and writes, in the order
-    /// [`apply_update`] takes them (gradwire-optim's buffer names, sorted:
+    /// `apply_update` takes them (gradwire-optim's buffer names, sorted:
     /// `momentum`; `square_avg` / `sum_sq`; `m`, `v`).
     pub fn buffers(&self) -> usize {
         match self {
@@ -107,15 +102,19 @@ impl UpdateKernel {
         }
     }
 
-    fn kernel(&self, dtype: DType) -> &'static str {
+    fn kernel(&self, dtype: DType) -> &'static Kernel {
         by_dtype(
             dtype,
             match self {
-                UpdateKernel::Sgd { .. } => [k::SGD_F32, k::SGD_F16, k::SGD_BF16],
-                UpdateKernel::RmsProp { .. } => [k::RMSPROP_F32, k::RMSPROP_F16, k::RMSPROP_BF16],
-                UpdateKernel::AdaGrad { .. } => [k::ADAGRAD_F32, k::ADAGRAD_F16, k::ADAGRAD_BF16],
-                UpdateKernel::Adam { .. } => [k::ADAM_F32, k::ADAM_F16, k::ADAM_BF16],
-                UpdateKernel::AdamW { .. } => [k::ADAMW_F32, k::ADAMW_F16, k::ADAMW_BF16],
+                UpdateKernel::Sgd { .. } => [&k::SGD_F32, &k::SGD_F16, &k::SGD_BF16],
+                UpdateKernel::RmsProp { .. } => {
+                    [&k::RMSPROP_F32, &k::RMSPROP_F16, &k::RMSPROP_BF16]
+                }
+                UpdateKernel::AdaGrad { .. } => {
+                    [&k::ADAGRAD_F32, &k::ADAGRAD_F16, &k::ADAGRAD_BF16]
+                }
+                UpdateKernel::Adam { .. } => [&k::ADAM_F32, &k::ADAM_F16, &k::ADAM_BF16],
+                UpdateKernel::AdamW { .. } => [&k::ADAMW_F32, &k::ADAMW_F16, &k::ADAMW_BF16],
             },
         )
     }
@@ -153,22 +152,8 @@ pub fn apply_update(
     }
     let kernel = update.kernel(param.dtype());
     let device = std::sync::Arc::clone(param.device());
-    let function = device.function(k::NAME, kernel)?;
-    let n_arg = len_arg(n)?;
-    let g = grad.bytes()?;
-    let mut views = buffers
-        .iter_mut()
-        .map(|b| b.bytes_mut())
-        .collect::<Result<Vec<_>>>()?;
-    let mut p = param.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut p).arg(&g);
-    // Scalars live until the launch below.
-    let null: u64 = 0;
-    let nesterov_flag: i32;
-    let shrink_flag: i32;
-    let shrink_value: f32;
-    match (update, views.as_mut_slice()) {
+    let launch = Launch::new(&device, kernel).write(param).read(grad);
+    let launch = match (update, buffers) {
         (
             UpdateKernel::Sgd {
                 lr,
@@ -179,17 +164,18 @@ pub fn apply_update(
             },
             bufs,
         ) => {
-            nesterov_flag = i32::from(*nesterov);
-            match bufs {
-                [momentum_buffer] => args.arg(momentum_buffer),
-                _ => args.arg(&null),
+            let momentum_buffer = match bufs {
+                [momentum_buffer] => Some(&mut **momentum_buffer),
+                _ => None,
             };
-            args.arg(&n_arg)
-                .arg(lr)
-                .arg(momentum)
-                .arg(dampening)
-                .arg(weight_decay)
-                .arg(&nesterov_flag);
+            launch
+                .write_or_null(momentum_buffer)
+                .len(n)
+                .value(*lr)
+                .value(*momentum)
+                .value(*dampening)
+                .value(*weight_decay)
+                .value(i32::from(*nesterov))
         }
         (
             UpdateKernel::RmsProp {
@@ -199,14 +185,13 @@ pub fn apply_update(
                 weight_decay,
             },
             [square_avg],
-        ) => {
-            args.arg(square_avg)
-                .arg(&n_arg)
-                .arg(lr)
-                .arg(rho)
-                .arg(eps)
-                .arg(weight_decay);
-        }
+        ) => launch
+            .write(&mut **square_avg)
+            .len(n)
+            .value(*lr)
+            .value(*rho)
+            .value(*eps)
+            .value(*weight_decay),
         (
             UpdateKernel::AdaGrad {
                 lr,
@@ -214,13 +199,12 @@ pub fn apply_update(
                 weight_decay,
             },
             [sum_sq],
-        ) => {
-            args.arg(sum_sq)
-                .arg(&n_arg)
-                .arg(lr)
-                .arg(eps)
-                .arg(weight_decay);
-        }
+        ) => launch
+            .write(&mut **sum_sq)
+            .len(n)
+            .value(*lr)
+            .value(*eps)
+            .value(*weight_decay),
         (
             UpdateKernel::Adam {
                 step_size,
@@ -231,17 +215,16 @@ pub fn apply_update(
                 l2,
             },
             [m, v],
-        ) => {
-            args.arg(m)
-                .arg(v)
-                .arg(&n_arg)
-                .arg(step_size)
-                .arg(inv_c2)
-                .arg(beta1)
-                .arg(beta2)
-                .arg(eps)
-                .arg(l2);
-        }
+        ) => launch
+            .write(&mut **m)
+            .write(&mut **v)
+            .len(n)
+            .value(*step_size)
+            .value(*inv_c2)
+            .value(*beta1)
+            .value(*beta2)
+            .value(*eps)
+            .value(*l2),
         (
             UpdateKernel::AdamW {
                 shrink,
@@ -252,33 +235,23 @@ pub fn apply_update(
                 eps,
             },
             [m, v],
-        ) => {
-            shrink_flag = i32::from(shrink.is_some());
-            shrink_value = shrink.unwrap_or(1.0);
-            args.arg(m)
-                .arg(v)
-                .arg(&n_arg)
-                .arg(&shrink_flag)
-                .arg(&shrink_value)
-                .arg(step_size)
-                .arg(inv_c2)
-                .arg(beta1)
-                .arg(beta2)
-                .arg(eps);
-        }
+        ) => launch
+            .write(&mut **m)
+            .write(&mut **v)
+            .len(n)
+            .value(i32::from(shrink.is_some()))
+            .value(shrink.unwrap_or(1.0))
+            .value(*step_size)
+            .value(*inv_c2)
+            .value(*beta1)
+            .value(*beta2)
+            .value(*eps),
         // The count was checked against `update.buffers()` above.
         _ => {
             return Err(Error::InvalidArgument(format!(
                 "{OP}: buffers do not fit {update:?}"
             )));
         }
-    }
-    #[allow(unsafe_code)]
-    // SAFETY: the arguments follow the kernel's signature in optim.cu for
-    // this rule (pointers to p and g of the kernel's dtype, f32 buffers or a
-    // null pointer for SGD without momentum, u64 n, f32 / i32 scalars);
-    // every buffer holds n elements (checked above) and they are distinct
-    // allocations (each borrowed mutably once; copy on write unshares them).
-    let result = unsafe { args.launch(grid_stride(n)) };
-    launched(kernel, result)
+    };
+    launch.run(Blocks::Over(n))
 }

@@ -11,17 +11,12 @@
 //! and within a few f32 ulps of the CPU's (see `lowrank.cu`).
 
 use std::ops::Range;
-use std::sync::Arc;
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
-use gradwire_kernels::lowrank as k;
-
-use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{
-    BLOCK, MAX_GRID, blocks, grid_stride, launched, len_arg, out_of_bounds, require_f32,
-    require_len, require_same_device,
+use gradwire_kernels::{Kernel, lowrank as k};
+use gradwire_tensor::cuda_backend::launch::{
+    BLOCK, Blocks, Launch, MAX_GRID, out_of_bounds, require_f32, require_len, require_same_device,
 };
-use crate::error::{Error, Result};
+use gradwire_tensor::{CudaStorage, Error, Result};
 
 /// Outputs of one block of `lowrank_project_f32` (`GW_LOWRANK_OUTPUTS`:
 /// eight threads each).
@@ -147,68 +142,45 @@ fn check_operands(
 }
 
 /// The three products' kernels take the same arguments: two input
-/// windows, the output window (each an f32 pointer and an element offset)
+/// windows, the output window (each an f32 buffer and an element offset)
 /// and the shape: `kernel(const float* a, u64 a_at, const float* b, u64
 /// b_at, float* out, u64 out_at, u64 rows, u64 cols, u64 rank)`. Checks
 /// that the windows have the lengths `lens` gives (a, b, out) and lie on
-/// `out`'s device, then launches `kernel` with `config(outputs)`.
+/// `out`'s device, then launches `kernel` on `blocks(outputs)`.
 fn launch_product(
     op: &'static str,
-    kernel: &'static str,
+    kernel: &'static Kernel,
     (a, b, out): (&Window<'_>, &Window<'_>, &mut WindowMut<'_>),
     lens: [usize; 3],
     shape: LowRankShape,
-    config: fn(usize) -> LaunchConfig,
+    blocks: fn(usize) -> Blocks,
 ) -> Result<()> {
     let [a_len, b_len, outputs] = lens;
     check_operands(op, [(a, a_len), (b, b_len)], out, outputs)?;
     if outputs == 0 {
         return Ok(());
     }
-    let device = Arc::clone(out.storage.device());
-    let function = device.function(k::NAME, kernel)?;
-    let (a_at, b_at, out_at) = (
-        len_arg(a.range.start)?,
-        len_arg(b.range.start)?,
-        len_arg(out.range.start)?,
-    );
-    let (rows, cols, rank) = (
-        len_arg(shape.rows)?,
-        len_arg(shape.cols)?,
-        len_arg(shape.rank)?,
-    );
-    let (av, bv) = (a.storage.bytes()?, b.storage.bytes()?);
-    let mut ov = out.storage.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&av)
-        .arg(&a_at)
-        .arg(&bv)
-        .arg(&b_at)
-        .arg(&mut ov)
-        .arg(&out_at)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&rank);
-    #[allow(unsafe_code)]
-    // SAFETY: the kernel reads a[a_at..a_at + a_len] and b[b_at..b_at +
-    // b_len] and writes out[out_at..out_at + outputs], where the lengths
-    // are the shape's products for this kernel (its doc in lowrank.cu):
-    // each window lies in its f32 buffer with exactly that length
-    // (checked); `out` is borrowed mutably, so it is a buffer distinct from
-    // the inputs; `config` is the geometry the kernel requires (BLOCK
-    // threads per block for the projection, a grid-stride loop for the
-    // others).
-    let result = unsafe { args.launch(config(outputs)) };
-    launched(kernel, result)
+    let device = out.storage.device().clone();
+    Launch::new(&device, kernel)
+        .read(a.storage)
+        .len(a.range.start)
+        .read(b.storage)
+        .len(b.range.start)
+        .write(&mut *out.storage)
+        .len(out.range.start)
+        .len(shape.rows)
+        .len(shape.cols)
+        .len(shape.rank)
+        .run(blocks(outputs))
 }
 
 /// The projection's geometry: [`PROJECT_OUTPUTS_PER_BLOCK`] outputs per
 /// block of [`BLOCK`] threads, at most [`MAX_GRID`] blocks.
-fn project_config(outputs: usize) -> LaunchConfig {
+fn project_blocks(outputs: usize) -> Blocks {
     let grid = outputs
         .div_ceil(PROJECT_OUTPUTS_PER_BLOCK)
         .clamp(1, MAX_GRID as usize);
-    blocks(u32::try_from(grid).unwrap_or(MAX_GRID))
+    Blocks::Exactly(u32::try_from(grid).unwrap_or(MAX_GRID), 1)
 }
 
 /// `p = m q` (gradwire-compress's `lowrank::project`, bitwise): `m` is
@@ -222,11 +194,11 @@ pub fn project(
 ) -> Result<()> {
     launch_product(
         "lowrank::project",
-        k::LOWRANK_PROJECT_F32,
+        &k::LOWRANK_PROJECT_F32,
         (m, qt, p),
         [shape.m_len()?, shape.q_len()?, shape.p_len()?],
         shape,
-        project_config,
+        project_blocks,
     )
 }
 
@@ -241,11 +213,11 @@ pub fn project_back(
 ) -> Result<()> {
     launch_product(
         "lowrank::project_back",
-        k::LOWRANK_PROJECT_BACK_F32,
+        &k::LOWRANK_PROJECT_BACK_F32,
         (m, p, qt),
         [shape.m_len()?, shape.p_len()?, shape.q_len()?],
         shape,
-        grid_stride,
+        Blocks::Over,
     )
 }
 
@@ -260,11 +232,11 @@ pub fn reconstruct(
 ) -> Result<()> {
     launch_product(
         "lowrank::reconstruct",
-        k::LOWRANK_RECONSTRUCT_F32,
+        &k::LOWRANK_RECONSTRUCT_F32,
         (p, qt, out),
         [shape.p_len()?, shape.q_len()?, shape.m_len()?],
         shape,
-        grid_stride,
+        Blocks::Over,
     )
 }
 
@@ -279,17 +251,11 @@ pub fn orthonormalize(p: &mut WindowMut<'_>, rows: usize, rank: usize) -> Result
     if len == 0 {
         return Ok(());
     }
-    let device = Arc::clone(p.storage.device());
-    let function = device.function(k::NAME, k::LOWRANK_ORTHONORMALIZE_F32)?;
-    let (p_at, rows, rank) = (len_arg(p.range.start)?, len_arg(rows)?, len_arg(rank)?);
-    let mut pv = p.storage.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut pv).arg(&p_at).arg(&rows).arg(&rank);
-    #[allow(unsafe_code)]
-    // SAFETY: lowrank_orthonormalize_f32(float* p, u64 p_at, u64 rows, u64
-    // rank) reads and writes p[p_at..+rows rank], a window checked inside
-    // its f32 buffer with that length; one block of BLOCK threads, as the
-    // kernel requires (a block reduction per sum).
-    let result = unsafe { args.launch(blocks(1)) };
-    launched(k::LOWRANK_ORTHONORMALIZE_F32, result)
+    let device = p.storage.device().clone();
+    Launch::new(&device, &k::LOWRANK_ORTHONORMALIZE_F32)
+        .write(&mut *p.storage)
+        .len(p.range.start)
+        .len(rows)
+        .len(rank)
+        .run(Blocks::Exactly(1, 1))
 }

@@ -2,19 +2,14 @@
 //! {feedback,cast}.cu` on device buffers, matching gradwire-compress's
 //! `ErrorFeedback`, `cast::encode` and `SparseVec::scatter_add` bitwise.
 
-use std::sync::Arc;
-
-use cudarc::driver::PushKernelArg;
 use gradwire_kernels::{cast, feedback as k};
+use gradwire_tensor::cuda_backend::launch::{
+    Blocks, Launch, by_dtype, require_f32, require_len, require_same_device,
+};
+use gradwire_tensor::cuda_backend::{first_index_cell, read_first_index};
+use gradwire_tensor::{CudaStorage, DType, Error, Result};
 
 use super::select::DeviceSparse;
-use crate::cuda_backend::CudaStorage;
-use crate::cuda_backend::launch::{
-    by_dtype, first_index_cell, grid_stride, launched, len_arg, read_first_index, require_f32,
-    require_len, require_same_device,
-};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
 
 /// `residual += grad` (f32, same length), or with DGC's momentum correction
 /// `velocity = mu velocity + grad; residual += velocity`. Returns the
@@ -43,43 +38,22 @@ pub fn accumulate(
     if n == 0 {
         return Ok(None);
     }
-    let device = Arc::clone(residual.device());
+    let device = residual.device().clone();
     let mut first_bad = first_index_cell(&device)?;
-    let n_arg = len_arg(n)?;
-    let g = grad.bytes()?;
-    let mut r = residual.bytes_mut()?;
-    let stream = device.stream();
-    match momentum {
-        None => {
-            let function = device.function(k::NAME, k::EF_ACCUMULATE_F32)?;
-            let mut args = stream.launch_builder(&function);
-            args.arg(&mut r).arg(&g).arg(&n_arg).arg(&mut first_bad);
-            #[allow(unsafe_code)]
-            // SAFETY: ef_accumulate_f32(float* residual, const float* grad,
-            // u64 n, u64* first_bad): two f32 buffers of n elements (checked)
-            // and one u64.
-            let result = unsafe { args.launch(grid_stride(n)) };
-            launched(k::EF_ACCUMULATE_F32, result)?;
-        }
-        Some((velocity, mu)) => {
-            let function = device.function(k::NAME, k::EF_ACCUMULATE_MOMENTUM_F32)?;
-            let mut u = velocity.bytes_mut()?;
-            let mut args = stream.launch_builder(&function);
-            args.arg(&mut r)
-                .arg(&mut u)
-                .arg(&g)
-                .arg(&n_arg)
-                .arg(&mu)
-                .arg(&mut first_bad);
-            #[allow(unsafe_code)]
-            // SAFETY: ef_accumulate_momentum_f32(float* residual, float*
-            // velocity, const float* grad, u64 n, float mu, u64* first_bad):
-            // three distinct f32 buffers of n elements (checked) and one u64.
-            let result = unsafe { args.launch(grid_stride(n)) };
-            launched(k::EF_ACCUMULATE_MOMENTUM_F32, result)?;
-        }
-    }
-    read_first_index(&device, &first_bad)
+    let launch = match momentum {
+        None => Launch::new(&device, &k::EF_ACCUMULATE_F32)
+            .write(residual)
+            .read(grad)
+            .len(n),
+        Some((velocity, mu)) => Launch::new(&device, &k::EF_ACCUMULATE_MOMENTUM_F32)
+            .write(residual)
+            .write(velocity)
+            .read(grad)
+            .len(n)
+            .value(mu),
+    };
+    launch.write(&mut first_bad).run(Blocks::Over(n))?;
+    read_first_index(&first_bad)
 }
 
 /// Zeroes `residual` (and `velocity`) at the indices of `sent`, which must
@@ -103,28 +77,14 @@ pub fn zero_selected(
     if count == 0 {
         return Ok(());
     }
-    let device = Arc::clone(residual.device());
-    let function = device.function(k::NAME, k::EF_ZERO_SELECTED)?;
-    let (n_arg, count_arg) = (len_arg(n)?, len_arg(count)?);
-    let null: u64 = 0;
-    let mut r = residual.bytes_mut()?;
-    let mut u = match velocity {
-        Some(v) => Some(v.bytes_mut()?),
-        None => None,
-    };
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut r);
-    match &mut u {
-        Some(u) => args.arg(u),
-        None => args.arg(&null),
-    };
-    args.arg(&n_arg).arg(sent.indices()).arg(&count_arg);
-    #[allow(unsafe_code)]
-    // SAFETY: ef_zero_selected(float* residual, float* velocity, u64 n,
-    // const u32* index, u64 count): residual (and velocity, or null) hold n
-    // f32; `index` holds count = nnz indices; indices >= n are ignored.
-    let result = unsafe { args.launch(grid_stride(count)) };
-    launched(k::EF_ZERO_SELECTED, result)
+    let device = residual.device().clone();
+    Launch::new(&device, &k::EF_ZERO_SELECTED)
+        .write(residual)
+        .write_or_null(velocity)
+        .len(n)
+        .read(sent.indices())
+        .len(count)
+        .run(Blocks::Over(count))
 }
 
 /// The cast codec's options as the kernels take them: `has_clip`, `clip`
@@ -161,8 +121,8 @@ pub fn encode_cast(
     require_len(OP, src.len(), dst.len())?;
     let (has_clip, clip_value, scale) = codec_args(clip, scale)?;
     let kernel = match dst.dtype() {
-        DType::F16 => cast::ENCODE_F32_F16,
-        DType::BF16 => cast::ENCODE_F32_BF16,
+        DType::F16 => &cast::ENCODE_F32_F16,
+        DType::BF16 => &cast::ENCODE_F32_BF16,
         DType::F32 => {
             // A copy, then the same f32 clamp and multiply as the CPU.
             dst.copy_from(src)?;
@@ -179,24 +139,14 @@ pub fn encode_cast(
     if n == 0 {
         return Ok(());
     }
-    let device = Arc::clone(src.device());
-    let function = device.function(cast::NAME, kernel)?;
-    let n_arg = len_arg(n)?;
-    let s = src.bytes()?;
-    let mut d = dst.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&s)
-        .arg(&mut d)
-        .arg(&n_arg)
-        .arg(&has_clip)
-        .arg(&clip_value)
-        .arg(&scale);
-    #[allow(unsafe_code)]
-    // SAFETY: encode_f32_<f16|bf16>(const float* src, D* dst, u64 n, int
-    // has_clip, float clip, float scale): n f32 in, n elements of the
-    // kernel's dtype out (checked), the options validated.
-    let result = unsafe { args.launch(grid_stride(n)) };
-    launched(kernel, result)
+    Launch::new(src.device(), kernel)
+        .read(src)
+        .write(dst)
+        .len(n)
+        .value(has_clip)
+        .value(clip_value)
+        .value(scale)
+        .run(Blocks::Over(n))
 }
 
 /// One error-feedback step of the cast codec on the accumulator `residual`
@@ -215,8 +165,8 @@ pub fn feedback_cast(
     require_len(OP, residual.len(), dst.len())?;
     let (has_clip, clip_value, scale) = codec_args(clip, scale)?;
     let kernel = match dst.dtype() {
-        DType::F16 => k::EF_CAST_F32_F16,
-        DType::BF16 => k::EF_CAST_F32_BF16,
+        DType::F16 => &k::EF_CAST_F32_F16,
+        DType::BF16 => &k::EF_CAST_F32_BF16,
         DType::F32 => {
             return Err(Error::InvalidArgument(format!(
                 "{OP}: the destination must be f16 or bf16"
@@ -229,25 +179,16 @@ pub fn feedback_cast(
     }
     // As the CPU: the inverse in f32, then one multiply per element.
     let inverse = 1.0f32 / scale;
-    let device = Arc::clone(residual.device());
-    let function = device.function(k::NAME, kernel)?;
-    let n_arg = len_arg(n)?;
-    let mut r = residual.bytes_mut()?;
-    let mut d = dst.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut r)
-        .arg(&mut d)
-        .arg(&n_arg)
-        .arg(&has_clip)
-        .arg(&clip_value)
-        .arg(&scale)
-        .arg(&inverse);
-    #[allow(unsafe_code)]
-    // SAFETY: ef_cast_f32_<f16|bf16>(float* residual, D* dst, u64 n, int
-    // has_clip, float clip, float scale, float inverse): n f32 and n
-    // elements of the kernel's dtype in two distinct buffers (checked).
-    let result = unsafe { args.launch(grid_stride(n)) };
-    launched(kernel, result)
+    let device = residual.device().clone();
+    Launch::new(&device, kernel)
+        .write(residual)
+        .write(dst)
+        .len(n)
+        .value(has_clip)
+        .value(clip_value)
+        .value(scale)
+        .value(inverse)
+        .run(Blocks::Over(n))
 }
 
 /// `dense[index] += value` for every entry of `sparse` (f32 `dense` of
@@ -276,24 +217,19 @@ pub fn scatter_add_values(
     }
     let kernel = by_dtype(
         values.dtype(),
-        [k::SCATTER_ADD_F32, k::SCATTER_ADD_F16, k::SCATTER_ADD_BF16],
+        [
+            &k::SCATTER_ADD_F32,
+            &k::SCATTER_ADD_F16,
+            &k::SCATTER_ADD_BF16,
+        ],
     );
-    let device = Arc::clone(dense.device());
-    let function = device.function(k::NAME, kernel)?;
-    let (n_arg, count_arg) = (len_arg(dense.len())?, len_arg(count)?);
-    let v = values.bytes()?;
-    let mut d = dense.bytes_mut()?;
-    let mut args = device.stream().launch_builder(&function);
-    args.arg(&mut d)
-        .arg(&n_arg)
-        .arg(sparse.indices())
-        .arg(&v)
-        .arg(&count_arg);
-    #[allow(unsafe_code)]
-    // SAFETY: scatter_add_<dt>(float* dense, u64 n, const u32* index, const
-    // V* value, u64 count): `dense` holds n f32, `index` count indices and
-    // `value` count elements of the kernel's dtype (checked); an index >= n
-    // is ignored and the adds are atomic.
-    let result = unsafe { args.launch(grid_stride(count)) };
-    launched(kernel, result)
+    let device = dense.device().clone();
+    let n = dense.len();
+    Launch::new(&device, kernel)
+        .write(dense)
+        .len(n)
+        .read(sparse.indices())
+        .read(values)
+        .len(count)
+        .run(Blocks::Over(count))
 }
