@@ -11,95 +11,9 @@
 //! rank and overflows past 65504 on the way even when the final value fits.
 
 use crate::op::ReduceOp;
+pub use gradwire_tensor::ElemType;
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use std::fmt;
-
-/// The element type of a buffer, as validated across ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ElemType {
-    /// IEEE half precision.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// IEEE single precision.
-    F32,
-    /// IEEE double precision.
-    F64,
-    /// Bytes.
-    U8,
-    /// Unsigned 32-bit integers.
-    U32,
-    /// Unsigned 64-bit integers.
-    U64,
-    /// Signed 32-bit integers.
-    I32,
-    /// Signed 64-bit integers.
-    I64,
-}
-
-impl ElemType {
-    /// Every element type.
-    pub const ALL: [ElemType; 9] = [
-        ElemType::F16,
-        ElemType::BF16,
-        ElemType::F32,
-        ElemType::F64,
-        ElemType::U8,
-        ElemType::U32,
-        ElemType::U64,
-        ElemType::I32,
-        ElemType::I64,
-    ];
-
-    /// Size of one element in bytes.
-    pub fn size_in_bytes(self) -> usize {
-        match self {
-            ElemType::U8 => 1,
-            ElemType::F16 | ElemType::BF16 => 2,
-            ElemType::F32 | ElemType::U32 | ElemType::I32 => 4,
-            ElemType::F64 | ElemType::U64 | ElemType::I64 => 8,
-        }
-    }
-
-    /// Whether this is a floating-point type.
-    pub fn is_float(self) -> bool {
-        matches!(
-            self,
-            ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64
-        )
-    }
-
-    /// The lowercase name ("f32", "u8", ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ElemType::F16 => "f16",
-            ElemType::BF16 => "bf16",
-            ElemType::F32 => "f32",
-            ElemType::F64 => "f64",
-            ElemType::U8 => "u8",
-            ElemType::U32 => "u32",
-            ElemType::U64 => "u64",
-            ElemType::I32 => "i32",
-            ElemType::I64 => "i64",
-        }
-    }
-}
-
-impl fmt::Display for ElemType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl From<gradwire_tensor::DType> for ElemType {
-    fn from(dtype: gradwire_tensor::DType) -> Self {
-        match dtype {
-            gradwire_tensor::DType::F32 => ElemType::F32,
-            gradwire_tensor::DType::F16 => ElemType::F16,
-            gradwire_tensor::DType::BF16 => ElemType::BF16,
-        }
-    }
-}
 
 /// A type a communicator can move and reduce. Sealed.
 pub trait Element:

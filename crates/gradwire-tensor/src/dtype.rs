@@ -34,23 +34,124 @@ impl DType {
     /// Every dtype, in declaration order; handy for exhaustive tests and CLIs.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
+    /// The element type this dtype is.
+    pub const fn elem_type(self) -> ElemType {
+        match self {
+            DType::F32 => ElemType::F32,
+            DType::F16 => ElemType::F16,
+            DType::BF16 => ElemType::BF16,
+        }
+    }
+
     /// Bytes per element.
     pub const fn size_in_bytes(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-        }
+        self.elem_type().size_in_bytes()
     }
 
     /// The canonical lower-case name: `"f32"`, `"f16"` or `"bf16"`. This is
     /// what [`FromStr`] accepts and [`fmt::Display`] prints, so names round-trip
     /// through configs and reports.
     pub const fn as_str(self) -> &'static str {
+        self.elem_type().as_str()
+    }
+}
+
+impl From<DType> for ElemType {
+    fn from(dtype: DType) -> ElemType {
+        dtype.elem_type()
+    }
+}
+
+impl TryFrom<ElemType> for DType {
+    type Error = Error;
+
+    /// The dtype of a tensor element type; [`Error::InvalidArgument`] for
+    /// the others (f64, integers, bytes).
+    fn try_from(elem: ElemType) -> Result<DType> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.elem_type() == elem)
+            .ok_or_else(|| Error::InvalidArgument(format!("no tensor dtype is {elem}")))
+    }
+}
+
+/// Every element type gradwire moves or computes with: the tensor dtypes
+/// ([`DType`], a subset) plus f64 (AdaSum's partial sums), bytes (encoded
+/// payloads) and integers (indices, counts, votes). Communicators tag and
+/// validate buffers with it across ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+    /// Bytes.
+    U8,
+    /// Unsigned 32-bit integers.
+    U32,
+    /// Unsigned 64-bit integers.
+    U64,
+    /// Signed 32-bit integers.
+    I32,
+    /// Signed 64-bit integers.
+    I64,
+}
+
+impl ElemType {
+    /// Every element type.
+    pub const ALL: [ElemType; 9] = [
+        ElemType::F16,
+        ElemType::BF16,
+        ElemType::F32,
+        ElemType::F64,
+        ElemType::U8,
+        ElemType::U32,
+        ElemType::U64,
+        ElemType::I32,
+        ElemType::I64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size_in_bytes(self) -> usize {
         match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
+            ElemType::U8 => 1,
+            ElemType::F16 | ElemType::BF16 => 2,
+            ElemType::F32 | ElemType::U32 | ElemType::I32 => 4,
+            ElemType::F64 | ElemType::U64 | ElemType::I64 => 8,
         }
+    }
+
+    /// Whether this is a floating-point type.
+    pub const fn is_float(self) -> bool {
+        matches!(
+            self,
+            ElemType::F16 | ElemType::BF16 | ElemType::F32 | ElemType::F64
+        )
+    }
+
+    /// The lowercase name ("f32", "u8", ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ElemType::F16 => "f16",
+            ElemType::BF16 => "bf16",
+            ElemType::F32 => "f32",
+            ElemType::F64 => "f64",
+            ElemType::U8 => "u8",
+            ElemType::U32 => "u32",
+            ElemType::U64 => "u64",
+            ElemType::I32 => "i32",
+            ElemType::I64 => "i64",
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -366,6 +467,24 @@ impl WithDType for bf16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dtype_is_its_element_type_and_back() {
+        for dtype in DType::ALL {
+            let elem = ElemType::from(dtype);
+            assert_eq!(elem.size_in_bytes(), dtype.size_in_bytes());
+            assert_eq!(elem.as_str(), dtype.as_str());
+            assert!(elem.is_float());
+            assert_eq!(DType::try_from(elem).ok(), Some(dtype));
+        }
+        let others = ElemType::ALL
+            .into_iter()
+            .filter(|e| DType::ALL.iter().all(|d| d.elem_type() != *e));
+        for elem in others {
+            let err = DType::try_from(elem).expect_err("not a tensor dtype");
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{elem}");
+        }
+    }
 
     #[test]
     fn names_round_trip() {

@@ -87,7 +87,7 @@ pub use cuda_backend::{CudaDevice, DeviceBuffer};
 #[cfg(feature = "cuda")]
 pub use cudarc;
 pub use device::Device;
-pub use dtype::{DType, WithDType};
+pub use dtype::{DType, ElemType, WithDType};
 pub use error::{Error, ErrorKind, Result};
 pub use flat::{FlatEntry, FlatLayout, pack, pack_new, unpack};
 pub use half::{bf16, f16};
