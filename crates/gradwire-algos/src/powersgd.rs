@@ -51,8 +51,8 @@ pub struct PowerSgdConfig {
     pub rank: usize,
     /// Steps before this one are dense averages (`start_powerSGD_iter`).
     pub start_step: u64,
-    /// Compress a matrix only when its factors are at least this many times
-    /// smaller (`min_compression_rate`, default 2).
+    /// Compress a matrix only when its factors are more than this many
+    /// times smaller (`min_compression_rate`, default 2; strictly, as DDP).
     pub min_compression_rate: f64,
     /// Keep what the approximation misses for the next step
     /// (`use_error_feedback`, default on).

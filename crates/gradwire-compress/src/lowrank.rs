@@ -45,8 +45,10 @@ use rand_distr::{Distribution, StandardNormal};
 
 /// The matrix a tensor of shape `dims` is compressed as, `(rows, cols)`,
 /// or `None` when it travels uncompressed: fewer than two dimensions, or a
-/// rank-`rank` pair of factors not at least `min_rate` times smaller than
-/// the matrix (DDP's `min_compression_rate`, default 2).
+/// rank-`rank` pair of factors not more than `min_rate` times smaller than
+/// the matrix: compressed only when `(rows + cols) rank min_rate < rows
+/// cols` strictly, as PyTorch DDP's PowerSGD hook decides
+/// (`min_compression_rate`, default 2; equality travels dense).
 pub fn matrix_shape(dims: &[usize], rank: usize, min_rate: f64) -> Option<(usize, usize)> {
     let (&rows, rest) = dims.split_first()?;
     if rest.is_empty() || rank == 0 {
@@ -55,7 +57,7 @@ pub fn matrix_shape(dims: &[usize], rank: usize, min_rate: f64) -> Option<(usize
     let cols = rest.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
     let dense = rows.checked_mul(cols)? as f64;
     let factors = rows.checked_add(cols)?.checked_mul(rank)? as f64;
-    (factors > 0.0 && dense >= min_rate * factors).then_some((rows, cols))
+    (factors > 0.0 && min_rate * factors < dense).then_some((rows, cols))
 }
 
 fn check_len(op: &'static str, got: usize, expected: usize) -> Result<()> {

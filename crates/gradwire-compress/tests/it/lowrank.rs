@@ -166,7 +166,7 @@ fn init_q_is_seeded_and_standard_normal() {
 
 #[test]
 fn which_shapes_are_compressed() {
-    // Vectors and scalars never; a matrix when its factors are at least
+    // Vectors and scalars never; a matrix when its factors are more than
     // min_rate times smaller.
     assert_eq!(lowrank::matrix_shape(&[], 2, 2.0), None);
     assert_eq!(lowrank::matrix_shape(&[100], 2, 2.0), None);
@@ -178,6 +178,12 @@ fn which_shapes_are_compressed() {
     );
     // 4 x 4 at rank 2: 16 values vs 16 in the factors.
     assert_eq!(lowrank::matrix_shape(&[4, 4], 2, 2.0), None);
+    // PyTorch's `_should_compress` is strict: (n + m) r rate < n m. 8 x 8 at
+    // rank 2 and rate 2 is exactly equal (64 = 2 x 32): dense; 9 x 8 is
+    // compressed (68 < 72), and at rate 1 so is 8 x 8 (32 < 64).
+    assert_eq!(lowrank::matrix_shape(&[8, 8], 2, 2.0), None);
+    assert_eq!(lowrank::matrix_shape(&[9, 8], 2, 2.0), Some((9, 8)));
+    assert_eq!(lowrank::matrix_shape(&[8, 8], 2, 1.0), Some((8, 8)));
     assert_eq!(lowrank::matrix_shape(&[0, 10], 1, 1.0), None);
     assert_eq!(lowrank::matrix_shape(&[10, 10], 0, 1.0), None);
     assert_eq!(lowrank::matrix_shape(&[usize::MAX, 3], 1, 1.0), None);
