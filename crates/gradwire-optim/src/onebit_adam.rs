@@ -72,9 +72,22 @@ pub struct OneBitAdamValues {
 
 /// The update: AdamW's until the freeze; after it, `m` is the averaged
 /// momentum received, the variance is left as it was, and
-/// `p -= lr m̂ / (sqrt(v̂) + eps)` with `v̂` bias-corrected as at the freeze,
-/// except where the variance is zero (no gradient was ever seen there),
-/// which stays.
+/// `p -= lr m̂ / (sqrt(v̂) + eps)`, except where the variance is zero (no
+/// gradient was ever seen there), which stays.
+///
+/// Bias correction after the freeze, exactly: at step `t >= T =
+/// freeze_step`, `m̂ = m / (1 - beta1^t)` (the momentum keeps being folded,
+/// `m = beta1 m + (1 - beta1) g` on every rank before the exchange, so it
+/// carries `t` steps of Adam's bias) and `v̂ = v / (1 - beta2^T)` (the
+/// variance stopped at step `T`, so its bias is that of `T` updates, and
+/// correcting it with `t` would inflate every step as `t` grows). Both are
+/// computed in f64 and used in f32, as Adam's. Why keep a correction the
+/// paper's Algorithm 1 (Tang et al., 2021: `x -= lr m / sqrt(v_T)`) does
+/// not have: with it the step at the freeze is Adam's own step continued,
+/// with no jump in its size, and for `t` well past `1 / (1 - beta1)` the
+/// update is the paper's scaled by the constant `1 / sqrt(1 - beta2^T)`
+/// (about 1.26 for `beta2 = 0.999`, `T = 1000`), which a learning rate
+/// tuned for Adam already absorbs.
 #[derive(Debug, Clone, Copy)]
 pub struct OneBitAdamRule;
 
