@@ -56,5 +56,43 @@ pub enum ExperimentError {
     Json(#[from] serde_json::Error),
 }
 
+impl ExperimentError {
+    /// The error for `--backend mpi` in a build without MPI.
+    #[cfg(not(feature = "mpi"))]
+    pub(crate) fn mpi_missing() -> ExperimentError {
+        ExperimentError::Usage(
+            "this gradwire was built without MPI: cargo build --release -p gradwire-cli --features mpi, \
+             then run it under mpirun"
+                .into(),
+        )
+    }
+
+    /// The error for `--backend nccl` in a build without NCCL support.
+    #[cfg(not(feature = "nccl"))]
+    pub(crate) fn nccl_missing() -> ExperimentError {
+        ExperimentError::Usage(
+            "this gradwire was built without NCCL: cargo build --release -p gradwire-cli --features nccl"
+                .into(),
+        )
+    }
+
+    /// The error for `gradwire bench kernels` in a build without CUDA.
+    #[cfg(not(feature = "cuda"))]
+    pub(crate) fn cuda_missing() -> ExperimentError {
+        ExperimentError::Usage(
+            "this gradwire was built without CUDA: cargo build --release -p gradwire-cli --features cuda"
+                .into(),
+        )
+    }
+}
+
+#[cfg(test)]
+impl ExperimentError {
+    /// Whether this is the usage error of a build without `feature`.
+    pub(crate) fn is_built_without(&self, feature: &str) -> bool {
+        matches!(self, ExperimentError::Usage(m) if m.contains(&format!("--features {feature}")))
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = ExperimentError> = std::result::Result<T, E>;

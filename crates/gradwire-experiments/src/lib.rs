@@ -6,8 +6,11 @@
 //! projections ([`project`]), and the communication and compression
 //! benchmarks ([`bench`](mod@bench)).
 //!
-//! The `gradwire` binary (crate gradwire-cli) only parses flags and prints;
-//! everything it runs is here, so the end-to-end tests call the same code.
+//! The `gradwire` binary (crate gradwire-cli) only declares its commands
+//! and prints; everything it runs is here, so the end-to-end tests call the
+//! same code, and so are the commands' flags (clap derive:
+//! [`train::TrainArgs`], [`compare::CompareArgs`], [`bench::BenchCommand`],
+//! [`faults::FaultsArgs`], [`project::ProjectArgs`]), next to what they run.
 //!
 //! ```
 //! use gradwire_experiments::{TrainConfig, data::Digits, train::{Silent, train}};

@@ -2,32 +2,20 @@
 //! table and the plots; on a shaped network (`--network`) also the time
 //! report, the cost model's prediction of every run and `profile.json`.
 
-use super::over_network;
 use crate::console::{RunBar, bar_style};
-use crate::{Backend, CompareArgs};
-use gradwire_experiments::compare;
-use gradwire_experiments::data::Digits;
+use gradwire_experiments::compare::{self, CompareArgs, Compared};
 use gradwire_experiments::plot;
 use gradwire_experiments::project;
-use gradwire_experiments::train::RunReport;
+use gradwire_experiments::train::{Observer, RunReport};
 use gradwire_experiments::{ExperimentError, TrainConfig};
 use indicatif::ProgressBar;
 use std::path::Path;
 
 /// Runs `gradwire compare` with its flags.
 pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
-    if let Some(rate) = &args.network.network {
-        return over_network(rate, args.common.run.world, Some(&args.out));
-    }
-    let base = args.common.run.clone();
-    let configs = if args.strategies.is_empty() {
-        compare::configs(&base, &compare::DEFAULT_LINE_UP)?
-    } else {
-        compare::configs(&base, &args.strategies)?
-    };
-    let data = Digits::load(args.common.split_seed);
+    let base = &args.common.run;
     let json = args.common.json;
-    let header = |world: usize| {
+    let header = |world: usize, configs: &[TrainConfig]| {
         if !json {
             println!(
                 "comparing {} strategies: {} workers, {} epochs, global batch {}, seed {}",
@@ -39,7 +27,7 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
             );
         }
     };
-    let bars = |_: usize, config: &TrainConfig| -> Box<dyn gradwire_experiments::train::Observer> {
+    let bars = |_: usize, config: &TrainConfig| -> Box<dyn Observer> {
         // The length is set when the first epoch says how many steps it has.
         let bar = ProgressBar::new(0)
             .with_style(bar_style())
@@ -53,29 +41,9 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
             label: if json { String::new() } else { config.label() },
         })
     };
-    let (runs, calibration) = match args.backend {
-        Backend::Local => {
-            header(base.world);
-            (compare::run(&configs, &data, bars)?, None)
-        }
-        Backend::Mpi => {
-            match compare_mpi(
-                &configs,
-                &data,
-                args.network.link_rate.is_some(),
-                header,
-                bars,
-            )? {
-                Some(done) => done,
-                // Only rank 0 reports.
-                None => return Ok(()),
-            }
-        }
-        Backend::Nccl => {
-            return Err(ExperimentError::Usage(
-                "compare runs on --backend local or mpi (or --network)".into(),
-            ));
-        }
+    // Only rank 0 reports (with --network, rank 0 of the ranks).
+    let Some(Compared { runs, calibration }) = args.run(header, bars)? else {
+        return Ok(());
     };
     let plots = plot::write_plots(&runs, &args.out);
     // Everything measured, beside the plots (`gradwire project --profile`
@@ -170,49 +138,4 @@ fn shaped_report(
         );
     }
     Ok(())
-}
-
-/// A comparison's reports and, on a shaped network, the links' calibration.
-type Compared = (Vec<RunReport>, Option<compare::Calibration>);
-
-/// This process's part of a comparison under MPI (one run after the other,
-/// each on a new duplicate of the world); on a shaped network (`shaped`)
-/// the link is calibrated first. Rank 0 returns the reports.
-#[cfg(feature = "mpi")]
-fn compare_mpi<'o>(
-    configs: &[TrainConfig],
-    data: &Digits,
-    shaped: bool,
-    header: impl Fn(usize),
-    bars: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_experiments::train::Observer + 'o>,
-) -> Result<Option<Compared>, ExperimentError> {
-    use gradwire_comm::{Communicator, MpiComm};
-    let world = MpiComm::world()?;
-    let rank = world.rank();
-    if rank == 0 {
-        header(world.world_size());
-    }
-    let calibration = if shaped {
-        if rank == 0 {
-            eprintln!(
-                "calibrating the links: all-reduces of 64 KiB to 16 MiB, gradwire's and MPI's"
-            );
-        }
-        Some(compare::calibrate(&world)?)
-    } else {
-        None
-    };
-    let runs = compare::run_on(configs, data, || Ok(MpiComm::world()?), bars)?;
-    Ok(runs.map(|runs| (runs, calibration)))
-}
-
-#[cfg(not(feature = "mpi"))]
-fn compare_mpi<'o>(
-    _: &[TrainConfig],
-    _: &Digits,
-    _: bool,
-    _: impl Fn(usize),
-    _: impl Fn(usize, &TrainConfig) -> Box<dyn gradwire_experiments::train::Observer + 'o>,
-) -> Result<Option<Compared>, ExperimentError> {
-    Err(super::mpi_missing())
 }

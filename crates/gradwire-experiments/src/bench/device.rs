@@ -11,7 +11,7 @@
 //! all-reduce of CUDA tensors beside NCCL's own `ncclAllReduce` called
 //! directly (`NcclComm::time_library_all_reduce`), in the same run.
 
-use super::{AllReduceRow, Budget, CompressRow, gradient, median_time};
+use super::{Budget, CompressRow, gradient, median_time};
 use crate::error::{ExperimentError, Result};
 use gradwire_compress::cast::CastOptions;
 use gradwire_compress::cuda::lowrank::{self, Window, WindowMut};
@@ -227,7 +227,8 @@ pub fn nccl_device_rows(
     sizes: &[usize],
     budget: Budget,
     memcpy: impl Fn(usize) -> Result<f64>,
-) -> Result<Vec<AllReduceRow>> {
+) -> Result<Vec<super::AllReduceRow>> {
+    use super::AllReduceRow;
     use gradwire_comm::{Communicator, ReduceOp};
     use gradwire_tensor::{Device, Tensor};
     let world = comm.world_size();

@@ -3,7 +3,8 @@
 //! are ratios that mean something on any machine; and every strategy's
 //! bytes per step on a model's shapes beside dense ([`strategies`]); with
 //! the `cuda` feature, the device codecs beside a device-to-device copy
-//! (`device`).
+//! (`device`). `gradwire bench`'s subcommands and their flags:
+//! [`BenchCommand`].
 //!
 //! Every figure is the median of repeated timings (at least `min_runs`, and
 //! until `min_secs` have passed; for a collective, the median of `min_runs`
@@ -12,9 +13,12 @@
 //! `busbw = 2 (W - 1) / W x bytes / time`; the memcpy bandwidth counts the
 //! buffer once.
 
+mod command;
 #[cfg(feature = "cuda")]
 pub mod device;
 pub mod strategies;
+
+pub use command::{BenchCommand, parse_size};
 
 use crate::error::{ExperimentError, Result};
 use gradwire_comm::{Communicator, LocalConfig, ReduceOp, local};
@@ -440,34 +444,6 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
     Ok(rows)
 }
 
-/// Parses a size such as `4KiB`, `16MiB`, `1M` (elements or bytes alike:
-/// K = 1000, KiB = 1024) or a plain number.
-pub fn parse_size(text: &str) -> Result<usize> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let value: usize = digits
-        .parse()
-        .map_err(|_| ExperimentError::Usage(format!("{text:?} is not a size like 4KiB or 1M")))?;
-    let factor: usize = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" => 1_000,
-        "kib" | "ki" => 1 << 10,
-        "m" => 1_000_000,
-        "mib" | "mi" => 1 << 20,
-        "g" => 1_000_000_000,
-        "gib" | "gi" => 1 << 30,
-        _ => {
-            return Err(ExperimentError::Usage(format!(
-                "{text:?}: unknown unit {unit:?}"
-            )));
-        }
-    };
-    value
-        .checked_mul(factor)
-        .ok_or_else(|| ExperimentError::Usage(format!("{text:?} is too large")))
-}
-
 /// A row of a `gradwire bench` table: its columns' names and cells.
 pub trait TableRow: Serialize {
     /// The columns.
@@ -566,17 +542,6 @@ pub fn print_rows<T: TableRow>(json: bool, rows: &[T]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_and_decimal_units() {
-        assert_eq!(parse_size("4KiB").unwrap(), 4096);
-        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
-        assert_eq!(parse_size("1M").unwrap(), 1_000_000);
-        assert_eq!(parse_size("12").unwrap(), 12);
-        for bad in ["", "MiB", "4XB", "99999999999999999999G"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn small_runs_report_consistent_ratios() {

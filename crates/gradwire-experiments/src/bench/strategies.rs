@@ -14,6 +14,25 @@ use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig, Trainin
 use serde::Serialize;
 use std::time::Instant;
 
+/// The parameter shapes of `bench strategies`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ShapeModel {
+    /// torchvision's ResNet-50 (161 tensors, 25.6 M parameters).
+    Resnet50,
+    /// The digits MLP (one hidden layer of 128).
+    Mlp,
+}
+
+impl ShapeModel {
+    /// The model's parameter shapes.
+    pub fn shapes(self) -> Vec<Vec<usize>> {
+        match self {
+            ShapeModel::Resnet50 => resnet50_shapes(),
+            ShapeModel::Mlp => mlp_shapes(&[128]),
+        }
+    }
+}
+
 /// The parameter shapes of torchvision's ResNet-50 (conv weights
 /// `[out, in, k, k]`, batch-norm weight and bias, the classifier), in
 /// declaration order: 25 557 032 parameters.

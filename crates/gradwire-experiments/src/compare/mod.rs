@@ -2,7 +2,8 @@
 //! one after the other, summarised in one table (final and best accuracy,
 //! epochs to 95 %, bytes per worker, compression against dense, wall time).
 //! On a shaped network (`--network`, ranks under MPI) the report is about
-//! time: `shaped.rs`.
+//! time: `shaped.rs`. `gradwire compare`'s flags and the backend they
+//! choose: `command.rs`.
 
 use crate::config::{TrainConfig, parse_strategy};
 use crate::data::Digits;
@@ -118,8 +119,10 @@ pub fn table(runs: &[RunReport]) -> Table {
     table
 }
 
+mod command;
 mod shaped;
 
+pub use command::{CompareArgs, Compared};
 pub use shaped::{CALIBRATION_BYTES, Calibration, ShapedRow, calibrate, shaped_table};
 
 #[cfg(test)]

@@ -12,12 +12,15 @@
 //! or the error's kind) and how long the step took; [`Report`] then says
 //! whether every rank saw the same outcome at every step, whether the
 //! steps after the fault all completed, and whether the ranks ended with
-//! bitwise-equal parameters. `gradwire faults` prints it as a table.
+//! bitwise-equal parameters. `gradwire faults` ([`FaultsArgs`]) prints it
+//! as a table.
 
+mod command;
 mod report;
 mod run;
 mod scenario;
 
+pub use command::FaultsArgs;
 pub use report::{Report, TerminalReport, table, terminal_table};
 pub use run::{run_local, run_local_terminal, run_on};
 pub use scenario::{run_scenario, run_schedule};

@@ -12,8 +12,11 @@
 //! Ctrl-C and SIGTERM end the job (SIGTERM to mpirun, which stops its
 //! ranks; SIGKILL after a grace period) and return an error, so that the
 //! caller's [`ShapedNetwork`] drops and removes the namespaces.
+//!
+//! `--network RATE` ([`NetworkArgs`]) is the flag that asks for it:
+//! [`run_shaped`] runs this command again that way.
 
-use super::{SUBNET, ShapedNetwork};
+use super::{Rate, SUBNET, ShapedNetwork};
 use crate::error::{ExperimentError, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,75 @@ pub struct MpiLaunch {
     pub args: Vec<OsString>,
     /// Environment variables every rank gets (`-x NAME=value`).
     pub env: Vec<(String, String)>,
+}
+
+/// `--network`: the run's ranks as MPI processes on a shaped network.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetworkArgs {
+    /// Run the --world ranks as MPI processes (Open MPI over TCP only), one
+    /// per network namespace, each linked to a bridge at this rate in both
+    /// directions (tc tbf): 100mbit to 100gbit. Needs root, iproute2, Open
+    /// MPI and a build with --features mpi; the namespaces are removed on
+    /// every exit.
+    #[arg(long, value_name = "RATE")]
+    pub network: Option<String>,
+    /// Set by --network for the ranks it starts: the links' rate, bit/s.
+    #[arg(long, hide = true)]
+    pub link_rate: Option<u64>,
+}
+
+/// `--network RATE`: this command again (this program with this process's
+/// arguments, `--backend mpi --link-rate <bits/s>` in place of `--network`,
+/// `--backend` and `--link-rate`), as `world` MPI ranks on a shaped network
+/// made for the run and removed after it (`out`, the `--out` directory,
+/// made absolute: the ranks may start elsewhere).
+pub fn run_shaped(rate: &str, world: usize, out: Option<&Path>) -> Result<()> {
+    let rate = Rate::parse(rate)?;
+    if cfg!(not(feature = "mpi")) {
+        return Err(ExperimentError::Usage(
+            "--network starts MPI ranks: build with --features mpi".into(),
+        ));
+    }
+    let program = std::env::current_exe().map_err(|source| ExperimentError::Io {
+        path: "(this program)".into(),
+        source,
+    })?;
+    let mut args = Vec::new();
+    let mut given = std::env::args_os().skip(1);
+    while let Some(arg) = given.next() {
+        let text = arg.to_string_lossy();
+        if ["--network", "--backend", "--link-rate", "--out"].contains(&text.as_ref()) {
+            given.next();
+        } else if ["--network=", "--backend=", "--link-rate=", "--out="]
+            .iter()
+            .any(|p| text.starts_with(p))
+        {
+        } else {
+            args.push(arg);
+        }
+    }
+    args.extend(["--backend", "mpi", "--link-rate"].map(OsString::from));
+    args.push(rate.bits_per_s.to_string().into());
+    if let Some(out) = out {
+        let out = std::path::absolute(out).map_err(|source| ExperimentError::Io {
+            path: out.display().to_string(),
+            source,
+        })?;
+        args.push("--out".into());
+        args.push(out.into_os_string());
+    }
+    let net = ShapedNetwork::create(world, rate)?;
+    eprintln!(
+        "shaped network: {world} ranks, one namespace each, linked to a bridge at {rate} each way (tc tbf); Open MPI over TCP"
+    );
+    run_under_mpi(
+        &net,
+        &MpiLaunch {
+            program,
+            args,
+            env: Vec::new(),
+        },
+    )
 }
 
 /// Runs `launch` as one rank per namespace of `net` and waits for it. Its

@@ -2,7 +2,8 @@
 //! Communicator), each taking its share of every global batch, combined
 //! through gradwire-candle in the chosen strategy; per-epoch records of
 //! loss, accuracy, traffic and time (`report.rs`); checkpoints that resume
-//! bitwise (`resume.rs`).
+//! bitwise (`resume.rs`); `gradwire train`'s flags and the backend they
+//! choose (`command.rs`).
 //!
 //! Every worker runs the same loop: the global batch of `world * batch`
 //! samples comes from the epoch's seeded order, worker `r` takes samples
@@ -27,9 +28,11 @@ use gradwire_optim::{
 };
 use std::time::{Duration, Instant};
 
+mod command;
 mod report;
 mod resume;
 
+pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit};
 pub use resume::CheckpointPlan;
 use resume::{PCA_FILE, rank_file, saved_config};

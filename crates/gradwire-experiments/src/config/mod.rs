@@ -1,6 +1,7 @@
 //! What a training run is: the strategy with its parameters, the model, the
 //! optimizer and schedule, the world size and the seed; validated before
-//! anything starts.
+//! anything starts; with the flags every run shares ([`RunArgs`]) and the
+//! choice of communicator ([`BackendKind`]).
 
 use crate::error::{ExperimentError, Result};
 use gradwire_compress::{Quantizer, SparseCodec};
@@ -44,6 +45,19 @@ pub enum ScheduleKind {
     Cosine,
     /// Halved every quarter of the run.
     Step,
+}
+
+/// Which communicator the workers use (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Threads of this process (`--world` of them).
+    Local,
+    /// One rank per MPI process: run under `mpirun -np W` (build with
+    /// `--features mpi`); `--world` is taken from MPI.
+    Mpi,
+    /// One rank per GPU over NCCL, threads of this process on devices 0 to
+    /// W-1 (build with `--features nccl`; needs W GPUs and NCCL).
+    Nccl,
 }
 
 /// One training run. A field missing from saved JSON (a checkpoint of an
@@ -144,6 +158,22 @@ impl Default for TrainConfig {
             pca: None,
         }
     }
+}
+
+/// The settings every training run shares (`gradwire train`'s and
+/// `compare`'s flags): the run's ([`TrainConfig`], whose fields are the
+/// flags) and how it is shown.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The run.
+    #[command(flatten)]
+    pub run: TrainConfig,
+    /// Seed of the train/test split.
+    #[arg(long, default_value_t = 42)]
+    pub split_seed: u64,
+    /// Machine-readable JSON on stdout instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Parses `-s`: a strategy of the registry (`topk:0.01`, ...) or
@@ -479,197 +509,4 @@ mod legacy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with(strategy: &str) -> TrainConfig {
-        TrainConfig {
-            strategy: strategy.parse().unwrap(),
-            ..TrainConfig::default()
-        }
-    }
-
-    /// The flags a binary flattens from [`TrainConfig`].
-    #[derive(clap::Parser, Debug)]
-    struct Flags {
-        #[command(flatten)]
-        run: TrainConfig,
-    }
-
-    #[test]
-    fn no_flags_is_the_default_run_and_every_flag_reaches_its_field() {
-        use clap::Parser;
-        let none = Flags::try_parse_from(["gradwire"]).unwrap();
-        assert_eq!(none.run, TrainConfig::default());
-        let all = Flags::try_parse_from([
-            "gradwire",
-            "-w",
-            "3",
-            "--epochs",
-            "2",
-            "--batch",
-            "8",
-            "--model",
-            "cnn",
-            "--hidden",
-            "5,6",
-            "--channels",
-            "2",
-            "--fusion-threshold",
-            "99",
-            "--optimizer",
-            "adamw",
-            "--lr",
-            "0.5",
-            "--momentum",
-            "0.1",
-            "--schedule",
-            "cosine",
-            "--seed",
-            "11",
-            "--dimreduce-dense-epochs",
-            "1",
-            "--components",
-            "3",
-            "--pca",
-            "p.pca",
-        ])
-        .unwrap();
-        let want = TrainConfig {
-            world: 3,
-            epochs: 2,
-            batch: 8,
-            model: ModelKind::Cnn,
-            hidden: vec![5, 6],
-            channels: vec![2],
-            fusion_threshold: 99,
-            optimizer: OptimizerKind::Adamw,
-            lr: 0.5,
-            momentum: 0.1,
-            schedule: ScheduleKind::Cosine,
-            seed: 11,
-            dimreduce_dense_epochs: Some(1),
-            components: 3,
-            pca: Some("p.pca".into()),
-            ..TrainConfig::default()
-        };
-        assert_eq!(all.run, want);
-    }
-
-    #[test]
-    fn bad_values_name_their_flag() {
-        let cases: Vec<(TrainConfig, &str)> = vec![
-            (
-                TrainConfig {
-                    world: 0,
-                    ..TrainConfig::default()
-                },
-                "--world",
-            ),
-            (
-                TrainConfig {
-                    epochs: 0,
-                    ..TrainConfig::default()
-                },
-                "--epochs",
-            ),
-            (
-                TrainConfig {
-                    lr: -1.0,
-                    ..TrainConfig::default()
-                },
-                "--lr",
-            ),
-            (
-                TrainConfig {
-                    strategy: StrategyConfig::Sparse {
-                        codec: SparseCodec::TopK(1.5),
-                        error_feedback: true,
-                    },
-                    ..TrainConfig::default()
-                },
-                "--strategy",
-            ),
-            (
-                TrainConfig {
-                    world: 3,
-                    ..with("adasum-delta:group=2")
-                },
-                "--world",
-            ),
-            (
-                TrainConfig {
-                    dimreduce_dense_epochs: Some(0),
-                    ..with("dimreduce")
-                },
-                "--dimreduce-dense-epochs",
-            ),
-            (with("onebit-adam"), "--optimizer"),
-        ];
-        for (config, flag) in cases {
-            match config.validate() {
-                Err(ExperimentError::Usage(m)) => assert!(m.contains(flag), "{m}"),
-                other => panic!("{flag}: {other:?}"),
-            }
-        }
-        assert!(TrainConfig::default().validate().is_ok());
-        assert!(with("topk:1").validate().is_ok());
-        assert!(matches!(
-            parse_strategy("topk:2"),
-            Err(ExperimentError::Usage(m)) if m.contains("the ratio must be in (0, 1]")
-        ));
-        assert_eq!(
-            parse_strategy("baseline").unwrap(),
-            (StrategyConfig::Dense, true)
-        );
-    }
-
-    #[test]
-    fn labels_and_dense_epochs() {
-        assert_eq!(with("topk:0.01:no-ef").label(), "topk 1 %, no EF");
-        assert_eq!(with("sampled-topk:0.001").label(), "sampled-topk 0.1 %");
-        assert_eq!(with("powersgd:4").label(), "powersgd rank 4");
-        assert_eq!(with("uint8:no-ef").label(), "uint8, no EF");
-        assert_eq!(with("dimreduce").dense_epochs(), 10);
-        assert_eq!(TrainConfig::default().dense_epochs(), 0);
-    }
-
-    #[test]
-    fn the_first_format_reads_as_the_same_run() {
-        let old = serde_json::json!({
-            "adasum_group": null, "average_state": false, "batch": 16,
-            "channels": [16, 32], "clip": null, "components": 32,
-            "dimreduce_dense_epochs": null, "epochs": 1, "error_feedback": false,
-            "freeze_step": 100, "fusion_threshold": 2048, "hidden": [8],
-            "lr": 0.05, "model": "mlp", "momentum": 0.9, "optimizer": "sgd",
-            "pca": null, "powersgd_rank": 2, "powersgd_start_step": 10,
-            "ratio": 0.05, "schedule": "constant", "seed": 7,
-            "strategy": "topk", "threshold": 0.009999999776482582, "world": 2
-        });
-        let config: TrainConfig = serde_json::from_value(old).unwrap();
-        assert_eq!(
-            config,
-            TrainConfig {
-                world: 2,
-                epochs: 1,
-                hidden: vec![8],
-                ..with("topk:0.05:no-ef")
-            }
-        );
-        let baseline: TrainConfig =
-            serde_json::from_value(serde_json::json!({"strategy": "baseline"})).unwrap();
-        assert!(baseline.baseline && baseline.strategy == StrategyConfig::Dense);
-        // Today's format: the printed strategy, round trip.
-        let now = with("powersgd:4:start=1:no-ef");
-        let back: TrainConfig =
-            serde_json::from_value(serde_json::to_value(&now).unwrap()).unwrap();
-        assert_eq!(back, now);
-        let unreadable =
-            serde_json::from_value::<TrainConfig>(serde_json::json!({"strategy": "gzip"}))
-                .unwrap_err();
-        assert!(
-            unreadable.to_string().contains("unknown strategy \"gzip\""),
-            "{unreadable}"
-        );
-    }
-}
+mod tests;
