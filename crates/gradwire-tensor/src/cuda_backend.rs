@@ -12,7 +12,7 @@
 //! the kernels communicators run between transfers). The domain kernels'
 //! launchers live beside their CPU forms in the crates that own them
 //! (optimizer rules in gradwire-optim, codecs in gradwire-compress, AdaSum
-//! in gradwire-algos) and launch through [`launch::Launch`] without
+//! in gradwire-algos) and launch through `launch::Launch` without
 //! `unsafe`.
 //! Without it, a stand-in whose every constructor returns
 //! [`Error::NotCompiledWithCuda`](crate::Error::NotCompiledWithCuda).
