@@ -170,6 +170,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let mut buffers = std::mem::take(&mut self.buffers[b]);
         let mut grads = std::mem::take(&mut buffers.grads);
         grads.clear();
+        // A zero this rank cannot allocate (device memory) is a fault of
+        // this rank, posted in place of the bucket's first collective, so
+        // that every rank's step fails with it instead of this one
+        // returning alone while the others wait for its bucket.
+        let mut launch_fault = None;
         for i in range {
             let grad = match (self.grads[i].take(), self.unpushed[i].take()) {
                 (Some(g), _) => g,
@@ -182,9 +187,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }
                 (None, None) => {
                     let spec = &self.params[i];
-                    let mut zeros = Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?;
-                    zeros.zero_();
-                    zeros
+                    match Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device) {
+                        Ok(mut zeros) => {
+                            zeros.zero_();
+                            zeros
+                        }
+                        Err(e) => {
+                            self.record(FaultKind::Other, &e);
+                            launch_fault = Some(FaultKind::Other);
+                            continue;
+                        }
+                    }
                 }
             };
             grads.push(grad);
@@ -201,11 +214,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             step: self.optimizer.step_count(),
             // With the step's vote decided, that vote carried this rank's
             // faults and its non-finite check; the job has no vote of its own.
-            fault: self
+            fault: launch_fault.or(self
                 .fault
                 .as_ref()
                 .map(|f| f.kind)
-                .filter(|_| written.is_none()),
+                .filter(|_| written.is_none())),
             check_finite: written.is_none() && !strategy.carries_non_finite(),
             decided: written.is_some(),
             buffers,

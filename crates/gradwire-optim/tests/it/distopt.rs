@@ -986,3 +986,56 @@ fn each_front_end_takes_only_the_strategies_of_its_loop() {
         assert_eq!(any.training_loop(), strategy.training_loop());
     }
 }
+
+/// A zero one rank cannot allocate for a gradient it never pushed (here a
+/// parameter that rank declares on a CUDA device this machine lacks) is
+/// that rank's fault, carried by the bucket's collective: every rank's
+/// finish fails with it, naming that rank, instead of that rank returning
+/// alone while the others wait for its bucket; nothing changes, W = 2..4.
+#[test]
+fn a_zero_one_rank_cannot_allocate_fails_the_step_on_every_rank() {
+    use gradwire_comm::Fault;
+    use gradwire_tensor::Device;
+    for world in 2..=4 {
+        let last = world - 1;
+        let outcomes = local::run(world, |comm: LocalComm| {
+            let rank = comm.rank();
+            let device = if rank == last {
+                Device::Cuda(0)
+            } else {
+                Device::Cpu
+            };
+            let specs = vec![
+                ParamSpec::new("w", vec![3]),
+                ParamSpec::new("g", vec![2]).on_device(device),
+            ];
+            let config = DistOptConfig {
+                fusion_threshold: 1,
+                ..DistOptConfig::default()
+            };
+            let mut dist =
+                DistOpt::new(Sgd::new(SgdConfig::default().lr(0.5))?, comm, specs, config)?;
+            let mut w = Tensor::from_vec(vec![1f32, 2.0, 3.0], 3)?;
+            let mut g = Tensor::from_vec(vec![4f32, 5.0], 2)?;
+            dist.push("w", Tensor::from_vec(vec![1f32; 3], 3)?)?;
+            let result = dist.finish([("w", &mut w), ("g", &mut g)]);
+            Ok::<_, OptimError>((result.err(), w.to_vec::<f32>()?, g.to_vec::<f32>()?))
+        });
+        let outcomes = outcomes.expect("the ranks ran");
+        for (rank, outcome) in outcomes.into_iter().enumerate() {
+            let (err, w, g) = outcome.unwrap_or_else(|e| panic!("W={world} rank {rank}: {e}"));
+            assert!(
+                matches!(
+                    &err,
+                    Some(OptimError::Fault(Fault { rank: Some(r), .. })) if *r == last
+                ),
+                "W={world} rank {rank}: {err:?}"
+            );
+            assert_eq!(
+                (w, g),
+                (vec![1.0, 2.0, 3.0], vec![4.0, 5.0]),
+                "W={world} rank {rank}"
+            );
+        }
+    }
+}
