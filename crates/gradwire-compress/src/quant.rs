@@ -101,7 +101,9 @@ impl Quantizer {
         encode_chunks(*self, x, key, out)
     }
 
-    /// Decodes `payload` (of `out.len()` entries) into `out`.
+    /// Decodes `payload` (of `out.len()` entries) into `out`. Settings that
+    /// [`Quantizer::validate`] refuses are refused here too (with 0 QSGD
+    /// levels a zero code would decode to a NaN), and `out` is untouched.
     pub fn decode(&self, payload: &[u8], out: &mut [f32]) -> Result<()> {
         self.decode_with(payload, out, |o, v| *o = v)
     }
@@ -117,6 +119,7 @@ impl Quantizer {
         out: &mut [f32],
         put: impl Fn(&mut f32, f32),
     ) -> Result<()> {
+        self.validate()?;
         let expected = self.encoded_len(out.len());
         if payload.len() != expected {
             return Err(CompressError::Corrupt(format!(

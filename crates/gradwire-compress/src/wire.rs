@@ -39,7 +39,7 @@
 //! peers may check [`Payload::values_f32`] itself.
 //!
 //! ```
-//! use gradwire_compress::SparseVec;
+//! use gradwire_compress::{CompressError, SparseVec};
 //! use gradwire_compress::wire::{self, CodecId};
 //! use gradwire_tensor::DType;
 //!
@@ -53,7 +53,9 @@
 //! assert_eq!(dense, [1.0, 1.5, 1.0, 1.0, -1.0, 1.0]);
 //!
 //! // A payload cut short is refused, and nothing is written.
-//! assert!(wire::scatter_add(&bytes[..bytes.len() - 1], &mut dense).is_err());
+//! let cut = wire::scatter_add(&bytes[..bytes.len() - 1], &mut dense);
+//! assert!(matches!(cut, Err(CompressError::Corrupt(_))), "{cut:?}");
+//! assert_eq!(dense, [1.0, 1.5, 1.0, 1.0, -1.0, 1.0]);
 //! # Ok(())
 //! # }
 //! ```

@@ -3,7 +3,7 @@
 //! input spanned; degenerate columns become zero, never NaN), and which
 //! shapes are worth compressing.
 
-use gradwire_compress::lowrank;
+use gradwire_compress::{CompressError, lowrank};
 use proptest::prelude::*;
 
 /// Deterministic values in [-1, 1).
@@ -191,15 +191,35 @@ fn which_shapes_are_compressed() {
 
 #[test]
 fn bad_lengths_are_typed_errors() {
+    fn length(op: &'static str, expected: usize, got: usize) -> Result<(), CompressError> {
+        Err(CompressError::LengthMismatch { op, expected, got })
+    }
+    /// A factor whose length is no multiple of its rows or columns, or an
+    /// empty dimension or factor: no rank to infer.
+    fn no_rank(result: Result<(), CompressError>) {
+        assert!(
+            matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("cannot go with")),
+            "{result:?}"
+        );
+    }
     let mut p = vec![0.0f32; 6];
-    assert!(lowrank::project(&[0.0; 5], 2, 3, &[0.0; 6], &mut p).is_err());
-    assert!(lowrank::project(&[0.0; 6], 2, 3, &[0.0; 5], &mut p).is_err());
-    assert!(lowrank::orthonormalize(&mut p, 4, 2).is_err());
+    assert_eq!(
+        lowrank::project(&[0.0; 5], 2, 3, &[0.0; 6], &mut p),
+        length("project (m)", 6, 5)
+    );
+    no_rank(lowrank::project(&[0.0; 6], 2, 3, &[0.0; 5], &mut p));
+    assert_eq!(
+        lowrank::orthonormalize(&mut p, 4, 2),
+        length("orthonormalize", 8, 6)
+    );
     let mut out = vec![0.0f32; 5];
-    assert!(lowrank::reconstruct(&[0.0; 4], &[0.0; 6], 2, 3, &mut out).is_err());
-    assert!(lowrank::project_back(&[0.0; 6], 0, 3, &[], &mut out).is_err());
+    assert_eq!(
+        lowrank::reconstruct(&[0.0; 4], &[0.0; 6], 2, 3, &mut out),
+        length("reconstruct (out)", 6, 5)
+    );
+    no_rank(lowrank::project_back(&[0.0; 6], 0, 3, &[], &mut out));
     // Empty dimensions and factors: errors, not panics.
-    assert!(lowrank::project_back(&[], 2, 0, &[0.0; 2], &mut []).is_err());
-    assert!(lowrank::reconstruct(&[0.0; 2], &[], 2, 0, &mut []).is_err());
-    assert!(lowrank::project(&[0.0; 6], 2, 3, &[], &mut []).is_err());
+    no_rank(lowrank::project_back(&[], 2, 0, &[0.0; 2], &mut []));
+    no_rank(lowrank::reconstruct(&[0.0; 2], &[], 2, 0, &mut []));
+    no_rank(lowrank::project(&[0.0; 6], 2, 3, &[], &mut []));
 }

@@ -155,13 +155,46 @@ fn non_finite_inputs_and_bad_settings_are_refused() {
             q.encode(&x, 0, &mut payload),
             Err(CompressError::NonFinite { index: 13, .. })
         ));
-        let mut short = vec![0u8; q.encoded_len(40) - 1];
-        assert!(q.encode(&values(3, 40), 0, &mut short).is_err());
+        let expected = q.encoded_len(40);
+        let mut short = vec![0u8; expected - 1];
+        let result = q.encode(&values(3, 40), 0, &mut short);
+        assert_eq!(
+            result,
+            Err(CompressError::LengthMismatch {
+                op: "quantize",
+                expected,
+                got: expected - 1
+            }),
+            "{q:?}"
+        );
     }
     for levels in [0u8, 128, 255] {
         let q = Quantizer::Qsgd { levels, seed: 0 };
-        assert!(q.validate().is_err());
-        assert!(q.encode(&[1.0], 0, &mut [0u8; 5]).is_err());
+        let result = q.validate();
+        assert!(
+            matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("levels")),
+            "{levels}: {result:?}"
+        );
+        let result = q.encode(&[1.0], 0, &mut [0u8; 5]);
+        assert!(
+            matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("levels")),
+            "{levels}: {result:?}"
+        );
+        // Decoding with the setting is refused too: with 0 levels a zero
+        // code would decode to 0 x (scale / 0), a NaN.
+        let mut out = [7.0f32];
+        let result = q.decode(&[0u8; 5], &mut out);
+        assert!(
+            matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("levels")),
+            "{levels}: {result:?} (decoded {out:?})"
+        );
+        assert_eq!(out, [7.0], "{levels}");
+        let result = q.decode_add(&[0u8; 5], &mut out);
+        assert!(
+            matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("levels")),
+            "{levels}: {result:?} (decoded {out:?})"
+        );
+        assert_eq!(out, [7.0], "{levels}");
     }
 }
 
@@ -210,12 +243,20 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
     let mut payload = vec![0u8; q.encoded_len(4)];
     q.encode(&[1.0, -1.0, 0.5, 0.0], 0, &mut payload).unwrap();
     payload[5] = 4;
-    assert!(q.decode(&payload, &mut [0.0; 4]).is_err());
+    let result = q.decode(&payload, &mut [0.0; 4]);
+    assert!(
+        matches!(&result, Err(CompressError::Corrupt(m)) if m.contains("level 4 beyond 3")),
+        "{result:?}"
+    );
     let q = Quantizer::MinMaxU8;
     let mut payload = vec![0u8; q.encoded_len(2)];
     q.encode(&[1.0, 2.0], 0, &mut payload).unwrap();
     payload[..4].copy_from_slice(&3.0f32.to_le_bytes());
-    assert!(q.decode(&payload, &mut [0.0; 2]).is_err());
+    let result = q.decode(&payload, &mut [0.0; 2]);
+    assert!(
+        matches!(&result, Err(CompressError::Corrupt(m)) if m.contains("minimum 3 above its maximum 2")),
+        "{result:?}"
+    );
 }
 
 #[test]

@@ -298,15 +298,13 @@ mod tests {
                 3 * codec.chunk_bytes() + codec.header_bytes() + 1
             );
         }
-        assert!(QuantCodec::Qsgd { levels: 0, key: 0 }.levels().is_err());
-        assert!(
-            QuantCodec::Qsgd {
-                levels: 128,
-                key: 0
-            }
-            .levels()
-            .is_err()
-        );
+        for levels in [0, 128] {
+            let result = QuantCodec::Qsgd { levels, key: 0 }.levels();
+            assert!(
+                matches!(&result, Err(Error::InvalidArgument(m)) if m.contains("levels")),
+                "{levels}: {result:?}"
+            );
+        }
         assert_eq!(
             QuantCodec::Qsgd {
                 levels: 127,
