@@ -3,7 +3,7 @@
 
 use crate::common;
 use crate::common::{mixed_f32, same, tensor_of};
-use gradwire_tensor::{DType, Device, Tensor, WithDType, bf16, f16, pack, pack_new, unpack};
+use gradwire_tensor::{DType, Device, Error, Tensor, WithDType, bf16, f16, pack, pack_new, unpack};
 use proptest::prelude::*;
 
 /// A tensor holding `stale` values, then zeroed: its memory still holds the
@@ -174,13 +174,31 @@ fn as_mut_slice_materialises_zeros() {
 #[test]
 fn failed_writes_leave_the_flag_alone() {
     let mut t = stale_zeroed(1.0, 4, DType::F32);
-    assert!(t.clamp(-1.0).is_err());
+    let result = t.clamp(-1.0);
     assert!(
-        t.axpy(1.0, &Tensor::zeros(5, DType::F32, Device::Cpu).unwrap())
-            .is_err()
+        matches!(&result, Err(Error::InvalidArgument(m)) if m.contains("clamp: bound")),
+        "{result:?}"
     );
-    assert!(t.as_mut_slice::<f16>().is_err());
-    assert!(t.flat_view_mut::<f32>(3..9).is_err());
+    let result = t.axpy(1.0, &Tensor::zeros(5, DType::F32, Device::Cpu).unwrap());
+    assert!(
+        matches!(&result, Err(Error::ShapeMismatch { op: "axpy", lhs, rhs })
+            if lhs.dims() == [4] && rhs.dims() == [5]),
+        "{result:?}"
+    );
+    let result = t.as_mut_slice::<f16>().map(|_| ());
+    assert_eq!(
+        result,
+        Err(Error::DTypeMismatch {
+            op: "as_mut_slice",
+            expected: DType::F32,
+            got: DType::F16
+        })
+    );
+    let result = t.flat_view_mut::<f32>(3..9).map(|_| ());
+    assert!(
+        matches!(&result, Err(Error::InvalidArgument(m)) if m.contains("flat_view_mut: range 3..9 out of bounds")),
+        "{result:?}"
+    );
     assert!(t.is_zeroed());
 }
 
