@@ -319,6 +319,7 @@ pub fn collective_secs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cost::tests::refused;
     use proptest::prelude::*;
 
     fn link() -> Link {
@@ -348,24 +349,39 @@ mod tests {
     #[test]
     fn bad_calls_and_algorithms_are_errors() {
         let call = CollectiveCall::all_reduce(1024, 8);
-        assert!(collective_secs(&call, 4, &link(), &Algorithm::Ring).is_err());
+        refused(
+            collective_secs(&call, 4, &link(), &Algorithm::Ring),
+            "a collective on 8 ranks in a world of 4",
+        );
         let zero = CollectiveCall::new(Collective::Barrier, 0, 0);
-        assert!(collective_secs(&zero, 4, &link(), &Algorithm::Ring).is_err());
+        refused(
+            collective_secs(&zero, 4, &link(), &Algorithm::Ring),
+            "a collective on 0 ranks in a world of 4",
+        );
         let bad_link = Link {
             latency_s: -1.0,
             bytes_per_s: 1.0,
         };
-        assert!(collective_secs(&call, 8, &bad_link, &Algorithm::Ring).is_err());
+        refused(
+            collective_secs(&call, 8, &bad_link, &Algorithm::Ring),
+            "latency must be finite and at least 0 s, got -1",
+        );
         let odd = Algorithm::Hierarchical {
             ranks_per_node: 3,
             intra: link(),
         };
-        assert!(collective_secs(&call, 8, &link(), &odd).is_err());
+        refused(
+            collective_secs(&call, 8, &link(), &odd),
+            "8 ranks are not whole nodes of 3",
+        );
         let zero_g = Algorithm::Hierarchical {
             ranks_per_node: 0,
             intra: link(),
         };
-        assert!(collective_secs(&call, 8, &link(), &zero_g).is_err());
+        refused(
+            collective_secs(&call, 8, &link(), &zero_g),
+            "ranks_per_node must be at least 1",
+        );
     }
 
     #[test]

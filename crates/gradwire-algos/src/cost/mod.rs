@@ -281,13 +281,35 @@ pub fn scale_codec_secs(
 mod tests {
     use super::*;
 
+    /// `result` is an [`AlgoError::InvalidArgument`] whose message says
+    /// `what`.
+    #[track_caller]
+    pub(super) fn refused<T: std::fmt::Debug>(result: Result<T>, what: &str) {
+        assert!(
+            matches!(&result, Err(AlgoError::InvalidArgument(m)) if m.contains(what)),
+            "expected InvalidArgument saying {what:?}, got {result:?}"
+        );
+    }
+
     #[test]
     fn links_refuse_bad_values() {
-        assert!(Link::new(-1e-6, 1e9).is_err());
-        assert!(Link::new(f64::NAN, 1e9).is_err());
-        assert!(Link::new(1e-6, 0.0).is_err());
-        assert!(Link::new(1e-6, f64::INFINITY).is_err());
-        assert!(Link::from_bit_rate(-8.0, 0.0).is_err());
+        refused(
+            Link::new(-1e-6, 1e9),
+            "latency must be finite and at least 0",
+        );
+        refused(
+            Link::new(f64::NAN, 1e9),
+            "latency must be finite and at least 0",
+        );
+        refused(Link::new(1e-6, 0.0), "rate must be finite and positive");
+        refused(
+            Link::new(1e-6, f64::INFINITY),
+            "rate must be finite and positive",
+        );
+        refused(
+            Link::from_bit_rate(-8.0, 0.0),
+            "rate must be finite and positive",
+        );
         let l = Link::from_bit_rate(8e9, 2e-6).unwrap();
         assert_eq!(l.bytes_per_s, 1e9);
         assert!((l.message_secs(1e9) - 1.000002).abs() < 1e-12);
@@ -303,10 +325,17 @@ mod tests {
         let fit = fit_link(&samples).unwrap();
         assert!((fit.latency_s - 30e-6).abs() < 1e-12);
         assert!((fit.bytes_per_s / 1.25e9 - 1.0).abs() < 1e-9);
-        assert!(fit_link(&[(1e3, 1.0)]).is_err());
-        assert!(fit_link(&[(1e3, 1.0), (1e3, 2.0)]).is_err());
-        assert!(fit_link(&[(1e3, 2.0), (1e6, 1.0)]).is_err());
-        assert!(fit_link(&[(1e3, f64::NAN), (1e6, 1.0)]).is_err());
+        let two_sizes = "at least two different sizes";
+        refused(fit_link(&[(1e3, 1.0)]), two_sizes);
+        refused(fit_link(&[(1e3, 1.0), (1e3, 2.0)]), two_sizes);
+        refused(
+            fit_link(&[(1e3, 2.0), (1e6, 1.0)]),
+            "do not grow with the size",
+        );
+        refused(
+            fit_link(&[(1e3, f64::NAN), (1e6, 1.0)]),
+            "a timing must be finite and non-negative",
+        );
         // Absolute errors: the large size decides the slope (a 30 % slow
         // 100 MB point moves the fitted rate by about as much).
         let slow = [
@@ -337,7 +366,7 @@ mod tests {
         let fit = fit_all_reduce(world, &samples).unwrap();
         assert!((fit.latency_s / 50e-6 - 1.0).abs() < 1e-9);
         assert!((fit.bytes_per_s / 1e9 - 1.0).abs() < 1e-9);
-        assert!(fit_all_reduce(1, &samples).is_err());
+        refused(fit_all_reduce(1, &samples), "on 1 rank(s) moves nothing");
     }
 
     #[test]
@@ -363,8 +392,11 @@ mod tests {
             overlap: 1.5,
             ..step
         };
-        assert!(predict_step_secs(&bad, &calls, 2, &link, &Algorithm::Ring).is_err());
+        refused(
+            predict_step_secs(&bad, &calls, 2, &link, &Algorithm::Ring),
+            "the overlap must be in [0, 1], got 1.5",
+        );
         assert_eq!(scale_codec_secs(0.01, 1000, 3000).unwrap(), 0.03);
-        assert!(scale_codec_secs(0.01, 0, 3000).is_err());
+        refused(scale_codec_secs(0.01, 0, 3000), "measured on 0 parameters");
     }
 }

@@ -241,7 +241,12 @@ fn the_recorder_keeps_the_latest_snapshots() {
     assert_eq!(recorder.len(), 9);
     assert_eq!(recorder.fit(8).unwrap(), pca());
     let short = Tensor::from_vec(vec![0f32; 3], 3).unwrap();
-    assert!(recorder.record(&[&short]).is_err());
+    let result = recorder.record(&[&short]);
+    assert!(
+        matches!(&result, Err(AlgoError::InvalidArgument(m)) if m.contains("a snapshot of 3 elements after ones of 40")),
+        "{result:?}"
+    );
+    assert_eq!(recorder.len(), 9);
 }
 
 #[test]

@@ -363,12 +363,20 @@ fn a_fault_on_one_rank_ends_the_call_on_every_rank_and_the_next_works() {
 
 #[test]
 fn bad_settings_are_refused() {
-    assert!(PowerSgd::new(config(0)).is_err());
+    let result = PowerSgd::new(config(0));
     assert!(
-        PowerSgd::new(PowerSgdConfig {
-            min_compression_rate: f64::NAN,
-            ..config(1)
-        })
-        .is_err()
+        matches!(&result, Err(AlgoError::InvalidArgument(m)) if m.contains("PowerSGD's rank must be positive")),
+        "{:?}",
+        result.err()
+    );
+    let result = PowerSgd::new(PowerSgdConfig {
+        min_compression_rate: f64::NAN,
+        ..config(1)
+    });
+    assert!(
+        matches!(&result, Err(AlgoError::InvalidArgument(m))
+            if m.contains("min_compression_rate must be finite and at least 1, got NaN")),
+        "{:?}",
+        result.err()
     );
 }

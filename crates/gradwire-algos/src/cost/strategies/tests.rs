@@ -3,10 +3,11 @@
 //! DistOpt steps in gradwire-experiments' tests, which can reach gradwire-optim).
 
 use super::*;
+use crate::cost::tests::refused;
 use crate::dimreduce::{DimReduce, DimReduceConfig, Pca};
 use crate::{AdaSum, PowerSgd, PowerSgdConfig, QuantizedAllReduce, sparse_all_reduce};
 use gradwire_comm::{Communicator, local};
-use gradwire_compress::SparseCodec;
+use gradwire_compress::{CompressError, SparseCodec};
 use gradwire_tensor::Tensor;
 
 /// Shapes with a conv kernel, matrices, vectors and an odd length.
@@ -82,25 +83,50 @@ fn buckets_follow_singas_grouping() {
 fn bad_settings_are_errors() {
     let b = Bucketing::default();
     let s = shapes();
-    for bad in [
-        StrategySpec::TopK { ratio: 0.0 },
-        StrategySpec::RandomK { ratio: 1.5 },
-        StrategySpec::SampledTopK {
-            ratio: 0.01,
-            overshoot: 2.0,
-        },
-        StrategySpec::PowerSgd {
-            rank: 0,
-            min_compression_rate: 2.0,
-        },
-        StrategySpec::Quantized {
-            quantizer: Quantizer::Qsgd { levels: 0, seed: 1 },
-        },
+    for (bad, what) in [
+        (
+            StrategySpec::TopK { ratio: 0.0 },
+            "a sparse ratio must be in (0, 1], got 0",
+        ),
+        (
+            StrategySpec::RandomK { ratio: 1.5 },
+            "a sparse ratio must be in (0, 1], got 1.5",
+        ),
+        (
+            StrategySpec::SampledTopK {
+                ratio: 0.01,
+                overshoot: 2.0,
+            },
+            "sampled top-k keeps 1 to 1.3 times k, got 2",
+        ),
+        (
+            StrategySpec::PowerSgd {
+                rank: 0,
+                min_compression_rate: 2.0,
+            },
+            "PowerSGD's rank must be positive",
+        ),
     ] {
-        assert!(step_collectives(&bad, &s, 4, &b).is_err(), "{bad:?}");
+        refused(step_collectives(&bad, &s, 4, &b), what);
     }
-    assert!(step_collectives(&StrategySpec::Dense, &s, 0, &b).is_err());
-    assert!(step_collectives(&StrategySpec::Dense, &[vec![usize::MAX, 2]], 2, &b).is_err());
+    // The quantizer's own check, the codec's error.
+    let bad = StrategySpec::Quantized {
+        quantizer: Quantizer::Qsgd { levels: 0, seed: 1 },
+    };
+    let result = step_collectives(&bad, &s, 4, &b);
+    assert!(
+        matches!(&result, Err(AlgoError::Compress(CompressError::InvalidArgument(m)))
+            if m.contains("QSGD's levels must be 1 to 127, got 0")),
+        "{result:?}"
+    );
+    refused(
+        step_collectives(&StrategySpec::Dense, &s, 0, &b),
+        "a world of 0 ranks",
+    );
+    refused(
+        step_collectives(&StrategySpec::Dense, &[vec![usize::MAX, 2]], 2, &b),
+        &format!("shape {:?} overflows", [usize::MAX, 2]),
+    );
 }
 
 #[test]
