@@ -31,6 +31,18 @@ pub enum OptimError {
     /// A checkpoint file is truncated, corrupt, or of an unknown version.
     #[error("corrupt checkpoint: {0}")]
     CorruptCheckpoint(String),
+    /// A checkpoint holds a NaN or an infinity (in an optimizer buffer, a
+    /// parameter or a strategy's state), refused unless the loader is told
+    /// to accept them ([`crate::checkpoint::LoadOptions`]).
+    #[error("checkpoint: {tensor} holds the non-finite value {value} at index {index}")]
+    NonFiniteCheckpoint {
+        /// The tensor's name in the file.
+        tensor: String,
+        /// The first non-finite element's index.
+        index: usize,
+        /// Its value.
+        value: f32,
+    },
     /// Reading or writing a checkpoint failed.
     #[error("checkpoint I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -65,6 +77,7 @@ impl OptimError {
             | OptimError::ShapeMismatch { .. } => ErrorKind::InvalidArgument,
             OptimError::StateMismatch(_) => ErrorKind::Mismatch,
             OptimError::CorruptCheckpoint(_) => ErrorKind::Corrupt,
+            OptimError::NonFiniteCheckpoint { .. } => ErrorKind::NonFinite,
             OptimError::Io(_) => ErrorKind::Io,
             OptimError::Fault(fault) => fault.error_kind(),
             OptimError::Distributed(e) => e.kind(),

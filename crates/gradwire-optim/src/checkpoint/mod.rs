@@ -1,7 +1,7 @@
 //! Checkpoint files: an optimizer's whole state, plus whatever a wrapper
 //! (DistOpt) adds, in one versioned, validated, atomically written file.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! A checkpoint is a [safetensors](https://github.com/huggingface/safetensors)
 //! file, so any safetensors reader can inspect it:
@@ -24,6 +24,13 @@
 //! `tensors` lists the names of the extra tensors; `values` holds
 //! [`Checkpoint::state`]'s values.
 //!
+//! The document ends with `"crc32c": "<eight hex digits>"`: the CRC-32C of
+//! the document's bytes without that member (up to its final `}`) followed
+//! by every tensor's name and data bytes, in name order, so a flipped bit
+//! anywhere in what the loader decodes is
+//! [`OptimError::CorruptCheckpoint`]. Version 1 files (written before the
+//! checksum) still load, unchecked.
+//!
 //! # Validation
 //!
 //! Names may contain `/` (and anything else), so the loader never splits a
@@ -32,9 +39,11 @@
 //! file if it holds any tensor that was not expected. Every defect (not a
 //! safetensors file, truncated, no metadata, bad JSON, another format, another
 //! version, a missing buffer, a wrong dtype or shape, an unexpected tensor, a
-//! negative or fractional step...) is an
+//! negative or fractional step, a checksum that does not match...) is an
 //! [`OptimError::CorruptCheckpoint`]; no input makes the loader panic, and it
-//! allocates no more than the tensors the (size-checked) input holds.
+//! allocates no more than the tensors the (size-checked) input holds. A NaN
+//! or an infinity in a buffer or a tensor is
+//! [`OptimError::NonFiniteCheckpoint`] unless [`LoadOptions`] allow it.
 //!
 //! Two buffers whose names would collide (parameter `a/b` with buffer `c` and
 //! parameter `a` with buffer `b/c` both give `optim/a/b/c`) cannot be saved:
@@ -70,12 +79,36 @@ mod nested;
 /// checkpoint among safetensors files.
 pub const CHECKPOINT_FORMAT: &str = "gradwire-checkpoint";
 
-/// The format version written by [`to_bytes`]; the only one [`from_bytes`]
-/// accepts.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// The format version written by [`to_bytes`]. [`from_bytes`] reads it and
+/// version 1 (the same layout without the checksum).
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// The first version with a checksum.
+const CHECKSUM_VERSION: u64 = 2;
 
 /// The `__metadata__` key holding the JSON header.
 const METADATA_KEY: &str = "gradwire";
+/// How the checksum member starts: the header's last (see the module docs).
+const CHECKSUM_MEMBER: &str = ",\"crc32c\":\"";
+
+/// The checksum of a file's JSON header and its tensors (name, data), the
+/// tensors in name order.
+fn checksum<'a>(json: &str, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> u32 {
+    tensors
+        .into_iter()
+        .fold(crc32c::crc32c(json.as_bytes()), |crc, (name, data)| {
+            crc32c::crc32c_append(crc32c::crc32c_append(crc, name.as_bytes()), data)
+        })
+}
+
+/// How [`from_bytes_with`] and [`load_with`] treat what they find.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Accept NaN and infinities in buffers and tensors (by default a
+    /// [`OptimError::NonFiniteCheckpoint`]: a diverged run's state should
+    /// not be resumed by accident).
+    pub allow_non_finite: bool,
+}
 /// Prefix of the optimizer buffers' tensor names.
 const OPTIM_PREFIX: &str = "optim/";
 /// Prefix of the extra tensors' names.
@@ -230,6 +263,10 @@ struct Header {
     params: BTreeMap<String, ParamHeader>,
     tensors: Vec<String>,
     values: BTreeMap<String, Value>,
+    /// The checksum (version 2), written last by [`to_bytes`] and checked
+    /// on the raw text before the header is parsed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    crc32c: Option<String>,
 }
 
 /// One parameter in the JSON header.
@@ -403,11 +440,22 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
         params,
         tensors: ckpt.state.tensors.keys().cloned().collect(),
         values: ckpt.state.values.clone(),
+        crc32c: None,
     };
     let json = serde_json::to_string(&header).map_err(|e| {
         OptimError::InvalidArgument(format!("checkpoint: cannot encode the header: {e}"))
     })?;
-    let metadata = HashMap::from([(METADATA_KEY.to_owned(), json)]);
+    let mut sorted: Vec<(&str, Cow<'_, [u8]>)> = entries
+        .iter()
+        .map(|(name, entry)| (name.as_str(), entry.data()))
+        .collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let crc = checksum(&json, sorted.iter().map(|(name, data)| (*name, &**data)));
+    drop(sorted);
+    // The document is a JSON object: its member list ends at the last `}`.
+    let body = json.strip_suffix('}').unwrap_or(&json);
+    let sealed = format!("{body}{CHECKSUM_MEMBER}{crc:08x}\"}}");
+    let metadata = HashMap::from([(METADATA_KEY.to_owned(), sealed)]);
     safetensors::serialize(entries, Some(metadata))
         .map_err(|e| OptimError::InvalidArgument(format!("checkpoint: cannot encode: {e}")))
 }
@@ -482,9 +530,14 @@ fn decode<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Result<V
 }
 
 /// Decodes and validates a checkpoint file's bytes (see the [module
-/// docs](self)). Every defect is an [`OptimError::CorruptCheckpoint`]; no
-/// input panics.
+/// docs](self)), refusing NaN and infinities. Every defect is an
+/// [`OptimError::CorruptCheckpoint`]; no input panics.
 pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
+    from_bytes_with(bytes, &LoadOptions::default())
+}
+
+/// [`from_bytes`] with `options`.
+pub fn from_bytes_with(bytes: &[u8], options: &LoadOptions) -> Result<Checkpoint> {
     let (header_len, meta) = SafeTensors::read_metadata(bytes)
         .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
     // read_metadata checked that the header and the tensors' data fill the
@@ -509,14 +562,19 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
         }
         None => return Err(corrupt("header has no format string")),
     }
-    match value.get("version") {
-        Some(v) if v.as_u64() == Some(u64::from(CHECKPOINT_VERSION)) => {}
+    let version = match value.get("version") {
+        Some(v) if matches!(v.as_u64(), Some(1..=2)) => v.as_u64().unwrap_or(0),
         Some(v) => {
             return Err(corrupt(format!(
-                "unsupported version {v}, this build reads version {CHECKPOINT_VERSION}"
+                "unsupported version {v}, this build reads versions 1 to {CHECKPOINT_VERSION}"
             )));
         }
         None => return Err(corrupt("header has no version")),
+    };
+    if version >= CHECKSUM_VERSION {
+        verify_checksum(json, &meta, data)?;
+    } else if value.get("crc32c").is_some() {
+        return Err(corrupt("a version 1 header with a checksum"));
     }
     // Name the offending field (serde's messages do not).
     if let Some(step) = value.get("step")
@@ -559,6 +617,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
             if values.len() != n {
                 return Err(corrupt(format!("tensor {tname:?}: wrong element count")));
             }
+            if !options.allow_non_finite {
+                refuse_non_finite(&tname, values.iter().copied())?;
+            }
             buffers.insert(bname, values);
         }
         params.insert(
@@ -595,6 +656,9 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
             ),
         }
         .map_err(|e| corrupt(format!("tensor {tname:?}: {e}")))?;
+        if !options.allow_non_finite {
+            refuse_non_finite(&tname, tensor.to_f32_vec()?)?;
+        }
         tensors.insert(name, tensor);
     }
     if let Some(name) = infos.keys().filter(|k| !expected.contains(*k)).min() {
@@ -613,6 +677,50 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
             values: header.values,
         },
     })
+}
+
+/// Whether the checksum at the end of the JSON header `json` matches the
+/// rest of it and the tensors of `meta` over the data section `data`.
+fn verify_checksum(json: &str, meta: &safetensors::tensor::Metadata, data: &[u8]) -> Result<()> {
+    let (body, stored) = json
+        .rsplit_once(CHECKSUM_MEMBER)
+        .ok_or_else(|| corrupt("the header has no checksum (\"crc32c\") at its end"))?;
+    let stored = stored
+        .strip_suffix("\"}")
+        .filter(|hex| hex.len() == 8)
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| corrupt("the checksum is not eight hex digits closing the header"))?;
+    let mut tensors = Vec::new();
+    for (name, info) in meta.tensors() {
+        let (start, end) = info.data_offsets;
+        let bytes = data
+            .get(start..end)
+            .ok_or_else(|| corrupt(format!("tensor {name:?}: data offsets out of bounds")))?;
+        tensors.push((name, bytes));
+    }
+    tensors.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let unsealed = format!("{body}}}");
+    let computed = checksum(&unsealed, tensors.iter().map(|(n, b)| (n.as_str(), *b)));
+    if computed == stored {
+        Ok(())
+    } else {
+        Err(corrupt(format!(
+            "checksum mismatch: the file says {stored:08x}, its contents give {computed:08x}"
+        )))
+    }
+}
+
+/// [`OptimError::NonFiniteCheckpoint`] at the first NaN or infinity of
+/// tensor `name`'s `values`.
+fn refuse_non_finite(name: &str, values: impl IntoIterator<Item = f32>) -> Result<()> {
+    match values.into_iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        None => Ok(()),
+        Some((index, value)) => Err(OptimError::NonFiniteCheckpoint {
+            tensor: name.to_owned(),
+            index,
+            value,
+        }),
+    }
 }
 
 /// Writes `ckpt` to `path` atomically: the file at `path` is either the
@@ -674,8 +782,13 @@ pub fn save_bytes_with<F: FnOnce(&mut File) -> io::Result<()>>(
 /// Errors: [`OptimError::Io`] if it cannot be read, and those of
 /// [`from_bytes`].
 pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
+    load_with(path, &LoadOptions::default())
+}
+
+/// [`load`] with `options`.
+pub fn load_with(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Checkpoint> {
     let bytes = std::fs::read(path)?;
-    from_bytes(&bytes)
+    from_bytes_with(&bytes, options)
 }
 
 /// The `format` string of a PCA file's header.

@@ -1,20 +1,35 @@
 //! Checkpoint files: bitwise round trips, validation of every kind of
 //! corruption (truncation, byte flips, edited headers and tensors) without
-//! panics, and atomic saves.
+//! panics, the checksum, the refusal of non-finite values, and atomic saves.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 use std::path::Path;
 
 use gradwire_optim::checkpoint::{
-    self, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Checkpoint, from_bytes, load, save,
-    save_bytes_with, to_bytes,
+    self, CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Checkpoint, LoadOptions, save, save_bytes_with,
+    to_bytes,
 };
 use gradwire_optim::{OptimError, OptimizerState, ParamState, StateDict};
 use gradwire_tensor::{Tensor, bf16, f16};
 use proptest::prelude::*;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde_json::{Value, json};
+
+/// The loader as most of these tests use it: every check of the format,
+/// with the NaN and infinities `rich()` holds on purpose accepted (their
+/// refusal by default is tested on its own).
+const ANY_VALUE: LoadOptions = LoadOptions {
+    allow_non_finite: true,
+};
+
+fn from_bytes(bytes: &[u8]) -> gradwire_optim::Result<Checkpoint> {
+    checkpoint::from_bytes_with(bytes, &ANY_VALUE)
+}
+
+fn load(path: impl AsRef<Path>) -> gradwire_optim::Result<Checkpoint> {
+    checkpoint::load_with(path, &ANY_VALUE)
+}
 
 fn param(shape: &[usize], updates: u64, buffers: &[(&str, Vec<f32>)]) -> ParamState {
     ParamState {
@@ -501,14 +516,14 @@ proptest! {
         }
         let changed = bytes != to_bytes(&ckpt).unwrap();
         match from_bytes(&bytes) {
+            // The checksum covers everything decoded: a file that loads
+            // holds what was saved (a flip in the safetensors header's
+            // padding or layout that changes nothing decoded may load).
             Ok(back) => {
-                let again = from_bytes(&to_bytes(&back).unwrap()).unwrap();
-                prop_assert_eq!(&again, &back);
-                if changed && all_in_data {
-                    prop_assert_ne!(&back, &ckpt);
-                }
+                prop_assert_eq!(&back, &ckpt);
+                prop_assert!(!(changed && all_in_data), "a flip in the data loaded");
             }
-            Err(OptimError::CorruptCheckpoint(_)) => prop_assert!(!all_in_data),
+            Err(OptimError::CorruptCheckpoint(_)) => {}
             Err(e) => prop_assert!(false, "unexpected error kind {:?}", e),
         }
     }
@@ -527,10 +542,7 @@ proptest! {
             bytes[i.index(start)] ^= x;
         }
         match from_bytes(&bytes) {
-            Ok(back) => {
-                let again = from_bytes(&to_bytes(&back).unwrap()).unwrap();
-                prop_assert_eq!(again, back);
-            }
+            Ok(back) => prop_assert_eq!(back, rich()),
             Err(OptimError::CorruptCheckpoint(_)) => {}
             Err(e) => prop_assert!(false, "unexpected error kind {:?}", e),
         }
@@ -556,6 +568,15 @@ fn reencode(
     bytes: &[u8],
     edit: impl FnOnce(&mut Option<HashMap<String, String>>, &mut BTreeMap<String, Raw>),
 ) -> Vec<u8> {
+    reencode_sealed(bytes, true, edit)
+}
+
+/// [`reencode`], with the checksum made again after the edit when `reseal`.
+fn reencode_sealed(
+    bytes: &[u8],
+    reseal: bool,
+    edit: impl FnOnce(&mut Option<HashMap<String, String>>, &mut BTreeMap<String, Raw>),
+) -> Vec<u8> {
     let (_, meta) = SafeTensors::read_metadata(bytes).unwrap();
     let mut metadata = meta.metadata().clone();
     let st = SafeTensors::deserialize(bytes).unwrap();
@@ -565,11 +586,35 @@ fn reencode(
         .map(|(k, v)| (k, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
         .collect();
     edit(&mut metadata, &mut tensors);
+    // The edited file carries its own checksum (when it still has one), so
+    // that what is tested is the check after it.
+    if reseal
+        && let Some(m) = metadata.as_mut()
+        && let Some(json) = m.get("gradwire")
+        && let Ok(Value::Object(mut header)) = serde_json::from_str::<Value>(json)
+        && header.remove("crc32c").is_some()
+    {
+        let m2 = m;
+        let body = Value::Object(header).to_string();
+        m2.insert("gradwire".to_owned(), seal(&body, &tensors));
+    }
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
         .map(|(k, (d, s, b))| (k.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize(views, metadata).unwrap()
+}
+
+/// The header `body` (a JSON object without its checksum) with the
+/// checksum of it and `tensors` as its last member, as the writer seals it.
+fn seal(body: &str, tensors: &BTreeMap<String, Raw>) -> String {
+    let crc = tensors
+        .iter()
+        .fold(crc32c::crc32c(body.as_bytes()), |crc, (k, (_, _, b))| {
+            crc32c::crc32c_append(crc32c::crc32c_append(crc, k.as_bytes()), b)
+        });
+    let open = body.strip_suffix('}').unwrap();
+    format!("{open},\"crc32c\":\"{crc:08x}\"}}")
 }
 
 /// Re-encodes `small()` with the JSON header edited.
@@ -633,7 +678,7 @@ fn targeted_header_corruptions() {
         }),
         "format",
     );
-    assert_corrupt(&with_header(|h| h["version"] = json!(2)), "version 2");
+    assert_corrupt(&with_header(|h| h["version"] = json!(3)), "version 3");
     assert_corrupt(&with_header(|h| h["version"] = json!("1")), "version");
     assert_corrupt(&with_header(|h| h["version"] = json!(1.5)), "version");
     assert_corrupt(
@@ -753,10 +798,10 @@ fn targeted_tensor_corruptions() {
 
 #[test]
 fn corrupt_checkpoint_error_displays_its_reason() {
-    let e = from_bytes(&with_header(|h| h["version"] = json!(2))).unwrap_err();
+    let e = from_bytes(&with_header(|h| h["version"] = json!(3))).unwrap_err();
     let s = e.to_string();
     assert!(
-        s.contains("corrupt checkpoint") && s.contains("version 2"),
+        s.contains("corrupt checkpoint") && s.contains("version 3"),
         "{s}"
     );
 }
@@ -764,7 +809,7 @@ fn corrupt_checkpoint_error_displays_its_reason() {
 #[test]
 fn module_constants() {
     assert_eq!(CHECKPOINT_FORMAT, "gradwire-checkpoint");
-    assert_eq!(CHECKPOINT_VERSION, 1);
+    assert_eq!(CHECKPOINT_VERSION, 2);
     // The module path is public as documented.
     let _: fn(&[u8]) -> gradwire_optim::Result<Checkpoint> = checkpoint::from_bytes;
 }
@@ -798,4 +843,115 @@ fn config_floats_round_trip_bitwise() {
         );
     }
     assert_eq!(back, c);
+}
+
+#[test]
+fn the_checksum_covers_the_header_and_every_tensor() {
+    let bytes = to_bytes(&small()).unwrap();
+    // A flipped bit in the data: it would decode, but not to what was saved.
+    let mut flipped = bytes.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x01;
+    let reason = corrupt_reason(from_bytes(&flipped));
+    assert!(reason.contains("checksum mismatch"), "{reason}");
+    // An edited header value that stays valid JSON, its checksum left as
+    // it was.
+    let step = small().optimizer.step;
+    let stale = reencode_sealed(&bytes, false, |meta, _| {
+        let m = meta.as_mut().unwrap();
+        let h = m["gradwire"].replacen(
+            &format!("\"step\":{step},"),
+            &format!("\"step\":{},", step + 100),
+            1,
+        );
+        assert_ne!(h, m["gradwire"], "the header holds the step");
+        m.insert("gradwire".to_owned(), h);
+    });
+    let reason = corrupt_reason(from_bytes(&stale));
+    assert!(reason.contains("checksum mismatch"), "{reason}");
+    // The same edit with the checksum made again loads, with the new step:
+    // the edit, not the re-encoding, is what the checksum caught.
+    let resealed = with_header(|h| h["step"] = json!(100 + step));
+    assert_eq!(from_bytes(&resealed).unwrap().optimizer.step, 100 + step);
+    // A version 2 header without its checksum, or with a malformed one.
+    let unsealed = reencode(&bytes, |meta, _| {
+        let m = meta.as_mut().unwrap();
+        let mut h: Value = serde_json::from_str(&m["gradwire"]).unwrap();
+        h.as_object_mut().unwrap().remove("crc32c");
+        m.insert("gradwire".to_owned(), h.to_string());
+    });
+    assert_corrupt(&unsealed, "no checksum");
+    let malformed = reencode_sealed(&bytes, false, |meta, _| {
+        let m = meta.as_mut().unwrap();
+        let (body, _) = m["gradwire"].rsplit_once(",\"crc32c\":").unwrap();
+        let h = format!("{body},\"crc32c\":\"12345\"}}");
+        m.insert("gradwire".to_owned(), h);
+    });
+    assert_corrupt(&malformed, "hex");
+}
+
+#[test]
+fn a_first_version_file_loads_without_a_checksum() {
+    let v1 = reencode(&to_bytes(&small()).unwrap(), |meta, _| {
+        let m = meta.as_mut().unwrap();
+        let mut h: Value = serde_json::from_str(&m["gradwire"]).unwrap();
+        h.as_object_mut().unwrap().remove("crc32c");
+        h["version"] = json!(1);
+        m.insert("gradwire".to_owned(), h.to_string());
+    });
+    assert_eq!(from_bytes(&v1).unwrap(), small());
+    // A checksum claimed by a version 1 header is a corruption.
+    let claimed = with_header(|h| h["version"] = json!(1));
+    assert_corrupt(&claimed, "version 1 header with a checksum");
+}
+
+#[test]
+fn non_finite_values_are_refused_unless_allowed() {
+    for (bad, what) in [
+        (f32::NAN, "NaN"),
+        (f32::INFINITY, "inf"),
+        (f32::NEG_INFINITY, "-inf"),
+    ] {
+        // In an optimizer buffer.
+        let mut c = small();
+        let (name, buffer, values) = c
+            .optimizer
+            .params
+            .iter_mut()
+            .flat_map(|(n, p)| {
+                p.buffers
+                    .iter_mut()
+                    .map(move |(b, v)| (n.clone(), b.clone(), v))
+            })
+            .find(|(_, _, v)| v.len() >= 2)
+            .expect("a buffer of two elements or more");
+        values[1] = bad;
+        let bytes = to_bytes(&c).unwrap();
+        match checkpoint::from_bytes(&bytes) {
+            Err(OptimError::NonFiniteCheckpoint { tensor, index, .. }) => {
+                assert_eq!(tensor, format!("optim/{name}/{buffer}"), "{what}");
+                assert_eq!(index, 1, "{what}");
+            }
+            other => panic!("{what} in a buffer: {other:?}"),
+        }
+        let err = checkpoint::from_bytes(&bytes).unwrap_err();
+        assert_eq!(err.kind(), gradwire_tensor::ErrorKind::NonFinite, "{what}");
+        assert_eq!(from_bytes(&bytes).unwrap(), c, "{what}: allowed, it loads");
+        // In a tensor of the state (a parameter, a residual).
+        let mut c = small();
+        c.state.tensors.insert(
+            "param/w".to_owned(),
+            Tensor::from_vec(vec![0.5f32, 1.0, bad], 3).unwrap(),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ckpt");
+        save(&path, &c).unwrap();
+        match checkpoint::load(&path) {
+            Err(OptimError::NonFiniteCheckpoint { tensor, index, .. }) => {
+                assert_eq!((tensor.as_str(), index), ("extra/param/w", 2), "{what}");
+            }
+            other => panic!("{what} in a tensor: {other:?}"),
+        }
+        assert_eq!(load(&path).unwrap(), c, "{what}: allowed, it loads");
+    }
 }
