@@ -94,5 +94,17 @@ impl ExperimentError {
     }
 }
 
+/// Asserts that `result` is an [`ExperimentError::Usage`] whose message
+/// contains `what`, and says what it was otherwise.
+#[cfg(test)]
+#[track_caller]
+pub(crate) fn assert_usage<T>(result: Result<T>, what: &str) {
+    match result {
+        Err(ExperimentError::Usage(m)) if m.contains(what) => {}
+        Err(e) => panic!("expected a usage error saying {what:?}, got {e:?}"),
+        Ok(_) => panic!("expected a usage error saying {what:?}, got Ok"),
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = ExperimentError> = std::result::Result<T, E>;

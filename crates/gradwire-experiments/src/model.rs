@@ -295,6 +295,7 @@ impl Model {
 mod tests {
     use super::*;
     use crate::data::Digits;
+    use crate::error::assert_usage;
 
     /// `layer_weights` names the weights of the layers the models build
     /// (their non-bias variables, in build order), for both kinds, one to
@@ -406,9 +407,13 @@ mod tests {
             ["conv1.bias", "conv1.weight", "fc.bias", "fc.weight"]
         );
         assert_eq!(a.len(), 4 * 9 + 4 + 4 * 16 * 10 + 10);
-        assert!(Model::mlp(&[4, 0], 1).is_err());
-        assert!(Model::cnn(&[], 1).is_err());
-        assert!(Model::cnn(&[1, 1, 1, 1], 1).is_err());
+        assert_usage(
+            Model::mlp(&[4, 0], 1),
+            "a hidden layer needs at least one unit",
+        );
+        let widths = "--channels takes one to three convolution widths";
+        assert_usage(Model::cnn(&[], 1), widths);
+        assert_usage(Model::cnn(&[1, 1, 1, 1], 1), widths);
         let data = Digits::load(2);
         let (loss, grads) = a.loss_and_grads(&data.train_x, &data.train_y, &[]).unwrap();
         assert_eq!(loss, 0.0);

@@ -308,8 +308,14 @@ mod tests {
         assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
         assert_eq!(parse_size("1M").unwrap(), 1_000_000);
         assert_eq!(parse_size("12").unwrap(), 12);
-        for bad in ["", "MiB", "4XB", "99999999999999999999G"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
+        for (bad, what) in [
+            ("", "\"\" is not a size"),
+            ("MiB", "\"MiB\" is not a size"),
+            ("4XB", "unknown unit \"XB\""),
+            ("99999999999999999999G", "is not a size"),
+            ("17179869184GiB", "is too large"),
+        ] {
+            crate::error::assert_usage(parse_size(bad), what);
         }
     }
 }

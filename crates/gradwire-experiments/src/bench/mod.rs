@@ -542,6 +542,7 @@ pub fn print_rows<T: TableRow>(json: bool, rows: &[T]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::assert_usage;
 
     #[test]
     fn small_runs_report_consistent_ratios() {
@@ -559,7 +560,13 @@ mod tests {
         let codecs: Vec<String> = CODECS.iter().map(|c| c.to_string()).collect();
         let rows = compress(&codecs, &[1000], quick).unwrap();
         assert_eq!(rows.len(), CODECS.len());
-        assert!(compress(&["zip".into()], &[10], quick).is_err());
-        assert!(all_reduce(&[5], &[2], quick).is_err());
+        assert_usage(
+            compress(&["zip".into()], &[10], quick),
+            "unknown codec \"zip\"",
+        );
+        assert_usage(
+            all_reduce(&[5], &[2], quick),
+            "5 bytes is not a multiple of 4",
+        );
     }
 }

@@ -256,6 +256,6 @@ mod tests {
         assert_eq!(ModelSpec::bert_large().params(), 335_141_888);
         assert_eq!(ModelSpec::resnet50().params(), 25_557_032);
         assert_eq!(ModelSpec::resnet18_cifar().params(), 11_173_962);
-        assert!(ModelSpec::by_name("gpt-5").is_err());
+        crate::error::assert_usage(ModelSpec::by_name("gpt-5"), "unknown model \"gpt-5\"");
     }
 }

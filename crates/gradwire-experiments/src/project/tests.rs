@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::bench::strategies::{mlp_shapes, strategies};
+use crate::error::assert_usage;
 use gradwire_algos::cost::{CollectiveCall, Link};
 use gradwire_optim::StrategyConfig;
 
@@ -52,27 +53,42 @@ fn algorithms_and_flags_are_checked() {
         }
     );
     for bad in ["hierarchical:0", "hierarchical", "hierarchical:x", "star"] {
-        assert!(parse_algorithm(bad, intra).is_err(), "{bad}");
+        assert_usage(
+            parse_algorithm(bad, intra),
+            &format!("algorithm {bad:?}: one of ring, tree"),
+        );
     }
     type Change = fn(&mut ProjectArgs);
     let cases: Vec<(Change, &str)> = vec![
-        (|a| a.models = vec!["gpt".into()], "gpt"),
-        (|a| a.workers = vec![0], "--workers"),
-        (|a| a.latency_us = -1.0, "latency"),
-        (|a| a.strategies = vec!["partial".into()], "partial"),
-        (|a| a.strategies = vec!["threshold".into()], "threshold"),
-        (|a| a.memcpy_gbps = 0.0, "memcpy"),
-        (|a| a.rates = vec![], "--rates"),
+        (|a| a.models = vec!["gpt".into()], "unknown model \"gpt\""),
+        (|a| a.workers = vec![0], "--workers must be between 1 and"),
+        (|a| a.latency_us = -1.0, "--latency-us must be at least 0"),
         (
-            |a| a.profile = Some(PathBuf::from("/nonexistent/profile.json")),
-            "profile",
+            |a| a.strategies = vec!["partial".into()],
+            "partial is not modelled",
         ),
+        (
+            |a| a.strategies = vec!["threshold".into()],
+            "threshold is not modelled",
+        ),
+        (|a| a.memcpy_gbps = 0.0, "--memcpy-gbps"),
+        (|a| a.rates = vec![], "--rates"),
     ];
     for (change, what) in cases {
         let mut a = args();
         change(&mut a);
-        assert!(Settings::from_args(&a).is_err(), "{what}");
+        assert_usage(Settings::from_args(&a), what);
     }
+    // A profile that cannot be read: the file's I/O error.
+    let mut a = args();
+    a.profile = Some(PathBuf::from("/nonexistent/profile.json"));
+    let result = Settings::from_args(&a);
+    assert!(
+        matches!(&result, Err(ExperimentError::Io { path, source })
+            if path == "/nonexistent/profile.json" && source.kind() == std::io::ErrorKind::NotFound),
+        "{:?}",
+        result.err()
+    );
     assert!(Settings::from_args(&args()).is_ok());
 }
 
