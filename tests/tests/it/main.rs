@@ -2,6 +2,7 @@
 //! instead of one per file): each module is the file it was.
 
 mod candle;
+mod checkpoint_sets;
 mod conformance_local;
 mod conformance_mpi;
 mod convergence;

@@ -26,6 +26,7 @@ use gradwire_optim::{
     OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, SkipVote,
     StrategyConfig, UpdateRule,
 };
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod command;
@@ -35,7 +36,7 @@ mod resume;
 pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit};
 pub use resume::CheckpointPlan;
-use resume::{PCA_FILE, rank_file, saved_config};
+use resume::{PCA_FILE, agree, agree_on_resume, has_checkpoint, prune, saved_config};
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
@@ -103,11 +104,11 @@ fn prepare(config: &TrainConfig, plan: Option<&CheckpointPlan>) -> Result<()> {
             source,
         })?;
         for rank in 0..config.world {
-            let file = rank_file(&plan.dir, rank);
-            if plan.resume && !file.is_file() {
+            if plan.resume && !has_checkpoint(&plan.dir, rank) {
                 return Err(ExperimentError::Resume(format!(
-                    "no checkpoint {} (was the run saved with --checkpoint and {} workers?)",
-                    file.display(),
+                    "no checkpoint of rank {rank} in {} (was the run saved with --checkpoint \
+                     and {} workers?)",
+                    plan.dir.display(),
                     config.world
                 )));
             }
@@ -139,31 +140,32 @@ pub fn train_rank<C: Backend + 'static>(
     plan: Option<&CheckpointPlan>,
 ) -> Result<Option<RunReport>> {
     config.validate()?;
-    if let Some(plan) = plan {
-        // Every rank must agree that it can resume, or none starts: a rank
-        // that gave up alone would leave the others waiting in a collective.
-        let unusable = if plan.resume {
-            !rank_file(&plan.dir, comm.rank()).is_file()
-        } else {
-            std::fs::create_dir_all(&plan.dir).is_err()
-        };
-        let mut any = [u8::from(unusable)];
-        comm.all_reduce(&mut any, ReduceOp::Max)?;
-        if any[0] != 0 {
-            return Err(ExperimentError::Resume(format!(
-                "{} has no checkpoint for every rank (or cannot be created)",
-                plan.dir.display()
-            )));
+    // Every rank must agree that it can resume (and from which epoch), or
+    // none starts: a rank that gave up alone would leave the others
+    // waiting in a collective.
+    let resume_from = match plan {
+        Some(plan) if plan.resume => Some(agree_on_resume(&comm, &plan.dir)?),
+        Some(plan) => {
+            let created =
+                std::fs::create_dir_all(&plan.dir).map_err(|source| ExperimentError::Io {
+                    path: plan.dir.display().to_string(),
+                    source,
+                });
+            agree(&comm, created, "create the checkpoint directory")?;
+            None
         }
-    }
+        None => None,
+    };
     // DimReduce's dense stage, fixed for the whole run: a resumed run keeps
     // the saved one unless told otherwise (it would move with --epochs).
     let mut config = config.clone();
     if config.strategy == StrategyConfig::DimReduce && config.dimreduce_dense_epochs.is_none() {
-        let saved = match plan.filter(|p| p.resume) {
-            Some(p) => {
-                saved_config(&checkpoint::load(rank_file(&p.dir, comm.rank()))?)?
-                    .dimreduce_dense_epochs
+        let saved = match &resume_from {
+            Some((_, file)) => {
+                let saved = checkpoint::load(file)
+                    .map_err(ExperimentError::from)
+                    .and_then(|c| saved_config(&c));
+                agree(&comm, saved, "read its checkpoint")?.dimreduce_dense_epochs
             }
             None => None,
         };
@@ -191,6 +193,7 @@ pub fn train_rank<C: Backend + 'static>(
         data,
         observer,
         plan,
+        resume_from: resume_from.map(|(_, file)| file),
         steps_per_epoch,
     };
     match config.optimizer {
@@ -241,6 +244,9 @@ struct Run<'a> {
     data: &'a Digits,
     observer: &'a dyn Observer,
     plan: Option<&'a CheckpointPlan>,
+    /// This rank's file of the checkpoint set the ranks agreed to resume
+    /// from.
+    resume_from: Option<PathBuf>,
     steps_per_epoch: usize,
 }
 
@@ -319,24 +325,28 @@ impl Run<'_> {
         let mut recorder = TrajectoryRecorder::new(TRAJECTORY_SNAPSHOTS);
         let mut history: Vec<EpochRecord> = Vec::new();
         let mut start_epoch = 0;
-        if let Some(plan) = self.plan.filter(|p| p.resume) {
-            let ckpt = checkpoint::load(rank_file(&plan.dir, rank))?;
-            start_epoch = self.resume(&ckpt, &mut recorder, &mut history)?;
-            // DimReduce ran when the checkpoint was saved if an epoch past
-            // the dense stage was done (or a PCA file was given); saved at
-            // the end of the dense stage, the loop below fits the
-            // components from the restored trajectory, as the straight run
-            // does.
-            if config.strategy == StrategyConfig::DimReduce
-                && (config.pca.is_some() || start_epoch > dense_epochs)
-            {
-                let pca = match &config.pca {
-                    Some(path) => checkpoint::load_pca(path)?,
-                    None => checkpoint::load_pca(plan.dir.join(PCA_FILE))?,
-                };
-                engine.start_dimreduce(&pca, dimreduce_config(config))?;
-            }
-            engine.restore(&ckpt)?;
+        if let (Some(plan), Some(file)) = (self.plan, &self.resume_from) {
+            let resumed = (|| -> Result<usize> {
+                let ckpt = checkpoint::load(file)?;
+                let done = self.resume(&ckpt, &mut recorder, &mut history)?;
+                // DimReduce ran when the checkpoint was saved if an epoch
+                // past the dense stage was done (or a PCA file was given);
+                // saved at the end of the dense stage, the loop below fits
+                // the components from the restored trajectory, as the
+                // straight run does.
+                if config.strategy == StrategyConfig::DimReduce
+                    && (config.pca.is_some() || done > dense_epochs)
+                {
+                    let pca = match &config.pca {
+                        Some(path) => checkpoint::load_pca(path)?,
+                        None => checkpoint::load_pca(plan.dir.join(PCA_FILE))?,
+                    };
+                    engine.start_dimreduce(&pca, dimreduce_config(config))?;
+                }
+                engine.restore(&ckpt)?;
+                Ok(done)
+            })();
+            start_epoch = agree(engine.comm(), resumed, "resume from its checkpoint")?;
         } else if let (StrategyConfig::DimReduce, Some(path)) = (config.strategy, &config.pca) {
             let pca = checkpoint::load_pca(path)?;
             engine.start_dimreduce(&pca, dimreduce_config(config))?;
@@ -438,7 +448,7 @@ impl Run<'_> {
             };
             history.push(record.clone());
             if let Some(plan) = self.plan {
-                self.save(
+                let saved = self.save(
                     &plan.dir,
                     rank,
                     &engine,
@@ -447,7 +457,14 @@ impl Run<'_> {
                     &history,
                     epoch + 1,
                     dimreduce,
-                )?;
+                );
+                let what = format!("write its checkpoint of epoch {}", epoch + 1);
+                agree(engine.comm(), saved, &what)?;
+                // The set of epoch + 1 is complete; the one before stays as
+                // the fallback, the one before that goes.
+                if epoch >= 1 {
+                    prune(&plan.dir, rank, epoch - 1);
+                }
             }
             if rank == 0 {
                 self.observer.epoch_done(&record);

@@ -1,6 +1,16 @@
 //! Checkpoints of a run: where they go, what the run adds to gradwire's
 //! state (the epoch, the configuration, the history, DimReduce's
 //! trajectory) and how a run continues from them, bitwise.
+//!
+//! A run's checkpoints are sets, one file per rank and epoch
+//! (`rank<r>.epoch<e>.ckpt`). A set is complete when every rank has
+//! written its part: after its write each rank says whether it succeeded,
+//! and the run goes on only if all did (else every rank stops with the same
+//! error). Each rank keeps its last two files. A resume loads and checks
+//! (checksum, format) every file of its own, and the ranks agree on the
+//! newest epoch whose file every rank holds intact, which falls back to the
+//! set before when a rank's newest is missing or corrupt; a first-format
+//! file (`rank<r>.ckpt`) counts at the epoch it records.
 
 use super::{EpochRecord, Run};
 use crate::config::TrainConfig;
@@ -9,17 +19,19 @@ use crate::engine::Engine;
 use crate::error::{ExperimentError, Result};
 use crate::model::Model;
 use gradwire_algos::dimreduce::TrajectoryRecorder;
+use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_optim::StrategyConfig;
 use gradwire_optim::UpdateRule;
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_tensor::Tensor;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Where checkpoints go, and whether to continue from them.
 #[derive(Debug, Clone)]
 pub struct CheckpointPlan {
-    /// One `rank<r>.ckpt` per worker, after every epoch, and DimReduce's
-    /// `pca.safetensors`.
+    /// One `rank<r>.epoch<e>.ckpt` per worker and epoch (each worker
+    /// keeps its last two), and DimReduce's `pca.safetensors`.
     pub dir: PathBuf,
     /// Continue from the checkpoints in `dir`.
     pub resume: bool,
@@ -42,8 +54,128 @@ pub(super) fn saved_config(ckpt: &Checkpoint) -> Result<TrainConfig> {
     Ok(serde_json::from_value(value)?)
 }
 
-pub(super) fn rank_file(dir: &Path, rank: usize) -> PathBuf {
+/// Rank `rank`'s checkpoint after `epoch` epochs.
+pub(super) fn rank_file(dir: &Path, rank: usize, epoch: usize) -> PathBuf {
+    dir.join(format!("rank{rank}.epoch{epoch}.ckpt"))
+}
+
+/// Rank `rank`'s checkpoint of the first format: one file, overwritten
+/// after every epoch.
+fn first_format_file(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank{rank}.ckpt"))
+}
+
+/// The most epochs a checkpoint may claim (an absurd count in a damaged
+/// file is not worth a bitmap).
+const MAX_SAVED_EPOCH: usize = 1 << 20;
+
+/// The epoch a checkpoint was written after.
+fn saved_epoch(ckpt: &Checkpoint) -> Option<usize> {
+    let epoch = ckpt.state.values.get(KEY_EPOCH)?.as_u64()?;
+    usize::try_from(epoch)
+        .ok()
+        .filter(|&e| (1..=MAX_SAVED_EPOCH).contains(&e))
+}
+
+/// Rank `rank`'s checkpoints in `dir` that load and pass every check, by
+/// the epoch they record (an epoch file whose name says another epoch is
+/// left out, as is anything unreadable: a crash mid-write, a flipped bit).
+fn intact_checkpoints(dir: &Path, rank: usize) -> BTreeMap<usize, PathBuf> {
+    let prefix = format!("rank{rank}.epoch");
+    let mut found = BTreeMap::new();
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    for path in entries.map(|e| e.path()) {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let named = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(".ckpt"))
+            .and_then(|e| e.parse::<usize>().ok());
+        let first_format = path == first_format_file(dir, rank);
+        if named.is_none() && !first_format {
+            continue;
+        }
+        if let Some(epoch) = checkpoint::load(&path).ok().as_ref().and_then(saved_epoch)
+            && named.is_none_or(|n| n == epoch)
+        {
+            // An epoch file wins over a first-format file of the same epoch.
+            if named.is_some() || !found.contains_key(&epoch) {
+                found.insert(epoch, path);
+            }
+        }
+    }
+    found
+}
+
+/// Whether `dir` holds a checkpoint file of rank `rank`, of either format
+/// (what a run checks before its workers start; which one resumes is
+/// agreed by the ranks, [`agree_on_resume`]).
+pub(super) fn has_checkpoint(dir: &Path, rank: usize) -> bool {
+    let prefix = format!("rank{rank}.epoch");
+    first_format_file(dir, rank).is_file()
+        || std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".ckpt"))
+            })
+}
+
+/// The checkpoint every rank resumes from: the newest epoch whose file
+/// every rank holds intact, agreed by all (two all-reduces), and this
+/// rank's file of it. Every rank returns the same epoch, or every rank the
+/// same [`ExperimentError::Resume`].
+pub(super) fn agree_on_resume<C: Communicator>(comm: &C, dir: &Path) -> Result<(usize, PathBuf)> {
+    let mine = intact_checkpoints(dir, comm.rank());
+    let mut newest = [mine.keys().next_back().copied().unwrap_or(0) as u64];
+    comm.all_reduce(&mut newest, ReduceOp::Max)?;
+    // Bounded by MAX_SAVED_EPOCH on every rank.
+    let mut held = vec![0u8; newest[0] as usize + 1];
+    for &epoch in mine.keys() {
+        held[epoch] = 1;
+    }
+    comm.all_reduce(&mut held, ReduceOp::Min)?;
+    let common = held.iter().rposition(|&h| h == 1).filter(|&e| e > 0);
+    match common.and_then(|e| Some((e, mine.get(&e)?.clone()))) {
+        Some(found) => Ok(found),
+        None => Err(ExperimentError::Resume(format!(
+            "no epoch has an intact checkpoint from every rank in {}",
+            dir.display()
+        ))),
+    }
+}
+
+/// `local`, this rank's outcome of a step every rank takes alike (writing
+/// its checkpoint, resuming from it), once every rank knows every rank's:
+/// the value if all succeeded; this rank's own error if it failed;
+/// otherwise an [`ExperimentError::Resume`] naming the lowest rank that
+/// failed to `what`. No rank goes on alone.
+pub(super) fn agree<T, C: Communicator>(comm: &C, local: Result<T>, what: &str) -> Result<T> {
+    let mut failed = [if local.is_err() {
+        comm.rank() as u64
+    } else {
+        u64::MAX
+    }];
+    comm.all_reduce(&mut failed, ReduceOp::Min)?;
+    match (local, failed[0]) {
+        (Ok(value), u64::MAX) => Ok(value),
+        (Err(e), _) => Err(e),
+        (Ok(_), rank) => Err(ExperimentError::Resume(format!(
+            "rank {rank} could not {what}"
+        ))),
+    }
+}
+
+/// Removes this rank's checkpoint of `epoch` (a set two behind the newest
+/// complete one, no longer a fallback) and its first-format file; a file
+/// that cannot be removed is left.
+pub(super) fn prune(dir: &Path, rank: usize, epoch: usize) {
+    let _ = std::fs::remove_file(rank_file(dir, rank, epoch));
+    let _ = std::fs::remove_file(first_format_file(dir, rank));
 }
 
 impl Run<'_> {
@@ -73,7 +205,7 @@ impl Run<'_> {
                 Tensor::from_vec(rows, vec![recorder.len(), width])?,
             );
         }
-        checkpoint::save(rank_file(dir, rank), &ckpt)?;
+        checkpoint::save(rank_file(dir, rank, epochs_done), &ckpt)?;
         Ok(())
     }
 
