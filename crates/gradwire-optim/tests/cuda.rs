@@ -13,8 +13,8 @@
 
 use gradwire_optim::StateBuffers as _;
 use gradwire_optim::{
-    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, Optimizer, RmsProp, RmsPropConfig, Schedule,
-    Sgd, SgdConfig,
+    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, OptimError, Optimizer, RmsProp, RmsPropConfig,
+    Schedule, Sgd, SgdConfig,
 };
 use gradwire_tensor::cuda_backend::testing;
 use gradwire_tensor::{DType, Device, Error, Tensor};
@@ -213,9 +213,31 @@ fn cuda_updates_refuse_what_the_kernels_cannot_do() {
     // A gradient of another dtype, or on the host, is refused before any
     // state changes.
     let g32 = Tensor::zeros(4, DType::F32, Device::Cuda(0)).unwrap();
-    assert!(sgd.update("p", &mut p, &g32).is_err());
+    let result = sgd.update("p", &mut p, &g32);
+    assert!(
+        matches!(
+            result,
+            Err(OptimError::Tensor(Error::DTypeMismatch {
+                expected: DType::F16,
+                got: DType::F32,
+                ..
+            }))
+        ),
+        "{result:?}"
+    );
     let host = Tensor::zeros(4, DType::F16, Device::Cpu).unwrap();
-    assert!(sgd.update("p", &mut p, &host).is_err());
+    let result = sgd.update("p", &mut p, &host);
+    assert!(
+        matches!(
+            result,
+            Err(OptimError::Tensor(Error::DeviceMismatch {
+                expected: Device::Cuda(0),
+                got: Device::Cpu,
+                ..
+            }))
+        ),
+        "{result:?}"
+    );
     assert!(sgd.param_state("p").is_none_or(|s| s.updates == 0));
     // A zeroed gradient is skipped, as on the CPU.
     let mut g = Tensor::full(1.0, 4, DType::F16, Device::Cuda(0)).unwrap();
@@ -250,7 +272,16 @@ fn set_buffer_writes_a_device_buffer_in_place() {
     );
     assert_eq!(state.params["w"].updates, 1);
     // A buffer of the wrong length is refused, on the device as on the host.
-    assert!(adam.set_buffer("w", &[n], "m", vec![0.0; n - 1]).is_err());
+    let result = adam.set_buffer("w", &[n], "m", vec![0.0; n - 1]);
+    assert!(
+        matches!(&result, Err(OptimError::StateMismatch(m)) if m.contains("no buffer m of 256 elements")),
+        "{result:?}"
+    );
+    let state = adam.state().unwrap();
+    assert_eq!(
+        bits_of(&state.params["w"].buffers["m"]),
+        bits_of(&replacement)
+    );
 }
 
 fn bits_of(v: &[f32]) -> Vec<u32> {

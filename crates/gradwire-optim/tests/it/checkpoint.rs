@@ -549,13 +549,15 @@ proptest! {
     }
 
     /// Arbitrary bytes (and arbitrary bytes behind a plausible length
-    /// prefix) are rejected without panicking.
+    /// prefix) are rejected as corrupt without panicking.
     #[test]
     fn garbage_is_rejected(data in proptest::collection::vec(any::<u8>(), 0..512), n in 0u64..600) {
-        prop_assert!(from_bytes(&data).is_err());
+        let result = from_bytes(&data);
+        prop_assert!(matches!(result, Err(OptimError::CorruptCheckpoint(_))), "{:?}", result);
         let mut framed = n.to_le_bytes().to_vec();
         framed.extend_from_slice(&data);
-        prop_assert!(from_bytes(&framed).is_err());
+        let result = from_bytes(&framed);
+        prop_assert!(matches!(result, Err(OptimError::CorruptCheckpoint(_))), "{:?}", result);
     }
 }
 

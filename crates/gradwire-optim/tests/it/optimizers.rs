@@ -339,9 +339,10 @@ fn per_parameter_configuration_overrides_only_that_parameter() {
     sgd.update("special", &mut b, &tensor(&[0.5])).unwrap();
     assert_eq!(a.to_vec::<f32>().unwrap(), vec![0.95]);
     assert_eq!(b.to_vec::<f32>().unwrap(), vec![0.5]);
+    let result = sgd.register("bad", SgdConfig::default().momentum(-1.0));
     assert!(
-        sgd.register("bad", SgdConfig::default().momentum(-1.0))
-            .is_err()
+        matches!(&result, Err(OptimError::InvalidArgument(m)) if m.contains("momentum")),
+        "{result:?}"
     );
 }
 
