@@ -20,6 +20,10 @@
 //!   all-reduce until well after the deadline. The others get `Timeout` at
 //!   the deadline; the late rank fails at once when it arrives (it never
 //!   blocks in a data phase nobody else enters).
+//! - `departure` (W >= 2): the last rank sends rank 0 a message and drops
+//!   its communicator (returns early); rank 0 receives the message, then
+//!   the others' calls fail with `PeerLost` naming it, from the notice the
+//!   drop sent, not at the deadline.
 //!
 //! - `sigkill` (its own mpirun, W = 3): the last rank kills itself with
 //!   SIGKILL in the middle of a loop of all-reduces. No rank may hang: the
@@ -229,6 +233,50 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
     Ok(())
 }
 
+/// The last rank sends rank 0 a message, then drops its communicator
+/// without another call on it (a rank that returns early, on an error):
+/// rank 0 still receives the message; then every other rank's calls on it,
+/// collective and point-to-point, fail with `PeerLost` naming that rank,
+/// from the notice its drop sent, whichever comes first, the drop or the
+/// call. The deadline is long: reaching it would be a `Timeout`. Run twice,
+/// so the second communicator may reuse the first's MPI context with the
+/// first's notices still about.
+fn departure(failures: &mut Failures) -> Result<(), CommError> {
+    for _ in 0..2 {
+        let comm = MpiComm::world_with(&MpiConfig::with_timeout(Some(RUN_LIMIT / 2)))?;
+        let (rank, w) = (comm.rank(), comm.world_size());
+        if rank == w - 1 {
+            comm.send(&[7f32; 4], 0)?;
+            drop(comm);
+            continue;
+        }
+        if rank == 0 {
+            let mut sent = [0f32; 4];
+            let got = comm.recv(&mut sent, w - 1);
+            check(failures, got.is_ok() && sent == [7.0; 4], || {
+                format!("the message sent before leaving: {got:?}, {sent:?}")
+            });
+        }
+        let want = CommError::PeerLost {
+            op: "drop",
+            ranks: vec![w - 1],
+        };
+        let got = comm.all_reduce(&mut [1f32; 1000], ReduceOp::Sum);
+        check(failures, got.as_ref().err() == Some(&want), || {
+            format!("all_reduce after the last rank left: {got:?}")
+        });
+        let got = comm.recv(&mut [0f32; 4], w - 1);
+        check(failures, got.as_ref().err() == Some(&want), || {
+            format!("recv from the rank that left: {got:?}")
+        });
+        let got = comm.barrier();
+        check(failures, got.as_ref().err() == Some(&want), || {
+            format!("barrier after the last rank left: {got:?}")
+        });
+    }
+    Ok(())
+}
+
 /// `MpiComm::library_all_reduce` (MPI's own algorithm): sums against an
 /// f64 reference at lengths 0, 1 and primes, the same result on every rank,
 /// and every refusal (a mismatched length, `Avg`, f16, a posted fault) on
@@ -354,9 +402,10 @@ fn rank_main() -> ExitCode {
     };
     let (rank, w) = (world.rank(), world.world_size());
     type Scenario = fn(&mut Failures) -> Result<(), CommError>;
-    let scenarios: [(&str, Scenario, usize); 3] = [
+    let scenarios: [(&str, Scenario, usize); 4] = [
         ("recv_timeout", recv_timeout, 2),
         ("collective_timeout", collective_timeout, 2),
+        ("departure", departure, 2),
         ("library_all_reduce", library_all_reduce, 1),
     ];
     let mut failed = 0;

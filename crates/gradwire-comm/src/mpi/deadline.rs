@@ -2,7 +2,14 @@
 //! request (spin, yield, then short sleeps) until it completes, a peer's
 //! notice arrives, or the deadline passes; a rank that gives up poisons its
 //! communicator and sends every peer a notice, so that they fail with the
-//! same error at once instead of waiting for their own deadlines.
+//! same error at once instead of waiting for their own deadlines. A rank
+//! that drops its communicator sends a departure notice: the peers' calls
+//! it will not join fail at once with `PeerLost` naming it.
+//!
+//! Every notice carries its communicator's serial, agreed by the ranks when
+//! it was made and never reused by a process: MPI may give a freed
+//! communicator's context to a later one, and a notice still in flight
+//! from the first must not reach the second.
 
 use super::*;
 
@@ -56,7 +63,7 @@ impl MpiComm {
             return err;
         }
         let err = self.poison(err);
-        if let Some(bytes) = encode_notice(round, &err) {
+        if let Some(bytes) = encode_notice(self.serial, round, &err) {
             let mut outbox = self.outbox.borrow_mut();
             for peer in (0..self.size).filter(|&q| q != self.rank) {
                 // A notice that cannot be sent leaves that peer to its own
@@ -67,6 +74,25 @@ impl MpiComm {
             }
         }
         err
+    }
+
+    /// Leaves the communicator: tells every peer that this rank takes part
+    /// in nothing from the current round on (their calls from then fail at
+    /// once with `PeerLost` naming it). The notices are sent without
+    /// waiting; what a peer never receives is left to MPI.
+    pub(super) fn depart(&self) {
+        let lost = CommError::PeerLost {
+            op: "drop",
+            ranks: vec![self.rank],
+        };
+        if let Some(bytes) = encode_notice(self.serial, self.rounds.get(), &lost) {
+            let mut outbox = self.outbox.borrow_mut();
+            for peer in (0..self.size).filter(|&q| q != self.rank) {
+                if let Ok(outgoing) = sys::isend(self.comm, bytes.clone(), peer, NOTICE_TAG) {
+                    outbox.push(outgoing);
+                }
+            }
+        }
     }
 
     /// Takes the notices the peers sent (one `MPI_Improbe` when there are
@@ -94,13 +120,18 @@ impl MpiComm {
         let mut bytes = vec![0u8; probed.bytes];
         let source = probed.source;
         probed.receive(&mut bytes)?;
-        let notice = decode_notice(&bytes).unwrap_or_else(|| Notice {
-            round: 0,
-            error: CommError::PeerLost {
-                op: "notice",
-                ranks: vec![source],
+        let notice = match decode_notice(&bytes) {
+            // One for an earlier communicator of the same MPI context.
+            Some((serial, _)) if serial != self.serial => return Ok(()),
+            Some((_, notice)) => notice,
+            None => Notice {
+                round: 0,
+                error: CommError::PeerLost {
+                    op: "notice",
+                    ranks: vec![source],
+                },
             },
-        });
+        };
         let mut kept = self.notice.borrow_mut();
         if kept.as_ref().is_none_or(|k| notice.round < k.round) {
             *kept = Some(notice);
@@ -182,14 +213,17 @@ const NOTICE_OPS: &[&str] = &[
     "split_shared",
     "fault",
     "recv",
+    "drop",
 ];
 
 const NOTICE_TIMEOUT: u64 = 1;
 const NOTICE_FAULT: u64 = 2;
+const NOTICE_PEER_LOST: u64 = 3;
 
-/// A notice's bytes: little-endian u64 words, the round first, then the
-/// error (only the errors a rank gives up with travel).
-pub(super) fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
+/// A notice's bytes: little-endian u64 words, the communicator's serial
+/// and the round first, then the error (only the errors a rank gives up or
+/// leaves with travel).
+pub(super) fn encode_notice(serial: u64, round: u64, err: &CommError) -> Option<Vec<u8>> {
     let words: Vec<u64> = match err {
         CommError::Timeout {
             op,
@@ -201,30 +235,39 @@ pub(super) fn encode_notice(round: u64, err: &CommError) -> Option<Vec<u8>> {
                 .position(|o| o == op)
                 .unwrap_or(usize::MAX);
             let waited = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-            [round, NOTICE_TIMEOUT, op as u64, waited]
+            [serial, round, NOTICE_TIMEOUT, op as u64, waited]
                 .into_iter()
                 .chain(missing.iter().map(|&r| r as u64))
                 .collect()
         }
         // A communicator's fault names its rank and carries no detail.
         CommError::Fault(fault) => vec![
+            serial,
             round,
             NOTICE_FAULT,
             fault.rank? as u64,
             u64::from(fault.kind.code()),
         ],
+        CommError::PeerLost { op, ranks } => {
+            let op = NOTICE_OPS.iter().position(|o| o == op)?;
+            [serial, round, NOTICE_PEER_LOST, op as u64, 0]
+                .into_iter()
+                .chain(ranks.iter().map(|&r| r as u64))
+                .collect()
+        }
         _ => return None,
     };
     Some(words.iter().flat_map(|w| w.to_le_bytes()).collect())
 }
 
-pub(super) fn decode_notice(bytes: &[u8]) -> Option<Notice> {
+/// A notice's serial and content (see [`encode_notice`]).
+pub(super) fn decode_notice(bytes: &[u8]) -> Option<(u64, Notice)> {
     let words: Vec<u64> = bytes
         .chunks_exact(8)
         .map(|c| c.try_into().map(u64::from_le_bytes))
         .collect::<std::result::Result<_, _>>()
         .ok()?;
-    let (&[round, kind, a, b], rest) = words.split_first_chunk::<4>()?;
+    let (&[serial, round, kind, a, b], rest) = words.split_first_chunk::<5>()?;
     let error = match kind {
         NOTICE_TIMEOUT => CommError::Timeout {
             op: usize::try_from(a)
@@ -239,9 +282,13 @@ pub(super) fn decode_notice(bytes: &[u8]) -> Option<Notice> {
             usize::try_from(a).ok()?,
             crate::FaultKind::from_code(u32::try_from(b).ok()?),
         )),
+        NOTICE_PEER_LOST => CommError::PeerLost {
+            op: usize::try_from(a).ok().and_then(|i| NOTICE_OPS.get(i))?,
+            ranks: rest.iter().map(|&r| r as usize).collect(),
+        },
         _ => return None,
     };
-    Some(Notice { round, error })
+    Some((serial, Notice { round, error }))
 }
 
 #[cfg(test)]
@@ -263,14 +310,22 @@ mod tests {
             },
             CommError::lane_lost(2),
             CommError::Fault(crate::Fault::posted(1, crate::FaultKind::NonFinite)),
+            CommError::PeerLost {
+                op: "drop",
+                ranks: vec![3],
+            },
         ];
         for (round, error) in errors.into_iter().enumerate() {
-            let bytes = encode_notice(round as u64, &error).expect("encodes");
-            let notice = decode_notice(&bytes).expect("decodes");
-            assert_eq!((notice.round, notice.error), (round as u64, error));
+            let serial = 1000 + round as u64;
+            let bytes = encode_notice(serial, round as u64, &error).expect("encodes");
+            let (got_serial, notice) = decode_notice(&bytes).expect("decodes");
+            assert_eq!(
+                (got_serial, notice.round, notice.error),
+                (serial, round as u64, error)
+            );
         }
-        assert!(encode_notice(0, &CommError::WorkerStopped).is_none());
+        assert!(encode_notice(1, 0, &CommError::WorkerStopped).is_none());
         assert!(decode_notice(&[1, 2, 3]).is_none());
-        assert!(decode_notice(&[0; 8 * 4]).is_none());
+        assert!(decode_notice(&[0; 8 * 5]).is_none());
     }
 }

@@ -165,6 +165,18 @@ pub struct MpiComm {
     /// Header exchanges started on this communicator: every rank counts the
     /// same rounds, so a round number means the same collective everywhere.
     rounds: Cell<u64>,
+    /// This communicator's serial, agreed by its ranks when it was made
+    /// (an asynchronous jobs' communicator takes its parent's), larger than
+    /// any earlier one of this process: its notices carry it, so that one
+    /// for an earlier communicator is never taken for this one's.
+    serial: u64,
+    /// Whether dropping it tells the peers (a communicator over the whole
+    /// job, [`MpiComm::world`], and its asynchronous jobs' one). Such a
+    /// communicator is then left to MPI, never freed: a notice a peer does
+    /// not receive must not stay in a context that MPI could give to a
+    /// later communicator, where it would upset MPI's own ordering of
+    /// messages. Sub-communicators (splits) are freed and send nothing.
+    departs: bool,
     /// Set when this rank gave up (a timeout) or learned that a peer did:
     /// every later call fails with it.
     poison: RefCell<Option<CommError>>,
@@ -217,7 +229,7 @@ impl MpiComm {
         let env = Env::get()?;
         env.check_thread("world")?;
         let comm = sys::dup_world()?;
-        MpiComm::adopt(env, comm, config.clone(), true, None)
+        MpiComm::adopt(env, comm, config.clone(), true, None, None, true)
     }
 
     /// The deadline of this communicator's calls.
@@ -234,15 +246,18 @@ impl MpiComm {
     /// Wraps a communicator this crate created (and will free), with a
     /// duplicate for asynchronous jobs when `with_shadow`.
     ///
-    /// Collective over `comm` unless the segment size is given (a worker's
-    /// communicator takes its parent's): an automatic one is decided by a
-    /// shared-memory split, the same on every rank.
+    /// Collective over `comm` unless the segment size and the serial are
+    /// given (a worker's communicator takes its parent's): an automatic
+    /// segment is decided by a shared-memory split, the same on every rank,
+    /// and the serial by an all-reduce.
     fn adopt(
         env: Arc<Env>,
         comm: Comm,
         config: MpiConfig,
         with_shadow: bool,
         segment_bytes: Option<usize>,
+        serial: Option<u64>,
+        departs: bool,
     ) -> Result<MpiComm> {
         let decided = sys::rank_and_size(comm).and_then(|(rank, size)| {
             let segment = match segment_bytes.or(config.segment_bytes) {
@@ -250,9 +265,13 @@ impl MpiComm {
                 None if spans_hosts(comm, rank, size)? => NETWORK_SEGMENT_BYTES,
                 None => SEGMENT_BYTES,
             };
-            Ok((rank, size, segment))
+            let serial = match serial {
+                Some(serial) => serial,
+                None => agree_serial(comm)?,
+            };
+            Ok((rank, size, segment, serial))
         });
-        let (rank, size, segment_bytes) = match decided {
+        let (rank, size, segment_bytes, serial) = match decided {
             Ok(decided) => decided,
             Err(e) => {
                 sys::comm_free(comm);
@@ -276,6 +295,8 @@ impl MpiComm {
             size,
             config,
             rounds: Cell::new(0),
+            serial,
+            departs,
             poison: RefCell::new(None),
             notice: RefCell::new(None),
             shadow: Cell::new(shadow),
@@ -367,7 +388,15 @@ impl MpiComm {
         self.agree(Call::new(Kind::SplitShared))?;
         let key = sys::int("rank", self.rank)?;
         let comm = sys::comm_split_shared(self.comm, key)?;
-        MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true, None)
+        MpiComm::adopt(
+            Arc::clone(&self.env),
+            comm,
+            self.config.clone(),
+            true,
+            None,
+            None,
+            false,
+        )
     }
 
     /// This process's rank among those on its host, and how many there are,
@@ -468,6 +497,8 @@ impl MpiComm {
             self.config.clone(),
             false,
             Some(self.segment_bytes),
+            Some(self.serial),
+            self.departs,
         )?;
         comm.busy = Arc::clone(&self.jobs_busy);
         Worker::start(format!("gradwire-mpi-{}", self.rank), self.rank, comm)
@@ -643,8 +674,19 @@ impl Communicator for MpiComm {
         let _busy = self.busy();
         self.check_rank(src)?;
         self.enter("recv")?;
-        self.heed_notices(None)?;
-        let mut found = None;
+        // What the sender sent before it left (or gave up) is still
+        // received: a first look before the notices.
+        let mut found = sys::improbe(self.comm, Some(src), None)?;
+        if found.is_none()
+            && let Err(err) = self.heed_notices(None)
+        {
+            // One last look, as `poll` takes: the message may have come
+            // after the notice.
+            found = sys::improbe(self.comm, Some(src), None)?;
+            if found.is_none() {
+                return Err(err);
+            }
+        }
         self.poll("recv", &[src], None, || {
             if found.is_none() {
                 found = sys::improbe(self.comm, Some(src), None)?;
@@ -659,9 +701,12 @@ impl Communicator for MpiComm {
             });
         };
         if probed.tag == NOTICE_TAG {
-            // The sender gave up before it sent what this rank waits for.
+            // The sender gave up or left before it sent what this rank
+            // waits for; or the notice was for an earlier communicator of
+            // this context, ignored: the message is still to come.
             self.take_notice(probed)?;
-            return self.heed_notices(None);
+            self.heed_notices(None)?;
+            return self.recv(buf, src);
         }
         let want = std::mem::size_of_val(buf);
         match elem_of(probed.tag) {
@@ -716,10 +761,16 @@ impl Communicator for MpiComm {
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
-            Some(comm) => {
-                MpiComm::adopt(Arc::clone(&self.env), comm, self.config.clone(), true, None)
-                    .map(Some)
-            }
+            Some(comm) => MpiComm::adopt(
+                Arc::clone(&self.env),
+                comm,
+                self.config.clone(),
+                true,
+                None,
+                None,
+                false,
+            )
+            .map(Some),
         }
     }
 
@@ -810,8 +861,14 @@ impl Drop for MpiComm {
             );
             sys::abort(self.comm, 70);
         }
-        // Queued jobs are collectives the peers also run: let them finish.
+        // Queued jobs are collectives the peers also run: let them finish
+        // (the jobs' communicator then departs from its own context).
         drop(self.worker.take());
+        // A peer still calling (this rank returned early, on an error)
+        // fails at once with `PeerLost` instead of waiting out its deadline.
+        if self.departs {
+            self.depart();
+        }
         for mut outgoing in self.outbox.take() {
             // A send nobody received is left to MPI (its buffer leaked)
             // rather than waited for.
@@ -820,9 +877,14 @@ impl Drop for MpiComm {
             }
         }
         if let Some(shadow) = self.shadow.take() {
+            // No job ever ran on it (the worker takes it): nothing in flight.
             sys::comm_free(shadow);
         }
-        sys::comm_free(self.comm);
+        // A departed communicator stays allocated until MPI is finalized
+        // (see `departs`).
+        if !self.departs {
+            sys::comm_free(self.comm);
+        }
         // `env` drops after this body: MPI is finalized after the frees.
     }
 }
@@ -846,6 +908,20 @@ fn spans_hosts(comm: Comm, rank: usize, size: usize) -> Result<bool> {
     let local = sys::rank_and_size(node).map(|(_, local)| local);
     sys::comm_free(node);
     Ok(local? < size)
+}
+
+/// The last serial this process gave a communicator.
+static LAST_SERIAL: AtomicU64 = AtomicU64::new(0);
+
+/// A serial for the new communicator `comm`, the same on all its ranks and
+/// larger than any this process gave before: the maximum over the ranks of
+/// each one's next (one all-reduce). Collective over `comm`.
+fn agree_serial(comm: Comm) -> Result<u64> {
+    let next = [LAST_SERIAL.load(Ordering::Relaxed) + 1];
+    let mut agreed = [0u64];
+    sys::all_reduce(comm, sys::Wire::U64, &next, &mut agreed, sys::NativeOp::Max)?;
+    LAST_SERIAL.fetch_max(agreed[0], Ordering::Relaxed);
+    Ok(agreed[0])
 }
 
 /// What [`MpiComm::time_in_calls`] returns.
