@@ -11,9 +11,11 @@
 //! with `finish`. Each rank records every step's outcome (done, skipped,
 //! or the error's kind) and how long the step took; [`Report`] then says
 //! whether every rank saw the same outcome at every step, whether the
-//! steps after the fault all completed, and whether the ranks ended with
-//! bitwise-equal parameters. `gradwire faults` ([`FaultsArgs`]) prints it
-//! as a table.
+//! steps after the fault all completed, whether the ranks ended with
+//! bitwise-equal parameters, and whether each ended with bitwise the
+//! parameters of a run without the fault step ([`run_without`]: the failed
+//! step changed nothing). `gradwire faults` ([`FaultsArgs`]) prints it as a
+//! table.
 
 mod command;
 mod report;
@@ -23,7 +25,7 @@ mod scenario;
 pub use command::FaultsArgs;
 pub use report::{Report, TerminalReport, table, terminal_table};
 pub use run::{run_local, run_local_terminal, run_on};
-pub use scenario::{run_scenario, run_schedule};
+pub use scenario::{run_scenario, run_schedule, run_without};
 
 use gradwire_algos::FaultKind;
 use gradwire_optim::{OptimError, StrategyConfig};

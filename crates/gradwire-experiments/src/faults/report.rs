@@ -20,13 +20,28 @@ pub struct Report {
     /// Whether the ranks ended with bitwise-equal parameters (`None` in
     /// partial mode, local SGD, where ranks differ by design).
     pub equal: Option<bool>,
+    /// Whether every rank ended with bitwise the parameters it has in a run
+    /// without the fault step (not taken at all, on any rank): the failed
+    /// or skipped step changed nothing, in parameters, optimizer state,
+    /// residuals or counters, which the later steps would show. `None`
+    /// without a fault, or after an optimizer error (the failing rank's
+    /// update may be partial).
+    pub unchanged: Option<bool>,
     /// The slowest rank's time for the fault step.
     pub time_to_outcome: Duration,
 }
 
 impl Report {
-    /// Judges the records of every rank (rank order).
-    pub fn judge(mode: StrategyConfig, fault: Fault, skip: bool, records: &[RankRecord]) -> Report {
+    /// Judges the records of every rank (rank order), against `reference`,
+    /// every rank's record of the run without the fault step, where there
+    /// is one.
+    pub fn judge(
+        mode: StrategyConfig,
+        fault: Fault,
+        skip: bool,
+        records: &[RankRecord],
+        reference: Option<&[RankRecord]>,
+    ) -> Report {
         let first = &records[0];
         // Outcomes compared whole: the same kind and the same named rank.
         let agreed = records.iter().all(|r| r.outcomes == first.outcomes);
@@ -42,6 +57,10 @@ impl Report {
             .map(|r| r.times[FAULT_STEP])
             .max()
             .unwrap_or_default();
+        let unchanged = reference.map(|clean| {
+            records.len() == clean.len()
+                && records.iter().zip(clean).all(|(r, c)| r.params == c.params)
+        });
         Report {
             mode,
             fault,
@@ -50,6 +69,7 @@ impl Report {
             agreed,
             recovered,
             equal,
+            unchanged,
             time_to_outcome,
         }
     }
@@ -77,7 +97,8 @@ impl Report {
             Fault::PanickingStrategy | Fault::RankPanics | Fault::DropsCommunicator => false,
         };
         let equal = self.equal.unwrap_or(true) || !self.fault.passes();
-        expected && self.agreed && self.recovered && equal
+        let unchanged = self.unchanged != Some(false);
+        expected && self.agreed && self.recovered && equal && unchanged
     }
 }
 
@@ -199,6 +220,7 @@ pub fn table(reports: &[Report], backend: &str, world: usize) -> String {
         &format!("outcome, {backend} W={world}"),
         "next 3 steps",
         "ranks equal",
+        "as without it",
         "ms",
         "holds",
     ]);
@@ -218,6 +240,12 @@ pub fn table(reports: &[Report], backend: &str, world: usize) -> String {
                 Some(true) => "bitwise",
                 Some(false) if r.fault.passes() => "NO",
                 Some(false) => "differ (partial update)",
+            }
+            .to_string(),
+            match r.unchanged {
+                None => "-",
+                Some(true) => "bitwise",
+                Some(false) => "NO",
             }
             .to_string(),
             format!("{:.1}", r.time_to_outcome.as_secs_f64() * 1e3),

@@ -130,15 +130,15 @@ impl RankRecord {
 /// `comm` and judges each; every rank gets the same reports.
 pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>> {
     let w = comm.world_size();
-    let mut reports = Vec::new();
-    for (mode, fault, skip) in scenarios() {
+    // Every rank's record of a run on its own duplicate of `comm`.
+    let gather = |run: &dyn Fn(C) -> gradwire_optim::Result<RankRecord>| {
         let own = comm
             .split(Some(0), comm.rank() as i64)?
             .ok_or_else(|| crate::ExperimentError::Usage("a split left this rank out".into()))?;
-        let record = run_scenario(own, mode, fault, skip)?;
+        let record = run(own)?;
         // Records have one length on every rank that completed the run.
         let gathered = comm.all_gather_varied(&record.encode())?;
-        let records = (0..w)
+        (0..w)
             .map(|r| {
                 RankRecord::decode(gathered.part(r)).ok_or_else(|| {
                     crate::ExperimentError::Usage(format!(
@@ -146,10 +146,45 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
                     ))
                 })
             })
-            .collect::<crate::Result<Vec<_>>>()?;
-        reports.push(Report::judge(mode, fault, skip, &records));
+            .collect::<crate::Result<Vec<_>>>()
+    };
+    let mut references = References::default();
+    let mut reports = Vec::new();
+    for (mode, fault, skip) in scenarios() {
+        let records = gather(&|own| run_scenario(own, mode, fault, skip))?;
+        let reference = references.get(mode, fault, skip, || {
+            gather(&|own| run_without(own, mode, skip, &[FAULT_STEP], STEPS))
+        })?;
+        reports.push(Report::judge(mode, fault, skip, &records, reference));
     }
     Ok(reports)
+}
+
+/// The runs without the fault step, one per mode and skip setting, made
+/// when a scenario first needs one (a scenario with a fault that passes).
+#[derive(Default)]
+struct References(Vec<((StrategyConfig, bool), Vec<RankRecord>)>);
+
+impl References {
+    fn get(
+        &mut self,
+        mode: StrategyConfig,
+        fault: Fault,
+        skip: bool,
+        run: impl FnOnce() -> crate::Result<Vec<RankRecord>>,
+    ) -> crate::Result<Option<&[RankRecord]>> {
+        if fault == Fault::None || !fault.passes() {
+            return Ok(None);
+        }
+        let at = match self.0.iter().position(|(key, _)| *key == (mode, skip)) {
+            Some(at) => at,
+            None => {
+                self.0.push(((mode, skip), run()?));
+                self.0.len() - 1
+            }
+        };
+        Ok(Some(&self.0[at].1))
+    }
 }
 
 /// Runs every scenario on `world` in-process ranks (LocalComm, with a
@@ -158,18 +193,25 @@ pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>>
     use gradwire_comm::{LocalConfig, local};
     check_run(world, deadline)?;
     let config = LocalConfig::with_timeout(Some(deadline));
-    let mut reports = Vec::new();
-    for (mode, fault, skip) in scenarios() {
-        let results =
-            local::run_with(world, &config, |comm| run_scenario(comm, mode, fault, skip))?;
-        let records = results
+    let run = |scenario: &(
+                    dyn Fn(gradwire_comm::LocalComm) -> gradwire_optim::Result<RankRecord> + Sync
+                )| {
+        local::run_with(world, &config, scenario)?
             .into_iter()
             .map(|r| {
                 r.map_err(crate::ExperimentError::from)?
                     .map_err(crate::ExperimentError::from)
             })
-            .collect::<crate::Result<Vec<_>>>()?;
-        reports.push(Report::judge(mode, fault, skip, &records));
+            .collect::<crate::Result<Vec<_>>>()
+    };
+    let mut references = References::default();
+    let mut reports = Vec::new();
+    for (mode, fault, skip) in scenarios() {
+        let records = run(&|comm| run_scenario(comm, mode, fault, skip))?;
+        let reference = references.get(mode, fault, skip, || {
+            run(&|comm| run_without(comm, mode, skip, &[FAULT_STEP], STEPS))
+        })?;
+        reports.push(Report::judge(mode, fault, skip, &records, reference));
     }
     Ok(reports)
 }

@@ -140,6 +140,31 @@ pub fn run_schedule<C: Communicator + 'static>(
     skip_non_finite: bool,
     steps: usize,
 ) -> gradwire_optim::Result<RankRecord> {
+    run_steps(comm, mode, schedule, skip_non_finite, steps, &[])
+}
+
+/// The same run without faults and with the steps `omitted` not taken at
+/// all, on any rank (nothing pushed, no `finish`; recorded as skipped):
+/// what a run whose steps failed or were skipped there must end with, bit
+/// for bit, since a failed step changes nothing.
+pub fn run_without<C: Communicator + 'static>(
+    comm: C,
+    mode: StrategyConfig,
+    skip_non_finite: bool,
+    omitted: &[usize],
+    steps: usize,
+) -> gradwire_optim::Result<RankRecord> {
+    run_steps(comm, mode, &[], skip_non_finite, steps, omitted)
+}
+
+fn run_steps<C: Communicator + 'static>(
+    comm: C,
+    mode: StrategyConfig,
+    schedule: &[(usize, usize, Fault)],
+    skip_non_finite: bool,
+    steps: usize,
+    omitted: &[usize],
+) -> gradwire_optim::Result<RankRecord> {
     let rank = comm.rank();
     let fault_at = |step: usize| {
         schedule
@@ -201,6 +226,11 @@ pub fn run_schedule<C: Communicator + 'static>(
         params: Vec::new(),
     };
     for step in 0..steps {
+        if omitted.contains(&step) {
+            record.times.push(Duration::ZERO);
+            record.outcomes.push(Outcome::Skipped);
+            continue;
+        }
         let fault = fault_at(step);
         let inject = fault != Fault::None;
         dist.optimizer_mut().armed = fault == Fault::OptimizerError;
