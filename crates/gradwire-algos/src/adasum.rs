@@ -505,8 +505,12 @@ impl<C: Communicator> AdaSum<C> {
         v: &mut CudaStorage,
         tensors: &[Range<usize>],
     ) -> Result<Traffic> {
-        let local = if v.dtype() == DType::F32 {
-            Ok(())
+        let len = v.len();
+        // The workspace's device memory is allocated here, before the first
+        // collective: a failed allocation travels to every rank through the
+        // agreement, never between two exchanges with a partner.
+        let workspace = if v.dtype() == DType::F32 {
+            device::DeviceWorkspace::new(v)
         } else {
             Err(gradwire_tensor::Error::DTypeMismatch {
                 op: "AdaSum::combine_device",
@@ -515,9 +519,13 @@ impl<C: Communicator> AdaSum<C> {
             }
             .into())
         };
-        let agreed = self.agree_inputs(comm, v.len(), tensors, local)?;
+        let (workspace, local) = match workspace {
+            Ok(ws) => (Some(ws), Ok(())),
+            Err(e) => (None, Err(e)),
+        };
+        let agreed = self.agree_inputs(comm, len, tensors, local)?;
+        let mut ws = workspace.ok_or_else(device::no_workspace)?;
         let (mut pieces, mut sums) = (Vec::new(), Vec::new());
-        let mut ws = device::DeviceWorkspace::new(v);
         Ok(agreed + self.halving(comm, &mut ws, tensors, &mut pieces, &mut sums)?)
     }
 }
@@ -731,34 +739,38 @@ pub mod kernels;
 #[cfg(feature = "cuda")]
 mod device {
     use super::kernels;
-    use super::{Result, Workspace, no_scratch};
+    use super::{Result, Workspace};
     use gradwire_tensor::{CudaStorage, DType};
     use std::ops::Range;
 
-    /// The vector on the device; the scratch allocated there on first use.
-    /// Pieces are staged through host buffers for the communicator.
+    /// The vector on the device, its scratch (the partner's pieces) and a
+    /// spare half for swaps, all allocated when the workspace is made,
+    /// before any exchange. Pieces are staged through host buffers for the
+    /// communicator.
     pub(super) struct DeviceWorkspace<'v> {
         v: &'v mut CudaStorage,
-        scratch: Option<CudaStorage>,
+        scratch: CudaStorage,
+        spare: CudaStorage,
+    }
+
+    /// The error of a workspace that the agreement says exists but does not
+    /// (unreachable: the agreement fails on every rank when one has none).
+    pub(super) fn no_workspace() -> crate::AlgoError {
+        crate::AlgoError::InvalidArgument("AdaSum's device workspace is missing".into())
     }
 
     impl<'v> DeviceWorkspace<'v> {
-        pub(super) fn new(v: &'v mut CudaStorage) -> Self {
-            DeviceWorkspace { v, scratch: None }
+        pub(super) fn new(v: &'v mut CudaStorage) -> Result<Self> {
+            let (len, ordinal) = (v.len(), v.ordinal());
+            // A swapped piece is at most the first level's half.
+            let scratch = CudaStorage::alloc_zeros(len, DType::F32, ordinal)?;
+            let spare = CudaStorage::alloc_zeros(len.div_ceil(2), DType::F32, ordinal)?;
+            Ok(DeviceWorkspace { v, scratch, spare })
         }
 
-        /// The vector and the scratch (allocated now if need be),
-        /// disjointly.
+        /// The vector and the scratch, disjointly.
         fn parts(&mut self) -> Result<(&mut CudaStorage, &mut CudaStorage)> {
-            let scratch = match &mut self.scratch {
-                Some(scratch) => scratch,
-                empty => empty.insert(CudaStorage::alloc_zeros(
-                    self.v.len(),
-                    DType::F32,
-                    self.v.ordinal(),
-                )?),
-            };
-            Ok((&mut *self.v, scratch))
+            Ok((&mut *self.v, &mut self.scratch))
         }
     }
 
@@ -841,7 +853,7 @@ mod device {
             keep: &Range<usize>,
             out: &mut Vec<f64>,
         ) -> Result<()> {
-            let scratch = self.scratch.as_ref().ok_or_else(no_scratch)?;
+            let scratch = &self.scratch;
             *out = if vector_is_a {
                 kernels::partials(self.v, scratch, tensors, keep.clone())?
             } else {
@@ -851,11 +863,12 @@ mod device {
         }
 
         fn swap(&mut self, keep: &Range<usize>) -> Result<()> {
-            let (v, scratch) = self.parts()?;
-            let mut mine = CudaStorage::alloc_zeros(keep.len(), DType::F32, v.ordinal())?;
-            mine.copy_range_from(0, v, keep.clone())?;
+            // Through the spare half, allocated with the workspace: nothing
+            // is allocated between the exchanges.
+            let (v, scratch, spare) = (&mut *self.v, &mut self.scratch, &mut self.spare);
+            spare.copy_range_from(0, v, keep.clone())?;
             v.copy_range_from(keep.start, scratch, keep.clone())?;
-            scratch.copy_range_from(keep.start, &mine, 0..keep.len())?;
+            scratch.copy_range_from(keep.start, spare, 0..keep.len())?;
             Ok(())
         }
 
