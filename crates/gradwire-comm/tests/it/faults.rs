@@ -12,11 +12,43 @@ use std::time::{Duration, Instant};
 
 /// Long enough never to fire in a passing test.
 const LONG: Duration = Duration::from_secs(120);
-/// How soon a fault must be reported once it happened.
-const PROMPT: Duration = Duration::from_secs(5);
+/// How soon a fault must be reported once it happened: well before the
+/// deadline, so a fault found only by the deadline fails, yet far above
+/// what a loaded two-core machine takes to pass the word.
+const PROMPT: Duration = Duration::from_secs(30);
 
 fn config(timeout: Duration) -> LocalConfig {
     LocalConfig::with_timeout(Some(timeout))
+}
+
+/// A count-down latch: `wait` returns once `count_down` was called as many
+/// times as the latch was made with. Orders the ranks' events without
+/// sleeps.
+struct Latch {
+    left: std::sync::Mutex<usize>,
+    zero: std::sync::Condvar,
+}
+
+impl Latch {
+    fn new(count: usize) -> Latch {
+        Latch {
+            left: std::sync::Mutex::new(count),
+            zero: std::sync::Condvar::new(),
+        }
+    }
+
+    fn count_down(&self) {
+        let mut left = self.left.lock().unwrap();
+        *left = left.saturating_sub(1);
+        self.zero.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut left = self.left.lock().unwrap();
+        while *left > 0 {
+            left = self.zero.wait(left).unwrap();
+        }
+    }
 }
 
 #[test]
@@ -187,14 +219,21 @@ fn a_dropped_rank_makes_the_others_fail_and_stay_failed() {
 #[test]
 fn a_late_rank_times_out_everyone_naming_it() {
     let timeout = Duration::from_millis(200);
+    // Rank 2 arrives only once both others have given up (a latch, not a
+    // sleep: however slow the machine, it is late).
+    let gave_up = Latch::new(2);
     let results = local::run_with(3, &config(timeout), |comm| {
         if comm.rank() == 2 {
-            std::thread::sleep(Duration::from_millis(800));
+            gave_up.wait();
         }
         let start = Instant::now();
         let result = comm.all_reduce(&mut [1f32; 8], ReduceOp::Sum);
+        let waited = start.elapsed();
+        if comm.rank() != 2 {
+            gave_up.count_down();
+        }
         let later = comm.barrier();
-        (result, later, start.elapsed())
+        (result, later, waited)
     })
     .unwrap();
     let mut longest = Duration::ZERO;
@@ -256,14 +295,17 @@ fn recv_reports_timeouts_lost_senders_and_mismatched_messages() {
     assert!(waited < PROMPT);
 
     // A sender that is alive but silent: the deadline fires.
+    let gave_up = Latch::new(1);
     let results = local::run_with(2, &config(Duration::from_millis(150)), |comm| {
         if comm.rank() == 1 {
-            // Alive, but busy until well after rank 0 gave up: then every call
-            // fails with the error that poisoned the group.
-            std::thread::sleep(Duration::from_millis(600));
+            // Alive, but busy until rank 0 gave up: then every call fails
+            // with the error that poisoned the group.
+            gave_up.wait();
             return comm.barrier();
         }
-        comm.recv(&mut [0f32; 1], 1)
+        let result = comm.recv(&mut [0f32; 1], 1);
+        gave_up.count_down();
+        result
     })
     .unwrap();
     assert!(
