@@ -9,6 +9,9 @@
 // one u8 step per entry). Chunk c starts at c * stride (68, 516, 520 bytes);
 // only the last chunk may be shorter.
 //
+// QSGD's scale is the chunk's 2-norm (the paper's), its squares summed in
+// f64 in the CPU's lanes and order, or with max_norm its largest magnitude.
+//
 // Encoding runs one block per chunk (grid-stride over the chunks, GW_BLOCK
 // threads per block): the chunk is staged in shared memory, then the scale
 // is computed in the CPU's order, not just to the CPU's value: eight threads
@@ -89,16 +92,19 @@ __device__ __forceinline__ gw_u32 quant_hash32(gw_u64 key, gw_u32 i) {
 }
 
 // Encodes the chunks of x (n finite f32) into `payload`, which holds the
-// encoded length. `levels` (1..=127) and `key` are QSGD's.
+// encoded length. `levels` (1..=127), `max_norm` (QSGD's scale: 0 the
+// chunk's 2-norm, else its largest magnitude) and `key` are QSGD's.
 template <int Q>
-__device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u64 key,
-                                  gw_u8* payload) {
+__device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u32 max_norm,
+                                  gw_u64 key, gw_u8* payload) {
     __shared__ float xs[GW_QUANT_CHUNK];
     // Per lane: sign's sums or min-max's minima and maxima; QSGD's largest
     // magnitude keys.
     __shared__ float lane_a[GW_QUANT_LANES];
     __shared__ float lane_b[GW_QUANT_LANES];
     __shared__ gw_u32 lane_key[GW_QUANT_LANES];
+    // QSGD's 2-norm: per lane, the f64 sum of its squares.
+    __shared__ double lane_sq[GW_QUANT_LANES];
     // What the codes need, from thread 0: QSGD's inverse scale; min-max's
     // minimum and step, in f32 (wide == 0) or f64 (wide != 0).
     __shared__ float param_f32[2];
@@ -126,11 +132,15 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u6
                 lane_a[l] = sum;
             } else if (Q == GW_QUANT_QSGD) {
                 gw_u32 largest = 0u;
+                double sq = 0.0;
                 for (gw_u32 j = l; j < whole; j += GW_QUANT_LANES) {
                     const gw_u32 k = gw_key(xs[j]);
                     largest = k > largest ? k : largest;
+                    const double v = (double)xs[j];
+                    sq = sq + v * v;
                 }
                 lane_key[l] = largest;
+                lane_sq[l] = sq;
             } else {
                 float lo = gw_infinity();
                 float hi = -gw_infinity();
@@ -178,7 +188,23 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u6
                     const gw_u32 k = gw_key(xs[j]);
                     largest = k > largest ? k : largest;
                 }
-                const float scale = __uint_as_float(largest);
+                float scale = __uint_as_float(largest);
+                if (max_norm == 0u) {
+                    // quant.rs's qsgd_scale: the lanes in order, then the
+                    // remainder, in f64; a 2-norm past f32 keeps the max.
+                    double total = 0.0;
+                    for (gw_u32 l = 0; l < GW_QUANT_LANES; ++l) {
+                        total = total + lane_sq[l];
+                    }
+                    for (gw_u32 j = whole; j < len; ++j) {
+                        const double v = (double)xs[j];
+                        total = total + v * v;
+                    }
+                    const float l2 = (float)sqrt(total);
+                    if (gw_is_finite(l2)) {
+                        scale = l2;
+                    }
+                }
                 gw_write_f32_le(out, scale);
                 param_f32[0] = scale > 0.0f ? 1.0f / scale : 0.0f;
             } else {
@@ -266,16 +292,16 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u6
 }
 
 extern "C" __global__ void quant_sign_encode_f32(const float* x, gw_u64 n, gw_u8* payload) {
-    quant_encode_impl<GW_QUANT_SIGN>(x, n, 0u, 0ull, payload);
+    quant_encode_impl<GW_QUANT_SIGN>(x, n, 0u, 0u, 0ull, payload);
 }
 
 extern "C" __global__ void quant_qsgd_encode_f32(const float* x, gw_u64 n, gw_u32 levels,
-                                                 gw_u64 key, gw_u8* payload) {
-    quant_encode_impl<GW_QUANT_QSGD>(x, n, levels, key, payload);
+                                                 gw_u32 max_norm, gw_u64 key, gw_u8* payload) {
+    quant_encode_impl<GW_QUANT_QSGD>(x, n, levels, max_norm, key, payload);
 }
 
 extern "C" __global__ void quant_minmax_encode_f32(const float* x, gw_u64 n, gw_u8* payload) {
-    quant_encode_impl<GW_QUANT_MINMAX>(x, n, 0u, 0ull, payload);
+    quant_encode_impl<GW_QUANT_MINMAX>(x, n, 0u, 0u, 0ull, payload);
 }
 
 // The checks of a payload for n entries (of the encoded length, checked by

@@ -352,9 +352,10 @@ pub mod quant {
         QUANT_SIGN_ENCODE_F32 = "quant_sign_encode_f32" as F32 [
             read(F32, |s| s.arg(1)), value(U64), write(U8, sign),
         ] Any;
-        // (const float* x, u64 n, u32 levels, u64 key, u8* payload)
+        // (const float* x, u64 n, u32 levels, u32 max_norm, u64 key, u8* payload)
         QUANT_QSGD_ENCODE_F32 = "quant_qsgd_encode_f32" as F32 [
-            read(F32, |s| s.arg(1)), value(U64), value(U32), value(U64), write(U8, qsgd),
+            read(F32, |s| s.arg(1)), value(U64), value(U32), value(U32), value(U64),
+            write(U8, qsgd),
         ] Any;
         QUANT_MINMAX_ENCODE_F32 = "quant_minmax_encode_f32" as F32 [
             read(F32, |s| s.arg(1)), value(U64), write(U8, minmax),

@@ -42,6 +42,6 @@ pub mod wire;
 
 pub use error::{CompressError, Result};
 pub use feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
-pub use quant::Quantizer;
+pub use quant::{QsgdNorm, Quantizer};
 pub use select::SelectScratch;
 pub use sparse::SparseVec;

@@ -6,11 +6,16 @@
 //!   1-bit Adam sends the same with one scale per call: a scale per chunk
 //!   follows each layer's magnitude, for 1/16 of a bit more per entry);
 //!   biased, so meant for use with error feedback.
-//! - [`Quantizer::Qsgd`]: QSGD (Alistarh et al., NeurIPS 2017) with
-//!   max-norm scaling: each chunk of [`QUANT_CHUNK`] entries has a scale (its
-//!   largest magnitude) and each entry an `i8` level in `-s..=s`, rounded
+//! - [`Quantizer::Qsgd`]: QSGD (Alistarh et al., NeurIPS 2017): each chunk
+//!   of [`QUANT_CHUNK`] entries (the paper's bucket) has a scale, by default
+//!   the paper's bucket 2-norm ([`QsgdNorm::L2`]; its largest magnitude
+//!   with [`QsgdNorm::Max`], the variant most implementations ship), and
+//!   each entry an `i8` level in `-s..=s` of `|v| / scale`, rounded
 //!   stochastically (seeded, counter-based: entry `i` of a stream draws
-//!   from a hash of `i`), so the decoded value is unbiased.
+//!   from a hash of `i`), so the decoded value is unbiased. The 2-norm is
+//!   summed in f64 in a fixed order (eight lanes, then the rest), so the
+//!   device forms give the same bits; a chunk whose 2-norm overflows f32
+//!   is scaled by its largest magnitude instead (still unbiased).
 //! - [`Quantizer::MinMaxU8`]: Bagua's ByteGrad: each chunk has its minimum and
 //!   maximum, each entry a `u8` step between them, rounded to nearest
 //!   (deterministic).
@@ -34,16 +39,29 @@ pub const QUANT_CHUNK: usize = 512;
 pub enum Quantizer {
     /// One bit per entry and the mean magnitude as the scale.
     Sign,
-    /// QSGD with `levels` levels per sign (1 to 127: 127 is 8 bits), max-norm
-    /// scaled per chunk, stochastic rounding from `seed`.
+    /// QSGD with `levels` levels per sign (1 to 127: 127 is 8 bits), each
+    /// chunk scaled by its `norm`, stochastic rounding from `seed`.
     Qsgd {
         /// Levels per sign.
         levels: u8,
         /// The seed of the rounding (mixed with the caller's stream).
         seed: u64,
+        /// The norm each chunk is scaled by.
+        norm: QsgdNorm,
     },
     /// A `u8` between each chunk's minimum and maximum.
     MinMaxU8,
+}
+
+/// The norm QSGD scales a chunk by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QsgdNorm {
+    /// The chunk's 2-norm, as the paper (its variance bound assumes it).
+    #[default]
+    L2,
+    /// The chunk's largest magnitude: finer levels for the same bits (every
+    /// level can be reached), the variant most implementations ship.
+    Max,
 }
 
 impl Quantizer {
@@ -231,9 +249,9 @@ fn encode_chunks(q: Quantizer, x: &[f32], key: u64, out: &mut [u8]) -> Result<()
         }
         match q {
             Quantizer::Sign => encode_sign(x, out),
-            Quantizer::Qsgd { levels, .. } => encode_qsgd(
+            Quantizer::Qsgd { levels, norm, .. } => encode_qsgd(
                 x,
-                f32::from_bits(largest),
+                qsgd_scale(x, norm, largest),
                 levels,
                 key,
                 (c * QUANT_CHUNK) as u64,
@@ -345,7 +363,38 @@ fn max_abs_bits(x: &[f32]) -> u32 {
         .fold(0, u32::max)
 }
 
-/// One chunk of largest magnitude `scale` (its entries from `first` on in
+/// QSGD's scale of a chunk of finite entries whose largest magnitude has
+/// the bits `largest`: its 2-norm (the squares summed in f64 in eight lanes
+/// of every eighth entry, the lanes in order, then the remainder in order,
+/// so the device gives the same bits; rounded once to f32), or its largest
+/// magnitude, for [`QsgdNorm::Max`] or when the 2-norm overflows f32.
+fn qsgd_scale(x: &[f32], norm: QsgdNorm, largest: u32) -> f32 {
+    let max = f32::from_bits(largest);
+    if norm == QsgdNorm::Max {
+        return max;
+    }
+    let mut lanes = [0f64; 8];
+    let mut eights = x.chunks_exact(8);
+    for c in eights.by_ref() {
+        for l in 0..8 {
+            let v = f64::from(c[l]);
+            lanes[l] += v * v;
+        }
+    }
+    let total = lanes
+        .into_iter()
+        .chain(
+            eights
+                .remainder()
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v)),
+        )
+        .fold(0.0, |acc, v| acc + v);
+    let l2 = total.sqrt() as f32;
+    if l2.is_finite() { l2 } else { max }
+}
+
+/// One chunk of scale `scale` (its entries from `first` on in
 /// the stream `key`): the scale, then each entry's level, rounded up with
 /// probability equal to the fraction (unbiased).
 #[inline(always)]

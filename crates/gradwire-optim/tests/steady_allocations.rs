@@ -329,6 +329,7 @@ fn a_steady_step_allocates_nothing() {
                 Quantizer::Qsgd {
                     levels: 127,
                     seed: 1,
+                    norm: gradwire_compress::QsgdNorm::L2,
                 },
                 true,
             ),

@@ -70,7 +70,7 @@ proptest! {
     fn error_feedback_conserves_the_mass_of_every_step(
         world in 1usize..=6, n in prop::sample::select(vec![1usize, 7, 97, 1031]), seed: u64,
         quantizer in prop::sample::select(vec![
-            Quantizer::Sign, Quantizer::MinMaxU8, Quantizer::Qsgd { levels: 2, seed: 4 },
+            Quantizer::Sign, Quantizer::MinMaxU8, Quantizer::Qsgd { levels: 2, seed: 4, norm: gradwire_compress::QsgdNorm::L2 },
         ]),
     ) {
         // sum_t out_t + mean_r worker_r + server = sum_t mean_r g_{r,t}.
@@ -104,11 +104,19 @@ proptest! {
 #[test]
 fn qsgd_is_unbiased_through_the_exchange() {
     // The same inputs every step, fresh streams: the mean output converges
-    // to the true average (5 standard errors; levels 4, so a level is at
-    // most 0.125 of the inputs' scale of 0.5, twice rounded).
+    // to the true average (5 standard errors; levels 4 of the max-norm, so
+    // a level is at most 0.125 of the inputs' scale of 0.5, twice rounded;
+    // the 2-norm's coarser levels are the codec tests').
     let (world, n, steps) = (3, 600, 600u64);
     let results = local::run(world, |comm: LocalComm| {
-        let mut q = QuantizedAllReduce::new(Quantizer::Qsgd { levels: 4, seed: 8 }, false)?;
+        let mut q = QuantizedAllReduce::new(
+            Quantizer::Qsgd {
+                levels: 4,
+                seed: 8,
+                norm: gradwire_compress::QsgdNorm::Max,
+            },
+            false,
+        )?;
         let mut sum = vec![0f64; n];
         for step in 0..steps {
             let mut ts = [Tensor::from_vec(vector(21, comm.rank(), n), n)?];

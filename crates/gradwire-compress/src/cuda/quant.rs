@@ -28,9 +28,10 @@ fn codec(q: &Quantizer, stream: u64) -> Result<QuantCodec> {
     q.validate()?;
     Ok(match *q {
         Quantizer::Sign => QuantCodec::Sign,
-        Quantizer::Qsgd { levels, seed } => QuantCodec::Qsgd {
+        Quantizer::Qsgd { levels, seed, norm } => QuantCodec::Qsgd {
             levels,
             key: qsgd_key(seed, stream),
+            norm,
         },
         Quantizer::MinMaxU8 => QuantCodec::MinMaxU8,
     })

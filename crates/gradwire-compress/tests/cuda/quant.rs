@@ -12,14 +12,20 @@ const QUANT_LENGTHS: [usize; 8] = [0, 1, 7, 511, 512, 513, 4099, 1_000_003];
 fn quantizers() -> [Quantizer; 5] {
     [
         Quantizer::Sign,
-        Quantizer::Qsgd { levels: 1, seed: 7 },
+        Quantizer::Qsgd {
+            levels: 1,
+            seed: 7,
+            norm: gradwire_compress::QsgdNorm::L2,
+        },
         Quantizer::Qsgd {
             levels: 7,
             seed: 42,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
         Quantizer::Qsgd {
             levels: 127,
             seed: u64::MAX,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
         Quantizer::MinMaxU8,
     ]
@@ -146,7 +152,11 @@ fn quantizers_refuse_non_finite_input_like_the_cpu() {
         );
     }
     // Settings are checked first, on both.
-    let bad = Quantizer::Qsgd { levels: 0, seed: 1 };
+    let bad = Quantizer::Qsgd {
+        levels: 0,
+        seed: 1,
+        norm: gradwire_compress::QsgdNorm::L2,
+    };
     let mut cpu = vec![0u8; bad.encoded_len(x.len())];
     assert!(matches!(
         bad.encode(&x, 0, &mut cpu),

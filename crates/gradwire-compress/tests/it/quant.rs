@@ -7,7 +7,7 @@
 //! to a non-finite value.
 
 use gradwire_compress::quant::QUANT_CHUNK;
-use gradwire_compress::{CompressError, Quantizer};
+use gradwire_compress::{CompressError, QsgdNorm, Quantizer};
 use proptest::prelude::*;
 
 fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -84,13 +84,14 @@ proptest! {
     #[test]
     fn qsgd_is_within_one_level(
         n in prop::sample::select(LENGTHS.to_vec()), levels in 1u8..=127, seed: u64,
+        max_norm: bool,
     ) {
-        let q = Quantizer::Qsgd { levels, seed };
+        let norm = if max_norm { QsgdNorm::Max } else { QsgdNorm::L2 };
+        let q = Quantizer::Qsgd { levels, seed, norm };
         let x = values(seed, n);
         let out = round_trip(q, &x, 5);
         for (xs, os) in x.chunks(QUANT_CHUNK).zip(out.chunks(QUANT_CHUNK)) {
-            let scale = xs.iter().fold(0f32, |a, &b| a.max(b.abs()));
-            let level = f64::from(scale) / f64::from(levels);
+            let level = chunk_scale(xs, norm) / f64::from(levels);
             for (v, o) in xs.iter().zip(os) {
                 prop_assert!((f64::from(*v) - f64::from(*o)).abs() <= level * (1.0 + 1e-5),
                     "{} decoded {} (a level is {})", v, o, level);
@@ -100,8 +101,77 @@ proptest! {
     }
 }
 
+/// A chunk's scale under `norm`, in f64: its 2-norm or largest magnitude.
+fn chunk_scale(xs: &[f32], norm: QsgdNorm) -> f64 {
+    match norm {
+        QsgdNorm::L2 => xs
+            .iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>()
+            .sqrt(),
+        QsgdNorm::Max => f64::from(xs.iter().fold(0f32, |a, &b| a.max(b.abs()))),
+    }
+}
+
+/// The scale an encoded chunk carries: its first four bytes.
+fn carried_scales(q: Quantizer, x: &[f32]) -> Vec<f32> {
+    let mut payload = vec![0u8; q.encoded_len(x.len())];
+    q.encode(x, 0, &mut payload).unwrap();
+    payload
+        .chunks(4 + QUANT_CHUNK)
+        .map(|c| f32::from_le_bytes(c[..4].try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn qsgd_scales_by_the_bucket_2_norm_by_default() {
+    // The paper's norm, to the f32 rounding of its f64 value; the max-norm
+    // variant by the largest magnitude, exactly.
+    for n in [1, 7, 8, 512, 513, 1031] {
+        let x = values(5, n);
+        let l2 = Quantizer::Qsgd {
+            levels: 5,
+            seed: 1,
+            norm: QsgdNorm::default(),
+        };
+        let max = Quantizer::Qsgd {
+            levels: 5,
+            seed: 1,
+            norm: QsgdNorm::Max,
+        };
+        for ((xs, a), b) in x
+            .chunks(QUANT_CHUNK)
+            .zip(carried_scales(l2, &x))
+            .zip(carried_scales(max, &x))
+        {
+            let want = chunk_scale(xs, QsgdNorm::L2);
+            assert!(
+                (f64::from(a) - want).abs() <= want * 1e-7,
+                "n = {n}: scale {a}, 2-norm {want}"
+            );
+            assert_eq!(f64::from(b), chunk_scale(xs, QsgdNorm::Max), "n = {n}");
+        }
+    }
+    // A chunk whose 2-norm overflows f32 is scaled by its largest
+    // magnitude: still finite, still unbiased.
+    let huge = vec![f32::MAX / 2.0; 16];
+    let q = Quantizer::Qsgd {
+        levels: 5,
+        seed: 1,
+        norm: QsgdNorm::L2,
+    };
+    assert_eq!(carried_scales(q, &huge), vec![f32::MAX / 2.0]);
+    assert_eq!(round_trip(q, &huge, 3), huge);
+}
+
 #[test]
 fn qsgd_is_unbiased_over_seeds() {
+    for norm in [QsgdNorm::L2, QsgdNorm::Max] {
+        qsgd_is_unbiased_with(norm);
+    }
+}
+
+fn qsgd_is_unbiased_with(norm: QsgdNorm) {
     // 3000 independent encodings of the same vector: the mean of each entry
     // is within 5 standard errors of the entry (the rounding's variance is
     // at most a quarter of a level squared).
@@ -110,6 +180,7 @@ fn qsgd_is_unbiased_over_seeds() {
     let q = Quantizer::Qsgd {
         levels: 3,
         seed: 99,
+        norm,
     };
     let trials = 3000;
     let mut sum = vec![0f64; n];
@@ -123,14 +194,13 @@ fn qsgd_is_unbiased_over_seeds() {
         .zip(sum.chunks(QUANT_CHUNK))
         .enumerate()
     {
-        let scale = xs.iter().fold(0f32, |a, &b| a.max(b.abs()));
-        let level = f64::from(scale) / 3.0;
+        let level = chunk_scale(xs, norm) / 3.0;
         let bound = 5.0 * (level / 2.0) / (trials as f64).sqrt();
         for (i, (v, s)) in xs.iter().zip(ss).enumerate() {
             let mean = s / trials as f64;
             assert!(
                 (mean - f64::from(*v)).abs() <= bound + 1e-7,
-                "chunk {c} entry {i}: mean {mean}, value {v}, bound {bound}"
+                "{norm:?}: chunk {c} entry {i}: mean {mean}, value {v}, bound {bound}"
             );
         }
     }
@@ -146,6 +216,7 @@ fn non_finite_inputs_and_bad_settings_are_refused() {
         Quantizer::Qsgd {
             levels: 127,
             seed: 0,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
     ] {
         let mut x = values(3, 40);
@@ -169,7 +240,11 @@ fn non_finite_inputs_and_bad_settings_are_refused() {
         );
     }
     for levels in [0u8, 128, 255] {
-        let q = Quantizer::Qsgd { levels, seed: 0 };
+        let q = Quantizer::Qsgd {
+            levels,
+            seed: 0,
+            norm: QsgdNorm::L2,
+        };
         let result = q.validate();
         assert!(
             matches!(&result, Err(CompressError::InvalidArgument(m)) if m.contains("levels")),
@@ -207,6 +282,7 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
         Quantizer::Qsgd {
             levels: 100,
             seed: 1,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
     ] {
         let mut payload = vec![0u8; q.encoded_len(n)];
@@ -239,7 +315,11 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
         }
     }
     // QSGD levels beyond the setting, and min above max.
-    let q = Quantizer::Qsgd { levels: 3, seed: 0 };
+    let q = Quantizer::Qsgd {
+        levels: 3,
+        seed: 0,
+        norm: QsgdNorm::L2,
+    };
     let mut payload = vec![0u8; q.encoded_len(4)];
     q.encode(&[1.0, -1.0, 0.5, 0.0], 0, &mut payload).unwrap();
     payload[5] = 4;
@@ -267,6 +347,7 @@ fn extreme_ranges_stay_finite() {
         Quantizer::Qsgd {
             levels: 127,
             seed: 2,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
         Quantizer::Sign,
     ] {
@@ -278,6 +359,7 @@ fn extreme_ranges_stay_finite() {
         Quantizer::Qsgd {
             levels: 127,
             seed: 2,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
         &[1e-45, -1e-45, 0.0],
         3,

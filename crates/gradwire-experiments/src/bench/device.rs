@@ -146,6 +146,7 @@ fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budg
             Quantizer::Qsgd {
                 levels: 127,
                 seed: 7,
+                norm: gradwire_compress::QsgdNorm::L2,
             },
             device,
             xs,

@@ -425,6 +425,7 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                     Quantizer::Qsgd {
                         levels: 127,
                         seed: 7,
+                        norm: gradwire_compress::QsgdNorm::L2,
                     },
                     &x,
                     budget,

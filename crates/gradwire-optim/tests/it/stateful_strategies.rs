@@ -68,6 +68,7 @@ fn modes() -> Vec<StrategyConfig> {
             quantizer: Quantizer::Qsgd {
                 levels: 127,
                 seed: 5,
+                norm: gradwire_compress::QsgdNorm::L2,
             },
             error_feedback: true,
             momentum: None,
@@ -290,7 +291,11 @@ fn bad_settings_are_refused_at_construction() {
             ..PowerSgdConfig::default()
         }),
         StrategyConfig::Quantized {
-            quantizer: Quantizer::Qsgd { levels: 0, seed: 0 },
+            quantizer: Quantizer::Qsgd {
+                levels: 0,
+                seed: 0,
+                norm: gradwire_compress::QsgdNorm::L2,
+            },
             error_feedback: false,
             momentum: None,
         },

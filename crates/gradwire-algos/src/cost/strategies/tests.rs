@@ -111,7 +111,11 @@ fn bad_settings_are_errors() {
     }
     // The quantizer's own check, the codec's error.
     let bad = StrategySpec::Quantized {
-        quantizer: Quantizer::Qsgd { levels: 0, seed: 1 },
+        quantizer: Quantizer::Qsgd {
+            levels: 0,
+            seed: 1,
+            norm: gradwire_compress::QsgdNorm::L2,
+        },
     };
     let result = step_collectives(&bad, &s, 4, &b);
     assert!(
@@ -203,6 +207,7 @@ fn quantized_all_reduce_matches_the_model() {
             Quantizer::Qsgd {
                 levels: 127,
                 seed: 3,
+                norm: gradwire_compress::QsgdNorm::L2,
             },
         ] {
             let spec = StrategySpec::Quantized { quantizer };

@@ -15,6 +15,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use gradwire_kernels::quant as k;
+
+use crate::QsgdNorm;
 use gradwire_tensor::cuda_backend::launch::{
     Blocks, Launch, MAX_GRID, require_f32, require_len, u32_arg,
 };
@@ -32,13 +34,16 @@ pub enum QuantCodec {
     /// One sign bit per entry and the chunk's mean magnitude.
     Sign,
     /// QSGD: an `i8` level in `-levels..=levels` per entry (`levels` in
-    /// 1..=127) and the chunk's largest magnitude; stochastic rounding from
-    /// the counter-based hash of `key` and the entry's index.
+    /// 1..=127) and the chunk's scale (its 2-norm or largest magnitude,
+    /// `norm`); stochastic rounding from the counter-based hash of `key`
+    /// and the entry's index.
     Qsgd {
         /// Levels per sign.
         levels: u8,
         /// The rounding's stream key (`mix(seed ^ mix(stream))`).
         key: u64,
+        /// The norm each chunk is scaled by.
+        norm: QsgdNorm,
     },
     /// A `u8` step between the chunk's minimum and maximum.
     MinMaxU8,
@@ -182,10 +187,11 @@ pub fn encode(codec: QuantCodec, x: &CudaStorage, payload: &mut DeviceBytes) -> 
         QuantCodec::Sign => Launch::new(device, &k::QUANT_SIGN_ENCODE_F32)
             .read(x)
             .len(n),
-        QuantCodec::Qsgd { key, .. } => Launch::new(device, &k::QUANT_QSGD_ENCODE_F32)
+        QuantCodec::Qsgd { key, norm, .. } => Launch::new(device, &k::QUANT_QSGD_ENCODE_F32)
             .read(x)
             .len(n)
             .value(levels)
+            .value(u32::from(norm == QsgdNorm::Max))
             .value(key),
         QuantCodec::MinMaxU8 => Launch::new(device, &k::QUANT_MINMAX_ENCODE_F32)
             .read(x)
@@ -287,7 +293,11 @@ mod tests {
     fn layout_matches_the_chunking() {
         let codecs = [
             QuantCodec::Sign,
-            QuantCodec::Qsgd { levels: 7, key: 1 },
+            QuantCodec::Qsgd {
+                levels: 7,
+                key: 1,
+                norm: QsgdNorm::L2,
+            },
             QuantCodec::MinMaxU8,
         ];
         for codec in codecs {
@@ -299,7 +309,12 @@ mod tests {
             );
         }
         for levels in [0, 128] {
-            let result = QuantCodec::Qsgd { levels, key: 0 }.levels();
+            let result = QuantCodec::Qsgd {
+                levels,
+                key: 0,
+                norm: QsgdNorm::L2,
+            }
+            .levels();
             assert!(
                 matches!(&result, Err(Error::InvalidArgument(m)) if m.contains("levels")),
                 "{levels}: {result:?}"
@@ -308,7 +323,8 @@ mod tests {
         assert_eq!(
             QuantCodec::Qsgd {
                 levels: 127,
-                key: 0
+                key: 0,
+                norm: QsgdNorm::Max,
             }
             .levels()
             .ok(),

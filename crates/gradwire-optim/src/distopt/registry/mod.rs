@@ -264,6 +264,7 @@ pub const REGISTRY: [StrategyConfig; 16] = [
         quantizer: Quantizer::Qsgd {
             levels: QSGD_LEVELS,
             seed: 0,
+            norm: gradwire_compress::QsgdNorm::L2,
         },
         error_feedback: true,
         momentum: None,
@@ -421,11 +422,11 @@ impl StrategyConfig {
                 error_feedback,
             },
             StrategyConfig::Quantized {
-                quantizer: Quantizer::Qsgd { levels, .. },
+                quantizer: Quantizer::Qsgd { levels, norm, .. },
                 error_feedback,
                 momentum,
             } => StrategyConfig::Quantized {
-                quantizer: Quantizer::Qsgd { levels, seed },
+                quantizer: Quantizer::Qsgd { levels, seed, norm },
                 error_feedback,
                 momentum,
             },

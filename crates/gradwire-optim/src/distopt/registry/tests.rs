@@ -26,6 +26,7 @@ fn every_setting_round_trips() {
     let seeded = [
         "randomk:0.25:seed=9",
         "qsgd:levels=15:seed=3:momentum=0.5:no-ef",
+        "qsgd:seed=3:max-norm",
         "powersgd:4:start=0:min-rate=1.5:cold:seed=11:no-ef",
         "onebit-adam:freeze=7:beta1=0.8",
         "adasum-delta:group=2",

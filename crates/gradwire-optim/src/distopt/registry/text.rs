@@ -7,7 +7,7 @@ use super::{
     ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, StrategyConfig, StrategyError,
 };
 use gradwire_algos::PowerSgdConfig;
-use gradwire_compress::{Quantizer, SparseCodec};
+use gradwire_compress::{QsgdNorm, Quantizer, SparseCodec};
 use std::fmt;
 use std::str::FromStr;
 
@@ -68,11 +68,19 @@ impl fmt::Display for StrategyConfig {
                 error_feedback,
                 momentum,
             } => {
-                if let Quantizer::Qsgd { levels, seed: s } = quantizer {
+                if let Quantizer::Qsgd {
+                    levels,
+                    seed: s,
+                    norm,
+                } = quantizer
+                {
                     if levels != QSGD_LEVELS {
                         write!(f, ":levels={levels}")?;
                     }
                     seed(f, s, 0)?;
+                    if norm == QsgdNorm::Max {
+                        f.write_str(":max-norm")?;
+                    }
                 }
                 if let Some(mu) = momentum {
                     write!(f, ":momentum={mu}")?;
@@ -207,6 +215,14 @@ impl FromStr for StrategyConfig {
                     "seed",
                     Some(_),
                 ) => *seed = integer("the seed")?,
+                (
+                    StrategyConfig::Quantized {
+                        quantizer: Quantizer::Qsgd { norm, .. },
+                        ..
+                    },
+                    "max-norm",
+                    None,
+                ) => *norm = QsgdNorm::Max,
                 (StrategyConfig::Quantized { momentum, .. }, "momentum", Some(_)) => {
                     *momentum = Some(number32("the momentum")?)
                 }
@@ -256,7 +272,7 @@ impl StrategyConfig {
             StrategyConfig::Quantized {
                 quantizer: Quantizer::Qsgd { .. },
                 ..
-            } => "qsgd[:levels=L][:seed=S][:momentum=M][:ef|:no-ef]",
+            } => "qsgd[:levels=L][:seed=S][:max-norm][:momentum=M][:ef|:no-ef]",
             StrategyConfig::Quantized { .. } => "onebit|uint8[:momentum=M][:ef|:no-ef]",
             StrategyConfig::OneBitAdam { .. } => "onebit-adam[:freeze=STEP][:beta1=B]",
             StrategyConfig::AdaSum { .. } => "adasum-grad[:group=G]",
