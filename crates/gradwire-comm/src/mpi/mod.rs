@@ -388,6 +388,13 @@ impl MpiComm {
         self.agree(Call::new(Kind::SplitShared))?;
         let key = sys::int("rank", self.rank)?;
         let comm = sys::comm_split_shared(self.comm, key)?;
+        self.adopt_sub(comm)
+    }
+
+    /// Wraps `comm`, a sub-communicator just split from this one (a split
+    /// or a node's): collective over it; freed when dropped, without a
+    /// departure notice.
+    fn adopt_sub(&self, comm: Comm) -> Result<MpiComm> {
         MpiComm::adopt(
             Arc::clone(&self.env),
             comm,
@@ -761,16 +768,7 @@ impl Communicator for MpiComm {
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
-            Some(comm) => MpiComm::adopt(
-                Arc::clone(&self.env),
-                comm,
-                self.config.clone(),
-                true,
-                None,
-                None,
-                false,
-            )
-            .map(Some),
+            Some(comm) => self.adopt_sub(comm).map(Some),
         }
     }
 

@@ -122,13 +122,18 @@ pub fn require_same_device(
     storage: &CudaStorage,
     other: &CudaStorage,
 ) -> Result<()> {
-    if storage.ordinal() == other.ordinal() {
+    require_ordinal(op, storage.ordinal(), other.ordinal())
+}
+
+/// Memory on CUDA device `got` where device `expected` is required.
+pub fn require_ordinal(op: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
         Ok(())
     } else {
         Err(Error::DeviceMismatch {
             op,
-            expected: Device::Cuda(storage.ordinal()),
-            got: Device::Cuda(other.ordinal()),
+            expected: Device::Cuda(expected),
+            got: Device::Cuda(got),
         })
     }
 }

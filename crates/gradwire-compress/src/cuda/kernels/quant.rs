@@ -18,10 +18,10 @@ use gradwire_kernels::quant as k;
 
 use crate::QsgdNorm;
 use gradwire_tensor::cuda_backend::launch::{
-    Blocks, Launch, MAX_GRID, require_f32, require_len, u32_arg,
+    Blocks, Launch, MAX_GRID, require_f32, require_len, require_ordinal, u32_arg,
 };
 use gradwire_tensor::cuda_backend::{CudaDevice, DeviceVec, first_index_cell, read_first_index};
-use gradwire_tensor::{CudaStorage, Device, Error, Result};
+use gradwire_tensor::{CudaStorage, Error, Result};
 
 /// Entries per chunk (gradwire-compress's `QUANT_CHUNK`, `GW_QUANT_CHUNK`
 /// in `quant.cu`): each chunk has its own scale.
@@ -154,15 +154,7 @@ fn require_same_device(
     storage: &CudaStorage,
     payload: &DeviceBytes,
 ) -> Result<()> {
-    if storage.ordinal() == payload.ordinal() {
-        Ok(())
-    } else {
-        Err(Error::DeviceMismatch {
-            op,
-            expected: Device::Cuda(storage.ordinal()),
-            got: Device::Cuda(payload.ordinal()),
-        })
-    }
+    require_ordinal(op, storage.ordinal(), payload.ordinal())
 }
 
 /// Encodes `x` (f32, finite: callers check with
