@@ -6,6 +6,7 @@ use std::io::Write;
 
 use gradwire_comm::nccl::NcclComm;
 use gradwire_tensor::CudaDevice;
+use gradwire_tensor::cuda_backend::testing;
 
 /// Skips loudly, or fails when a GPU is required.
 pub fn unavailable(test: &str, why: &str) {
@@ -15,13 +16,15 @@ pub fn unavailable(test: &str, why: &str) {
         "GRADWIRE_REQUIRE_GPU=1 but {test} cannot run: {why}"
     );
     // Straight to the file descriptor: the harness captures eprintln! of
-    // passing tests, and a skip must be seen.
+    // passing tests, and a skip must be seen (and counted by `cargo xtask
+    // test`, from its `SKIP GPU` line).
     let banner = format!(
         "\n==================== SKIP ====================\n\
-         NCCL test {test} NOT RUN: {why}\n\
-         (needs NVIDIA GPUs, a driver and libnccl.so.2;\n\
+         {}\
+         (the NCCL tests need NVIDIA GPUs, a driver and libnccl.so.2;\n\
          GRADWIRE_REQUIRE_GPU=1 makes this a failure)\n\
-         ==============================================\n"
+         ==============================================\n",
+        testing::skip_line_for(test, why)
     );
     let _ = std::io::stderr().write_all(banner.as_bytes());
 }

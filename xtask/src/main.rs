@@ -3,7 +3,8 @@
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed,
 //! then runs fmt, clippy, the workspace tests, the PTX assembly check and the
-//! feature checks, stopping at the first failing step. `cargo xtask ptx`
+//! docs, stopping at the first failing step, and ends with the count of GPU
+//! tests that skipped (see the `skips` module). `cargo xtask ptx`
 //! regenerates the kernels' PTX (see the `gpu` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
@@ -14,6 +15,7 @@
 
 mod bundle;
 mod gpu;
+mod skips;
 #[cfg(test)]
 mod tidy;
 mod workspace;
@@ -46,7 +48,8 @@ const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gr
 /// The GPU features of every crate that has them: CUDA storage and kernels,
 /// the device forms of the optimizers, codecs and AdaSum, NcclComm, and the
 /// GPU test suites. They build on any machine (cudarc loads the driver and
-/// NCCL at run time); their tests SKIP loudly without a GPU.
+/// NCCL at run time); without a GPU their tests skip their GPU part, each
+/// with a `SKIP GPU` line, which `cargo xtask test` counts.
 const GPU_FEATURES: &str = concat!(
     "gradwire-tensor/cuda,gradwire-optim/cuda,gradwire-compress/cuda,gradwire-algos/cuda,",
     "gradwire-comm/nccl,gradwire/cuda,gradwire/nccl,gradwire-tests/nccl,gradwire-cli/nccl,",
@@ -68,7 +71,8 @@ Tasks:
                        NCCL suites, which SKIP without a GPU), cargo test without
                        features of the packages with code of their own there, ptxas
                        on every PTX file (sm_70, sm_80, sm_90), cargo doc with
-                       warnings denied.
+                       warnings denied; then the count of GPU tests that skipped,
+                       per package.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
                        (compute_70; the pinned wheel is fetched with pip into target/
@@ -196,8 +200,10 @@ fn test(test_args: &[String]) -> Result {
     // namespaces, 1 Gbit/s links, Open MPI over TCP), required wherever this
     // process may make network namespaces and skipped loudly elsewhere (not
     // root, a container without CAP_NET_ADMIN); and the GPU suites, which
-    // SKIP loudly without a GPU (on a GPU machine GRADWIRE_REQUIRE_GPU=1
-    // makes a missing GPU a failure).
+    // without a GPU skip their GPU part, each test with a `SKIP GPU` line on
+    // stderr, counted here and reported at the end (on a GPU machine
+    // GRADWIRE_REQUIRE_GPU=1 makes a missing GPU a failure).
+    let mut gpu_skips = skips::Skips::default();
     step(
         "cargo test (features mpi, cuda, nccl; MPI suites under mpirun)",
         || {
@@ -212,7 +218,8 @@ fn test(test_args: &[String]) -> Result {
                 }
                 Some(why) => println!("SKIP shaped network: {why}"),
             }
-            run(&mut command)
+            gpu_skips = skips::run_counting(&mut command)?;
+            skips::check(&gpu_skips, !test_args.is_empty())
         },
     )?;
     // Then, without features, the packages whose own code differs without
@@ -261,7 +268,10 @@ fn test(test_args: &[String]) -> Result {
                 "--quiet",
             ])
             .env("RUSTDOCFLAGS", "-D warnings"))
-    })
+    })?;
+    // Last, where a CI log ends: how much of the GPU code did not run.
+    println!("==> {}", gpu_skips.summary());
+    Ok(())
 }
 
 /// `cargo xtask compare`: the main job on a fresh machine. Built in the dev

@@ -5,7 +5,7 @@
 //!
 //! Without a CUDA device each test checks that the device is refused with
 //! [`Error::CudaUnavailable`] (never a panic) and prints a loud
-//! `SKIP: no CUDA device` line; `GRADWIRE_REQUIRE_GPU=1` turns a missing
+//! `SKIP GPU` line; `GRADWIRE_REQUIRE_GPU=1` turns a missing
 //! device into a failure, for GPU machines.
 
 #![cfg(feature = "cuda")]
