@@ -118,8 +118,9 @@ fn write(path: &Path, contents: &[u8]) -> Result {
     fs::write(path, contents).map_err(|e| format!("could not write {}: {e}", path.display()))
 }
 
-/// Runs `command` and returns its stdout; on failure its stderr is in the error.
-fn output(command: &mut Command) -> Result<(String, String)> {
+/// Runs `command` and returns its stdout and stderr; on failure both are in
+/// the error.
+pub(crate) fn output(command: &mut Command) -> Result<(String, String)> {
     let shown = describe(command);
     let out = command
         .output()

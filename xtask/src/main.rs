@@ -2,9 +2,10 @@
 //!
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed,
-//! then runs fmt, clippy, the workspace tests, the PTX assembly check and the
-//! docs, stopping at the first failing step, and ends with the count of GPU
-//! tests that skipped (see the `skips` module). `cargo xtask ptx`
+//! then runs fmt, clippy, the workspace tests, the fuzz targets over their
+//! corpus, the PTX assembly check and the docs, stopping at the first
+//! failing step, and ends with the count of GPU tests that skipped (see the
+//! `skips` module). `cargo xtask ptx`
 //! regenerates the kernels' PTX (see the `gpu` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod bundle;
+mod fuzz;
 mod gpu;
 mod skips;
 #[cfg(test)]
@@ -31,13 +33,15 @@ use std::time::Instant;
 /// Debian packages the workspace needs to build and test. Add new ones here.
 /// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
 /// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
-/// `gradwire compare` draws its PNG plots with.
+/// `gradwire compare` draws its PNG plots with; g++ builds libFuzzer for the
+/// fuzz targets.
 const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "pkg-config",
     "libopenmpi-dev",
     "openmpi-bin",
     "libclang-dev",
     "fonts-dejavu-core",
+    "g++",
     // ip and tc, for the shaped-network step.
     "iproute2",
 ];
@@ -69,10 +73,11 @@ Tasks:
                        fault tests under mpirun with GRADWIRE_REQUIRE_MPI=1, the
                        shaped-network run where namespaces can be made, the CUDA and
                        NCCL suites, which SKIP without a GPU), cargo test without
-                       features of the packages with code of their own there, ptxas
-                       on every PTX file (sm_70, sm_80, sm_90), cargo doc with
-                       warnings denied; then the count of GPU tests that skipped,
-                       per package.
+                       features of the packages with code of their own there, the
+                       fuzz targets (fuzz/, stable toolchain) built and run over
+                       fuzz/corpus, ptxas on every PTX file (sm_70, sm_80, sm_90),
+                       cargo doc with warnings denied; then the count of GPU tests
+                       that skipped, per package.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
   ptx                  compile kernels/cuda/*.cu to kernels/ptx/*.ptx with NVRTC 12.2
                        (compute_70; the pinned wheel is fetched with pip into target/
@@ -243,6 +248,10 @@ fn test(test_args: &[String]) -> Result {
             },
         )?;
     }
+    step(
+        "fuzz targets (build, run over fuzz/corpus)",
+        fuzz::build_and_replay,
+    )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     // Broken intra-doc links are documentation that is no longer true.
     step("cargo doc", || {
