@@ -93,11 +93,14 @@ const CHECKSUM_MEMBER: &str = ",\"crc32c\":\"";
 
 /// The checksum of a file's JSON header and its tensors (name, data), the
 /// tensors in name order.
-fn checksum<'a>(json: &str, tensors: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> u32 {
+fn checksum<'a, D: AsRef<[u8]>>(
+    json: &str,
+    tensors: impl IntoIterator<Item = (&'a str, D)>,
+) -> u32 {
     tensors
         .into_iter()
         .fold(crc32c::crc32c(json.as_bytes()), |crc, (name, data)| {
-            crc32c::crc32c_append(crc32c::crc32c_append(crc, name.as_bytes()), data)
+            crc32c::crc32c_append(crc32c::crc32c_append(crc, name.as_bytes()), data.as_ref())
         })
 }
 
@@ -445,13 +448,15 @@ pub fn to_bytes(ckpt: &Checkpoint) -> Result<Vec<u8>> {
     let json = serde_json::to_string(&header).map_err(|e| {
         OptimError::InvalidArgument(format!("checkpoint: cannot encode the header: {e}"))
     })?;
-    let mut sorted: Vec<(&str, Cow<'_, [u8]>)> = entries
-        .iter()
-        .map(|(name, entry)| (name.as_str(), entry.data()))
-        .collect();
-    sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    let crc = checksum(&json, sorted.iter().map(|(name, data)| (*name, &**data)));
-    drop(sorted);
+    // One tensor's bytes at a time, as safetensors writes them: the
+    // checksum holds no second copy of the state either.
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let crc = checksum(
+        &json,
+        entries
+            .iter()
+            .map(|(name, entry)| (name.as_str(), entry.data())),
+    );
     // The document is a JSON object: its member list ends at the last `}`.
     let body = json.strip_suffix('}').unwrap_or(&json);
     let sealed = format!("{body}{CHECKSUM_MEMBER}{crc:08x}\"}}");
@@ -700,7 +705,7 @@ fn verify_checksum(json: &str, meta: &safetensors::tensor::Metadata, data: &[u8]
     }
     tensors.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let unsealed = format!("{body}}}");
-    let computed = checksum(&unsealed, tensors.iter().map(|(n, b)| (n.as_str(), *b)));
+    let computed = checksum(&unsealed, tensors.iter().map(|(n, b)| (n.as_str(), b)));
     if computed == stored {
         Ok(())
     } else {
