@@ -20,13 +20,12 @@ use crate::model::Model;
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_comm::{LocalComm, ReduceOp, local};
-use gradwire_optim::checkpoint;
+use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, OneBitAdamConfig,
     OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, SkipVote,
     StrategyConfig, UpdateRule,
 };
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 mod command;
@@ -161,11 +160,8 @@ pub fn train_rank<C: Backend + 'static>(
     let mut config = config.clone();
     if config.strategy == StrategyConfig::DimReduce && config.dimreduce_dense_epochs.is_none() {
         let saved = match &resume_from {
-            Some((_, file)) => {
-                let saved = checkpoint::load(file)
-                    .map_err(ExperimentError::from)
-                    .and_then(|c| saved_config(&c));
-                agree(&comm, saved, "read its checkpoint")?.dimreduce_dense_epochs
+            Some((_, ckpt)) => {
+                agree(&comm, saved_config(ckpt), "read its checkpoint")?.dimreduce_dense_epochs
             }
             None => None,
         };
@@ -193,7 +189,7 @@ pub fn train_rank<C: Backend + 'static>(
         data,
         observer,
         plan,
-        resume_from: resume_from.map(|(_, file)| file),
+        resume_from: resume_from.map(|(_, ckpt)| ckpt),
         steps_per_epoch,
     };
     match config.optimizer {
@@ -244,9 +240,9 @@ struct Run<'a> {
     data: &'a Digits,
     observer: &'a dyn Observer,
     plan: Option<&'a CheckpointPlan>,
-    /// This rank's file of the checkpoint set the ranks agreed to resume
-    /// from.
-    resume_from: Option<PathBuf>,
+    /// This rank's checkpoint of the set the ranks agreed to resume from
+    /// (loaded and checked while they agreed).
+    resume_from: Option<Checkpoint>,
     steps_per_epoch: usize,
 }
 
@@ -325,10 +321,9 @@ impl Run<'_> {
         let mut recorder = TrajectoryRecorder::new(TRAJECTORY_SNAPSHOTS);
         let mut history: Vec<EpochRecord> = Vec::new();
         let mut start_epoch = 0;
-        if let (Some(plan), Some(file)) = (self.plan, &self.resume_from) {
+        if let (Some(plan), Some(ckpt)) = (self.plan, &self.resume_from) {
             let resumed = (|| -> Result<usize> {
-                let ckpt = checkpoint::load(file)?;
-                let done = self.resume(&ckpt, &mut recorder, &mut history)?;
+                let done = self.resume(ckpt, &mut recorder, &mut history)?;
                 // DimReduce ran when the checkpoint was saved if an epoch
                 // past the dense stage was done (or a PCA file was given);
                 // saved at the end of the dense stage, the loop below fits
@@ -343,7 +338,7 @@ impl Run<'_> {
                     };
                     engine.start_dimreduce(&pca, dimreduce_config(config))?;
                 }
-                engine.restore(&ckpt)?;
+                engine.restore(ckpt)?;
                 Ok(done)
             })();
             start_epoch = agree(engine.comm(), resumed, "resume from its checkpoint")?;

@@ -77,32 +77,42 @@ fn saved_epoch(ckpt: &Checkpoint) -> Option<usize> {
         .filter(|&e| (1..=MAX_SAVED_EPOCH).contains(&e))
 }
 
+/// Rank `rank`'s checkpoint files in `dir`, each with the epoch its name
+/// says (`None` for the first format's file).
+fn checkpoint_files(dir: &Path, rank: usize) -> Vec<(Option<usize>, PathBuf)> {
+    let prefix = format!("rank{rank}.epoch");
+    let first_format = first_format_file(dir, rank);
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let named = name
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".ckpt"))
+                .and_then(|e| e.parse::<usize>().ok());
+            (named.is_some() || path == first_format).then_some((named, path))
+        })
+        .collect()
+}
+
 /// Rank `rank`'s checkpoints in `dir` that load and pass every check, by
 /// the epoch they record (an epoch file whose name says another epoch is
 /// left out, as is anything unreadable: a crash mid-write, a flipped bit).
-fn intact_checkpoints(dir: &Path, rank: usize) -> BTreeMap<usize, PathBuf> {
-    let prefix = format!("rank{rank}.epoch");
+fn intact_checkpoints(dir: &Path, rank: usize) -> BTreeMap<usize, Checkpoint> {
     let mut found = BTreeMap::new();
-    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-    for path in entries.map(|e| e.path()) {
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+    for (named, path) in checkpoint_files(dir, rank) {
+        let Ok(ckpt) = checkpoint::load(&path) else {
             continue;
         };
-        let named = name
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.strip_suffix(".ckpt"))
-            .and_then(|e| e.parse::<usize>().ok());
-        let first_format = path == first_format_file(dir, rank);
-        if named.is_none() && !first_format {
-            continue;
-        }
-        if let Some(epoch) = checkpoint::load(&path).ok().as_ref().and_then(saved_epoch)
+        if let Some(epoch) = saved_epoch(&ckpt)
             && named.is_none_or(|n| n == epoch)
-        {
             // An epoch file wins over a first-format file of the same epoch.
-            if named.is_some() || !found.contains_key(&epoch) {
-                found.insert(epoch, path);
-            }
+            && (named.is_some() || !found.contains_key(&epoch))
+        {
+            found.insert(epoch, ckpt);
         }
     }
     found
@@ -112,25 +122,18 @@ fn intact_checkpoints(dir: &Path, rank: usize) -> BTreeMap<usize, PathBuf> {
 /// (what a run checks before its workers start; which one resumes is
 /// agreed by the ranks, [`agree_on_resume`]).
 pub(super) fn has_checkpoint(dir: &Path, rank: usize) -> bool {
-    let prefix = format!("rank{rank}.epoch");
-    first_format_file(dir, rank).is_file()
-        || std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".ckpt"))
-            })
+    !checkpoint_files(dir, rank).is_empty()
 }
 
 /// The checkpoint every rank resumes from: the newest epoch whose file
 /// every rank holds intact, agreed by all (two all-reduces), and this
-/// rank's file of it. Every rank returns the same epoch, or every rank the
-/// same [`ExperimentError::Resume`].
-pub(super) fn agree_on_resume<C: Communicator>(comm: &C, dir: &Path) -> Result<(usize, PathBuf)> {
-    let mine = intact_checkpoints(dir, comm.rank());
+/// rank's checkpoint of it, loaded and checked. Every rank returns the same
+/// epoch, or every rank the same [`ExperimentError::Resume`].
+pub(super) fn agree_on_resume<C: Communicator>(
+    comm: &C,
+    dir: &Path,
+) -> Result<(usize, Checkpoint)> {
+    let mut mine = intact_checkpoints(dir, comm.rank());
     let mut newest = [mine.keys().next_back().copied().unwrap_or(0) as u64];
     comm.all_reduce(&mut newest, ReduceOp::Max)?;
     // Bounded by MAX_SAVED_EPOCH on every rank.
@@ -140,7 +143,7 @@ pub(super) fn agree_on_resume<C: Communicator>(comm: &C, dir: &Path) -> Result<(
     }
     comm.all_reduce(&mut held, ReduceOp::Min)?;
     let common = held.iter().rposition(|&h| h == 1).filter(|&e| e > 0);
-    match common.and_then(|e| Some((e, mine.get(&e)?.clone()))) {
+    match common.and_then(|e| Some((e, mine.remove(&e)?))) {
         Some(found) => Ok(found),
         None => Err(ExperimentError::Resume(format!(
             "no epoch has an intact checkpoint from every rank in {}",
