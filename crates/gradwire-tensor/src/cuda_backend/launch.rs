@@ -242,42 +242,35 @@ pub trait DeviceWrite<'a> {
     fn operand(self) -> Result<Operand<'a>>;
 }
 
-/// One argument of a launch, as [`Launch::run`] checks it.
+/// One argument of a launch: what [`Launch::run`] checks of it, and the
+/// device memory it passes (its bytes and the window of them).
 #[derive(Debug)]
-pub struct Operand<'a>(Arg<'a>);
+pub struct Operand<'a> {
+    what: Described,
+    bytes: Bytes<'a>,
+}
 
-/// `bytes[window]` holds the argument's `len` elements of `elem`.
+/// The device memory of an argument: a view and the window of it passed.
 #[derive(Debug)]
-enum Arg<'a> {
-    Read {
-        bytes: CudaView<'a, u8>,
-        window: Range<usize>,
-        elem: CType,
-        len: usize,
-        ordinal: usize,
-    },
-    Write {
-        bytes: CudaViewMut<'a, u8>,
-        window: Range<usize>,
-        elem: CType,
-        len: usize,
-        ordinal: usize,
-    },
-    Null,
-    Value(Value),
+enum Bytes<'a> {
+    Read(CudaView<'a, u8>, Range<usize>),
+    Write(CudaViewMut<'a, u8>, Range<usize>),
+    None,
 }
 
 impl<'a> Operand<'a> {
     /// All of `bytes`, read as `len` elements of `elem`.
     pub(crate) fn read(bytes: CudaView<'a, u8>, elem: CType, len: usize, ordinal: usize) -> Self {
         let window = 0..bytes.len();
-        Operand(Arg::Read {
-            bytes,
-            window,
-            elem,
-            len,
-            ordinal,
-        })
+        Operand {
+            what: Described::Memory {
+                writes: false,
+                elem,
+                len,
+                ordinal,
+            },
+            bytes: Bytes::Read(bytes, window),
+        }
     }
 
     /// All of `bytes`, written as `len` elements of `elem`.
@@ -288,23 +281,29 @@ impl<'a> Operand<'a> {
         ordinal: usize,
     ) -> Self {
         let window = 0..bytes.len();
-        Operand(Arg::Write {
-            bytes,
-            window,
-            elem,
-            len,
-            ordinal,
-        })
+        Operand {
+            what: Described::Memory {
+                writes: true,
+                elem,
+                len,
+                ordinal,
+            },
+            bytes: Bytes::Write(bytes, window),
+        }
+    }
+
+    /// A null pointer or a value.
+    fn plain(what: Described) -> Self {
+        Operand {
+            what,
+            bytes: Bytes::None,
+        }
     }
 
     /// The elements `range` of this operand (a storage's elements).
     fn window(mut self, range: Range<usize>) -> Result<Self> {
-        let (Arg::Read {
-            window, elem, len, ..
-        }
-        | Arg::Write {
-            window, elem, len, ..
-        }) = &mut self.0
+        let (Described::Memory { elem, len, .. }, Bytes::Read(_, window) | Bytes::Write(_, window)) =
+            (&mut self.what, &mut self.bytes)
         else {
             return Ok(self);
         };
@@ -401,7 +400,7 @@ pub struct Launch<'a> {
     device: &'a CudaDevice,
     kernel: &'static Kernel,
     stream: Option<&'a Arc<CudaStream>>,
-    args: Vec<Arg<'a>>,
+    args: Vec<Operand<'a>>,
     error: Option<Error>,
 }
 
@@ -426,7 +425,7 @@ impl<'a> Launch<'a> {
 
     fn push(mut self, arg: Result<Operand<'a>>) -> Launch<'a> {
         match arg {
-            Ok(Operand(arg)) => self.args.push(arg),
+            Ok(arg) => self.args.push(arg),
             Err(e) => {
                 self.error.get_or_insert(e);
             }
@@ -451,7 +450,7 @@ impl<'a> Launch<'a> {
     pub fn write_or_null(self, memory: Option<impl DeviceWrite<'a>>) -> Launch<'a> {
         match memory {
             Some(memory) => self.write(memory),
-            None => self.push(Ok(Operand(Arg::Null))),
+            None => self.push(Ok(Operand::plain(Described::Null))),
         }
     }
 
@@ -460,18 +459,18 @@ impl<'a> Launch<'a> {
     pub fn read_or_null(self, memory: Option<impl DeviceRead<'a>>) -> Launch<'a> {
         match memory {
             Some(memory) => self.read(memory),
-            None => self.push(Ok(Operand(Arg::Null))),
+            None => self.push(Ok(Operand::plain(Described::Null))),
         }
     }
 
     /// The next argument: a value.
     pub fn value(self, value: impl Into<Value>) -> Launch<'a> {
-        self.push(Ok(Operand(Arg::Value(value.into()))))
+        self.push(Ok(Operand::plain(Described::Value(value.into()))))
     }
 
     /// The next argument: a length, as the `gw_u64` kernels take.
     pub fn len(self, n: usize) -> Launch<'a> {
-        let arg = len_arg(n).map(|n| Operand(Arg::Value(Value::U64(n))));
+        let arg = len_arg(n).map(|n| Operand::plain(Described::Value(Value::U64(n))));
         self.push(arg)
     }
 
@@ -489,8 +488,7 @@ impl<'a> Launch<'a> {
             return Err(error);
         }
         let grid = blocks.grid();
-        let described: Vec<Described> = args.iter().map(Arg::describe).collect();
-        check(kernel, &described, grid, device.ordinal())?;
+        check(kernel, &args, grid, device.ordinal())?;
         let function = device.function(kernel.module(), kernel.name())?;
         let stream = stream.unwrap_or(device.stream());
         let null: u64 = 0;
@@ -498,15 +496,15 @@ impl<'a> Launch<'a> {
         let mut views = Vec::with_capacity(args.len());
         for arg in &mut args {
             let outside = || Error::Cuda("a kernel argument outside its buffer".into());
-            views.push(match arg {
-                Arg::Read { bytes, window, .. } => {
+            views.push(match (&mut arg.bytes, arg.what) {
+                (Bytes::Read(bytes, window), _) => {
                     View::Read(bytes.try_slice(window.clone()).ok_or_else(outside)?)
                 }
-                Arg::Write { bytes, window, .. } => {
+                (Bytes::Write(bytes, window), _) => {
                     View::Write(bytes.try_slice_mut(window.clone()).ok_or_else(outside)?)
                 }
-                Arg::Null => View::Null,
-                Arg::Value(v) => View::Value(*v),
+                (Bytes::None, Described::Value(v)) => View::Value(v),
+                (Bytes::None, _) => View::Null,
             });
         }
         let mut builder = stream.launch_builder(&function);
@@ -546,31 +544,6 @@ impl<'a> Launch<'a> {
     }
 }
 
-impl Arg<'_> {
-    fn describe(&self) -> Described {
-        match self {
-            Arg::Read {
-                elem, len, ordinal, ..
-            } => Described::Memory {
-                writes: false,
-                elem: *elem,
-                len: *len,
-                ordinal: *ordinal,
-            },
-            Arg::Write {
-                elem, len, ordinal, ..
-            } => Described::Memory {
-                writes: true,
-                elem: *elem,
-                len: *len,
-                ordinal: *ordinal,
-            },
-            Arg::Null => Described::Null,
-            Arg::Value(v) => Described::Value(*v),
-        }
-    }
-}
-
 /// What [`check`] knows of an argument: the memory's access, element type,
 /// length and device, or null, or the value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -598,8 +571,22 @@ fn refuse(kernel: &Kernel, detail: String) -> Error {
     Error::InvalidArgument(format!("launching `{}`: {detail}", kernel.name()))
 }
 
+/// The most parameters a kernel may have (the widest has 12).
+const MAX_PARAMS: usize = 16;
+
 /// Whether `args` on `grid` are what `kernel` declares (see [`Launch::run`]).
-fn check(kernel: &Kernel, args: &[Described], grid: (u32, u32), ordinal: usize) -> Result<()> {
+/// Allocates nothing: it runs before every launch.
+fn check(kernel: &Kernel, args: &[Operand<'_>], grid: (u32, u32), ordinal: usize) -> Result<()> {
+    check_described(kernel, args.iter().map(|a| a.what), grid, ordinal)
+}
+
+/// [`check`] on what is known of each argument.
+fn check_described(
+    kernel: &Kernel,
+    args: impl ExactSizeIterator<Item = Described> + Clone,
+    grid: (u32, u32),
+    ordinal: usize,
+) -> Result<()> {
     let params = kernel.params();
     if args.len() != params.len() {
         return Err(refuse(
@@ -613,17 +600,19 @@ fn check(kernel: &Kernel, args: &[Described], grid: (u32, u32), ordinal: usize) 
             format!("a single-block kernel launched on {grid:?} blocks"),
         ));
     }
-    let integers: Vec<Option<u64>> = args
-        .iter()
-        .map(|a| match a {
-            Described::Value(v) => v.integer(),
-            _ => None,
-        })
-        .collect();
-    let shape = LaunchShape::new(&integers, grid);
+    if params.len() > MAX_PARAMS {
+        return Err(refuse(kernel, format!("more than {MAX_PARAMS} parameters")));
+    }
+    let mut integers = [None; MAX_PARAMS];
+    for (slot, arg) in integers.iter_mut().zip(args.clone()) {
+        if let Described::Value(v) = arg {
+            *slot = v.integer();
+        }
+    }
+    let shape = LaunchShape::new(&integers[..params.len()], grid);
     for (i, (param, arg)) in params.iter().zip(args).enumerate() {
         let mismatch = |what: String| refuse(kernel, format!("parameter {i}: {what}"));
-        match (param, *arg) {
+        match (param, arg) {
             (Param::Value(ty), Described::Value(v)) if v.ctype() == *ty => {}
             (Param::Value(ty), _) => return Err(mismatch(format!("expected a {ty:?} value"))),
             (Param::Pointer { nullable: true, .. }, Described::Null) => {}
@@ -675,6 +664,11 @@ fn check(kernel: &Kernel, args: &[Described], grid: (u32, u32), ordinal: usize) 
 mod tests {
     use super::*;
     use gradwire_kernels::{elementwise, lowrank, optim, reduce};
+
+    /// [`super::check`] on described arguments (no device memory here).
+    fn check(kernel: &Kernel, args: &[Described], grid: (u32, u32), ordinal: usize) -> Result<()> {
+        check_described(kernel, args.iter().copied(), grid, ordinal)
+    }
 
     fn memory(writes: bool, elem: CType, len: usize) -> Described {
         Described::Memory {
