@@ -77,6 +77,17 @@ impl Quantizer {
         }
     }
 
+    /// The bytes of a whole chunk of [`QUANT_CHUNK`] entries, its header
+    /// (the scales) and its codes: chunk `c` of a payload starts at `c`
+    /// times this.
+    pub fn chunk_bytes(&self) -> usize {
+        match self {
+            Quantizer::Sign => 4 + QUANT_CHUNK / 8,
+            Quantizer::Qsgd { .. } => 4 + QUANT_CHUNK,
+            Quantizer::MinMaxU8 => 8 + QUANT_CHUNK,
+        }
+    }
+
     /// The bytes `n` entries encode to.
     pub fn encoded_len(&self, n: usize) -> usize {
         let chunks = n.div_ceil(QUANT_CHUNK);
@@ -150,7 +161,7 @@ impl Quantizer {
             Quantizer::Sign => {
                 for (out, chunk) in out
                     .chunks_mut(QUANT_CHUNK)
-                    .zip(payload.chunks(4 + QUANT_CHUNK / 8))
+                    .zip(payload.chunks(self.chunk_bytes()))
                 {
                     let scale = read_scale(chunk, 0)?;
                     for (eight, &byte) in out.chunks_mut(8).zip(&chunk[4..]) {
@@ -163,7 +174,7 @@ impl Quantizer {
             Quantizer::Qsgd { levels, .. } => {
                 for (out, chunk) in out
                     .chunks_mut(QUANT_CHUNK)
-                    .zip(payload.chunks(4 + QUANT_CHUNK))
+                    .zip(payload.chunks(self.chunk_bytes()))
                 {
                     let scale = read_scale(chunk, 0)?;
                     let codes = &chunk[4..];
@@ -182,7 +193,7 @@ impl Quantizer {
             Quantizer::MinMaxU8 => {
                 for (out, chunk) in out
                     .chunks_mut(QUANT_CHUNK)
-                    .zip(payload.chunks(8 + QUANT_CHUNK))
+                    .zip(payload.chunks(self.chunk_bytes()))
                 {
                     let (min, max) = (read_scale(chunk, 0)?, read_scale(chunk, 4)?);
                     if min > max {
@@ -229,11 +240,7 @@ fn encode_chunks_avx2(q: Quantizer, x: &[f32], key: u64, out: &mut [u8]) -> Resu
 /// caller).
 #[inline(always)]
 fn encode_chunks(q: Quantizer, x: &[f32], key: u64, out: &mut [u8]) -> Result<()> {
-    let stride = match q {
-        Quantizer::Sign => 4 + QUANT_CHUNK / 8,
-        Quantizer::Qsgd { .. } => 4 + QUANT_CHUNK,
-        Quantizer::MinMaxU8 => 8 + QUANT_CHUNK,
-    };
+    let stride = q.chunk_bytes();
     for (c, (x, out)) in x
         .chunks(QUANT_CHUNK)
         .zip(out.chunks_mut(stride))

@@ -13,27 +13,22 @@
 //! ([`Quantizer::validate`]), as encoding does on both: the CPU's decode
 //! takes any QSGD levels, and zero levels would decode to NaN.
 
-use crate::cuda::kernels::quant::{self as kernels, QUANT_CHUNK, QuantCodec};
+use crate::cuda::kernels::quant as kernels;
 use gradwire_tensor::CudaStorage;
 
 pub use crate::cuda::kernels::quant::DeviceBytes;
 
 use super::refuse_non_finite;
 use crate::error::{CompressError, Result};
-use crate::quant::{Quantizer, qsgd_key};
+use crate::quant::{QUANT_CHUNK, Quantizer, qsgd_key};
 
-/// The kernels' form of `q` (validated), QSGD's seed mixed with `stream`
-/// as the CPU mixes them.
-fn codec(q: &Quantizer, stream: u64) -> Result<QuantCodec> {
+/// QSGD's stream key for `stream` (as the CPU mixes the seed), `q`'s
+/// settings checked first.
+fn stream_key(q: &Quantizer, stream: u64) -> Result<u64> {
     q.validate()?;
     Ok(match *q {
-        Quantizer::Sign => QuantCodec::Sign,
-        Quantizer::Qsgd { levels, seed, norm } => QuantCodec::Qsgd {
-            levels,
-            key: qsgd_key(seed, stream),
-            norm,
-        },
-        Quantizer::MinMaxU8 => QuantCodec::MinMaxU8,
+        Quantizer::Qsgd { seed, .. } => qsgd_key(seed, stream),
+        Quantizer::Sign | Quantizer::MinMaxU8 => 0,
     })
 }
 
@@ -42,10 +37,10 @@ fn codec(q: &Quantizer, stream: u64) -> Result<QuantCodec> {
 /// checked first, then NaN and infinities refused
 /// ([`CompressError::NonFinite`] at the first such index).
 pub fn quant_encode(q: &Quantizer, x: &CudaStorage, stream: u64) -> Result<DeviceBytes> {
-    let codec = codec(q, stream)?;
+    let key = stream_key(q, stream)?;
     refuse_non_finite(x)?;
     let mut payload = DeviceBytes::zeros(q.encoded_len(x.len()), x.ordinal())?;
-    kernels::encode(codec, x, &mut payload)?;
+    kernels::encode(*q, key, x, &mut payload)?;
     Ok(payload)
 }
 
@@ -58,7 +53,7 @@ pub fn quant_encode_into(
     stream: u64,
     payload: &mut DeviceBytes,
 ) -> Result<()> {
-    let codec = codec(q, stream)?;
+    let key = stream_key(q, stream)?;
     let expected = q.encoded_len(x.len());
     if payload.len() != expected {
         return Err(CompressError::LengthMismatch {
@@ -68,7 +63,7 @@ pub fn quant_encode_into(
         });
     }
     refuse_non_finite(x)?;
-    Ok(kernels::encode(codec, x, payload)?)
+    Ok(kernels::encode(*q, key, x, payload)?)
 }
 
 /// Decodes `payload` (of `out.len()` entries) into `out` (f32), as
@@ -89,8 +84,7 @@ fn decode_with(
     out: &mut CudaStorage,
     add: bool,
 ) -> Result<()> {
-    // Decoding draws nothing: any stream gives the same codec.
-    let codec = codec(q, 0)?;
+    q.validate()?;
     let n = out.len();
     let expected = q.encoded_len(n);
     if payload.len() != expected {
@@ -99,24 +93,18 @@ fn decode_with(
             payload.len(),
         )));
     }
-    match kernels::decode(codec, payload, out, add)? {
+    match kernels::decode(*q, payload, out, add)? {
         None => Ok(()),
-        Some(chunk) => Err(refusal(q, codec, payload, n, chunk)?),
+        Some(chunk) => Err(refusal(q, payload, n, chunk)?),
     }
 }
 
 /// The CPU's error for chunk `chunk` of `payload`, which the device's
 /// check refused: the chunk decoded on the host, so the message is the
 /// CPU's own.
-fn refusal(
-    q: &Quantizer,
-    codec: QuantCodec,
-    payload: &DeviceBytes,
-    n: usize,
-    chunk: usize,
-) -> Result<CompressError> {
-    let start = chunk * codec.chunk_bytes();
-    let end = (start + codec.chunk_bytes()).min(payload.len());
+fn refusal(q: &Quantizer, payload: &DeviceBytes, n: usize, chunk: usize) -> Result<CompressError> {
+    let start = chunk * q.chunk_bytes();
+    let end = (start + q.chunk_bytes()).min(payload.len());
     let bytes = payload.read(start..end)?;
     let entries = n.saturating_sub(chunk * QUANT_CHUNK).min(QUANT_CHUNK);
     let mut scratch = vec![0f32; entries];
