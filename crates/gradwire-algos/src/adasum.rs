@@ -767,11 +767,6 @@ mod device {
             let spare = CudaStorage::alloc_zeros(len.div_ceil(2), DType::F32, ordinal)?;
             Ok(DeviceWorkspace { v, scratch, spare })
         }
-
-        /// The vector and the scratch, disjointly.
-        fn parts(&mut self) -> Result<(&mut CudaStorage, &mut CudaStorage)> {
-            Ok((&mut *self.v, &mut self.scratch))
-        }
     }
 
     impl Workspace for DeviceWorkspace<'_> {
@@ -814,7 +809,7 @@ mod device {
         ) -> Result<()> {
             let mut host = vec![0f32; range.len()];
             f(&mut host)?;
-            Ok(self.parts()?.1.write_f32(range.start, &host)?)
+            Ok(self.scratch.write_f32(range.start, &host)?)
         }
 
         fn exchange_into_scratch(
@@ -826,7 +821,7 @@ mod device {
             let outgoing = self.v.read_f32(give)?;
             let mut incoming = vec![0f32; keep.len()];
             f(&outgoing, &mut incoming)?;
-            Ok(self.parts()?.1.write_f32(keep.start, &incoming)?)
+            Ok(self.scratch.write_f32(keep.start, &incoming)?)
         }
 
         fn exchange_within_vector(
@@ -842,8 +837,7 @@ mod device {
         }
 
         fn pairwise(&mut self, tensors: &[Range<usize>], _: &mut Vec<f64>) -> Result<()> {
-            let (v, scratch) = self.parts()?;
-            Ok(kernels::pairwise(v, scratch, tensors)?)
+            Ok(kernels::pairwise(self.v, &self.scratch, tensors)?)
         }
 
         fn partials(
@@ -878,8 +872,13 @@ mod device {
             keep: &Range<usize>,
             sums: &[f64],
         ) -> Result<()> {
-            let (v, scratch) = self.parts()?;
-            Ok(kernels::combine(v, scratch, tensors, keep.clone(), sums)?)
+            Ok(kernels::combine(
+                self.v,
+                &self.scratch,
+                tensors,
+                keep.clone(),
+                sums,
+            )?)
         }
     }
 }
