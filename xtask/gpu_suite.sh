@@ -6,14 +6,16 @@
 #   gpu_suite.sh [suites] [sanitize] [bench]     (no argument: all three)
 #
 # suites    every test binary with GRADWIRE_REQUIRE_GPU=1 (a missing GPU or
-#           NCCL fails instead of skipping), one at a time
-# sanitize  compute-sanitizer memcheck and racecheck over the kernel suites
+#           NCCL fails instead of skipping), side by side (the NCCL
+#           conformance suite one case per process)
+# sanitize  compute-sanitizer memcheck, racecheck and synccheck over the
+#           kernel suites, beside the suites
 # bench     gradwire bench kernels (device codecs against a device-to-device
 #           copy), the NCCL all-reduce bench, and torch_bench.py (PyTorch's
 #           topk, casts and copy on the same GPU) when torch is installed
 #
-# Logs go to $OUT (or ./gpu-out): env.txt, suites.log, sanitize.log,
-# bench.txt, summary.txt. The exit status is non-zero when a stage failed.
+# Logs go to $OUT (or ./gpu-out): env.txt, suites.log (the suites' and
+# sanitizers' output), bench.txt, summary.txt. The exit status is non-zero when a stage failed.
 
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,47 +55,89 @@ export RUST_BACKTRACE=1
     python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
 } >"$out/env.txt" 2>&1
 
-run_suites() {
-    local log=$out/suites.log
-    : >"$log"
-    local one
-    one=$(mktemp)
-    for t in "$here"/tests/*; do
-        local name
-        name=$(basename "$t")
-        local start=$SECONDS
-        if timeout 300 "$t" --test-threads=1 >"$one" 2>&1; then
-            note "PASS $name ($((SECONDS - start)) s)"
-        else
-            note "FAIL $name ($((SECONDS - start)) s; see suites.log)"
-            failed=1
-        fi
-        # This binary's own verdict line (none if it crashed).
-        grep -E '^test result' "$one" >>"$summary" || echo "  (no test result line)" >>"$summary"
-        { echo "=== $name"; cat "$one"; } >>"$log"
-    done
-    rm -f "$one"
+# Each test binary and each sanitizer run is a background job of its own
+# (one GPU serves them all; they share it for correctness, not for timing),
+# limited to $GRADWIRE_SUITE_TIMEOUT seconds (540 by default). The NCCL
+# tests abort a collective after $GRADWIRE_NCCL_TEST_TIMEOUT seconds (60 by
+# default), well inside that, so a hang ends as a failed test with its
+# message. The bench stage runs alone, after the others, for its timings.
+limit=${GRADWIRE_SUITE_TIMEOUT:-540}
+export GRADWIRE_NCCL_TEST_TIMEOUT=${GRADWIRE_NCCL_TEST_TIMEOUT:-60}
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+jobs_dir=$(mktemp -d)
+pids=()
+labels=()
+
+# start LABEL COMMAND...: runs COMMAND in the background, its output in
+# $jobs_dir/LABEL.log and its exit status in $jobs_dir/LABEL.rc.
+start() {
+    local label=$1
+    shift
+    (
+        local begin=$SECONDS
+        timeout "$limit" "$@" >"$jobs_dir/$label.log" 2>&1
+        echo "$? $((SECONDS - begin))" >"$jobs_dir/$label.rc"
+    ) &
+    pids+=($!)
+    labels+=("$label")
 }
 
-run_sanitize() {
-    local log=$out/sanitize.log
-    : >"$log"
+# Waits for every job and appends its verdict to summary.txt and its
+# output to LOG.
+collect() {
+    local log=$1
+    local i
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"
+        local label=${labels[$i]}
+        local rc secs
+        read -r rc secs <"$jobs_dir/$label.rc"
+        if [ "$rc" = 0 ]; then
+            note "PASS $label (${secs} s)"
+        elif [ "$rc" = 124 ]; then
+            note "FAIL $label (killed after ${limit} s)"
+            failed=1
+        else
+            note "FAIL $label (exit $rc after ${secs} s)"
+            failed=1
+        fi
+        grep -E '^test result|^SKIP GPU|ERROR SUMMARY' "$jobs_dir/$label.log" >>"$summary" \
+            || echo "  (no result line)" >>"$summary"
+        { echo "=== $label"; cat "$jobs_dir/$label.log"; } >>"$log"
+    done
+    pids=()
+    labels=()
+}
+
+start_suites() {
+    local t name
+    for t in "$here"/tests/*; do
+        case $(basename "$t") in
+        *conformance_nccl)
+            # One job per case: the fault matrix alone splits a fresh
+            # communicator (and its shadow) per scenario, about 0.5 s each
+            # on an H200, some 6 minutes for both reductions at W = 1.
+            for name in $("$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
+                start "$(basename "$t")--$name" "$t" --exact "$name" --test-threads=1
+            done
+            ;;
+        *) start "$(basename "$t")" "$t" --test-threads=1 ;;
+        esac
+    done
+}
+
+start_sanitize() {
     if ! command -v compute-sanitizer >/dev/null; then
         note "SKIP sanitize: no compute-sanitizer"
         return
     fi
+    local t tool
     for t in "$here"/tests/gradwire-tensor--cuda "$here"/tests/gradwire-compress--cuda \
         "$here"/tests/gradwire-optim--cuda "$here"/tests/gradwire-algos--cuda; do
         [ -x "$t" ] || continue
-        for tool in memcheck racecheck; do
-            echo "=== $tool $(basename "$t")" >>"$log"
-            if timeout 280 compute-sanitizer --tool "$tool" --error-exitcode 97 \
-                "$t" --test-threads=1 >>"$log" 2>&1; then
-                note "PASS $tool $(basename "$t")"
-            else
-                note "FAIL $tool $(basename "$t") (see sanitize.log)"
-                failed=1
-            fi
+        for tool in memcheck racecheck synccheck; do
+            start "$tool-$(basename "$t")" compute-sanitizer --tool "$tool" \
+                --error-exitcode 97 "$t" --test-threads=1
         done
     done
 }
@@ -102,14 +146,14 @@ run_bench() {
     local log=$out/bench.txt
     : >"$log"
     echo "=== gradwire bench kernels" >>"$log"
-    timeout 240 "$here/gradwire" bench kernels --sizes 1M,16M,64M >>"$log" 2>&1 \
+    timeout 150 "$here/gradwire" bench kernels --sizes 1M,16M,64M >>"$log" 2>&1 \
         || { note "FAIL bench kernels"; failed=1; }
     echo "=== gradwire bench allreduce --backend nccl" >>"$log"
-    timeout 120 "$here/gradwire" bench allreduce --backend nccl --world 1 \
+    timeout 90 "$here/gradwire" bench allreduce --backend nccl --world 1 \
         --sizes 64K,1M,16M,64M >>"$log" 2>&1 || { note "FAIL bench allreduce nccl"; failed=1; }
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
         echo "=== torch_bench.py" >>"$log"
-        timeout 120 python3 "$here/torch_bench.py" --sizes 1M,16M,64M >>"$log" 2>&1 \
+        timeout 90 python3 "$here/torch_bench.py" --sizes 1M,16M,64M >>"$log" 2>&1 \
             || { note "FAIL torch_bench"; failed=1; }
     else
         note "SKIP torch_bench: no torch with CUDA"
@@ -117,12 +161,21 @@ run_bench() {
     note "bench: see bench.txt"
 }
 
+want() {
+    local s
+    for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done
+    return 1
+}
+
 for stage in "${stages[@]}"; do
     case $stage in
-    suites) run_suites ;;
-    sanitize) run_sanitize ;;
-    bench) run_bench ;;
+    suites | sanitize | bench) ;;
     *) note "unknown stage $stage"; failed=1 ;;
     esac
 done
+want suites && start_suites
+want sanitize && start_sanitize
+collect "$out/suites.log"
+want bench && run_bench
+rm -rf "$jobs_dir"
 exit $failed

@@ -87,16 +87,16 @@ extern "C" __global__ void ef_cast_f32_bf16(float* residual, gw_bf16* dst, gw_u6
 
 // dense[index[j]] += widen(value[j]). The launcher has validated the payload
 // (indices strictly increasing, below n), so no two threads meet on an
-// element and the result is the CPU's; the add is atomic all the same so that
-// even a payload that skipped validation is no data race, and an index at or
-// beyond n is ignored.
+// element: a plain add is race-free and rounds as the CPU's does, subnormals
+// included (a float atomic, red.global.add.f32, flushes them to zero). An
+// index at or beyond n is ignored.
 template <typename V>
 __device__ void scatter_add_impl(float* dense, gw_u64 n, const gw_u32* index, const V* value,
                                  gw_u64 count) {
     GW_FOR_EACH(j, count) {
         const gw_u64 i = index[j];
         if (i < n) {
-            atomicAdd(&dense[i], gw_load(value, j));
+            dense[i] = __fadd_rn(dense[i], gw_load(value, j));
         }
     }
 }

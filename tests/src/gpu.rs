@@ -48,3 +48,17 @@ pub fn gpus(test: &str) -> Option<Vec<usize>> {
     }
     Some(ordinals)
 }
+
+/// How long an NCCL test waits for a collective before the communicator
+/// aborts it (`NcclConfig::timeout`): `GRADWIRE_NCCL_TEST_TIMEOUT` seconds,
+/// 60 by default, well below the per-binary limit of `gpu_suite.sh`, so
+/// that a hang ends as a failed test with its message, not as a killed
+/// binary without a result line.
+pub fn nccl_test_timeout() -> std::time::Duration {
+    let secs = std::env::var("GRADWIRE_NCCL_TEST_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(60);
+    std::time::Duration::from_secs(secs)
+}

@@ -17,8 +17,6 @@
 
 #![cfg(feature = "nccl")]
 
-use std::time::Duration;
-
 use gradwire_comm::nccl::{self, NcclComm, NcclConfig, NcclReduction};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
 use gradwire_tensor::{CudaDevice, DType, Device, Tensor};
@@ -31,7 +29,7 @@ const REDUCTIONS: [NcclReduction; 2] = [NcclReduction::Native, NcclReduction::Ra
 fn config(reduction: NcclReduction) -> NcclConfig {
     // A hang is a failure with a message, not a stuck job.
     NcclConfig {
-        timeout: Some(Duration::from_secs(300)),
+        timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
         reduction,
     }
 }

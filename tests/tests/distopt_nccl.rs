@@ -19,8 +19,6 @@
 
 #![cfg(feature = "nccl")]
 
-use std::time::Duration;
-
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_comm::nccl::{self, NcclComm, NcclConfig, NcclReduction};
 use gradwire_comm::{CommError, Communicator, LocalComm, local};
@@ -152,7 +150,7 @@ fn on_gpus(
     rule: Rule,
 ) -> Vec<Vec<Vec<f32>>> {
     let config = NcclConfig {
-        timeout: Some(Duration::from_secs(300)),
+        timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
         reduction,
     };
     nccl::run(ordinals, config, |comm: NcclComm| {

@@ -291,12 +291,19 @@ impl Communicator for NcclComm {
     fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
         self.check_rank(dest)?;
         self.reap()?;
+        if dest == self.rank {
+            self.send_to_self(buf);
+            return Ok(());
+        }
         self.queue_send(buf, dest)
     }
 
     fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
         self.check_rank(src)?;
         self.reap()?;
+        if src == self.rank {
+            return self.receive_from_self(buf);
+        }
         self.receive(buf, src)
     }
 
@@ -310,7 +317,20 @@ impl Communicator for NcclComm {
         self.check_rank(dest)?;
         self.check_rank(src)?;
         self.reap()?;
-        self.exchange_with(send, dest, recv, src)
+        // Through the loopback queue for the half that involves this rank
+        // itself (NCCL would pair a send to self only with a receive from
+        // self in the same group); the other half goes through NCCL.
+        match (dest == self.rank, src == self.rank) {
+            (false, false) => self.exchange_with(send, dest, recv, src),
+            (true, _) => {
+                self.send_to_self(send);
+                self.recv(recv, src)
+            }
+            (false, true) => {
+                self.queue_send(send, dest)?;
+                self.receive_from_self(recv)
+            }
+        }
     }
 
     fn barrier(&self) -> Result<()> {

@@ -104,6 +104,7 @@ mod sys;
 mod watchdog;
 
 use std::cell::{OnceCell, RefCell};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +117,7 @@ use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 use crate::worker::{Interrupter, Lane, Worker};
 use owner::Owner;
+use p2p::Loopback;
 use scratch::Scratch;
 
 pub use join::run;
@@ -201,6 +203,10 @@ pub struct NcclComm {
     /// Sends in flight: their device buffers stay alive until their event
     /// fires.
     outbox: RefCell<Vec<(CudaEvent, Vec<CudaSlice<u8>>)>>,
+    /// Messages this rank sent to itself, oldest first, never through
+    /// NCCL: NCCL refuses a send to self without its receive in the same
+    /// group (`ncclInvalidUsage`, which would abort the communicator).
+    loopback: RefCell<VecDeque<Loopback>>,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -318,6 +324,7 @@ impl NcclComm {
             shadow: RefCell::new(None),
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
+            loopback: RefCell::new(VecDeque::new()),
         };
         if with_shadow {
             let twin = comm.split_raw(Some(0), i32::try_from(rank).unwrap_or(i32::MAX))?;

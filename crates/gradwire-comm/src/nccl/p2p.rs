@@ -7,6 +7,11 @@
 //! transfer and returns; its device copy waits in the outbox until the
 //! stream has passed it (a later call reaps it). Receives and exchanges
 //! work in the scratch and wait like collectives.
+//!
+//! A message to this rank itself never goes through NCCL, which refuses a
+//! send to self unless its receive is in the same group (and a failed call
+//! aborts the communicator): it waits in a host-side loopback queue, in
+//! order, for the receive from self that takes it.
 
 use std::ops::Range;
 
@@ -22,6 +27,13 @@ use crate::error::{CommError, Result};
 
 /// Bytes of a message header.
 const HEAD: usize = 16;
+
+/// A message this rank sent to itself: its element type and bytes.
+pub(super) struct Loopback {
+    elem: ElemType,
+    len: usize,
+    bytes: Vec<u8>,
+}
 
 impl NcclComm {
     pub(super) fn check_rank(&self, rank: usize) -> Result<()> {
@@ -116,6 +128,34 @@ impl NcclComm {
             self.outbox.borrow_mut().push((event, vec![copy]));
             Ok(())
         })
+    }
+
+    /// A send to this rank itself: a copy into the loopback queue.
+    pub(super) fn send_to_self<T: Element>(&self, buf: &[T]) {
+        self.loopback.borrow_mut().push_back(Loopback {
+            elem: T::TYPE,
+            len: buf.len(),
+            bytes: bytes_of(buf).to_vec(),
+        });
+    }
+
+    /// A receive from this rank itself: the oldest message of the loopback
+    /// queue, checked as a message from a peer is (and consumed even when
+    /// it does not fit `buf`). With none queued the receive could never
+    /// complete (no other thread sends as this rank), so it is refused.
+    pub(super) fn receive_from_self<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let message = self.loopback.borrow_mut().pop_front().ok_or_else(|| {
+            CommError::InvalidArgument(format!(
+                "rank {} receives from itself, but sent itself no message: the receive \
+                 would wait forever",
+                self.rank
+            ))
+        })?;
+        let fits = message.elem == T::TYPE && message.len == buf.len();
+        if fits {
+            bytes_of_mut(buf).copy_from_slice(&message.bytes);
+        }
+        self.delivered::<T>(fits, Some(message.elem), message.len, buf.len(), self.rank)
     }
 
     /// The receive half: the 16-byte header, checked, then the payload as

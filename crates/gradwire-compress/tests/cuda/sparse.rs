@@ -156,33 +156,44 @@ fn casts_with_feedback_match_the_cpu() {
                 CpuStorage::BF16(hb),
                 "encode bf16 {opts:?}"
             );
-            // With error feedback, over a few steps, into each dtype.
+            // With error feedback, over a few steps, into each dtype. A cast
+            // that overflows (f16 at scale 1024) sends an infinity and leaves
+            // one in the memory, which the next step refuses and resets: the
+            // device must do the same, step by step.
             for dtype in [DType::F16, DType::BF16, DType::F32] {
                 let mut cpu = ErrorFeedback::new(n);
                 let mut gpu = CudaErrorFeedback::new(n, 0).unwrap();
                 for step in 0..3u64 {
                     let g = values(n, 50 + step, None);
                     let mut sent = CudaStorage::alloc_zeros(n, dtype, 0).unwrap();
-                    gpu.compress_cast(&on_device(&g), &mut sent, &opts).unwrap();
-                    let sent_cpu = match dtype {
+                    let on_gpu = gpu.compress_cast(&on_device(&g), &mut sent, &opts);
+                    let (on_cpu, sent_cpu) = match dtype {
                         DType::F16 => {
                             let mut d = vec![f16::ZERO; n];
-                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
-                            CpuStorage::F16(d)
+                            (cpu.compress_cast(&g, &mut d, &opts), CpuStorage::F16(d))
                         }
                         DType::BF16 => {
                             let mut d = vec![bf16::ZERO; n];
-                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
-                            CpuStorage::BF16(d)
+                            (cpu.compress_cast(&g, &mut d, &opts), CpuStorage::BF16(d))
                         }
                         DType::F32 => {
                             let mut d = vec![0f32; n];
-                            cpu.compress_cast(&g, &mut d, &opts).unwrap();
-                            CpuStorage::F32(d)
+                            (cpu.compress_cast(&g, &mut d, &opts), CpuStorage::F32(d))
                         }
                     };
                     let what = format!("{dtype:?} {opts:?} n={n} step {step}");
-                    assert_eq!(sent.to_cpu().unwrap(), sent_cpu, "{what}: sent");
+                    match (on_gpu, on_cpu) {
+                        (Ok(()), Ok(())) => {
+                            assert_eq!(sent.to_cpu().unwrap(), sent_cpu, "{what}: sent");
+                        }
+                        (
+                            Err(CompressError::NonFinite { index: gi, .. }),
+                            Err(CompressError::NonFinite { index: ci, .. }),
+                        ) => assert_eq!(gi, ci, "{what}: the refused index"),
+                        (gpu_result, cpu_result) => {
+                            panic!("{what}: device {gpu_result:?}, CPU {cpu_result:?}")
+                        }
+                    }
                     assert_eq!(gpu.state().unwrap(), cpu.state(), "{what}: memory");
                 }
             }
@@ -217,6 +228,26 @@ fn scatter_add_matches_the_cpu() {
             "n={n} from host indices"
         );
     }
+    // Subnormal sums, which a float atomic would flush to zero.
+    let n = 1000usize;
+    let base: Vec<f32> = (0..n).map(|i| f32::from_bits(1 + i as u32 * 3)).collect();
+    let indices: Vec<u32> = (0..n as u32).step_by(7).collect();
+    let subnormal: Vec<f32> = indices
+        .iter()
+        .map(|&i| -f32::from_bits(2 + i * 5))
+        .collect();
+    let sparse = SparseVec::new(n, indices.clone(), subnormal.clone()).unwrap();
+    let mut dense_cpu = base.clone();
+    sparse.scatter_add(&mut dense_cpu).unwrap();
+    let from_host = DeviceSparse::from_host_indices(n, &indices, on_device(&subnormal)).unwrap();
+    let mut dense_gpu = on_device(&base);
+    cuda::scatter_add(&from_host, &mut dense_gpu).unwrap();
+    assert_eq!(bits(&host_f32(&dense_gpu)), bits(&dense_cpu), "subnormals");
+    assert!(
+        dense_cpu
+            .iter()
+            .any(|v| *v != 0.0 && v.abs() < f32::MIN_POSITIVE)
+    );
     // Unsorted host indices are refused.
     let values_on_device = on_device(&[1.0, 2.0]);
     let result = DeviceSparse::from_host_indices(4, &[2, 1], values_on_device);
