@@ -51,6 +51,7 @@ mod handle;
 pub mod onebit_adam;
 pub mod powersgd;
 pub mod quantized;
+pub mod reshard;
 pub mod sparse;
 pub mod strategy;
 

@@ -124,4 +124,13 @@ impl<C: Communicator + 'static> Strategy<C> for OneBitAdamExchange {
     fn load_state(&mut self, bucket: usize, state: &StateDict, apply: bool) -> Result<()> {
         Strategy::<C>::load_state(&mut self.quantized, bucket, state, apply)
     }
+
+    fn reshard_state(
+        &self,
+        bucket: usize,
+        saved: &[&StateDict],
+        out: &mut StateDict,
+    ) -> Result<()> {
+        Strategy::<C>::reshard_state(&self.quantized, bucket, saved, out)
+    }
 }

@@ -368,4 +368,20 @@ impl<C: Communicator + 'static> Strategy<C> for SparseSelect {
         }
         Ok(())
     }
+
+    /// The residual: the old ranks' mean ([`crate::reshard`]); its step
+    /// count, the same on every rank, rank 0's.
+    fn reshard_state(
+        &self,
+        bucket: usize,
+        saved: &[&StateDict],
+        out: &mut StateDict,
+    ) -> Result<()> {
+        let key = format!("residual/{bucket}");
+        if let Some(mean) = crate::reshard::mean_of(saved, &key)? {
+            out.insert_f32s(key, mean)?;
+            crate::reshard::copy_value(saved, &format!("residual_steps/{bucket}"), out);
+        }
+        Ok(())
+    }
 }

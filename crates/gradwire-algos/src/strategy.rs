@@ -81,6 +81,25 @@ pub trait Strategy<C: Communicator>: Send + 'static {
         let _ = (bucket, state, apply);
         Ok(())
     }
+
+    /// Writes into `out` bucket `bucket`'s state for a rank of a world of
+    /// another size than the one that saved `saved` (`saved[r]`: what old
+    /// rank `r` saved), for [`Strategy::load_state`]: every new rank gets
+    /// the same, made by the rules of [`crate::reshard`] (per-rank
+    /// residuals and momentum averaged, so that they owe the combined
+    /// result what they owed it; state held alike taken from rank 0).
+    /// `out` holds rank 0's state when this is called: a strategy whose
+    /// state differs by rank overrides it; the default keeps rank 0's,
+    /// right for state that every rank holds alike, and for none.
+    fn reshard_state(
+        &self,
+        bucket: usize,
+        saved: &[&StateDict],
+        out: &mut StateDict,
+    ) -> Result<()> {
+        let _ = (bucket, saved, out);
+        Ok(())
+    }
 }
 
 impl<C: Communicator> std::fmt::Debug for dyn Strategy<C> {

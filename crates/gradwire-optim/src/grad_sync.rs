@@ -701,4 +701,11 @@ impl<C: Communicator + 'static> GradSync<C> {
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         self.dist.restore(ckpt)
     }
+
+    /// The checkpoint to restore to go on, at this world size, with the
+    /// run that `saved` holds (one per rank of the world that wrote it,
+    /// of any size; see [`crate::DistOpt::resharded`]).
+    pub fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
+        self.dist.resharded(saved)
+    }
 }

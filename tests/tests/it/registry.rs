@@ -11,7 +11,7 @@ use gradwire_experiments::faults;
 use gradwire_experiments::project::{collectives_of, entry_of, shapes_of};
 use gradwire_experiments::train::{CheckpointPlan, Silent, train};
 use gradwire_experiments::{ExperimentError, OptimizerKind, TrainConfig};
-use gradwire_optim::{REGISTRY, StrategyConfig};
+use gradwire_optim::{OptimError, REGISTRY, StrategyConfig, TrainingLoop};
 
 /// A run of `strategy` small enough to take twice per world size.
 fn config(strategy: StrategyConfig, world: usize, epochs: usize) -> TrainConfig {
@@ -78,6 +78,59 @@ fn every_strategy_trains_checkpoints_and_resumes_bitwise_on_1_to_4_ranks() {
                 resumed.param_checksum, straight.param_checksum,
                 "{what}: the resumed run went elsewhere"
             );
+        }
+    }
+}
+
+#[test]
+fn every_strategy_resumes_at_another_world_size() {
+    let data = Digits::load(42);
+    for strategy in StrategyConfig::examples() {
+        let old = 3;
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = CheckpointPlan {
+            dir: dir.path().to_path_buf(),
+            resume: false,
+        };
+        let saved = train(&config(strategy, old, 1), &data, &Silent, Some(&plan))
+            .unwrap_or_else(|e| panic!("{strategy}, W = {old}: {e}"));
+        plan.resume = true;
+        for (new, epochs) in [(2, 1), (4, 2), (1, 2)] {
+            let what = format!("{strategy}, W = {old} -> {new}");
+            let resumed = train(&config(strategy, new, epochs), &data, &Silent, Some(&plan));
+            if strategy == StrategyConfig::DimReduce {
+                // Its state is sharded by rank.
+                assert!(
+                    matches!(
+                        &resumed,
+                        Err(ExperimentError::Optim(OptimError::StateMismatch(m)))
+                            if m.contains("sharded by rank")
+                    ),
+                    "{what}: {resumed:?}"
+                );
+                continue;
+            }
+            let resumed = resumed.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(resumed.epochs.len(), epochs, "{what}: the history");
+            assert!(
+                resumed.epochs.iter().all(|e| e.train_loss.is_finite()),
+                "{what}: a loss is not finite"
+            );
+            if epochs == 2 {
+                // It saved its own set, at its size.
+                for rank in 0..new {
+                    let file = dir.path().join(format!("rank{rank}.epoch2.ckpt"));
+                    assert!(file.is_file(), "{what}: rank {rank}");
+                }
+            }
+            if epochs == 1 && strategy.training_loop() == TrainingLoop::Gradients {
+                // Nothing left to train: the parameters are rank 0's, which
+                // every rank of a gradient loop held.
+                assert_eq!(
+                    resumed.param_checksum, saved.param_checksum,
+                    "{what}: the parameters moved"
+                );
+            }
         }
     }
 }

@@ -95,4 +95,35 @@ impl<C: Communicator + 'static> Strategy<C> for PowerSgd {
         }
         Ok(())
     }
+
+    /// Each slot's warm start `q`, the same on every rank (it is an
+    /// all-reduced factor), and its dimensions are rank 0's; its
+    /// error-feedback residual is the old ranks' mean ([`crate::reshard`]).
+    fn reshard_state(
+        &self,
+        bucket: usize,
+        saved: &[&StateDict],
+        out: &mut StateDict,
+    ) -> Result<()> {
+        let prefix = format!("powersgd/{bucket}/");
+        let Some(first) = saved.first() else {
+            return Ok(());
+        };
+        for key in first.values.keys() {
+            let Some(slot) = key
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix("/dims"))
+            else {
+                continue;
+            };
+            let slot = format!("{prefix}{slot}");
+            crate::reshard::copy_value(saved, key, out);
+            crate::reshard::copy_tensor(saved, &format!("{slot}/q"), out);
+            let residual = format!("{slot}/residual");
+            let mean = crate::reshard::mean_of(saved, &residual)?
+                .ok_or_else(|| AlgoError::StateMismatch(format!("PowerSGD: no {residual}")))?;
+            out.insert_f32s(residual, mean)?;
+        }
+        Ok(())
+    }
 }

@@ -6,4 +6,5 @@ mod common;
 mod dimreduce;
 mod powersgd;
 mod quantized;
+mod reshard;
 mod strategies;

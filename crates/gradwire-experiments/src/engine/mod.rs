@@ -132,6 +132,20 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         Ok(ckpt)
     }
 
+    /// The checkpoint this rank restores to go on with the set `saved`
+    /// (one checkpoint per rank of the world that wrote it, which may have
+    /// had another size): DataParallel's rule
+    /// ([`gradwire_optim::DistOpt::resharded`]); in the baseline, where
+    /// every rank holds the same state, rank 0's.
+    pub(crate) fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
+        match self {
+            Engine::Strategy(dp) => Ok(dp.sync().resharded(saved)?),
+            Engine::Library(_) => saved.first().cloned().ok_or_else(|| {
+                crate::ExperimentError::Resume("no checkpoints to resume from".into())
+            }),
+        }
+    }
+
     /// Restores a [`Engine::checkpoint`], the variables included.
     pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         // Everything read before anything changes.

@@ -20,7 +20,7 @@ use crate::model::Model;
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_comm::{LocalComm, ReduceOp, local};
-use gradwire_optim::checkpoint::{self, Checkpoint};
+use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, OneBitAdamConfig,
     OneBitAdamRule, RmsPropConfig, RmsPropRule, Schedule, SgdConfig, SgdRule, SkipVote,
@@ -35,7 +35,7 @@ mod resume;
 pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit};
 pub use resume::CheckpointPlan;
-use resume::{PCA_FILE, agree, agree_on_resume, has_checkpoint, prune, saved_config};
+use resume::{PCA_FILE, ResumePoint, agree, agree_on_resume, has_checkpoint, prune, saved_config};
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
@@ -102,15 +102,13 @@ fn prepare(config: &TrainConfig, plan: Option<&CheckpointPlan>) -> Result<()> {
             path: plan.dir.display().to_string(),
             source,
         })?;
-        for rank in 0..config.world {
-            if plan.resume && !has_checkpoint(&plan.dir, rank) {
-                return Err(ExperimentError::Resume(format!(
-                    "no checkpoint of rank {rank} in {} (was the run saved with --checkpoint \
-                     and {} workers?)",
-                    plan.dir.display(),
-                    config.world
-                )));
-            }
+        // Rank 0's file is in every set, whatever the world size that
+        // wrote it (the ranks check the rest as they agree).
+        if plan.resume && !has_checkpoint(&plan.dir, 0) {
+            return Err(ExperimentError::Resume(format!(
+                "no checkpoint of rank 0 in {} (was the run saved with --checkpoint?)",
+                plan.dir.display(),
+            )));
         }
     }
     Ok(())
@@ -160,8 +158,9 @@ pub fn train_rank<C: Backend + 'static>(
     let mut config = config.clone();
     if config.strategy == StrategyConfig::DimReduce && config.dimreduce_dense_epochs.is_none() {
         let saved = match &resume_from {
-            Some((_, ckpt)) => {
-                agree(&comm, saved_config(ckpt), "read its checkpoint")?.dimreduce_dense_epochs
+            Some(point) => {
+                agree(&comm, saved_config(point.any()), "read its checkpoint")?
+                    .dimreduce_dense_epochs
             }
             None => None,
         };
@@ -189,7 +188,7 @@ pub fn train_rank<C: Backend + 'static>(
         data,
         observer,
         plan,
-        resume_from: resume_from.map(|(_, ckpt)| ckpt),
+        resume_from,
         steps_per_epoch,
     };
     match config.optimizer {
@@ -240,9 +239,9 @@ struct Run<'a> {
     data: &'a Digits,
     observer: &'a dyn Observer,
     plan: Option<&'a CheckpointPlan>,
-    /// This rank's checkpoint of the set the ranks agreed to resume from
-    /// (loaded and checked while they agreed).
-    resume_from: Option<Checkpoint>,
+    /// The set the ranks agreed to resume from (loaded and checked while
+    /// they agreed).
+    resume_from: Option<ResumePoint>,
     steps_per_epoch: usize,
 }
 
@@ -321,9 +320,9 @@ impl Run<'_> {
         let mut recorder = TrajectoryRecorder::new(TRAJECTORY_SNAPSHOTS);
         let mut history: Vec<EpochRecord> = Vec::new();
         let mut start_epoch = 0;
-        if let (Some(plan), Some(ckpt)) = (self.plan, &self.resume_from) {
+        if let (Some(plan), Some(point)) = (self.plan, &self.resume_from) {
             let resumed = (|| -> Result<usize> {
-                let done = self.resume(ckpt, &mut recorder, &mut history)?;
+                let done = self.resume(point.any(), &mut recorder, &mut history)?;
                 // DimReduce ran when the checkpoint was saved if an epoch
                 // past the dense stage was done (or a PCA file was given);
                 // saved at the end of the dense stage, the loop below fits
@@ -338,7 +337,12 @@ impl Run<'_> {
                     };
                     engine.start_dimreduce(&pca, dimreduce_config(config))?;
                 }
-                engine.restore(ckpt)?;
+                if point.resharded {
+                    let own = engine.resharded(&point.set)?;
+                    engine.restore(&own)?;
+                } else {
+                    engine.restore(point.any())?;
+                }
                 Ok(done)
             })();
             start_epoch = agree(engine.comm(), resumed, "resume from its checkpoint")?;

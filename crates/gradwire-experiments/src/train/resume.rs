@@ -11,6 +11,13 @@
 //! newest epoch whose file every rank holds intact, which falls back to the
 //! set before when a rank's newest is missing or corrupt; a first-format
 //! file (`rank<r>.ckpt`) counts at the epoch it records.
+//!
+//! A run resumes at another world size too: the ranks agree on the size of
+//! the world that wrote the newest set, and if it differs from theirs each
+//! rank reads every file of the set (the directory must be one that every
+//! rank reads: one host, or a shared file system) and restores what
+//! gradwire's resharding gives it (`DistOpt::resharded`: the strategies'
+//! per-rank state averaged, so that it adds what it would have added).
 
 use super::{EpochRecord, Run};
 use crate::config::TrainConfig;
@@ -98,6 +105,57 @@ fn checkpoint_files(dir: &Path, rank: usize) -> Vec<(Option<usize>, PathBuf)> {
         .collect()
 }
 
+/// Every `rank<k>.epoch<e>.ckpt` in `dir`, as `(e, k, path)`, newest
+/// epoch first.
+fn epoch_files(dir: &Path) -> Vec<(usize, usize, PathBuf)> {
+    let mut found: Vec<(usize, usize, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let (rank, epoch) = name
+                .strip_prefix("rank")?
+                .strip_suffix(".ckpt")?
+                .split_once(".epoch")?;
+            Some((epoch.parse().ok()?, rank.parse().ok()?, path))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    found
+}
+
+/// The world size recorded in a checkpoint's run configuration.
+fn saved_world(ckpt: &Checkpoint) -> Option<usize> {
+    saved_config(ckpt).ok().map(|c| c.world)
+}
+
+/// The size of the world that wrote the newest checkpoints this rank can
+/// read: its own newest intact checkpoint's, else that of the newest
+/// intact file of any rank (a rank the old world did not have); 0 if none.
+fn newest_saved_world(dir: &Path, mine: &BTreeMap<usize, Checkpoint>) -> usize {
+    if let Some(world) = mine.values().next_back().and_then(saved_world) {
+        return world;
+    }
+    epoch_files(dir)
+        .into_iter()
+        .find_map(|(_, _, path)| saved_world(&checkpoint::load(&path).ok()?))
+        .unwrap_or(0)
+}
+
+/// Every file of the set of `epoch` written by a world of `world` ranks,
+/// in rank order, if each loads, passes every check and says it is that
+/// rank's file of that set.
+fn whole_set(dir: &Path, epoch: usize, world: usize) -> Option<Vec<Checkpoint>> {
+    (0..world)
+        .map(|rank| {
+            let ckpt = checkpoint::load(rank_file(dir, rank, epoch)).ok()?;
+            (saved_epoch(&ckpt) == Some(epoch) && saved_world(&ckpt) == Some(world)).then_some(ckpt)
+        })
+        .collect()
+}
+
 /// Rank `rank`'s checkpoints in `dir` that load and pass every check, by
 /// the epoch they record (an epoch file whose name says another epoch is
 /// left out, as is anything unreadable: a crash mid-write, a flipped bit).
@@ -125,28 +183,90 @@ pub(super) fn has_checkpoint(dir: &Path, rank: usize) -> bool {
     !checkpoint_files(dir, rank).is_empty()
 }
 
-/// The checkpoint every rank resumes from: the newest epoch whose file
-/// every rank holds intact, agreed by all (two all-reduces), and this
-/// rank's checkpoint of it, loaded and checked. Every rank returns the same
-/// epoch, or every rank the same [`ExperimentError::Resume`].
-pub(super) fn agree_on_resume<C: Communicator>(
-    comm: &C,
-    dir: &Path,
-) -> Result<(usize, Checkpoint)> {
+/// The checkpoints every rank agreed to resume from (each records the
+/// epochs done).
+pub(super) struct ResumePoint {
+    /// At the world size that wrote the set, this rank's own checkpoint
+    /// alone; at another, every file of the set, in rank order.
+    pub(super) set: Vec<Checkpoint>,
+    /// Whether the set was written by a world of another size.
+    pub(super) resharded: bool,
+}
+
+impl ResumePoint {
+    /// A checkpoint of the set, for what every rank saved alike (the run's
+    /// configuration, its history).
+    pub(super) fn any(&self) -> &Checkpoint {
+        &self.set[0]
+    }
+}
+
+/// The checkpoints every rank resumes from: the newest epoch whose set is
+/// intact, agreed by all (all-reduces), loaded and checked. The ranks first
+/// agree on the size of the world that wrote the newest set; at their own
+/// size each rank reads its own file, and the set is intact when every
+/// rank's is; at another, each rank reads every file of a set. Every rank
+/// returns the same epoch, or every rank the same
+/// [`ExperimentError::Resume`].
+pub(super) fn agree_on_resume<C: Communicator>(comm: &C, dir: &Path) -> Result<ResumePoint> {
     let mut mine = intact_checkpoints(dir, comm.rank());
-    let mut newest = [mine.keys().next_back().copied().unwrap_or(0) as u64];
+    let known = newest_saved_world(dir, &mine) as u64;
+    let mut sizes = [
+        known,
+        if known == 0 {
+            u64::MAX
+        } else {
+            u64::MAX - known
+        },
+    ];
+    comm.all_reduce(&mut sizes, ReduceOp::Max)?;
+    let (largest, smallest) = (sizes[0], u64::MAX - sizes[1]);
+    if largest == 0 {
+        return Err(ExperimentError::Resume(format!(
+            "no rank found an intact checkpoint in {}",
+            dir.display()
+        )));
+    }
+    if largest != smallest {
+        return Err(ExperimentError::Resume(format!(
+            "the ranks found checkpoints of worlds of {smallest} and {largest} ranks in {}",
+            dir.display()
+        )));
+    }
+    let old_world = largest as usize;
+    let resharded = old_world != comm.world_size();
+    let mut sets: BTreeMap<usize, Vec<Checkpoint>> = BTreeMap::new();
+    if resharded {
+        let mut epochs: Vec<usize> = epoch_files(dir).into_iter().map(|(e, _, _)| e).collect();
+        epochs.dedup();
+        for epoch in epochs {
+            if let Some(set) = whole_set(dir, epoch, old_world) {
+                sets.insert(epoch, set);
+            }
+        }
+    } else {
+        sets = std::mem::take(&mut mine)
+            .into_iter()
+            // A file of another world (left by an older run) is no part of
+            // the set; one that records no world is checked later.
+            .filter(|(_, ckpt)| saved_world(ckpt).is_none_or(|w| w == old_world))
+            .map(|(epoch, ckpt)| (epoch, vec![ckpt]))
+            .collect();
+    }
+    let mut newest = [sets.keys().next_back().copied().unwrap_or(0) as u64];
     comm.all_reduce(&mut newest, ReduceOp::Max)?;
     // Bounded by MAX_SAVED_EPOCH on every rank.
     let mut held = vec![0u8; newest[0] as usize + 1];
-    for &epoch in mine.keys() {
+    for &epoch in sets.keys() {
         held[epoch] = 1;
     }
     comm.all_reduce(&mut held, ReduceOp::Min)?;
     let common = held.iter().rposition(|&h| h == 1).filter(|&e| e > 0);
-    match common.and_then(|e| Some((e, mine.remove(&e)?))) {
-        Some(found) => Ok(found),
+    match common.and_then(|e| Some((e, sets.remove(&e)?))) {
+        Some((_, set)) => Ok(ResumePoint { set, resharded }),
         None => Err(ExperimentError::Resume(format!(
-            "no epoch has an intact checkpoint from every rank in {}",
+            "no epoch has an intact checkpoint from every rank of the world of {old_world} \
+             that saved in {}",
             dir.display()
         ))),
     }
@@ -222,9 +342,11 @@ impl Run<'_> {
     ) -> Result<usize> {
         let bad = |m: &str| ExperimentError::Resume(m.to_string());
         let saved = saved_config(ckpt)?;
-        // Only the length of the run may change.
+        // Only the length of the run and its world size may change (the
+        // set was resharded for this one).
         let comparable = TrainConfig {
             epochs: self.config.epochs,
+            world: self.config.world,
             ..saved.clone()
         };
         if &comparable != self.config {

@@ -61,6 +61,17 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// The prefixes under which second optimizer states are stored
+    /// ([`Checkpoint::insert_optimizer_state`]): the values that hold one.
+    pub fn optimizer_state_prefixes(&self) -> Vec<String> {
+        self.state
+            .values
+            .iter()
+            .filter(|(_, v)| serde_json::from_value::<NestedState>((*v).clone()).is_ok())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
     /// The optimizer state stored under `prefix` by
     /// [`Checkpoint::insert_optimizer_state`]; `None` if there is none;
     /// [`OptimError::CorruptCheckpoint`] if its JSON or a buffer is missing

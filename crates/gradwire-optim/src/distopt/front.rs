@@ -169,6 +169,24 @@ macro_rules! shared_calls {
             pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
                 self.engine_mut().restore(ckpt)
             }
+
+            /// The checkpoint this rank restores to go on, at this front
+            /// end's world size, with a run that `saved` holds: one
+            /// checkpoint per rank of the world that wrote them
+            /// (`saved[r]` by rank `r`), which may have had another size.
+            /// At the same size it is this rank's own; at another, every
+            /// rank gets the same, with the strategies' per-rank state
+            /// averaged so that it adds to the coming steps what it would
+            /// have added (`gradwire_algos::reshard`), the optimizer's state
+            /// and the parameters (`param/<name>`) rank 0's in a gradient
+            /// loop, where every rank holds the same, and their mean in a
+            /// loop of local steps. DimReduce's state is sharded by rank
+            /// and is refused at another size
+            /// ([`crate::OptimError::StateMismatch`]). Changes nothing;
+            /// pass the result to `restore`.
+            pub fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
+                self.engine().resharded(saved)
+            }
         }
     };
 }

@@ -1,14 +1,17 @@
 //! The engine's checkpoints: the optimizer's state, the strategies' state
 //! (error-feedback residuals), the partial counter and DimReduce's state in
-//! one [`Checkpoint`].
+//! one [`Checkpoint`]; and a run's checkpoints resharded for another world
+//! size.
 
-use super::{Engine, strategies};
+use super::{Engine, TrainingLoop, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
+use crate::state::{OptimizerState, ParamState};
 use gradwire_algos::StateDict;
 use gradwire_algos::dimreduce::DimReduceState;
 use gradwire_comm::Communicator;
+use gradwire_tensor::Tensor;
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// The engine's whole state: the optimizer's, each bucket's strategy's
@@ -152,6 +155,142 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.partial_counter = counter;
         Ok(())
     }
+}
+
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
+    /// The checkpoint this rank restores to go on with the run `saved`
+    /// holds (one checkpoint per rank of the world that wrote it), at this
+    /// engine's world size: see the front ends' `resharded`.
+    pub(crate) fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
+        let mismatch = OptimError::StateMismatch;
+        let first = saved
+            .first()
+            .ok_or_else(|| OptimError::InvalidArgument("no checkpoints to resume from".into()))?;
+        for (r, ckpt) in saved.iter().enumerate() {
+            let value = |key: &str| ckpt.state.values.get(key).and_then(|v| v.as_u64());
+            let (world, rank) = (value("distopt/world_size"), value("distopt/rank"));
+            if world != Some(saved.len() as u64) || rank != Some(r as u64) {
+                return Err(mismatch(format!(
+                    "checkpoint {r} of {} was saved by rank {rank:?} of a world of {world:?}",
+                    saved.len()
+                )));
+            }
+        }
+        if saved.len() == self.world_size() {
+            return Ok(saved[self.rank()].clone());
+        }
+        if self.dimreduce.is_some()
+            || self.training_loop == TrainingLoop::DimReduce
+            || first.state.values.contains_key("dimreduce/b")
+        {
+            return Err(mismatch(
+                "DimReduce's state is sharded by rank: it resumes only at the world size \
+                 that saved it"
+                    .into(),
+            ));
+        }
+        let local = self.training_loop == TrainingLoop::LocalSteps;
+        // Rank 0's checkpoint, in which each part that differs by rank is
+        // replaced: the strategies' state by each one's rule, and in a
+        // loop of local steps the optimizers' state and the parameters by
+        // their mean.
+        let mut out = first.clone();
+        for (key, value) in self.configuration() {
+            if matches!(key, "distopt/world_size" | "distopt/rank") {
+                out.state.values.insert(key.into(), value);
+            }
+        }
+        let dicts: Vec<&gradwire_algos::StateDict> = saved.iter().map(|c| &c.state).collect();
+        for (b, strategy) in self.strategies.iter().enumerate() {
+            match strategy {
+                Some(strategy) => strategy.reshard_state(b, &dicts, &mut out.state)?,
+                None => strategies::for_bucket(
+                    self.config.strategy,
+                    self.bucket_lens[b].iter().sum(),
+                    self.shared.as_ref(),
+                )
+                .reshard_state(b, &dicts, &mut out.state)?,
+            }
+        }
+        if local {
+            let states: Vec<&OptimizerState> = saved.iter().map(|c| &c.optimizer).collect();
+            out.optimizer = mean_optimizer_state(&states)?;
+            // A framework's optimizer saved beside (gradwire-candle's).
+            for prefix in first.optimizer_state_prefixes() {
+                let mut nested = Vec::with_capacity(saved.len());
+                for (r, ckpt) in saved.iter().enumerate() {
+                    nested.push(ckpt.optimizer_state(&prefix)?.ok_or_else(|| {
+                        mismatch(format!("rank {r} saved no optimizer state under {prefix}"))
+                    })?);
+                }
+                let nested: Vec<&OptimizerState> = nested.iter().collect();
+                out.insert_optimizer_state(&prefix, &mean_optimizer_state(&nested)?)?;
+            }
+            for (key, tensor) in &first.state.tensors {
+                if key.starts_with(crate::checkpoint::PARAM_PREFIX) {
+                    let mean = gradwire_algos::reshard::mean_of(&dicts, key)?.unwrap_or_default();
+                    let mean = Tensor::from_vec(mean, tensor.dims().to_vec())?;
+                    out.state.tensors.insert(key.clone(), mean);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The mean of the optimizer states of the ranks of a loop of local steps
+/// (each rank's own): every buffer averaged in f64 in rank order, a rank
+/// without state for a parameter counting as zeros (as partial averaging
+/// of the state does), the update count the highest; the rest rank 0's.
+fn mean_optimizer_state(saved: &[&OptimizerState]) -> Result<OptimizerState> {
+    let mut mean = saved[0].clone();
+    let names: std::collections::BTreeSet<&String> =
+        saved.iter().flat_map(|s| s.params.keys()).collect();
+    for name in names {
+        let states: Vec<(usize, &ParamState)> = saved
+            .iter()
+            .enumerate()
+            .filter_map(|(r, s)| Some((r, s.params.get(name)?)))
+            .collect();
+        let Some(&(_, template)) = states.first() else {
+            continue;
+        };
+        let mut param = ParamState {
+            shape: template.shape.clone(),
+            updates: states.iter().map(|(_, s)| s.updates).max().unwrap_or(0),
+            buffers: Default::default(),
+        };
+        let buffers: std::collections::BTreeSet<&String> =
+            states.iter().flat_map(|(_, s)| s.buffers.keys()).collect();
+        for buffer in buffers {
+            let mut sum = vec![0f64; param.elem_count()];
+            for (r, state) in &states {
+                if state.shape != param.shape {
+                    return Err(OptimError::StateMismatch(format!(
+                        "{name} has shape {:?} on one rank and {:?} on rank {r}",
+                        param.shape, state.shape
+                    )));
+                }
+                if let Some(values) = state.buffers.get(buffer) {
+                    if values.len() != sum.len() {
+                        return Err(OptimError::StateMismatch(format!(
+                            "{name}/{buffer} has {} entries on rank {r}, not {}",
+                            values.len(),
+                            sum.len()
+                        )));
+                    }
+                    for (s, &v) in sum.iter_mut().zip(values) {
+                        *s += f64::from(v);
+                    }
+                }
+            }
+            let inverse = 1.0 / saved.len() as f64;
+            let values = sum.into_iter().map(|s| (s * inverse) as f32).collect();
+            param.buffers.insert(buffer.clone(), values);
+        }
+        mean.params.insert(name.clone(), param);
+    }
+    Ok(mean)
 }
 
 /// DimReduce's state as [`Engine::checkpoint`] stores it.

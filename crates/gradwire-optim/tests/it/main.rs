@@ -11,5 +11,6 @@ mod grad_sync;
 mod grad_sync_local;
 mod onebit_adam;
 mod optimizers;
+mod reshard;
 mod stateful_strategies;
 mod trajectory;
