@@ -2,7 +2,8 @@
 //! wrote its part, a write that fails on one rank stops every rank, and a
 //! resume takes the newest set every rank holds intact (falling back to
 //! the one before when a rank's newest is missing or corrupt), bitwise as
-//! a straight run, or fails alike on every rank.
+//! a straight run, or fails alike on every rank; a set resumes at another
+//! world size too (every strategy: `registry.rs`).
 
 use gradwire_comm::{LocalComm, local};
 use gradwire_experiments::TrainConfig;
@@ -151,6 +152,46 @@ fn a_write_that_fails_on_one_rank_stops_every_rank() {
                 !file(dir.path(), rank, 2).exists(),
                 "W = {world}, rank {rank}"
             );
+        }
+    }
+}
+
+#[test]
+fn dimreduce_resumes_at_another_world_size_with_its_sharded_momentum() {
+    let data = Digits::load(42);
+    let config = |world: usize, epochs: usize| TrainConfig {
+        strategy: "dimreduce".parse().expect("a strategy"),
+        dimreduce_dense_epochs: Some(1),
+        components: 4,
+        ..config(world, epochs)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Saved after an epoch of DimReduce proper: its residual momentum is
+    // sharded over the three ranks.
+    let saved = train(
+        &config(3, 2),
+        &data,
+        &Silent,
+        Some(&plan(dir.path(), false)),
+    )
+    .unwrap();
+    for (new, epochs) in [(2, 2), (4, 3)] {
+        let what = format!("W = 3 -> {new}");
+        let resumed = train(
+            &config(new, epochs),
+            &data,
+            &Silent,
+            Some(&plan(dir.path(), true)),
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(resumed.epochs.len(), epochs, "{what}");
+        assert!(
+            resumed.epochs.iter().all(|e| e.train_loss.is_finite()),
+            "{what}"
+        );
+        if epochs == 2 {
+            // Nothing left to train: every rank held these parameters.
+            assert_eq!(resumed.param_checksum, saved.param_checksum, "{what}");
         }
     }
 }

@@ -180,10 +180,9 @@ macro_rules! shared_calls {
             /// have added (`gradwire_algos::reshard`), the optimizer's state
             /// and the parameters (`param/<name>`) rank 0's in a gradient
             /// loop, where every rank holds the same, and their mean in a
-            /// loop of local steps. DimReduce's state is sharded by rank
-            /// and is refused at another size
-            /// ([`crate::OptimError::StateMismatch`]). Changes nothing;
-            /// pass the result to `restore`.
+            /// loop of local steps; DimReduce's residual momentum, sharded
+            /// by rank, whole (each rank's restore keeps its slice).
+            /// Changes nothing; pass the result to `restore`.
             pub fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
                 self.engine().resharded(saved)
             }

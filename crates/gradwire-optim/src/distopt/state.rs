@@ -179,16 +179,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if saved.len() == self.world_size() {
             return Ok(saved[self.rank()].clone());
         }
-        if self.dimreduce.is_some()
-            || self.training_loop == TrainingLoop::DimReduce
-            || first.state.values.contains_key("dimreduce/b")
-        {
-            return Err(mismatch(
-                "DimReduce's state is sharded by rank: it resumes only at the world size \
-                 that saved it"
-                    .into(),
-            ));
-        }
         let local = self.training_loop == TrainingLoop::LocalSteps;
         // Rank 0's checkpoint, in which each part that differs by rank is
         // replaced: the strategies' state by each one's rule, and in a
@@ -211,6 +201,16 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 )
                 .reshard_state(b, &dicts, &mut out.state)?,
             }
+        }
+        if first.state.tensors.contains_key("dimreduce/momentum") {
+            // Each rank kept the residual momentum of its slice of the
+            // parameters, the slices in rank order: the whole vector, of
+            // which each new rank's restore keeps its own slice.
+            let mut whole = Vec::new();
+            for ckpt in saved {
+                whole.extend(ckpt.state.f32s("dimreduce/momentum")?);
+            }
+            out.state.insert_f32s("dimreduce/momentum".into(), whole)?;
         }
         if local {
             let states: Vec<&OptimizerState> = saved.iter().map(|c| &c.optimizer).collect();
