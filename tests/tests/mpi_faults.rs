@@ -45,13 +45,16 @@ const RANK_FLAG: &str = "--mpi-faults-rank";
 const KILL_FLAG: &str = "--mpi-faults-sigkill";
 /// How long the job may take to end once a rank was killed.
 const KILL_LIMIT: Duration = Duration::from_secs(60);
-/// The short deadline of the timeout scenarios.
-const SHORT: Duration = Duration::from_millis(500);
+/// The short deadline of the timeout scenarios: long enough that a loaded
+/// machine keeps the orders the scenarios rely on (a rank that sleeps half
+/// of it still arrives a second before the deadline).
+const SHORT: Duration = Duration::from_secs(2);
 /// How soon a fault must be reported once it happened (the default
 /// deadline, 10 minutes, is far longer).
-const PROMPT: Duration = Duration::from_secs(5);
-/// How soon a call on a poisoned communicator must fail.
-const AT_ONCE: Duration = Duration::from_millis(500);
+const PROMPT: Duration = Duration::from_secs(10);
+/// How soon a call on a poisoned communicator must fail: no wait on a
+/// peer, and half the deadline it would otherwise wait out.
+const AT_ONCE: Duration = Duration::from_secs(1);
 /// One mpirun's limit: a hang is a failure, not a stuck test.
 const RUN_LIMIT: Duration = Duration::from_secs(300);
 
@@ -167,7 +170,7 @@ fn recv_timeout(failures: &mut Failures) -> Result<(), CommError> {
         }
         // Rank 1 is alive but busy until well after rank 0 gave up; the
         // others arrive at a barrier before rank 0's deadline.
-        1 => std::thread::sleep(SHORT * 3),
+        1 => std::thread::sleep(SHORT * 2),
         _ => std::thread::sleep(SHORT / 2),
     }
     // Every later call of every rank returns rank 0's error, at once for
@@ -202,7 +205,7 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
         missing: vec![],
     };
     if late {
-        std::thread::sleep(SHORT * 3);
+        std::thread::sleep(SHORT * 2);
     }
     let start = Instant::now();
     let mut buf = [1f32; 1000];

@@ -70,10 +70,12 @@ fn check_bucket(tensors: &[Tensor], capacity: usize) -> Result<(usize, Device)> 
         .map(Tensor::device)
         .ok_or_else(|| AlgoError::InvalidArgument("an empty bucket".into()))?;
     if let Some(other) = tensors.iter().find(|t| t.device() != device) {
-        return Err(AlgoError::InvalidArgument(format!(
-            "a bucket on {device:?} and {:?}",
-            other.device()
-        )));
+        return Err(gradwire_tensor::Error::DeviceMismatch {
+            op: "a device bucket",
+            expected: device,
+            got: other.device(),
+        }
+        .into());
     }
     Ok((n, device))
 }

@@ -79,9 +79,36 @@ impl AlgoError {
             }
             AlgoError::Compress(CompressError::NonFinite { .. })
             | AlgoError::Tensor(gradwire_tensor::Error::NonFinite { .. }) => FaultKind::NonFinite,
+            AlgoError::Tensor(e) if e.kind() == gradwire_tensor::ErrorKind::InvalidArgument => {
+                FaultKind::InvalidArgument
+            }
             _ => FaultKind::Other,
         }
     }
+}
+
+/// `Ok` for an f32 tensor in host memory, what `op` runs on; otherwise the
+/// typed mismatch ([`gradwire_tensor::Error::DTypeMismatch`] or
+/// [`gradwire_tensor::Error::DeviceMismatch`]).
+pub(crate) fn require_f32_on_host(op: &'static str, t: &gradwire_tensor::Tensor) -> Result<()> {
+    use gradwire_tensor::{DType, Device, Error};
+    if t.dtype() != DType::F32 {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: t.dtype(),
+        }
+        .into());
+    }
+    if !t.device().is_cpu() {
+        return Err(Error::DeviceMismatch {
+            op,
+            expected: Device::Cpu,
+            got: t.device(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Result alias of this crate.

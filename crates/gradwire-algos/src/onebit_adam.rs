@@ -7,7 +7,7 @@
 //! (the moment, both residuals) is put back by a failed or skipped step.
 
 use crate::dense::fused_all_reduce_with;
-use crate::error::{AlgoError, Result};
+use crate::error::Result;
 use crate::fault::prepare;
 use crate::fusion::FusionBuffers;
 use crate::handle::Traffic;
@@ -15,7 +15,7 @@ use crate::quantized::QuantizedAllReduce;
 use crate::strategy::{BucketView, Combined, StateDict, Strategy};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::Quantizer;
-use gradwire_tensor::{DType, Tensor};
+use gradwire_tensor::Tensor;
 
 /// 1-bit Adam's exchange of one bucket: the warm-up here, the compressed
 /// stage, the rollback and the checkpoints those of the
@@ -55,17 +55,9 @@ impl OneBitAdamExchange {
     ) -> Result<Traffic> {
         // Checked before the collective: the warm-up folds f32 host values.
         prepare(comm, || {
-            match tensors
+            tensors
                 .iter()
-                .find(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
-            {
-                Some(t) => Err(AlgoError::InvalidArgument(format!(
-                    "1-bit Adam runs on f32 tensors in host memory, got {} on {:?}",
-                    t.dtype(),
-                    t.device()
-                ))),
-                None => Ok(()),
-            }
+                .try_for_each(|t| crate::error::require_f32_on_host("1-bit Adam", t))
         })?;
         let q = &mut self.quantized;
         q.before.keep(&q.state);

@@ -35,7 +35,7 @@ use crate::fault::prepare;
 use crate::handle::Traffic;
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::lowrank;
-use gradwire_tensor::{DType, Tensor};
+use gradwire_tensor::Tensor;
 use std::borrow::Cow;
 
 #[cfg(feature = "cuda")]
@@ -352,13 +352,7 @@ impl PowerSgd {
     ) -> Result<(usize, usize)> {
         check_slot_count(tensors, slots)?;
         for t in tensors.iter() {
-            if t.dtype() != DType::F32 || !t.device().is_cpu() {
-                return Err(AlgoError::InvalidArgument(format!(
-                    "PowerSGD runs on f32 tensors in host memory, got {} on {:?}",
-                    t.dtype(),
-                    t.device()
-                )));
-            }
+            crate::error::require_f32_on_host("PowerSGD", t)?;
             if !t.is_zeroed()
                 && let Some((index, &value)) = t
                     .as_slice::<f32>()?

@@ -40,7 +40,7 @@ use crate::handle::Traffic;
 use gradwire_comm::CommError;
 use gradwire_comm::{Communicator, Gathered, chunk_range};
 use gradwire_compress::Quantizer;
-use gradwire_tensor::{DType, Tensor, flat};
+use gradwire_tensor::{Tensor, flat};
 use std::ops::Range;
 
 mod strategy;
@@ -290,15 +290,8 @@ impl QuantizedAllReduce {
         ranges: &[Range<usize>],
         full_len: usize,
     ) -> Result<()> {
-        if let Some(t) = tensors
-            .iter()
-            .find(|t| t.dtype() != DType::F32 || !t.device().is_cpu())
-        {
-            return Err(AlgoError::InvalidArgument(format!(
-                "a quantized all-reduce takes f32 tensors in host memory, got {} on {:?}",
-                t.dtype(),
-                t.device()
-            )));
+        for t in tensors {
+            crate::error::require_f32_on_host("quantized all-reduce", t)?;
         }
         let mut end = 0;
         let fits = ranges.len() == tensors.len()

@@ -88,7 +88,9 @@ pub trait StateBuffers {
 
     /// Replaces buffer `buffer` of parameter `name` (of `shape`) with
     /// `values`, creating the parameter's state if it has none (partial
-    /// averaging of the state averages it across ranks this way).
+    /// averaging of the state averages it across ranks this way): a buffer
+    /// the optimizer does not keep is [`OptimError::StateMismatch`], values
+    /// of another element count [`OptimError::ShapeMismatch`].
     fn set_buffer(
         &mut self,
         name: &str,
@@ -526,12 +528,18 @@ impl<R: UpdateRule> StateBuffers for Optim<R> {
         values: Vec<f32>,
     ) -> Result<()> {
         let n: usize = shape.iter().product();
-        if !R::BUFFERS.contains(&buffer) || values.len() != n {
+        if !R::BUFFERS.contains(&buffer) {
             return Err(OptimError::StateMismatch(format!(
-                "{name}: a {} optimizer has no buffer {buffer} of {} elements",
+                "{name}: a {} optimizer has no buffer {buffer}",
                 R::KIND,
-                values.len()
             )));
+        }
+        if values.len() != n {
+            return Err(OptimError::ShapeMismatch {
+                what: format!("{name}/{buffer}"),
+                expected: shape.to_vec(),
+                got: vec![values.len()],
+            });
         }
         let state = state_entry(&mut self.params, name, shape)?;
         #[cfg(feature = "cuda")]

@@ -164,7 +164,9 @@ impl TrajectoryRecorder {
         }
     }
 
-    /// Records the parameters (flattened in order, as f32).
+    /// Records the parameters (flattened in order, as f32); a snapshot of
+    /// another length than the first is
+    /// [`gradwire_tensor::Error::LengthMismatch`].
     pub fn record(&mut self, params: &[&gradwire_tensor::Tensor]) -> Result<()> {
         let mut flat = Vec::new();
         for p in params {
@@ -173,11 +175,12 @@ impl TrajectoryRecorder {
         if let Some(first) = self.snapshots.front()
             && first.len() != flat.len()
         {
-            return Err(AlgoError::InvalidArgument(format!(
-                "a snapshot of {} elements after ones of {}",
-                flat.len(),
-                first.len()
-            )));
+            return Err(gradwire_tensor::Error::LengthMismatch {
+                op: "TrajectoryRecorder::record",
+                expected: first.len(),
+                got: flat.len(),
+            }
+            .into());
         }
         if self.capacity == 0 {
             return Ok(());

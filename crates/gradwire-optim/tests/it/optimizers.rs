@@ -567,3 +567,22 @@ fn every_optimizer_resumes_from_a_checkpoint_file_bitwise() {
     });
     resumes_from_a_file_bitwise(|| AdamW::new(AdamConfig::adamw().lr(decay)).unwrap());
 }
+
+#[test]
+fn set_buffer_refuses_an_unknown_buffer_and_a_wrong_length_by_kind() {
+    use gradwire_optim::StateBuffers;
+    let mut adam = gradwire_optim::Adam::new(gradwire_optim::AdamConfig::default()).unwrap();
+    let unknown = adam.set_buffer("w", &[4], "momentum", vec![0.0; 4]);
+    assert!(
+        matches!(&unknown, Err(gradwire_optim::OptimError::StateMismatch(_))),
+        "{unknown:?}"
+    );
+    let short = adam.set_buffer("w", &[4], "m", vec![0.0; 3]);
+    assert!(
+        matches!(&short, Err(gradwire_optim::OptimError::ShapeMismatch { expected, got, .. })
+            if expected == &[4] && got == &[3]),
+        "{short:?}"
+    );
+    adam.set_buffer("w", &[4], "m", vec![1.0; 4]).unwrap();
+    assert_eq!(adam.buffer_values("w", "m").unwrap(), Some(vec![1.0; 4]));
+}
