@@ -86,7 +86,7 @@ fn every_strategy_trains_checkpoints_and_resumes_bitwise_on_1_to_4_ranks() {
 fn every_strategy_resumes_at_another_world_size() {
     let data = Digits::load(42);
     for strategy in StrategyConfig::examples() {
-        let old = 3;
+        let old = 4;
         let dir = tempfile::tempdir().unwrap();
         let mut plan = CheckpointPlan {
             dir: dir.path().to_path_buf(),
@@ -95,7 +95,7 @@ fn every_strategy_resumes_at_another_world_size() {
         let saved = train(&config(strategy, old, 1), &data, &Silent, Some(&plan))
             .unwrap_or_else(|e| panic!("{strategy}, W = {old}: {e}"));
         plan.resume = true;
-        for (new, epochs) in [(2, 1), (4, 2), (1, 2)] {
+        for (new, epochs) in [(2, 1), (8, 2), (1, 2)] {
             let what = format!("{strategy}, W = {old} -> {new}");
             let resumed = train(&config(strategy, new, epochs), &data, &Silent, Some(&plan));
             let resumed = resumed.unwrap_or_else(|e| panic!("{what}: {e}"));

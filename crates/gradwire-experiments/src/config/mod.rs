@@ -210,6 +210,14 @@ pub fn check_local_world(flag: &str, world: usize) -> Result<()> {
 /// keeps several.
 pub const MAX_LAYER: usize = 1 << 26;
 
+/// The most epochs a run takes (as many as a checkpoint may record; the
+/// bound keeps the step count far from overflowing).
+pub const MAX_EPOCHS: usize = 1 << 20;
+
+/// The largest batch per worker a run takes (the digits have 1,797
+/// samples; the bound keeps `world * batch` far from overflowing).
+pub const MAX_BATCH: usize = 1 << 16;
+
 impl TrainConfig {
     /// Whether SGD's momentum is applied by each worker before the exchange
     /// instead of by the optimizer after it: the 1-bit strategy with SGD
@@ -252,11 +260,17 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ExperimentError::Usage(m));
         check_local_world("--world", self.world)?;
-        if self.epochs == 0 {
-            return bad("--epochs must be at least 1".into());
+        if !(1..=MAX_EPOCHS).contains(&self.epochs) {
+            return bad(format!(
+                "--epochs must be between 1 and {MAX_EPOCHS}, got {}",
+                self.epochs
+            ));
         }
-        if self.batch == 0 {
-            return bad("--batch must be at least 1".into());
+        if !(1..=MAX_BATCH).contains(&self.batch) {
+            return bad(format!(
+                "--batch must be between 1 and {MAX_BATCH}, got {}",
+                self.batch
+            ));
         }
         if self.hidden.contains(&0) {
             return bad("--hidden widths must be at least 1".into());

@@ -191,3 +191,39 @@ fn the_first_format_reads_as_the_same_run() {
         "{unreadable}"
     );
 }
+
+#[test]
+fn batch_and_epochs_are_bounded_so_their_products_cannot_overflow() {
+    use super::{MAX_BATCH, MAX_EPOCHS};
+    for (batch, epochs, flag) in [
+        (0, 1, "--batch"),
+        (MAX_BATCH + 1, 1, "--batch"),
+        (usize::MAX, 1, "--batch"),
+        (1, 0, "--epochs"),
+        (1, MAX_EPOCHS + 1, "--epochs"),
+        (1, usize::MAX, "--epochs"),
+    ] {
+        let config = TrainConfig {
+            batch,
+            epochs,
+            ..TrainConfig::default()
+        };
+        let result = config.validate();
+        assert!(
+            matches!(&result, Err(ExperimentError::Usage(m)) if m.starts_with(flag)),
+            "batch {batch}, epochs {epochs}: {result:?}"
+        );
+    }
+    let largest = TrainConfig {
+        batch: MAX_BATCH,
+        epochs: MAX_EPOCHS,
+        world: 256,
+        ..TrainConfig::default()
+    };
+    largest.validate().unwrap();
+    assert!(
+        (largest.world * largest.batch)
+            .checked_mul(largest.epochs)
+            .is_some()
+    );
+}
