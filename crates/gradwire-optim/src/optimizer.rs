@@ -316,12 +316,24 @@ fn apply_host<R: UpdateRule>(values: &R::Values, state: &mut ParamState, p: &mut
     }
     state.updates += 1;
     let t = state.updates;
-    let mut buffers: Vec<&mut [f32]> = state
-        .buffers
-        .values_mut()
-        .map(|b| b.as_mut_slice())
-        .collect();
-    R::apply(values, t, &mut buffers, p, g);
+    // The buffers as slices on the stack: an update allocates nothing (a
+    // rule keeps at most two; a rule with more than fit takes a list).
+    const ON_STACK: usize = 4;
+    if state.buffers.len() <= ON_STACK {
+        let mut slots: [&mut [f32]; ON_STACK] = Default::default();
+        let n = state.buffers.len();
+        for (slot, b) in slots.iter_mut().zip(state.buffers.values_mut()) {
+            *slot = b.as_mut_slice();
+        }
+        R::apply(values, t, &mut slots[..n], p, g);
+    } else {
+        let mut buffers: Vec<&mut [f32]> = state
+            .buffers
+            .values_mut()
+            .map(|b| b.as_mut_slice())
+            .collect();
+        R::apply(values, t, &mut buffers, p, g);
+    }
 }
 
 /// The element count of `shape`, checked.
@@ -339,13 +351,20 @@ fn state_entry<'p>(
     name: &str,
     shape: &[usize],
 ) -> Result<&'p mut ParamState> {
+    // Looked up before it is made: the key is allocated only once.
+    if !params.contains_key(name) {
+        params.insert(
+            name.to_string(),
+            ParamState {
+                shape: shape.to_vec(),
+                updates: 0,
+                buffers: BTreeMap::new(),
+            },
+        );
+    }
     let state = params
-        .entry(name.to_string())
-        .or_insert_with(|| ParamState {
-            shape: shape.to_vec(),
-            updates: 0,
-            buffers: BTreeMap::new(),
-        });
+        .get_mut(name)
+        .ok_or_else(|| OptimError::InvalidArgument(format!("no state of {name}")))?;
     if state.shape != shape {
         return Err(OptimError::ShapeMismatch {
             what: format!("state of {name}"),

@@ -19,7 +19,9 @@
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
-use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig};
+use gradwire_optim::{
+    DiLoCoConfig, DistOptConfig, GradSync, OuterCodec, ParamSpec, StrategyConfig,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -363,11 +365,22 @@ fn a_steady_step_allocates_nothing() {
             }
         }
     }
+    let diloco = |codec| {
+        StrategyConfig::DiLoCo(DiLoCoConfig {
+            sync_every: 2,
+            codec,
+            ..DiLoCoConfig::DEFAULT
+        })
+    };
     for mode in [
         StrategyConfig::Partial {
             average_state: false,
         },
         StrategyConfig::DeltaWeight { group: None },
+        // Inner steps and rounds' ends, the outer state made in the warm-up.
+        diloco(OuterCodec::Dense),
+        diloco(OuterCodec::TopK(0.05)),
+        diloco(OuterCodec::Quantized(Quantizer::Sign)),
     ] {
         for world in 1..=4 {
             let (count, largest) = measure_local(world, mode);

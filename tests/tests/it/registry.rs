@@ -124,8 +124,9 @@ fn every_strategy_resumes_at_another_world_size() {
 }
 
 /// The strategies the cost model has no form for yet: a threshold's count
-/// depends on the data; the local-step strategies send parameters.
-const NOT_MODELLED: [&str; 3] = ["threshold", "partial", "adasum-delta"];
+/// depends on the data; the local-step strategies send parameters (DiLoCo's
+/// form is not written yet).
+const NOT_MODELLED: [&str; 4] = ["threshold", "partial", "adasum-delta", "diloco"];
 
 #[test]
 fn every_strategy_is_costed_or_named_as_not_modelled() {

@@ -488,7 +488,10 @@ mod legacy {
                 StrategyConfig::Partial { average_state } => {
                     *average_state = self.average_state.unwrap_or(*average_state)
                 }
-                StrategyConfig::Dense | StrategyConfig::Custom | StrategyConfig::DimReduce => {}
+                StrategyConfig::Dense
+                | StrategyConfig::Custom
+                | StrategyConfig::DimReduce
+                | StrategyConfig::DiLoCo(_) => {}
             }
             Ok((s, baseline))
         }

@@ -50,8 +50,12 @@ impl Report {
                 .iter()
                 .all(|o| *o == Outcome::Done)
         });
-        let equal = (!matches!(mode, StrategyConfig::Partial { .. }))
-            .then(|| records.iter().all(|r| r.params == first.params));
+        // Partial averaging and DiLoCo's inner steps keep ranks apart.
+        let equal = (!matches!(
+            mode,
+            StrategyConfig::Partial { .. } | StrategyConfig::DiLoCo(_)
+        ))
+        .then(|| records.iter().all(|r| r.params == first.params));
         let time_to_outcome = records
             .iter()
             .map(|r| r.times[FAULT_STEP])

@@ -237,6 +237,7 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
         // No cost_spec: refused above.
         StrategyConfig::Partial { .. }
         | StrategyConfig::DeltaWeight { .. }
+        | StrategyConfig::DiLoCo(_)
         | StrategyConfig::Custom => (0.0, "none"),
     };
     Ok(StrategyEntry {

@@ -290,7 +290,7 @@ constructors!(
     new {
         /// Wraps `optimizer` for `params` (declared in backward order) in the
         /// local-step strategy `config.strategy`
-        /// ([`TrainingLoop::LocalSteps`]: `Partial` or `DeltaWeight`; another
+        /// ([`TrainingLoop::LocalSteps`]: `Partial`, `DeltaWeight` or `DiLoCo`; another
         /// is [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).
         /// `DeltaWeight`'s AdaSum is prepared here, on every rank alike.
     }

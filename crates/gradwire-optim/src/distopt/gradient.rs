@@ -72,6 +72,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             StrategyConfig::DeltaWeight { .. } => {
                 self.finish_delta_weight(&mut targets, LocalUpdate::Optimizer)
             }
+            StrategyConfig::DiLoCo(config) => {
+                self.finish_diloco(&mut targets, LocalUpdate::Optimizer, config)
+            }
             mode => {
                 if mode == StrategyConfig::DimReduce {
                     self.record(

@@ -1,5 +1,6 @@
 //! What the modes that step locally first share (`Partial`, in
-//! `partial.rs`, and `DeltaWeight`, in `delta_weight.rs`): who takes the
+//! `partial.rs`, `DeltaWeight`, in `delta_weight.rs`, and `DiLoCo`, in
+//! `outer.rs`): who takes the
 //! local step, and how the step opens. Their gradients never travel, so the
 //! step opens with an agreement of its own
 //! (one header-only collective carrying this rank's faults) before anything
@@ -67,7 +68,7 @@ pub(crate) enum LocalUpdate<'f> {
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
-    /// `Partial` or `DeltaWeight` with the caller's own local step
+    /// `Partial`, `DeltaWeight` or `DiLoCo` with the caller's own local step
     /// ([`crate::GradSync::step_locally`]): `params` hold every declared
     /// parameter's current values; `step` steps the caller's parameters
     /// and leaves the new values in the targets; `state` is the caller's
@@ -106,8 +107,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 self.local.targets = recycle(targets);
                 result
             }
+            StrategyConfig::DiLoCo(config) => {
+                let mut targets = self.take_targets(params);
+                let result = self.finish_diloco(&mut targets, LocalUpdate::Caller(step), config);
+                self.local.targets = recycle(targets);
+                result
+            }
             mode => Err(OptimError::InvalidArgument(format!(
-                "a step of the caller's own takes Partial or DeltaWeight, not {mode:?}"
+                "a step of the caller's own takes Partial, DeltaWeight or DiLoCo, not {mode:?}"
             ))),
         };
         self.end_step();

@@ -6,7 +6,8 @@
 //! that make sense for it (`front.rs`): [`DistOpt`] (gradient strategies:
 //! the gradients combined bucket by bucket, then the optimizer steps),
 //! [`LocalSteps`] (each rank steps first, then parameters or weight changes
-//! are combined: partial averaging, AdaSum by delta weight) and
+//! are combined: partial averaging, AdaSum by delta weight, DiLoCo's outer
+//! loop) and
 //! [`DimReduceOpt`] (a dense first stage, then DimReduce's own update). A
 //! strategy names its loop ([`StrategyConfig::training_loop`]); a front end
 //! refuses another loop's strategy at construction
@@ -67,6 +68,7 @@ mod dimreduce;
 mod front;
 mod gradient;
 mod local_step;
+mod outer;
 mod partial;
 mod registry;
 mod spec;
@@ -86,7 +88,8 @@ use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
-    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, REGISTRY, StrategyConfig,
+    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP,
+    OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, REGISTRY, StrategyConfig,
     StrategyError, TrainingLoop,
 };
 pub use spec::ParamSpec;
@@ -160,6 +163,8 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     local: local_step::LocalScratch,
     /// What DimReduce mode's step reuses.
     dimreduce_scratch: dimreduce::DimReduceScratch,
+    /// DiLoCo's global parameters, outer optimizer and round counters.
+    outer: outer::OuterState,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -255,6 +260,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             dimreduce: None,
             local: local_step::LocalScratch::default(),
             dimreduce_scratch: dimreduce::DimReduceScratch::default(),
+            outer: outer::OuterState::default(),
         })
     }
 
@@ -351,12 +357,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         };
         self.grads[i] = Some(grad);
-        if matches!(
-            self.config.strategy,
-            StrategyConfig::Partial { .. }
-                | StrategyConfig::DeltaWeight { .. }
-                | StrategyConfig::DimReduce
-        ) || self.config.vote == SkipVote::PerStep
+        // The local-step loops and DimReduce send no gradients.
+        if self.config.strategy.training_loop() != TrainingLoop::Gradients
+            || self.config.vote == SkipVote::PerStep
         {
             return Ok(()); // communication happens in finish
         }

@@ -3,7 +3,7 @@
 //! one [`Checkpoint`]; and a run's checkpoints resharded for another world
 //! size.
 
-use super::{Engine, TrainingLoop, strategies};
+use super::{Engine, StrategyConfig, TrainingLoop, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -36,6 +36,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 .save_state(b, &mut ckpt.state)?,
             }
         }
+        self.save_outer(&mut ckpt)?;
         let dict = &mut ckpt.state;
         dict.values
             .insert("partial_counter".into(), self.partial_counter.into());
@@ -145,7 +146,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             _ => None,
         };
+        let outer = self.read_outer(ckpt)?;
         self.optimizer.load_state(&ckpt.optimizer)?;
+        if let Some(outer) = outer {
+            self.outer = outer;
+        }
         if dimreduce.is_some() {
             self.dimreduce = dimreduce;
         }
@@ -235,6 +240,83 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         Ok(out)
+    }
+}
+
+/// Where a checkpoint keeps DiLoCo's state: the global parameters as
+/// tensors `outer/global/<name>`, the outer optimizer's state under
+/// `outer/optimizer` ([`Checkpoint::insert_optimizer_state`]), the counters
+/// as values `outer/inner` and `outer/rounds`.
+const OUTER_GLOBAL: &str = "outer/global/";
+const OUTER_OPTIMIZER: &str = "outer/optimizer";
+const OUTER_INNER: &str = "outer/inner";
+const OUTER_ROUNDS: &str = "outer/rounds";
+
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
+    /// Writes DiLoCo's state into `ckpt` (nothing in other loops).
+    fn save_outer(&self, ckpt: &mut Checkpoint) -> Result<()> {
+        let StrategyConfig::DiLoCo(_) = self.config.strategy else {
+            return Ok(());
+        };
+        let outer = &self.outer;
+        let values = &mut ckpt.state.values;
+        values.insert(OUTER_INNER.into(), outer.inner.into());
+        values.insert(OUTER_ROUNDS.into(), outer.rounds.into());
+        for (spec, global) in self.params.iter().zip(&outer.global) {
+            ckpt.state
+                .tensors
+                .insert(format!("{OUTER_GLOBAL}{}", spec.name), global.clone());
+        }
+        if let Some(optimizer) = &outer.optimizer {
+            ckpt.insert_optimizer_state(OUTER_OPTIMIZER, &optimizer.state()?)?;
+        }
+        Ok(())
+    }
+
+    /// DiLoCo's state as `ckpt` holds it, checked against this engine's
+    /// parameters (`None` in other loops); changes nothing.
+    fn read_outer(&self, ckpt: &Checkpoint) -> Result<Option<super::outer::OuterState>> {
+        let StrategyConfig::DiLoCo(config) = self.config.strategy else {
+            return Ok(None);
+        };
+        let mismatch = |what: String| OptimError::StateMismatch(format!("DiLoCo: {what}"));
+        let counter = |key: &str| {
+            ckpt.state
+                .values
+                .get(key)
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| mismatch(format!("no {key}")))
+        };
+        let (inner, rounds) = (counter(OUTER_INNER)?, counter(OUTER_ROUNDS)?);
+        let mut global = Vec::new();
+        for (i, spec) in self.params.iter().enumerate() {
+            match ckpt
+                .state
+                .tensors
+                .get(&format!("{OUTER_GLOBAL}{}", spec.name))
+            {
+                Some(t) => {
+                    spec.check("DiLoCo's global parameter", t)?;
+                    global.push(t.clone());
+                }
+                None if i == 0 => break,
+                None => return Err(mismatch(format!("no global value of {}", spec.name))),
+            }
+        }
+        let optimizer = match ckpt.optimizer_state(OUTER_OPTIMIZER)? {
+            Some(state) => {
+                let mut optimizer = super::outer::outer_optimizer(config.outer)?;
+                optimizer.load_state(&state)?;
+                Some(optimizer)
+            }
+            None => None,
+        };
+        Ok(Some(super::outer::OuterState {
+            global,
+            optimizer,
+            inner,
+            rounds,
+        }))
     }
 }
 

@@ -111,8 +111,9 @@ fn or_refused<C: Communicator + 'static, S: Strategy<C>>(made: Result<S>) -> Box
 /// Builds the registry's `strategy` for a bucket `len` elements long
 /// (`shared` is the strategy of `AdaSum`, `Custom` and `DeltaWeight`, if
 /// the engine has one). Every bucket has one; `Partial` never combines
-/// gradients (its own averaging is in `local_step`) and `DimReduce`
-/// averages them as `Dense` does.
+/// gradients (its own averaging is in `local_step`), `DimReduce`
+/// averages them as `Dense` does, and `DiLoCo` combines its
+/// pseudo-gradients through its codec's strategy.
 pub(super) fn for_bucket<C: Communicator + 'static>(
     strategy: StrategyConfig,
     len: usize,
@@ -141,6 +142,8 @@ pub(super) fn for_bucket<C: Communicator + 'static>(
         StrategyConfig::OneBitAdam { beta1, freeze_step } => {
             or_refused(OneBitAdamExchange::new(beta1, freeze_step))
         }
+        // The pseudo-gradient travels through the codec's strategy.
+        StrategyConfig::DiLoCo(config) => for_bucket(config.codec.strategy(), len, shared),
         StrategyConfig::AdaSum { .. }
         | StrategyConfig::Custom
         | StrategyConfig::DeltaWeight { .. } => match shared {

@@ -5,6 +5,7 @@ mod any_optimizer;
 mod checkpoint;
 mod checkpoint_fixture;
 mod common;
+mod diloco;
 mod dimreduce;
 mod distopt;
 mod grad_sync;

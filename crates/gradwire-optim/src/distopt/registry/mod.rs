@@ -15,6 +15,10 @@
 //! [`StrategyConfig::Custom`] (a user's own strategy, which has no name to
 //! parse).
 
+pub use outer::{
+    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
+};
+
 use gradwire_algos::cost::StrategySpec;
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_compress::{Quantizer, SparseCodec};
@@ -130,6 +134,14 @@ pub enum StrategyConfig {
     /// [`DimReduceOpt::finish_dimreduce`](super::DimReduceOpt::finish_dimreduce),
     /// which takes the loss.
     DimReduce,
+    /// `diloco:H`: DiLoCo (Douillard et al., 2023), a loop of local steps:
+    /// every rank takes H inner steps with its own optimizer, then the
+    /// pseudo-gradients `θ_global - θ_local` are averaged through the
+    /// codec (any gradient strategy that averages: `:fp16`, `:uint8`,
+    /// `:topk=R`, `:powersgd=R`, ...) and the outer optimizer (SGD with
+    /// Nesterov momentum, lr 0.7, momentum 0.9; or `:adam`) applies the
+    /// average to `θ_global`, from which every rank goes on.
+    DiLoCo(DiLoCoConfig),
 }
 
 /// The training loops, one front end each.
@@ -139,7 +151,8 @@ pub enum TrainingLoop {
     /// [`DistOpt`](crate::DistOpt).
     Gradients,
     /// Each rank steps with its own gradients, then the parameters (partial
-    /// averaging) or the weight changes (delta weight) are combined:
+    /// averaging) or the weight changes (delta weight; DiLoCo every H
+    /// steps) are combined:
     /// [`LocalSteps`](crate::LocalSteps).
     LocalSteps,
     /// A dense first stage, then DimReduce's own update:
@@ -219,7 +232,7 @@ pub enum StrategyError {
 /// rank 2 from step 10, 1-bit Adam frozen at step 100), in the order of the
 /// help text. The names, the parser's starting points and the help derive
 /// from it.
-pub const REGISTRY: [StrategyConfig; 16] = [
+pub const REGISTRY: [StrategyConfig; 17] = [
     StrategyConfig::Dense,
     StrategyConfig::Half {
         precision: HalfPrecision::F16,
@@ -278,6 +291,7 @@ pub const REGISTRY: [StrategyConfig; 16] = [
         beta1: ONEBIT_ADAM_BETA1,
         freeze_step: ONEBIT_ADAM_FREEZE_STEP,
     },
+    StrategyConfig::DiLoCo(DiLoCoConfig::DEFAULT),
 ];
 
 impl StrategyConfig {
@@ -311,6 +325,7 @@ impl StrategyConfig {
             StrategyConfig::DeltaWeight { .. } => "adasum-delta",
             StrategyConfig::Partial { .. } => "partial",
             StrategyConfig::DimReduce => "dimreduce",
+            StrategyConfig::DiLoCo(_) => "diloco",
         }
     }
 
@@ -366,6 +381,7 @@ impl StrategyConfig {
             "qsgd",
             "uint8",
             "onebit-adam:freeze=2",
+            "diloco:2:uint8",
         ]
         .into_iter()
         .map(parse)
@@ -378,9 +394,9 @@ impl StrategyConfig {
     /// `DeltaWeight`), or DimReduce, which steps the parameters itself.
     pub fn training_loop(&self) -> TrainingLoop {
         match self {
-            StrategyConfig::Partial { .. } | StrategyConfig::DeltaWeight { .. } => {
-                TrainingLoop::LocalSteps
-            }
+            StrategyConfig::Partial { .. }
+            | StrategyConfig::DeltaWeight { .. }
+            | StrategyConfig::DiLoCo(_) => TrainingLoop::LocalSteps,
             StrategyConfig::DimReduce => TrainingLoop::DimReduce,
             _ => TrainingLoop::Gradients,
         }
@@ -404,6 +420,7 @@ impl StrategyConfig {
             | StrategyConfig::Quantized { error_feedback, .. } => *error_feedback,
             StrategyConfig::PowerSgd(config) => config.error_feedback,
             StrategyConfig::OneBitAdam { .. } => true,
+            StrategyConfig::DiLoCo(config) => config.codec.strategy().error_feedback(),
             _ => false,
         }
     }
@@ -487,6 +504,7 @@ impl StrategyConfig {
             | StrategyConfig::DeltaWeight { group: Some(0) } => {
                 bad("a group must hold at least one rank".into())
             }
+            StrategyConfig::DiLoCo(config) => config.validate().or_else(bad),
             _ => Ok(()),
         }
     }
@@ -497,8 +515,8 @@ impl StrategyConfig {
     /// top-k's overshoot and DimReduce's components and line-search trials
     /// as the model assumes them. `None` where the model has no form for
     /// it yet: a threshold's count depends on the data, the local-step
-    /// strategies (`partial`, `adasum-delta`) send parameters, and a user's
-    /// own strategy is unknown to it.
+    /// strategies (`partial`, `adasum-delta`, `diloco`) send parameters,
+    /// and a user's own strategy is unknown to it.
     pub fn cost_spec(
         &self,
         sampled_overshoot: f64,
@@ -530,7 +548,8 @@ impl StrategyConfig {
             },
             StrategyConfig::Custom
             | StrategyConfig::Partial { .. }
-            | StrategyConfig::DeltaWeight { .. } => return None,
+            | StrategyConfig::DeltaWeight { .. }
+            | StrategyConfig::DiLoCo(_) => return None,
         })
     }
 }
@@ -550,6 +569,7 @@ impl StrategyConfig {
     }
 }
 
+mod outer;
 mod text;
 
 #[cfg(test)]

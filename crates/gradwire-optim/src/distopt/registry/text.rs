@@ -4,7 +4,8 @@
 //! through the printed form.
 
 use super::{
-    ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, QSGD_LEVELS, StrategyConfig, StrategyError,
+    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP,
+    OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, StrategyConfig, StrategyError,
 };
 use gradwire_algos::PowerSgdConfig;
 use gradwire_compress::{QsgdNorm, Quantizer, SparseCodec};
@@ -102,6 +103,29 @@ impl fmt::Display for StrategyConfig {
             StrategyConfig::Partial { average_state } => {
                 if average_state {
                     f.write_str(":state")?;
+                }
+                Ok(())
+            }
+            StrategyConfig::DiLoCo(config) => {
+                write!(f, ":{}", config.sync_every)?;
+                if let Some(codec) = config.codec.text() {
+                    write!(f, ":{codec}")?;
+                }
+                match config.outer {
+                    OuterOptimizer::Nesterov { lr, momentum } => {
+                        if lr.to_bits() != DILOCO_LR.to_bits() {
+                            write!(f, ":lr={lr}")?;
+                        }
+                        if momentum.to_bits() != DILOCO_MOMENTUM.to_bits() {
+                            write!(f, ":momentum={momentum}")?;
+                        }
+                    }
+                    OuterOptimizer::Adam { lr } => {
+                        f.write_str(":adam")?;
+                        if lr.to_bits() != OUTER_ADAM_LR.to_bits() {
+                            write!(f, ":lr={lr}")?;
+                        }
+                    }
                 }
                 Ok(())
             }
@@ -243,6 +267,40 @@ impl FromStr for StrategyConfig {
                     )
                 }
                 (StrategyConfig::Partial { average_state }, "state", None) => *average_state = true,
+                (StrategyConfig::DiLoCo(config), _, None) if key.parse::<u64>().is_ok() => {
+                    config.sync_every = u32::try_from(integer("the inner steps")?)
+                        .map_err(|_| bad(format!("{key:?} is too many inner steps")))?
+                }
+                (StrategyConfig::DiLoCo(config), "adam", None) => {
+                    // Adam's own default rate, unless one was given before.
+                    let lr = match config.outer {
+                        OuterOptimizer::Nesterov { lr, .. }
+                            if lr.to_bits() != DILOCO_LR.to_bits() =>
+                        {
+                            lr
+                        }
+                        OuterOptimizer::Adam { lr } => lr,
+                        OuterOptimizer::Nesterov { .. } => OUTER_ADAM_LR,
+                    };
+                    config.outer = OuterOptimizer::Adam { lr };
+                }
+                (StrategyConfig::DiLoCo(config), "lr", Some(_)) => match &mut config.outer {
+                    OuterOptimizer::Nesterov { lr, .. } | OuterOptimizer::Adam { lr } => {
+                        *lr = number32("the outer lr")?
+                    }
+                },
+                (
+                    StrategyConfig::DiLoCo(DiLoCoConfig {
+                        outer: OuterOptimizer::Nesterov { momentum, .. },
+                        ..
+                    }),
+                    "momentum",
+                    Some(_),
+                ) => *momentum = number32("the outer momentum")?,
+                (StrategyConfig::DiLoCo(config), _, _) => match OuterCodec::parse(key, value) {
+                    Some(codec) => config.codec = codec.map_err(bad)?,
+                    None => return Err(unknown()),
+                },
                 _ => return Err(unknown()),
             }
         }
@@ -280,6 +338,9 @@ impl StrategyConfig {
             StrategyConfig::DeltaWeight { .. } => "adasum-delta[:group=G]",
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
+            StrategyConfig::DiLoCo(_) => {
+                "diloco[:H][:fp16|:bf16|:onebit|:qsgd|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+            }
         }
     }
 }

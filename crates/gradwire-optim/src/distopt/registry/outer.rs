@@ -1,0 +1,176 @@
+//! DiLoCo's settings (`diloco:H[:CODEC][:adam][:lr=LR][:momentum=M]`): how
+//! often the workers synchronise, what carries the pseudo-gradient, and the
+//! outer optimizer that applies it to the global parameters
+//! (`../outer.rs` runs the loop).
+
+use super::StrategyConfig;
+use gradwire_algos::{HalfPrecision, PowerSgdConfig};
+use gradwire_compress::{QsgdNorm, Quantizer, SparseCodec};
+
+/// What carries DiLoCo's pseudo-gradient `θ_global - θ_local` across the
+/// ranks: one of the gradient strategies that average, with error feedback
+/// where the codec is biased (top-k, the quantizers, PowerSGD), its
+/// residual kept from round to round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OuterCodec {
+    /// f32, summed in rank order.
+    Dense,
+    /// f16 or bf16 on the wire, averaged in f32.
+    Half(HalfPrecision),
+    /// The largest entries by magnitude, this share of them.
+    TopK(f64),
+    /// 1-bit sign, QSGD or min-max uint8, both ways.
+    Quantized(Quantizer),
+    /// PowerSGD's low-rank factors of this rank, from the first round.
+    PowerSgd(usize),
+}
+
+impl OuterCodec {
+    /// The gradient strategy that carries the pseudo-gradient.
+    pub fn strategy(self) -> StrategyConfig {
+        match self {
+            OuterCodec::Dense => StrategyConfig::Dense,
+            OuterCodec::Half(precision) => StrategyConfig::Half {
+                precision,
+                clip: None,
+            },
+            OuterCodec::TopK(ratio) => StrategyConfig::Sparse {
+                codec: SparseCodec::TopK(ratio),
+                error_feedback: true,
+            },
+            OuterCodec::Quantized(quantizer) => StrategyConfig::Quantized {
+                quantizer,
+                error_feedback: true,
+                momentum: None,
+            },
+            OuterCodec::PowerSgd(rank) => StrategyConfig::PowerSgd(PowerSgdConfig {
+                rank,
+                start_step: 0,
+                ..PowerSgdConfig::DEFAULT
+            }),
+        }
+    }
+
+    /// The codec's part of the printed form (`None` for dense, the default).
+    pub(super) fn text(self) -> Option<String> {
+        match self {
+            OuterCodec::Dense => None,
+            OuterCodec::Half(HalfPrecision::F16) => Some("fp16".into()),
+            OuterCodec::Half(HalfPrecision::BF16) => Some("bf16".into()),
+            OuterCodec::TopK(ratio) => Some(format!("topk={ratio}")),
+            OuterCodec::Quantized(Quantizer::Sign) => Some("onebit".into()),
+            OuterCodec::Quantized(Quantizer::MinMaxU8) => Some("uint8".into()),
+            OuterCodec::Quantized(Quantizer::Qsgd { .. }) => Some("qsgd".into()),
+            OuterCodec::PowerSgd(rank) => Some(format!("powersgd={rank}")),
+        }
+    }
+
+    /// The codec a part of the printed form names, if it names one.
+    pub(super) fn parse(key: &str, value: Option<&str>) -> Option<Result<OuterCodec, String>> {
+        let number = |what: &str| -> Result<f64, String> {
+            value
+                .ok_or_else(|| format!("{key} takes ={what}"))?
+                .parse::<f64>()
+                .map_err(|_| format!("{value:?} is not a number ({what})"))
+        };
+        Some(match (key, value) {
+            ("dense", None) => Ok(OuterCodec::Dense),
+            ("fp16", None) => Ok(OuterCodec::Half(HalfPrecision::F16)),
+            ("bf16", None) => Ok(OuterCodec::Half(HalfPrecision::BF16)),
+            ("onebit", None) => Ok(OuterCodec::Quantized(Quantizer::Sign)),
+            ("uint8", None) => Ok(OuterCodec::Quantized(Quantizer::MinMaxU8)),
+            ("qsgd", None) => Ok(OuterCodec::Quantized(Quantizer::Qsgd {
+                levels: super::QSGD_LEVELS,
+                seed: 0,
+                norm: QsgdNorm::L2,
+            })),
+            ("topk", Some(_)) => number("the ratio").map(OuterCodec::TopK),
+            ("powersgd", Some(v)) => v
+                .parse::<usize>()
+                .map(OuterCodec::PowerSgd)
+                .map_err(|_| format!("{v:?} is not a rank")),
+            _ => return None,
+        })
+    }
+}
+
+/// The outer optimizer, which applies the averaged pseudo-gradient to the
+/// global parameters (its state the same on every rank).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OuterOptimizer {
+    /// SGD with Nesterov momentum, as PyTorch's: `b = μ b + Δ`,
+    /// `θ -= lr (Δ + μ b)`. DiLoCo's: lr 0.7, μ 0.9.
+    Nesterov {
+        /// The outer learning rate.
+        lr: f32,
+        /// The momentum μ.
+        momentum: f32,
+    },
+    /// Adam (β₁ 0.9, β₂ 0.999, ε 1e-8, bias-corrected) with this learning
+    /// rate.
+    Adam {
+        /// The outer learning rate.
+        lr: f32,
+    },
+}
+
+/// DiLoCo's outer learning rate.
+pub const DILOCO_LR: f32 = 0.7;
+/// DiLoCo's outer momentum.
+pub const DILOCO_MOMENTUM: f32 = 0.9;
+/// The outer Adam's default learning rate.
+pub const OUTER_ADAM_LR: f32 = 1e-3;
+
+/// DiLoCo (Douillard et al., 2023): every worker takes `sync_every` inner
+/// steps with its own optimizer from the global parameters, then the
+/// pseudo-gradients `θ_global - θ_local` are averaged through `codec` and
+/// the outer optimizer applies the average to `θ_global`, from which every
+/// worker goes on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiLoCoConfig {
+    /// H: the inner steps of a round.
+    pub sync_every: u32,
+    /// What carries the pseudo-gradient.
+    pub codec: OuterCodec,
+    /// What applies it.
+    pub outer: OuterOptimizer,
+}
+
+impl DiLoCoConfig {
+    /// The registry's defaults: H = 50, dense, SGD-Nesterov at lr 0.7 and
+    /// momentum 0.9.
+    pub const DEFAULT: DiLoCoConfig = DiLoCoConfig {
+        sync_every: 50,
+        codec: OuterCodec::Dense,
+        outer: OuterOptimizer::Nesterov {
+            lr: DILOCO_LR,
+            momentum: DILOCO_MOMENTUM,
+        },
+    };
+
+    /// Checks every setting: at least one inner step, a positive finite
+    /// learning rate, a momentum in [0, 1), and the codec's own settings.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sync_every == 0 {
+            return Err("a round takes at least one inner step".into());
+        }
+        let (lr, momentum) = match self.outer {
+            OuterOptimizer::Nesterov { lr, momentum } => (lr, momentum),
+            OuterOptimizer::Adam { lr } => (lr, 0.0),
+        };
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(format!(
+                "the outer lr must be positive and finite, got {lr}"
+            ));
+        }
+        if !(0.0..1.0).contains(&momentum) {
+            return Err(format!(
+                "the outer momentum must be in [0, 1), got {momentum}"
+            ));
+        }
+        self.codec
+            .strategy()
+            .validate()
+            .map_err(|e| format!("the pseudo-gradient's codec: {e}"))
+    }
+}

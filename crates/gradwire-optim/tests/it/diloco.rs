@@ -1,0 +1,336 @@
+//! DiLoCo (`StrategyConfig::DiLoCo` on `LocalSteps`) against an f64
+//! reference written from the paper's rules (Douillard et al., 2023,
+//! Algorithm 1), not from the code: every rank takes H inner SGD steps on
+//! its shard from θ_global, Δ = mean_i (θ_global - θ_i), and the outer
+//! optimizer (SGD with Nesterov momentum as PyTorch's, or Adam) applies Δ to
+//! θ_global, from which every rank goes on. Worlds of 1 to 4 ranks, several
+//! rounds, every rank bitwise equal after each round; with H = 1, dense and
+//! an outer SGD of lr 1 without momentum, the loop is synchronous
+//! data-parallel SGD; with every codec, what the ranks did not send is in
+//! their residuals (no mass lost); a round resumes bitwise from a
+//! checkpoint taken mid-round; a non-finite inner step is skipped alike.
+
+use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_optim::{
+    DiLoCoConfig, DistOpt, DistOptConfig, LocalSteps, OptimError, OuterCodec, OuterOptimizer, Sgd,
+    SgdConfig, StepStats, StrategyConfig,
+};
+use gradwire_tensor::Tensor;
+
+use crate::common::{BATCH, BLOCKS, initial, sample, specs};
+
+const INNER_LR: f64 = 0.05;
+
+/// The mean-squared-error gradient of `w` (f64, flat) over `range`.
+fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
+    let n = range.len() as f64;
+    let mut g = vec![0.0; w.len()];
+    for i in range {
+        let (x, y) = sample(i);
+        let err = x.iter().zip(w).map(|(a, b)| a * b).sum::<f64>() - y;
+        for (gj, xj) in g.iter_mut().zip(&x) {
+            *gj += err * xj / n;
+        }
+    }
+    g
+}
+
+/// The reference: `rounds` rounds of `h` inner plain-SGD steps on `world`
+/// ranks; θ_global after each round.
+fn reference(world: usize, h: usize, rounds: usize, outer: OuterOptimizer) -> Vec<Vec<f64>> {
+    let mut global: Vec<f64> = initial().into_iter().flatten().map(f64::from).collect();
+    let d = global.len();
+    let (mut b, mut m, mut v) = (vec![0.0; d], vec![0.0; d], vec![0.0; d]);
+    let shard = BATCH / world;
+    let mut out = Vec::new();
+    for round in 1..=rounds {
+        let mut delta = vec![0.0; d];
+        for rank in 0..world {
+            let mut w = global.clone();
+            for _ in 0..h {
+                let g = gradient64(&w, rank * shard..(rank + 1) * shard);
+                for (wj, gj) in w.iter_mut().zip(g) {
+                    *wj -= INNER_LR * gj;
+                }
+            }
+            for j in 0..d {
+                delta[j] += (global[j] - w[j]) / world as f64;
+            }
+        }
+        match outer {
+            OuterOptimizer::Nesterov { lr, momentum } => {
+                let (lr, mu) = (f64::from(lr), f64::from(momentum));
+                for j in 0..d {
+                    b[j] = mu * b[j] + delta[j];
+                    global[j] -= lr * (delta[j] + mu * b[j]);
+                }
+            }
+            OuterOptimizer::Adam { lr } => {
+                let (lr, b1, b2, eps) = (f64::from(lr), 0.9, 0.999, 1e-8);
+                let t = round as i32;
+                for j in 0..d {
+                    m[j] = b1 * m[j] + (1.0 - b1) * delta[j];
+                    v[j] = b2 * v[j] + (1.0 - b2) * delta[j] * delta[j];
+                    let mh = m[j] / (1.0 - b1.powi(t));
+                    let vh = v[j] / (1.0 - b2.powi(t));
+                    global[j] -= lr * mh / (vh.sqrt() + eps);
+                }
+            }
+        }
+        out.push(global.clone());
+    }
+    out
+}
+
+fn config(strategy: StrategyConfig) -> DistOptConfig {
+    DistOptConfig {
+        strategy,
+        fusion_threshold: 16,
+        ..DistOptConfig::default()
+    }
+}
+
+fn diloco(h: u32, codec: OuterCodec, outer: OuterOptimizer) -> StrategyConfig {
+    StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: h,
+        codec,
+        outer,
+    })
+}
+
+/// One rank's parameters as tensors, from flat values.
+fn tensors(flat: &[f32]) -> Vec<Tensor> {
+    let mut at = 0;
+    BLOCKS
+        .iter()
+        .map(|&n| {
+            let t = Tensor::from_vec(flat[at..at + n].to_vec(), n).unwrap();
+            at += n;
+            t
+        })
+        .collect()
+}
+
+fn flat(w: &[Tensor]) -> Vec<f32> {
+    w.iter().flat_map(|t| t.to_vec::<f32>().unwrap()).collect()
+}
+
+/// One step of `dist` on this rank's shard (`poison`: a NaN in the
+/// gradient).
+fn step(
+    dist: &mut LocalSteps<Sgd, LocalComm>,
+    w: &mut [Tensor],
+    world: usize,
+    poison: bool,
+) -> Result<StepStats, OptimError> {
+    let rank = dist.rank();
+    let shard = BATCH / world;
+    let values: Vec<f64> = flat(w).into_iter().map(f64::from).collect();
+    let mut g = gradient64(&values, rank * shard..(rank + 1) * shard);
+    if poison {
+        g[0] = f64::NAN;
+    }
+    let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+    let grads = tensors(&g);
+    let names: Vec<String> = (0..BLOCKS.len()).map(|b| format!("w{b}")).collect();
+    dist.step(
+        names
+            .iter()
+            .map(String::as_str)
+            .zip(w.iter_mut())
+            .zip(grads.into_iter().map(Some))
+            .map(|((n, p), g)| (n, p, g)),
+    )
+}
+
+fn inner_sgd() -> Sgd {
+    Sgd::new(SgdConfig::default().lr(INNER_LR)).unwrap()
+}
+
+/// `steps` steps of `strategy` on `world` ranks; every rank's flat
+/// parameters after each step.
+fn run(world: usize, strategy: StrategyConfig, steps: usize) -> Vec<Vec<Vec<f32>>> {
+    local::run(world, |comm: LocalComm| {
+        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), config(strategy))?;
+        let mut w = tensors(&initial().concat());
+        let mut after = Vec::new();
+        for _ in 0..steps {
+            step(&mut dist, &mut w, world, false)?;
+            after.push(flat(&w));
+        }
+        Ok::<_, OptimError>(after)
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+#[test]
+fn diloco_follows_the_papers_rules_on_1_to_4_ranks() {
+    let (h, rounds) = (3usize, 4usize);
+    for outer in [
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+        OuterOptimizer::Adam { lr: 0.01 },
+    ] {
+        for world in 1..=4 {
+            let what = format!("{outer:?}, W = {world}");
+            let want = reference(world, h, rounds, outer);
+            let got = run(
+                world,
+                diloco(h as u32, OuterCodec::Dense, outer),
+                h * rounds,
+            );
+            for (round, want) in want.iter().enumerate() {
+                // Every rank goes on from θ_global: equal at a round's end.
+                let end = (round + 1) * h - 1;
+                for rank in 1..world {
+                    assert_eq!(got[rank][end], got[0][end], "{what}: rank {rank}");
+                }
+                let got = &got[0][end];
+                let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                for (j, (g, w)) in got.iter().zip(want).enumerate() {
+                    // f32 arithmetic over h inner steps and the outer step.
+                    let tol = 1e-5 * scale * (h * (round + 1)) as f64;
+                    assert!(
+                        (f64::from(*g) - w).abs() <= tol,
+                        "{what}, round {round}, entry {j}: {g} against {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_inner_step_with_an_outer_sgd_of_rate_one_is_synchronous_sgd() {
+    let plain = OuterOptimizer::Nesterov {
+        lr: 1.0,
+        momentum: 0.0,
+    };
+    for world in 1..=4 {
+        let outer_loop = run(world, diloco(1, OuterCodec::Dense, plain), 6);
+        let synchronous: Vec<Vec<f32>> = local::run(world, |comm: LocalComm| {
+            let mut dist = DistOpt::new(inner_sgd(), comm, specs(), config(StrategyConfig::Dense))?;
+            let mut w = tensors(&initial().concat());
+            let shard = BATCH / world;
+            let rank = dist.rank();
+            let names: Vec<String> = (0..BLOCKS.len()).map(|b| format!("w{b}")).collect();
+            let mut after = Vec::new();
+            for _ in 0..6 {
+                let values: Vec<f64> = flat(&w).into_iter().map(f64::from).collect();
+                let g = gradient64(&values, rank * shard..(rank + 1) * shard);
+                let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+                let grads = tensors(&g);
+                dist.step(
+                    names
+                        .iter()
+                        .map(String::as_str)
+                        .zip(w.iter_mut())
+                        .zip(grads.into_iter().map(Some))
+                        .map(|((n, p), g)| (n, p, g)),
+                )?;
+                after.push(flat(&w));
+            }
+            Ok::<_, OptimError>(after)
+        })
+        .unwrap()
+        .into_iter()
+        .next()
+        .unwrap()
+        .unwrap();
+        for (s, (a, b)) in outer_loop[0].iter().zip(&synchronous).enumerate() {
+            for (j, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                    "W = {world}, step {s}, entry {j}: {x} against {y}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_round_resumes_bitwise_from_a_checkpoint_taken_mid_round() {
+    let strategy = diloco(
+        4,
+        OuterCodec::TopK(0.3),
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+    );
+    let world = 3;
+    let straight = run(world, strategy, 10);
+    let resumed: Vec<Vec<f32>> = local::run(world, |comm: LocalComm| {
+        let comm2 = comm.split(Some(0), comm.rank() as i64)?.expect("a member");
+        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), config(strategy))?;
+        let mut w = tensors(&initial().concat());
+        for _ in 0..6 {
+            step(&mut dist, &mut w, world, false)?;
+        }
+        let ckpt = dist.checkpoint()?;
+        let saved = flat(&w);
+        drop(dist);
+        let mut again = LocalSteps::new(inner_sgd(), comm2, specs(), config(strategy))?;
+        again.restore(&ckpt)?;
+        let mut w = tensors(&saved);
+        let mut after = Vec::new();
+        for _ in 6..10 {
+            step(&mut again, &mut w, world, false)?;
+            after.push(flat(&w));
+        }
+        Ok::<_, OptimError>(after)
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .next()
+    .unwrap();
+    assert_eq!(resumed, straight[0][6..10].to_vec());
+}
+
+#[test]
+fn a_non_finite_step_is_skipped_alike_and_changes_nothing() {
+    let strategy = diloco(
+        3,
+        OuterCodec::Quantized(gradwire_compress::Quantizer::MinMaxU8),
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+    );
+    let world = 3;
+    // Rank 1's gradient holds a NaN at an inner step (2) and at a round's
+    // last step (5): both are skipped on every rank, and the run goes on as
+    // if those steps had not been taken.
+    let with_faults: Vec<Vec<Vec<f32>>> = local::run(world, |comm: LocalComm| {
+        let rank = comm.rank();
+        let dist_config = DistOptConfig {
+            skip_non_finite: true,
+            ..config(strategy)
+        };
+        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), dist_config)?;
+        let mut w = tensors(&initial().concat());
+        let mut after = Vec::new();
+        for s in 0..8 {
+            let stats = step(&mut dist, &mut w, world, rank == 1 && (s == 2 || s == 5))?;
+            assert_eq!(stats.non_finite, s == 2 || s == 5, "rank {rank}, step {s}");
+            if s != 2 && s != 5 {
+                after.push(flat(&w));
+            }
+        }
+        Ok::<_, OptimError>(after)
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    let without = run(world, strategy, 6);
+    for rank in 0..world {
+        assert_eq!(with_faults[rank], without[rank], "rank {rank}");
+    }
+}
