@@ -158,3 +158,58 @@ fn serde_uses_the_printed_form() {
         "{err}"
     );
 }
+
+#[test]
+fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
+    for text in [
+        "diloco:50",
+        "diloco:50:uint8",
+        "diloco:8:fp16",
+        "diloco:8:bf16",
+        "diloco:8:onebit",
+        "diloco:8:qsgd",
+        "diloco:20:topk=0.05",
+        "diloco:20:powersgd=4",
+        "diloco:4:lr=0.5:momentum=0.8",
+        "diloco:4:adam",
+        "diloco:4:adam:lr=0.01",
+    ] {
+        let s: StrategyConfig = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(s.to_string(), text);
+        assert_eq!(s.training_loop(), TrainingLoop::LocalSteps, "{text}");
+    }
+    // Settings in any order mean the same.
+    assert_eq!(
+        "diloco:4:lr=0.01:adam".parse::<StrategyConfig>(),
+        "diloco:4:adam:lr=0.01".parse::<StrategyConfig>()
+    );
+    assert_eq!(
+        "diloco".parse::<StrategyConfig>(),
+        Ok(StrategyConfig::DiLoCo(DiLoCoConfig::DEFAULT))
+    );
+    for (text, cause) in [
+        ("diloco:0", "at least one inner step"),
+        ("diloco:4:momentum=1", "momentum must be in [0, 1)"),
+        ("diloco:4:lr=0", "lr must be positive"),
+        ("diloco:4:lr=nan", "lr must be positive"),
+        ("diloco:4:topk=1.5", "the ratio must be in (0, 1]"),
+        ("diloco:4:powersgd=0", "rank"),
+    ] {
+        let result = text.parse::<StrategyConfig>();
+        assert!(
+            matches!(&result, Err(StrategyError::OutOfRange { strategy: "diloco", reason }) if reason.contains(cause)),
+            "{text}: {result:?}"
+        );
+    }
+    for text in [
+        "diloco:4:adam:momentum=0.5",
+        "diloco:4:nosuch",
+        "diloco:4:topk",
+    ] {
+        let result = text.parse::<StrategyConfig>();
+        assert!(
+            matches!(&result, Err(StrategyError::BadPart { .. })),
+            "{text}: {result:?}"
+        );
+    }
+}
