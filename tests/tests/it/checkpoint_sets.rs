@@ -195,3 +195,27 @@ fn dimreduce_resumes_at_another_world_size_with_its_sharded_momentum() {
         }
     }
 }
+
+#[test]
+fn a_run_resumed_at_fewer_ranks_resumes_again_at_more() {
+    // 4 -> 2 leaves the 4-rank set's files of ranks 2 and 3 behind; the
+    // resume at 4 again goes on from the newer 2-rank set.
+    let data = Digits::load(42);
+    let dir = tempfile::tempdir().unwrap();
+    for (world, epochs, resume) in [(4, 1, false), (2, 2, true), (4, 3, true), (3, 4, true)] {
+        let report = train(
+            &config(world, epochs),
+            &data,
+            &Silent,
+            Some(&plan(dir.path(), resume)),
+        )
+        .unwrap_or_else(|e| panic!("W = {world}, {epochs} epochs: {e}"));
+        assert_eq!(report.epochs.len(), epochs, "W = {world}");
+        for rank in 0..world {
+            assert!(
+                file(dir.path(), rank, epochs).is_file(),
+                "W = {world}, rank {rank}"
+            );
+        }
+    }
+}

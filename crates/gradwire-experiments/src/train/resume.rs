@@ -132,15 +132,14 @@ fn saved_world(ckpt: &Checkpoint) -> Option<usize> {
 }
 
 /// The size of the world that wrote the newest checkpoints this rank can
-/// read: its own newest intact checkpoint's, else that of the newest
-/// intact file of any rank (a rank the old world did not have); 0 if none.
+/// read: that of the newest intact file of any rank (files of ranks that a
+/// later, smaller world did not have are older), else of this rank's own
+/// newest (a first-format file); 0 if none.
 fn newest_saved_world(dir: &Path, mine: &BTreeMap<usize, Checkpoint>) -> usize {
-    if let Some(world) = mine.values().next_back().and_then(saved_world) {
-        return world;
-    }
     epoch_files(dir)
         .into_iter()
         .find_map(|(_, _, path)| saved_world(&checkpoint::load(&path).ok()?))
+        .or_else(|| mine.values().next_back().and_then(saved_world))
         .unwrap_or(0)
 }
 
