@@ -37,6 +37,36 @@ fn driver_present() -> bool {
     })
 }
 
+/// The oldest CUDA version whose driver JIT-compiles the shipped PTX (ISA
+/// 8.2): CUDA 12.2, driver R535, as `cuDriverGetVersion` reports it.
+const OLDEST_DRIVER: i32 = 12020;
+
+/// The CUDA version the installed driver supports, if it answers.
+fn driver_version() -> Option<i32> {
+    let mut version = 0;
+    #[allow(unsafe_code)]
+    // SAFETY: `version` is a valid out-pointer for the call, and
+    // cuDriverGetVersion needs no initialisation (the library was found
+    // loadable by `driver_present`).
+    let status = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(version)
+}
+
+/// Why a driver supporting CUDA `version` (`cuDriverGetVersion`'s
+/// encoding, 1000 major + 10 minor) cannot load gradwire's kernels, or
+/// `None` when it can: every module load would fail with
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`, which says nothing of the driver.
+fn driver_too_old(version: i32) -> Option<String> {
+    (version < OLDEST_DRIVER).then(|| {
+        format!(
+            "the CUDA driver supports CUDA {}.{}; gradwire's kernels (PTX ISA 8.2) need \
+             CUDA 12.2 (driver R535) or later",
+            version / 1000,
+            (version % 1000) / 10
+        )
+    })
+}
+
 /// One CUDA device: its primary context, the stream gradwire uses on it and
 /// the kernel modules loaded so far. Shared (`Arc`) by every tensor on it;
 /// [`CudaDevice::get`] returns the same one for the same ordinal.
@@ -58,7 +88,8 @@ impl fmt::Debug for CudaDevice {
 impl CudaDevice {
     /// The device with this ordinal, created on first use and cached.
     ///
-    /// [`Error::CudaUnavailable`] when the driver library is missing, when
+    /// [`Error::CudaUnavailable`] when the driver library is missing or
+    /// older than CUDA 12.2 (R535, which the kernels' PTX needs), when
     /// there is no device `ordinal`, or when the driver fails to initialise;
     /// never a panic.
     pub fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
@@ -67,6 +98,9 @@ impl CudaDevice {
             return Err(Error::CudaUnavailable(
                 "the CUDA driver library (libcuda.so) is not installed".into(),
             ));
+        }
+        if let Some(why) = driver_version().and_then(driver_too_old) {
+            return Err(Error::CudaUnavailable(why));
         }
         let devices = DEVICES.get_or_init(Mutex::default);
         let mut devices = devices.lock().unwrap_or_else(PoisonError::into_inner);
@@ -453,5 +487,19 @@ impl CudaStorage {
             len: buffer.len(),
             data: Arc::new(buffer),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::driver_too_old;
+
+    #[test]
+    fn a_driver_older_than_cuda_12_2_is_named_as_too_old() {
+        let why = driver_too_old(12010).expect("12.1 is too old");
+        assert!(why.contains("CUDA 12.1") && why.contains("12.2"), "{why}");
+        assert!(driver_too_old(11080).is_some_and(|w| w.contains("CUDA 11.8")));
+        assert_eq!(driver_too_old(12020), None);
+        assert_eq!(driver_too_old(13000), None);
     }
 }
