@@ -3,7 +3,7 @@
 //! changes `p0 - p` combined bucket by bucket by the bucket's strategy (the
 //! [`super::Strategy`]), then `p = p0 - combined`.
 
-use super::local_step::{LocalUpdate, copy_into};
+use super::local_step::{LocalUpdate, copy_into, differences_into, overwrite};
 use super::{Engine, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
@@ -53,19 +53,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         failure: Option<crate::OptimError>,
         mut stats: StepStats,
     ) -> Result<StepStats> {
-        let restore = |targets: &mut [Option<&mut Tensor>]| -> Result<()> {
-            for (param, p0) in targets.iter_mut().flatten().zip(p0) {
-                param.copy_from(p0)?;
-            }
-            Ok(())
-        };
         if self.buckets.is_empty() {
             self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
             self.optimizer.step();
             return Ok(stats);
         }
         if failure.is_some() {
-            restore(targets)?;
+            overwrite(targets, p0)?;
             // Posted in place of the first combination the others start.
             let err = self.comm.post_fault(FaultKind::Optimizer);
             return self.step_failed(err.into(), stats);
@@ -78,13 +72,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let range = self.buckets[b].clone();
             // p0 - p, in tensors kept from step to step.
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
-            copy_into(&mut deltas, p0[range.clone()].iter());
-            for (delta, param) in deltas
-                .iter_mut()
-                .zip(targets[range.clone()].iter().flatten())
-            {
-                delta.axpy(-1.0, param)?;
-            }
+            differences_into(&mut deltas, &p0[range.clone()], &targets[range.clone()])?;
             let mut strategy = self.take_strategy(b);
             // Every parameter has a delta: all count as written.
             let view = BucketView {
@@ -103,7 +91,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 Ok(combined) => combined,
                 Err(e) => {
                     self.local.buckets[b] = deltas;
-                    restore(targets)?;
+                    overwrite(targets, p0)?;
                     return self.step_failed(e, stats);
                 }
             };

@@ -57,6 +57,32 @@ pub(super) fn copy_into<'t>(
     }
 }
 
+/// `deltas` made to hold `from - to`, tensor by tensor (in the tensors
+/// already there: no allocation once they exist): the weight changes of
+/// delta weight (`p0 - p`) and DiLoCo's pseudo-gradients
+/// (`θ_global - θ_local`).
+pub(super) fn differences_into(
+    deltas: &mut Vec<Tensor>,
+    from: &[Tensor],
+    to: &[Option<&mut Tensor>],
+) -> Result<()> {
+    copy_into(deltas, from.iter());
+    for (delta, param) in deltas.iter_mut().zip(to.iter().flatten()) {
+        delta.axpy(-1.0, param)?;
+    }
+    Ok(())
+}
+
+/// Every present target overwritten with its value in `values` (in
+/// order): a local-step mode's parameters put back after a failed step, or
+/// made DiLoCo's global ones.
+pub(super) fn overwrite(targets: &mut [Option<&mut Tensor>], values: &[Tensor]) -> Result<()> {
+    for (param, value) in targets.iter_mut().flatten().zip(values) {
+        param.copy_from(value)?;
+    }
+    Ok(())
+}
+
 /// Who takes the local step of `Partial` and `DeltaWeight`.
 pub(crate) enum LocalUpdate<'f> {
     /// The engine's optimizer, with the pushed gradients.

@@ -16,7 +16,7 @@
 //! last step can be taken again.
 
 use super::bucket::first_non_finite;
-use super::local_step::{LocalUpdate, copy_into};
+use super::local_step::{LocalUpdate, copy_into, differences_into, overwrite};
 use super::{DiLoCoConfig, Engine, OuterOptimizer, StepStats};
 use crate::any::AnyOptimizer;
 use crate::error::Result;
@@ -99,9 +99,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                         })
                 } else if failure.is_some() {
                     // Posted in place of the first combination.
-                    for (param, p0) in targets.iter_mut().flatten().zip(&p0) {
-                        param.copy_from(p0)?;
-                    }
+                    overwrite(targets, &p0)?;
                     let err = self.comm.post_fault(FaultKind::Optimizer);
                     self.step_failed(err.into(), stats)
                 } else {
@@ -134,13 +132,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let range = self.buckets[b].clone();
             // θ_global - θ_local, in tensors kept from round to round.
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
-            copy_into(&mut deltas, self.outer.global[range.clone()].iter());
-            for (delta, param) in deltas
-                .iter_mut()
-                .zip(targets[range.clone()].iter().flatten())
-            {
-                delta.axpy(-1.0, param)?;
-            }
+            differences_into(
+                &mut deltas,
+                &self.outer.global[range.clone()],
+                &targets[range.clone()],
+            )?;
             let mut strategy = self.take_strategy(b);
             let view = BucketView {
                 index: b,
@@ -186,9 +182,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         if !kept {
-            for (param, p0) in targets.iter_mut().flatten().zip(p0) {
-                param.copy_from(p0)?;
-            }
+            overwrite(targets, p0)?;
             return match failed {
                 Some(e) => self.step_failed(e, stats),
                 None => self.non_finite_everywhere(stats, "the averaged pseudo-gradient"),
@@ -207,9 +201,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         outer.step();
-        for (param, global) in targets.iter_mut().flatten().zip(&self.outer.global) {
-            param.copy_from(global)?;
-        }
+        overwrite(targets, &self.outer.global)?;
         stats.updated = targets.iter().flatten().count();
         self.outer.inner = 0;
         self.outer.rounds += 1;
