@@ -373,6 +373,8 @@ impl TrainConfig {
             },
             StrategyConfig::PowerSgd(config) => format!("powersgd rank {}{ef}", config.rank),
             StrategyConfig::Quantized { .. } => format!("{name}{ef}"),
+            // The printed form's settings: H, the codec, the outer rule.
+            StrategyConfig::DiLoCo(_) => self.strategy.to_string().replacen(':', " ", 1),
             _ => name.to_string(),
         }
     }

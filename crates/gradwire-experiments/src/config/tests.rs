@@ -151,6 +151,8 @@ fn labels_and_dense_epochs() {
     assert_eq!(with("sampled-topk:0.001").label(), "sampled-topk 0.1 %");
     assert_eq!(with("powersgd:4").label(), "powersgd rank 4");
     assert_eq!(with("uint8:no-ef").label(), "uint8, no EF");
+    assert_eq!(with("diloco:8:uint8").label(), "diloco 8:uint8");
+    assert_eq!(with("diloco:16").label(), "diloco 16");
     assert_eq!(with("dimreduce").dense_epochs(), 10);
     assert_eq!(TrainConfig::default().dense_epochs(), 0);
 }
