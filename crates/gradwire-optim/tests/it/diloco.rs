@@ -123,7 +123,14 @@ fn step(
     world: usize,
     poison: bool,
 ) -> Result<StepStats, OptimError> {
-    let rank = dist.rank();
+    let grads = shard_gradients(w, world, dist.rank(), poison);
+    let names = names();
+    dist.step(items(&names, w, grads))
+}
+
+/// Rank `rank`'s gradients of `w` on its shard of the batch (`poison`: a
+/// NaN in the first entry).
+fn shard_gradients(w: &[Tensor], world: usize, rank: usize, poison: bool) -> Vec<Tensor> {
     let shard = BATCH / world;
     let values: Vec<f64> = flat(w).into_iter().map(f64::from).collect();
     let mut g = gradient64(&values, rank * shard..(rank + 1) * shard);
@@ -131,16 +138,26 @@ fn step(
         g[0] = f64::NAN;
     }
     let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
-    let grads = tensors(&g);
-    let names: Vec<String> = (0..BLOCKS.len()).map(|b| format!("w{b}")).collect();
-    dist.step(
-        names
-            .iter()
-            .map(String::as_str)
-            .zip(w.iter_mut())
-            .zip(grads.into_iter().map(Some))
-            .map(|((n, p), g)| (n, p, g)),
-    )
+    tensors(&g)
+}
+
+/// The blocks' names, in forward order.
+fn names() -> Vec<String> {
+    (0..BLOCKS.len()).map(|b| format!("w{b}")).collect()
+}
+
+/// A step's `(name, parameter, gradient)` items.
+fn items<'a>(
+    names: &'a [String],
+    w: &'a mut [Tensor],
+    grads: Vec<Tensor>,
+) -> impl Iterator<Item = (&'a str, &'a mut Tensor, Option<Tensor>)> + 'a {
+    names
+        .iter()
+        .map(String::as_str)
+        .zip(w.iter_mut())
+        .zip(grads.into_iter().map(Some))
+        .map(|((n, p), g)| (n, p, g))
 }
 
 fn inner_sgd() -> Sgd {
@@ -216,23 +233,11 @@ fn one_inner_step_with_an_outer_sgd_of_rate_one_is_synchronous_sgd() {
         let synchronous: Vec<Vec<f32>> = local::run(world, |comm: LocalComm| {
             let mut dist = DistOpt::new(inner_sgd(), comm, specs(), config(StrategyConfig::Dense))?;
             let mut w = tensors(&initial().concat());
-            let shard = BATCH / world;
-            let rank = dist.rank();
-            let names: Vec<String> = (0..BLOCKS.len()).map(|b| format!("w{b}")).collect();
+            let names = names();
             let mut after = Vec::new();
             for _ in 0..6 {
-                let values: Vec<f64> = flat(&w).into_iter().map(f64::from).collect();
-                let g = gradient64(&values, rank * shard..(rank + 1) * shard);
-                let g: Vec<f32> = g.iter().map(|&v| v as f32).collect();
-                let grads = tensors(&g);
-                dist.step(
-                    names
-                        .iter()
-                        .map(String::as_str)
-                        .zip(w.iter_mut())
-                        .zip(grads.into_iter().map(Some))
-                        .map(|((n, p), g)| (n, p, g)),
-                )?;
+                let grads = shard_gradients(&w, world, dist.rank(), false);
+                dist.step(items(&names, &mut w, grads))?;
                 after.push(flat(&w));
             }
             Ok::<_, OptimError>(after)
@@ -404,14 +409,11 @@ fn with_every_codec_what_the_round_did_not_apply_is_owed_by_the_residuals() {
             for _ in 0..4 {
                 let before = flat(&w);
                 // This rank's local step, as the engine takes it: p - lr g.
-                let shard = BATCH / world;
-                let rank = dist.rank();
-                let values: Vec<f64> = before.iter().map(|&v| f64::from(v)).collect();
-                let g = gradient64(&values, rank * shard..(rank + 1) * shard);
+                let g = flat(&shard_gradients(&w, world, dist.rank(), false));
                 let local: Vec<f32> = before
                     .iter()
                     .zip(&g)
-                    .map(|(&p, &g)| p - INNER_LR as f32 * g as f32)
+                    .map(|(&p, &g)| p - INNER_LR as f32 * g)
                     .collect();
                 step(&mut dist, &mut w, world, false)?;
                 out.push((before, local, dist.checkpoint()?));
