@@ -218,4 +218,23 @@ fn a_run_resumed_at_fewer_ranks_resumes_again_at_more() {
             );
         }
     }
+    // Two sets of the last world's own since it began: what the larger
+    // worlds before it left is gone, and no fallback was lost.
+    train(&config(3, 6), &data, &Silent, Some(&plan(dir.path(), true))).unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "rank0.epoch5.ckpt",
+            "rank0.epoch6.ckpt",
+            "rank1.epoch5.ckpt",
+            "rank1.epoch6.ckpt",
+            "rank2.epoch5.ckpt",
+            "rank2.epoch6.ckpt",
+        ]
+    );
 }

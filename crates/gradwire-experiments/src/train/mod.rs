@@ -462,7 +462,7 @@ impl Run<'_> {
                 // The set of epoch + 1 is complete; the one before stays as
                 // the fallback, the one before that goes.
                 if epoch >= 1 {
-                    prune(&plan.dir, rank, epoch - 1);
+                    prune(&plan.dir, rank, world, epoch - 1);
                 }
             }
             if rank == 0 {

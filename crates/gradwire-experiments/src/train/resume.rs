@@ -293,11 +293,20 @@ pub(super) fn agree<T, C: Communicator>(comm: &C, local: Result<T>, what: &str) 
 }
 
 /// Removes this rank's checkpoint of `epoch` (a set two behind the newest
-/// complete one, no longer a fallback) and its first-format file; a file
+/// complete one, no longer a fallback) and its first-format file; rank 0
+/// also removes the files of ranks this world of `world` lacks, of `epoch`
+/// or older (left by a larger world this run was resumed from). A file
 /// that cannot be removed is left.
-pub(super) fn prune(dir: &Path, rank: usize, epoch: usize) {
+pub(super) fn prune(dir: &Path, rank: usize, world: usize, epoch: usize) {
     let _ = std::fs::remove_file(rank_file(dir, rank, epoch));
     let _ = std::fs::remove_file(first_format_file(dir, rank));
+    if rank == 0 {
+        for (e, k, path) in epoch_files(dir) {
+            if k >= world && e <= epoch {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 }
 
 impl Run<'_> {
