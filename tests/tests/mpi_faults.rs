@@ -46,8 +46,9 @@ const KILL_FLAG: &str = "--mpi-faults-sigkill";
 /// How long the job may take to end once a rank was killed.
 const KILL_LIMIT: Duration = Duration::from_secs(60);
 /// The short deadline of the timeout scenarios: long enough that a loaded
-/// machine keeps the orders the scenarios rely on (a rank that sleeps half
-/// of it still arrives a second before the deadline).
+/// machine keeps the one order they take from time (a rank that sleeps
+/// half of it still arrives a second before the deadline); the others are
+/// signalled.
 const SHORT: Duration = Duration::from_secs(2);
 /// How soon a fault must be reported once it happened (the default
 /// deadline, 10 minutes, is far longer).
@@ -147,9 +148,17 @@ fn short() -> Result<MpiComm, CommError> {
     MpiComm::world_with(&MpiConfig::with_timeout(Some(SHORT)))
 }
 
+/// A communicator of every rank beside the one a scenario breaks, on
+/// which one rank tells another that something has happened (an event,
+/// not a sleep, orders the two).
+fn signals() -> Result<MpiComm, CommError> {
+    MpiComm::world_with(&MpiConfig::with_timeout(Some(RUN_LIMIT / 2)))
+}
+
 /// Rank 0 waits for a message rank 1 never sends.
 fn recv_timeout(failures: &mut Failures) -> Result<(), CommError> {
     let comm = short()?;
+    let signals = signals()?;
     let rank = comm.rank();
     let want = CommError::Timeout {
         op: "recv",
@@ -167,10 +176,12 @@ fn recv_timeout(failures: &mut Failures) -> Result<(), CommError> {
             check(failures, took >= SHORT && took < SHORT + PROMPT, || {
                 format!("recv with no sender returned after {took:?}")
             });
+            // Rank 1 goes on once rank 0 has given up.
+            signals.send(&[1u8], 1)?;
         }
-        // Rank 1 is alive but busy until well after rank 0 gave up; the
-        // others arrive at a barrier before rank 0's deadline.
-        1 => std::thread::sleep(SHORT * 2),
+        // Rank 1 is alive but busy until rank 0 gave up; the others arrive
+        // at a barrier before rank 0's deadline.
+        1 => signals.recv(&mut [0u8], 0)?,
         _ => std::thread::sleep(SHORT / 2),
     }
     // Every later call of every rank returns rank 0's error, at once for
@@ -189,12 +200,15 @@ fn recv_timeout(failures: &mut Failures) -> Result<(), CommError> {
     check(failures, again.as_ref().err() == Some(&want), || {
         format!("the communicator stays failed: {again:?}")
     });
-    Ok(())
+    // No rank leaves the signals' communicator (a departure its peers
+    // would see) before every signal was taken.
+    signals.barrier()
 }
 
 /// The last rank enters an all-reduce long after the deadline.
 fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
     let comm = short()?;
+    let signals = signals()?;
     let (rank, w) = (comm.rank(), comm.world_size());
     let late = rank == w - 1;
     // MPI cannot tell who is missing from a collective: `missing` is empty,
@@ -205,12 +219,16 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
         missing: vec![],
     };
     if late {
-        std::thread::sleep(SHORT * 2);
+        // In only once rank 0 has given up.
+        signals.recv(&mut [0u8], 0)?;
     }
     let start = Instant::now();
     let mut buf = [1f32; 1000];
     let got = comm.all_reduce(&mut buf, ReduceOp::Sum);
     let took = start.elapsed();
+    if rank == 0 {
+        signals.send(&[1u8], w - 1)?;
+    }
     check(failures, got.as_ref().err() == Some(&want), || {
         format!("all_reduce that the last rank missed: {got:?}")
     });
@@ -233,7 +251,8 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
         later.as_ref().err() == Some(&want) && took < AT_ONCE,
         || format!("barrier after the timeout, {took:?}: {later:?}"),
     );
-    Ok(())
+    // As in `recv_timeout`: every signal taken before any rank leaves.
+    signals.barrier()
 }
 
 /// The last rank sends rank 0 a message, then drops its communicator
