@@ -108,7 +108,8 @@ pub trait UpdateRule: Send + Sync + 'static {
     type Values: Copy;
     /// The kind name.
     const KIND: &'static str;
-    /// The names of the per-parameter buffers, in sorted order.
+    /// The names of the per-parameter buffers, in sorted order (at most
+    /// four: an update holds them on the stack).
     const BUFFERS: &'static [&'static str];
 
     /// Checks a configuration (schedules' own parameters, flag combinations).
@@ -316,25 +317,21 @@ fn apply_host<R: UpdateRule>(values: &R::Values, state: &mut ParamState, p: &mut
     }
     state.updates += 1;
     let t = state.updates;
-    // The buffers as slices on the stack: an update allocates nothing (a
-    // rule keeps at most two; a rule with more than fit takes a list).
-    const ON_STACK: usize = 4;
-    if state.buffers.len() <= ON_STACK {
-        let mut slots: [&mut [f32]; ON_STACK] = Default::default();
-        let n = state.buffers.len();
-        for (slot, b) in slots.iter_mut().zip(state.buffers.values_mut()) {
-            *slot = b.as_mut_slice();
-        }
-        R::apply(values, t, &mut slots[..n], p, g);
-    } else {
-        let mut buffers: Vec<&mut [f32]> = state
-            .buffers
-            .values_mut()
-            .map(|b| b.as_mut_slice())
-            .collect();
-        R::apply(values, t, &mut buffers, p, g);
+    // The buffers as slices on the stack, so that an update allocates
+    // nothing: a rule keeps at most `MAX_BUFFERS` (checked when the rule
+    // is compiled), and a state holds only its rule's buffers.
+    const { assert!(R::BUFFERS.len() <= MAX_BUFFERS) };
+    let mut slots: [&mut [f32]; MAX_BUFFERS] = Default::default();
+    let n = state.buffers.len().min(MAX_BUFFERS);
+    for (slot, b) in slots.iter_mut().zip(state.buffers.values_mut()) {
+        *slot = b.as_mut_slice();
     }
+    R::apply(values, t, &mut slots[..n], p, g);
 }
+
+/// The most per-parameter buffers an [`UpdateRule`] may keep (Adam keeps
+/// two).
+const MAX_BUFFERS: usize = 4;
 
 /// The element count of `shape`, checked.
 fn checked_len(shape: &[usize]) -> Result<usize> {
