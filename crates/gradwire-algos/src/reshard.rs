@@ -19,8 +19,7 @@ use crate::strategy::StateDict;
 
 /// The element-wise mean of the f32 tensor `key` over the old ranks'
 /// states, or `None` when no rank saved one. Every rank must hold it, of
-/// one length (else [`AlgoError::StateMismatch`]); summed in f64 in rank
-/// order, so every new rank computes the same bits.
+/// one length (else [`AlgoError::StateMismatch`]).
 pub fn mean_of(saved: &[&StateDict], key: &str) -> Result<Option<Vec<f32>>> {
     let held = saved.iter().filter(|s| s.tensors.contains_key(key)).count();
     if held == 0 {
@@ -32,26 +31,39 @@ pub fn mean_of(saved: &[&StateDict], key: &str) -> Result<Option<Vec<f32>>> {
             saved.len()
         )));
     }
-    let mut sum: Vec<f64> = Vec::new();
-    for (rank, state) in saved.iter().enumerate() {
-        let values = state.f32s(key)?;
-        if rank == 0 {
-            sum = vec![0.0; values.len()];
-        } else if values.len() != sum.len() {
-            return Err(AlgoError::StateMismatch(format!(
-                "{key} has {} entries on rank 0 and {} on rank {rank}",
-                sum.len(),
-                values.len()
-            )));
-        }
-        for (s, v) in sum.iter_mut().zip(values) {
+    let values = saved
+        .iter()
+        .map(|s| s.f32s(key))
+        .collect::<Result<Vec<_>>>()?;
+    let len = values[0].len();
+    if let Some(rank) = values.iter().position(|v| v.len() != len) {
+        return Err(AlgoError::StateMismatch(format!(
+            "{key} has {len} entries on rank 0 and {} on rank {rank}",
+            values[rank].len()
+        )));
+    }
+    Ok(Some(mean_in_rank_order(
+        values.iter().map(|v| Some(v.as_slice())),
+        len,
+    )))
+}
+
+/// The element-wise mean of `parts`, one per rank, each of `len` entries
+/// (a rank's `None` counts as zeros), summed in f64 in rank order, so that
+/// every rank that computes it gets the same bits.
+pub fn mean_in_rank_order<'a>(
+    parts: impl ExactSizeIterator<Item = Option<&'a [f32]>>,
+    len: usize,
+) -> Vec<f32> {
+    let ranks = parts.len();
+    let mut sum = vec![0f64; len];
+    for part in parts.flatten() {
+        for (s, &v) in sum.iter_mut().zip(part) {
             *s += f64::from(v);
         }
     }
-    let inverse = 1.0 / saved.len() as f64;
-    Ok(Some(
-        sum.into_iter().map(|s| (s * inverse) as f32).collect(),
-    ))
+    let inverse = 1.0 / ranks.max(1) as f64;
+    sum.into_iter().map(|s| (s * inverse) as f32).collect()
 }
 
 /// Copies the value `key` of old rank 0's state into `out`, if it saved

@@ -138,7 +138,11 @@ fn saved_world(ckpt: &Checkpoint) -> Option<usize> {
 fn newest_saved_world(dir: &Path, mine: &BTreeMap<usize, Checkpoint>) -> usize {
     epoch_files(dir)
         .into_iter()
-        .find_map(|(_, _, path)| saved_world(&checkpoint::load(&path).ok()?))
+        .find_map(|(epoch, _, path)| match mine.get(&epoch) {
+            // This rank's own file of that epoch, already loaded.
+            Some(own) => saved_world(own),
+            None => saved_world(&checkpoint::load(&path).ok()?),
+        })
         .or_else(|| mine.values().next_back().and_then(saved_world))
         .unwrap_or(0)
 }

@@ -345,7 +345,7 @@ fn mean_optimizer_state(saved: &[&OptimizerState]) -> Result<OptimizerState> {
         let buffers: std::collections::BTreeSet<&String> =
             states.iter().flat_map(|(_, s)| s.buffers.keys()).collect();
         for buffer in buffers {
-            let mut sum = vec![0f64; param.elem_count()];
+            let n = param.elem_count();
             for (r, state) in &states {
                 if state.shape != param.shape {
                     return Err(OptimError::StateMismatch(format!(
@@ -353,21 +353,23 @@ fn mean_optimizer_state(saved: &[&OptimizerState]) -> Result<OptimizerState> {
                         param.shape, state.shape
                     )));
                 }
-                if let Some(values) = state.buffers.get(buffer) {
-                    if values.len() != sum.len() {
-                        return Err(OptimError::StateMismatch(format!(
-                            "{name}/{buffer} has {} entries on rank {r}, not {}",
-                            values.len(),
-                            sum.len()
-                        )));
-                    }
-                    for (s, &v) in sum.iter_mut().zip(values) {
-                        *s += f64::from(v);
-                    }
+                if let Some(values) = state.buffers.get(buffer)
+                    && values.len() != n
+                {
+                    return Err(OptimError::StateMismatch(format!(
+                        "{name}/{buffer} has {} entries on rank {r}, not {n}",
+                        values.len()
+                    )));
                 }
             }
-            let inverse = 1.0 / saved.len() as f64;
-            let values = sum.into_iter().map(|s| (s * inverse) as f32).collect();
+            // A rank without the buffer counts as zeros.
+            let parts = saved.iter().map(|s| {
+                s.params
+                    .get(name)
+                    .and_then(|p| p.buffers.get(buffer))
+                    .map(Vec::as_slice)
+            });
+            let values = gradwire_algos::reshard::mean_in_rank_order(parts, n);
             param.buffers.insert(buffer.clone(), values);
         }
         mean.params.insert(name.clone(), param);
