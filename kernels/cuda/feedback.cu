@@ -62,10 +62,26 @@ extern "C" __global__ void ef_zero_selected(float* residual, float* velocity, gw
 // The cast codec with error feedback on the accumulator `residual`: sent =
 // round(clamp(acc) * scale) into dst, residual = acc - widen(sent) * inverse
 // (inverse = 1 / scale in f32, computed by the launcher as the CPU does).
+// Four elements per access where both buffers allow it (gw_load4).
 template <typename D>
 __device__ void ef_cast_impl(float* residual, D* dst, gw_u64 n, int has_clip, float clip,
                              float scale, float inverse) {
-    GW_FOR_EACH(i, n) {
+    const gw_u64 quads = gw_aligned4(residual) && gw_aligned4(dst) ? n / 4 : 0;
+    GW_FOR_EACH(q, quads) {
+        float acc[4];
+        gw_load4(residual, q, acc);
+        gw_u16x4 sent;
+        float rest[4];
+        for (int k = 0; k < 4; ++k) {
+            const float v = has_clip ? gw_clamp(acc[k], clip) : acc[k];
+            sent.v[k] = gw_narrow(dst, v * scale);
+            rest[k] = acc[k] - gw_widen(dst, sent.v[k]) * inverse;
+        }
+        reinterpret_cast<gw_u16x4*>(dst)[q] = sent;
+        gw_store4(residual, q, rest);
+    }
+    GW_FOR_EACH(j, n - 4 * quads) {
+        const gw_u64 i = 4 * quads + j;
         const float acc = residual[i];
         float v = has_clip ? gw_clamp(acc, clip) : acc;
         gw_store(dst, i, v * scale);

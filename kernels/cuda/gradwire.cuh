@@ -153,6 +153,80 @@ __device__ __forceinline__ void gw_store(gw_bf16* p, gw_u64 i, float v) {
     p[i].bits = gw_f32_to_bf16_bits(v);
 }
 
+// Four elements per access. A memory-bound kernel that moves one 2- or
+// 4-byte element per thread and iteration keeps too few bytes in flight to
+// reach the memory's bandwidth; one 16-byte (f32) or 8-byte (f16, bf16)
+// access per four elements does. The arithmetic per element is unchanged, so
+// are the results.
+struct __attribute__((aligned(16))) gw_f32x4 { float v[4]; };
+struct __attribute__((aligned(8))) gw_u16x4 { gw_u16 v[4]; };
+
+// Whether `p` may be accessed four elements at a time (a view at an offset
+// that is not a multiple of four elements may not).
+template <typename T>
+__device__ __forceinline__ bool gw_aligned4(const T* p) {
+    return ((gw_u64)p % (4u * sizeof(T))) == 0u;
+}
+
+// A half-precision storage type's bits of `v` (one rounding), and back.
+__device__ __forceinline__ gw_u16 gw_narrow(const gw_f16*, float v) {
+    return gw_f32_to_f16_bits(v);
+}
+__device__ __forceinline__ gw_u16 gw_narrow(const gw_bf16*, float v) {
+    return gw_f32_to_bf16_bits(v);
+}
+__device__ __forceinline__ float gw_widen(const gw_f16*, gw_u16 h) {
+    return gw_f16_bits_to_f32(h);
+}
+__device__ __forceinline__ float gw_widen(const gw_bf16*, gw_u16 h) {
+    return gw_bf16_bits_to_f32(h);
+}
+
+// Elements 4q .. 4q + 3 of an aligned buffer, as f32 (exact when widening).
+__device__ __forceinline__ void gw_load4(const float* p, gw_u64 q, float out[4]) {
+    const gw_f32x4 x = reinterpret_cast<const gw_f32x4*>(p)[q];
+    for (int k = 0; k < 4; ++k) {
+        out[k] = x.v[k];
+    }
+}
+template <typename H>
+__device__ __forceinline__ void gw_load4_half(const H* p, gw_u64 q, float out[4]) {
+    const gw_u16x4 x = reinterpret_cast<const gw_u16x4*>(p)[q];
+    for (int k = 0; k < 4; ++k) {
+        out[k] = gw_widen(p, x.v[k]);
+    }
+}
+__device__ __forceinline__ void gw_load4(const gw_f16* p, gw_u64 q, float out[4]) {
+    gw_load4_half(p, q, out);
+}
+__device__ __forceinline__ void gw_load4(const gw_bf16* p, gw_u64 q, float out[4]) {
+    gw_load4_half(p, q, out);
+}
+
+// Stores elements 4q .. 4q + 3 of an aligned buffer (one rounding each when
+// narrowing).
+__device__ __forceinline__ void gw_store4(float* p, gw_u64 q, const float v[4]) {
+    gw_f32x4 x;
+    for (int k = 0; k < 4; ++k) {
+        x.v[k] = v[k];
+    }
+    reinterpret_cast<gw_f32x4*>(p)[q] = x;
+}
+template <typename H>
+__device__ __forceinline__ void gw_store4_half(H* p, gw_u64 q, const float v[4]) {
+    gw_u16x4 x;
+    for (int k = 0; k < 4; ++k) {
+        x.v[k] = gw_narrow(p, v[k]);
+    }
+    reinterpret_cast<gw_u16x4*>(p)[q] = x;
+}
+__device__ __forceinline__ void gw_store4(gw_f16* p, gw_u64 q, const float v[4]) {
+    gw_store4_half(p, q, v);
+}
+__device__ __forceinline__ void gw_store4(gw_bf16* p, gw_u64 q, const float v[4]) {
+    gw_store4_half(p, q, v);
+}
+
 // Clamp to [-c, c] with two comparisons: a NaN passes through (fminf/fmaxf
 // would drop it), as Rust's f32::clamp does.
 __device__ __forceinline__ float gw_clamp(float v, float c) {

@@ -11,7 +11,9 @@
 #![cfg(feature = "cuda")]
 
 use gradwire_tensor::cuda_backend::testing;
-use gradwire_tensor::{CudaDevice, DType, Device, Error, Tensor, bf16, f16};
+use gradwire_tensor::{
+    CpuStorage, CudaDevice, CudaStorage, DType, Device, Error, Tensor, bf16, f16,
+};
 use std::sync::Arc;
 
 /// Device 0, or `None` after `testing::device_or_skip` printed why the
@@ -295,6 +297,53 @@ fn casts_match_the_cpu_bitwise() {
                 let g = gpu.to_dtype(dst).expect("gpu cast");
                 assert_eq!(g.dtype(), dst);
                 assert_identical(&format!("cast {src:?} -> {dst:?} n={n}"), &g, &c);
+            }
+        }
+    }
+}
+
+/// The elements' bits of host storage (f16/bf16 widened to u32).
+fn storage_bits(storage: &CpuStorage) -> Vec<u32> {
+    match storage {
+        CpuStorage::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+        CpuStorage::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+        CpuStorage::BF16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+    }
+}
+
+/// Conversions between windows at every offset modulo four (the cast
+/// kernels access four elements at a time only where both pointers are
+/// aligned for it, and one at a time elsewhere): the window converted
+/// bitwise, everything around it untouched.
+#[test]
+fn casts_between_windows_at_any_offset_match_the_cpu() {
+    if device_or_skip("casts_between_windows_at_any_offset_match_the_cpu").is_none() {
+        return;
+    }
+    for src in DTYPES {
+        for dst in DTYPES.into_iter().filter(|&d| d != src) {
+            for n in [0usize, 1, 3, 4, 5, 7, 257, 1021] {
+                for src_offset in 0..4 {
+                    for dst_offset in 0..4 {
+                        let v = values(src_offset + n + 3, n as u64 + 11, true);
+                        let (cpu, gpu) = pair(&v, src);
+                        let converted = native_bits(&cpu.to_dtype(dst).expect("cpu cast"));
+                        let mut expected = vec![0u32; dst_offset + n + 2];
+                        expected[dst_offset..dst_offset + n]
+                            .copy_from_slice(&converted[src_offset..src_offset + n]);
+                        let source = gpu.cuda_storage().expect("device storage");
+                        let mut target =
+                            CudaStorage::alloc_zeros(expected.len(), dst, 0).expect("alloc");
+                        target
+                            .copy_range_from(dst_offset, &source, src_offset..src_offset + n)
+                            .expect("windowed cast");
+                        assert_eq!(
+                            storage_bits(&target.to_cpu().expect("to host")),
+                            expected,
+                            "{src:?} -> {dst:?} n={n} from {src_offset} to {dst_offset}"
+                        );
+                    }
+                }
             }
         }
     }
