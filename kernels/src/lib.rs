@@ -12,13 +12,16 @@
 //! The tests of this crate fail when a source changed after its PTX was
 //! generated (the hashes in `kernels/ptx/manifest.txt`, see [`fnv`]), when a
 //! PTX entry has no signature or a signature no entry, and when a signature's
-//! parameters differ from its entry's in count, order or width.
+//! parameters differ from its entry's in count, order or width, and when a
+//! module's PTX breaks a rule of [`lint`] (float atomics, `.ftz`,
+//! approximations, fused multiply-adds, partial warp masks).
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod fnv;
 mod generated;
+pub mod lint;
 mod signature;
 mod table;
 
