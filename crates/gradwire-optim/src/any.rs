@@ -23,6 +23,8 @@ trait Erased: StateBuffers + Send + Debug {
     fn param_state(&self, name: &str) -> Option<&ParamState>;
     fn state(&self) -> Result<OptimizerState>;
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()>;
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> Result<()>;
 }
 
 impl<O: Optimizer + Debug + 'static> Erased for O {
@@ -55,6 +57,12 @@ impl<O: Optimizer + Debug + 'static> Erased for O {
     }
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         Optimizer::load_state(self, state)
+    }
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()> {
+        Optimizer::snapshot_into(self, snapshot)
+    }
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> Result<()> {
+        Optimizer::restore_snapshot(self, snapshot)
     }
 }
 
@@ -133,6 +141,14 @@ impl Optimizer for AnyOptimizer {
 
     fn load_state(&mut self, state: &OptimizerState) -> Result<()> {
         self.inner.load_state(state)
+    }
+
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()> {
+        self.inner.snapshot_into(snapshot)
+    }
+
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> Result<()> {
+        self.inner.restore_snapshot(snapshot)
     }
 }
 

@@ -71,6 +71,47 @@ pub trait Optimizer: StateBuffers + Send {
     /// Restores a state saved by [`Optimizer::state`] (of the same kind),
     /// validating configurations, buffer names and sizes.
     fn load_state(&mut self, state: &OptimizerState) -> Result<()>;
+
+    /// Copies what updates change (the global step, and each parameter's
+    /// update count and buffers) into `snapshot`, for
+    /// [`Optimizer::restore_snapshot`] to put back: a DiLoCo round that
+    /// every rank skips leaves the inner optimizer as the round found it.
+    /// The default copies [`Optimizer::state`]; gradwire's optimizers copy
+    /// into the snapshot's own memory, so taking one every round allocates
+    /// nothing once the first is made.
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()> {
+        *snapshot = self.state()?;
+        Ok(())
+    }
+
+    /// Puts back what [`Optimizer::snapshot_into`] copied: the global step
+    /// and every parameter's state (a parameter with no state in the
+    /// snapshot loses its own); the configurations stay as they are, since
+    /// no update changes them. The default is [`Optimizer::load_state`].
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> Result<()> {
+        self.load_state(snapshot)
+    }
+}
+
+/// `into` made equal to `from`, in `into`'s memory where the buffers are
+/// already there (the same names and lengths): no allocation then.
+fn copy_param_states(into: &mut BTreeMap<String, ParamState>, from: &BTreeMap<String, ParamState>) {
+    into.retain(|name, _| from.contains_key(name));
+    for (name, state) in from {
+        match into.get_mut(name) {
+            Some(saved) if saved.buffers.keys().eq(state.buffers.keys()) => {
+                saved.updates = state.updates;
+                saved.shape.clone_from(&state.shape);
+                for (dst, src) in saved.buffers.values_mut().zip(state.buffers.values()) {
+                    dst.clone_from(src);
+                }
+            }
+            Some(saved) => *saved = state.clone(),
+            None => {
+                into.insert(name.clone(), state.clone());
+            }
+        }
+    }
 }
 
 /// An optimizer's per-parameter buffers, read and replaced by name: what
@@ -511,6 +552,54 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         self.overrides = overrides;
         self.params = state.params.clone();
         self.step = state.step;
+        #[cfg(feature = "cuda")]
+        self.device_buffers.clear();
+        Ok(())
+    }
+
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        let on_device = !self.device_buffers.is_empty();
+        #[cfg(not(feature = "cuda"))]
+        let on_device = false;
+        // The first snapshot (or one of another kind), and buffers that
+        // live on a device: the whole state, copied out.
+        if snapshot.kind != R::KIND || on_device {
+            *snapshot = self.state()?;
+            return Ok(());
+        }
+        snapshot.step = self.step;
+        copy_param_states(&mut snapshot.params, &self.params);
+        Ok(())
+    }
+
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> Result<()> {
+        if snapshot.kind != R::KIND {
+            return Err(OptimError::StateMismatch(format!(
+                "a {} snapshot cannot be restored into a {} optimizer",
+                snapshot.kind,
+                R::KIND
+            )));
+        }
+        for (name, p) in &snapshot.params {
+            let n = p.elem_count();
+            let names_match = p
+                .buffers
+                .keys()
+                .map(String::as_str)
+                .eq(R::BUFFERS.iter().copied());
+            if (!p.buffers.is_empty() && !names_match) || p.buffers.values().any(|v| v.len() != n) {
+                return Err(OptimError::StateMismatch(format!(
+                    "{name}: the snapshot's buffers do not fit a {} optimizer of shape {:?}",
+                    R::KIND,
+                    p.shape
+                )));
+            }
+        }
+        self.step = snapshot.step;
+        copy_param_states(&mut self.params, &snapshot.params);
+        // The snapshot's buffers are on the host now; a later update on a
+        // device moves them there again.
         #[cfg(feature = "cuda")]
         self.device_buffers.clear();
         Ok(())

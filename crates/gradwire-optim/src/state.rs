@@ -30,7 +30,7 @@ impl ParamState {
 }
 
 /// The whole state of an optimizer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct OptimizerState {
     /// The optimizer kind: "sgd", "rmsprop", "adagrad", "adam", "adamw".
     pub kind: String,

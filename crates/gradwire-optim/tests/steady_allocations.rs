@@ -171,6 +171,43 @@ fn measure_local(world: usize, mode: StrategyConfig) -> (usize, usize) {
     })
 }
 
+/// [`measure`] for DiLoCo through `LocalSteps` with the engine's own inner
+/// optimizer (Adam: two buffers per parameter, which every round's start
+/// copies aside in case the round is skipped). Each step's gradient
+/// tensors are made before the count is switched on.
+fn measure_outer(world: usize, codec: OuterCodec) -> (usize, usize) {
+    use gradwire_optim::{Adam, AdamConfig, LocalSteps};
+    use gradwire_tensor::Tensor;
+    let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
+    let config = DistOptConfig {
+        strategy: StrategyConfig::DiLoCo(DiLoCoConfig {
+            sync_every: 2,
+            codec,
+            ..DiLoCoConfig::DEFAULT
+        }),
+        fusion_threshold: 4096,
+        ..DistOptConfig::default()
+    };
+    counted(world, |comm| {
+        let rank = comm.rank();
+        let adam = Adam::new(AdamConfig::default().lr(1e-3)).expect("adam");
+        let mut dist = LocalSteps::new(adam, comm, specs.clone(), config.clone()).expect("steps");
+        let mut w = Tensor::from_vec(vec![0.5f32; W], [128, 128]).expect("w");
+        let mut b = Tensor::from_vec(vec![0.1f32; B], B).expect("b");
+        for step in 0..WARM_UP + MEASURED {
+            let gw: Vec<f32> = (0..W)
+                .map(|i| (((i * 7 + (step % 4) * 13 + rank * 5) % 101) as f32 - 50.0) * 1e-2)
+                .collect();
+            let gw = Tensor::from_vec(gw, [128, 128]).expect("gw");
+            let gb = Tensor::from_vec(vec![0.5 + (step % 4) as f32; B], B).expect("gb");
+            switch_measuring(dist.comm(), step >= WARM_UP);
+            dist.step([("w", &mut w, Some(gw)), ("b", &mut b, Some(gb))])
+                .expect("step");
+            switch_measuring(dist.comm(), false);
+        }
+    })
+}
+
 /// [`measure`] for DimReduce mode (DimReduceOpt: the gradients are the caller's
 /// tensors, made before each measured step begins), on a least-squares
 /// loss whose line search the closure evaluates without allocating.
@@ -387,6 +424,20 @@ fn a_steady_step_allocates_nothing() {
             if count != 0 {
                 failures.push(format!(
                     "{mode:?}, W = {world}: {count} allocations in {MEASURED} steady local steps, the largest {largest} bytes"
+                ));
+            }
+        }
+    }
+    for codec in [
+        OuterCodec::Dense,
+        OuterCodec::TopK(0.05),
+        OuterCodec::Quantized(Quantizer::Sign),
+    ] {
+        for world in 1..=4 {
+            let (count, largest) = measure_outer(world, codec);
+            if count != 0 {
+                failures.push(format!(
+                    "DiLoCo over {codec:?} with the engine's Adam, W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
                 ));
             }
         }

@@ -109,8 +109,9 @@ pub enum Collective {
     Barrier,
 }
 
-/// One collective of a step: the operation, the ranks it spans, and what
-/// rank 0 sends in it by gradwire's own accounting ([`Traffic`]).
+/// One collective of a step: the operation, the ranks it spans, what
+/// rank 0 sends in it by gradwire's own accounting ([`Traffic`]), and how
+/// often it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CollectiveCall {
     /// The operation.
@@ -123,6 +124,11 @@ pub struct CollectiveCall {
     /// Bytes rank 0 sends, as gradwire's [`Traffic`] counts them (the ring
     /// model's, whatever [`Algorithm`] times the call).
     pub sent: u64,
+    /// The call runs once every `period` steps (at least 1): 1 for what
+    /// every step sends, `H` for what DiLoCo sends at the end of a round of
+    /// `H` steps. Per-step figures ([`crate::cost::communication_secs`],
+    /// [`crate::cost::bytes_sent`]) count it `1 / period` times.
+    pub period: u64,
 }
 
 impl CollectiveCall {
@@ -132,6 +138,16 @@ impl CollectiveCall {
             collective,
             ranks,
             sent,
+            period: 1,
+        }
+    }
+
+    /// This call, run once every `steps` steps instead of every step (0 is
+    /// taken as 1).
+    pub fn once_every(self, steps: u64) -> CollectiveCall {
+        CollectiveCall {
+            period: steps.max(1),
+            ..self
         }
     }
 

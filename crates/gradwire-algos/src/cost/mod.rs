@@ -221,9 +221,10 @@ impl StepModel {
     }
 }
 
-/// Seconds of all `calls` one after the other (gradwire runs a step's
-/// buckets in order on one communication thread, so they never run
-/// concurrently), on `world` ranks.
+/// Seconds per step of all `calls` one after the other (gradwire runs a
+/// step's buckets in order on one communication thread, so they never run
+/// concurrently), on `world` ranks: a call that runs once every `period`
+/// steps counts `1 / period` of its time (the mean over a round).
 pub fn communication_secs(
     calls: &[CollectiveCall],
     world: usize,
@@ -231,7 +232,8 @@ pub fn communication_secs(
     algorithm: &Algorithm,
 ) -> Result<f64> {
     calls.iter().try_fold(0.0, |sum, call| {
-        Ok(sum + collective_secs(call, world, link, algorithm)?)
+        let secs = collective_secs(call, world, link, algorithm)?;
+        Ok(sum + secs / call.period.max(1) as f64)
     })
 }
 

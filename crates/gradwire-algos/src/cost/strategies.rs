@@ -60,7 +60,7 @@ impl Default for Bucketing {
 }
 
 /// A strategy and the settings that decide what it sends.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum StrategySpec {
     /// f32 sum (fused all-reduce per bucket).
     Dense,
@@ -126,6 +126,18 @@ pub enum StrategySpec {
         /// first step size is accepted).
         trials: usize,
     },
+    /// DiLoCo's loop (`gradwire_optim`'s `distopt/outer.rs`): the inner
+    /// steps make no collective (their faults ride the round's first
+    /// combination); the round's last step combines the pseudo-gradients
+    /// bucket by bucket with `codec`'s calls (no vote), once every
+    /// `sync_every` steps.
+    Outer {
+        /// Inner steps per round (`H`, at least 1).
+        sync_every: u32,
+        /// The strategy that carries the pseudo-gradient: a per-bucket one
+        /// (dense, half, top-k, random-k, PowerSGD, quantized).
+        codec: Box<StrategySpec>,
+    },
 }
 
 /// SINGA's grouping (DistOpt's, which calls this): a tensor above the
@@ -180,10 +192,14 @@ pub fn plan_buckets(
     Ok(buckets)
 }
 
-/// Bytes rank 0 sends in `calls`: with [`step_collectives`]' calls, what
-/// DistOpt reports for the step.
-pub fn bytes_sent(calls: &[CollectiveCall]) -> u64 {
-    calls.iter().map(|c| c.sent).sum()
+/// Bytes rank 0 sends per step in `calls`: with [`step_collectives`]'
+/// calls, what DistOpt reports for the step (for a strategy with calls of a
+/// longer period, the mean over its round: [`CollectiveCall::period`]).
+pub fn bytes_sent(calls: &[CollectiveCall]) -> f64 {
+    calls
+        .iter()
+        .map(|c| c.sent as f64 / c.period.max(1) as f64)
+        .sum()
 }
 
 fn check_ratio(ratio: f64) -> Result<()> {
@@ -219,6 +235,25 @@ fn check_spec(spec: &StrategySpec) -> Result<()> {
         }
         .validate(),
         StrategySpec::Quantized { quantizer } => Ok(quantizer.validate()?),
+        StrategySpec::Outer {
+            sync_every,
+            ref codec,
+        } => {
+            if sync_every == 0 {
+                return Err(AlgoError::InvalidArgument(
+                    "a round takes at least one inner step".into(),
+                ));
+            }
+            match **codec {
+                StrategySpec::Outer { .. }
+                | StrategySpec::DimReduce { .. }
+                | StrategySpec::AdaSum
+                | StrategySpec::OneBitAdam { .. } => Err(AlgoError::InvalidArgument(format!(
+                    "{codec:?} cannot carry a pseudo-gradient"
+                ))),
+                _ => check_spec(codec),
+            }
+        }
         _ => Ok(()),
     }
 }
@@ -256,6 +291,22 @@ pub fn step_collectives(
         return Ok(calls);
     }
     let buckets = plan_buckets(&lens, bucketing.fusion_threshold, bucketing.capacity)?;
+    if let StrategySpec::Outer { sync_every, codec } = strategy {
+        let h = u64::from(*sync_every);
+        let mut round = Vec::new();
+        for range in buckets {
+            let n: usize = lens[range.clone()].iter().sum();
+            let bucket = Bucket {
+                n,
+                tensors: range.len(),
+                shapes: &shapes[range],
+                world,
+            };
+            bucket.calls(codec, &mut round)?;
+        }
+        calls.extend(round.into_iter().map(|c| c.once_every(h)));
+        return Ok(calls);
+    }
     if !bucketing.vote_per_bucket {
         calls.push(CollectiveCall::all_reduce(lens.len(), world));
     }
@@ -321,7 +372,7 @@ impl Bucket<'_> {
             StrategySpec::OneBitAdam { compressed: true } => self.quantized(Quantizer::Sign, out),
             StrategySpec::AdaSum => self.adasum(out),
             // Handled before the buckets.
-            StrategySpec::DimReduce { .. } => {}
+            StrategySpec::DimReduce { .. } | StrategySpec::Outer { .. } => {}
         }
         Ok(())
     }

@@ -14,7 +14,8 @@
 //! steps after the fault all completed, whether the ranks ended with
 //! bitwise-equal parameters, and whether each ended with bitwise the
 //! parameters of a run without the fault step ([`run_without`]: the failed
-//! step changed nothing). `gradwire faults` ([`FaultsArgs`]) prints it as a
+//! step changed nothing; in DiLoCo, without the fault's round:
+//! [`steps_lost`]). `gradwire faults` ([`FaultsArgs`]) prints it as a
 //! table.
 
 mod command;
@@ -30,6 +31,21 @@ pub use scenario::{run_scenario, run_schedule, run_without};
 use gradwire_algos::FaultKind;
 use gradwire_optim::{OptimError, StrategyConfig};
 use std::time::Duration;
+
+/// The steps a failure at `step` loses in `mode`, which a run without
+/// them ([`run_without`]) must not take to end bitwise the same: that
+/// step, or in DiLoCo the whole round it belongs to (a failed round puts
+/// every rank back at the round's start, inner optimizer included).
+pub fn steps_lost(mode: StrategyConfig, step: usize) -> std::ops::Range<usize> {
+    match mode {
+        StrategyConfig::DiLoCo(config) => {
+            let h = (config.sync_every as usize).max(1);
+            let start = step / h * h;
+            start..start + h
+        }
+        _ => step..step + 1,
+    }
+}
 
 /// Steps per scenario.
 pub const STEPS: usize = 5;
@@ -103,6 +119,18 @@ impl Fault {
     /// failing rank's update may be partial).
     pub fn passes(self) -> bool {
         !matches!(self, Fault::OptimizerError) && !Fault::TERMINAL.contains(&self)
+    }
+
+    /// Whether a run with this fault at `step` of `mode` ends bitwise as
+    /// the run without [`steps_lost`]: every fault that [`Fault::passes`],
+    /// except in DiLoCo a parameter of the wrong shape at a round's end.
+    /// The failed round puts back every parameter the call gave; the
+    /// caller's own tensor of the parameter it got wrong was not given,
+    /// and keeps what the round's inner steps did to it.
+    pub fn restores(self, mode: StrategyConfig, step: usize) -> bool {
+        let round_end = steps_lost(mode, step).end == step + 1;
+        let diloco = matches!(mode, StrategyConfig::DiLoCo(_));
+        self.passes() && !(diloco && self == Fault::WrongShape && round_end)
     }
 }
 

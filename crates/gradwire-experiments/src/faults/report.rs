@@ -24,8 +24,9 @@ pub struct Report {
     /// without the fault step (not taken at all, on any rank): the failed
     /// or skipped step changed nothing, in parameters, optimizer state,
     /// residuals or counters, which the later steps would show. `None`
-    /// without a fault, or after an optimizer error (the failing rank's
-    /// update may be partial).
+    /// without a fault, or where [`Fault::restores`] says the run cannot
+    /// end so (an optimizer error: the failing rank's update may be
+    /// partial).
     pub unchanged: Option<bool>,
     /// The slowest rank's time for the fault step.
     pub time_to_outcome: Duration,

@@ -153,14 +153,16 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
     for (mode, fault, skip) in scenarios() {
         let records = gather(&|own| run_scenario(own, mode, fault, skip))?;
         let reference = references.get(mode, fault, skip, || {
-            gather(&|own| run_without(own, mode, skip, &[FAULT_STEP], STEPS))
+            let lost: Vec<usize> = steps_lost(mode, FAULT_STEP).collect();
+            gather(&|own| run_without(own, mode, skip, &lost, STEPS))
         })?;
         reports.push(Report::judge(mode, fault, skip, &records, reference));
     }
     Ok(reports)
 }
 
-/// The runs without the fault step, one per mode and skip setting, made
+/// The runs without the fault step (its round, in DiLoCo: [`steps_lost`]),
+/// one per mode and skip setting, made
 /// when a scenario first needs one (a scenario with a fault that passes).
 #[derive(Default)]
 struct References(Vec<((StrategyConfig, bool), Vec<RankRecord>)>);
@@ -173,7 +175,7 @@ impl References {
         skip: bool,
         run: impl FnOnce() -> crate::Result<Vec<RankRecord>>,
     ) -> crate::Result<Option<&[RankRecord]>> {
-        if fault == Fault::None || !fault.passes() {
+        if fault == Fault::None || !fault.restores(mode, FAULT_STEP) {
             return Ok(None);
         }
         let at = match self.0.iter().position(|(key, _)| *key == (mode, skip)) {
@@ -209,7 +211,8 @@ pub fn run_local(world: usize, deadline: Duration) -> crate::Result<Vec<Report>>
     for (mode, fault, skip) in scenarios() {
         let records = run(&|comm| run_scenario(comm, mode, fault, skip))?;
         let reference = references.get(mode, fault, skip, || {
-            run(&|comm| run_without(comm, mode, skip, &[FAULT_STEP], STEPS))
+            let lost: Vec<usize> = steps_lost(mode, FAULT_STEP).collect();
+            run(&|comm| run_without(comm, mode, skip, &lost, STEPS))
         })?;
         reports.push(Report::judge(mode, fault, skip, &records, reference));
     }

@@ -64,6 +64,12 @@ impl Optimizer for FaultyOptimizer {
     fn load_state(&mut self, state: &OptimizerState) -> gradwire_optim::Result<()> {
         self.inner.load_state(state)
     }
+    fn snapshot_into(&self, snapshot: &mut OptimizerState) -> gradwire_optim::Result<()> {
+        self.inner.snapshot_into(snapshot)
+    }
+    fn restore_snapshot(&mut self, snapshot: &OptimizerState) -> gradwire_optim::Result<()> {
+        self.inner.restore_snapshot(snapshot)
+    }
 }
 
 // Every buffer call goes to the wrapped SGD (device buffers included).

@@ -261,7 +261,7 @@ pub struct ProjectionRow {
     /// The strategy's label.
     pub strategy: String,
     /// Bytes a worker (rank 0) sends per step.
-    pub bytes_per_step: u64,
+    pub bytes_per_step: f64,
     /// Collective calls per step.
     pub calls_per_step: usize,
     /// Seconds of communication per step.
@@ -333,25 +333,32 @@ fn side_costs(
         0.0
     };
     let mut other = 0.0;
-    match entry.spec {
-        // Each rank projects its own slice of the parameters only; each
-        // trial point costs a forward pass (a third of forward + backward).
-        StrategySpec::DimReduce { trials, .. } => {
-            codec /= world as f64;
-            other = trials as f64 * model.compute_s / 3.0;
-        }
-        // Decoding and adding every rank's payload, at memcpy speed.
-        StrategySpec::TopK { .. } | StrategySpec::SampledTopK { .. } => {
-            let gathered: usize = calls
-                .iter()
-                .map(|c| match c.collective {
-                    Collective::AllGatherVaried { total, .. } => total,
-                    _ => 0,
-                })
-                .sum();
-            codec += gathered as f64 / memcpy;
-        }
-        _ => {}
+    // Each rank projects its own slice of the parameters only; each trial
+    // point costs a forward pass (a third of forward + backward).
+    if let StrategySpec::DimReduce { trials, .. } = entry.spec {
+        codec /= world as f64;
+        other = trials as f64 * model.compute_s / 3.0;
+    }
+    // Decoding and adding every rank's payload, at memcpy speed (per step:
+    // DiLoCo's once a round).
+    let sparse = |spec: &StrategySpec| {
+        matches!(
+            spec,
+            StrategySpec::TopK { .. } | StrategySpec::SampledTopK { .. }
+        )
+    };
+    if match &entry.spec {
+        StrategySpec::Outer { codec, .. } => sparse(codec),
+        spec => sparse(spec),
+    } {
+        let gathered: f64 = calls
+            .iter()
+            .map(|c| match c.collective {
+                Collective::AllGatherVaried { total, .. } => total as f64 / c.period as f64,
+                _ => 0.0,
+            })
+            .sum();
+        codec += gathered / memcpy;
     }
     Ok((codec, other))
 }

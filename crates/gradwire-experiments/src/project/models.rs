@@ -201,6 +201,18 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
     };
     let (codec_fraction, codec_source) = match strategy {
         _ if config.baseline => (0.0, "none"),
+        // The codec runs once a round, on the pseudo-gradient: per step,
+        // H times faster than on every step's gradient.
+        StrategyConfig::DiLoCo(diloco) => {
+            let inner = entry_of(&TrainConfig {
+                strategy: diloco.codec.strategy(),
+                ..config.clone()
+            })?;
+            (
+                inner.codec_fraction * f64::from(diloco.sync_every),
+                "its codec's figure (gradwire bench compress) times H: it runs once a round",
+            )
+        }
         StrategyConfig::Dense => (0.0, "none"),
         StrategyConfig::Half {
             precision: HalfPrecision::F16,
@@ -237,7 +249,6 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
         // No cost_spec: refused above.
         StrategyConfig::Partial { .. }
         | StrategyConfig::DeltaWeight { .. }
-        | StrategyConfig::DiLoCo(_)
         | StrategyConfig::Custom => (0.0, "none"),
     };
     Ok(StrategyEntry {

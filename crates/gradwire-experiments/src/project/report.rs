@@ -158,7 +158,7 @@ pub fn published_comparison(settings: &Settings) -> Result<Vec<String>> {
             &one_rank,
         )?);
         let sparse = bytes_sent(&step_collectives(&topk, &resnet.shapes, w, &one_rank)?);
-        Ok(dense as f64 / sparse as f64)
+        Ok(dense / sparse)
     };
     out.push(format!(
         "DGC (Lin et al. 2018) reports 270-600x gradient compression (ResNet-50: 277x at 0.1 %). \
@@ -188,7 +188,7 @@ pub fn published_comparison(settings: &Settings) -> Result<Vec<String>> {
          estimate) and PowerSGD's codec {}, a step is {} against {}: {:.2}x. The speedup \
          reaches 1.5x while compute stays under {} per step and 2x under {}: the \
          published range is what the model gives for a compute of that order.",
-        dense16.bytes_per_step as f64 / psgd.bytes_per_step as f64,
+        dense16.bytes_per_step / psgd.bytes_per_step,
         ms(psgd.comm_s),
         ms(dense16.comm_s),
         ms(r18.compute_s),
@@ -212,8 +212,8 @@ pub fn published_comparison(settings: &Settings) -> Result<Vec<String>> {
          {} against dense's {} ({:.2}x), so its time to accuracy is {:.2}x dense's given the \
          20 % (1 / 0.8 x {:.2}); the model reproduces the paper's claim only through the \
          step count, which a profile supplies.",
-        a64.bytes_per_step as f64 / 1e6,
-        d64.bytes_per_step as f64 / 1e6,
+        a64.bytes_per_step / 1e6,
+        d64.bytes_per_step / 1e6,
         ms(a64.step_s),
         ms(d64.step_s),
         per_step,

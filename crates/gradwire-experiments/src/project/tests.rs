@@ -120,7 +120,7 @@ fn a_tiny_projection_matches_the_hand_computed_figures() {
     // Vote: 2 ms + 1 ms; data: 2 ms + 16 ms.
     assert!((dense2.comm_s - 0.021).abs() < 1e-12, "{}", dense2.comm_s);
     assert!((dense2.step_s - 0.121).abs() < 1e-12);
-    assert_eq!(dense2.bytes_per_step, 1 + 16);
+    assert_eq!(dense2.bytes_per_step, 17.0);
     assert_eq!(dense2.calls_per_step, 2);
     // fp16: 8 bytes, plus a codec of 16 bytes at half of 10 GB/s.
     let half2 = &p.rows[3];
@@ -278,7 +278,7 @@ fn analytic_bytes_equal_what_distopt_sends() {
                 let calls = step_collectives(spec, &shapes, world, &Bucketing::default()).unwrap();
                 assert_eq!(
                     row.bytes_per_step,
-                    bytes_sent(&calls) as f64,
+                    bytes_sent(&calls),
                     "{} W = {world}, {} params",
                     row.strategy,
                     row.params
@@ -291,7 +291,7 @@ fn analytic_bytes_equal_what_distopt_sends() {
                     overshoot,
                 };
                 let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();
-                bytes_sent(&calls) as f64
+                bytes_sent(&calls)
             });
             let got = rows[1].bytes_per_step;
             assert!(

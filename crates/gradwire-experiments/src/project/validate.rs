@@ -202,6 +202,7 @@ mod tests {
             ..TrainConfig::default()
         };
         // PowerSGD with some dense steps first: the model mixes them in.
+        // DiLoCo sends once a round.
         let entries = [
             "baseline",
             "dense",
@@ -211,6 +212,9 @@ mod tests {
             "powersgd:2:start=5",
             "onebit",
             "uint8",
+            "diloco:3:uint8",
+            "diloco:2:topk=0.05",
+            "diloco:4:powersgd=2",
         ];
         configs(&base, &entries)
             .unwrap()
@@ -233,19 +237,57 @@ mod tests {
         (steps - warm_steps) * f(&calls) + warm_value
     }
 
-    /// The collectives the model counts for a CLI run (its warm-up's
-    /// included) send exactly the bytes the run's Traffic recorded.
+    /// The bytes rank 0 sends over the run, call by call: a call of the
+    /// steady state every steady step, or once per completed round (one
+    /// every `period` steps from the first), plus the warm-up's.
+    fn bytes_over_the_run(run: &RunReport) -> u64 {
+        let shapes = shapes_of(&run.config).unwrap();
+        let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
+        let steps = run.steps() as u64;
+        let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
+        let (warm_steps, warm_bytes) = warm.map_or((0, 0), |(k, c)| {
+            let k = k.min(steps);
+            (k, k * c.iter().map(|c| c.sent).sum::<u64>())
+        });
+        let steady: u64 = calls
+            .iter()
+            .map(|c| c.sent * ((steps - warm_steps) / c.period))
+            .sum();
+        steady + warm_bytes
+    }
+
+    /// The collectives the model counts for a CLI run (its warm-up's and
+    /// DiLoCo's rounds included) send exactly the bytes the run's Traffic
+    /// recorded; per step, the model's mean is the run's over whole rounds.
     #[test]
     fn modelled_collectives_send_what_the_cli_sent() {
         let data = Digits::load(7);
         for world in 1..=3 {
             for run in runs(world, &data) {
                 assert_eq!(
-                    over_the_run(&run, |c| bytes_sent(c) as f64),
-                    run.bytes_per_worker() as f64,
+                    bytes_over_the_run(&run),
+                    run.bytes_per_worker(),
                     "{} on {world} ranks",
                     run.label
                 );
+                let shapes = shapes_of(&run.config).unwrap();
+                let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
+                let round = calls.iter().map(|c| c.period).max().unwrap();
+                if round > 1 {
+                    let per_round: u64 = calls.iter().map(|c| c.sent * (round / c.period)).sum();
+                    assert!(
+                        world == 1 || per_round > 0,
+                        "{}: a round that sends nothing",
+                        run.label
+                    );
+                    // The mean, up to the rounding of its f64 sum.
+                    let mean = bytes_sent(&calls) * round as f64;
+                    assert!(
+                        (mean - per_round as f64).abs() <= 1e-12 * per_round as f64,
+                        "{}: {mean} per round, not {per_round}",
+                        run.label
+                    );
+                }
             }
         }
     }

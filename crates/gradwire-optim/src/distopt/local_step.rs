@@ -1,11 +1,11 @@
 //! What the modes that step locally first share (`Partial`, in
 //! `partial.rs`, `DeltaWeight`, in `delta_weight.rs`, and `DiLoCo`, in
-//! `outer.rs`): who takes the
-//! local step, and how the step opens. Their gradients never travel, so the
-//! step opens with an agreement of its own
-//! (one header-only collective carrying this rank's faults) before anything
-//! changes; a failure after the local update is carried by the next
-//! collective of the step.
+//! `outer.rs`): who takes the local step, and how the step opens. Their
+//! gradients never travel, so a step of `Partial` and `DeltaWeight` opens
+//! with an agreement of its own (one header-only collective carrying this
+//! rank's faults) before anything changes; a failure after the local
+//! update is carried by the next collective of the step. DiLoCo's inner
+//! steps keep their faults for the round's end instead (`outer.rs`).
 
 use super::bucket::scan_non_finite;
 use super::{Engine, StepStats, StrategyConfig};
@@ -20,7 +20,7 @@ use gradwire_tensor::Tensor;
 /// allocates nothing: the parameters' values before the step (delta
 /// weight), per bucket the weight changes or the averaged parameters, the
 /// fusion buffers, the list of the step's gradients and the memory of the
-/// list of targets.
+/// lists of targets.
 #[derive(Debug, Default)]
 pub(super) struct LocalScratch {
     pub(super) p0: Vec<Tensor>,
@@ -29,6 +29,8 @@ pub(super) struct LocalScratch {
     pub(super) grads: Vec<Option<Tensor>>,
     /// Always empty: its memory holds the next step's targets.
     pub(super) targets: Vec<Option<&'static mut Tensor>>,
+    /// Always empty: its memory holds the next `step`'s named parameters.
+    pub(super) named: Vec<(&'static str, &'static mut Tensor)>,
 }
 
 /// `v` emptied, as a list of another item type, in the same memory when
@@ -177,7 +179,18 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     pub(super) fn open_local_step(
         &mut self,
     ) -> std::result::Result<Vec<Option<Tensor>>, AlgoError> {
-        // The list kept from the last step (emptied, its capacity kept).
+        let grads = self.take_local_grads();
+        if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
+            self.local.grads = grads;
+            return Err(e);
+        }
+        Ok(grads)
+    }
+
+    /// This step's gradients, taken (into the list kept from the last step:
+    /// no allocation), after this rank's non-finite check, which records a
+    /// fault for the next collective to carry.
+    pub(super) fn take_local_grads(&mut self) -> Vec<Option<Tensor>> {
         let mut grads = std::mem::take(&mut self.local.grads);
         grads.clear();
         grads.extend(self.grads.iter_mut().map(Option::take));
@@ -186,11 +199,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         {
             self.record(kind, &detail);
         }
-        if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
-            self.local.grads = grads;
-            return Err(e);
-        }
-        Ok(grads)
+        grads
     }
 
     /// Updates each parameter with its own pushed gradient; stops at the

@@ -101,7 +101,7 @@ pub(crate) use strategies::SharedStrategy;
 /// A fault this rank found during the current step, not yet known to the
 /// others: the next collective of the step carries it.
 #[derive(Debug, Clone, PartialEq)]
-struct LocalFault {
+pub(crate) struct LocalFault {
     kind: FaultKind,
     detail: String,
 }
@@ -383,7 +383,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor, Option<Tensor>)>,
     ) -> Result<StepStats> {
-        let mut targets = Vec::new();
+        // In the memory kept from the last step: no allocation.
+        let mut targets: Vec<(&str, &mut Tensor)> =
+            local_step::recycle(std::mem::take(&mut self.local.named));
         let mut first_error = None;
         for (name, param, grad) in params {
             if let Some(grad) = grad
@@ -393,7 +395,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             targets.push((name, param));
         }
-        let stats = self.finish(targets);
+        let stats = self.finish(targets.drain(..));
+        self.local.named = local_step::recycle(targets);
         match first_error {
             Some(e) => Err(e),
             None => stats,

@@ -6,22 +6,30 @@
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
-//! must start from the same values, as in any data-parallel run). Each
-//! inner step is a step of the failure model like every local step (it
-//! opens with an agreement, and a local update's failure is agreed after
-//! it: two header-only collectives, no data); the round's last step also
-//! combines. If the combination fails on any rank, every rank's
-//! parameters go back to where that step began and `θ_global`, the outer
-//! optimizer and the strategies' residuals stay as they were: the round's
-//! last step can be taken again.
+//! must start from the same values, as in any data-parallel run).
+//!
+//! A round is the unit of the failure model, and its inner steps make no
+//! collective at all: a rank whose inner step fails (a non-finite gradient,
+//! a failed update, a bad call) keeps the fault, takes no more local
+//! updates this round, and posts the fault in place of the round's first
+//! combination. If any rank posted one, or a combination fails, or the
+//! average is not finite, every rank skips the round alike (with
+//! `skip_non_finite`, for a non-finite one) or fails alike: its parameters
+//! go back to `θ_global`, its inner optimizer to its state when the round
+//! began (a snapshot taken then, in memory kept from round to round), and
+//! `θ_global`, the outer optimizer, the strategies' residuals and the
+//! counters stay as they were; the next round starts afresh. With the
+//! caller's own inner step (`GradSync::step_locally`) gradwire cannot see
+//! the caller's optimizer: only the parameters go back.
 
 use super::bucket::first_non_finite;
 use super::local_step::{LocalUpdate, copy_into, differences_into, overwrite};
-use super::{DiLoCoConfig, Engine, OuterOptimizer, StepStats};
+use super::{DiLoCoConfig, Engine, LocalFault, OuterOptimizer, StepStats};
 use crate::any::AnyOptimizer;
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 use crate::rules::{Adam, AdamConfig, Sgd, SgdConfig};
+use crate::state::OptimizerState;
 use gradwire_algos::{BucketView, FaultKind};
 use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
@@ -40,6 +48,12 @@ pub(crate) struct OuterState {
     pub(crate) inner: u64,
     /// Rounds completed.
     pub(crate) rounds: u64,
+    /// This rank's first fault of the current round, which the round's
+    /// end carries to every rank.
+    pub(crate) fault: Option<LocalFault>,
+    /// The inner optimizer's state when the round began (`None` with the
+    /// caller's own inner step): what a skipped round puts back.
+    pub(crate) round_start: Option<OptimizerState>,
 }
 
 /// The outer optimizer `outer` describes.
@@ -76,40 +90,86 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 targets.iter().flatten().map(|t| &**t),
             );
         }
-        let ends_round = self.outer.inner + 1 >= u64::from(config.sync_every);
-        // Where the round's last step begins, to go back to if it fails.
-        let mut p0 = std::mem::take(&mut self.local.p0);
-        if ends_round {
-            copy_into(&mut p0, targets.iter().flatten().map(|t| &**t));
+        if self.outer.inner == 0 {
+            self.snapshot_inner_optimizer(&local);
         }
-        let result = match self.open_local_step() {
-            Ok(mut grads) => {
-                let failure = self.step_locally(targets, &mut grads, &mut stats, local);
-                self.local.grads = grads;
-                if !ends_round || self.buckets.is_empty() {
-                    self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))
-                        .map(|()| {
-                            self.outer.inner += 1;
-                            if ends_round {
-                                self.outer.inner = 0;
-                                self.outer.rounds += 1;
-                            }
-                            self.optimizer.step();
-                            stats
-                        })
-                } else if failure.is_some() {
-                    // Posted in place of the first combination.
-                    overwrite(targets, &p0)?;
-                    let err = self.comm.post_fault(FaultKind::Optimizer);
-                    self.step_failed(err.into(), stats)
-                } else {
-                    self.end_round(targets, &p0, config, stats)
+        let mut grads = self.take_local_grads();
+        if self.fault.is_none() && self.outer.fault.is_none() {
+            // Its failure is recorded as this rank's fault.
+            let _ = self.step_locally(targets, &mut grads, &mut stats, local);
+        }
+        self.local.grads = grads;
+        if self.outer.fault.is_none() {
+            self.outer.fault = self.fault.take();
+        }
+        if self.outer.inner + 1 < u64::from(config.sync_every) {
+            self.outer.inner += 1;
+            self.optimizer.step();
+            return Ok(stats);
+        }
+        // The round's end carries the round's fault.
+        self.fault = self.outer.fault.take();
+        if self.buckets.is_empty() {
+            // Nothing to combine: an agreement of its own.
+            let failure = self.fault.as_ref().map(|f| f.detail.clone());
+            let kind = self.fault.as_ref().map_or(FaultKind::Other, |f| f.kind);
+            return match self.agree_after(kind, failure) {
+                Ok(()) => {
+                    self.outer.inner = 0;
+                    self.outer.rounds += 1;
+                    self.optimizer.step();
+                    Ok(stats)
                 }
+                Err(e) => {
+                    self.skip_round(targets)?;
+                    Err(e)
+                }
+            };
+        }
+        if let Some(fault) = &self.fault {
+            // Posted in place of the first combination.
+            let err = self.comm.post_fault(fault.kind);
+            self.skip_round(targets)?;
+            return self.step_failed(err.into(), stats);
+        }
+        self.end_round(targets, config, stats)
+    }
+
+    /// The inner optimizer's state copied aside at a round's start (a
+    /// failure to copy it is this rank's fault for the round).
+    fn snapshot_inner_optimizer(&mut self, local: &LocalUpdate<'_>) {
+        if !matches!(local, LocalUpdate::Optimizer) {
+            self.outer.round_start = None;
+            return;
+        }
+        let snapshot = self
+            .outer
+            .round_start
+            .get_or_insert_with(OptimizerState::default);
+        if let Err(e) = self.optimizer.snapshot_into(snapshot) {
+            self.outer.round_start = None;
+            self.record(FaultKind::Optimizer, &e);
+        }
+    }
+
+    /// A round every rank skips: the parameters back to `θ_global`, the
+    /// inner optimizer to the round's start, a new round.
+    fn skip_round(&mut self, targets: &mut [Option<&mut Tensor>]) -> Result<()> {
+        // Declared parameter by declared parameter; a target the call got
+        // wrong (missing, or of another shape: the step's own fault) is
+        // not one of ours and stays as it is.
+        for (target, global) in targets.iter_mut().zip(&self.outer.global) {
+            if let Some(param) = target
+                && param.dims() == global.dims()
+            {
+                param.copy_from(global)?;
             }
-            Err(e) => self.step_failed(e, stats),
-        };
-        self.local.p0 = p0;
-        result
+        }
+        if let Some(snapshot) = &self.outer.round_start {
+            self.optimizer.restore_snapshot(snapshot)?;
+        }
+        self.outer.inner = 0;
+        Ok(())
     }
 
     /// The round's end: the pseudo-gradients of every bucket combined (all
@@ -118,7 +178,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     fn end_round(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
-        p0: &[Tensor],
         config: DiLoCoConfig,
         mut stats: StepStats,
     ) -> Result<StepStats> {
@@ -182,7 +241,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         if !kept {
-            overwrite(targets, p0)?;
+            self.skip_round(targets)?;
             return match failed {
                 Some(e) => self.step_failed(e, stats),
                 None => self.non_finite_everywhere(stats, "the averaged pseudo-gradient"),

@@ -246,11 +246,16 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 /// Where a checkpoint keeps DiLoCo's state: the global parameters as
 /// tensors `outer/global/<name>`, the outer optimizer's state under
 /// `outer/optimizer` ([`Checkpoint::insert_optimizer_state`]), the counters
-/// as values `outer/inner` and `outer/rounds`.
+/// as values `outer/inner` and `outer/rounds`; in the middle of a round,
+/// the inner optimizer's state at its start under `outer/round_start` and
+/// this rank's fault of the round, if any, as `outer/fault` (`{"kind":
+/// code, "detail": text}`).
 const OUTER_GLOBAL: &str = "outer/global/";
 const OUTER_OPTIMIZER: &str = "outer/optimizer";
 const OUTER_INNER: &str = "outer/inner";
 const OUTER_ROUNDS: &str = "outer/rounds";
+const OUTER_ROUND_START: &str = "outer/round_start";
+const OUTER_FAULT: &str = "outer/fault";
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Writes DiLoCo's state into `ckpt` (nothing in other loops).
@@ -269,6 +274,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         if let Some(optimizer) = &outer.optimizer {
             ckpt.insert_optimizer_state(OUTER_OPTIMIZER, &optimizer.state()?)?;
+        }
+        if outer.inner > 0 {
+            if let Some(snapshot) = &outer.round_start {
+                ckpt.insert_optimizer_state(OUTER_ROUND_START, snapshot)?;
+            }
+            if let Some(fault) = &outer.fault {
+                ckpt.state.values.insert(
+                    OUTER_FAULT.into(),
+                    serde_json::json!({ "kind": fault.kind.code(), "detail": fault.detail }),
+                );
+            }
         }
         Ok(())
     }
@@ -311,11 +327,26 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             None => None,
         };
+        let fault = match ckpt.state.values.get(OUTER_FAULT) {
+            None => None,
+            Some(v) => {
+                let kind = v["kind"].as_u64().and_then(|k| u32::try_from(k).ok());
+                let (Some(kind), Some(detail)) = (kind, v["detail"].as_str()) else {
+                    return Err(mismatch(format!("{OUTER_FAULT} is not a fault: {v}")));
+                };
+                Some(super::LocalFault {
+                    kind: gradwire_algos::FaultKind::from_code(kind),
+                    detail: detail.to_string(),
+                })
+            }
+        };
         Ok(Some(super::outer::OuterState {
             global,
             optimizer,
             inner,
             rounds,
+            fault,
+            round_start: ckpt.optimizer_state(OUTER_ROUND_START)?,
         }))
     }
 }

@@ -10,7 +10,7 @@
 //! by the residuals (no mass lost); a round resumes bitwise from a
 //! checkpoint taken mid-round; a non-finite inner step is skipped alike.
 
-use gradwire_comm::{Communicator, LocalComm, local};
+use gradwire_comm::{Communicator, FaultKind, LocalComm, local};
 use gradwire_optim::{
     DiLoCoConfig, DistOpt, DistOptConfig, LocalSteps, OptimError, OuterCodec, OuterOptimizer, Sgd,
     SgdConfig, StepStats, StrategyConfig,
@@ -298,8 +298,61 @@ fn a_round_resumes_bitwise_from_a_checkpoint_taken_mid_round() {
     assert_eq!(resumed, straight[0][6..10].to_vec());
 }
 
+/// What one rank saw at each step of a run in which some steps' gradients
+/// hold a NaN: its parameters after the step, and whether the step was
+/// skipped (`Some(true)`), taken (`Some(false)`) or failed (`None`, with
+/// the fault naming the poisoned rank).
+type Seen = Vec<(Vec<f32>, Option<bool>)>;
+
+/// `steps` steps of `strategy` with an inner SGD of momentum 0.9 (state
+/// that a skipped round must put back), `poison(rank, step)` deciding
+/// which gradients hold a NaN.
+fn run_poisoned(
+    world: usize,
+    strategy: StrategyConfig,
+    skip_non_finite: bool,
+    steps: usize,
+    poison: impl Fn(usize, usize) -> bool + Sync,
+) -> Vec<Seen> {
+    local::run(world, |comm: LocalComm| {
+        let rank = comm.rank();
+        let dist_config = DistOptConfig {
+            skip_non_finite,
+            ..config(strategy)
+        };
+        let inner = Sgd::new(SgdConfig::default().lr(INNER_LR).momentum(0.9)).unwrap();
+        let mut dist = LocalSteps::new(inner, comm, specs(), dist_config)?;
+        let mut w = tensors(&initial().concat());
+        let mut seen = Vec::new();
+        for s in 0..steps {
+            let outcome = match step(&mut dist, &mut w, world, poison(rank, s)) {
+                Ok(stats) => Some(stats.non_finite),
+                Err(OptimError::Fault(fault)) => {
+                    assert_eq!(fault.kind, FaultKind::NonFinite, "rank {rank}, step {s}");
+                    assert_eq!(fault.rank, Some(1), "rank {rank}, step {s}");
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            seen.push((flat(&w), outcome));
+        }
+        Ok::<_, OptimError>(seen)
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+/// Rank 1's gradient holds a NaN at an inner step of the first round (1)
+/// and at the second round's last step (5). Inner steps make no
+/// collective, so step 1 goes on everywhere; each round's end carries the
+/// fault, and every rank skips (or fails) that round alike: its
+/// parameters back to the round's start, its inner optimizer (momentum
+/// 0.9) too, nothing else changed. The two rounds after them are then
+/// bitwise the first two rounds of a run without faults.
 #[test]
-fn a_non_finite_step_is_skipped_alike_and_changes_nothing() {
+fn a_non_finite_inner_step_skips_its_round_alike_and_changes_nothing() {
     let strategy = diloco(
         3,
         OuterCodec::Quantized(gradwire_compress::Quantizer::MinMaxU8),
@@ -309,34 +362,85 @@ fn a_non_finite_step_is_skipped_alike_and_changes_nothing() {
         },
     );
     let world = 3;
-    // Rank 1's gradient holds a NaN at an inner step (2) and at a round's
-    // last step (5): both are skipped on every rank, and the run goes on as
-    // if those steps had not been taken.
-    let with_faults: Vec<Vec<Vec<f32>>> = local::run(world, |comm: LocalComm| {
+    let poisoned = |rank: usize, s: usize| rank == 1 && (s == 1 || s == 5);
+    let clean = run_poisoned(world, strategy, true, 6, |_, _| false);
+    let start = initial().concat();
+    for skip in [true, false] {
+        let seen = run_poisoned(world, strategy, skip, 12, poisoned);
+        for rank in 0..world {
+            for (s, (w, outcome)) in seen[rank].iter().enumerate() {
+                let what = format!("skip_non_finite {skip}, rank {rank}, step {s}");
+                let round_end = s % 3 == 2;
+                let lost = s == 2 || s == 5;
+                let wanted = match (lost, skip) {
+                    (true, true) => Some(true),
+                    (true, false) => None,
+                    (false, _) => Some(false),
+                };
+                assert_eq!(*outcome, wanted, "{what}");
+                if lost {
+                    // Both lost rounds began at the initial values.
+                    assert_eq!(*w, start, "{what}: a skipped round changed the parameters");
+                } else if s >= 6 {
+                    assert_eq!(*w, clean[rank][s - 6].0, "{what}");
+                } else if round_end {
+                    unreachable!("{what}");
+                }
+            }
+        }
+    }
+}
+
+/// A checkpoint taken in the middle of a round in which rank 1 already
+/// failed holds that fault and the inner optimizer's state at the round's
+/// start: the resumed run skips the round exactly as the straight one.
+#[test]
+fn a_round_with_a_pending_fault_resumes_bitwise() {
+    let strategy = diloco(
+        4,
+        OuterCodec::Dense,
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+    );
+    let world = 3;
+    let poisoned = |rank: usize, s: usize| rank == 1 && s == 5;
+    let straight = run_poisoned(world, strategy, true, 12, poisoned);
+    let resumed: Vec<Seen> = local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
+        let comm2 = comm.split(Some(0), rank as i64)?.expect("a member");
         let dist_config = DistOptConfig {
             skip_non_finite: true,
             ..config(strategy)
         };
-        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), dist_config)?;
+        let inner = || Sgd::new(SgdConfig::default().lr(INNER_LR).momentum(0.9)).unwrap();
+        let mut dist = LocalSteps::new(inner(), comm, specs(), dist_config.clone())?;
         let mut w = tensors(&initial().concat());
-        let mut after = Vec::new();
-        for s in 0..8 {
-            let stats = step(&mut dist, &mut w, world, rank == 1 && (s == 2 || s == 5))?;
-            assert_eq!(stats.non_finite, s == 2 || s == 5, "rank {rank}, step {s}");
-            if s != 2 && s != 5 {
-                after.push(flat(&w));
-            }
+        for s in 0..6 {
+            step(&mut dist, &mut w, world, poisoned(rank, s))?;
         }
-        Ok::<_, OptimError>(after)
+        let ckpt = dist.checkpoint()?;
+        let saved = flat(&w);
+        drop(dist);
+        let mut again = LocalSteps::new(inner(), comm2, specs(), dist_config)?;
+        again.restore(&ckpt)?;
+        let mut w = tensors(&saved);
+        let mut seen = Vec::new();
+        for s in 6..12 {
+            let stats = step(&mut again, &mut w, world, poisoned(rank, s))?;
+            seen.push((flat(&w), Some(stats.non_finite)));
+        }
+        Ok::<_, OptimError>(seen)
     })
     .unwrap()
     .into_iter()
     .map(|r| r.unwrap())
     .collect();
-    let without = run(world, strategy, 6);
     for rank in 0..world {
-        assert_eq!(with_faults[rank], without[rank], "rank {rank}");
+        assert_eq!(resumed[rank], straight[rank][6..12].to_vec(), "rank {rank}");
+        // Step 7 ended the poisoned round: skipped on every rank.
+        assert_eq!(resumed[rank][1].1, Some(true), "rank {rank}");
     }
 }
 

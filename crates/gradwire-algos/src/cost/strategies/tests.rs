@@ -51,8 +51,9 @@ fn tensors(shapes: &[Vec<usize>], rank: usize) -> Vec<Tensor> {
         .collect()
 }
 
-/// Rank 0's `Traffic.sent` of `f` on `world` ranks.
-fn sent_by_rank0<F>(world: usize, f: F) -> u64
+/// Rank 0's `Traffic.sent` of `f` on `world` ranks (as the model's
+/// per-step f64, which holds these counts exactly).
+fn sent_by_rank0<F>(world: usize, f: F) -> f64
 where
     F: Fn(&gradwire_comm::LocalComm, &mut Vec<Tensor>) -> Result<Traffic> + Sync,
 {
@@ -61,7 +62,7 @@ where
         f(&comm, &mut t)
     })
     .unwrap();
-    out.into_iter().next().unwrap().unwrap().sent
+    out.into_iter().next().unwrap().unwrap().sent as f64
 }
 
 #[test]
@@ -106,6 +107,27 @@ fn bad_settings_are_errors() {
             },
             "PowerSGD's rank must be positive",
         ),
+        (
+            StrategySpec::Outer {
+                sync_every: 0,
+                codec: Box::new(StrategySpec::Dense),
+            },
+            "a round takes at least one inner step",
+        ),
+        (
+            StrategySpec::Outer {
+                sync_every: 4,
+                codec: Box::new(StrategySpec::AdaSum),
+            },
+            "AdaSum cannot carry a pseudo-gradient",
+        ),
+        (
+            StrategySpec::Outer {
+                sync_every: 4,
+                codec: Box::new(StrategySpec::TopK { ratio: 2.0 }),
+            },
+            "a sparse ratio must be in (0, 1], got 2",
+        ),
     ] {
         refused(step_collectives(&bad, &s, 4, &b), what);
     }
@@ -149,7 +171,7 @@ fn one_rank_sends_nothing() {
         },
     ] {
         let calls = step_collectives(&spec, &shapes(), 1, &Bucketing::default()).unwrap();
-        assert_eq!(bytes_sent(&calls), 0, "{spec:?}");
+        assert_eq!(bytes_sent(&calls), 0.0, "{spec:?}");
     }
 }
 
@@ -254,7 +276,7 @@ fn dimreduce_matches_the_model() {
         })
         .unwrap();
         let step = out.into_iter().next().unwrap().unwrap();
-        assert_eq!(step.traffic.sent, bytes_sent(&calls), "W = {world}");
+        assert_eq!(step.traffic.sent as f64, bytes_sent(&calls), "W = {world}");
     }
     // The trials: DistOpt's one all-reduce of 8 x trials bytes.
     let with = StrategySpec::DimReduce {
@@ -274,7 +296,7 @@ fn dimreduce_matches_the_model() {
     .unwrap();
     assert_eq!(
         bytes_sent(&calls) - bytes_sent(&without),
-        Traffic::all_reduce(16, 3).sent
+        Traffic::all_reduce(16, 3).sent as f64
     );
     assert_eq!(calls.len(), without.len() + 2);
 }
@@ -294,4 +316,73 @@ fn dense_counts_one_vote_and_one_all_reduce_per_bucket() {
     let calls = step_collectives(&StrategySpec::Dense, &s, 4, &per_step).unwrap();
     assert_eq!(calls.len(), 4);
     assert_eq!(calls[0], CollectiveCall::all_reduce(4, 4));
+}
+
+/// DiLoCo's round: no call on the inner steps, the codec's calls of every
+/// bucket (no vote) once a round; per step, a `1 / H` share of the round.
+#[test]
+fn outer_rounds_send_the_codecs_calls_once_every_h_steps() {
+    let link = crate::cost::Link::new(20e-6, 1.25e8).unwrap();
+    let bucketing = Bucketing {
+        fusion_threshold: 5000,
+        ..Bucketing::default()
+    };
+    let codecs = [
+        StrategySpec::Dense,
+        StrategySpec::Half,
+        StrategySpec::TopK { ratio: 0.05 },
+        StrategySpec::Quantized {
+            quantizer: Quantizer::MinMaxU8,
+        },
+        StrategySpec::PowerSgd {
+            rank: 2,
+            min_compression_rate: 2.0,
+        },
+    ];
+    for world in 1..=8 {
+        for codec in &codecs {
+            // The codec's step without its votes: what a round sends.
+            let step = step_collectives(codec, &shapes(), world, &bucketing).unwrap();
+            let buckets = plan_buckets(
+                &shapes()
+                    .iter()
+                    .map(|s| s.iter().product())
+                    .collect::<Vec<_>>(),
+                bucketing.fusion_threshold,
+                bucketing.capacity,
+            )
+            .unwrap();
+            let votes: Vec<_> = buckets
+                .iter()
+                .map(|b| CollectiveCall::all_reduce(b.len(), world))
+                .collect();
+            let round: Vec<_> = step.into_iter().filter(|c| !votes.contains(c)).collect();
+            for h in [1u32, 2, 7, 50] {
+                let outer = StrategySpec::Outer {
+                    sync_every: h,
+                    codec: Box::new(codec.clone()),
+                };
+                let calls = step_collectives(&outer, &shapes(), world, &bucketing).unwrap();
+                let h64 = u64::from(h);
+                let wanted: Vec<_> = round.iter().map(|c| c.once_every(h64)).collect();
+                assert_eq!(calls, wanted, "{codec:?} H = {h} W = {world}");
+                let per_round: u64 = round.iter().map(|c| c.sent).sum();
+                let mean = bytes_sent(&calls);
+                assert!(
+                    (mean * f64::from(h) - per_round as f64).abs() <= 1e-12 * per_round as f64,
+                    "{codec:?} H = {h} W = {world}: {mean}"
+                );
+                let secs = |c: &[CollectiveCall]| {
+                    crate::cost::communication_secs(c, world, &link, &crate::cost::Algorithm::Ring)
+                        .unwrap()
+                };
+                let expected = secs(&round) / f64::from(h);
+                let got = secs(&calls);
+                assert!(
+                    (got - expected).abs() <= 1e-12 * expected.max(1e-300),
+                    "{codec:?} H = {h} W = {world}: {got} s, not {expected} s"
+                );
+            }
+        }
+    }
 }

@@ -513,10 +513,12 @@ impl StrategyConfig {
     /// ([`gradwire_algos::cost::step_collectives`]): its compressed stage
     /// (after PowerSGD's start step and 1-bit Adam's freeze), with sampled
     /// top-k's overshoot and DimReduce's components and line-search trials
-    /// as the model assumes them. `None` where the model has no form for
-    /// it yet: a threshold's count depends on the data, the local-step
-    /// strategies (`partial`, `adasum-delta`, `diloco`) send parameters,
-    /// and a user's own strategy is unknown to it.
+    /// as the model assumes them; DiLoCo's round with its codec's calls
+    /// once every `H` steps. `None` where the model has no form for it
+    /// yet: a threshold's count depends on the data (so does DiLoCo's over
+    /// a threshold codec, which it has not), the parameter-averaging
+    /// local-step strategies (`partial`, `adasum-delta`) are not written
+    /// yet, and a user's own strategy is unknown to it.
     pub fn cost_spec(
         &self,
         sampled_overshoot: f64,
@@ -524,6 +526,14 @@ impl StrategyConfig {
         dimreduce_trials: usize,
     ) -> Option<StrategySpec> {
         Some(match *self {
+            StrategyConfig::DiLoCo(config) => StrategySpec::Outer {
+                sync_every: config.sync_every,
+                codec: Box::new(config.codec.strategy().cost_spec(
+                    sampled_overshoot,
+                    dimreduce_components,
+                    dimreduce_trials,
+                )?),
+            },
             StrategyConfig::Dense => StrategySpec::Dense,
             StrategyConfig::Half { .. } => StrategySpec::Half,
             StrategyConfig::Sparse { codec, .. } => match codec {
@@ -548,8 +558,7 @@ impl StrategyConfig {
             },
             StrategyConfig::Custom
             | StrategyConfig::Partial { .. }
-            | StrategyConfig::DeltaWeight { .. }
-            | StrategyConfig::DiLoCo(_) => return None,
+            | StrategyConfig::DeltaWeight { .. } => return None,
         })
     }
 }
