@@ -47,6 +47,23 @@ pub fn steps_lost(mode: StrategyConfig, step: usize) -> std::ops::Range<usize> {
     }
 }
 
+/// The step (counting from 0) at which every rank learns of a fault
+/// injected at `step`: that step in every mode whose steps carry their
+/// faults, DiLoCo's round end, or in Streaming DiLoCo the merge of the
+/// next fragment to leave (`τ` steps after it leaves, every `H / F`).
+pub fn reported_at(mode: StrategyConfig, step: usize) -> usize {
+    match mode {
+        StrategyConfig::DiLoCo(config) if config.is_streaming() => {
+            let stride = (config.stride() as usize).max(1);
+            // The inner step count, from 1, after which the next one leaves.
+            let leaves = (step + 1).div_ceil(stride) * stride;
+            leaves + config.delay as usize - 1
+        }
+        StrategyConfig::DiLoCo(_) => steps_lost(mode, step).end - 1,
+        _ => step,
+    }
+}
+
 /// Steps per scenario.
 pub const STEPS: usize = 5;
 /// The step at which the fault is injected (three steps follow it).
@@ -127,10 +144,16 @@ impl Fault {
     /// The failed round puts back every parameter the call gave; the
     /// caller's own tensor of the parameter it got wrong was not given,
     /// and keeps what the round's inner steps did to it.
+    /// In Streaming DiLoCo no run without some steps is the same: a lost
+    /// fragment goes back to its global values while the others keep
+    /// their inner steps.
     pub fn restores(self, mode: StrategyConfig, step: usize) -> bool {
         let round_end = steps_lost(mode, step).end == step + 1;
-        let diloco = matches!(mode, StrategyConfig::DiLoCo(_));
-        self.passes() && !(diloco && self == Fault::WrongShape && round_end)
+        match mode {
+            StrategyConfig::DiLoCo(config) if config.is_streaming() => false,
+            StrategyConfig::DiLoCo(_) => self.passes() && !(self == Fault::WrongShape && round_end),
+            _ => self.passes(),
+        }
     }
 }
 

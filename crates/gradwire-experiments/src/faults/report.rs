@@ -11,11 +11,13 @@ pub struct Report {
     pub fault: Fault,
     /// Whether DistOpt skipped non-finite steps.
     pub skip_non_finite: bool,
-    /// Rank 0's outcome at the fault step.
+    /// Rank 0's outcome at the step the fault is reported at
+    /// ([`reported_at`]).
     pub at_fault: Outcome,
     /// Whether every rank saw the same outcome at every step.
     pub agreed: bool,
-    /// Whether every step after the fault completed on every rank.
+    /// Whether every step but the one the fault is reported at
+    /// ([`reported_at`]) completed on every rank.
     pub recovered: bool,
     /// Whether the ranks ended with bitwise-equal parameters (`None` in
     /// partial mode, local SGD, where ranks differ by design).
@@ -44,12 +46,15 @@ impl Report {
         reference: Option<&[RankRecord]>,
     ) -> Report {
         let first = &records[0];
+        let at = reported_at(mode, FAULT_STEP);
         // Outcomes compared whole: the same kind and the same named rank.
         let agreed = records.iter().all(|r| r.outcomes == first.outcomes);
         let recovered = records.iter().all(|r| {
-            r.outcomes[FAULT_STEP + 1..]
-                .iter()
-                .all(|o| *o == Outcome::Done)
+            r.outcomes.len() > at
+                && r.outcomes[..at]
+                    .iter()
+                    .chain(&r.outcomes[at + 1..])
+                    .all(|o| *o == Outcome::Done)
         });
         // Partial averaging and DiLoCo's inner steps keep ranks apart.
         let equal = (!matches!(
@@ -59,8 +64,9 @@ impl Report {
         .then(|| records.iter().all(|r| r.params == first.params));
         let time_to_outcome = records
             .iter()
-            .map(|r| r.times[FAULT_STEP])
+            .filter_map(|r| r.times.get(at))
             .max()
+            .copied()
             .unwrap_or_default();
         let unchanged = reference.map(|clean| {
             records.len() == clean.len()
@@ -70,7 +76,7 @@ impl Report {
             mode,
             fault,
             skip_non_finite: skip,
-            at_fault: first.outcomes[FAULT_STEP].clone(),
+            at_fault: first.outcomes.get(at).cloned().unwrap_or(Outcome::Done),
             agreed,
             recovered,
             equal,
@@ -110,7 +116,8 @@ impl Report {
 /// The faults that end a run, judged: every surviving rank's run ends with
 /// a step that fails naming the lost rank, promptly.
 ///
-/// The failing step is [`FAULT_STEP`], or the step before it on a rank that
+/// The failing step is the one the fault is reported at ([`reported_at`]:
+/// [`FAULT_STEP`] but in the outer loops), or the step before it on a rank that
 /// was still finishing that step when the faulty rank, done with it,
 /// left: a group that lost a rank fails every later call on it (LocalComm's
 /// rule), so a survivor's last exchanges with the other survivors fail too.
@@ -169,7 +176,8 @@ impl TerminalReport {
             // failed naming itself (its own job panicked).
             _ if rank == lost => true,
             Some((step, o)) => {
-                *o == Outcome::Lost(lost) && (FAULT_STEP - 1..=FAULT_STEP).contains(step)
+                let at = reported_at(self.mode, FAULT_STEP);
+                *o == Outcome::Lost(lost) && (at.saturating_sub(1)..=at).contains(step)
             }
             None => false,
         });

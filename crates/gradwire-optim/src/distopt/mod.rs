@@ -74,6 +74,7 @@ mod registry;
 mod spec;
 mod state;
 mod strategies;
+mod streaming;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -151,6 +152,8 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     /// The step's bucket outputs, residuals and averaged gradients: lists
     /// kept between steps so that a step allocates none.
     scratch: StepScratch,
+    /// The fragment of each bucket (Streaming DiLoCo; all 0 otherwise).
+    bucket_fragment: Vec<usize>,
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
@@ -221,7 +224,31 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 "the declared parameters hold more elements than fit in memory".into(),
             ));
         }
-        let buckets = plan_buckets(&params, &lens, config.fusion_threshold, config.capacity)?;
+        let fragments = match config.strategy {
+            StrategyConfig::DiLoCo(diloco) => diloco.fragments as usize,
+            _ => 1,
+        };
+        let cuts = streaming::fragment_ranges(&lens, fragments).ok_or_else(|| {
+            OptimError::InvalidArgument(format!(
+                "{fragments} fragments need at least as many parameters, {} are declared",
+                params.len()
+            ))
+        })?;
+        // Buckets planned inside each fragment, so that none spans two.
+        let mut buckets = Vec::new();
+        let mut bucket_fragment = Vec::new();
+        for (p, cut) in cuts.iter().enumerate() {
+            let planned = plan_buckets(
+                &params[cut.clone()],
+                &lens[cut.clone()],
+                config.fusion_threshold,
+                config.capacity,
+            )?;
+            for b in planned {
+                buckets.push(b.start + cut.start..b.end + cut.start);
+                bucket_fragment.push(p);
+            }
+        }
         let grads = vec![None; params.len()];
         let unpushed = vec![None; params.len()];
         let bucket_lens: Vec<Arc<[usize]>> = buckets
@@ -256,6 +283,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             all_written: vec![true; bucket_lens.iter().map(|b| b.len()).max().unwrap_or(0)],
             bucket_lens,
             partial_counter: 0,
+            bucket_fragment,
             shared,
             dimreduce: None,
             local: local_step::LocalScratch::default(),

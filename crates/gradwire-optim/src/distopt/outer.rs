@@ -44,9 +44,9 @@ pub(crate) struct OuterState {
     pub(crate) global: Vec<Tensor>,
     /// The outer optimizer, made at the first round's end.
     pub(crate) optimizer: Option<AnyOptimizer>,
-    /// Inner steps completed in the current round.
+    /// Inner steps completed in the current round (DiLoCo).
     pub(crate) inner: u64,
-    /// Rounds completed.
+    /// Rounds completed (streaming: fragments merged).
     pub(crate) rounds: u64,
     /// This rank's first fault of the current round, which the round's
     /// end carries to every rank.
@@ -54,6 +54,14 @@ pub(crate) struct OuterState {
     /// The inner optimizer's state when the round began (`None` with the
     /// caller's own inner step): what a skipped round puts back.
     pub(crate) round_start: Option<OptimizerState>,
+    /// Streaming: inner steps taken since the start.
+    pub(crate) steps: u64,
+    /// Streaming: the fragment exchanged and not yet merged.
+    pub(crate) pending: Option<super::streaming::PendingMerge>,
+    /// A restored checkpoint's pending mean pseudo-gradients, by bucket,
+    /// until `restore` moves them where the merge finds them (always
+    /// empty otherwise).
+    pub(crate) restored_deltas: Vec<(usize, Vec<Tensor>)>,
 }
 
 /// The outer optimizer `outer` describes.
@@ -80,28 +88,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         local: LocalUpdate<'_>,
         config: DiLoCoConfig,
     ) -> Result<StepStats> {
-        let mut stats = StepStats {
-            buckets: self.buckets.len(),
-            ..StepStats::default()
-        };
-        if self.outer.global.len() != targets.len() {
-            copy_into(
-                &mut self.outer.global,
-                targets.iter().flatten().map(|t| &**t),
-            );
+        if config.is_streaming() {
+            return self.finish_streaming(targets, local, config);
         }
         if self.outer.inner == 0 {
             self.snapshot_inner_optimizer(&local);
         }
-        let mut grads = self.take_local_grads();
-        if self.fault.is_none() && self.outer.fault.is_none() {
-            // Its failure is recorded as this rank's fault.
-            let _ = self.step_locally(targets, &mut grads, &mut stats, local);
-        }
-        self.local.grads = grads;
-        if self.outer.fault.is_none() {
-            self.outer.fault = self.fault.take();
-        }
+        let stats = self.inner_step(targets, local);
         if self.outer.inner + 1 < u64::from(config.sync_every) {
             self.outer.inner += 1;
             self.optimizer.step();
@@ -126,13 +119,39 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }
             };
         }
-        if let Some(fault) = &self.fault {
-            // Posted in place of the first combination.
-            let err = self.comm.post_fault(fault.kind);
-            self.skip_round(targets)?;
-            return self.step_failed(err.into(), stats);
-        }
+        // A fault of the round is posted in place of the first combination.
         self.end_round(targets, config, stats)
+    }
+
+    /// The local update of an inner step (none once this rank has a fault
+    /// not yet carried, which this step's own fault then becomes), with
+    /// `θ_global` taken from the parameters at the first step. No
+    /// collective.
+    pub(super) fn inner_step(
+        &mut self,
+        targets: &mut [Option<&mut Tensor>],
+        local: LocalUpdate<'_>,
+    ) -> StepStats {
+        let mut stats = StepStats {
+            buckets: self.buckets.len(),
+            ..StepStats::default()
+        };
+        if self.outer.global.len() != targets.len() {
+            copy_into(
+                &mut self.outer.global,
+                targets.iter().flatten().map(|t| &**t),
+            );
+        }
+        let mut grads = self.take_local_grads();
+        if self.fault.is_none() && self.outer.fault.is_none() {
+            // Its failure is recorded as this rank's fault.
+            let _ = self.step_locally(targets, &mut grads, &mut stats, local);
+        }
+        self.local.grads = grads;
+        if self.outer.fault.is_none() {
+            self.outer.fault = self.fault.take();
+        }
+        stats
     }
 
     /// The inner optimizer's state copied aside at a round's start (a
@@ -181,13 +200,69 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         config: DiLoCoConfig,
         mut stats: StepStats,
     ) -> Result<StepStats> {
+        let step = self.outer.rounds;
+        if let Err(lost) = self.combine_pseudo_gradients(targets, (1, 0), step, &mut stats)? {
+            self.skip_round(targets)?;
+            return self.round_lost(lost, stats);
+        }
+        self.outer_step(config, (1, 0))?;
+        overwrite(targets, &self.outer.global)?;
+        stats.updated = targets.iter().flatten().count();
+        self.outer.inner = 0;
+        self.outer.rounds += 1;
+        self.optimizer.step();
+        Ok(stats)
+    }
+
+    /// How a step ends whose combination was `lost` on every rank.
+    pub(super) fn round_lost(&mut self, lost: Lost, stats: StepStats) -> Result<StepStats> {
+        match lost {
+            Lost::Failed(e) => self.step_failed(e, stats),
+            Lost::NonFinite => self.non_finite_everywhere(stats, "the averaged pseudo-gradient"),
+        }
+    }
+
+    /// The buckets of fragment `p` (of `fragments`; every bucket for
+    /// `(1, 0)`), in order.
+    pub(super) fn fragment_buckets(&self, (_, p): (usize, usize)) -> FragmentBuckets<'_> {
+        FragmentBuckets {
+            of: &self.bucket_fragment,
+            fragment: p,
+            next: 0,
+        }
+    }
+
+    /// The pseudo-gradients `θ_global - θ_local` of fragment `fragment`'s
+    /// buckets combined by their strategies (this rank's pending fault, if
+    /// any, posted in place of the first combination), their mean left in
+    /// `local.buckets[b]`, and every strategy told whether the combination
+    /// is kept. `Ok(Err(lost))` when it is not, alike on every rank: a
+    /// combination failed, or the mean is not finite.
+    pub(super) fn combine_pseudo_gradients(
+        &mut self,
+        targets: &[Option<&mut Tensor>],
+        fragment: (usize, usize),
+        step: u64,
+        stats: &mut StepStats,
+    ) -> Result<std::result::Result<(), Lost>> {
         if self.local.buckets.len() != self.buckets.len() {
             self.local.buckets.resize_with(self.buckets.len(), Vec::new);
         }
         let begin = Instant::now();
         let mut failed = None;
-        let mut done = 0;
+        // The fragment's buckets up to this one took part.
+        let mut through = 0;
+        let mut fault = self.fault.as_ref().map(|f| f.kind);
         for b in 0..self.buckets.len() {
+            if self.bucket_fragment[b] != fragment.1 {
+                continue;
+            }
+            through = b + 1;
+            if let Some(kind) = fault.take() {
+                // Every rank's combination of this bucket fails with it.
+                failed = Some(self.comm.post_fault(kind).into());
+                break;
+            }
             let range = self.buckets[b].clone();
             // θ_global - θ_local, in tensors kept from round to round.
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
@@ -201,7 +276,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 index: b,
                 lens: &self.bucket_lens[b],
                 written: &self.all_written[..range.len()],
-                step: self.outer.rounds,
+                step,
                 capacity: self.config.capacity,
             };
             let started = Instant::now();
@@ -209,7 +284,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             stats.combine += started.elapsed();
             self.strategies[b] = Some(strategy);
             self.local.buckets[b] = deltas;
-            done = b + 1;
             match combined {
                 Ok(combined) => {
                     stats.traffic += combined.traffic;
@@ -226,45 +300,88 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }
             }
         }
-        stats.wait = begin.elapsed();
-        // The average is the same bits on every rank: a non-finite one is
+        stats.wait += begin.elapsed();
+        // The mean is the same bits on every rank: a non-finite one is
         // found alike everywhere.
+        let done = |b: &usize| *b < through && self.bucket_fragment[*b] == fragment.1;
         let finite = failed.is_some()
             || matches!(
-                first_non_finite(self.local.buckets.iter().flatten()),
+                first_non_finite(
+                    (0..self.buckets.len())
+                        .filter(done)
+                        .flat_map(|b| &self.local.buckets[b])
+                ),
                 Ok(None)
             );
         let kept = failed.is_none() && finite;
-        for b in 0..done {
-            if let Some(strategy) = self.strategies[b].as_mut() {
+        for b in 0..through {
+            if self.bucket_fragment[b] == fragment.1
+                && let Some(strategy) = self.strategies[b].as_mut()
+            {
                 strategy.end_step(b, kept);
             }
         }
-        if !kept {
-            self.skip_round(targets)?;
-            return match failed {
-                Some(e) => self.step_failed(e, stats),
-                None => self.non_finite_everywhere(stats, "the averaged pseudo-gradient"),
-            };
-        }
-        // The outer step, parameter by parameter (the average is the
-        // same on every rank, so is θ_global).
+        Ok(match failed {
+            Some(e) => Err(Lost::Failed(e)),
+            None if !finite => Err(Lost::NonFinite),
+            None => Ok(()),
+        })
+    }
+
+    /// The outer optimizer's step on fragment `fragment`'s global values,
+    /// with the mean pseudo-gradients in `local.buckets` (the same on every
+    /// rank, so is `θ_global`).
+    pub(super) fn outer_step(
+        &mut self,
+        config: DiLoCoConfig,
+        fragment: (usize, usize),
+    ) -> Result<()> {
         let outer = match &mut self.outer.optimizer {
             Some(outer) => outer,
             slot => slot.insert(outer_optimizer(config.outer)?),
         };
-        for (b, range) in self.buckets.iter().enumerate() {
-            for (k, i) in range.clone().enumerate() {
+        for b in 0..self.buckets.len() {
+            if self.bucket_fragment[b] != fragment.1 {
+                continue;
+            }
+            for (k, i) in self.buckets[b].clone().enumerate() {
                 let name = self.params[i].name.as_str();
                 outer.update(name, &mut self.outer.global[i], &self.local.buckets[b][k])?;
             }
         }
         outer.step();
-        overwrite(targets, &self.outer.global)?;
-        stats.updated = targets.iter().flatten().count();
-        self.outer.inner = 0;
-        self.outer.rounds += 1;
-        self.optimizer.step();
-        Ok(stats)
+        Ok(())
+    }
+}
+
+/// Why a combination of pseudo-gradients is not applied, the same on every
+/// rank.
+#[derive(Debug)]
+pub(crate) enum Lost {
+    /// It failed (a rank's posted fault, a lost peer, ...).
+    Failed(gradwire_algos::AlgoError),
+    /// Its mean holds a NaN or an infinity.
+    NonFinite,
+}
+
+/// The buckets of one fragment ([`Engine::fragment_buckets`]).
+pub(super) struct FragmentBuckets<'e> {
+    of: &'e [usize],
+    fragment: usize,
+    next: usize,
+}
+
+impl Iterator for FragmentBuckets<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while self.next < self.of.len() {
+            let b = self.next;
+            self.next += 1;
+            if self.of[b] == self.fragment {
+                return Some(b);
+            }
+        }
+        None
     }
 }

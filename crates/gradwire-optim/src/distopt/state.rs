@@ -148,7 +148,15 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         };
         let outer = self.read_outer(ckpt)?;
         self.optimizer.load_state(&ckpt.optimizer)?;
-        if let Some(outer) = outer {
+        if let Some(mut outer) = outer {
+            // A pending fragment's mean pseudo-gradients, where the merge
+            // looks for them.
+            if self.local.buckets.len() != self.buckets.len() {
+                self.local.buckets.resize_with(self.buckets.len(), Vec::new);
+            }
+            for (b, deltas) in std::mem::take(&mut outer.restored_deltas) {
+                self.local.buckets[b] = deltas;
+            }
             self.outer = outer;
         }
         if dimreduce.is_some() {
@@ -247,8 +255,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 /// tensors `outer/global/<name>`, the outer optimizer's state under
 /// `outer/optimizer` ([`Checkpoint::insert_optimizer_state`]), the counters
 /// as values `outer/inner` and `outer/rounds`; in the middle of a round,
-/// the inner optimizer's state at its start under `outer/round_start` and
-/// this rank's fault of the round, if any, as `outer/fault` (`{"kind":
+/// the inner optimizer's state at its start under `outer/round_start`;
+/// this rank's fault not yet carried, if any, as `outer/fault` (`{"kind":
 /// code, "detail": text}`).
 const OUTER_GLOBAL: &str = "outer/global/";
 const OUTER_OPTIMIZER: &str = "outer/optimizer";
@@ -256,6 +264,13 @@ const OUTER_INNER: &str = "outer/inner";
 const OUTER_ROUNDS: &str = "outer/rounds";
 const OUTER_ROUND_START: &str = "outer/round_start";
 const OUTER_FAULT: &str = "outer/fault";
+/// Streaming DiLoCo: the inner steps taken (`outer/steps`), and the
+/// fragment exchanged but not yet merged (`outer/pending`: `{"fragment",
+/// "merge_at", "lost"}`, `lost` null or the agreed failure), with its mean
+/// pseudo-gradients as tensors `outer/pending/delta/<name>`.
+const OUTER_STEPS: &str = "outer/steps";
+const OUTER_PENDING: &str = "outer/pending";
+const OUTER_PENDING_DELTA: &str = "outer/pending/delta/";
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Writes DiLoCo's state into `ckpt` (nothing in other loops).
@@ -275,16 +290,58 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if let Some(optimizer) = &outer.optimizer {
             ckpt.insert_optimizer_state(OUTER_OPTIMIZER, &optimizer.state()?)?;
         }
-        if outer.inner > 0 {
-            if let Some(snapshot) = &outer.round_start {
-                ckpt.insert_optimizer_state(OUTER_ROUND_START, snapshot)?;
+        ckpt.state
+            .values
+            .insert(OUTER_STEPS.into(), outer.steps.into());
+        if let Some(pending) = &outer.pending {
+            let lost = match &pending.outcome {
+                Ok(()) => serde_json::Value::Null,
+                Err(super::outer::Lost::NonFinite) => serde_json::json!("non-finite"),
+                Err(super::outer::Lost::Failed(e)) => {
+                    let rank = match e {
+                        gradwire_algos::AlgoError::Fault(fault) => fault.rank,
+                        _ => None,
+                    };
+                    serde_json::json!({
+                        "kind": e.fault_kind().code(),
+                        "rank": rank,
+                        "detail": e.to_string(),
+                    })
+                }
+            };
+            ckpt.state.values.insert(
+                OUTER_PENDING.into(),
+                serde_json::json!({
+                    "fragment": pending.fragment,
+                    "merge_at": pending.merge_at,
+                    "lost": lost,
+                }),
+            );
+            if pending.outcome.is_ok() {
+                let fragments = match self.config.strategy {
+                    StrategyConfig::DiLoCo(config) => config.fragments as usize,
+                    _ => 1,
+                };
+                for b in self.fragment_buckets((fragments, pending.fragment as usize)) {
+                    for (k, i) in self.buckets[b].clone().enumerate() {
+                        ckpt.state.tensors.insert(
+                            format!("{OUTER_PENDING_DELTA}{}", self.params[i].name),
+                            self.local.buckets[b][k].clone(),
+                        );
+                    }
+                }
             }
-            if let Some(fault) = &outer.fault {
-                ckpt.state.values.insert(
-                    OUTER_FAULT.into(),
-                    serde_json::json!({ "kind": fault.kind.code(), "detail": fault.detail }),
-                );
-            }
+        }
+        if outer.inner > 0
+            && let Some(snapshot) = &outer.round_start
+        {
+            ckpt.insert_optimizer_state(OUTER_ROUND_START, snapshot)?;
+        }
+        if let Some(fault) = &outer.fault {
+            ckpt.state.values.insert(
+                OUTER_FAULT.into(),
+                serde_json::json!({ "kind": fault.kind.code(), "detail": fault.detail }),
+            );
         }
         Ok(())
     }
@@ -340,6 +397,67 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 })
             }
         };
+        let steps = ckpt
+            .state
+            .values
+            .get(OUTER_STEPS)
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        let mut deltas = Vec::new();
+        let pending = match ckpt.state.values.get(OUTER_PENDING) {
+            None => None,
+            Some(v) => {
+                let not_one = || mismatch(format!("{OUTER_PENDING} is not a pending merge: {v}"));
+                let fragment = v["fragment"].as_u64().and_then(|f| u32::try_from(f).ok());
+                let merge_at = v["merge_at"].as_u64();
+                let (Some(fragment), Some(merge_at)) = (fragment, merge_at) else {
+                    return Err(not_one());
+                };
+                if fragment >= config.fragments {
+                    return Err(not_one());
+                }
+                let outcome = match &v["lost"] {
+                    serde_json::Value::Null => {
+                        let of = (config.fragments as usize, fragment as usize);
+                        for b in self.fragment_buckets(of) {
+                            let mut bucket = Vec::new();
+                            for i in self.buckets[b].clone() {
+                                let spec = &self.params[i];
+                                let key = format!("{OUTER_PENDING_DELTA}{}", spec.name);
+                                let t = ckpt.state.tensors.get(&key).ok_or_else(|| {
+                                    mismatch(format!("no pending pseudo-gradient of {}", spec.name))
+                                })?;
+                                spec.check("a pending pseudo-gradient", t)?;
+                                bucket.push(t.clone());
+                            }
+                            deltas.push((b, bucket));
+                        }
+                        Ok(())
+                    }
+                    serde_json::Value::String(s) if s == "non-finite" => {
+                        Err(super::outer::Lost::NonFinite)
+                    }
+                    lost => {
+                        let kind = lost["kind"].as_u64().and_then(|k| u32::try_from(k).ok());
+                        let (Some(kind), Some(detail)) = (kind, lost["detail"].as_str()) else {
+                            return Err(not_one());
+                        };
+                        Err(super::outer::Lost::Failed(
+                            gradwire_algos::AlgoError::Fault(gradwire_algos::Fault {
+                                rank: lost["rank"].as_u64().map(|r| r as usize),
+                                kind: gradwire_algos::FaultKind::from_code(kind),
+                                detail: detail.to_string(),
+                            }),
+                        ))
+                    }
+                };
+                Some(super::streaming::PendingMerge {
+                    fragment,
+                    merge_at,
+                    outcome,
+                })
+            }
+        };
         Ok(Some(super::outer::OuterState {
             global,
             optimizer,
@@ -347,6 +465,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             rounds,
             fault,
             round_start: ckpt.optimizer_state(OUTER_ROUND_START)?,
+            steps,
+            pending,
+            restored_deltas: deltas,
         }))
     }
 }

@@ -19,10 +19,10 @@ use gradwire_tensor::Tensor;
 
 use crate::common::{BATCH, BLOCKS, initial, sample, specs};
 
-const INNER_LR: f64 = 0.05;
+pub(crate) const INNER_LR: f64 = 0.05;
 
 /// The mean-squared-error gradient of `w` (f64, flat) over `range`.
-fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
+pub(crate) fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
     let n = range.len() as f64;
     let mut g = vec![0.0; w.len()];
     for i in range {
@@ -95,11 +95,12 @@ fn diloco(h: u32, codec: OuterCodec, outer: OuterOptimizer) -> StrategyConfig {
         sync_every: h,
         codec,
         outer,
+        ..DiLoCoConfig::DEFAULT
     })
 }
 
 /// One rank's parameters as tensors, from flat values.
-fn tensors(flat: &[f32]) -> Vec<Tensor> {
+pub(crate) fn tensors(flat: &[f32]) -> Vec<Tensor> {
     let mut at = 0;
     BLOCKS
         .iter()
@@ -111,13 +112,13 @@ fn tensors(flat: &[f32]) -> Vec<Tensor> {
         .collect()
 }
 
-fn flat(w: &[Tensor]) -> Vec<f32> {
+pub(crate) fn flat(w: &[Tensor]) -> Vec<f32> {
     w.iter().flat_map(|t| t.to_vec::<f32>().unwrap()).collect()
 }
 
 /// One step of `dist` on this rank's shard (`poison`: a NaN in the
 /// gradient).
-fn step(
+pub(crate) fn step(
     dist: &mut LocalSteps<Sgd, LocalComm>,
     w: &mut [Tensor],
     world: usize,
@@ -130,7 +131,12 @@ fn step(
 
 /// Rank `rank`'s gradients of `w` on its shard of the batch (`poison`: a
 /// NaN in the first entry).
-fn shard_gradients(w: &[Tensor], world: usize, rank: usize, poison: bool) -> Vec<Tensor> {
+pub(crate) fn shard_gradients(
+    w: &[Tensor],
+    world: usize,
+    rank: usize,
+    poison: bool,
+) -> Vec<Tensor> {
     let shard = BATCH / world;
     let values: Vec<f64> = flat(w).into_iter().map(f64::from).collect();
     let mut g = gradient64(&values, rank * shard..(rank + 1) * shard);
@@ -142,12 +148,12 @@ fn shard_gradients(w: &[Tensor], world: usize, rank: usize, poison: bool) -> Vec
 }
 
 /// The blocks' names, in forward order.
-fn names() -> Vec<String> {
+pub(crate) fn names() -> Vec<String> {
     (0..BLOCKS.len()).map(|b| format!("w{b}")).collect()
 }
 
 /// A step's `(name, parameter, gradient)` items.
-fn items<'a>(
+pub(crate) fn items<'a>(
     names: &'a [String],
     w: &'a mut [Tensor],
     grads: Vec<Tensor>,
@@ -160,15 +166,24 @@ fn items<'a>(
         .map(|((n, p), g)| (n, p, g))
 }
 
-fn inner_sgd() -> Sgd {
+pub(crate) fn inner_sgd() -> Sgd {
     Sgd::new(SgdConfig::default().lr(INNER_LR)).unwrap()
 }
 
 /// `steps` steps of `strategy` on `world` ranks; every rank's flat
 /// parameters after each step.
 fn run(world: usize, strategy: StrategyConfig, steps: usize) -> Vec<Vec<Vec<f32>>> {
+    run_with(world, config(strategy), steps)
+}
+
+/// [`run`] with the whole configuration given.
+pub(crate) fn run_with(
+    world: usize,
+    dist_config: DistOptConfig,
+    steps: usize,
+) -> Vec<Vec<Vec<f32>>> {
     local::run(world, |comm: LocalComm| {
-        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), config(strategy))?;
+        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), dist_config.clone())?;
         let mut w = tensors(&initial().concat());
         let mut after = Vec::new();
         for _ in 0..steps {

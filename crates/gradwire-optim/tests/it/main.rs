@@ -14,4 +14,5 @@ mod onebit_adam;
 mod optimizers;
 mod reshard;
 mod stateful_strategies;
+mod streaming;
 mod trajectory;

@@ -232,7 +232,7 @@ pub enum StrategyError {
 /// rank 2 from step 10, 1-bit Adam frozen at step 100), in the order of the
 /// help text. The names, the parser's starting points and the help derive
 /// from it.
-pub const REGISTRY: [StrategyConfig; 17] = [
+pub const REGISTRY: [StrategyConfig; 18] = [
     StrategyConfig::Dense,
     StrategyConfig::Half {
         precision: HalfPrecision::F16,
@@ -292,6 +292,7 @@ pub const REGISTRY: [StrategyConfig; 17] = [
         freeze_step: ONEBIT_ADAM_FREEZE_STEP,
     },
     StrategyConfig::DiLoCo(DiLoCoConfig::DEFAULT),
+    StrategyConfig::DiLoCo(DiLoCoConfig::STREAMING),
 ];
 
 impl StrategyConfig {
@@ -325,6 +326,7 @@ impl StrategyConfig {
             StrategyConfig::DeltaWeight { .. } => "adasum-delta",
             StrategyConfig::Partial { .. } => "partial",
             StrategyConfig::DimReduce => "dimreduce",
+            StrategyConfig::DiLoCo(config) if config.is_streaming() => "streaming-diloco",
             StrategyConfig::DiLoCo(_) => "diloco",
         }
     }
@@ -382,6 +384,7 @@ impl StrategyConfig {
             "uint8",
             "onebit-adam:freeze=2",
             "diloco:2:uint8",
+            "streaming-diloco:4:2:tau=1:uint8",
         ]
         .into_iter()
         .map(parse)

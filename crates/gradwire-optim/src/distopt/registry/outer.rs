@@ -126,10 +126,25 @@ pub const OUTER_ADAM_LR: f32 = 1e-3;
 /// pseudo-gradients `θ_global - θ_local` are averaged through `codec` and
 /// the outer optimizer applies the average to `θ_global`, from which every
 /// worker goes on.
+///
+/// Streaming DiLoCo (Douillard et al., 2025) splits the buckets into
+/// `fragments` (bucket `b` in fragment `b mod F`, strided over the layers)
+/// synchronised one every `H / F` inner steps, each every H steps with its
+/// own global values; a fragment's exchange runs on the communication
+/// thread while `delay` more inner steps go on, then the fragment is merged
+/// (`θ_local = α θ_local + (1 - α) θ_global`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DiLoCoConfig {
-    /// H: the inner steps of a round.
+    /// H: the inner steps between two synchronisations of a fragment.
     pub sync_every: u32,
+    /// F: the fragments (1: every bucket at once, DiLoCo).
+    pub fragments: u32,
+    /// τ: the inner steps a fragment's exchange overlaps before it is
+    /// merged, below `H / F` (0: merged at once).
+    pub delay: u32,
+    /// α: the weight of the local values at a merge, in [0, 1] (0: the
+    /// global values).
+    pub alpha: f32,
     /// What carries the pseudo-gradient.
     pub codec: OuterCodec,
     /// What applies it.
@@ -141,6 +156,9 @@ impl DiLoCoConfig {
     /// momentum 0.9.
     pub const DEFAULT: DiLoCoConfig = DiLoCoConfig {
         sync_every: 50,
+        fragments: 1,
+        delay: 0,
+        alpha: 0.0,
         codec: OuterCodec::Dense,
         outer: OuterOptimizer::Nesterov {
             lr: DILOCO_LR,
@@ -148,11 +166,46 @@ impl DiLoCoConfig {
         },
     };
 
-    /// Checks every setting: at least one inner step, a positive finite
-    /// learning rate, a momentum in [0, 1), and the codec's own settings.
+    /// The registry's streaming defaults: H = 50 in 2 fragments, merged at
+    /// once with the global values (τ = 0, α = 0, as torchft's), dense.
+    pub const STREAMING: DiLoCoConfig = DiLoCoConfig {
+        fragments: 2,
+        ..DiLoCoConfig::DEFAULT
+    };
+
+    /// Whether this is Streaming DiLoCo (fragments, a delay or a mixing
+    /// weight): `streaming-diloco` in the registry, else `diloco`.
+    pub fn is_streaming(&self) -> bool {
+        self.fragments > 1 || self.delay > 0 || self.alpha.to_bits() != 0
+    }
+
+    /// The inner steps between two fragments' synchronisations, `H / F`.
+    pub fn stride(&self) -> u32 {
+        self.sync_every / self.fragments.max(1)
+    }
+
+    /// Checks every setting: at least one inner step, H a multiple of F,
+    /// τ below H / F, α in [0, 1], a positive finite learning rate, a
+    /// momentum in [0, 1), and the codec's own settings.
     pub fn validate(&self) -> Result<(), String> {
         if self.sync_every == 0 {
             return Err("a round takes at least one inner step".into());
+        }
+        if self.fragments == 0 || !self.sync_every.is_multiple_of(self.fragments) {
+            return Err(format!(
+                "H = {} must be a positive multiple of the fragments, {}",
+                self.sync_every, self.fragments
+            ));
+        }
+        if self.delay >= self.stride() {
+            return Err(format!(
+                "the delay tau = {} must be below H / F = {}: a fragment is merged before the next one leaves",
+                self.delay,
+                self.stride()
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.alpha) {
+            return Err(format!("alpha must be in [0, 1], got {}", self.alpha));
         }
         let (lr, momentum) = match self.outer {
             OuterOptimizer::Nesterov { lr, momentum } => (lr, momentum),

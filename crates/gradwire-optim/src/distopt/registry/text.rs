@@ -108,6 +108,15 @@ impl fmt::Display for StrategyConfig {
             }
             StrategyConfig::DiLoCo(config) => {
                 write!(f, ":{}", config.sync_every)?;
+                if config.is_streaming() {
+                    write!(f, ":{}", config.fragments)?;
+                    if config.delay > 0 {
+                        write!(f, ":tau={}", config.delay)?;
+                    }
+                    if config.alpha.to_bits() != 0 {
+                        write!(f, ":alpha={}", config.alpha)?;
+                    }
+                }
                 if let Some(codec) = config.codec.text() {
                     write!(f, ":{codec}")?;
                 }
@@ -142,6 +151,8 @@ impl FromStr for StrategyConfig {
         let mut parts = text.split(':');
         let name = parts.next().unwrap_or_default();
         let mut strategy = StrategyConfig::default_of(name)?;
+        // Positional numbers seen (DiLoCo's H, then streaming's F).
+        let mut numbers = 0;
         let bad = |reason: String| StrategyError::BadPart {
             text: text.to_string(),
             reason,
@@ -268,8 +279,22 @@ impl FromStr for StrategyConfig {
                 }
                 (StrategyConfig::Partial { average_state }, "state", None) => *average_state = true,
                 (StrategyConfig::DiLoCo(config), _, None) if key.parse::<u64>().is_ok() => {
-                    config.sync_every = u32::try_from(integer("the inner steps")?)
-                        .map_err(|_| bad(format!("{key:?} is too many inner steps")))?
+                    // H, then (streaming) F.
+                    numbers += 1;
+                    let n = u32::try_from(integer("the inner steps")?)
+                        .map_err(|_| bad(format!("{key:?} is too large")))?;
+                    match numbers {
+                        1 => config.sync_every = n,
+                        2 if name == "streaming-diloco" => config.fragments = n,
+                        _ => return Err(unknown()),
+                    }
+                }
+                (StrategyConfig::DiLoCo(config), "tau", Some(_)) => {
+                    config.delay = u32::try_from(integer("the delay")?)
+                        .map_err(|_| bad(format!("{part:?} is too large a delay")))?
+                }
+                (StrategyConfig::DiLoCo(config), "alpha", Some(_)) => {
+                    config.alpha = number32("alpha")?
                 }
                 (StrategyConfig::DiLoCo(config), "adam", None) => {
                     // Adam's own default rate, unless one was given before.
@@ -338,6 +363,9 @@ impl StrategyConfig {
             StrategyConfig::DeltaWeight { .. } => "adasum-delta[:group=G]",
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
+            StrategyConfig::DiLoCo(config) if config.is_streaming() => {
+                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+            }
             StrategyConfig::DiLoCo(_) => {
                 "diloco[:H][:fp16|:bf16|:onebit|:qsgd|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
