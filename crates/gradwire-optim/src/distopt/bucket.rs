@@ -120,6 +120,31 @@ pub(super) struct BucketJob {
 }
 
 impl BucketJob {
+    /// A job that combines its tensors as they are, every one taking part
+    /// (no vote, no non-finite check), or posts `fault` in its place:
+    /// a fragment's pseudo-gradients in Streaming DiLoCo.
+    pub(super) fn combine_only(
+        bucket: usize,
+        lens: Arc<[usize]>,
+        capacity: usize,
+        step: u64,
+        fault: Option<FaultKind>,
+        mut buffers: BucketBuffers,
+    ) -> BucketJob {
+        buffers.written.clear();
+        buffers.written.resize(lens.len(), true);
+        BucketJob {
+            bucket,
+            lens,
+            capacity,
+            step,
+            decided: true,
+            fault,
+            check_finite: false,
+            buffers,
+        }
+    }
+
     /// The vote (or this rank's fault), then the combination by
     /// `strategy`; the strategy and the buffers come back whatever happens.
     fn run<C: Communicator + 'static>(
@@ -245,6 +270,21 @@ pub(super) struct BucketTask<C: Communicator> {
     job: BucketJob,
     grads: Vec<Tensor>,
     strategy: Box<dyn Strategy<C>>,
+}
+
+impl<C: Communicator> BucketTask<C> {
+    /// `job` with its tensors and the bucket's strategy.
+    pub(super) fn new(
+        job: BucketJob,
+        grads: Vec<Tensor>,
+        strategy: Box<dyn Strategy<C>>,
+    ) -> BucketTask<C> {
+        BucketTask {
+            job,
+            grads,
+            strategy,
+        }
+    }
 }
 
 impl<C: Communicator + 'static> AsyncJob<C> for BucketTask<C> {

@@ -23,10 +23,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Call between steps.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
         let mut ckpt = Checkpoint::new(self.optimizer.state()?);
+        // A fragment's exchange in flight is waited for: its buckets'
+        // strategies and its mean are in it until the merge.
+        let mut exchange = self.fragment_exchange.lock();
+        if exchange.is_open() {
+            exchange.settle(self.world_size());
+        }
         for (b, strategy) in self.strategies.iter().enumerate() {
+            let in_exchange = exchange.finished(b).and_then(|f| f.strategy.as_ref());
             // A bucket with no strategy yet (or since its job was lost)
             // has the state a fresh one has: a fresh one saves it.
-            match strategy {
+            match strategy.as_ref().or(in_exchange) {
                 Some(strategy) => strategy.save_state(b, &mut ckpt.state)?,
                 None => strategies::for_bucket(
                     self.config.strategy,
@@ -36,7 +43,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 .save_state(b, &mut ckpt.state)?,
             }
         }
-        self.save_outer(&mut ckpt)?;
+        self.save_outer(&mut ckpt, &exchange)?;
+        drop(exchange);
         let dict = &mut ckpt.state;
         dict.values
             .insert("partial_counter".into(), self.partial_counter.into());
@@ -147,6 +155,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             _ => None,
         };
         let outer = self.read_outer(ckpt)?;
+        // An exchange in flight is waited for (every rank restores at the
+        // same point, so its collectives still pair up), then replaced.
+        if self.fragment_exchange.lock().is_open() {
+            let _ = self.take_exchange(&mut super::StepStats::default());
+        }
         self.optimizer.load_state(&ckpt.optimizer)?;
         if let Some(mut outer) = outer {
             // A pending fragment's mean pseudo-gradients, where the merge
@@ -274,7 +287,11 @@ const OUTER_PENDING_DELTA: &str = "outer/pending/delta/";
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Writes DiLoCo's state into `ckpt` (nothing in other loops).
-    fn save_outer(&self, ckpt: &mut Checkpoint) -> Result<()> {
+    fn save_outer(
+        &self,
+        ckpt: &mut Checkpoint,
+        exchange: &super::streaming::Exchange<C>,
+    ) -> Result<()> {
         let StrategyConfig::DiLoCo(_) = self.config.strategy else {
             return Ok(());
         };
@@ -294,7 +311,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             .values
             .insert(OUTER_STEPS.into(), outer.steps.into());
         if let Some(pending) = &outer.pending {
-            let lost = match &pending.outcome {
+            // Settled above if it was in flight.
+            let outcome = pending
+                .outcome
+                .as_ref()
+                .or(exchange.outcome())
+                .unwrap_or(&Ok(()));
+            let lost = match outcome {
                 Ok(()) => serde_json::Value::Null,
                 Err(super::outer::Lost::NonFinite) => serde_json::json!("non-finite"),
                 Err(super::outer::Lost::Failed(e)) => {
@@ -317,16 +340,26 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                     "lost": lost,
                 }),
             );
-            if pending.outcome.is_ok() {
+            if outcome.is_ok() {
                 let fragments = match self.config.strategy {
                     StrategyConfig::DiLoCo(config) => config.fragments as usize,
                     _ => 1,
                 };
                 for b in self.fragment_buckets((fragments, pending.fragment as usize)) {
+                    let deltas = match exchange.finished(b).and_then(|f| f.deltas.as_ref()) {
+                        Some(deltas) => deltas,
+                        None => &self.local.buckets[b],
+                    };
                     for (k, i) in self.buckets[b].clone().enumerate() {
+                        let delta = deltas.get(k).ok_or_else(|| {
+                            OptimError::StateMismatch(format!(
+                                "no pending pseudo-gradient of {}",
+                                self.params[i].name
+                            ))
+                        })?;
                         ckpt.state.tensors.insert(
                             format!("{OUTER_PENDING_DELTA}{}", self.params[i].name),
-                            self.local.buckets[b][k].clone(),
+                            delta.clone(),
                         );
                     }
                 }
@@ -454,7 +487,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 Some(super::streaming::PendingMerge {
                     fragment,
                     merge_at,
-                    outcome,
+                    outcome: Some(outcome),
                 })
             }
         };

@@ -11,10 +11,12 @@
 //! fragment's `θ_global`, and every rank's fragment becomes `α θ_local +
 //! (1 - α) θ_global`.
 //!
-//! The exchange is made when the fragment leaves and its result kept until
-//! the merge, τ steps later: the values are those of an exchange that
-//! overlaps the τ steps, bit for bit, but this version does not yet run it
-//! on the communication thread, so it hides no time.
+//! The exchange runs on the communication thread (each of the fragment's
+//! buckets a job of its own, in its reusable slot) while the caller's
+//! forward and backward passes and the next τ inner steps go on, and is
+//! waited for at the merge. Its result depends on nothing but the values
+//! sent, so it is the same bits whatever the timing; a checkpoint taken
+//! while it runs waits for it ([`FragmentExchange`]).
 //!
 //! Failures: inner steps make no collective; a rank's fault (a non-finite
 //! gradient, a failed update, a bad call) stops its local updates and rides
@@ -25,24 +27,175 @@
 //! strategies' residuals. The inner optimizer keeps its state (unlike
 //! DiLoCo's whole round, a fragment is not all the parameters it updated).
 
-use super::local_step::LocalUpdate;
+use super::bucket::{BucketBuffers, BucketJob, BucketOutput, BucketTask, first_non_finite};
+use super::local_step::{LocalUpdate, differences_into};
 use super::outer::Lost;
 use super::{DiLoCoConfig, Engine, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
-use gradwire_comm::Communicator;
+use gradwire_algos::{AlgoError, Strategy, Traffic};
+use gradwire_comm::{Communicator, Pending};
 use gradwire_tensor::Tensor;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-/// A fragment whose exchange is made, waiting for its merge.
+/// A fragment that left, waiting for its merge.
 #[derive(Debug)]
 pub(crate) struct PendingMerge {
     /// Which fragment.
     pub(crate) fragment: u32,
     /// The inner step (counting from 1) after which it is merged.
     pub(crate) merge_at: u64,
-    /// The exchange's outcome, the same on every rank: `Ok` with the mean
-    /// pseudo-gradients in the engine's `local.buckets`.
-    pub(crate) outcome: std::result::Result<(), Lost>,
+    /// The exchange's outcome, the same on every rank, once known: `Ok`
+    /// with the mean pseudo-gradients in the engine's `local.buckets`.
+    /// `None` while the exchange is the [`FragmentExchange`]'s.
+    pub(crate) outcome: Option<std::result::Result<(), Lost>>,
+}
+
+/// The exchange of the fragment in flight: its buckets' jobs, then their
+/// results, settled once (waited for, averaged, checked, every strategy
+/// told whether its combination is kept) by the merge or by a checkpoint
+/// taken before it, which is why it sits behind a lock a `&self` can take.
+pub(crate) struct FragmentExchange<C: Communicator> {
+    inner: Mutex<Exchange<C>>,
+}
+
+impl<C: Communicator> Default for FragmentExchange<C> {
+    fn default() -> Self {
+        FragmentExchange {
+            inner: Mutex::new(Exchange {
+                running: Vec::new(),
+                done: Vec::new(),
+                settled: None,
+            }),
+        }
+    }
+}
+
+impl<C: Communicator> std::fmt::Debug for FragmentExchange<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ex = self.lock();
+        f.debug_struct("FragmentExchange")
+            .field("running", &ex.running.len())
+            .field("done", &ex.done.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A bucket's job on the communication thread, or why it could not start.
+type Launched<C> = std::result::Result<Pending<BucketOutput<C>>, AlgoError>;
+
+/// What [`FragmentExchange`] guards.
+pub(crate) struct Exchange<C: Communicator> {
+    /// Each bucket's job.
+    running: Vec<(usize, Launched<C>)>,
+    /// Each bucket's result once waited for.
+    pub(crate) done: Vec<Finished<C>>,
+    /// The outcome, once settled.
+    settled: Option<std::result::Result<(), Lost>>,
+}
+
+/// One bucket's part of a settled exchange: what goes back to the engine.
+pub(crate) struct Finished<C: Communicator> {
+    pub(crate) bucket: usize,
+    /// The strategy (`None` if its job was lost: made afresh).
+    pub(crate) strategy: Option<Box<dyn Strategy<C>>>,
+    buffers: Option<BucketBuffers>,
+    /// The mean pseudo-gradients (`None` if the combination failed).
+    pub(crate) deltas: Option<Vec<Tensor>>,
+    traffic: Traffic,
+    combine: Duration,
+}
+
+impl<C: Communicator> FragmentExchange<C> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Exchange<C>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C: Communicator + 'static> Exchange<C> {
+    /// The settled outcome, if [`Exchange::settle`] ran.
+    pub(crate) fn outcome(&self) -> Option<&std::result::Result<(), Lost>> {
+        self.settled.as_ref()
+    }
+
+    /// Bucket `b`'s part, once settled.
+    pub(crate) fn finished(&self, b: usize) -> Option<&Finished<C>> {
+        self.done.iter().find(|f| f.bucket == b)
+    }
+
+    /// Whether an exchange was started and not yet taken by a merge.
+    pub(crate) fn is_open(&self) -> bool {
+        !self.running.is_empty() || !self.done.is_empty() || self.settled.is_some()
+    }
+
+    /// Waits for every job, averages (over `world` ranks) what came back
+    /// summed, checks the mean, tells every strategy whether its
+    /// combination is kept, and returns the outcome (the same on every
+    /// rank). Once: later calls return the same outcome.
+    pub(crate) fn settle(&mut self, world: usize) -> &std::result::Result<(), Lost> {
+        if self.settled.is_none() {
+            let mut failed: Option<AlgoError> = None;
+            for (bucket, launched) in self.running.drain(..) {
+                let mut finished = Finished {
+                    bucket,
+                    strategy: None,
+                    buffers: None,
+                    deltas: None,
+                    traffic: Traffic::default(),
+                    combine: Duration::ZERO,
+                };
+                match launched.and_then(|p| p.wait().map_err(AlgoError::from)) {
+                    Ok(output) => {
+                        finished.strategy = Some(output.strategy);
+                        finished.buffers = Some(output.buffers);
+                        match output.result {
+                            Ok(reduced) => {
+                                let mut deltas = reduced.value.grads;
+                                if !reduced.value.averaged {
+                                    let inverse = 1.0 / world as f32;
+                                    for d in &mut deltas {
+                                        if let Err(e) = d.scale(inverse) {
+                                            failed.get_or_insert(e.into());
+                                        }
+                                    }
+                                }
+                                finished.deltas = Some(deltas);
+                                finished.traffic = reduced.traffic;
+                                finished.combine = reduced.value.combine;
+                            }
+                            Err(e) => {
+                                failed.get_or_insert(e);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+                self.done.push(finished);
+            }
+            // The mean is the same bits on every rank: a non-finite one is
+            // found alike everywhere.
+            let finite = failed.is_some()
+                || matches!(
+                    first_non_finite(self.done.iter().flat_map(|f| f.deltas.iter().flatten())),
+                    Ok(None)
+                );
+            let kept = failed.is_none() && finite;
+            for f in &mut self.done {
+                if let Some(strategy) = f.strategy.as_mut() {
+                    strategy.end_step(f.bucket, kept);
+                }
+            }
+            self.settled = Some(match failed {
+                Some(e) => Err(Lost::Failed(e)),
+                None if !finite => Err(Lost::NonFinite),
+                None => Ok(()),
+            });
+        }
+        self.settled.as_ref().unwrap_or(&Ok(()))
+    }
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -54,7 +207,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         local: LocalUpdate<'_>,
         config: DiLoCoConfig,
     ) -> Result<StepStats> {
-        let mut stats = self.inner_step(targets, local);
+        let stats = self.inner_step(targets, local);
         self.optimizer.step();
         self.outer.steps += 1;
         let t = self.outer.steps;
@@ -67,17 +220,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let launch = t / stride;
             let fragment = (launch % fragments) as usize;
             // The fault this rank kept since the last exchange rides this one.
-            self.fault = self.outer.fault.take();
-            let outcome = self.combine_pseudo_gradients(
-                targets,
-                (config.fragments as usize, fragment),
-                launch - 1,
-                &mut stats,
-            )?;
+            let fault = self.outer.fault.take().map(|f| f.kind);
+            self.launch_fragment(targets, fragment, launch - 1, fault)?;
             self.outer.pending = Some(PendingMerge {
                 fragment: fragment as u32,
                 merge_at: t + u64::from(config.delay),
-                outcome,
+                outcome: None,
             });
             if config.delay == 0 {
                 return self.merge(targets, config, stats);
@@ -98,8 +246,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let Some(pending) = self.outer.pending.take() else {
             return Ok(stats);
         };
+        let outcome = match pending.outcome {
+            Some(outcome) => outcome,
+            None => self.take_exchange(&mut stats),
+        };
         let fragment = (config.fragments as usize, pending.fragment as usize);
-        let alpha = match pending.outcome {
+        let alpha = match outcome {
             Ok(()) => {
                 self.outer_step(config, fragment)?;
                 self.outer.rounds += 1;
@@ -126,13 +278,82 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 stats.updated += 1;
             }
         }
-        match pending.outcome {
+        match outcome {
             Ok(()) => Ok(stats),
             Err(lost) => {
                 stats.updated = 0;
                 self.round_lost(lost, stats)
             }
         }
+    }
+}
+
+impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
+    /// Starts fragment `fragment`'s exchange on the communication thread:
+    /// each of its buckets' pseudo-gradients `θ_global - θ_local` (in
+    /// tensors kept from exchange to exchange) combined by the bucket's
+    /// strategy in a job of its own, or `fault` posted in its place.
+    fn launch_fragment(
+        &mut self,
+        targets: &[Option<&mut Tensor>],
+        fragment: usize,
+        step: u64,
+        fault: Option<gradwire_algos::FaultKind>,
+    ) -> Result<()> {
+        if self.local.buckets.len() != self.buckets.len() {
+            self.local.buckets.resize_with(self.buckets.len(), Vec::new);
+        }
+        let mut ex = self.fragment_exchange.lock();
+        for b in 0..self.buckets.len() {
+            if self.bucket_fragment[b] != fragment {
+                continue;
+            }
+            let range = self.buckets[b].clone();
+            let mut deltas = std::mem::take(&mut self.local.buckets[b]);
+            differences_into(
+                &mut deltas,
+                &self.outer.global[range.clone()],
+                &targets[range],
+            )?;
+            let strategy = self.strategies[b].take().unwrap_or_else(|| {
+                let len = self.bucket_lens[b].iter().sum();
+                super::strategies::for_bucket(self.config.strategy, len, self.shared.as_ref())
+            });
+            let job = BucketJob::combine_only(
+                b,
+                std::sync::Arc::clone(&self.bucket_lens[b]),
+                self.config.capacity,
+                step,
+                fault,
+                std::mem::take(&mut self.buffers[b]),
+            );
+            let launched = self
+                .comm
+                .run_job(&mut self.slots[b], BucketTask::new(job, deltas, strategy))
+                .map_err(AlgoError::from);
+            ex.running.push((b, launched));
+        }
+        Ok(())
+    }
+
+    /// The exchange in flight settled and taken back: strategies, buffers
+    /// and mean pseudo-gradients where the engine keeps them; its outcome.
+    pub(super) fn take_exchange(&mut self, stats: &mut StepStats) -> std::result::Result<(), Lost> {
+        let world = self.world_size();
+        let waited = std::time::Instant::now();
+        let exchange = std::sync::Arc::clone(&self.fragment_exchange);
+        let mut ex = exchange.lock();
+        ex.settle(world);
+        stats.wait += waited.elapsed();
+        for f in ex.done.drain(..) {
+            let b = f.bucket;
+            self.strategies[b] = f.strategy;
+            self.buffers[b] = f.buffers.unwrap_or_default();
+            self.local.buckets[b] = f.deltas.unwrap_or_default();
+            stats.traffic += f.traffic;
+            stats.combine += f.combine;
+        }
+        ex.settled.take().unwrap_or(Ok(()))
     }
 }
 
