@@ -34,7 +34,8 @@ pub enum BenchCommand {
     /// shapes, beside dense f32 (and the time of a step of W in-process
     /// ranks on this machine).
     Strategies {
-        /// Gradient strategies as in `train -s`, comma-separated.
+        /// Gradient strategies as in `train -s`, comma-separated (DiLoCo's
+        /// too: its mean over the measured steps; give whole rounds).
         #[arg(
             long,
             value_delimiter = ',',

@@ -1,7 +1,8 @@
 //! `gradwire bench strategies`: what every gradient strategy puts on the
 //! wire per step, for a model's real parameter shapes (ResNet-50's 25.6 M
 //! parameters in 161 tensors, or the digits MLP), beside dense f32 in the
-//! same run. Each strategy runs a few GradSync steps on W in-process ranks
+//! same run. Each strategy runs a few GradSync steps (DiLoCo's: local
+//! steps) on W in-process ranks
 //! with DistOpt's default buckets (2 Mi elements) and gradient-like data;
 //! the bytes are what a rank sends per step (ring model, the strategies'
 //! own `Traffic`), which depend on the shapes, the buckets and the
@@ -133,6 +134,9 @@ fn run(
             .iter()
             .map(|s| vec![0f32; s.iter().product()])
             .collect();
+        // DiLoCo's parameters, stepped by a plain SGD of the caller's.
+        let mut params: Vec<Vec<f32>> = grads.clone();
+        let local = matches!(mode, StrategyConfig::DiLoCo(_));
         let (mut bytes, mut secs) = (0u64, 0f64);
         for step in 0..warm + steps {
             for (k, g) in grads.iter_mut().enumerate() {
@@ -140,12 +144,26 @@ fn run(
             }
             sync.comm().barrier()?;
             let start = Instant::now();
-            // Backward order: the last parameter first.
-            for k in (0..grads.len()).rev() {
-                sync.push(k, &grads[k])?;
-            }
-            let mut views: Vec<&mut [f32]> = grads.iter_mut().map(|g| g.as_mut_slice()).collect();
-            let stats = sync.finish(&mut views)?;
+            let stats = if local {
+                let mut views: Vec<&mut [f32]> =
+                    params.iter_mut().map(|p| p.as_mut_slice()).collect();
+                sync.step_locally(&mut views[..], |targets| {
+                    for (p, g) in targets.iter_mut().zip(&grads) {
+                        for (p, g) in p.iter_mut().zip(g) {
+                            *p -= 0.1 * g;
+                        }
+                    }
+                    Ok(())
+                })?
+            } else {
+                // Backward order: the last parameter first.
+                for k in (0..grads.len()).rev() {
+                    sync.push(k, &grads[k])?;
+                }
+                let mut views: Vec<&mut [f32]> =
+                    grads.iter_mut().map(|g| g.as_mut_slice()).collect();
+                sync.finish(&mut views)?
+            };
             if step >= warm {
                 secs += start.elapsed().as_secs_f64();
                 bytes += stats.traffic.sent;
@@ -162,9 +180,12 @@ fn run(
 
 /// Every gradient strategy of `entries` (dense is run first, as the
 /// reference) on `shapes` with `world` ranks: `steps` measured steps after
-/// `warm` unmeasured ones, PowerSGD compressing from the first. Local-step
-/// strategies (partial, adasum-delta, dimreduce) are refused: they send
-/// parameters, not gradients.
+/// `warm` unmeasured ones, PowerSGD compressing from the first. DiLoCo and
+/// Streaming DiLoCo run too (inner steps of a plain SGD; their
+/// pseudo-gradients leave once every H steps, so the bytes per step are the
+/// mean over the measured steps: make them whole rounds). The other
+/// local-step strategies (partial, adasum-delta) and DimReduce are
+/// refused: they send parameters, not gradients.
 pub fn strategies(
     entries: &[StrategyConfig],
     shapes: &[Vec<usize>],
@@ -185,7 +206,9 @@ pub fn strategies(
     let mut rows: Vec<StrategyRow> = Vec::new();
     let others = entries.iter().filter(|&&e| e != StrategyConfig::Dense);
     for &strategy in std::iter::once(&StrategyConfig::Dense).chain(others) {
-        if strategy.training_loop() != TrainingLoop::Gradients {
+        if strategy.training_loop() != TrainingLoop::Gradients
+            && !matches!(strategy, StrategyConfig::DiLoCo(_))
+        {
             return Err(ExperimentError::Usage(format!(
                 "{} steps locally and sends parameters: not a gradient strategy",
                 strategy.name()
@@ -258,5 +281,40 @@ mod tests {
             strategies(&[parse("partial")], &mlp_shapes(&[8]), 2, 0, 1),
             Err(ExperimentError::Usage(m)) if m.contains("not a gradient strategy")
         ));
+    }
+
+    /// Over whole rounds DiLoCo sends, per step, the cost model's mean:
+    /// its codec's calls once every H steps. Streaming DiLoCo plans a
+    /// bucket per fragment where the model plans one for the MLP, so each
+    /// exchange's ring may round a byte differently.
+    #[test]
+    fn diloco_sends_its_rounds_once_every_h_steps() {
+        use gradwire_algos::cost::{Bucketing, bytes_sent, step_collectives};
+        let shapes = mlp_shapes(&[256]);
+        for (text, slack) in [
+            ("diloco:4", 0.0),
+            ("diloco:4:uint8", 0.0),
+            ("streaming-diloco:4:2", 2.0),
+        ] {
+            let strategy = parse(text);
+            let spec = strategy.cost_spec(1.0, 1, 1).unwrap();
+            for world in 1..=3 {
+                let rows = strategies(&[strategy], &shapes, world, 0, 8).unwrap();
+                let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();
+                let model = bytes_sent(&calls);
+                let got = rows[1].bytes_per_step;
+                assert!(
+                    (got - model).abs() <= slack + 1e-9 * model,
+                    "{text} W = {world}: {got} bytes per step, the model {model}"
+                );
+                if world > 1 {
+                    assert!(
+                        rows[1].vs_dense > 3.5,
+                        "{text} W = {world}: {}",
+                        rows[1].vs_dense
+                    );
+                }
+            }
+        }
     }
 }
