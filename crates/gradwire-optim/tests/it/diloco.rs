@@ -129,6 +129,44 @@ pub(crate) fn step(
     dist.step(items(&names, w, grads))
 }
 
+/// `dist` checkpointed after its parameters reached `w`, dropped, and a
+/// loop of `config` with `inner` built on `comm` and restored from it:
+/// the resumed loop and its parameters.
+pub(crate) fn checkpoint_and_resume(
+    dist: LocalSteps<Sgd, LocalComm>,
+    w: &[Tensor],
+    comm: LocalComm,
+    config: DistOptConfig,
+    inner: Sgd,
+) -> Result<(LocalSteps<Sgd, LocalComm>, Vec<Tensor>), OptimError> {
+    let ckpt = dist.checkpoint()?;
+    let saved = flat(w);
+    drop(dist);
+    let mut again = LocalSteps::new(inner, comm, specs(), config)?;
+    again.restore(&ckpt)?;
+    Ok((again, tensors(&saved)))
+}
+
+/// One step of `dist` as the rank saw it: `Some(skipped)`, or `None` for
+/// a fault, which must be rank 1's non-finite gradient.
+pub(crate) fn outcome(
+    dist: &mut LocalSteps<Sgd, LocalComm>,
+    w: &mut [Tensor],
+    world: usize,
+    poison: bool,
+    what: &str,
+) -> Result<Option<bool>, OptimError> {
+    match step(dist, w, world, poison) {
+        Ok(stats) => Ok(Some(stats.non_finite)),
+        Err(OptimError::Fault(fault)) => {
+            assert_eq!(fault.kind, FaultKind::NonFinite, "{what}");
+            assert_eq!(fault.rank, Some(1), "{what}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Rank `rank`'s gradients of `w` on its shard of the batch (`poison`: a
 /// NaN in the first entry).
 pub(crate) fn shard_gradients(
@@ -292,12 +330,8 @@ fn a_round_resumes_bitwise_from_a_checkpoint_taken_mid_round() {
         for _ in 0..6 {
             step(&mut dist, &mut w, world, false)?;
         }
-        let ckpt = dist.checkpoint()?;
-        let saved = flat(&w);
-        drop(dist);
-        let mut again = LocalSteps::new(inner_sgd(), comm2, specs(), config(strategy))?;
-        again.restore(&ckpt)?;
-        let mut w = tensors(&saved);
+        let (mut again, mut w) =
+            checkpoint_and_resume(dist, &w, comm2, config(strategy), inner_sgd())?;
         let mut after = Vec::new();
         for _ in 6..10 {
             step(&mut again, &mut w, world, false)?;
@@ -340,15 +374,8 @@ fn run_poisoned(
         let mut w = tensors(&initial().concat());
         let mut seen = Vec::new();
         for s in 0..steps {
-            let outcome = match step(&mut dist, &mut w, world, poison(rank, s)) {
-                Ok(stats) => Some(stats.non_finite),
-                Err(OptimError::Fault(fault)) => {
-                    assert_eq!(fault.kind, FaultKind::NonFinite, "rank {rank}, step {s}");
-                    assert_eq!(fault.rank, Some(1), "rank {rank}, step {s}");
-                    None
-                }
-                Err(e) => return Err(e),
-            };
+            let what = format!("rank {rank}, step {s}");
+            let outcome = outcome(&mut dist, &mut w, world, poison(rank, s), &what)?;
             seen.push((flat(&w), outcome));
         }
         Ok::<_, OptimError>(seen)
@@ -435,12 +462,7 @@ fn a_round_with_a_pending_fault_resumes_bitwise() {
         for s in 0..6 {
             step(&mut dist, &mut w, world, poisoned(rank, s))?;
         }
-        let ckpt = dist.checkpoint()?;
-        let saved = flat(&w);
-        drop(dist);
-        let mut again = LocalSteps::new(inner(), comm2, specs(), dist_config)?;
-        again.restore(&ckpt)?;
-        let mut w = tensors(&saved);
+        let (mut again, mut w) = checkpoint_and_resume(dist, &w, comm2, dist_config, inner())?;
         let mut seen = Vec::new();
         for s in 6..12 {
             let stats = step(&mut again, &mut w, world, poisoned(rank, s))?;

@@ -6,13 +6,15 @@
 //! model, its checkpoints with a fragment between its exchange and its
 //! merge, and its settings.
 
-use gradwire_comm::{Communicator, FaultKind, LocalComm, local};
+use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_optim::{
     DiLoCoConfig, DistOptConfig, LocalSteps, OptimError, OuterCodec, OuterOptimizer, StrategyConfig,
 };
 
 use crate::common::{BATCH, BLOCKS, initial, specs};
-use crate::diloco::{INNER_LR, flat, gradient64, inner_sgd, run_with, step, tensors};
+use crate::diloco::{
+    INNER_LR, checkpoint_and_resume, flat, gradient64, inner_sgd, outcome, run_with, step, tensors,
+};
 
 const LR: f64 = 0.7;
 const MU: f64 = 0.9;
@@ -199,15 +201,8 @@ fn a_non_finite_inner_step_skips_the_next_fragment_alike() {
             let mut w = tensors(&initial().concat());
             let mut seen = Vec::new();
             for s in 0..steps {
-                let outcome = match step(&mut dist, &mut w, world, rank == 1 && s == 2) {
-                    Ok(stats) => Some(stats.non_finite),
-                    Err(OptimError::Fault(fault)) => {
-                        assert_eq!(fault.kind, FaultKind::NonFinite);
-                        assert_eq!(fault.rank, Some(1));
-                        None
-                    }
-                    Err(e) => return Err(e),
-                };
+                let what = format!("skip {skip}, rank {rank}, step {s}");
+                let outcome = outcome(&mut dist, &mut w, world, rank == 1 && s == 2, &what)?;
                 seen.push((flat(&w), outcome));
             }
             Ok::<_, OptimError>(seen)
@@ -258,12 +253,8 @@ fn a_fragment_between_its_exchange_and_its_merge_resumes_bitwise() {
             for _ in 0..at {
                 step(&mut dist, &mut w, world, false)?;
             }
-            let ckpt = dist.checkpoint()?;
-            let saved = flat(&w);
-            drop(dist);
-            let mut again = LocalSteps::new(inner_sgd(), comm2, specs(), config(strategy))?;
-            again.restore(&ckpt)?;
-            let mut w = tensors(&saved);
+            let (mut again, mut w) =
+                checkpoint_and_resume(dist, &w, comm2, config(strategy), inner_sgd())?;
             let mut after = Vec::new();
             for _ in at..12 {
                 step(&mut again, &mut w, world, false)?;
