@@ -412,11 +412,24 @@ impl Run<'_> {
             }
             let mut loss = [tally.loss / tally.steps.max(1) as f64];
             engine.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
-            // Each step waits for its slowest rank: the step-by-step
-            // maximum of the ranks' busy times (every rank has the same
-            // steps, and the same backend, so the same call or none).
+            // Ranks wait for the slowest only where they synchronise: every
+            // step, or in DiLoCo once a round (every H / F steps streaming),
+            // where the wait is the slowest rank's time since the last
+            // exchange. The maximum of the ranks' busy times per such
+            // interval (every rank has the same steps, and the same
+            // backend, so the same call or none).
             let busy: f64 = tally.busy.iter().sum();
-            let mut slowest = tally.busy;
+            let interval = match config.strategy {
+                StrategyConfig::DiLoCo(diloco) if diloco.is_streaming() => diloco.stride(),
+                StrategyConfig::DiLoCo(diloco) => diloco.sync_every,
+                _ => 1,
+            }
+            .max(1) as usize;
+            let mut slowest: Vec<f64> = tally
+                .busy
+                .chunks(interval)
+                .map(|c| c.iter().sum())
+                .collect();
             if !slowest.is_empty() {
                 engine.comm().all_reduce(&mut slowest, ReduceOp::Max)?;
             }

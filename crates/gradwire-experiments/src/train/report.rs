@@ -42,9 +42,10 @@ pub struct EpochRecord {
     /// count.
     #[serde(default)]
     pub busy_secs: Option<f64>,
-    /// The same, step by step the slowest rank's: a step's collectives
-    /// start when its last rank arrives, so the excess over `busy_secs` is
-    /// what rank 0 waited in them for the others (load imbalance).
+    /// The same, the slowest rank's between two synchronisations (every
+    /// step, or DiLoCo's exchanges): the collectives start when the last
+    /// rank arrives, so the excess over `busy_secs` is what rank 0 waited
+    /// in them for the others (load imbalance).
     #[serde(default)]
     pub slowest_busy_secs: Option<f64>,
     /// DimReduce: the fraction of this epoch's line searches that took a step.
