@@ -154,9 +154,8 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     scratch: StepScratch,
     /// The fragment of each bucket (Streaming DiLoCo; all 0 otherwise).
     bucket_fragment: Vec<usize>,
-    /// Streaming DiLoCo's exchange in flight (shared so that the lock can
-    /// be held while the engine is changed).
-    fragment_exchange: Arc<streaming::FragmentExchange<C>>,
+    /// DiLoCo's exchange of pseudo-gradients in flight.
+    fragment_exchange: streaming::FragmentExchange<C>,
     /// Partial mode's step counter: the bucket averaged next is
     /// `partial_counter mod K`, so the cycle never stops.
     partial_counter: u64,
@@ -287,7 +286,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             bucket_lens,
             partial_counter: 0,
             bucket_fragment,
-            fragment_exchange: Arc::default(),
+            fragment_exchange: streaming::FragmentExchange::default(),
             shared,
             dimreduce: None,
             local: local_step::LocalScratch::default(),

@@ -2,7 +2,9 @@
 //! with its own optimizer, then the pseudo-gradients `θ_global - θ_local`
 //! are combined bucket by bucket by the bucket's strategy (the codec of
 //! [`DiLoCoConfig`]: dense, half, top-k, quantized or PowerSGD, with error
-//! feedback kept from round to round), the outer optimizer applies their
+//! feedback kept from round to round) through the exchange of
+//! `streaming.rs` (a round is an exchange of one fragment holding every
+//! bucket, waited for at once), the outer optimizer applies their
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
@@ -22,18 +24,16 @@
 //! caller's own inner step (`GradSync::step_locally`) gradwire cannot see
 //! the caller's optimizer: only the parameters go back.
 
-use super::bucket::first_non_finite;
-use super::local_step::{LocalUpdate, copy_into, differences_into, overwrite};
+use super::local_step::{LocalUpdate, copy_into, overwrite};
 use super::{DiLoCoConfig, Engine, LocalFault, OuterOptimizer, StepStats};
 use crate::any::AnyOptimizer;
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 use crate::rules::{Adam, AdamConfig, Sgd, SgdConfig};
 use crate::state::OptimizerState;
-use gradwire_algos::{BucketView, FaultKind};
+use gradwire_algos::FaultKind;
 use gradwire_comm::Communicator;
 use gradwire_tensor::Tensor;
-use std::time::Instant;
 
 /// DiLoCo's state, the same on every rank: the global parameters, the
 /// outer optimizer and the inner steps taken in the current round.
@@ -58,10 +58,6 @@ pub(crate) struct OuterState {
     pub(crate) steps: u64,
     /// Streaming: the fragment exchanged and not yet merged.
     pub(crate) pending: Option<super::streaming::PendingMerge>,
-    /// A restored checkpoint's pending mean pseudo-gradients, by bucket,
-    /// until `restore` moves them where the merge finds them (always
-    /// empty otherwise).
-    pub(crate) restored_deltas: Vec<(usize, Vec<Tensor>)>,
 }
 
 /// The outer optimizer `outer` describes.
@@ -200,12 +196,16 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         config: DiLoCoConfig,
         mut stats: StepStats,
     ) -> Result<StepStats> {
-        let step = self.outer.rounds;
-        if let Err(lost) = self.combine_pseudo_gradients(targets, (1, 0), step, &mut stats)? {
+        // Every bucket is fragment 0: the round's exchange is Streaming
+        // DiLoCo's, of one fragment, waited for at once. This rank's fault
+        // of the round is posted in place of each bucket's combination.
+        let fault = self.fault.as_ref().map(|f| f.kind);
+        self.launch_fragment(targets, 0, self.outer.rounds, fault)?;
+        if let Err(lost) = self.take_exchange(&mut stats) {
             self.skip_round(targets)?;
             return self.round_lost(lost, stats);
         }
-        self.outer_step(config, (1, 0))?;
+        self.outer_step(config, 0)?;
         overwrite(targets, &self.outer.global)?;
         stats.updated = targets.iter().flatten().count();
         self.outer.inner = 0;
@@ -222,9 +222,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
     }
 
-    /// The buckets of fragment `p` (of `fragments`; every bucket for
-    /// `(1, 0)`), in order.
-    pub(super) fn fragment_buckets(&self, (_, p): (usize, usize)) -> FragmentBuckets<'_> {
+    /// The buckets of fragment `p` (every bucket is fragment 0 but in
+    /// Streaming DiLoCo), in order.
+    pub(super) fn fragment_buckets(&self, p: usize) -> FragmentBuckets<'_> {
         FragmentBuckets {
             of: &self.bucket_fragment,
             fragment: p,
@@ -232,116 +232,16 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
     }
 
-    /// The pseudo-gradients `θ_global - θ_local` of fragment `fragment`'s
-    /// buckets combined by their strategies (this rank's pending fault, if
-    /// any, posted in place of the first combination), their mean left in
-    /// `local.buckets[b]`, and every strategy told whether the combination
-    /// is kept. `Ok(Err(lost))` when it is not, alike on every rank: a
-    /// combination failed, or the mean is not finite.
-    pub(super) fn combine_pseudo_gradients(
-        &mut self,
-        targets: &[Option<&mut Tensor>],
-        fragment: (usize, usize),
-        step: u64,
-        stats: &mut StepStats,
-    ) -> Result<std::result::Result<(), Lost>> {
-        if self.local.buckets.len() != self.buckets.len() {
-            self.local.buckets.resize_with(self.buckets.len(), Vec::new);
-        }
-        let begin = Instant::now();
-        let mut failed = None;
-        // The fragment's buckets up to this one took part.
-        let mut through = 0;
-        let mut fault = self.fault.as_ref().map(|f| f.kind);
-        for b in 0..self.buckets.len() {
-            if self.bucket_fragment[b] != fragment.1 {
-                continue;
-            }
-            through = b + 1;
-            if let Some(kind) = fault.take() {
-                // Every rank's combination of this bucket fails with it.
-                failed = Some(self.comm.post_fault(kind).into());
-                break;
-            }
-            let range = self.buckets[b].clone();
-            // θ_global - θ_local, in tensors kept from round to round.
-            let mut deltas = std::mem::take(&mut self.local.buckets[b]);
-            differences_into(
-                &mut deltas,
-                &self.outer.global[range.clone()],
-                &targets[range.clone()],
-            )?;
-            let mut strategy = self.take_strategy(b);
-            let view = BucketView {
-                index: b,
-                lens: &self.bucket_lens[b],
-                written: &self.all_written[..range.len()],
-                step,
-                capacity: self.config.capacity,
-            };
-            let started = Instant::now();
-            let combined = strategy.combine(&self.comm, &view, &mut deltas);
-            stats.combine += started.elapsed();
-            self.strategies[b] = Some(strategy);
-            self.local.buckets[b] = deltas;
-            match combined {
-                Ok(combined) => {
-                    stats.traffic += combined.traffic;
-                    if !combined.averaged {
-                        let inverse = 1.0 / self.world_size() as f32;
-                        for delta in &mut self.local.buckets[b] {
-                            delta.scale(inverse)?;
-                        }
-                    }
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        stats.wait += begin.elapsed();
-        // The mean is the same bits on every rank: a non-finite one is
-        // found alike everywhere.
-        let done = |b: &usize| *b < through && self.bucket_fragment[*b] == fragment.1;
-        let finite = failed.is_some()
-            || matches!(
-                first_non_finite(
-                    (0..self.buckets.len())
-                        .filter(done)
-                        .flat_map(|b| &self.local.buckets[b])
-                ),
-                Ok(None)
-            );
-        let kept = failed.is_none() && finite;
-        for b in 0..through {
-            if self.bucket_fragment[b] == fragment.1
-                && let Some(strategy) = self.strategies[b].as_mut()
-            {
-                strategy.end_step(b, kept);
-            }
-        }
-        Ok(match failed {
-            Some(e) => Err(Lost::Failed(e)),
-            None if !finite => Err(Lost::NonFinite),
-            None => Ok(()),
-        })
-    }
-
     /// The outer optimizer's step on fragment `fragment`'s global values,
     /// with the mean pseudo-gradients in `local.buckets` (the same on every
     /// rank, so is `θ_global`).
-    pub(super) fn outer_step(
-        &mut self,
-        config: DiLoCoConfig,
-        fragment: (usize, usize),
-    ) -> Result<()> {
+    pub(super) fn outer_step(&mut self, config: DiLoCoConfig, fragment: usize) -> Result<()> {
         let outer = match &mut self.outer.optimizer {
             Some(outer) => outer,
             slot => slot.insert(outer_optimizer(config.outer)?),
         };
         for b in 0..self.buckets.len() {
-            if self.bucket_fragment[b] != fragment.1 {
+            if self.bucket_fragment[b] != fragment {
                 continue;
             }
             for (k, i) in self.buckets[b].clone().enumerate() {

@@ -161,13 +161,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let _ = self.take_exchange(&mut super::StepStats::default());
         }
         self.optimizer.load_state(&ckpt.optimizer)?;
-        if let Some(mut outer) = outer {
+        if let Some((outer, pending_deltas)) = outer {
             // A pending fragment's mean pseudo-gradients, where the merge
             // looks for them.
             if self.local.buckets.len() != self.buckets.len() {
                 self.local.buckets.resize_with(self.buckets.len(), Vec::new);
             }
-            for (b, deltas) in std::mem::take(&mut outer.restored_deltas) {
+            for (b, deltas) in pending_deltas {
                 self.local.buckets[b] = deltas;
             }
             self.outer = outer;
@@ -282,6 +282,8 @@ const OUTER_FAULT: &str = "outer/fault";
 /// "merge_at", "lost"}`, `lost` null or the agreed failure), with its mean
 /// pseudo-gradients as tensors `outer/pending/delta/<name>`.
 const OUTER_STEPS: &str = "outer/steps";
+/// A pending fragment's mean pseudo-gradients, by bucket.
+type PendingDeltas = Vec<(usize, Vec<Tensor>)>;
 const OUTER_PENDING: &str = "outer/pending";
 const OUTER_PENDING_DELTA: &str = "outer/pending/delta/";
 
@@ -341,11 +343,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }),
             );
             if outcome.is_ok() {
-                let fragments = match self.config.strategy {
-                    StrategyConfig::DiLoCo(config) => config.fragments as usize,
-                    _ => 1,
-                };
-                for b in self.fragment_buckets((fragments, pending.fragment as usize)) {
+                for b in self.fragment_buckets(pending.fragment as usize) {
                     let deltas = match exchange.finished(b).and_then(|f| f.deltas.as_ref()) {
                         Some(deltas) => deltas,
                         None => &self.local.buckets[b],
@@ -380,8 +378,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     }
 
     /// DiLoCo's state as `ckpt` holds it, checked against this engine's
-    /// parameters (`None` in other loops); changes nothing.
-    fn read_outer(&self, ckpt: &Checkpoint) -> Result<Option<super::outer::OuterState>> {
+    /// parameters (`None` in other loops), with a pending fragment's mean
+    /// pseudo-gradients by bucket; changes nothing.
+    fn read_outer(
+        &self,
+        ckpt: &Checkpoint,
+    ) -> Result<Option<(super::outer::OuterState, PendingDeltas)>> {
         let StrategyConfig::DiLoCo(config) = self.config.strategy else {
             return Ok(None);
         };
@@ -451,8 +453,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }
                 let outcome = match &v["lost"] {
                     serde_json::Value::Null => {
-                        let of = (config.fragments as usize, fragment as usize);
-                        for b in self.fragment_buckets(of) {
+                        for b in self.fragment_buckets(fragment as usize) {
                             let mut bucket = Vec::new();
                             for i in self.buckets[b].clone() {
                                 let spec = &self.params[i];
@@ -491,7 +492,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 })
             }
         };
-        Ok(Some(super::outer::OuterState {
+        let outer = super::outer::OuterState {
             global,
             optimizer,
             inner,
@@ -500,8 +501,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             round_start: ckpt.optimizer_state(OUTER_ROUND_START)?,
             steps,
             pending,
-            restored_deltas: deltas,
-        }))
+        };
+        Ok(Some((outer, deltas)))
     }
 }
 

@@ -132,8 +132,8 @@ impl<C: Communicator + 'static> Exchange<C> {
     /// Waits for every job, averages (over `world` ranks) what came back
     /// summed, checks the mean, tells every strategy whether its
     /// combination is kept, and returns the outcome (the same on every
-    /// rank). Once: later calls return the same outcome.
-    pub(crate) fn settle(&mut self, world: usize) -> &std::result::Result<(), Lost> {
+    /// rank, [`Exchange::outcome`]). Once: later calls change nothing.
+    pub(crate) fn settle(&mut self, world: usize) {
         if self.settled.is_none() {
             let mut failed: Option<AlgoError> = None;
             for (bucket, launched) in self.running.drain(..) {
@@ -194,7 +194,6 @@ impl<C: Communicator + 'static> Exchange<C> {
                 None => Ok(()),
             });
         }
-        self.settled.as_ref().unwrap_or(&Ok(()))
     }
 }
 
@@ -250,7 +249,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             Some(outcome) => outcome,
             None => self.take_exchange(&mut stats),
         };
-        let fragment = (config.fragments as usize, pending.fragment as usize);
+        let fragment = pending.fragment as usize;
         let alpha = match outcome {
             Ok(()) => {
                 self.outer_step(config, fragment)?;
@@ -293,12 +292,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// each of its buckets' pseudo-gradients `θ_global - θ_local` (in
     /// tensors kept from exchange to exchange) combined by the bucket's
     /// strategy in a job of its own, or `fault` posted in its place.
-    fn launch_fragment(
+    pub(super) fn launch_fragment(
         &mut self,
         targets: &[Option<&mut Tensor>],
         fragment: usize,
         step: u64,
-        fault: Option<gradwire_algos::FaultKind>,
+        mut fault: Option<gradwire_algos::FaultKind>,
     ) -> Result<()> {
         if self.local.buckets.len() != self.buckets.len() {
             self.local.buckets.resize_with(self.buckets.len(), Vec::new);
@@ -310,11 +309,24 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             let range = self.buckets[b].clone();
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
-            differences_into(
-                &mut deltas,
-                &self.outer.global[range.clone()],
-                &targets[range],
-            )?;
+            // A rank with a fault sends nothing (its targets may be the bad
+            // call's); one that cannot form its differences posts that
+            // instead, in place of this bucket's combination and the next.
+            if fault.is_none()
+                && let Err(e) = differences_into(
+                    &mut deltas,
+                    &self.outer.global[range.clone()],
+                    &targets[range],
+                )
+            {
+                let kind = gradwire_algos::FaultKind::Other;
+                fault = Some(kind);
+                // Recorded as `record` does (the lock holds the exchange).
+                self.fault.get_or_insert(super::LocalFault {
+                    kind,
+                    detail: e.to_string(),
+                });
+            }
             let strategy = self.strategies[b].take().unwrap_or_else(|| {
                 let len = self.bucket_lens[b].iter().sum();
                 super::strategies::for_bucket(self.config.strategy, len, self.shared.as_ref())
@@ -341,8 +353,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     pub(super) fn take_exchange(&mut self, stats: &mut StepStats) -> std::result::Result<(), Lost> {
         let world = self.world_size();
         let waited = std::time::Instant::now();
-        let exchange = std::sync::Arc::clone(&self.fragment_exchange);
-        let mut ex = exchange.lock();
+        let mut ex = self.fragment_exchange.lock();
         ex.settle(world);
         stats.wait += waited.elapsed();
         for f in ex.done.drain(..) {

@@ -7,9 +7,7 @@
 //! merge, and its settings.
 
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_optim::{
-    DiLoCoConfig, DistOptConfig, LocalSteps, OptimError, OuterCodec, OuterOptimizer, StrategyConfig,
-};
+use gradwire_optim::{DiLoCoConfig, DistOptConfig, LocalSteps, OptimError, StrategyConfig};
 
 use crate::common::{BATCH, BLOCKS, initial, specs};
 use crate::diloco::{
@@ -321,5 +319,4 @@ fn settings_print_parse_back_and_are_checked() {
         matches!(&made[0], Err(OptimError::InvalidArgument(m)) if m.contains("8 fragments need at least as many parameters, 6 are declared")),
         "{made:?}"
     );
-    let _ = (OuterCodec::Dense, OuterOptimizer::Adam { lr: 0.01 });
 }
