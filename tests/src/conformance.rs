@@ -1757,8 +1757,11 @@ fn training_runs_match_local<C: Backend + 'static>(
     checks: &mut Checks,
 ) -> Result<(), CaseError> {
     use gradwire_experiments::train::{Silent, train, train_rank};
-    use gradwire_experiments::{TrainConfig, data::Digits};
-    let data = Digits::load(42);
+    use gradwire_experiments::{
+        TrainConfig,
+        data::{Dataset, Digits},
+    };
+    let data = Dataset::Digits(Digits::load(42));
     let mlp = TrainConfig {
         world: comm.world_size(),
         epochs: 2,

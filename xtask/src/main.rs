@@ -34,7 +34,7 @@ use std::time::Instant;
 /// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
 /// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
 /// `gradwire compare` draws its PNG plots with; g++ builds libFuzzer for the
-/// fuzz targets.
+/// fuzz targets; fortunes is the corpus of the transformer's tests.
 const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "pkg-config",
     "libopenmpi-dev",
@@ -44,6 +44,8 @@ const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "g++",
     // ip and tc, for the shaped-network step.
     "iproute2",
+    // The text the transformer (`--model gpt`) learns by default.
+    "fortunes",
 ];
 
 /// The features that turn the MPI backend on in every crate that has one.

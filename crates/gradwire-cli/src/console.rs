@@ -21,7 +21,7 @@ pub(crate) struct Console {
 }
 
 pub(crate) const HEADER: &str =
-    "epoch  train loss  test acc %  sent/worker MB  vs dense  compute s  comm s";
+    "epoch  train loss  test loss  test acc %  sent/worker MB  vs dense  compute s  comm s";
 
 impl Observer for Console {
     fn epoch_started(&self, epoch: usize, steps: usize) {
@@ -49,9 +49,10 @@ impl Observer for Console {
             println!("{value}");
         } else {
             println!(
-                "{:>5}  {:>10.4}  {:>10.1}  {:>14.3}  {:>7.1}x  {:>9.2}  {:>6.2}",
+                "{:>5}  {:>10.4}  {:>9.4}  {:>10.1}  {:>14.3}  {:>7.1}x  {:>9.2}  {:>6.2}",
                 r.epoch,
                 r.train_loss,
+                r.test_loss,
                 r.test_accuracy * 100.0,
                 r.bytes_sent as f64 / 1e6,
                 r.compression,
@@ -95,20 +96,22 @@ impl Observer for RunBar {
 
     fn epoch_done(&self, r: &EpochRecord) {
         self.bar.set_message(format!(
-            "epoch {}: {:.1} %",
+            "epoch {}: {:.1} %, loss {:.3}",
             r.epoch,
-            r.test_accuracy * 100.0
+            r.test_accuracy * 100.0,
+            r.test_loss
         ));
         // A bar shows, or --json (whose bars have no label) wants no lines.
         if !self.bar.is_hidden() || self.label.is_empty() {
             return;
         }
         println!(
-            "  {:<24} epoch {:>3}/{}  test acc {:>5.1} %  {:>7.2} s",
+            "  {:<24} epoch {:>3}/{}  test acc {:>5.1} %  test loss {:>7.4}  {:>7.2} s",
             self.label,
             r.epoch,
             self.epochs,
             r.test_accuracy * 100.0,
+            r.test_loss,
             r.wall_secs
         );
     }

@@ -1,5 +1,6 @@
 //! gradwire's experiment machinery: data-parallel training of candle models
-//! (an MLP, a small convolutional network) on the digits data set through
+//! (an MLP and a small convolutional network on the digits data set, a
+//! character-level transformer on a text corpus) through
 //! gradwire-candle, with every gradwire strategy ([`train`](mod@train)),
 //! several strategies side by side with plots ([`compare`]), the fault
 //! matrix ([`faults`]), shaped networks ([`network`]), the cost model's
@@ -13,7 +14,7 @@
 //! [`faults::FaultsArgs`], [`project::ProjectArgs`]), next to what they run.
 //!
 //! ```
-//! use gradwire_experiments::{TrainConfig, data::Digits, train::{Silent, train}};
+//! use gradwire_experiments::{TrainConfig, data::{Dataset, Digits}, train::{Silent, train}};
 //!
 //! // Two workers, top-k 10 % with error feedback, two epochs.
 //! let config = TrainConfig {
@@ -23,7 +24,7 @@
 //!     hidden: vec![16],
 //!     ..TrainConfig::default()
 //! };
-//! let report = train(&config, &Digits::load(42), &Silent, None)?;
+//! let report = train(&config, &Dataset::Digits(Digits::load(42)), &Silent, None)?;
 //! assert_eq!(report.epochs.len(), 2);
 //! assert!(report.compression() > 1.0); // sent less than dense would have
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -1,6 +1,7 @@
 //! `gradwire compare`'s plots, as SVG and PNG (plotters): test accuracy
-//! against epochs, and against the megabytes one worker sent (log scale:
-//! the strategies differ by orders of magnitude), one line per strategy.
+//! (the GPT: test loss) against epochs, against the megabytes one worker
+//! sent (log scale: the strategies differ by orders of magnitude) and
+//! against wall-clock seconds, one line per strategy.
 //!
 //! Text is laid out with a TrueType font read once from the system (DejaVu
 //! Sans from Debian's fonts-dejavu-core, which `cargo xtask` installs) or
@@ -8,7 +9,7 @@
 //! text even for SVG.
 
 use crate::error::{ExperimentError, Result};
-use crate::train::RunReport;
+use crate::train::{RunReport, TARGET_ACCURACY, Target};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 use std::path::{Path, PathBuf};
@@ -52,15 +53,16 @@ pub(crate) fn ensure_font() -> Result<()> {
         })
 }
 
-/// The files [`write_plots`] wrote.
+/// The files [`write_plots`] wrote (`accuracy_vs_...` on the digits,
+/// `loss_vs_...` for the GPT).
 #[derive(Debug, Clone)]
 pub struct PlotFiles {
     /// accuracy_vs_epoch.svg and .png.
-    pub accuracy_vs_epoch: [PathBuf; 2],
+    pub by_epoch: [PathBuf; 2],
     /// accuracy_vs_bytes.svg and .png.
-    pub accuracy_vs_bytes: [PathBuf; 2],
+    pub by_bytes: [PathBuf; 2],
     /// accuracy_vs_time.svg and .png (wall-clock seconds since the start).
-    pub accuracy_vs_time: [PathBuf; 2],
+    pub by_time: [PathBuf; 2],
 }
 
 /// Draws the three plots of `runs` into `dir` (created if missing).
@@ -70,16 +72,20 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
         path: dir.display().to_string(),
         source,
     })?;
+    let target = runs
+        .first()
+        .map_or(Target::Accuracy(TARGET_ACCURACY), RunReport::target);
+    let measure = |e: &crate::train::EpochRecord| target.measure(e);
     let by_epoch = |r: &RunReport| -> Vec<(f64, f64)> {
         r.epochs
             .iter()
-            .map(|e| (e.epoch as f64, e.test_accuracy * 100.0))
+            .map(|e| (e.epoch as f64, measure(e)))
             .collect()
     };
     let by_bytes = |r: &RunReport| -> Vec<(f64, f64)> {
         r.epochs
             .iter()
-            .map(|e| (e.bytes_total as f64 / 1e6, e.test_accuracy * 100.0))
+            .map(|e| (e.bytes_total as f64 / 1e6, measure(e)))
             .collect()
     };
     let by_time = |r: &RunReport| -> Vec<(f64, f64)> {
@@ -87,42 +93,44 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
             .iter()
             .scan(0.0, |elapsed, e| {
                 *elapsed += e.wall_secs;
-                Some((*elapsed, e.test_accuracy * 100.0))
+                Some((*elapsed, measure(e)))
             })
             .collect()
     };
-    let epoch_files = [
-        dir.join("accuracy_vs_epoch.svg"),
-        dir.join("accuracy_vs_epoch.png"),
-    ];
-    let bytes_files = [
-        dir.join("accuracy_vs_bytes.svg"),
-        dir.join("accuracy_vs_bytes.png"),
-    ];
-    let time_files = [
-        dir.join("accuracy_vs_time.svg"),
-        dir.join("accuracy_vs_time.png"),
-    ];
+    let (stem, quality) = match target {
+        Target::Accuracy(_) => ("accuracy", "Test accuracy"),
+        Target::Loss(_) => ("loss", "Test loss"),
+    };
+    let files = |x: &str| {
+        [
+            dir.join(format!("{stem}_vs_{x}.svg")),
+            dir.join(format!("{stem}_vs_{x}.png")),
+        ]
+    };
+    let (epoch_files, bytes_files, time_files) = (files("epoch"), files("bytes"), files("time"));
     let epoch_chart = Chart {
-        title: "Test accuracy by epoch",
+        title: format!("{quality} by epoch"),
         x_label: "epoch",
         log_x: false,
         x_decimals: 0,
         x_from: None,
+        target,
     };
     let bytes_chart = Chart {
-        title: "Test accuracy by data sent per worker",
+        title: format!("{quality} by data sent per worker"),
         x_label: "MB sent per worker (log scale)",
         log_x: true,
         x_decimals: 0,
         x_from: None,
+        target,
     };
     let time_chart = Chart {
-        title: "Test accuracy by wall-clock time (time to accuracy)",
+        title: format!("{quality} by wall-clock time (time to {target})"),
         x_label: "seconds since the start",
         log_x: false,
         x_decimals: 1,
         x_from: Some(0.0),
+        target,
     };
     for (chart, files, points) in [
         (
@@ -141,21 +149,23 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
         chart.draw(png, &series, &files[1])?;
     }
     Ok(PlotFiles {
-        accuracy_vs_epoch: epoch_files,
-        accuracy_vs_bytes: bytes_files,
-        accuracy_vs_time: time_files,
+        by_epoch: epoch_files,
+        by_bytes: bytes_files,
+        by_time: time_files,
     })
 }
 
 /// One chart's texts and axis kind.
 struct Chart {
-    title: &'static str,
+    title: String,
     x_label: &'static str,
     log_x: bool,
     /// Decimals of the linear x axis' labels.
     x_decimals: usize,
     /// Where the linear x axis starts (default: the first point, or 1).
     x_from: Option<f64>,
+    /// What the y axis shows: accuracy in percent, or loss.
+    target: Target,
 }
 
 impl Chart {
@@ -174,20 +184,42 @@ impl Chart {
         };
         area.fill(&WHITE).map_err(|e| fail(&e))?;
         let all = series.iter().flat_map(|(_, p)| p.iter());
-        let (mut x_min, mut x_max, mut y_min) = (f64::INFINITY, f64::NEG_INFINITY, 100.0f64);
+        let (mut x_min, mut x_max) = (f64::INFINITY, f64::NEG_INFINITY);
+        let (mut y_min, mut y_max) = (f64::INFINITY, f64::NEG_INFINITY);
         for &(x, y) in all {
             x_min = x_min.min(x);
             x_max = x_max.max(x);
             y_min = y_min.min(y);
+            y_max = y_max.max(y);
         }
         if !x_min.is_finite() {
             (x_min, x_max) = (1.0, 2.0);
         }
-        // Accuracy from just below the worst point to 100 %.
-        let y_range = (y_min - 2.0).clamp(0.0, 95.0)..100.0;
+        let (y_range, y_desc, legend) = match self.target {
+            // Accuracy from just below the worst point to 100 %.
+            Target::Accuracy(_) => (
+                (y_min.min(100.0) - 2.0).clamp(0.0, 95.0)..100.0,
+                "test accuracy (%)",
+                SeriesLabelPosition::LowerRight,
+            ),
+            // Loss from just below the best point to just above the worst.
+            Target::Loss(_) => {
+                let (lo, hi) = if y_min.is_finite() {
+                    (y_min, y_max.max(y_min + 1e-3))
+                } else {
+                    (0.0, 1.0)
+                };
+                let pad = (hi - lo) * 0.05;
+                (
+                    (lo - pad).max(0.0)..hi + pad,
+                    "test loss (nats per character)",
+                    SeriesLabelPosition::UpperRight,
+                )
+            }
+        };
         let mut builder = ChartBuilder::on(&area);
         builder
-            .caption(self.title, ("sans-serif", 26))
+            .caption(&self.title, ("sans-serif", 26))
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(64);
@@ -200,16 +232,11 @@ impl Chart {
             chart
                 .configure_mesh()
                 .x_desc(self.x_label)
-                .y_desc("test accuracy (%)")
+                .y_desc(y_desc)
                 .label_style(("sans-serif", 15))
                 .draw()
                 .map_err(|e| fail(&e))?;
-            draw_series(
-                &mut chart,
-                series,
-                Some((SeriesLabelPosition::LowerRight, 15)),
-            )
-            .map_err(|e| fail(&e))?;
+            draw_series(&mut chart, series, Some((legend, 15))).map_err(|e| fail(&e))?;
         } else {
             let mut chart = builder
                 .build_cartesian_2d(
@@ -221,16 +248,11 @@ impl Chart {
                 .configure_mesh()
                 .x_desc(self.x_label)
                 .x_label_formatter(&|x| format!("{x:.*}", self.x_decimals))
-                .y_desc("test accuracy (%)")
+                .y_desc(y_desc)
                 .label_style(("sans-serif", 15))
                 .draw()
                 .map_err(|e| fail(&e))?;
-            draw_series(
-                &mut chart,
-                series,
-                Some((SeriesLabelPosition::LowerRight, 15)),
-            )
-            .map_err(|e| fail(&e))?;
+            draw_series(&mut chart, series, Some((legend, 15))).map_err(|e| fail(&e))?;
         }
         area.present().map_err(|e| fail(&e))?;
         Ok(())

@@ -7,7 +7,7 @@
 
 use gradwire_comm::{LocalComm, local};
 use gradwire_experiments::TrainConfig;
-use gradwire_experiments::data::Digits;
+use gradwire_experiments::data::{Dataset, Digits};
 use gradwire_experiments::train::{CheckpointPlan, Silent, train, train_rank};
 use std::path::Path;
 
@@ -35,7 +35,7 @@ fn plan(dir: &Path, resume: bool) -> CheckpointPlan {
 }
 
 /// Every rank's outcome of `config` on `plan` (not only the first error).
-fn every_rank(config: &TrainConfig, data: &Digits, plan: &CheckpointPlan) -> Vec<String> {
+fn every_rank(config: &TrainConfig, data: &Dataset, plan: &CheckpointPlan) -> Vec<String> {
     local::run(config.world, |comm: LocalComm| {
         train_rank(comm, config, data, &Silent, Some(plan))
     })
@@ -50,7 +50,7 @@ fn every_rank(config: &TrainConfig, data: &Digits, plan: &CheckpointPlan) -> Vec
 
 #[test]
 fn a_resume_takes_the_newest_set_every_rank_holds_intact() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     for world in [2, 3] {
         let last = world - 1;
         let straight = train(&config(world, 3), &data, &Silent, None).unwrap();
@@ -107,7 +107,7 @@ fn a_resume_takes_the_newest_set_every_rank_holds_intact() {
 
 #[test]
 fn without_a_set_every_rank_holds_every_rank_fails_alike() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     let world = 3;
     let dir = tempfile::tempdir().unwrap();
     train(
@@ -130,7 +130,7 @@ fn without_a_set_every_rank_holds_every_rank_fails_alike() {
 
 #[test]
 fn a_write_that_fails_on_one_rank_stops_every_rank() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     for world in [2, 3] {
         let dir = tempfile::tempdir().unwrap();
         // Rank 1 cannot write its epoch-1 file: a directory is in the way.
@@ -158,7 +158,7 @@ fn a_write_that_fails_on_one_rank_stops_every_rank() {
 
 #[test]
 fn dimreduce_resumes_at_another_world_size_with_its_sharded_momentum() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     let config = |world: usize, epochs: usize| TrainConfig {
         strategy: "dimreduce".parse().expect("a strategy"),
         dimreduce_dense_epochs: Some(1),
@@ -200,7 +200,7 @@ fn dimreduce_resumes_at_another_world_size_with_its_sharded_momentum() {
 fn a_run_resumed_at_fewer_ranks_resumes_again_at_more() {
     // 4 -> 2 leaves the 4-rank set's files of ranks 2 and 3 behind; the
     // resume at 4 again goes on from the newer 2-rank set.
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     let dir = tempfile::tempdir().unwrap();
     for (world, epochs, resume) in [(4, 1, false), (2, 2, true), (4, 3, true), (3, 4, true)] {
         let report = train(

@@ -27,7 +27,7 @@ use candle_nn::Optimizer as _;
 use gradwire_algos::{AdaSum, fused_all_reduce};
 use gradwire_candle::{DataParallel, parameters_of};
 use gradwire_comm::{Communicator, LocalComm, ReduceOp, local};
-use gradwire_experiments::data::{Digits, epoch_order};
+use gradwire_experiments::data::{Dataset, Digits, epoch_order};
 use gradwire_experiments::model::Model;
 use gradwire_optim::{Combined, DistOptConfig, SgdConfig, Strategy, StrategyConfig};
 use gradwire_tensor::Tensor;
@@ -56,7 +56,7 @@ fn evaluate_after(index: usize, batches: usize) -> bool {
 
 /// Test accuracy, `EVALS_PER_EPOCH` times per epoch, of one worker taking
 /// batches of `batch`.
-fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
+fn single_worker(data: &Dataset, batch: usize) -> Vec<f64> {
     let mlp = mlp();
     let mut opt =
         gradwire_candle::Sgd::with_names(mlp.vars().to_vec(), sgd_config()).expect("optimizer");
@@ -67,12 +67,10 @@ fn single_worker(data: &Digits, batch: usize) -> Vec<f64> {
             .chunks(batch)
             .enumerate()
         {
-            let (_, grads) = mlp
-                .loss_and_grads(&data.train_x, &data.train_y, samples)
-                .expect("backward");
+            let (_, grads) = mlp.loss_and_grads(data, samples).expect("backward");
             opt.step(&grads).expect("update");
             if evaluate_after(index, batches) {
-                accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
+                accuracy.push(mlp.evaluate(data).expect("accuracy").accuracy);
             }
         }
     }
@@ -100,7 +98,7 @@ impl Strategy<LocalComm> for PlainSum {
 /// Test accuracy (rank 0's model), `EVALS_PER_EPOCH` times per epoch, of data-parallel training:
 /// every rank takes its quarter of each global batch of `WORLD * BATCH`.
 fn data_parallel<K: Strategy<LocalComm>>(
-    data: &Digits,
+    data: &Dataset,
     mode: StrategyConfig,
     strategy: impl Fn(&LocalComm) -> Option<K> + Sync,
 ) -> Vec<f64> {
@@ -125,12 +123,10 @@ fn data_parallel<K: Strategy<LocalComm>>(
                 .enumerate()
             {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (_, grads) = mlp
-                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
-                    .expect("backward");
+                let (_, grads) = mlp.loss_and_grads(data, &mine).expect("backward");
                 dist.step(grads)?;
                 if evaluate_after(index, batches) {
-                    accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
+                    accuracy.push(mlp.evaluate(data).expect("accuracy").accuracy);
                 }
             }
         }
@@ -168,7 +164,7 @@ fn show(name: &str, accuracy: &[f64], per_epoch: usize) {
 
 #[test]
 fn dense_and_adasum_reach_95_percent_on_digits() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     let global_batch = single_worker(&data, WORLD * BATCH);
     show("one worker, batch 64", &global_batch, EVALS_PER_EPOCH);
     let dense = data_parallel::<PlainSum>(&data, StrategyConfig::Dense, |_| None);
@@ -224,7 +220,7 @@ struct DimReduceRun {
 /// trajectory (one snapshot per step, the last 60 kept), then DimReduce for the
 /// remaining epochs (none when `dense_epochs == total_epochs`: plain dense
 /// training), on the same global batches.
-fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize) -> DimReduceRun {
+fn dense_then_dimreduce(data: &Dataset, dense_epochs: usize, total_epochs: usize) -> DimReduceRun {
     use gradwire_algos::dimreduce::{DimReduceConfig, TrajectoryRecorder};
     let results = local::run(WORLD, |comm: LocalComm| {
         let rank = comm.rank();
@@ -257,9 +253,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
             }
             for global in epoch_order(data.train_len(), epoch).chunks(WORLD * BATCH) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(WORLD).copied().collect();
-                let (loss, grads) = mlp
-                    .loss_and_grads(&data.train_x, &data.train_y, &mine)
-                    .expect("backward");
+                let (loss, grads) = mlp.loss_and_grads(data, &mine).expect("backward");
                 if epoch < dense_epochs {
                     dist.step(grads)?;
                     // DimReduce flattens in declaration order.
@@ -269,7 +263,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                         .map_err(candle_core::Error::wrap)?;
                 } else {
                     let stats = dist.step_dimreduce(&grads, f64::from(loss), || {
-                        mlp.loss(&data.train_x, &data.train_y, &mine)
+                        mlp.loss(data, &mine)
                             .map(f64::from)
                             .map_err(candle_core::Error::wrap)
                     })?;
@@ -279,15 +273,12 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
                     }
                 }
             }
-            accuracy.push(mlp.accuracy(&data.test_x, &data.test_y).expect("accuracy"));
+            accuracy.push(mlp.evaluate(data).expect("accuracy").accuracy);
         }
         let everything: Vec<usize> = (0..data.train_len()).collect();
         Ok::<_, candle_core::Error>(DimReduceRun {
             accuracy,
-            train_loss: f64::from(
-                mlp.loss(&data.train_x, &data.train_y, &everything)
-                    .expect("loss"),
-            ),
+            train_loss: f64::from(mlp.loss(data, &everything).expect("loss")),
             accepted: accepted.0 as f64 / accepted.1.max(1) as f64,
         })
     })
@@ -301,7 +292,7 @@ fn dense_then_dimreduce(data: &Digits, dense_epochs: usize, total_epochs: usize)
 
 #[test]
 fn dimreduce_after_a_dense_stage_keeps_up_with_dense_training() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     let total = 12;
     let dense = dense_then_dimreduce(&data, total, total);
     let dimreduce = dense_then_dimreduce(&data, 6, total);

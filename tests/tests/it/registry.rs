@@ -6,7 +6,7 @@
 //! fault matrix. A new strategy is its module and its registry entry: this
 //! test then covers it with nothing else to edit.
 
-use gradwire_experiments::data::Digits;
+use gradwire_experiments::data::{Dataset, Digits};
 use gradwire_experiments::faults;
 use gradwire_experiments::project::{collectives_of, entry_of, shapes_of};
 use gradwire_experiments::train::{CheckpointPlan, Silent, train};
@@ -54,7 +54,7 @@ fn every_strategy_prints_and_parses_back() {
 
 #[test]
 fn every_strategy_trains_checkpoints_and_resumes_bitwise_on_1_to_4_ranks() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     for strategy in StrategyConfig::examples() {
         for world in 1..=4 {
             let what = format!("{strategy}, W = {world}");
@@ -84,7 +84,7 @@ fn every_strategy_trains_checkpoints_and_resumes_bitwise_on_1_to_4_ranks() {
 
 #[test]
 fn every_strategy_resumes_at_another_world_size() {
-    let data = Digits::load(42);
+    let data = Dataset::Digits(Digits::load(42));
     for strategy in StrategyConfig::examples() {
         let old = 4;
         let dir = tempfile::tempdir().unwrap();

@@ -71,15 +71,11 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
     }
     let plots = plots?;
     if !json {
-        let files: Vec<String> = [
-            plots.accuracy_vs_epoch,
-            plots.accuracy_vs_bytes,
-            plots.accuracy_vs_time,
-        ]
-        .iter()
-        .flatten()
-        .map(|p| p.display().to_string())
-        .collect();
+        let files: Vec<String> = [plots.by_epoch, plots.by_bytes, plots.by_time]
+            .iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
         println!("plots: {}", files.join(", "));
     }
     Ok(())

@@ -4,7 +4,7 @@
 
 use crate::console::{Console, print_train_header};
 use gradwire_experiments::ExperimentError;
-use gradwire_experiments::train::{TARGET_ACCURACY, TrainArgs};
+use gradwire_experiments::train::TrainArgs;
 use std::sync::Mutex;
 
 /// Runs `gradwire train` with its flags.
@@ -27,12 +27,14 @@ pub(crate) fn run(args: TrainArgs) -> Result<(), ExperimentError> {
         println!("{value}");
     } else {
         println!(
-            "final test accuracy {:.1} %, best {:.1} %, epochs to {:.0} %: {}, {:.3} MB sent per worker (dense / sent: {:.1}x), parameters {}",
+            "final test accuracy {:.1} %, best {:.1} %, test loss {:.4} (perplexity {:.2}), epochs to {}: {}, {:.3} MB sent per worker (dense / sent: {:.1}x), parameters {}",
             report.final_accuracy() * 100.0,
             report.best_accuracy() * 100.0,
-            TARGET_ACCURACY * 100.0,
+            report.final_loss(),
+            report.final_loss().exp(),
+            report.target(),
             report
-                .epochs_to(TARGET_ACCURACY)
+                .epochs_to_target()
                 .map_or("not reached".to_string(), |e| e.to_string()),
             report.bytes_per_worker() as f64 / 1e6,
             report.compression(),

@@ -233,6 +233,38 @@ fn train_resumes_bitwise_from_its_checkpoints() {
         "0.01",
     ];
     resume_matches(&cnn, dir.path());
+    // The transformer on a corpus of its own, in streaming DiLoCo (a
+    // fragment in flight across the epoch's end: 13 steps an epoch).
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.txt");
+    let text: String = (0..3000)
+        .map(|i| ["the cat ", "sat on ", "a mat.\n", "A dog ran. "][i * 7 % 4])
+        .collect();
+    std::fs::write(&corpus, text).unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let gpt = [
+        "-s",
+        "streaming-diloco:4:2:tau=1:uint8",
+        "--model",
+        "gpt",
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--layers",
+        "1",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--context",
+        "16",
+        "--epoch-windows",
+        "200",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.003",
+    ];
+    resume_matches(&gpt, &checkpoints);
     // DimReduce, stopped in its dense stage and resumed across the switch.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_str().unwrap();

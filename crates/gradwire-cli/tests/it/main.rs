@@ -2,5 +2,6 @@
 //! instead of one per file): each module is the file it was.
 
 mod cli;
+mod gpt;
 #[cfg(feature = "mpi")]
 mod shaped_network;

@@ -5,7 +5,7 @@
 
 use super::{Calibration, DEFAULT_LINE_UP, configs, run};
 use crate::config::{BackendKind, RunArgs, TrainConfig};
-use crate::data::Digits;
+use crate::data::Dataset;
 use crate::error::{ExperimentError, Result};
 use crate::network::{NetworkArgs, run_shaped};
 use crate::train::{Observer, RunReport};
@@ -66,7 +66,7 @@ impl CompareArgs {
         } else {
             configs(base, &self.strategies)?
         };
-        let data = Digits::load(self.common.split_seed);
+        let data = Dataset::load(&self.common.run, self.common.split_seed)?;
         match self.backend {
             BackendKind::Local => {
                 started(base.world, &configs);
@@ -95,7 +95,7 @@ impl CompareArgs {
 #[cfg(feature = "mpi")]
 fn run_mpi<'o>(
     configs: &[TrainConfig],
-    data: &Digits,
+    data: &Dataset,
     shaped: bool,
     started: impl FnOnce(usize, &[TrainConfig]),
     observer: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
@@ -123,7 +123,7 @@ fn run_mpi<'o>(
 #[cfg(not(feature = "mpi"))]
 fn run_mpi<'o>(
     _: &[TrainConfig],
-    _: &Digits,
+    _: &Dataset,
     _: bool,
     _: impl FnOnce(usize, &[TrainConfig]),
     _: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,

@@ -1,15 +1,16 @@
 //! `gradwire compare`: several strategies on the same seed, split and model,
 //! one after the other, summarised in one table (final and best accuracy,
-//! epochs to 95 %, bytes per worker, compression against dense, wall time).
+//! or test loss for the GPT; epochs to the target; bytes per worker,
+//! compression against dense, wall time).
 //! On a shaped network (`--network`, ranks under MPI) the report is about
 //! time: `shaped.rs`. `gradwire compare`'s flags and the backend they
 //! choose: `command.rs`.
 
 use crate::config::{TrainConfig, parse_strategy};
-use crate::data::Digits;
+use crate::data::Dataset;
 use crate::engine::Backend;
 use crate::error::Result;
-use crate::train::{Observer, RunReport, TARGET_ACCURACY, train, train_rank};
+use crate::train::{Observer, RunReport, TARGET_ACCURACY, Target, train, train_rank};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 
 /// The default line-up, in the registry's printed forms: dense, fp16,
@@ -51,7 +52,7 @@ pub fn configs(base: &TrainConfig, strategies: &[impl AsRef<str>]) -> Result<Vec
 /// Runs every configuration in turn; `observer(i)` watches run `i`.
 pub fn run<'o>(
     configs: &[TrainConfig],
-    data: &Digits,
+    data: &Dataset,
     observer: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
 ) -> Result<Vec<RunReport>> {
     configs
@@ -70,7 +71,7 @@ pub fn run<'o>(
 /// configurations'. Rank 0 returns the reports, the others `None`.
 pub fn run_on<'o, C: Backend + 'static>(
     configs: &[TrainConfig],
-    data: &Digits,
+    data: &Dataset,
     mut make_comm: impl FnMut() -> Result<C>,
     observer: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
 ) -> Result<Option<Vec<RunReport>>> {
@@ -89,26 +90,35 @@ pub fn run_on<'o, C: Backend + 'static>(
     Ok((reports.len() == configs.len()).then_some(reports))
 }
 
-/// The summary table.
+/// The summary table (accuracy on the digits, test loss for the GPT).
 pub fn table(runs: &[RunReport]) -> Table {
+    let target = runs
+        .first()
+        .map_or(Target::Accuracy(TARGET_ACCURACY), RunReport::target);
+    let measure = target.measure_name();
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
-        "strategy",
-        "final acc %",
-        "best acc %",
-        "epochs to 95 %",
-        "MB sent / worker",
-        "vs dense",
-        "wall s",
+        "strategy".into(),
+        format!("final {measure}"),
+        format!("best {measure}"),
+        format!("epochs to {target}"),
+        "MB sent / worker".into(),
+        "vs dense".into(),
+        "wall s".into(),
     ]);
+    let quality = |m: Option<f64>| match (m, target) {
+        (None, _) => "-".to_string(),
+        (Some(a), Target::Accuracy(_)) => format!("{a:.1}"),
+        (Some(l), Target::Loss(_)) => format!("{l:.3}"),
+    };
     for r in runs {
         let right = |text: String| Cell::new(text).set_alignment(CellAlignment::Right);
         table.add_row(vec![
             Cell::new(&r.label),
-            right(format!("{:.1}", r.final_accuracy() * 100.0)),
-            right(format!("{:.1}", r.best_accuracy() * 100.0)),
+            right(quality(r.final_measure())),
+            right(quality(r.best_measure())),
             right(
-                r.epochs_to(TARGET_ACCURACY)
+                r.epochs_to_target()
                     .map_or("-".to_string(), |e| e.to_string()),
             ),
             right(format!("{:.3}", r.bytes_per_worker() as f64 / 1e6)),

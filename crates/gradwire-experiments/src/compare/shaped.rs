@@ -2,12 +2,13 @@
 //! only bytes. Before the runs, the link is calibrated (all-reduces of a few
 //! sizes, gradwire's and the library's); after them, one row per strategy:
 //! seconds per step split into compute, compression and network, bytes per
-//! step, time to the target accuracy, the speedup over the baseline (the
-//! library's own all-reduce), and what the cost model predicted.
+//! step, time to the target (accuracy, or the GPT's loss), the speedup
+//! over the baseline (the library's own all-reduce), and what the cost
+//! model predicted.
 
 use crate::engine::Backend;
 use crate::error::Result;
-use crate::train::{RunReport, TARGET_ACCURACY};
+use crate::train::{RunReport, Target};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
@@ -79,6 +80,11 @@ pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
     })
 }
 
+/// The target of rows saved before there were others: the digits' 95 %.
+fn digits_target() -> Target {
+    Target::Accuracy(crate::train::TARGET_ACCURACY)
+}
+
 /// One strategy's row of the shaped report (`project::profile_of` builds
 /// the profile `gradwire project` reads from the same rows).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,9 +93,15 @@ pub struct ShapedRow {
     pub label: String,
     /// Final test accuracy.
     pub final_accuracy: f64,
-    /// Wall-clock seconds to [`TARGET_ACCURACY`], if reached.
+    /// Final test loss.
+    #[serde(default)]
+    pub final_loss: f64,
+    /// What counts as trained (95 % accuracy, or the GPT's target loss).
+    #[serde(default = "digits_target")]
+    pub target: Target,
+    /// Wall-clock seconds to the target, if reached.
     pub seconds_to_target: Option<f64>,
-    /// Steps to [`TARGET_ACCURACY`], if reached.
+    /// Steps to the target, if reached.
     pub steps_to_target: Option<u64>,
     /// The step's time, split.
     pub split: crate::train::StepSplit,
@@ -98,14 +110,13 @@ pub struct ShapedRow {
 impl ShapedRow {
     /// The row of one run.
     pub fn of(run: &RunReport) -> ShapedRow {
-        let steps_to_target = run
-            .epochs_to(TARGET_ACCURACY)
-            .map(|epoch| run.epochs.iter().take(epoch).map(|e| e.steps as u64).sum());
         ShapedRow {
             label: run.label.clone(),
             final_accuracy: run.final_accuracy(),
-            seconds_to_target: run.seconds_to(TARGET_ACCURACY),
-            steps_to_target,
+            final_loss: run.final_loss(),
+            target: run.target(),
+            seconds_to_target: run.seconds_to_target(),
+            steps_to_target: run.steps_to_target(),
             split: run.per_step(),
         }
     }
@@ -117,20 +128,21 @@ impl ShapedRow {
 pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
     let rows: Vec<ShapedRow> = runs.iter().map(ShapedRow::of).collect();
     let baseline = rows.iter().find(|r| r.label == "baseline");
+    let target = rows.first().map_or_else(digits_target, |r| r.target);
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
-        "strategy",
-        "final acc %",
-        "s to 95 %",
-        "s / step",
-        "compute",
-        "codec",
-        "network",
-        "of which imbalance",
-        "MB / step",
-        "speedup",
-        "model s / step",
-        "model error",
+        "strategy".to_string(),
+        format!("final {}", target.measure_name()),
+        format!("s to {target}"),
+        "s / step".into(),
+        "compute".into(),
+        "codec".into(),
+        "network".into(),
+        "of which imbalance".into(),
+        "MB / step".into(),
+        "speedup".into(),
+        "model s / step".into(),
+        "model error".into(),
     ]);
     let right = |text: String| Cell::new(text).set_alignment(CellAlignment::Right);
     let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
@@ -146,7 +158,10 @@ pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
         let model = predicted.get(i).copied().flatten();
         table.add_row(vec![
             Cell::new(&r.label),
-            right(format!("{:.1}", r.final_accuracy * 100.0)),
+            right(match r.target {
+                Target::Accuracy(_) => format!("{:.1}", r.final_accuracy * 100.0),
+                Target::Loss(_) => format!("{:.3}", r.final_loss),
+            }),
             right(
                 r.seconds_to_target
                     .map_or("-".into(), |s| format!("{s:.1}")),

@@ -46,10 +46,13 @@ pub struct ProfileStrategy {
     pub measured_s_per_step: f64,
     /// What the cost model predicted, seconds.
     pub predicted_s_per_step: f64,
-    /// Steps to the target accuracy, if reached.
+    /// Steps to the target (accuracy, or the GPT's loss), if reached.
     pub steps_to_target: Option<u64>,
     /// Test accuracy at the end, in [0, 1].
     pub final_accuracy: f64,
+    /// Test loss at the end (nats per prediction).
+    #[serde(default)]
+    pub final_loss: f64,
 }
 
 /// What a shaped `gradwire compare --network` run measured (written by it,

@@ -145,6 +145,7 @@ fn profile() -> Profile {
         predicted_s_per_step: 0.045,
         steps_to_target: steps,
         final_accuracy: 0.95,
+        final_loss: 0.2,
     };
     Profile {
         rate_bits_per_s: 1_000_000_000,

@@ -21,7 +21,7 @@ use gradwire_optim::StrategyConfig;
 /// The parameter shapes of `config`'s model, in declaration order
 /// (DistOpt's): what [`collectives_of`] and [`warm_up_of`] plan with.
 pub fn shapes_of(config: &TrainConfig) -> Result<Vec<Vec<usize>>> {
-    let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
+    let model = Model::new(config)?;
     Ok(model
         .vars()
         .iter()
@@ -163,6 +163,7 @@ pub fn profile_of(
             predicted_s_per_step: predicted,
             steps_to_target: row.steps_to_target,
             final_accuracy: row.final_accuracy,
+            final_loss: row.final_loss,
         });
     }
     Ok(Profile {
@@ -187,13 +188,13 @@ pub fn predictions(profile: &Profile, runs: &[RunReport]) -> Vec<Option<f64>> {
 mod tests {
     use super::*;
     use crate::compare::configs;
-    use crate::data::Digits;
+    use crate::data::{Dataset, Digits};
     use crate::error::assert_usage;
     use crate::train::{Silent, train};
     use gradwire_algos::cost::{Link, bytes_sent};
 
     /// Small runs of each modelled family, several buckets each.
-    fn runs(world: usize, data: &Digits) -> Vec<RunReport> {
+    fn runs(world: usize, data: &Dataset) -> Vec<RunReport> {
         let base = TrainConfig {
             world,
             epochs: 1,
@@ -261,7 +262,7 @@ mod tests {
     /// recorded; per step, the model's mean is the run's over whole rounds.
     #[test]
     fn modelled_collectives_send_what_the_cli_sent() {
-        let data = Digits::load(7);
+        let data = Dataset::Digits(Digits::load(7));
         for world in 1..=3 {
             for run in runs(world, &data) {
                 assert_eq!(
@@ -296,7 +297,7 @@ mod tests {
     /// the measured step; a slower network shows as the model's error.
     #[test]
     fn the_profile_predicts_a_run_whose_network_matches_the_link() {
-        let data = Digits::load(7);
+        let data = Dataset::Digits(Digits::load(7));
         let world = 3;
         let link = Link::new(50e-6, 1.25e8).unwrap();
         let ring = |bytes: usize| {

@@ -4,7 +4,7 @@
 
 use super::{CheckpointPlan, Observer, RunReport, train};
 use crate::config::{BackendKind, RunArgs, TrainConfig, parse_strategy};
-use crate::data::Digits;
+use crate::data::Dataset;
 use crate::error::{ExperimentError, Result};
 use crate::network::{NetworkArgs, run_shaped};
 use gradwire_optim::StrategyConfig;
@@ -87,7 +87,7 @@ impl TrainArgs {
             baseline,
             ..self.common.run.clone()
         };
-        let data = Digits::load(self.common.split_seed);
+        let data = Dataset::load(&self.common.run, self.common.split_seed)?;
         let plan = self.checkpoint.clone().map(|dir| CheckpointPlan {
             dir,
             resume: self.resume,
@@ -113,7 +113,7 @@ impl TrainArgs {
 #[cfg(feature = "mpi")]
 fn train_mpi(
     config: &mut TrainConfig,
-    data: &Digits,
+    data: &Dataset,
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
     started: impl FnOnce(&TrainConfig),
@@ -131,7 +131,7 @@ fn train_mpi(
 #[cfg(not(feature = "mpi"))]
 fn train_mpi(
     _: &mut TrainConfig,
-    _: &Digits,
+    _: &Dataset,
     _: &dyn Observer,
     _: Option<&CheckpointPlan>,
     _: impl FnOnce(&TrainConfig),
@@ -145,7 +145,7 @@ use super::train_nccl;
 #[cfg(not(feature = "nccl"))]
 fn train_nccl(
     _: &TrainConfig,
-    _: &Digits,
+    _: &Dataset,
     _: &dyn Observer,
     _: Option<&CheckpointPlan>,
     _: bool,

@@ -13,10 +13,10 @@
 //! the same components from the same snapshots and switches DistOpt's mode.
 
 use crate::config::{OptimizerKind, ScheduleKind, TrainConfig};
-use crate::data::{Digits, epoch_order};
+use crate::data::Dataset;
 use crate::engine::{Backend, Engine};
 use crate::error::{ExperimentError, Result};
-use crate::model::Model;
+use crate::model::{Evaluation, Model};
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_comm::{LocalComm, ReduceOp, local};
@@ -33,21 +33,18 @@ mod report;
 mod resume;
 
 pub use command::TrainArgs;
-pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit};
+pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit, TARGET_ACCURACY, Target};
 pub use resume::CheckpointPlan;
 use resume::{PCA_FILE, ResumePoint, agree, agree_on_resume, has_checkpoint, prune, saved_config};
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
 
-/// Test accuracy that counts as "trained" in reports.
-pub const TARGET_ACCURACY: f64 = 0.95;
-
 /// Trains `config` on `data` with `config.world` LocalComm workers; returns
 /// rank 0's report.
 pub fn train(
     config: &TrainConfig,
-    data: &Digits,
+    data: &Dataset,
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
 ) -> Result<RunReport> {
@@ -67,7 +64,7 @@ pub fn train(
 #[cfg(feature = "nccl")]
 pub fn train_nccl(
     config: &TrainConfig,
-    data: &Digits,
+    data: &Dataset,
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
     deterministic: bool,
@@ -132,7 +129,7 @@ fn rank_zero_report(
 pub fn train_rank<C: Backend + 'static>(
     comm: C,
     config: &TrainConfig,
-    data: &Digits,
+    data: &Dataset,
     observer: &dyn Observer,
     plan: Option<&CheckpointPlan>,
 ) -> Result<Option<RunReport>> {
@@ -167,7 +164,7 @@ pub fn train_rank<C: Backend + 'static>(
         config.dimreduce_dense_epochs = Some(saved.unwrap_or_else(|| config.dense_epochs()));
     }
     let config = &config;
-    let steps_per_epoch = data.train_len().div_ceil(config.world * config.batch);
+    let steps_per_epoch = data.epoch_len().div_ceil(config.world * config.batch);
     let total_steps = (steps_per_epoch * config.epochs) as u64;
     let lr = match config.schedule {
         ScheduleKind::Constant => Schedule::constant(config.lr),
@@ -236,7 +233,7 @@ pub fn train_rank<C: Backend + 'static>(
 /// Everything a worker's loop reads.
 struct Run<'a> {
     config: &'a TrainConfig,
-    data: &'a Digits,
+    data: &'a Dataset,
     observer: &'a dyn Observer,
     plan: Option<&'a CheckpointPlan>,
     /// The set the ranks agreed to resume from (loaded and checked while
@@ -302,7 +299,7 @@ impl Run<'_> {
                 config.world
             )));
         }
-        let model = Model::new(config.model, &config.hidden, &config.channels, config.seed)?;
+        let model = Model::new(config)?;
         let dist_config = DistOptConfig {
             strategy: config.distopt_strategy(),
             fusion_threshold: config.fusion_threshold,
@@ -373,17 +370,16 @@ impl Run<'_> {
             let began = Instant::now();
             let calls_before = engine.comm().time_in_calls();
             let mut tally = Tally::default();
-            for global in epoch_order(data.train_len(), epoch).chunks(global_batch) {
+            for global in data.epoch_samples(epoch).chunks(global_batch) {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
                 let calls_at_step = engine.comm().time_in_calls();
                 let computing = Instant::now();
-                let (loss, grads) = model.loss_and_grads(&data.train_x, &data.train_y, &mine)?;
+                let (loss, grads) = model.loss_and_grads(data, &mine)?;
                 tally.compute += computing.elapsed();
                 let stats = if dimreduce {
-                    let (x, y) = (&data.train_x, &data.train_y);
                     let stats = engine.step_dimreduce(grads, f64::from(loss), || {
                         model
-                            .loss(x, y, &mine)
+                            .loss(data, &mine)
                             .map(f64::from)
                             .map_err(candle_core::Error::wrap)
                     })?;
@@ -434,16 +430,21 @@ impl Run<'_> {
                 engine.comm().all_reduce(&mut slowest, ReduceOp::Max)?;
             }
             bytes_total += tally.sent;
+            // Partial averaging leaves the models apart: rank 0's is shown.
+            let tested = if rank == 0 {
+                model.evaluate(data)?
+            } else {
+                Evaluation {
+                    loss: 0.0,
+                    accuracy: 0.0,
+                }
+            };
             let dense_so_far = dense_step * (self.steps_per_epoch * (epoch + 1)) as u64;
             let record = EpochRecord {
                 epoch: epoch + 1,
                 train_loss: loss[0],
-                // Partial averaging leaves the models apart: rank 0's is shown.
-                test_accuracy: if rank == 0 {
-                    model.accuracy(&data.test_x, &data.test_y)?
-                } else {
-                    0.0
-                },
+                test_accuracy: tested.accuracy,
+                test_loss: tested.loss,
                 bytes_sent: tally.sent,
                 bytes_total,
                 compression: dense_so_far as f64 / bytes_total.max(1) as f64,

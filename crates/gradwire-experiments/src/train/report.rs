@@ -1,8 +1,76 @@
 //! What a run reports: a record per epoch and the whole run's summary,
 //! and the hooks that show progress.
 
-use crate::config::TrainConfig;
+use crate::config::{ModelKind, TrainConfig};
 use serde::{Deserialize, Serialize};
+
+/// Test accuracy that counts as "trained" on the digits.
+pub const TARGET_ACCURACY: f64 = 0.95;
+
+/// What counts as "trained" in reports: the digits models' test accuracy,
+/// or the language model's test loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Target {
+    /// Test accuracy at least this (a fraction).
+    Accuracy(f64),
+    /// Test loss (nats per prediction) at most this.
+    Loss(f64),
+}
+
+impl Target {
+    /// The target of `config`'s model: [`TARGET_ACCURACY`] on the digits,
+    /// `--target-loss` for the GPT.
+    pub fn of(config: &TrainConfig) -> Target {
+        match config.model {
+            ModelKind::Mlp | ModelKind::Cnn => Target::Accuracy(TARGET_ACCURACY),
+            ModelKind::Gpt => Target::Loss(config.target_loss),
+        }
+    }
+
+    /// The measure it is about in `epoch`, as tables show it: test
+    /// accuracy in percent, or the test loss.
+    pub fn measure(&self, epoch: &EpochRecord) -> f64 {
+        match self {
+            Target::Accuracy(_) => epoch.test_accuracy * 100.0,
+            Target::Loss(_) => epoch.test_loss,
+        }
+    }
+
+    /// The name of [`Target::measure`] for table headers (`acc %`, `loss`).
+    pub fn measure_name(&self) -> &'static str {
+        match self {
+            Target::Accuracy(_) => "acc %",
+            Target::Loss(_) => "loss",
+        }
+    }
+
+    /// The better of two values of [`Target::measure`].
+    pub fn better(&self, a: f64, b: f64) -> f64 {
+        match self {
+            Target::Accuracy(_) => a.max(b),
+            Target::Loss(_) => a.min(b),
+        }
+    }
+
+    /// Whether `epoch` reached it.
+    pub fn reached(&self, epoch: &EpochRecord) -> bool {
+        match *self {
+            Target::Accuracy(a) => epoch.test_accuracy >= a,
+            Target::Loss(l) => epoch.test_loss <= l,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    /// `95 %` or `loss 1.90`, for headers.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Accuracy(a) => write!(f, "{:.0} %", a * 100.0),
+            Target::Loss(l) => write!(f, "loss {l:.2}"),
+        }
+    }
+}
 
 /// What one epoch did (rank 0's view; the loss is averaged over workers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -11,8 +79,13 @@ pub struct EpochRecord {
     pub epoch: usize,
     /// Mean training loss over the epoch's steps and the workers.
     pub train_loss: f64,
-    /// Accuracy on the held-out test set.
+    /// Accuracy on the held-out test set (the language model: of its
+    /// next-character predictions).
     pub test_accuracy: f64,
+    /// Mean cross-entropy on the held-out test set, nats per prediction
+    /// (the language model's perplexity is its exponential).
+    #[serde(default)]
+    pub test_loss: f64,
     /// Bytes one worker sent during the epoch (ring model).
     pub bytes_sent: u64,
     /// Bytes one worker sent since the start of the run.
@@ -80,12 +153,46 @@ impl RunReport {
             .fold(0.0, f64::max)
     }
 
-    /// The first epoch whose test accuracy reached `target`.
-    pub fn epochs_to(&self, target: f64) -> Option<usize> {
+    /// Test loss after the last epoch (`f64::INFINITY` before any).
+    pub fn final_loss(&self) -> f64 {
+        self.epochs.last().map_or(f64::INFINITY, |e| e.test_loss)
+    }
+
+    /// The target's measure after the last epoch (accuracy in percent, or
+    /// loss; `None` before any epoch).
+    pub fn final_measure(&self) -> Option<f64> {
+        let target = self.target();
+        self.epochs.last().map(|e| target.measure(e))
+    }
+
+    /// The best value of the target's measure over the epochs.
+    pub fn best_measure(&self) -> Option<f64> {
+        let target = self.target();
         self.epochs
             .iter()
-            .find(|e| e.test_accuracy >= target)
+            .map(|e| target.measure(e))
+            .reduce(|a, b| target.better(a, b))
+    }
+
+    /// What counts as trained for this run's model.
+    pub fn target(&self) -> Target {
+        Target::of(&self.config)
+    }
+
+    /// The first epoch that reached the run's [`Target`].
+    pub fn epochs_to_target(&self) -> Option<usize> {
+        let target = self.target();
+        self.epochs
+            .iter()
+            .find(|e| target.reached(e))
             .map(|e| e.epoch)
+    }
+
+    /// Steps from the start to the end of the first epoch that reached
+    /// the run's [`Target`].
+    pub fn steps_to_target(&self) -> Option<u64> {
+        let epoch = self.epochs_to_target()?;
+        Some(self.epochs.iter().take(epoch).map(|e| e.steps as u64).sum())
     }
 
     /// Bytes one worker sent over the run.
@@ -104,12 +211,13 @@ impl RunReport {
     }
 
     /// Wall-clock seconds from the start until the end of the first epoch
-    /// whose test accuracy reached `target` (time to accuracy).
-    pub fn seconds_to(&self, target: f64) -> Option<f64> {
+    /// that reached the run's [`Target`] (time to accuracy, or to loss).
+    pub fn seconds_to_target(&self) -> Option<f64> {
+        let target = self.target();
         let mut elapsed = 0.0;
         for e in &self.epochs {
             elapsed += e.wall_secs;
-            if e.test_accuracy >= target {
+            if target.reached(e) {
                 return Some(elapsed);
             }
         }

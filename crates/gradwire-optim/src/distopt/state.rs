@@ -279,8 +279,9 @@ const OUTER_ROUND_START: &str = "outer/round_start";
 const OUTER_FAULT: &str = "outer/fault";
 /// Streaming DiLoCo: the inner steps taken (`outer/steps`), and the
 /// fragment exchanged but not yet merged (`outer/pending`: `{"fragment",
-/// "merge_at", "lost"}`, `lost` null or the agreed failure), with its mean
-/// pseudo-gradients as tensors `outer/pending/delta/<name>`.
+/// "merge_at", "lost", "sent", "received"}`, `lost` null or the agreed
+/// failure, the bytes its exchange moved), with its mean pseudo-gradients
+/// as tensors `outer/pending/delta/<name>`.
 const OUTER_STEPS: &str = "outer/steps";
 /// A pending fragment's mean pseudo-gradients, by bucket.
 type PendingDeltas = Vec<(usize, Vec<Tensor>)>;
@@ -334,12 +335,18 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                     })
                 }
             };
+            let traffic = match pending.outcome {
+                Some(_) => pending.traffic,
+                None => exchange.traffic(),
+            };
             ckpt.state.values.insert(
                 OUTER_PENDING.into(),
                 serde_json::json!({
                     "fragment": pending.fragment,
                     "merge_at": pending.merge_at,
                     "lost": lost,
+                    "sent": traffic.sent,
+                    "received": traffic.received,
                 }),
             );
             if outcome.is_ok() {
@@ -489,6 +496,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                     fragment,
                     merge_at,
                     outcome: Some(outcome),
+                    // Checkpoints written before it was kept: none.
+                    traffic: gradwire_algos::Traffic {
+                        sent: v["sent"].as_u64().unwrap_or(0),
+                        received: v["received"].as_u64().unwrap_or(0),
+                    },
                 })
             }
         };

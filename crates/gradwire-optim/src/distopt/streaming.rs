@@ -50,6 +50,9 @@ pub(crate) struct PendingMerge {
     /// with the mean pseudo-gradients in the engine's `local.buckets`.
     /// `None` while the exchange is the [`FragmentExchange`]'s.
     pub(crate) outcome: Option<std::result::Result<(), Lost>>,
+    /// What the exchange moved, where the outcome was restored from a
+    /// checkpoint (the merge counts it, as it counts a live exchange's).
+    pub(crate) traffic: Traffic,
 }
 
 /// The exchange of the fragment in flight: its buckets' jobs, then their
@@ -122,6 +125,13 @@ impl<C: Communicator + 'static> Exchange<C> {
     /// Bucket `b`'s part, once settled.
     pub(crate) fn finished(&self, b: usize) -> Option<&Finished<C>> {
         self.done.iter().find(|f| f.bucket == b)
+    }
+
+    /// What the settled buckets moved.
+    pub(crate) fn traffic(&self) -> Traffic {
+        self.done
+            .iter()
+            .fold(Traffic::default(), |sum, f| sum + f.traffic)
     }
 
     /// Whether an exchange was started and not yet taken by a merge.
@@ -225,6 +235,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 fragment: fragment as u32,
                 merge_at: t + u64::from(config.delay),
                 outcome: None,
+                traffic: Traffic::default(),
             });
             if config.delay == 0 {
                 return self.merge(targets, config, stats);
@@ -246,7 +257,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             return Ok(stats);
         };
         let outcome = match pending.outcome {
-            Some(outcome) => outcome,
+            Some(outcome) => {
+                stats.traffic += pending.traffic;
+                outcome
+            }
             None => self.take_exchange(&mut stats),
         };
         let fragment = pending.fragment as usize;

@@ -1,7 +1,8 @@
 //! The digits data set (UCI's Optical Recognition of Handwritten Digits:
 //! 1,797 8x8 images, 10 classes, the copy scikit-learn and smartcore ship)
-//! embedded as `data/digits.bin`, with a fixed, seeded train/test split,
-//! and the seeded order of every epoch.
+//! embedded as `data/digits.bin`, with a fixed, seeded train/test split.
+
+use super::shuffle;
 
 /// Pixels per image.
 pub const FEATURES: usize = 64;
@@ -11,7 +12,7 @@ pub const CLASSES: usize = 10;
 /// The images in their published order: per image its `FEATURES` pixels
 /// (integers 0 to 16, row-major), then its label, one byte each (made from
 /// smartcore 0.7's `digits.xy`, whose f32 values are those integers).
-const DIGITS: &[u8] = include_bytes!("../data/digits.bin");
+const DIGITS: &[u8] = include_bytes!("../../data/digits.bin");
 /// Bytes per image in [`DIGITS`]: the pixels and the label.
 const RECORD: usize = FEATURES + 1;
 
@@ -28,26 +29,12 @@ pub struct Digits {
     pub test_y: Vec<usize>,
 }
 
-/// One step of the xorshift64 generator every seeded choice here uses (the
-/// split, the epoch order, the initial weights): tiny, and the same bits on
-/// every platform.
-pub(crate) fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
 impl Digits {
     /// Loads the data set and splits it 80/20 with a shuffle seeded by `seed`.
     pub fn load(seed: u64) -> Digits {
         let n = DIGITS.len() / RECORD;
         let mut order: Vec<usize> = (0..n).collect();
-        let mut state = seed | 1;
-        for i in (1..n).rev() {
-            let j = (xorshift(&mut state) % (i as u64 + 1)) as usize;
-            order.swap(i, j);
-        }
+        shuffle(&mut order, seed);
         let test_len = n / 5;
         let mut digits = Digits {
             train_x: vec![],
@@ -74,17 +61,6 @@ impl Digits {
     pub fn train_len(&self) -> usize {
         self.train_y.len()
     }
-}
-
-/// The order of the `n` training samples in `epoch`: a seeded shuffle, the
-/// same on every rank, so that ranks agree on every global batch.
-pub fn epoch_order(n: usize, epoch: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut state = (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..n).rev() {
-        order.swap(i, (xorshift(&mut state) % (i as u64 + 1)) as usize);
-    }
-    order
 }
 
 #[cfg(test)]
@@ -118,14 +94,5 @@ mod tests {
             counts[usize::from(record[FEATURES])] += 1;
         }
         assert_eq!(counts, [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]);
-    }
-
-    #[test]
-    fn epoch_orders_are_permutations_that_differ_by_epoch() {
-        let mut first = epoch_order(101, 0);
-        assert_ne!(first, epoch_order(101, 1));
-        first.sort_unstable();
-        assert_eq!(first, (0..101).collect::<Vec<_>>());
-        assert!(epoch_order(0, 3).is_empty());
     }
 }
