@@ -339,7 +339,7 @@ impl Model {
     }
 
     /// Loss and accuracy over every test sample (zeros for none), in
-    /// chunks of [`EVAL_CHUNK`] samples.
+    /// chunks of 64 samples (bounding the attention's memory).
     pub fn evaluate(&self, data: &Dataset) -> Result<Evaluation> {
         let test_len = match data {
             Dataset::Digits(d) => d.test_y.len(),
