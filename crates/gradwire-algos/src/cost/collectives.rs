@@ -129,6 +129,13 @@ pub struct CollectiveCall {
     /// `H` steps. Per-step figures ([`crate::cost::communication_secs`],
     /// [`crate::cost::bytes_sent`]) count it `1 / period` times.
     pub period: u64,
+    /// Which exchange of its period the call belongs to: 0, but for
+    /// Streaming DiLoCo's fragment `k`'s calls (`k`). The calls of one
+    /// `(period, exchange)` go out together ([`crate::cost::peak_bytes`]).
+    pub exchange: u32,
+    /// Inner steps its exchange runs under before anyone waits for it
+    /// (Streaming DiLoCo's `τ`; 0 for a call waited for in its own step).
+    pub hidden_steps: u32,
 }
 
 impl CollectiveCall {
@@ -139,6 +146,18 @@ impl CollectiveCall {
             ranks,
             sent,
             period: 1,
+            exchange: 0,
+            hidden_steps: 0,
+        }
+    }
+
+    /// This call, part of exchange `exchange` of its period, which runs
+    /// under the next `hidden_steps` inner steps.
+    pub fn in_exchange(self, exchange: u32, hidden_steps: u32) -> CollectiveCall {
+        CollectiveCall {
+            exchange,
+            hidden_steps,
+            ..self
         }
     }
 

@@ -46,8 +46,8 @@ pub mod strategies;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
 pub use strategies::{
-    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, plan_buckets,
-    step_collectives,
+    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, fragment_ranges, group_buckets,
+    peak_bytes, plan_buckets, step_collectives,
 };
 
 use crate::error::{AlgoError, Result};
@@ -241,7 +241,10 @@ pub fn communication_secs(
 /// time, less what hides under compute:
 /// `compute + codec + other + max(0, comm - overlap * compute)`.
 /// The codec is never hidden (it runs on the same cores, before its
-/// bucket's collective).
+/// bucket's collective). An exchange that runs under the next `τ` inner
+/// steps ([`CollectiveCall::hidden_steps`], Streaming DiLoCo's) is waited
+/// for only for what outlasts them: `max(0, its time - τ * (compute +
+/// codec + other))`, once per its period.
 pub fn predict_step_secs(
     step: &StepModel,
     calls: &[CollectiveCall],
@@ -250,8 +253,27 @@ pub fn predict_step_secs(
     algorithm: &Algorithm,
 ) -> Result<f64> {
     step.validate()?;
-    let comm = communication_secs(calls, world, link, algorithm)?;
-    let exposed = (comm - step.overlap * step.compute_s).max(0.0);
+    let waited: Vec<CollectiveCall> = calls
+        .iter()
+        .copied()
+        .filter(|c| c.hidden_steps == 0)
+        .collect();
+    let comm = communication_secs(&waited, world, link, algorithm)?;
+    let mut exposed = (comm - step.overlap * step.compute_s).max(0.0);
+    let busy = step.compute_s + step.codec_s + step.other_s;
+    // Each hidden exchange's whole time, by (period, exchange, τ).
+    let mut hidden: Vec<((u64, u32, u32), f64)> = Vec::new();
+    for c in calls.iter().filter(|c| c.hidden_steps > 0) {
+        let secs = collective_secs(c, world, link, algorithm)?;
+        let key = (c.period.max(1), c.exchange, c.hidden_steps);
+        match hidden.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sum)) => *sum += secs,
+            None => hidden.push((key, secs)),
+        }
+    }
+    for ((period, _, steps), secs) in hidden {
+        exposed += (secs - f64::from(steps) * busy).max(0.0) / period as f64;
+    }
     Ok(step.compute_s + step.codec_s + step.other_s + exposed)
 }
 

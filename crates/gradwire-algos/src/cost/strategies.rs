@@ -130,10 +130,19 @@ pub enum StrategySpec {
     /// steps make no collective (their faults ride the round's first
     /// combination); the round's last step combines the pseudo-gradients
     /// bucket by bucket with `codec`'s calls (no vote), once every
-    /// `sync_every` steps.
+    /// `sync_every` steps. Streaming DiLoCo (`fragments` > 1): the
+    /// parameters in [`fragment_ranges`], the buckets planned inside each,
+    /// fragment `k`'s calls one exchange of their own every `sync_every`
+    /// steps, which the next `delay` inner steps may hide
+    /// ([`CollectiveCall::hidden_steps`]).
     Outer {
         /// Inner steps per round (`H`, at least 1).
         sync_every: u32,
+        /// Fragments exchanged in turn (`F`, 1 for DiLoCo; it divides `H`).
+        fragments: u32,
+        /// Inner steps between a fragment's exchange leaving and its
+        /// merge (`τ`, under `H / F`; 0 for DiLoCo).
+        delay: u32,
         /// The strategy that carries the pseudo-gradient: a per-bucket one
         /// (dense, half, top-k, random-k, PowerSGD, quantized).
         codec: Box<StrategySpec>,
@@ -172,6 +181,37 @@ pub fn group_buckets(lens: &[usize], threshold: usize) -> Vec<Range<usize>> {
     buckets
 }
 
+/// Streaming DiLoCo's fragments: the declared parameters (of element
+/// counts `lens`) cut into `fragments`
+/// contiguous ranges as even in elements as whole tensors allow: fragment
+/// `k` ends at the first parameter where the running count reaches `(k +
+/// 1) / F` of the total, leaving at least one parameter to each later
+/// fragment. `None` when there are fewer parameters than fragments.
+pub fn fragment_ranges(lens: &[usize], fragments: usize) -> Option<Vec<Range<usize>>> {
+    let fragments = fragments.max(1);
+    if lens.len() < fragments {
+        return None;
+    }
+    let total: u128 = lens.iter().map(|&n| n as u128).sum();
+    let mut cuts = Vec::with_capacity(fragments);
+    let (mut start, mut running) = (0usize, 0u128);
+    for (i, &n) in lens.iter().enumerate() {
+        running += n as u128;
+        let k = cuts.len();
+        if k + 1 == fragments {
+            break;
+        }
+        // Enough left for the later fragments, and this one reached its share.
+        let must_cut = lens.len() - (i + 1) == fragments - (k + 1);
+        if must_cut || running * fragments as u128 >= total * (k as u128 + 1) {
+            cuts.push(start..i + 1);
+            start = i + 1;
+        }
+    }
+    cuts.push(start..lens.len());
+    Some(cuts)
+}
+
 /// [`group_buckets`], each bucket checked against `capacity`: one beyond
 /// it is [`AlgoError::Capacity`] (DistOpt refuses such a model).
 pub fn plan_buckets(
@@ -200,6 +240,22 @@ pub fn bytes_sent(calls: &[CollectiveCall]) -> f64 {
         .iter()
         .map(|c| c.sent as f64 / c.period.max(1) as f64)
         .sum()
+}
+
+/// The most bytes rank 0 sends in one exchange of `calls`: a step's for
+/// strategies that exchange every step, the round's for DiLoCo, the
+/// largest fragment's for Streaming DiLoCo (its peak of bandwidth, where
+/// [`bytes_sent`] is the mean).
+pub fn peak_bytes(calls: &[CollectiveCall]) -> u64 {
+    let mut exchanges: Vec<((u64, u32), u64)> = Vec::new();
+    for c in calls {
+        let key = (c.period, c.exchange);
+        match exchanges.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sum)) => *sum += c.sent,
+            None => exchanges.push((key, c.sent)),
+        }
+    }
+    exchanges.into_iter().map(|(_, sum)| sum).max().unwrap_or(0)
 }
 
 fn check_ratio(ratio: f64) -> Result<()> {
@@ -237,12 +293,26 @@ fn check_spec(spec: &StrategySpec) -> Result<()> {
         StrategySpec::Quantized { quantizer } => Ok(quantizer.validate()?),
         StrategySpec::Outer {
             sync_every,
+            fragments,
+            delay,
             ref codec,
         } => {
             if sync_every == 0 {
                 return Err(AlgoError::InvalidArgument(
                     "a round takes at least one inner step".into(),
                 ));
+            }
+            if fragments == 0 || !sync_every.is_multiple_of(fragments) {
+                return Err(AlgoError::InvalidArgument(format!(
+                    "{fragments} fragments must divide a round of {sync_every} steps"
+                )));
+            }
+            if delay >= sync_every / fragments {
+                return Err(AlgoError::InvalidArgument(format!(
+                    "a merge {delay} steps late must come before the next fragment \
+                     leaves, {} steps later",
+                    sync_every / fragments
+                )));
             }
             match **codec {
                 StrategySpec::Outer { .. }
@@ -290,23 +360,48 @@ pub fn step_collectives(
         dimreduce(&mut calls, m, components, trials, world);
         return Ok(calls);
     }
-    let buckets = plan_buckets(&lens, bucketing.fusion_threshold, bucketing.capacity)?;
-    if let StrategySpec::Outer { sync_every, codec } = strategy {
+    if let StrategySpec::Outer {
+        sync_every,
+        fragments,
+        delay,
+        codec,
+    } = strategy
+    {
         let h = u64::from(*sync_every);
-        let mut round = Vec::new();
-        for range in buckets {
-            let n: usize = lens[range.clone()].iter().sum();
-            let bucket = Bucket {
-                n,
-                tensors: range.len(),
-                shapes: &shapes[range],
-                world,
-            };
-            bucket.calls(codec, &mut round)?;
+        let cuts = fragment_ranges(&lens, *fragments as usize).ok_or_else(|| {
+            AlgoError::InvalidArgument(format!(
+                "{fragments} fragments need at least as many parameters, {} are given",
+                lens.len()
+            ))
+        })?;
+        // Buckets planned inside each fragment, as the engine plans them.
+        for (k, cut) in cuts.into_iter().enumerate() {
+            let mut exchange = Vec::new();
+            let planned = plan_buckets(
+                &lens[cut.clone()],
+                bucketing.fusion_threshold,
+                bucketing.capacity,
+            )?;
+            for range in planned {
+                let range = range.start + cut.start..range.end + cut.start;
+                let n: usize = lens[range.clone()].iter().sum();
+                let bucket = Bucket {
+                    n,
+                    tensors: range.len(),
+                    shapes: &shapes[range],
+                    world,
+                };
+                bucket.calls(codec, &mut exchange)?;
+            }
+            calls.extend(
+                exchange
+                    .into_iter()
+                    .map(|c| c.once_every(h).in_exchange(k as u32, *delay)),
+            );
         }
-        calls.extend(round.into_iter().map(|c| c.once_every(h)));
         return Ok(calls);
     }
+    let buckets = plan_buckets(&lens, bucketing.fusion_threshold, bucketing.capacity)?;
     if !bucketing.vote_per_bucket {
         calls.push(CollectiveCall::all_reduce(lens.len(), world));
     }

@@ -34,7 +34,8 @@ use crate::error::{ExperimentError, Result};
 use crate::network::Rate;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, Collective, DEFAULT_FUSION_THRESHOLD, Link, StepModel, StrategySpec,
-    bytes_sent, communication_secs, predict_step_secs, scale_codec_secs, step_collectives,
+    bytes_sent, communication_secs, peak_bytes, predict_step_secs, scale_codec_secs,
+    step_collectives,
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -260,8 +261,13 @@ pub struct ProjectionRow {
     pub world: usize,
     /// The strategy's label.
     pub strategy: String,
-    /// Bytes a worker (rank 0) sends per step.
+    /// Bytes a worker (rank 0) sends per step (the mean over a round).
     pub bytes_per_step: f64,
+    /// Bytes a worker sends in its largest single exchange: a step's, a
+    /// DiLoCo round's, a Streaming DiLoCo fragment's (the peak the link
+    /// must carry at once, where `bytes_per_step` is the mean).
+    #[serde(default)]
+    pub peak_bytes: f64,
     /// Collective calls per step.
     pub calls_per_step: usize,
     /// Seconds of communication per step.
@@ -390,6 +396,7 @@ pub(crate) fn predict_row(
         world,
         strategy: entry.label.clone(),
         bytes_per_step: bytes_sent(&calls),
+        peak_bytes: peak_bytes(&calls) as f64,
         calls_per_step: calls.len(),
         comm_s: communication_secs(&calls, world, &link, algorithm)?,
         compute_s: model.compute_s,

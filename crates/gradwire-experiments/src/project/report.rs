@@ -30,8 +30,9 @@ fn ms(s: f64) -> String {
     }
 }
 
-/// One table per model and algorithm: a row per (rate, W), a column per
-/// strategy, "seconds per step (speedup over dense)".
+/// Two tables per model and algorithm: a row per (rate, W), a column per
+/// strategy, "seconds per step (speedup over dense)"; and per strategy the
+/// bytes a worker sends, the mean per step and the peak of one exchange.
 pub fn tables(projection: &Projection) -> Vec<(String, Table)> {
     let mut out = Vec::new();
     let mut keys: Vec<(String, String)> = Vec::new();
@@ -89,6 +90,33 @@ pub fn tables(projection: &Projection) -> Vec<(String, Table)> {
             params as f64 / 1e6
         );
         out.push((title, table));
+        // What each strategy puts on the link, at the largest world.
+        let world = rows.iter().map(|r| r.world).max().unwrap_or(1);
+        let mut bytes = Table::new();
+        bytes.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
+            "strategy",
+            "MB / step (mean)",
+            "MB in one exchange (peak)",
+        ]);
+        for label in &labels {
+            if let Some(r) = rows
+                .iter()
+                .find(|r| r.world == world && r.strategy == *label)
+            {
+                let right = |v: f64| {
+                    Cell::new(format!("{:.3}", v / 1e6)).set_alignment(CellAlignment::Right)
+                };
+                bytes.add_row(vec![
+                    Cell::new(label),
+                    right(r.bytes_per_step),
+                    right(r.peak_bytes),
+                ]);
+            }
+        }
+        out.push((
+            format!("{model}, {algorithm}: bytes a worker sends at W = {world}"),
+            bytes,
+        ));
     }
     out
 }

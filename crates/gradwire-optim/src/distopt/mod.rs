@@ -230,7 +230,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             StrategyConfig::DiLoCo(diloco) => diloco.fragments as usize,
             _ => 1,
         };
-        let cuts = streaming::fragment_ranges(&lens, fragments).ok_or_else(|| {
+        let cuts = gradwire_algos::cost::fragment_ranges(&lens, fragments).ok_or_else(|| {
             OptimError::InvalidArgument(format!(
                 "{fragments} fragments need at least as many parameters, {} are declared",
                 params.len()

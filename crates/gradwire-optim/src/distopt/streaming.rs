@@ -1,6 +1,8 @@
 //! Streaming DiLoCo (Douillard et al., 2025) on DiLoCo's machinery
 //! (`outer.rs`): the declared parameters split into F fragments, contiguous
-//! and as even in elements as whole tensors allow ([`fragment_ranges`]; the
+//! and as even in elements as whole tensors allow
+//! ([`gradwire_algos::cost::fragment_ranges`], which the cost model plans
+//! with too; the
 //! buckets are planned inside each), one fragment synchronised every
 //! `H / F` inner steps, so each
 //! is synchronised every H steps and the peak of bytes on the wire is `1 /
@@ -380,37 +382,4 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         ex.settled.take().unwrap_or(Ok(()))
     }
-}
-
-/// The declared parameters (of element counts `lens`) cut into `fragments`
-/// contiguous ranges as even in elements as whole tensors allow: fragment
-/// `k` ends at the first parameter where the running count reaches `(k +
-/// 1) / F` of the total, leaving at least one parameter to each later
-/// fragment. `None` when there are fewer parameters than fragments.
-pub(crate) fn fragment_ranges(
-    lens: &[usize],
-    fragments: usize,
-) -> Option<Vec<std::ops::Range<usize>>> {
-    let fragments = fragments.max(1);
-    if lens.len() < fragments {
-        return None;
-    }
-    let total: u128 = lens.iter().map(|&n| n as u128).sum();
-    let mut cuts = Vec::with_capacity(fragments);
-    let (mut start, mut running) = (0usize, 0u128);
-    for (i, &n) in lens.iter().enumerate() {
-        running += n as u128;
-        let k = cuts.len();
-        if k + 1 == fragments {
-            break;
-        }
-        // Enough left for the later fragments, and this one reached its share.
-        let must_cut = lens.len() - (i + 1) == fragments - (k + 1);
-        if must_cut || running * fragments as u128 >= total * (k as u128 + 1) {
-            cuts.push(start..i + 1);
-            start = i + 1;
-        }
-    }
-    cuts.push(start..lens.len());
-    Some(cuts)
 }

@@ -110,6 +110,8 @@ fn bad_settings_are_errors() {
         (
             StrategySpec::Outer {
                 sync_every: 0,
+                fragments: 1,
+                delay: 0,
                 codec: Box::new(StrategySpec::Dense),
             },
             "a round takes at least one inner step",
@@ -117,6 +119,8 @@ fn bad_settings_are_errors() {
         (
             StrategySpec::Outer {
                 sync_every: 4,
+                fragments: 1,
+                delay: 0,
                 codec: Box::new(StrategySpec::AdaSum),
             },
             "AdaSum cannot carry a pseudo-gradient",
@@ -124,9 +128,29 @@ fn bad_settings_are_errors() {
         (
             StrategySpec::Outer {
                 sync_every: 4,
+                fragments: 1,
+                delay: 0,
                 codec: Box::new(StrategySpec::TopK { ratio: 2.0 }),
             },
             "a sparse ratio must be in (0, 1], got 2",
+        ),
+        (
+            StrategySpec::Outer {
+                sync_every: 6,
+                fragments: 4,
+                delay: 0,
+                codec: Box::new(StrategySpec::Dense),
+            },
+            "4 fragments must divide a round of 6 steps",
+        ),
+        (
+            StrategySpec::Outer {
+                sync_every: 8,
+                fragments: 2,
+                delay: 4,
+                codec: Box::new(StrategySpec::Dense),
+            },
+            "must come before the next fragment leaves, 4 steps later",
         ),
     ] {
         refused(step_collectives(&bad, &s, 4, &b), what);
@@ -360,6 +384,8 @@ fn outer_rounds_send_the_codecs_calls_once_every_h_steps() {
             for h in [1u32, 2, 7, 50] {
                 let outer = StrategySpec::Outer {
                     sync_every: h,
+                    fragments: 1,
+                    delay: 0,
                     codec: Box::new(codec.clone()),
                 };
                 let calls = step_collectives(&outer, &shapes(), world, &bucketing).unwrap();
@@ -382,6 +408,171 @@ fn outer_rounds_send_the_codecs_calls_once_every_h_steps() {
                     (got - expected).abs() <= 1e-12 * expected.max(1e-300),
                     "{codec:?} H = {h} W = {world}: {got} s, not {expected} s"
                 );
+            }
+        }
+    }
+}
+
+/// Streaming DiLoCo's fragments: contiguous ranges covering every
+/// parameter once, each non-empty, cut where the running count first
+/// reaches its share (or where the later fragments need the rest); `None`
+/// with fewer parameters than fragments. Lengths 1, primes, a dominant
+/// tensor; 1 to 5 fragments.
+#[test]
+fn fragments_tile_the_parameters_by_their_share() {
+    let cases: [&[usize]; 5] = [
+        &[7],
+        &[3, 5, 7, 11, 13],
+        &[1, 1, 1, 1],
+        &[2, 1000, 3, 5],
+        &[0, 4, 0, 4],
+    ];
+    for lens in cases {
+        let total: usize = lens.iter().sum();
+        for f in 1..=5usize {
+            let Some(cuts) = fragment_ranges(lens, f) else {
+                assert!(lens.len() < f, "{lens:?} F = {f}");
+                continue;
+            };
+            assert_eq!(cuts.len(), f, "{lens:?} F = {f}");
+            assert_eq!(cuts[0].start, 0);
+            assert_eq!(cuts[f - 1].end, lens.len());
+            for (k, w) in cuts.windows(2).enumerate() {
+                assert_eq!(w[0].end, w[1].start);
+                // The cut is where the share was first reached, unless the
+                // later fragments forced it earlier.
+                let running: usize = lens[..w[0].end].iter().sum();
+                let before: usize = lens[..w[0].end - 1].iter().sum();
+                let forced = lens.len() - w[0].end == f - (k + 1);
+                assert!(
+                    forced
+                        || (running * f >= total * (k + 1) && before * f < total * (k + 1))
+                        || w[0].len() == 1,
+                    "{lens:?} F = {f}: {cuts:?}"
+                );
+            }
+            assert!(cuts.iter().all(|c| !c.is_empty()), "{lens:?} F = {f}");
+        }
+    }
+}
+
+/// Streaming DiLoCo: each fragment's buckets one exchange of their own
+/// every H steps; per step the same bytes as DiLoCo's round (up to each
+/// call's rounding), a peak of the largest fragment's bytes, and in the
+/// prediction each exchange hidden under the τ inner steps after it, for
+/// W = 1 to 8, F = 1 to 4, τ = 0 to H / F - 1.
+#[test]
+fn streaming_fragments_exchange_in_turn_under_later_steps() {
+    let link = crate::cost::Link::new(20e-6, 1.25e8).unwrap();
+    let bucketing = Bucketing {
+        fusion_threshold: 5000,
+        ..Bucketing::default()
+    };
+    let lens: Vec<usize> = shapes().iter().map(|s| s.iter().product()).collect();
+    let h = 12u32;
+    for world in 1..=8 {
+        let diloco = StrategySpec::Outer {
+            sync_every: h,
+            fragments: 1,
+            delay: 0,
+            codec: Box::new(StrategySpec::Dense),
+        };
+        let whole = step_collectives(&diloco, &shapes(), world, &bucketing).unwrap();
+        for f in [1u32, 2, 3, 4] {
+            for tau in 0..h / f {
+                let spec = StrategySpec::Outer {
+                    sync_every: h,
+                    fragments: f,
+                    delay: tau,
+                    codec: Box::new(StrategySpec::Dense),
+                };
+                let calls = step_collectives(&spec, &shapes(), world, &bucketing).unwrap();
+                let what = format!("W = {world} F = {f} tau = {tau}");
+                assert!(
+                    calls
+                        .iter()
+                        .all(|c| c.period == u64::from(h) && c.hidden_steps == tau)
+                );
+                // Each fragment's dense bytes, bucket by bucket.
+                let cuts = fragment_ranges(&lens, f as usize).unwrap();
+                let mut per_fragment = Vec::new();
+                for (k, cut) in cuts.iter().enumerate() {
+                    let planned =
+                        plan_buckets(&lens[cut.clone()], 5000, bucketing.capacity).unwrap();
+                    let sent: u64 = planned
+                        .iter()
+                        .map(|b| {
+                            let n: usize = lens[cut.clone()][b.clone()].iter().sum();
+                            Traffic::all_reduce(4 * n, world).sent
+                        })
+                        .sum();
+                    let mine: u64 = calls
+                        .iter()
+                        .filter(|c| c.exchange == k as u32)
+                        .map(|c| c.sent)
+                        .sum();
+                    assert_eq!(mine, sent, "{what}: fragment {k}");
+                    per_fragment.push(sent);
+                }
+                assert_eq!(
+                    peak_bytes(&calls),
+                    per_fragment.iter().copied().max().unwrap(),
+                    "{what}"
+                );
+                assert!(peak_bytes(&calls) <= peak_bytes(&whole), "{what}");
+                // The same bytes per round as DiLoCo, up to a byte a call.
+                let round: u64 = per_fragment.iter().sum();
+                let diloco_round: u64 = whole.iter().map(|c| c.sent).sum();
+                assert!(round.abs_diff(diloco_round) <= calls.len() as u64, "{what}");
+                // Hidden under τ steps of enough compute: nothing exposed;
+                // under none, all of it; in between, what outlasts them.
+                let secs = |c: &[CollectiveCall]| {
+                    crate::cost::communication_secs(c, world, &link, &crate::cost::Algorithm::Ring)
+                        .unwrap()
+                };
+                let round_secs = secs(&calls) * f64::from(h);
+                let step = |compute_s: f64| crate::cost::StepModel {
+                    compute_s,
+                    codec_s: 0.0,
+                    other_s: 0.0,
+                    overlap: 0.0,
+                };
+                let predict = |compute_s: f64| {
+                    crate::cost::predict_step_secs(
+                        &step(compute_s),
+                        &calls,
+                        world,
+                        &link,
+                        &crate::cost::Algorithm::Ring,
+                    )
+                    .unwrap()
+                };
+                if tau == 0 {
+                    let got = predict(0.01);
+                    let want = 0.01 + round_secs / f64::from(h);
+                    assert!(
+                        (got - want).abs() <= 1e-12 * want,
+                        "{what}: {got} vs {want}"
+                    );
+                } else {
+                    assert_eq!(predict(round_secs), round_secs, "{what}");
+                    let compute = 1e-9;
+                    let want: f64 = (0..f)
+                        .map(|k| {
+                            let one: Vec<_> =
+                                calls.iter().copied().filter(|c| c.exchange == k).collect();
+                            let t = secs(&one) * f64::from(h);
+                            (t - f64::from(tau) * compute).max(0.0)
+                        })
+                        .sum::<f64>()
+                        / f64::from(h)
+                        + compute;
+                    let got = predict(compute);
+                    assert!(
+                        (got - want).abs() <= 1e-12 * want,
+                        "{what}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

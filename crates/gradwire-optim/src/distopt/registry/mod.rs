@@ -531,6 +531,8 @@ impl StrategyConfig {
         Some(match *self {
             StrategyConfig::DiLoCo(config) => StrategySpec::Outer {
                 sync_every: config.sync_every,
+                fragments: config.fragments,
+                delay: config.delay,
                 codec: Box::new(config.codec.strategy().cost_spec(
                     sampled_overshoot,
                     dimreduce_components,

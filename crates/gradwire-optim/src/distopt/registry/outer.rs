@@ -128,8 +128,9 @@ pub const OUTER_ADAM_LR: f32 = 1e-3;
 /// worker goes on.
 ///
 /// Streaming DiLoCo (Douillard et al., 2025) splits the buckets into
-/// `fragments` (bucket `b` in fragment `b mod F`, strided over the layers)
-/// synchronised one every `H / F` inner steps, each every H steps with its
+/// `fragments` (contiguous, as even in elements as whole tensors allow:
+/// `gradwire_algos::cost::fragment_ranges`; the buckets planned inside
+/// each) synchronised one every `H / F` inner steps, each every H steps with its
 /// own global values; a fragment's exchange runs on the communication
 /// thread while `delay` more inner steps go on, then the fragment is merged
 /// (`θ_local = α θ_local + (1 - α) θ_global`).
