@@ -14,8 +14,10 @@ fn compare(args: &[&str]) -> Vec<Value> {
         std::path::Path::new(CORPUS).is_dir(),
         "no corpus at {CORPUS}: install Debian's fortunes package (cargo xtask test does)"
     );
+    let plots = tempfile::tempdir().expect("a directory for the plots");
     let out = Command::new(env!("CARGO_BIN_EXE_gradwire"))
-        .args(["compare", "--json", "--corpus", CORPUS])
+        .args(["compare", "--json", "--corpus", CORPUS, "--out"])
+        .arg(plots.path())
         .args(args)
         .output()
         .expect("run gradwire");
