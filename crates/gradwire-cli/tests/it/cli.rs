@@ -372,6 +372,34 @@ fn bad_flags_are_messages_not_panics() {
             &["project", "--workers", "2000000"],
             "--workers must be between",
         ),
+        (
+            &["train", "--model", "gpt", "--width", "10", "--heads", "3"],
+            "--width (10) must be a multiple of --heads (3)",
+        ),
+        (
+            &["train", "--model", "gpt", "--context", "100000000"],
+            "--context must be at most",
+        ),
+        (
+            &["train", "--model", "gpt", "--layers", "0"],
+            "must be at least 1",
+        ),
+        (
+            &["train", "--model", "gpt", "--width", "100000"],
+            "--width: a layer would hold",
+        ),
+        (
+            &["train", "--model", "gpt", "--corpus", "/nonexistent/text"],
+            "apt-get install fortunes",
+        ),
+        (
+            &["train", "--model", "gpt", "--target-loss", "0"],
+            "--target-loss must be positive",
+        ),
+        (
+            &["train", "--model", "gpt", "--epoch-windows", "0"],
+            "--epoch-windows must be at least 1",
+        ),
     ];
     for (args, message) in cases {
         let out = gradwire(args);

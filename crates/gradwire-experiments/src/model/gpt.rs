@@ -13,6 +13,12 @@ use candle_core::{D, Device, Module, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+/// The most transformer blocks a run builds (`--layers`).
+pub const MAX_BLOCKS: usize = 256;
+
+/// The longest window a run reads (`--context`).
+pub const MAX_CONTEXT: usize = 4096;
+
 /// The transformer's size (`gradwire train --model gpt`'s flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 #[serde(default)]
@@ -64,9 +70,24 @@ impl GptShape {
     }
 
     /// Why this shape cannot be built, naming the flag; `None` if it can.
+    /// Blocks and context are bounded (the causal mask alone is `context²`
+    /// floats); the width by the largest layer a run may hold (checked
+    /// with the other models' in `TrainConfig::validate`).
     pub fn problem(&self) -> Option<String> {
         if self.layers == 0 || self.width == 0 || self.heads == 0 || self.context == 0 {
             return Some("--layers, --width, --heads and --context must be at least 1".into());
+        }
+        if self.layers > MAX_BLOCKS {
+            return Some(format!(
+                "--layers must be at most {MAX_BLOCKS}, got {}",
+                self.layers
+            ));
+        }
+        if self.context > MAX_CONTEXT {
+            return Some(format!(
+                "--context must be at most {MAX_CONTEXT}, got {}",
+                self.context
+            ));
         }
         if !self.width.is_multiple_of(self.heads) {
             return Some(format!(

@@ -593,6 +593,26 @@ mod tests {
             Model::gpt(GptShape { layers: 0, ..shape }, 1),
             "must be at least 1",
         );
+        assert_usage(
+            Model::gpt(
+                GptShape {
+                    context: usize::MAX,
+                    ..shape
+                },
+                1,
+            ),
+            "--context must be at most 4096",
+        );
+        assert_usage(
+            Model::gpt(
+                GptShape {
+                    layers: 1 << 40,
+                    ..shape
+                },
+                1,
+            ),
+            "--layers must be at most 256",
+        );
     }
 
     #[test]

@@ -87,7 +87,10 @@ impl TrainArgs {
             baseline,
             ..self.common.run.clone()
         };
-        let data = Dataset::load(&self.common.run, self.common.split_seed)?;
+        // The flags checked before the corpus is read (its errors would
+        // hide theirs).
+        config.validate()?;
+        let data = Dataset::load(&config, self.common.split_seed)?;
         let plan = self.checkpoint.clone().map(|dir| CheckpointPlan {
             dir,
             resume: self.resume,
