@@ -42,12 +42,14 @@
 //! ```
 
 pub mod collectives;
+mod fragments;
 pub mod strategies;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
+pub use fragments::fragment_ranges;
 pub use strategies::{
-    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, fragment_ranges, group_buckets,
-    peak_bytes, plan_buckets, step_collectives,
+    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, peak_bytes,
+    plan_buckets, step_collectives,
 };
 
 use crate::error::{AlgoError, Result};

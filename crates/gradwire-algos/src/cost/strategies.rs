@@ -18,6 +18,7 @@
 //! PowerSGD's `start_step`, after 1-bit Adam's freeze when asked).
 
 use super::collectives::{Collective, CollectiveCall};
+use super::fragments::fragment_ranges;
 use crate::error::{AlgoError, Result};
 use crate::handle::Traffic;
 use crate::{DEFAULT_FUSION_CAPACITY, sparse_costs_more};
@@ -179,37 +180,6 @@ pub fn group_buckets(lens: &[usize], threshold: usize) -> Vec<Range<usize>> {
         buckets.push(start..lens.len());
     }
     buckets
-}
-
-/// Streaming DiLoCo's fragments: the declared parameters (of element
-/// counts `lens`) cut into `fragments`
-/// contiguous ranges as even in elements as whole tensors allow: fragment
-/// `k` ends at the first parameter where the running count reaches `(k +
-/// 1) / F` of the total, leaving at least one parameter to each later
-/// fragment. `None` when there are fewer parameters than fragments.
-pub fn fragment_ranges(lens: &[usize], fragments: usize) -> Option<Vec<Range<usize>>> {
-    let fragments = fragments.max(1);
-    if lens.len() < fragments {
-        return None;
-    }
-    let total: u128 = lens.iter().map(|&n| n as u128).sum();
-    let mut cuts = Vec::with_capacity(fragments);
-    let (mut start, mut running) = (0usize, 0u128);
-    for (i, &n) in lens.iter().enumerate() {
-        running += n as u128;
-        let k = cuts.len();
-        if k + 1 == fragments {
-            break;
-        }
-        // Enough left for the later fragments, and this one reached its share.
-        let must_cut = lens.len() - (i + 1) == fragments - (k + 1);
-        if must_cut || running * fragments as u128 >= total * (k as u128 + 1) {
-            cuts.push(start..i + 1);
-            start = i + 1;
-        }
-    }
-    cuts.push(start..lens.len());
-    Some(cuts)
 }
 
 /// [`group_buckets`], each bucket checked against `capacity`: one beyond
