@@ -9,7 +9,7 @@
 //! text even for SVG.
 
 use crate::error::{ExperimentError, Result};
-use crate::train::{RunReport, TARGET_ACCURACY, Target};
+use crate::train::{RunReport, Target};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 use std::path::{Path, PathBuf};
@@ -72,9 +72,7 @@ pub fn write_plots(runs: &[RunReport], dir: &Path) -> Result<PlotFiles> {
         path: dir.display().to_string(),
         source,
     })?;
-    let target = runs
-        .first()
-        .map_or(Target::Accuracy(TARGET_ACCURACY), RunReport::target);
+    let target = runs.first().map(RunReport::target).unwrap_or_default();
     let measure = |e: &crate::train::EpochRecord| target.measure(e);
     let by_epoch = |r: &RunReport| -> Vec<(f64, f64)> {
         r.epochs

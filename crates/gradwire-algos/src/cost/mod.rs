@@ -239,6 +239,27 @@ pub fn communication_secs(
     })
 }
 
+/// `value` summed over each exchange of `calls` (the calls of one
+/// `(period, exchange)`, [`CollectiveCall::exchange`]), with the
+/// exchange's first call, in the order the exchanges first appear.
+pub(crate) fn per_exchange<T: Copy + Default + std::ops::AddAssign>(
+    calls: &[CollectiveCall],
+    value: impl Fn(&CollectiveCall) -> Result<T>,
+) -> Result<Vec<(CollectiveCall, T)>> {
+    let mut sums: Vec<(CollectiveCall, T)> = Vec::new();
+    for c in calls {
+        let v = value(c)?;
+        match sums
+            .iter_mut()
+            .find(|(first, _)| (first.period, first.exchange) == (c.period, c.exchange))
+        {
+            Some((_, sum)) => *sum += v,
+            None => sums.push((*c, v)),
+        }
+    }
+    Ok(sums)
+}
+
 /// Predicted seconds per step: compute + codec + other + the collectives'
 /// time, less what hides under compute:
 /// `compute + codec + other + max(0, comm - overlap * compute)`.
@@ -263,18 +284,14 @@ pub fn predict_step_secs(
     let comm = communication_secs(&waited, world, link, algorithm)?;
     let mut exposed = (comm - step.overlap * step.compute_s).max(0.0);
     let busy = step.compute_s + step.codec_s + step.other_s;
-    // Each hidden exchange's whole time, by (period, exchange, τ).
-    let mut hidden: Vec<((u64, u32, u32), f64)> = Vec::new();
-    for c in calls.iter().filter(|c| c.hidden_steps > 0) {
-        let secs = collective_secs(c, world, link, algorithm)?;
-        let key = (c.period.max(1), c.exchange, c.hidden_steps);
-        match hidden.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, sum)) => *sum += secs,
-            None => hidden.push((key, secs)),
-        }
-    }
-    for ((period, _, steps), secs) in hidden {
-        exposed += (secs - f64::from(steps) * busy).max(0.0) / period as f64;
+    let hidden: Vec<CollectiveCall> = calls
+        .iter()
+        .copied()
+        .filter(|c| c.hidden_steps > 0)
+        .collect();
+    for (first, secs) in per_exchange(&hidden, |c| collective_secs(c, world, link, algorithm))? {
+        let under = f64::from(first.hidden_steps) * busy;
+        exposed += (secs - under).max(0.0) / first.period.max(1) as f64;
     }
     Ok(step.compute_s + step.codec_s + step.other_s + exposed)
 }

@@ -217,15 +217,12 @@ pub fn bytes_sent(calls: &[CollectiveCall]) -> f64 {
 /// largest fragment's for Streaming DiLoCo (its peak of bandwidth, where
 /// [`bytes_sent`] is the mean).
 pub fn peak_bytes(calls: &[CollectiveCall]) -> u64 {
-    let mut exchanges: Vec<((u64, u32), u64)> = Vec::new();
-    for c in calls {
-        let key = (c.period, c.exchange);
-        match exchanges.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, sum)) => *sum += c.sent,
-            None => exchanges.push((key, c.sent)),
-        }
-    }
-    exchanges.into_iter().map(|(_, sum)| sum).max().unwrap_or(0)
+    super::per_exchange(calls, |c| Ok(c.sent))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, sent)| sent)
+        .max()
+        .unwrap_or(0)
 }
 
 fn check_ratio(ratio: f64) -> Result<()> {
@@ -354,14 +351,7 @@ pub fn step_collectives(
             )?;
             for range in planned {
                 let range = range.start + cut.start..range.end + cut.start;
-                let n: usize = lens[range.clone()].iter().sum();
-                let bucket = Bucket {
-                    n,
-                    tensors: range.len(),
-                    shapes: &shapes[range],
-                    world,
-                };
-                bucket.calls(codec, &mut exchange)?;
+                Bucket::of(range, &lens, shapes, world).calls(codec, &mut exchange)?;
             }
             calls.extend(
                 exchange
@@ -379,14 +369,7 @@ pub fn step_collectives(
         if bucketing.vote_per_bucket {
             calls.push(CollectiveCall::all_reduce(range.len(), world));
         }
-        let n: usize = lens[range.clone()].iter().sum();
-        let bucket = Bucket {
-            n,
-            tensors: range.len(),
-            shapes: &shapes[range],
-            world,
-        };
-        bucket.calls(strategy, &mut calls)?;
+        Bucket::of(range, &lens, shapes, world).calls(strategy, &mut calls)?;
     }
     Ok(calls)
 }
@@ -399,7 +382,18 @@ struct Bucket<'a> {
     world: usize,
 }
 
-impl Bucket<'_> {
+impl<'a> Bucket<'a> {
+    /// The bucket of the parameters in `range` (of counts `lens` and
+    /// shapes `shapes`) on `world` ranks.
+    fn of(range: Range<usize>, lens: &[usize], shapes: &'a [Vec<usize>], world: usize) -> Self {
+        Bucket {
+            n: lens[range.clone()].iter().sum(),
+            tensors: range.len(),
+            shapes: &shapes[range],
+            world,
+        }
+    }
+
     /// The bucket's strategy's calls (after its vote), appended to `out`.
     fn calls(&self, strategy: &StrategySpec, out: &mut Vec<CollectiveCall>) -> Result<()> {
         let (n, world) = (self.n, self.world);

@@ -10,7 +10,7 @@ use crate::config::{TrainConfig, parse_strategy};
 use crate::data::Dataset;
 use crate::engine::Backend;
 use crate::error::Result;
-use crate::train::{Observer, RunReport, TARGET_ACCURACY, Target, train, train_rank};
+use crate::train::{Observer, RunReport, train, train_rank};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
 
 /// The default line-up, in the registry's printed forms: dense, fp16,
@@ -92,9 +92,7 @@ pub fn run_on<'o, C: Backend + 'static>(
 
 /// The summary table (accuracy on the digits, test loss for the GPT).
 pub fn table(runs: &[RunReport]) -> Table {
-    let target = runs
-        .first()
-        .map_or(Target::Accuracy(TARGET_ACCURACY), RunReport::target);
+    let target = runs.first().map(RunReport::target).unwrap_or_default();
     let measure = target.measure_name();
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
@@ -106,11 +104,7 @@ pub fn table(runs: &[RunReport]) -> Table {
         "vs dense".into(),
         "wall s".into(),
     ]);
-    let quality = |m: Option<f64>| match (m, target) {
-        (None, _) => "-".to_string(),
-        (Some(a), Target::Accuracy(_)) => format!("{a:.1}"),
-        (Some(l), Target::Loss(_)) => format!("{l:.3}"),
-    };
+    let quality = |m: Option<f64>| m.map_or("-".to_string(), |m| target.show(m));
     for r in runs {
         let right = |text: String| Cell::new(text).set_alignment(CellAlignment::Right);
         table.add_row(vec![

@@ -80,11 +80,6 @@ pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
     })
 }
 
-/// The target of rows saved before there were others: the digits' 95 %.
-fn digits_target() -> Target {
-    Target::Accuracy(crate::train::TARGET_ACCURACY)
-}
-
 /// One strategy's row of the shaped report (`project::profile_of` builds
 /// the profile `gradwire project` reads from the same rows).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,7 +92,7 @@ pub struct ShapedRow {
     #[serde(default)]
     pub final_loss: f64,
     /// What counts as trained (95 % accuracy, or the GPT's target loss).
-    #[serde(default = "digits_target")]
+    #[serde(default)]
     pub target: Target,
     /// Wall-clock seconds to the target, if reached.
     pub seconds_to_target: Option<f64>,
@@ -128,7 +123,7 @@ impl ShapedRow {
 pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
     let rows: Vec<ShapedRow> = runs.iter().map(ShapedRow::of).collect();
     let baseline = rows.iter().find(|r| r.label == "baseline");
-    let target = rows.first().map_or_else(digits_target, |r| r.target);
+    let target = rows.first().map(|r| r.target).unwrap_or_default();
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header(vec![
         "strategy".to_string(),
@@ -158,10 +153,7 @@ pub fn shaped_table(runs: &[RunReport], predicted: &[Option<f64>]) -> Table {
         let model = predicted.get(i).copied().flatten();
         table.add_row(vec![
             Cell::new(&r.label),
-            right(match r.target {
-                Target::Accuracy(_) => format!("{:.1}", r.final_accuracy * 100.0),
-                Target::Loss(_) => format!("{:.3}", r.final_loss),
-            }),
+            right(target.show(target.pick(r.final_accuracy, r.final_loss))),
             right(
                 r.seconds_to_target
                     .map_or("-".into(), |s| format!("{s:.1}")),

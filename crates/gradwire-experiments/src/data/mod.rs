@@ -73,6 +73,14 @@ impl Dataset {
         }
     }
 
+    /// Number of test samples.
+    pub fn test_len(&self) -> usize {
+        match self {
+            Dataset::Digits(d) => d.test_y.len(),
+            Dataset::Text(c) => c.test_len(),
+        }
+    }
+
     /// Training samples per epoch: all of them, or a corpus's
     /// `--epoch-windows`.
     pub fn epoch_len(&self) -> usize {
@@ -105,18 +113,6 @@ impl Dataset {
             at = 0;
         }
         samples
-    }
-}
-
-impl From<Digits> for Dataset {
-    fn from(digits: Digits) -> Dataset {
-        Dataset::Digits(digits)
-    }
-}
-
-impl From<Corpus> for Dataset {
-    fn from(corpus: Corpus) -> Dataset {
-        Dataset::Text(corpus)
     }
 }
 

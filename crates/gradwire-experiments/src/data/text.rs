@@ -77,7 +77,9 @@ impl Corpus {
                     text.extend_from_slice(&bytes);
                 }
                 if text.len() as u64 > MAX_BYTES {
-                    break;
+                    return Err(unreadable(std::io::Error::other(format!(
+                        "its files hold more than {MAX_BYTES} bytes"
+                    ))));
                 }
             }
         } else {
@@ -144,16 +146,6 @@ impl Corpus {
     /// Characters per window the model reads.
     pub fn context(&self) -> usize {
         self.context
-    }
-
-    /// Characters of the whole corpus.
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// Whether the corpus is empty (never: it holds two windows).
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
     }
 
     /// Number of training windows.

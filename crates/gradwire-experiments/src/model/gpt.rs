@@ -228,13 +228,13 @@ impl Gpt {
         let mask = self.mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let scale = 1.0 / (head_dim as f64).sqrt();
         for block in &self.blocks {
-            // [n, 3 * heads, t, head_dim]: queries, keys, values by head.
+            // [n, 3 * heads, t, head_dim] (a view): queries, keys, values
+            // by head, each made contiguous once below.
             let qkv = block
                 .qkv
                 .forward(&block.norm1.forward(&h)?)?
                 .reshape((n, t, 3 * heads, head_dim))?
-                .transpose(1, 2)?
-                .contiguous()?;
+                .transpose(1, 2)?;
             let q = qkv.narrow(1, 0, heads)?.contiguous()?;
             let k = qkv.narrow(1, heads, heads)?.contiguous()?;
             let v = qkv.narrow(1, 2 * heads, heads)?.contiguous()?;

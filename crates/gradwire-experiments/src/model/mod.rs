@@ -341,12 +341,8 @@ impl Model {
     /// Loss and accuracy over every test sample (zeros for none), in
     /// chunks of 64 samples (bounding the attention's memory).
     pub fn evaluate(&self, data: &Dataset) -> Result<Evaluation> {
-        let test_len = match data {
-            Dataset::Digits(d) => d.test_y.len(),
-            Dataset::Text(c) => c.test_len(),
-        };
         let (mut loss, mut correct, mut predictions) = (0.0f64, 0.0f64, 0usize);
-        let all: Vec<usize> = (0..test_len).collect();
+        let all: Vec<usize> = (0..data.test_len()).collect();
         for chunk in all.chunks(EVAL_CHUNK) {
             let (inputs, labels) = self.batch(data, Split::Test, chunk)?;
             let logits = self.forward(&inputs)?;

@@ -98,13 +98,11 @@ impl TrainArgs {
         let plan = plan.as_ref();
         match self.backend {
             BackendKind::Local => {
-                config.validate()?;
                 started(&config);
                 train(&config, &data, observer, plan).map(Some)
             }
             BackendKind::Mpi => train_mpi(&mut config, &data, observer, plan, started),
             BackendKind::Nccl => {
-                config.validate()?;
                 started(&config);
                 train_nccl(&config, &data, observer, plan, self.deterministic).map(Some)
             }

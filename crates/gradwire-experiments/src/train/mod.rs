@@ -416,8 +416,8 @@ impl Run<'_> {
             // backend, so the same call or none).
             let busy: f64 = tally.busy.iter().sum();
             let interval = match config.strategy {
-                StrategyConfig::DiLoCo(diloco) if diloco.is_streaming() => diloco.stride(),
-                StrategyConfig::DiLoCo(diloco) => diloco.sync_every,
+                // H / F steps between exchanges (H for DiLoCo, F = 1).
+                StrategyConfig::DiLoCo(diloco) => diloco.stride(),
                 _ => 1,
             }
             .max(1) as usize;

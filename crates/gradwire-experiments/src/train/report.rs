@@ -28,12 +28,25 @@ impl Target {
         }
     }
 
-    /// The measure it is about in `epoch`, as tables show it: test
-    /// accuracy in percent, or the test loss.
-    pub fn measure(&self, epoch: &EpochRecord) -> f64 {
+    /// The measure it is about, as tables show it, of a test accuracy
+    /// (a fraction) and loss: the accuracy in percent, or the loss.
+    pub fn pick(&self, accuracy: f64, loss: f64) -> f64 {
         match self {
-            Target::Accuracy(_) => epoch.test_accuracy * 100.0,
-            Target::Loss(_) => epoch.test_loss,
+            Target::Accuracy(_) => accuracy * 100.0,
+            Target::Loss(_) => loss,
+        }
+    }
+
+    /// [`Target::pick`] of `epoch`'s test accuracy and loss.
+    pub fn measure(&self, epoch: &EpochRecord) -> f64 {
+        self.pick(epoch.test_accuracy, epoch.test_loss)
+    }
+
+    /// A value of the measure as tables print it (`96.1`, `2.455`).
+    pub fn show(&self, measure: f64) -> String {
+        match self {
+            Target::Accuracy(_) => format!("{measure:.1}"),
+            Target::Loss(_) => format!("{measure:.3}"),
         }
     }
 
@@ -62,8 +75,16 @@ impl Target {
     }
 }
 
+impl Default for Target {
+    /// The digits' [`TARGET_ACCURACY`] (also what rows saved before there
+    /// were other targets read as).
+    fn default() -> Target {
+        Target::Accuracy(TARGET_ACCURACY)
+    }
+}
+
 impl std::fmt::Display for Target {
-    /// `95 %` or `loss 1.90`, for headers.
+    /// `95 %` or `loss 2.50`, for headers.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::Accuracy(a) => write!(f, "{:.0} %", a * 100.0),
@@ -179,20 +200,23 @@ impl RunReport {
         Target::of(&self.config)
     }
 
+    /// The records up to and including the first that reached the run's
+    /// [`Target`] (`None` if none did).
+    fn until_target(&self) -> Option<&[EpochRecord]> {
+        let target = self.target();
+        let at = self.epochs.iter().position(|e| target.reached(e))?;
+        Some(&self.epochs[..=at])
+    }
+
     /// The first epoch that reached the run's [`Target`].
     pub fn epochs_to_target(&self) -> Option<usize> {
-        let target = self.target();
-        self.epochs
-            .iter()
-            .find(|e| target.reached(e))
-            .map(|e| e.epoch)
+        self.until_target()?.last().map(|e| e.epoch)
     }
 
     /// Steps from the start to the end of the first epoch that reached
     /// the run's [`Target`].
     pub fn steps_to_target(&self) -> Option<u64> {
-        let epoch = self.epochs_to_target()?;
-        Some(self.epochs.iter().take(epoch).map(|e| e.steps as u64).sum())
+        Some(self.until_target()?.iter().map(|e| e.steps as u64).sum())
     }
 
     /// Bytes one worker sent over the run.
@@ -213,15 +237,7 @@ impl RunReport {
     /// Wall-clock seconds from the start until the end of the first epoch
     /// that reached the run's [`Target`] (time to accuracy, or to loss).
     pub fn seconds_to_target(&self) -> Option<f64> {
-        let target = self.target();
-        let mut elapsed = 0.0;
-        for e in &self.epochs {
-            elapsed += e.wall_secs;
-            if target.reached(e) {
-                return Some(elapsed);
-            }
-        }
-        None
+        Some(self.until_target()?.iter().map(|e| e.wall_secs).sum())
     }
 
     /// Steps over all epochs.
