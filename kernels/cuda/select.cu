@@ -42,9 +42,23 @@
 #define GW_RADIX_BINS 256
 
 // Smallest index of a NaN or infinity into first[0] (zeroed to GW_NO_INDEX by
-// the launcher; it stays so when every entry is finite).
+// the launcher; it stays so when every entry is finite). Four elements per
+// access when `x` is aligned (the rest, or all of an unaligned view, one at a
+// time), so that the check runs at the memory's bandwidth.
 extern "C" __global__ void first_non_finite_f32(const float* x, gw_u64 n, gw_u64* first) {
-    GW_FOR_EACH(i, n) {
+    const gw_u64 quads = gw_aligned4(x) ? n / 4u : 0u;
+    GW_FOR_EACH(q, quads) {
+        float v[4];
+        gw_load4(x, q, v);
+        for (int j = 0; j < 4; ++j) {
+            if (!gw_is_finite(v[j])) {
+                gw_first_index(first, 4u * q + (gw_u64)j);
+                break;
+            }
+        }
+    }
+    GW_FOR_EACH(r, n - 4u * quads) {
+        const gw_u64 i = 4u * quads + r;
         if (!gw_is_finite(x[i])) {
             gw_first_index(first, i);
         }
@@ -69,11 +83,33 @@ extern "C" __global__ void radix_init(gw_u64* state, gw_u64* hist, gw_u64 k) {
     }
 }
 
+// Counts key `k` (when `valid` and it shares the prefix found so far) in the
+// block's histogram. Every lane of the warp must call it: the lanes that count
+// the same digit are grouped (__match_any_sync) and their leader adds the
+// group's size, one shared atomic per distinct digit instead of one per lane.
+// The first pass sees every key, and a gradient's magnitudes crowd into a few
+// exponent digits, where one atomic per lane would serialise the warp.
+__device__ __forceinline__ void gw_radix_count(gw_u32* local, gw_u32 k, bool valid,
+                                               gw_u32 prefix, gw_u32 mask, gw_u32 shift) {
+    const bool counted = valid && (k & mask) == prefix;
+    if (__ballot_sync(0xffffffffu, counted) == 0u) {
+        return;
+    }
+    const gw_u32 bin = counted ? (k >> shift) & 0xffu : GW_RADIX_BINS;
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (counted && (threadIdx.x & 31u) == (unsigned)(__ffs(peers) - 1)) {
+        atomicAdd(&local[bin], (gw_u32)__popc(peers));
+    }
+}
+
 // Histogram of the 8-bit digit at `shift` of the keys that share the prefix
-// found so far.
+// found so far. The rounds depend only on the block, so every lane of a warp
+// takes part in each (gw_radix_count needs them all). A block's counts fit in
+// u32: with at most 2^32 keys (the launcher's bound) and a grid of
+// blocks_for(n) blocks, no block sees more than about 2^20 of them.
 extern "C" __global__ void radix_histogram_f32(const float* x, gw_u64 n, const gw_u64* state,
                                                gw_u64* hist, gw_u32 shift) {
-    __shared__ gw_u64 local[GW_RADIX_BINS];
+    __shared__ gw_u32 local[GW_RADIX_BINS];
     GW_REQUIRE_BLOCK();
     for (unsigned b = threadIdx.x; b < GW_RADIX_BINS; b += GW_BLOCK) {
         local[b] = 0;
@@ -81,16 +117,29 @@ extern "C" __global__ void radix_histogram_f32(const float* x, gw_u64 n, const g
     __syncthreads();
     const gw_u32 prefix = (gw_u32)state[GW_SEL_KEY];
     const gw_u32 mask = (gw_u32)state[GW_SEL_MASK];
-    GW_FOR_EACH(i, n) {
-        const gw_u32 k = gw_key(x[i]);
-        if ((k & mask) == prefix) {
-            atomicAdd(&local[(k >> shift) & 0xffu], 1ull);
+    const gw_u64 stride = (gw_u64)gridDim.x * GW_BLOCK;
+    const gw_u64 quads = gw_aligned4(x) ? n / 4u : 0u;
+    for (gw_u64 base = (gw_u64)blockIdx.x * GW_BLOCK; base < quads; base += stride) {
+        const gw_u64 q = base + threadIdx.x;
+        const bool inside = q < quads;
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (inside) {
+            gw_load4(x, q, v);
         }
+        for (int j = 0; j < 4; ++j) {
+            gw_radix_count(local, gw_key(v[j]), inside, prefix, mask, shift);
+        }
+    }
+    // The rest one at a time (all of x when it is not aligned).
+    for (gw_u64 base = 4u * quads + (gw_u64)blockIdx.x * GW_BLOCK; base < n; base += stride) {
+        const gw_u64 i = base + threadIdx.x;
+        const bool inside = i < n;
+        gw_radix_count(local, inside ? gw_key(x[i]) : 0u, inside, prefix, mask, shift);
     }
     __syncthreads();
     for (unsigned b = threadIdx.x; b < GW_RADIX_BINS; b += GW_BLOCK) {
-        if (local[b] != 0) {
-            atomicAdd(&hist[b], local[b]);
+        if (local[b] != 0u) {
+            atomicAdd(&hist[b], (gw_u64)local[b]);
         }
     }
 }
@@ -169,7 +218,20 @@ extern "C" __global__ void select_count_f32(const float* x, gw_u64 n, gw_u64 til
     const gw_u64 end = start + tile < n ? start + tile : n;
     gw_u64 gt = 0;
     gw_u64 eq = 0;
-    for (gw_u64 i = start + threadIdx.x; i < end; i += GW_BLOCK) {
+    // Four keys per access when aligned (tiles start at multiples of
+    // GW_BLOCK, so a tile's quads are whole); the order of counting is free.
+    const gw_u64 quad_end =
+        gw_aligned4(x) && end > start ? start + (end - start) / 4u * 4u : start;
+    for (gw_u64 q = start / 4u + threadIdx.x; q < quad_end / 4u; q += GW_BLOCK) {
+        float v[4];
+        gw_load4(x, q, v);
+        for (int j = 0; j < 4; ++j) {
+            const gw_u32 k = gw_key(v[j]);
+            gt += k > t ? 1u : 0u;
+            eq += k == t ? 1u : 0u;
+        }
+    }
+    for (gw_u64 i = quad_end + threadIdx.x; i < end; i += GW_BLOCK) {
         const gw_u32 k = gw_key(x[i]);
         gt += k > t ? 1u : 0u;
         eq += k == t ? 1u : 0u;

@@ -153,6 +153,8 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
             "{OP}: k = {k_th} outside 1..={n}"
         )));
     }
+    // The histogram kernel counts in u32 per block, which holds for u32-indexable inputs.
+    check_indexable(OP, n)?;
     let device = Arc::clone(x.device());
     let mut state = DeviceVec::<u64>::zeros(&device, 4)?;
     let mut hist = DeviceVec::<u64>::zeros(&device, 256)?;
