@@ -9,7 +9,7 @@
 
 use crate::optim::DataParallelOptimizer;
 use crate::vars::{named_vars, specs_of, with_values, write_values};
-use crate::wrap;
+use crate::{Error, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarMap;
@@ -20,6 +20,15 @@ use gradwire_optim::{
     DistOptConfig, GradSync, OptimError, ParamAccess, StateBuffers, StepStats, Strategy,
     StrategyConfig, StrategyError, TrainingLoop,
 };
+
+/// gradwire-candle's error where GradSync's callbacks need gradwire's:
+/// gradwire's own as it was, any other as an invalid argument (its text).
+fn into_optim(e: Error) -> OptimError {
+    match e {
+        Error::Gradwire(e) => e,
+        e => OptimError::InvalidArgument(e.to_string()),
+    }
+}
 
 /// Candle variables as GradSync reads and writes them, in place.
 struct VarAccess<'v>(&'v [(String, Var)]);
@@ -42,7 +51,7 @@ impl ParamAccess for VarAccess<'_> {
                 )))
             }
         })
-        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?
+        .map_err(into_optim)?
     }
 
     fn write(&mut self, index: usize, values: &[f32]) -> gradwire_optim::Result<()> {
@@ -50,7 +59,7 @@ impl ParamAccess for VarAccess<'_> {
             .0
             .get(index)
             .ok_or_else(|| OptimError::InvalidArgument(format!("no variable {index}")))?;
-        write_values(var, values).map_err(|e| OptimError::InvalidArgument(e.to_string()))
+        write_values(var, values).map_err(into_optim)
     }
 }
 
@@ -129,12 +138,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// `partial:state` needs an optimizer whose state gradwire can see
     /// (gradwire's: [`crate::Sgd`], [`crate::Adam`], ...); candle's own
     /// optimizers keep theirs private, and are refused for it.
-    pub fn new(
-        varmap: &VarMap,
-        config: O::Config,
-        comm: C,
-        dist: DistOptConfig,
-    ) -> candle_core::Result<Self> {
+    pub fn new(varmap: &VarMap, config: O::Config, comm: C, dist: DistOptConfig) -> Result<Self> {
         Self::from_vars(named_vars(varmap)?, config, comm, dist)
     }
 
@@ -145,9 +149,9 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         config: O::Config,
         comm: C,
         dist: DistOptConfig,
-    ) -> candle_core::Result<Self> {
+    ) -> Result<Self> {
         let strategy = dist.strategy;
-        let sync = GradSync::new(comm, specs_of(&vars)?, dist).map_err(wrap)?;
+        let sync = GradSync::new(comm, specs_of(&vars)?, dist)?;
         Self::from_sync(vars, config, sync, strategy)
     }
 
@@ -161,9 +165,9 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         comm: C,
         dist: DistOptConfig,
         strategy: impl Strategy<C>,
-    ) -> candle_core::Result<Self> {
+    ) -> Result<Self> {
         let mode = dist.strategy;
-        let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy).map_err(wrap)?;
+        let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy)?;
         Self::from_sync(vars, config, sync, mode)
     }
 
@@ -172,16 +176,17 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         config: O::Config,
         sync: GradSync<C>,
         strategy: StrategyConfig,
-    ) -> candle_core::Result<Self> {
-        let optimizer = O::new(vars.iter().map(|(_, v)| v.clone()).collect(), config)?;
+    ) -> Result<Self> {
+        let optimizer = O::new_checked(vars.iter().map(|(_, v)| v.clone()).collect(), config)?;
         let averages_state = strategy
             == StrategyConfig::Partial {
                 average_state: true,
             };
         if averages_state && optimizer.state_buffers().is_none() {
-            return Err(wrap(StrategyError::PrivateState {
+            return Err(StrategyError::PrivateState {
                 strategy: strategy.to_string(),
-            }));
+            }
+            .into());
         }
         Ok(DataParallel {
             sync,
@@ -194,12 +199,10 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// Copies `root`'s parameter values into every worker's (collective):
     /// call once before training, so every worker starts from one model
     /// (candle's CPU initialisation is not seeded).
-    pub fn broadcast_parameters(&mut self, root: usize) -> candle_core::Result<()> {
+    pub fn broadcast_parameters(&mut self, root: usize) -> Result<()> {
         for (_, var) in &self.vars {
             let mut values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
-            self.sync
-                .broadcast(&mut [&mut values[..]], root)
-                .map_err(wrap)?;
+            self.sync.broadcast(&mut [&mut values[..]], root)?;
             write_values(var, &values)?;
         }
         Ok(())
@@ -213,18 +216,17 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// without gradients, so an optimizer step changes nothing. Every
     /// worker must call it, each step; in another training loop it fails on
     /// every worker alike.
-    pub fn reduce(&mut self, mut grads: GradStore) -> candle_core::Result<GradStore> {
+    pub fn reduce(&mut self, mut grads: GradStore) -> Result<GradStore> {
         self.push_all(&grads);
         let vars = &self.vars;
         let mut combined: Vec<(usize, Tensor)> = Vec::new();
         let stats = self.sync.finish_each(|i, values: &[f32]| {
             let var = &vars[i].1;
             let t = Tensor::from_slice(values, var.shape(), &Device::Cpu)
-                .map_err(|e| gradwire_optim::OptimError::InvalidArgument(e.to_string()))?;
+                .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
             combined.push((i, t));
             Ok(())
-        });
-        let stats = stats.map_err(wrap)?;
+        })?;
         for (_, var) in &self.vars {
             grads.remove(var.as_tensor());
         }
@@ -246,7 +248,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// and infinities). After [`DataParallel::start_dimreduce`] a step
     /// needs the loss ([`DataParallel::step_dimreduce`]): this one fails on
     /// every worker alike.
-    pub fn step(&mut self, grads: GradStore) -> candle_core::Result<StepStats> {
+    pub fn step(&mut self, grads: GradStore) -> Result<StepStats> {
         if self.sync.training_loop() == TrainingLoop::LocalSteps {
             self.push_all(&grads);
             let mut buffers = OptimizerBuffers {
@@ -257,24 +259,21 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             let stats = self
                 .sync
                 .step_locally_with_state(&mut vars, &mut buffers, |_, buffers| {
-                    buffers
-                        .optimizer
-                        .step(&grads)
-                        .map_err(|e| OptimError::InvalidArgument(e.to_string()))
+                    buffers.optimizer.step_checked(&grads).map_err(into_optim)
                 });
-            self.last = stats.map_err(wrap)?;
+            self.last = stats?;
             return Ok(self.last);
         }
         let grads = self.reduce(grads)?;
         if !self.last.non_finite {
-            self.optimizer.step(&grads)?;
+            self.optimizer.step_checked(&grads)?;
         }
         Ok(self.last)
     }
 
     /// Backward from `loss`, then [`DataParallel::step`]: the
     /// data-parallel `backward_step`.
-    pub fn backward_step(&mut self, loss: &Tensor) -> candle_core::Result<()> {
+    pub fn backward_step(&mut self, loss: &Tensor) -> Result<()> {
         self.step(loss.backward()?).map(drop)
     }
 
@@ -283,12 +282,8 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// the components `pca` (the same on every worker: fit from the same
     /// trajectory, or broadcast) over all variables flattened in
     /// declaration order. Call between steps; an error changes nothing.
-    pub fn start_dimreduce(
-        &mut self,
-        pca: &Pca,
-        config: DimReduceConfig,
-    ) -> candle_core::Result<()> {
-        self.sync.start_dimreduce(pca, config).map_err(wrap)
+    pub fn start_dimreduce(&mut self, pca: &Pca, config: DimReduceConfig) -> Result<()> {
+        Ok(self.sync.start_dimreduce(pca, config)?)
     }
 
     /// Whether [`DataParallel::start_dimreduce`] ended the first stage.
@@ -308,13 +303,13 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         grads: &GradStore,
         loss: f64,
         mut loss_at: impl FnMut() -> candle_core::Result<f64>,
-    ) -> candle_core::Result<StepStats> {
+    ) -> Result<StepStats> {
         self.push_all(grads);
         let mut vars = VarAccess(&self.vars);
         let stats = self.sync.step_dimreduce(&mut vars, loss, |_| {
             loss_at().map_err(|e| OptimError::InvalidArgument(e.to_string()))
         });
-        self.last = stats.map_err(wrap)?;
+        self.last = stats?;
         Ok(self.last)
     }
 
@@ -364,15 +359,15 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// ([`DataParallelOptimizer::save_into`]), to save beside candle's
     /// safetensors of the weights (`VarMap::save`) with
     /// `gradwire_optim::checkpoint::save`.
-    pub fn checkpoint(&self) -> candle_core::Result<Checkpoint> {
-        let mut ckpt = self.sync.checkpoint().map_err(wrap)?;
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        let mut ckpt = self.sync.checkpoint()?;
         self.optimizer.save_into(&mut ckpt)?;
         Ok(ckpt)
     }
 
     /// Restores what [`DataParallel::checkpoint`] saved.
-    pub fn restore(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
-        self.sync.restore(ckpt).map_err(wrap)?;
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.sync.restore(ckpt)?;
         self.optimizer.restore_from(ckpt)
     }
 }

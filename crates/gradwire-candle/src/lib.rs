@@ -68,8 +68,11 @@
 //! gradwire tensors); no copy is kept between steps. Parameters must be
 //! f32 on the CPU in this version (a typed error otherwise).
 //!
-//! Errors come back as [`candle_core::Error`] (gradwire's wrapped), so `?`
-//! works in a candle training loop.
+//! Errors come back as gradwire-candle's [`Error`]: gradwire's typed error
+//! ([`Error::Gradwire`], matched by its kind: a lost peer, a timeout, a
+//! mismatch), candle's ([`Error::Candle`]), or a variable this version cannot
+//! train. It converts into [`candle_core::Error`] with `?`, so a candle
+//! training loop keeps its `candle_core::Result` (as in the example above).
 //!
 //! [candle]: https://github.com/huggingface/candle
 
@@ -77,16 +80,13 @@
 #![forbid(unsafe_code)]
 
 mod data_parallel;
+mod error;
 pub mod optim;
 mod vars;
 
 pub use data_parallel::DataParallel;
+pub use error::{Error, Result};
 pub use optim::{AdaGrad, Adam, AdamW, CandleOptim, DataParallelOptimizer, RmsProp, Sgd};
 pub use vars::{
     named_vars, parameters_in, parameters_of, specs_of, update_in_place, with_values, write_values,
 };
-
-/// A candle error from a gradwire one.
-pub(crate) fn wrap(e: impl std::fmt::Display + Send + Sync + 'static) -> candle_core::Error {
-    candle_core::Error::wrap(e)
-}

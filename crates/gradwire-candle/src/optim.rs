@@ -10,11 +10,11 @@
 //! [`CandleOptim::save_into`].
 
 use crate::vars::{check_f32_cpu, update_in_place};
-use crate::wrap;
+use crate::{Error, Result};
 use candle_core::Var;
 use candle_core::backprop::GradStore;
 use gradwire_optim::checkpoint::Checkpoint;
-use gradwire_optim::{Optim, Schedule, StateBuffers, UpdateRule};
+use gradwire_optim::{Optim, OptimError, Schedule, StateBuffers, UpdateRule};
 
 /// The checkpoint prefix of a [`CandleOptim`]'s state
 /// ([`Checkpoint::insert_optimizer_state`]).
@@ -43,7 +43,7 @@ impl<R: UpdateRule> CandleOptim<R> {
     /// An optimizer over named variables: the names key the state in
     /// checkpoints. Errors on a non-f32 or non-CPU variable, a repeated
     /// name, or an invalid configuration.
-    pub fn with_names(vars: Vec<(String, Var)>, config: R::Config) -> candle_core::Result<Self> {
+    pub fn with_names(vars: Vec<(String, Var)>, config: R::Config) -> Result<Self> {
         let mut names: Vec<&str> = Vec::with_capacity(vars.len());
         for (name, var) in &vars {
             check_f32_cpu(name, var.as_tensor())?;
@@ -51,12 +51,13 @@ impl<R: UpdateRule> CandleOptim<R> {
         }
         names.sort_unstable();
         if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
-            candle_core::bail!(
+            return Err(OptimError::InvalidArgument(format!(
                 "gradwire-candle: the variable name {} is used twice",
                 pair[0]
-            );
+            ))
+            .into());
         }
-        let optim = Optim::<R>::new(config).map_err(wrap)?;
+        let optim = Optim::<R>::new(config)?;
         Ok(CandleOptim { optim, vars })
     }
 
@@ -78,34 +79,85 @@ impl<R: UpdateRule> CandleOptim<R> {
 
     /// Stores the whole state (buffers, update counts, the step that drives
     /// the schedules, configurations) in `ckpt`, under [`STATE_PREFIX`].
-    pub fn save_into(&self, ckpt: &mut Checkpoint) -> candle_core::Result<()> {
+    pub fn save_into(&self, ckpt: &mut Checkpoint) -> Result<()> {
         use gradwire_optim::Optimizer as _;
-        let state = self.optim.state().map_err(wrap)?;
-        ckpt.insert_optimizer_state(STATE_PREFIX, &state)
-            .map_err(wrap)
+        let state = self.optim.state()?;
+        Ok(ckpt.insert_optimizer_state(STATE_PREFIX, &state)?)
     }
 
     /// Restores what [`CandleOptim::save_into`] stored (validated: kind,
-    /// configuration, buffer names and sizes); an error if `ckpt` holds none.
-    pub fn restore_from(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
+    /// configuration, buffer names and sizes); if `ckpt` holds none,
+    /// [`OptimError::StateMismatch`].
+    pub fn restore_from(&mut self, ckpt: &Checkpoint) -> Result<()> {
         use gradwire_optim::Optimizer as _;
-        let state = ckpt
-            .optimizer_state(STATE_PREFIX)
-            .map_err(wrap)?
-            .ok_or_else(|| candle_core::Error::msg("the checkpoint holds no optimizer state"))?;
-        self.optim.load_state(&state).map_err(wrap)
+        let state = ckpt.optimizer_state(STATE_PREFIX)?.ok_or_else(|| {
+            OptimError::StateMismatch("the checkpoint holds no optimizer state".into())
+        })?;
+        Ok(self.optim.load_state(&state)?)
+    }
+
+    /// The step of [`candle_nn::Optimizer::step`] with its errors typed:
+    /// every gradient's shape is checked first
+    /// ([`OptimError::ShapeMismatch`]), so an error leaves every variable
+    /// as it was; then every variable `grads` holds a gradient for is
+    /// updated in place, and the step advances.
+    pub fn step_checked(&mut self, grads: &GradStore) -> Result<()> {
+        use gradwire_optim::Optimizer as _;
+        for (name, var) in &self.vars {
+            if let Some(grad) = grads.get(var.as_tensor())
+                && grad.dims() != var.dims()
+            {
+                return Err(OptimError::ShapeMismatch {
+                    what: format!("gradwire-candle: the gradient of {name}"),
+                    expected: var.dims().to_vec(),
+                    got: grad.dims().to_vec(),
+                }
+                .into());
+            }
+        }
+        for (name, var) in &self.vars {
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                continue; // no gradient: the variable and its state stay
+            };
+            let optim = &mut self.optim;
+            update_in_place(var, grad, |p, g| {
+                Ok(optim.update_slice(name, var.dims(), p, g)?)
+            })?;
+        }
+        self.optim.step();
+        Ok(())
     }
 }
 
 /// What [`crate::DataParallel`] asks of an optimizer beyond candle's
-/// [`candle_nn::Optimizer`]: its state, where gradwire can see it. The
-/// defaults say "none", which is right for candle's own optimizers (their
+/// [`candle_nn::Optimizer`]: its step with typed errors, and its state,
+/// where gradwire can see it. The defaults take candle's step and say
+/// "no state", which is right for candle's own optimizers (their
 /// state is private; implemented here for `SGD` and `AdamW`) and for any
 /// optimizer of your own (`impl DataParallelOptimizer for MyOpt {}`);
 /// gradwire's optimizers ([`CandleOptim`]) expose theirs, so their
 /// state goes into [`crate::DataParallel::checkpoint`] and partial
 /// averaging can average it (`partial:state`).
 pub trait DataParallelOptimizer: candle_nn::Optimizer {
+    /// The optimizer over `vars` that [`crate::DataParallel`] builds:
+    /// candle's [`candle_nn::Optimizer::new`] by default (its errors as
+    /// [`Error::Candle`]); gradwire's optimizers refuse a bad
+    /// configuration with their own typed error.
+    fn new_checked(vars: Vec<Var>, config: Self::Config) -> Result<Self>
+    where
+        Self: Sized,
+    {
+        Self::new(vars, config).map_err(Error::Candle)
+    }
+
+    /// The step [`crate::DataParallel`] takes: candle's
+    /// [`candle_nn::Optimizer::step`] by default (its errors as
+    /// [`Error::Candle`]); gradwire's optimizers give their own errors,
+    /// typed.
+    fn step_checked(&mut self, grads: &GradStore) -> Result<()> {
+        self.step(grads).map_err(Error::Candle)
+    }
+
     /// The per-parameter buffers, keyed as the optimizer names its
     /// variables when built by [`candle_nn::Optimizer::new`] (by position:
     /// `"0"`, `"1"`, ..., as DataParallel builds it); `None` if private.
@@ -119,14 +171,14 @@ pub trait DataParallelOptimizer: candle_nn::Optimizer {
     }
 
     /// Stores the optimizer's state in `ckpt` (nothing by default).
-    fn save_into(&self, ckpt: &mut Checkpoint) -> candle_core::Result<()> {
+    fn save_into(&self, ckpt: &mut Checkpoint) -> Result<()> {
         let _ = ckpt;
         Ok(())
     }
 
     /// Restores what [`DataParallelOptimizer::save_into`] stored (nothing
     /// by default).
-    fn restore_from(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
+    fn restore_from(&mut self, ckpt: &Checkpoint) -> Result<()> {
         let _ = ckpt;
         Ok(())
     }
@@ -145,11 +197,19 @@ impl<R: UpdateRule> DataParallelOptimizer for CandleOptim<R> {
         Some(&mut self.optim)
     }
 
-    fn save_into(&self, ckpt: &mut Checkpoint) -> candle_core::Result<()> {
+    fn new_checked(vars: Vec<Var>, config: R::Config) -> Result<Self> {
+        Self::with_names(positional(vars), config)
+    }
+
+    fn step_checked(&mut self, grads: &GradStore) -> Result<()> {
+        CandleOptim::step_checked(self, grads)
+    }
+
+    fn save_into(&self, ckpt: &mut Checkpoint) -> Result<()> {
         CandleOptim::save_into(self, ckpt)
     }
 
-    fn restore_from(&mut self, ckpt: &Checkpoint) -> candle_core::Result<()> {
+    fn restore_from(&mut self, ckpt: &Checkpoint) -> Result<()> {
         CandleOptim::restore_from(self, ckpt)
     }
 }
@@ -160,41 +220,12 @@ impl<R: UpdateRule> candle_nn::Optimizer for CandleOptim<R> {
     /// Variables named by position (`"0"`, `"1"`, ...): the same on every
     /// worker that builds its optimizer from the same list.
     fn new(vars: Vec<Var>, config: R::Config) -> candle_core::Result<Self> {
-        let named = vars
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| (i.to_string(), v))
-            .collect();
-        Self::with_names(named, config)
+        Ok(Self::with_names(positional(vars), config)?)
     }
 
-    /// Updates every variable `grads` holds a gradient for, in place, then
-    /// advances the step. Every gradient's shape is checked first, so an
-    /// error leaves every variable as it was.
+    /// [`CandleOptim::step_checked`], its error wrapped in candle's.
     fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
-        use gradwire_optim::Optimizer as _;
-        for (name, var) in &self.vars {
-            if let Some(grad) = grads.get(var.as_tensor())
-                && grad.dims() != var.dims()
-            {
-                candle_core::bail!(
-                    "gradwire-candle: the gradient of {name} is {:?}, the variable {:?}",
-                    grad.dims(),
-                    var.dims()
-                );
-            }
-        }
-        for (name, var) in &self.vars {
-            let Some(grad) = grads.get(var.as_tensor()) else {
-                continue; // no gradient: the variable and its state stay
-            };
-            let optim = &mut self.optim;
-            update_in_place(var, grad, |p, g| {
-                optim.update_slice(name, var.dims(), p, g).map_err(wrap)
-            })?;
-        }
-        self.optim.step();
-        Ok(())
+        Ok(self.step_checked(grads)?)
     }
 
     /// The default learning rate at the current step (of its schedule).
@@ -211,4 +242,13 @@ impl<R: UpdateRule> candle_nn::Optimizer for CandleOptim<R> {
         R::set_learning_rate(&mut config, Schedule::constant(lr));
         let _ = self.optim.set_config(config);
     }
+}
+
+/// Variables named by position (`"0"`, `"1"`, ...), as candle's
+/// [`candle_nn::Optimizer::new`] receives them.
+fn positional(vars: Vec<Var>) -> Vec<(String, Var)> {
+    vars.into_iter()
+        .enumerate()
+        .map(|(i, v)| (i.to_string(), v))
+        .collect()
 }

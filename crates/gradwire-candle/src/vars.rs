@@ -3,17 +3,18 @@
 //! in-place custom ops give the storage for the length of one call, so no
 //! copy of a parameter is kept on gradwire's side).
 
+use crate::{Error, Result};
 use candle_core::{CpuStorage, DType, InplaceOp1, InplaceOp2, Layout, Storage, Tensor, Var};
 use candle_nn::VarMap;
-use gradwire_optim::ParamSpec;
 use gradwire_optim::checkpoint::Checkpoint;
+use gradwire_optim::{OptimError, ParamSpec};
 use gradwire_tensor::Tensor as GwTensor;
 use std::cell::RefCell;
 
 /// The named variables of `varmap`, in the order every worker declares
 /// them (sorted by name: a `VarMap` has no order of its own, and every
 /// worker must declare the same parameters in the same order).
-pub fn named_vars(varmap: &VarMap) -> candle_core::Result<Vec<(String, Var)>> {
+pub fn named_vars(varmap: &VarMap) -> Result<Vec<(String, Var)>> {
     let data = varmap
         .data()
         .lock()
@@ -25,7 +26,7 @@ pub fn named_vars(varmap: &VarMap) -> candle_core::Result<Vec<(String, Var)>> {
 
 /// gradwire's declarations of `vars` (names and shapes; f32 on the CPU),
 /// checked: a variable of another dtype or device is an error.
-pub fn specs_of(vars: &[(String, Var)]) -> candle_core::Result<Vec<ParamSpec>> {
+pub fn specs_of(vars: &[(String, Var)]) -> Result<Vec<ParamSpec>> {
     vars.iter()
         .map(|(name, var)| {
             check_f32_cpu(name, var.as_tensor())?;
@@ -34,14 +35,15 @@ pub fn specs_of(vars: &[(String, Var)]) -> candle_core::Result<Vec<ParamSpec>> {
         .collect()
 }
 
-/// An error unless `t` is f32 in CPU memory (what this version trains).
-pub(crate) fn check_f32_cpu(name: &str, t: &Tensor) -> candle_core::Result<()> {
+/// [`Error::Unsupported`] unless `t` is f32 in CPU memory (what this
+/// version trains).
+pub(crate) fn check_f32_cpu(name: &str, t: &Tensor) -> Result<()> {
     if t.dtype() != DType::F32 || !t.device().is_cpu() {
-        candle_core::bail!(
-            "gradwire-candle: {name} is {:?} on {:?}; this version trains f32 parameters on the CPU",
-            t.dtype(),
-            t.device()
-        );
+        return Err(Error::Unsupported {
+            name: name.to_owned(),
+            dtype: t.dtype(),
+            device: format!("{:?}", t.device()),
+        });
     }
     Ok(())
 }
@@ -73,7 +75,7 @@ fn f32_range_mut<'s>(
 /// Calls `f` with the f32 values of `t` (row-major): borrowed from candle's
 /// storage when `t` is a contiguous f32 CPU tensor, otherwise a converted
 /// copy.
-pub fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+pub fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     {
         let (storage, layout) = t.storage_and_layout();
         if let Storage::Cpu(cpu) = &*storage
@@ -90,8 +92,9 @@ pub fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::R
     Ok(f(&values))
 }
 
-/// Overwrites `var`'s values with `values` (row-major), in place.
-pub fn write_values(var: &Var, values: &[f32]) -> candle_core::Result<()> {
+/// Overwrites `var`'s values with `values` (row-major), in place; a count
+/// other than the variable's is [`gradwire_optim::OptimError::ShapeMismatch`].
+pub fn write_values(var: &Var, values: &[f32]) -> Result<()> {
     struct Write<'a>(&'a [f32]);
     impl InplaceOp1 for Write<'_> {
         fn name(&self) -> &'static str {
@@ -100,30 +103,41 @@ pub fn write_values(var: &Var, values: &[f32]) -> candle_core::Result<()> {
         fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
             let dst = f32_range_mut(storage, layout, self.name())?;
             if dst.len() != self.0.len() {
-                candle_core::bail!(
-                    "gradwire-write: {} values for a variable of {}",
-                    self.0.len(),
-                    dst.len()
-                );
+                // The count was checked against the variable's before.
+                candle_core::bail!("gradwire-write: the storage does not hold the variable");
             }
             dst.copy_from_slice(self.0);
             Ok(())
         }
     }
-    var.as_tensor().inplace_op1(&Write(values))
+    let elements = var.elem_count();
+    if values.len() != elements {
+        return Err(OptimError::ShapeMismatch {
+            what: "gradwire-candle: values written into a variable".into(),
+            expected: vec![elements],
+            got: vec![values.len()],
+        }
+        .into());
+    }
+    Ok(var.as_tensor().inplace_op1(&Write(values))?)
 }
 
 /// Calls `f(parameter, gradient)` with `var`'s values, mutably, and
 /// `grad`'s: the parameter updated in place, in candle's storage. `grad`
 /// is read in place when it is a contiguous f32 CPU tensor, otherwise
-/// converted first.
+/// converted first. An error of `f` comes back as it was (typed).
 pub fn update_in_place(
     var: &Var,
     grad: &Tensor,
-    f: impl FnMut(&mut [f32], &[f32]) -> candle_core::Result<()>,
-) -> candle_core::Result<()> {
-    struct Update<F>(RefCell<F>);
-    impl<F: FnMut(&mut [f32], &[f32]) -> candle_core::Result<()>> InplaceOp2 for Update<F> {
+    f: impl FnMut(&mut [f32], &[f32]) -> Result<()>,
+) -> Result<()> {
+    /// The closure, and its error kept typed across candle's op (which
+    /// only carries candle's errors).
+    struct Update<F> {
+        f: RefCell<F>,
+        failed: RefCell<Option<Error>>,
+    }
+    impl<F: FnMut(&mut [f32], &[f32]) -> Result<()>> InplaceOp2 for Update<F> {
         fn name(&self) -> &'static str {
             "gradwire-update"
         }
@@ -138,7 +152,11 @@ pub fn update_in_place(
             let Some(g) = f32_range(src, src_l) else {
                 candle_core::bail!("gradwire-update: the gradient is not contiguous f32");
             };
-            (self.0.borrow_mut())(p, g)
+            (self.f.borrow_mut())(p, g).map_err(|e| {
+                let message = candle_core::Error::msg(e.to_string());
+                *self.failed.borrow_mut() = Some(e);
+                message
+            })
         }
     }
     let readable = grad.dtype() == DType::F32
@@ -152,16 +170,24 @@ pub fn update_in_place(
             .contiguous()?
             .copy()?
     };
-    var.as_tensor().inplace_op2(&grad, &Update(RefCell::new(f)))
+    let update = Update {
+        f: RefCell::new(f),
+        failed: RefCell::new(None),
+    };
+    let done = var.as_tensor().inplace_op2(&grad, &update);
+    match (update.failed.into_inner(), done) {
+        (Some(e), _) => Err(e),
+        (None, done) => Ok(done?),
+    }
 }
 
 /// gradwire copies of `vars`' values (a checkpoint's parameters, a
 /// trajectory snapshot), in order.
-pub fn parameters_of(vars: &[(String, Var)]) -> candle_core::Result<Vec<GwTensor>> {
+pub fn parameters_of(vars: &[(String, Var)]) -> Result<Vec<GwTensor>> {
     vars.iter()
         .map(|(_, var)| {
             let values = with_values(var.as_tensor(), <[f32]>::to_vec)?;
-            GwTensor::from_vec(values, var.dims().to_vec()).map_err(crate::wrap)
+            Ok(GwTensor::from_vec(values, var.dims().to_vec())?)
         })
         .collect()
 }
@@ -170,16 +196,11 @@ pub fn parameters_of(vars: &[(String, Var)]) -> candle_core::Result<Vec<GwTensor
 /// [`Checkpoint::set_parameters`] stores them), as gradwire tensors of the
 /// variables' shapes; an error, changing nothing, if one is missing or of
 /// another length.
-pub fn parameters_in(
-    ckpt: &Checkpoint,
-    vars: &[(String, Var)],
-) -> candle_core::Result<Vec<GwTensor>> {
+pub fn parameters_in(ckpt: &Checkpoint, vars: &[(String, Var)]) -> Result<Vec<GwTensor>> {
     vars.iter()
         .map(|(name, var)| {
-            let flat = ckpt
-                .flat_parameters(&[name.as_str()])
-                .map_err(crate::wrap)?;
-            GwTensor::from_vec(flat, var.dims().to_vec()).map_err(crate::wrap)
+            let flat = ckpt.flat_parameters(&[name.as_str()])?;
+            Ok(GwTensor::from_vec(flat, var.dims().to_vec())?)
         })
         .collect()
 }

@@ -24,10 +24,13 @@ pub enum ExperimentError {
     /// A codec failed.
     #[error(transparent)]
     Compress(#[from] gradwire_compress::CompressError),
-    /// The candle model failed (or gradwire-candle, whose errors are
-    /// candle's).
+    /// The candle model failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// gradwire-candle refused a variable (its other errors arrive as
+    /// [`ExperimentError::Optim`] or [`ExperimentError::Candle`]).
+    #[error(transparent)]
+    DataParallel(gradwire_candle::Error),
     /// A tensor could not be built or used.
     #[error(transparent)]
     Tensor(#[from] gradwire_tensor::Error),
@@ -54,6 +57,19 @@ pub enum ExperimentError {
     /// JSON could not be written or read.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+}
+
+/// gradwire-candle's error by the layer it came from: gradwire's typed
+/// error as [`ExperimentError::Optim`], candle's as
+/// [`ExperimentError::Candle`].
+impl From<gradwire_candle::Error> for ExperimentError {
+    fn from(e: gradwire_candle::Error) -> Self {
+        match e {
+            gradwire_candle::Error::Gradwire(e) => ExperimentError::Optim(e),
+            gradwire_candle::Error::Candle(e) => ExperimentError::Candle(e),
+            e => ExperimentError::DataParallel(e),
+        }
+    }
 }
 
 impl ExperimentError {

@@ -3,14 +3,15 @@
 //! resume bitwise, the learning rate through candle's interface.
 
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Optimizer as _;
-use gradwire_candle::{AdaGrad, Adam, AdamW, CandleOptim, RmsProp, Sgd, with_values};
+use gradwire_candle::{AdaGrad, Adam, AdamW, CandleOptim, Error, RmsProp, Sgd, with_values};
 use gradwire_optim::checkpoint::{self, Checkpoint};
 use gradwire_optim::{
-    AdaGradConfig, AdamConfig, Optim, Optimizer, RmsPropConfig, Schedule, SgdConfig, UpdateRule,
+    AdaGradConfig, AdamConfig, Optim, OptimError, Optimizer, RmsPropConfig, Schedule, SgdConfig,
+    UpdateRule,
 };
-use gradwire_tensor::Tensor as GwTensor;
+use gradwire_tensor::{ErrorKind, Tensor as GwTensor};
 
 use crate::support::{STEPS, values, vars};
 
@@ -108,8 +109,15 @@ fn a_bad_gradient_leaves_every_variable_as_it_was() {
         vars[2].1.as_tensor(),
         Tensor::zeros((7, 4), candle_core::DType::F32, &Device::Cpu).unwrap(),
     );
+    let err = opt.step_checked(&store).unwrap_err();
+    assert!(
+        matches!(&err, Error::Gradwire(OptimError::ShapeMismatch { what, expected, got })
+            if what.contains("p2") && expected == &[4, 7] && got == &[7, 4]),
+        "{err:?}"
+    );
+    // Through candle's trait: candle's error, the same text.
     let err = opt.step(&store).unwrap_err().to_string();
-    assert!(err.contains("p2"), "{err}");
+    assert!(err.contains("the gradient of p2"), "{err}");
     for ((_, var), want) in vars.iter().zip(&before) {
         assert_eq!(bits(&read(var)), bits(want));
     }
@@ -118,14 +126,17 @@ fn a_bad_gradient_leaves_every_variable_as_it_was() {
     let twice = vec![vars[0].clone(), ("p0".to_string(), vars[1].1.clone())];
     let err = Adam::with_names(twice, AdamConfig::default()).unwrap_err();
     assert!(
-        err.to_string()
-            .contains("the variable name p0 is used twice"),
-        "{err}"
+        matches!(&err, Error::Gradwire(OptimError::InvalidArgument(m))
+            if m.contains("the variable name p0 is used twice")),
+        "{err:?}"
     );
     let f64_var = Var::zeros(3, candle_core::DType::F64, &Device::Cpu).unwrap();
     let err = AdamW::with_names(vec![("w".into(), f64_var)], AdamConfig::adamw()).unwrap_err();
-    assert!(err.to_string().contains("f32"), "{err}");
-    // A bad setting: gradwire-optim's InvalidArgument, wrapped.
+    assert!(
+        matches!(&err, Error::Unsupported { name, dtype: DType::F64, .. } if name == "w"),
+        "{err:?}"
+    );
+    // A bad setting: gradwire-optim's InvalidArgument.
     let err = RmsProp::with_names(
         vec![],
         RmsPropConfig {
@@ -135,9 +146,8 @@ fn a_bad_gradient_leaves_every_variable_as_it_was() {
     )
     .unwrap_err();
     assert!(
-        err.to_string()
-            .starts_with("invalid argument: lr: not finite"),
-        "{err}"
+        matches!(&err, Error::Gradwire(OptimError::InvalidArgument(m)) if m.starts_with("lr: not finite")),
+        "{err:?}"
     );
 }
 
@@ -176,14 +186,14 @@ fn a_checkpoint_resumes_bitwise() {
     }
     // A state of another kind is refused.
     let mut sgd = Sgd::with_names(vars(), SgdConfig::default()).unwrap();
-    // (gradwire-optim's StateMismatch, wrapped.)
     let err = sgd.restore_from(&loaded).unwrap_err();
     assert!(
-        err.to_string()
-            .starts_with("state mismatch: a adam state cannot be loaded into a sgd optimizer"),
-        "{err}"
+        matches!(&err, Error::Gradwire(OptimError::StateMismatch(m))
+            if m.starts_with("a adam state cannot be loaded into a sgd optimizer")),
+        "{err:?}"
     );
     let err = sgd.restore_from(&empty()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Mismatch, "{err:?}");
     assert!(
         err.to_string()
             .contains("the checkpoint holds no optimizer state"),
