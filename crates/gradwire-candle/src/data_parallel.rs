@@ -7,6 +7,7 @@
 //! (`adasum-delta`); or DimReduce (a dense first stage, then DimReduce's
 //! own update with the line search through the caller's loss).
 
+use crate::accumulate::LocalAccumulation;
 use crate::optim::DataParallelOptimizer;
 use crate::vars::{named_vars, specs_of, with_values, write_values};
 use crate::{Error, Result};
@@ -122,6 +123,9 @@ pub struct DataParallel<O, C: Communicator + 'static> {
     vars: Vec<(String, Var)>,
     optimizer: O,
     last: StepStats,
+    /// The loops of local steps' own accumulation (gradwire's engine
+    /// accumulates in the gradient strategies).
+    accumulation: LocalAccumulation,
 }
 
 impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
@@ -150,9 +154,10 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         comm: C,
         dist: DistOptConfig,
     ) -> Result<Self> {
+        let (dist, micro_batches) = split_accumulation(dist)?;
         let strategy = dist.strategy;
         let sync = GradSync::new(comm, specs_of(&vars)?, dist)?;
-        Self::from_sync(vars, config, sync, strategy)
+        Self::from_sync(vars, config, sync, strategy, micro_batches)
     }
 
     /// [`DataParallel::from_vars`] with gradients combined by `strategy`
@@ -166,9 +171,10 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         dist: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
+        let (dist, micro_batches) = split_accumulation(dist)?;
         let mode = dist.strategy;
         let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy)?;
-        Self::from_sync(vars, config, sync, mode)
+        Self::from_sync(vars, config, sync, mode, micro_batches)
     }
 
     fn from_sync(
@@ -176,6 +182,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         config: O::Config,
         sync: GradSync<C>,
         strategy: StrategyConfig,
+        micro_batches: u32,
     ) -> Result<Self> {
         let optimizer = O::new_checked(vars.iter().map(|(_, v)| v.clone()).collect(), config)?;
         let averages_state = strategy
@@ -190,6 +197,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         }
         Ok(DataParallel {
             sync,
+            accumulation: LocalAccumulation::new(vars.len(), micro_batches),
             vars,
             optimizer,
             last: StepStats::default(),
@@ -212,8 +220,10 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// store with each gradient replaced by the combined one (a gradient no
     /// worker produced stays absent). For users who step themselves, in a
     /// gradient strategy (or DimReduce's first stage); after a skipped step
-    /// (a non-finite gradient with `skip_non_finite`) the store comes back
-    /// without gradients, so an optimizer step changes nothing. Every
+    /// (a non-finite gradient with `skip_non_finite`), and after a
+    /// micro-batch that only accumulated (`DistOptConfig::accumulate`: the
+    /// step's last micro-batch brings the combined mean), the store comes
+    /// back without gradients, so an optimizer step changes nothing. Every
     /// worker must call it, each step; in another training loop it fails on
     /// every worker alike.
     pub fn reduce(&mut self, mut grads: GradStore) -> Result<GradStore> {
@@ -250,7 +260,18 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// every worker alike.
     pub fn step(&mut self, grads: GradStore) -> Result<StepStats> {
         if self.sync.training_loop() == TrainingLoop::LocalSteps {
+            let Some((grads, failure)) = self.accumulation.add(&self.vars, grads) else {
+                self.last = StepStats {
+                    accumulated: true,
+                    ..StepStats::default()
+                };
+                return Ok(self.last);
+            };
             self.push_all(&grads);
+            if let Some(failure) = failure {
+                // Carried by the step's opening agreement to every worker.
+                self.sync.fail_step(&failure);
+            }
             let mut buffers = OptimizerBuffers {
                 optimizer: &mut self.optimizer,
                 vars: &self.vars,
@@ -265,7 +286,9 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             return Ok(self.last);
         }
         let grads = self.reduce(grads)?;
-        if !self.last.non_finite {
+        // A skipped step, or a micro-batch that only accumulated, changes
+        // nothing (the optimizer's schedule does not advance either).
+        if !self.last.non_finite && !self.last.accumulated {
             self.optimizer.step_checked(&grads)?;
         }
         Ok(self.last)
@@ -360,6 +383,14 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// safetensors of the weights (`VarMap::save`) with
     /// `gradwire_optim::checkpoint::save`.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
+        if self.accumulation.in_progress() {
+            return Err(OptimError::InvalidArgument(
+                "a checkpoint between the micro-batches of a step: call it after the step's \
+                 last micro-batch"
+                    .into(),
+            )
+            .into());
+        }
         let mut ckpt = self.sync.checkpoint()?;
         self.optimizer.save_into(&mut ckpt)?;
         Ok(ckpt)
@@ -370,4 +401,23 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         self.sync.restore(ckpt)?;
         self.optimizer.restore_from(ckpt)
     }
+}
+
+/// The configuration GradSync gets, and the micro-batches per step
+/// DataParallel accumulates itself: in the loops of local steps, where the
+/// optimizer steps on candle's gradients first, all of them (GradSync then
+/// sees one micro-batch per step); elsewhere none (gradwire's engine
+/// accumulates).
+fn split_accumulation(mut dist: DistOptConfig) -> Result<(DistOptConfig, u32)> {
+    if dist.strategy.training_loop() != TrainingLoop::LocalSteps {
+        return Ok((dist, 1));
+    }
+    if dist.accumulate == 0 {
+        return Err(OptimError::InvalidArgument(
+            "accumulate: a step takes at least one micro-batch".into(),
+        )
+        .into());
+    }
+    let micro_batches = std::mem::replace(&mut dist.accumulate, 1);
+    Ok((dist, micro_batches))
 }

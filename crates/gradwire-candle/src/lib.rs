@@ -79,6 +79,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod accumulate;
 mod data_parallel;
 mod error;
 pub mod optim;

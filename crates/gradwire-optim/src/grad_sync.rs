@@ -236,6 +236,10 @@ pub struct GradSync<C: Communicator + 'static> {
     /// The factor this rank's gradients are scaled by this step (the
     /// sample weighting), 1 without it.
     scale: f32,
+    /// With accumulation: the samples of this step's micro-batches so far,
+    /// and how many of them were weighted ([`GradSync::set_samples`]).
+    step_samples: u64,
+    weighted_micro_batches: u32,
     /// The parameters' values during a [`GradSync::step_locally`] or
     /// [`GradSync::step_dimreduce`] (made on first use, reused).
     values: Vec<Tensor>,
@@ -255,6 +259,7 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "a Custom strategy is the one you give: GradSync::with_strategy".into(),
             ));
         }
+        check_accumulation(&config)?;
         let dist = Engine::build(
             config.strategy.training_loop(),
             Passthrough::default(),
@@ -274,6 +279,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         config: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
+        check_accumulation(&config)?;
         let dist = Engine::build(
             config.strategy.training_loop(),
             Passthrough::default(),
@@ -479,6 +485,8 @@ impl<C: Communicator + 'static> GradSync<C> {
             specs,
             pool,
             scale: 1.0,
+            step_samples: 0,
+            weighted_micro_batches: 0,
             values: Vec::new(),
         }
     }
@@ -576,6 +584,12 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// Call before the step's first push, on every rank (one all-reduce of
     /// a u64; each push then scales its gradient in place after the copy).
     /// Not for `Custom` (AdaSum is not an average).
+    ///
+    /// With accumulation ([`DistOptConfig::accumulate`]) call it before
+    /// every micro-batch's first push (or before none): each micro-batch's
+    /// gradient is weighted by its own samples, and the step's combined
+    /// gradient is `sum over ranks and micro-batches of samples * g / the
+    /// total`; the all-reduce runs once, at the step's last micro-batch.
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
         if self.training_loop() == TrainingLoop::LocalSteps {
             return Err(OptimError::InvalidArgument(
@@ -591,17 +605,38 @@ impl<C: Communicator + 'static> GradSync<C> {
                 "a strategy is not an average: sample weights do not apply".into(),
             ));
         }
-        let mut total = [samples];
+        self.weighted_micro_batches += 1;
+        if self.dist.accumulating() {
+            // The total is agreed at the step's last micro-batch.
+            self.step_samples = self.step_samples.saturating_add(samples);
+            self.scale = samples as f32;
+            return Ok(());
+        }
+        let mine = self.step_samples.saturating_add(samples);
+        self.step_samples = 0;
+        let mut total = [mine];
         self.dist
             .comm()
             .all_reduce(&mut total, ReduceOp::Sum)
             .map_err(gradwire_algos::AlgoError::from)?;
-        self.scale = if total[0] == 0 {
-            // Nobody saw a sample: nothing to weight.
-            1.0
+        let world = self.world_size() as f64;
+        if self.dist.micro_batches() == 1 {
+            self.scale = if total[0] == 0 {
+                // Nobody saw a sample: nothing to weight.
+                1.0
+            } else {
+                (world * samples as f64 / total[0] as f64) as f32
+            };
         } else {
-            (self.world_size() as f64 * samples as f64 / total[0] as f64) as f32
-        };
+            // Each micro-batch weighted by its samples, the sum by the total.
+            self.scale = samples as f32;
+            let factor = if total[0] == 0 {
+                1.0 / f64::from(self.dist.micro_batches())
+            } else {
+                world / total[0] as f64
+            };
+            self.dist.set_accumulation_factor(factor as f32);
+        }
         Ok(())
     }
 
@@ -662,6 +697,25 @@ impl<C: Communicator + 'static> GradSync<C> {
     ) -> Result<StepStats> {
         self.scale = 1.0;
         let pool = &mut self.pool;
+        if self.dist.accumulating() {
+            // The buffers come back at once: the sums are the engine's.
+            return Ok(self.dist.accumulate_micro_batch(|i, g| {
+                if let Some(slot) = pool.get_mut(i) {
+                    *slot = Some(g);
+                }
+            }));
+        }
+        let weighted = std::mem::take(&mut self.weighted_micro_batches);
+        if weighted != 0 && weighted != self.dist.micro_batches() {
+            self.dist.record(
+                FaultKind::InvalidArgument,
+                &format!(
+                    "set_samples was called for {weighted} of the step's {} micro-batches: \
+                     call it for all of them or for none",
+                    self.dist.micro_batches()
+                ),
+            );
+        }
         self.dist.finish_gradients(|i, g| {
             write(i, g.as_slice::<T>()?)?;
             // The buffer comes back for the next step (one that did not,
@@ -708,4 +762,19 @@ impl<C: Communicator + 'static> GradSync<C> {
     pub fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
         self.dist.resharded(saved)
     }
+}
+
+/// GradSync's own rule on accumulation: the local-step loops step with the
+/// caller's optimizer on the caller's gradients, which GradSync does not
+/// hold, so they take one micro-batch per step here (gradwire's
+/// [`crate::LocalSteps`] accumulates: it owns the gradients).
+fn check_accumulation(config: &DistOptConfig) -> Result<()> {
+    if config.accumulate > 1 && config.strategy.training_loop() == TrainingLoop::LocalSteps {
+        return Err(OptimError::InvalidArgument(format!(
+            "accumulate: GradSync's local steps ({}) are the caller's own, on the caller's \
+             gradients; accumulate them before the step, or use LocalSteps",
+            config.strategy
+        )));
+    }
+    Ok(())
 }

@@ -148,6 +148,41 @@ fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize
     })
 }
 
+/// [`measure`] with gradient accumulation: steps of three micro-batches
+/// through GradSync, each weighted by its samples (the all-reduce of the
+/// step's sample count at the last one).
+fn measure_accumulated(world: usize, mode: StrategyConfig) -> (usize, usize) {
+    let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
+    let config = DistOptConfig {
+        strategy: mode,
+        accumulate: 3,
+        ..DistOptConfig::default()
+    };
+    counted(world, |comm| {
+        let rank = comm.rank();
+        let mut sync = GradSync::new(comm, specs.clone(), config.clone()).expect("a GradSync");
+        let mut gw = vec![0f32; W];
+        let mut gb = vec![0f32; B];
+        for step in 0..WARM_UP + MEASURED {
+            switch_measuring(sync.comm(), step >= WARM_UP);
+            for micro in 0..3 {
+                for (i, g) in gw.iter_mut().enumerate() {
+                    *g =
+                        (((i * 7 + (step % 4) * 13 + micro + rank * 5) % 101) as f32 - 50.0) * 1e-2;
+                }
+                gb.iter_mut().for_each(|g| *g = 0.5 + micro as f32);
+                sync.set_samples(1 + ((rank + micro) % 3) as u64)
+                    .expect("samples");
+                sync.push("b", &gb).expect("push");
+                sync.push("w", &gw).expect("push");
+                sync.finish(&mut [&mut gw[..], &mut gb[..]])
+                    .expect("finish");
+            }
+        }
+        switch_measuring(sync.comm(), false);
+    })
+}
+
 /// [`measure`] for the modes that step locally first (`Partial`, and
 /// `DeltaWeight` with AdaSum), through `GradSync::step_locally` with a
 /// caller's SGD step.
@@ -408,6 +443,20 @@ fn a_steady_step_allocates_nothing() {
             if count != 0 {
                 failures.push(format!(
                     "{mode:?} (bias skipped: {skip_bias}), W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
+                ));
+            }
+        }
+    }
+    for mode in [
+        StrategyConfig::Dense,
+        sparse(SparseCodec::TopK(0.05), true),
+        StrategyConfig::PowerSgd(powersgd(true)),
+    ] {
+        for world in 1..=4 {
+            let (count, largest) = measure_accumulated(world, mode);
+            if count != 0 {
+                failures.push(format!(
+                    "{mode:?} accumulating 3 micro-batches, W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
                 ));
             }
         }

@@ -1,6 +1,7 @@
 //! gradwire-tests's integration tests, gathered into one test binary (one link
 //! instead of one per file): each module is the file it was.
 
+mod accumulate;
 mod candle;
 mod checkpoint_sets;
 mod conformance_local;

@@ -171,3 +171,96 @@ fn a_checkpoint_carries_the_optimizers_state() {
         );
     }
 }
+
+/// `STEPS` steps of `strategy` through DataParallel with gradwire's SGD:
+/// with `accumulate` = k, k micro-batches per step; with `premixed`, one
+/// batch per step of their f32 mean (summed in micro-batch order, then
+/// scaled by 1/k). The variables' values at the end, and whether every
+/// micro-batch but the last reported `accumulated`.
+fn accumulated_run(
+    comm: LocalComm,
+    strategy: StrategyConfig,
+    micro_batches: usize,
+    premixed: bool,
+) -> (Vec<Vec<f32>>, bool) {
+    let rank = comm.rank();
+    let vars = vars();
+    let dist = DistOptConfig {
+        accumulate: if premixed { 1 } else { micro_batches as u32 },
+        ..config(strategy)
+    };
+    let mut dp =
+        DataParallel::<gradwire_candle::Sgd, _>::from_vars(vars.clone(), sgd_config(), comm, dist)
+            .unwrap();
+    let mut flags_right = true;
+    for step in 0..STEPS {
+        let micro_grads = |micro: usize, k: usize, n: usize| gradient(n, rank, step * 7 + micro, k);
+        let batches = if premixed { 1 } else { micro_batches };
+        for micro in 0..batches {
+            let mut grads = GradStore::default();
+            for (k, (_, var)) in vars.iter().enumerate() {
+                let n = var.elem_count();
+                let g = if premixed {
+                    let mut sum = micro_grads(0, k, n);
+                    for m in 1..micro_batches {
+                        sum.iter_mut()
+                            .zip(micro_grads(m, k, n))
+                            .for_each(|(s, v)| *s += v);
+                    }
+                    let factor = 1.0 / micro_batches as f32;
+                    sum.iter().map(|s| s * factor).collect()
+                } else {
+                    micro_grads(micro, k, n)
+                };
+                grads.insert(
+                    var.as_tensor(),
+                    Tensor::from_vec(g, var.shape(), &Device::Cpu).unwrap(),
+                );
+            }
+            let stats = dp.step(grads).unwrap();
+            flags_right &= stats.accumulated == (micro + 1 < batches);
+            if stats.accumulated {
+                // Between the micro-batches of a step: no checkpoint.
+                flags_right &= matches!(
+                    dp.checkpoint(),
+                    Err(gradwire_candle::Error::Gradwire(
+                        OptimError::InvalidArgument(_)
+                    ))
+                );
+            }
+        }
+    }
+    let values = vars
+        .iter()
+        .map(|(_, v)| with_values(v.as_tensor(), <[f32]>::to_vec).unwrap())
+        .collect();
+    (values, flags_right)
+}
+
+/// Accumulation through DataParallel, in the gradient strategies (gradwire's
+/// engine sums) and the loops of local steps (DataParallel sums candle's
+/// gradients): k micro-batches give bitwise the run whose steps take their
+/// mean, at W = 1..=3, k = 2, 3; the optimizer's steps are the steps only.
+#[test]
+fn accumulation_steps_on_the_mean_of_the_micro_batches() {
+    let mut strategies = vec![
+        StrategyConfig::Dense,
+        "topk:0.2".parse().unwrap(),
+        "powersgd:1".parse().unwrap(),
+        "diloco:2".parse().unwrap(),
+    ];
+    strategies.extend(local_step_strategies());
+    for strategy in strategies {
+        for world in 1..=3 {
+            for k in [2, 3] {
+                let got = local::run(world, |c| accumulated_run(c, strategy, k, false)).unwrap();
+                let want = local::run(world, |c| accumulated_run(c, strategy, k, true)).unwrap();
+                for (rank, ((g, flags), (w, _))) in got.iter().zip(&want).enumerate() {
+                    let at = format!("{strategy}, W = {world}, k = {k}, rank {rank}");
+                    assert!(flags, "{at}: accumulated flags or the mid-step checkpoint");
+                    assert_eq!(bits(g), bits(w), "{at}");
+                }
+            }
+        }
+    }
+}

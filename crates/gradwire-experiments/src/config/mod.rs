@@ -91,9 +91,15 @@ pub struct TrainConfig {
     /// Passes over the training set.
     #[arg(long, default_value_t = TrainConfig::default().epochs)]
     pub epochs: usize,
-    /// Samples per worker per step (the global batch is world x batch).
+    /// Samples per worker per micro-batch (the global batch of a step is
+    /// world x batch x accumulate).
     #[arg(long, default_value_t = TrainConfig::default().batch)]
     pub batch: usize,
+    /// Micro-batches per step (gradient accumulation): each worker takes
+    /// this many batches of --batch samples per step, and the workers
+    /// exchange once, the mean of the micro-batches' gradients.
+    #[arg(long, default_value_t = TrainConfig::default().accumulate)]
+    pub accumulate: u32,
     /// The network, built with candle: an MLP (--hidden) or a
     /// convolutional network (--channels) on the digits, or a
     /// character-level transformer (--layers, --width, --heads, --context)
@@ -164,6 +170,7 @@ impl Default for TrainConfig {
             world: 4,
             epochs: 20,
             batch: 16,
+            accumulate: 1,
             model: ModelKind::Mlp,
             hidden: vec![128],
             channels: vec![16, 32],
@@ -250,6 +257,11 @@ pub const MAX_EPOCHS: usize = 1 << 20;
 /// samples; the bound keeps `world * batch` far from overflowing).
 pub const MAX_BATCH: usize = 1 << 16;
 
+/// The most micro-batches a step takes (`--accumulate`; with
+/// [`MAX_BATCH`] and the largest world, the global batch stays far from
+/// overflowing).
+pub const MAX_ACCUMULATE: u32 = 1 << 10;
+
 impl TrainConfig {
     /// Whether SGD's momentum is applied by each worker before the exchange
     /// instead of by the optimizer after it: the 1-bit strategy with SGD
@@ -303,6 +315,18 @@ impl TrainConfig {
                 "--batch must be between 1 and {MAX_BATCH}, got {}",
                 self.batch
             ));
+        }
+        if !(1..=MAX_ACCUMULATE).contains(&self.accumulate) {
+            return bad(format!(
+                "--accumulate must be between 1 and {MAX_ACCUMULATE}, got {}",
+                self.accumulate
+            ));
+        }
+        if self.accumulate > 1 && self.strategy == StrategyConfig::DimReduce {
+            return bad(
+                "--accumulate: DimReduce's line search evaluates one batch, so its steps take one micro-batch"
+                    .into(),
+            );
         }
         if self.hidden.contains(&0) {
             return bad("--hidden widths must be at least 1".into());
@@ -442,6 +466,7 @@ mod legacy {
         world: usize,
         epochs: usize,
         batch: usize,
+        accumulate: u32,
         model: ModelKind,
         hidden: Vec<usize>,
         channels: Vec<usize>,
@@ -479,6 +504,7 @@ mod legacy {
                 world: d.world,
                 epochs: d.epochs,
                 batch: d.batch,
+                accumulate: d.accumulate,
                 model: d.model,
                 hidden: d.hidden,
                 channels: d.channels,
@@ -565,6 +591,7 @@ mod legacy {
                 world: r.world,
                 epochs: r.epochs,
                 batch: r.batch,
+                accumulate: r.accumulate,
                 model: r.model,
                 hidden: r.hidden,
                 channels: r.channels,

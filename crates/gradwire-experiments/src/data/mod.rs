@@ -116,6 +116,21 @@ impl Dataset {
     }
 }
 
+/// `samples` cut into `parts` consecutive slices whose sizes differ by at
+/// most one, the larger first (a step's micro-batches: `--batch` samples
+/// each when the step is whole, the shorter last step of an epoch spread
+/// evenly). `parts` of 0 is taken as 1.
+pub fn split_even(samples: &[usize], parts: usize) -> impl DoubleEndedIterator<Item = &[usize]> {
+    let parts = parts.max(1);
+    let (base, longer) = (samples.len() / parts, samples.len() % parts);
+    (0..parts).map(move |p| {
+        let start = p * base + p.min(longer);
+        let len = base + usize::from(p < longer);
+        // In range by construction: the parts tile the samples.
+        samples.get(start..start + len).unwrap_or_default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +165,27 @@ mod tests {
         }
         let digits = Dataset::Digits(Digits::load(1));
         assert_eq!(digits.epoch_samples(2), epoch_order(digits.train_len(), 2));
+    }
+
+    #[test]
+    fn split_even_tiles_the_samples_in_near_equal_parts() {
+        for n in [0usize, 1, 2, 7, 13, 64] {
+            let samples: Vec<usize> = (0..n).map(|i| i * 3).collect();
+            for parts in 1..=5 {
+                let cut: Vec<&[usize]> = split_even(&samples, parts).collect();
+                assert_eq!(cut.len(), parts, "n = {n}");
+                assert_eq!(cut.concat(), samples, "n = {n}, {parts} parts");
+                let (min, max) = (
+                    cut.iter().map(|c| c.len()).min().unwrap_or(0),
+                    cut.iter().map(|c| c.len()).max().unwrap_or(0),
+                );
+                assert!(max - min <= 1, "n = {n}, {parts} parts: {min}..{max}");
+                assert!(
+                    cut.windows(2).all(|w| w[0].len() >= w[1].len()),
+                    "the longer first"
+                );
+            }
+        }
+        assert_eq!(split_even(&[1, 2, 3], 0).count(), 1, "0 parts is 1");
     }
 }

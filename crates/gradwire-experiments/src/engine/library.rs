@@ -4,6 +4,9 @@
 //! all-reduce (Open MPI's `MPI_Allreduce` under `--backend mpi`), divided
 //! by W, and stepped by the same optimizer as the other strategies. No
 //! buckets, no overlap, no skip vote: what a user would write instead.
+//! With accumulation (Horovod's `backward_passes_per_step`) the
+//! micro-batches' gradients are summed in the fusion buffer's twin and
+//! their mean is exchanged once per step.
 
 use crate::error::Result;
 use candle_core::backprop::GradStore;
@@ -55,15 +58,27 @@ pub(crate) struct LibraryLoop<R: UpdateRule, C> {
     pub(super) comm: C,
     /// Horovod's fusion buffer: every gradient, in the variables' order.
     fused: Vec<f32>,
+    /// Micro-batches per step, those of this step so far, and their sum.
+    micro_batches: u32,
+    micro: u32,
+    sum: Vec<f32>,
 }
 
 impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
-    pub(super) fn new(vars: Vec<(String, Var)>, optimizer: R::Config, comm: C) -> Result<Self> {
+    pub(super) fn new(
+        vars: Vec<(String, Var)>,
+        optimizer: R::Config,
+        comm: C,
+        micro_batches: u32,
+    ) -> Result<Self> {
         let len = vars.iter().map(|(_, v)| v.elem_count()).sum();
         Ok(LibraryLoop {
             optimizer: CandleOptim::with_names(vars, optimizer)?,
             comm,
             fused: Vec::with_capacity(len),
+            micro_batches: micro_batches.max(1),
+            micro: 0,
+            sum: Vec::new(),
         })
     }
 
@@ -76,6 +91,31 @@ impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
                 Some(g) => with_values(g, |v| self.fused.extend_from_slice(v))?,
                 None => self.fused.resize(self.fused.len() + var.elem_count(), 0.0),
             }
+        }
+        if self.micro_batches > 1 {
+            // Summed in micro-batch order, the mean taken at the last one.
+            if self.micro == 0 {
+                self.sum.clear();
+                self.sum.extend_from_slice(&self.fused);
+            } else {
+                self.sum
+                    .iter_mut()
+                    .zip(&self.fused)
+                    .for_each(|(s, g)| *s += g);
+            }
+            self.micro += 1;
+            if self.micro < self.micro_batches {
+                return Ok(StepStats {
+                    accumulated: true,
+                    ..StepStats::default()
+                });
+            }
+            self.micro = 0;
+            let factor = 1.0 / self.micro_batches as f32;
+            self.fused
+                .iter_mut()
+                .zip(&self.sum)
+                .for_each(|(g, s)| *g = s * factor);
         }
         let started = Instant::now();
         self.comm.library_sum(&mut self.fused)?;

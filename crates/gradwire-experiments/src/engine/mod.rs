@@ -41,7 +41,10 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         let vars = model.vars().to_vec();
         if config.baseline {
             return Ok(Engine::Library(Box::new(LibraryLoop::new(
-                vars, optimizer, comm,
+                vars,
+                optimizer,
+                comm,
+                config.accumulate,
             )?)));
         }
         Ok(Engine::Strategy(Box::new(DataParallel::from_vars(

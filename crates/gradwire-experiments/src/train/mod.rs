@@ -13,10 +13,11 @@
 //! the same components from the same snapshots and switches DistOpt's mode.
 
 use crate::config::{OptimizerKind, ScheduleKind, TrainConfig};
-use crate::data::Dataset;
+use crate::data::{Dataset, split_even};
 use crate::engine::{Backend, Engine};
 use crate::error::{ExperimentError, Result};
 use crate::model::{Evaluation, Model};
+use candle_core::backprop::GradStore;
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
 use gradwire_comm::{LocalComm, ReduceOp, local};
@@ -164,7 +165,9 @@ pub fn train_rank<C: Backend + 'static>(
         config.dimreduce_dense_epochs = Some(saved.unwrap_or_else(|| config.dense_epochs()));
     }
     let config = &config;
-    let steps_per_epoch = data.epoch_len().div_ceil(config.world * config.batch);
+    let steps_per_epoch = data
+        .epoch_len()
+        .div_ceil(config.world * config.batch * config.accumulate as usize);
     let total_steps = (steps_per_epoch * config.epochs) as u64;
     let lr = match config.schedule {
         ScheduleKind::Constant => Schedule::constant(config.lr),
@@ -310,6 +313,7 @@ impl Run<'_> {
             // no overlap for per-bucket votes to allow, so one vote per step
             // (the fewest collectives; the same decisions, the same bits).
             vote: SkipVote::PerStep,
+            accumulate: config.accumulate,
             ..DistOptConfig::default()
         };
         let mut engine = Engine::<R, C>::new(config, &model, comm, optimizer, dist_config)?;
@@ -350,7 +354,8 @@ impl Run<'_> {
         let dense_step = Traffic::all_reduce(4 * model.len(), world).sent;
         let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
         let mut dimreduce_started = engine.in_dimreduce();
-        let global_batch = world * config.batch;
+        let micro_batches = config.accumulate as usize;
+        let global_batch = world * config.batch * micro_batches;
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
@@ -374,12 +379,34 @@ impl Run<'_> {
                 let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
                 let calls_at_step = engine.comm().time_in_calls();
                 let computing = Instant::now();
-                let (loss, grads) = model.loss_and_grads(data, &mine)?;
+                // Every micro-batch but the last only accumulates (one
+                // exchange per step); the step's loss is their mean by
+                // samples. DimReduce takes one micro-batch (validated).
+                let mut parts = split_even(&mine, micro_batches);
+                let last = parts.next_back().unwrap_or_default();
+                let mut loss_sum = 0.0f64;
+                for part in parts {
+                    let grads = if part.is_empty() {
+                        GradStore::default()
+                    } else {
+                        let (loss, grads) = model.loss_and_grads(data, part)?;
+                        loss_sum += f64::from(loss) * part.len() as f64;
+                        grads
+                    };
+                    engine.step(grads)?;
+                }
+                let (last_loss, grads) = model.loss_and_grads(data, last)?;
+                loss_sum += f64::from(last_loss) * last.len() as f64;
+                let loss = if micro_batches == 1 {
+                    last_loss
+                } else {
+                    (loss_sum / mine.len().max(1) as f64) as f32
+                };
                 tally.compute += computing.elapsed();
                 let stats = if dimreduce {
                     let stats = engine.step_dimreduce(grads, f64::from(loss), || {
                         model
-                            .loss(data, &mine)
+                            .loss(data, last)
                             .map(f64::from)
                             .map_err(candle_core::Error::wrap)
                     })?;

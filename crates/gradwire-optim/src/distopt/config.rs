@@ -30,6 +30,13 @@ pub struct DistOptConfig {
     pub skip_non_finite: bool,
     /// When ranks agree on which gradients were written.
     pub vote: SkipVote,
+    /// Micro-batches per step (gradient accumulation; Horovod's
+    /// `backward_passes_per_step`, DeepSpeed's
+    /// `gradient_accumulation_steps`): every `finish` but the k-th only adds
+    /// the pushed gradients into per-parameter sums, the k-th exchanges
+    /// their mean (sum / k) once and steps. 1 (the default): every
+    /// `finish` is a step. 0 is refused; DimReduce takes 1.
+    pub accumulate: u32,
 }
 
 /// When DistOpt decides which gradients no rank wrote.
@@ -54,6 +61,7 @@ impl Default for DistOptConfig {
             clip_global_norm: None,
             skip_non_finite: false,
             vote: SkipVote::PerBucket,
+            accumulate: 1,
         }
     }
 }
@@ -80,4 +88,7 @@ pub struct StepStats {
     pub non_finite: bool,
     /// DimReduce mode: the accepted step size and the loss there.
     pub dimreduce: Option<DimReduceStep>,
+    /// Whether this `finish` ended a micro-batch that only accumulated
+    /// ([`DistOptConfig::accumulate`]): nothing was exchanged or updated.
+    pub accumulated: bool,
 }

@@ -55,6 +55,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         &mut self,
         params: impl IntoIterator<Item = (&'n str, &'p mut Tensor)>,
     ) -> Result<StepStats> {
+        if self.accumulating() {
+            return Ok(self.accumulate_micro_batch(|_, _| {}));
+        }
+        self.close_accumulation();
         let result = self.finish_step(params);
         self.end_step();
         result
@@ -108,6 +112,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         &mut self,
         apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
+        if self.accumulating() {
+            return Ok(self.accumulate_micro_batch(|_, _| {}));
+        }
+        self.close_accumulation();
         let result = self.finish_gradients_step(apply);
         self.end_step();
         result

@@ -109,6 +109,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         step: &mut dyn FnMut(&mut [Option<&mut Tensor>]) -> Result<()>,
         state: Option<&mut dyn StateBuffers>,
     ) -> Result<StepStats> {
+        if self.accumulating() {
+            return Ok(self.accumulate_micro_batch(|_, _| {}));
+        }
+        self.close_accumulation();
         let result = match self.config.strategy {
             StrategyConfig::Partial { average_state } => {
                 if average_state && state.is_none() {

@@ -61,6 +61,7 @@
 //! `finish` on that rank (as on the others): that is where every rank
 //! learns of it.
 
+mod accumulate;
 mod bucket;
 mod config;
 mod delta_weight;
@@ -170,6 +171,8 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     dimreduce_scratch: dimreduce::DimReduceScratch,
     /// DiLoCo's global parameters, outer optimizer and round counters.
     outer: outer::OuterState,
+    /// The sums of the step's micro-batches ([`DistOptConfig::accumulate`]).
+    accumulation: accumulate::Accumulation,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -198,6 +201,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         config.strategy.validate()?;
+        accumulate::check_config(&config)?;
+        if config.accumulate > 1 && config.strategy == StrategyConfig::DimReduce {
+            return Err(OptimError::InvalidArgument(
+                "accumulate: DimReduce's line search evaluates one batch's loss, so its steps \
+                 take one micro-batch"
+                    .into(),
+            ));
+        }
         if config.strategy.training_loop() != front {
             return Err(StrategyError::WrongLoop {
                 strategy: config.strategy.to_string(),
@@ -251,6 +262,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 bucket_fragment.push(p);
             }
         }
+        let params_len = params.len();
         let grads = vec![None; params.len()];
         let unpushed = vec![None; params.len()];
         let bucket_lens: Vec<Arc<[usize]>> = buckets
@@ -292,6 +304,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             local: local_step::LocalScratch::default(),
             dimreduce_scratch: dimreduce::DimReduceScratch::default(),
             outer: outer::OuterState::default(),
+            accumulation: accumulate::Accumulation::new(params_len),
         })
     }
 
@@ -379,7 +392,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// A bad gradient (an unknown name, a wrong shape, dtype or device, a
     /// second push) is an error here, and the step is marked failed: end it
     /// with `finish` as usual, which then fails on every rank alike.
-    pub(crate) fn push(&mut self, name: &str, grad: Tensor) -> Result<()> {
+    pub(crate) fn push(&mut self, name: &str, mut grad: Tensor) -> Result<()> {
         let i = match self.check_grad(name, &grad) {
             Ok(i) => i,
             Err(e) => {
@@ -387,10 +400,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 return Err(e);
             }
         };
+        let accumulating = self.accumulating();
+        if !accumulating && let Err(e) = self.fold_into_last(i, &mut grad) {
+            self.record(FaultKind::InvalidArgument, &e);
+            return Err(e);
+        }
         self.grads[i] = Some(grad);
-        // The local-step loops and DimReduce send no gradients.
+        // The local-step loops and DimReduce send no gradients; a
+        // micro-batch that only accumulates sends nothing.
         if self.config.strategy.training_loop() != TrainingLoop::Gradients
             || self.config.vote == SkipVote::PerStep
+            || accumulating
         {
             return Ok(()); // communication happens in finish
         }

@@ -22,6 +22,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// themselves go to their own file, [`crate::checkpoint::save_pca`]).
     /// Call between steps.
     pub(crate) fn checkpoint(&self) -> Result<Checkpoint> {
+        self.between_steps("a checkpoint")?;
         let mut ckpt = Checkpoint::new(self.optimizer.state()?);
         // A fragment's exchange in flight is waited for: its buckets'
         // strategies and its mean are in it until the merge.
@@ -102,6 +103,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// [`Engine::start_dimreduce`] with the same components); errors on any
     /// mismatch, leaving this engine as it was.
     pub(crate) fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.between_steps("a restore")?;
         let mismatch = |what: String| OptimError::StateMismatch(what);
         // The configuration it was saved with (absent in checkpoints of
         // earlier versions, which are checked by their contents alone).

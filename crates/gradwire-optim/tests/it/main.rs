@@ -1,6 +1,7 @@
 //! gradwire-optim's integration tests, gathered into one test binary (one link
 //! instead of one per file): each module is the file it was.
 
+mod accumulate;
 mod any_optimizer;
 mod checkpoint;
 mod checkpoint_fixture;

@@ -1,0 +1,94 @@
+//! Gradient accumulation in [`crate::DataParallel`]'s loops of local steps
+//! (`partial`, `adasum-delta`, DiLoCo). There the optimizer steps first, on
+//! this worker's own candle gradients, which gradwire never holds; so
+//! DataParallel sums them itself, micro-batch by micro-batch, and hands the
+//! optimizer their mean (sum / k, summed in micro-batch order as gradwire's
+//! engine does) at the step's last micro-batch. (In the gradient
+//! strategies gradwire's engine accumulates: `DistOptConfig::accumulate`.)
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, Var};
+
+/// The sums of the micro-batches of the local step in progress.
+#[derive(Debug)]
+pub(crate) struct LocalAccumulation {
+    /// Micro-batches per step.
+    micro_batches: u32,
+    /// Micro-batches of this step so far.
+    micro: u32,
+    /// Per variable, the sum of its gradients so far.
+    sums: Vec<Option<Tensor>>,
+    /// The first failure of this step's sums, for the step to carry to
+    /// every worker.
+    failure: Option<String>,
+}
+
+impl LocalAccumulation {
+    /// For `vars` variables and `micro_batches` per step (1: no
+    /// accumulation).
+    pub(crate) fn new(vars: usize, micro_batches: u32) -> LocalAccumulation {
+        LocalAccumulation {
+            micro_batches: micro_batches.max(1),
+            micro: 0,
+            sums: vec![None; vars],
+            failure: None,
+        }
+    }
+
+    /// Whether a step is between its micro-batches.
+    pub(crate) fn in_progress(&self) -> bool {
+        self.micro > 0
+    }
+
+    /// Adds this micro-batch's gradients of `vars` from `grads`. `None`
+    /// while the step only accumulates; at its last micro-batch, the
+    /// gradients to step with (their mean) and the failure of any
+    /// micro-batch's sum, for the step to carry (the sums are then
+    /// forgotten).
+    pub(crate) fn add(
+        &mut self,
+        vars: &[(String, Var)],
+        grads: GradStore,
+    ) -> Option<(GradStore, Option<String>)> {
+        if self.micro_batches == 1 {
+            return Some((grads, None));
+        }
+        for ((name, var), sum) in vars.iter().zip(&mut self.sums) {
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            let added = match sum.take() {
+                Some(s) => s.add(grad),
+                None => Ok(grad.clone()),
+            };
+            match added {
+                Ok(t) => *sum = Some(t),
+                Err(e) => {
+                    self.failure
+                        .get_or_insert_with(|| format!("accumulating the gradient of {name}: {e}"));
+                }
+            }
+        }
+        self.micro += 1;
+        if self.micro < self.micro_batches {
+            return None;
+        }
+        let factor = 1.0 / f64::from(self.micro_batches);
+        let mut mean = GradStore::default();
+        for ((name, var), sum) in vars.iter().zip(&mut self.sums) {
+            if let Some(s) = sum.take() {
+                match s.affine(factor, 0.0) {
+                    Ok(t) => {
+                        mean.insert(var.as_tensor(), t);
+                    }
+                    Err(e) => {
+                        self.failure
+                            .get_or_insert_with(|| format!("the mean gradient of {name}: {e}"));
+                    }
+                }
+            }
+        }
+        self.micro = 0;
+        Some((mean, self.failure.take()))
+    }
+}
