@@ -50,6 +50,15 @@ pub fn fused_all_reduce_with<C: Communicator>(
 ) -> Result<Traffic> {
     if tensors.len() > 1 && all_on_cpu(tensors) {
         let dtype = common_dtype(tensors);
+        if comm.world_size() == 1 {
+            // Alone, every reduction is the identity: nothing to pack,
+            // reduce or unpack (the same checks, the same traffic: none).
+            let n = prepare(comm, || {
+                check_capacity(tensors, capacity)?;
+                Ok(tensors.iter().map(Tensor::len).sum::<usize>())
+            })?;
+            return Ok(Traffic::all_reduce(n * dtype.size_in_bytes(), 1));
+        }
         let n = prepare(comm, || {
             check_capacity(tensors, capacity)?;
             Ok(match dtype {

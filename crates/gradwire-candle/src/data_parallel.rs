@@ -9,10 +9,10 @@
 
 use crate::accumulate::LocalAccumulation;
 use crate::optim::DataParallelOptimizer;
-use crate::vars::{named_vars, specs_of, with_values, write_values};
+use crate::vars::{named_vars, specs_of, with_values, write_tensor, write_values};
 use crate::{Error, Result};
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_comm::Communicator;
@@ -126,6 +126,10 @@ pub struct DataParallel<O, C: Communicator + 'static> {
     /// The loops of local steps' own accumulation (gradwire's engine
     /// accumulates in the gradient strategies).
     accumulation: LocalAccumulation,
+    /// Per variable, the tensor its combined gradient is written into,
+    /// step after step (made on first use), and whether this step wrote it.
+    combined: Vec<Option<Tensor>>,
+    written: Vec<bool>,
 }
 
 impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
@@ -198,6 +202,8 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         Ok(DataParallel {
             sync,
             accumulation: LocalAccumulation::new(vars.len(), micro_batches),
+            combined: vec![None; vars.len()],
+            written: vec![false; vars.len()],
             vars,
             optimizer,
             last: StepStats::default(),
@@ -225,23 +231,39 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// step's last micro-batch brings the combined mean), the store comes
     /// back without gradients, so an optimizer step changes nothing. Every
     /// worker must call it, each step; in another training loop it fails on
-    /// every worker alike.
+    /// every worker alike. The combined gradients are written into tensors
+    /// DataParallel keeps, the same ones every step (as PyTorch's `.grad`:
+    /// no allocation per step), so a store kept from an earlier `reduce`
+    /// sees the latest values.
     pub fn reduce(&mut self, mut grads: GradStore) -> Result<GradStore> {
         self.push_all(&grads);
         let vars = &self.vars;
-        let mut combined: Vec<(usize, Tensor)> = Vec::new();
+        let outputs = &mut self.combined;
+        let written = &mut self.written;
+        written.iter_mut().for_each(|w| *w = false);
         let stats = self.sync.finish_each(|i, values: &[f32]| {
             let var = &vars[i].1;
-            let t = Tensor::from_slice(values, var.shape(), &Device::Cpu)
-                .map_err(|e| OptimError::InvalidArgument(e.to_string()))?;
-            combined.push((i, t));
+            // The same tensor every step: no allocation, no fresh pages.
+            let out = match &outputs[i] {
+                Some(t) => t,
+                None => outputs[i].insert(
+                    Tensor::zeros(var.shape(), DType::F32, &Device::Cpu)
+                        .map_err(|e| OptimError::InvalidArgument(e.to_string()))?,
+                ),
+            };
+            write_tensor(out, values).map_err(into_optim)?;
+            written[i] = true;
             Ok(())
         })?;
-        for (_, var) in &self.vars {
+        for ((_, var), (out, &written)) in self
+            .vars
+            .iter()
+            .zip(self.combined.iter().zip(&self.written))
+        {
             grads.remove(var.as_tensor());
-        }
-        for (i, t) in combined {
-            grads.insert(self.vars[i].1.as_tensor(), t);
+            if let (Some(out), true) = (out, written) {
+                grads.insert(var.as_tensor(), out.clone());
+            }
         }
         self.last = stats;
         Ok(grads)

@@ -95,6 +95,12 @@ pub fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 /// Overwrites `var`'s values with `values` (row-major), in place; a count
 /// other than the variable's is [`gradwire_optim::OptimError::ShapeMismatch`].
 pub fn write_values(var: &Var, values: &[f32]) -> Result<()> {
+    write_tensor(var.as_tensor(), values)
+}
+
+/// [`write_values`] into any contiguous f32 CPU tensor (DataParallel's
+/// combined gradients, written into the same tensors every step).
+pub(crate) fn write_tensor(tensor: &Tensor, values: &[f32]) -> Result<()> {
     struct Write<'a>(&'a [f32]);
     impl InplaceOp1 for Write<'_> {
         fn name(&self) -> &'static str {
@@ -110,7 +116,7 @@ pub fn write_values(var: &Var, values: &[f32]) -> Result<()> {
             Ok(())
         }
     }
-    let elements = var.elem_count();
+    let elements = tensor.elem_count();
     if values.len() != elements {
         return Err(OptimError::ShapeMismatch {
             what: "gradwire-candle: values written into a variable".into(),
@@ -119,7 +125,7 @@ pub fn write_values(var: &Var, values: &[f32]) -> Result<()> {
         }
         .into());
     }
-    Ok(var.as_tensor().inplace_op1(&Write(values))?)
+    Ok(tensor.inplace_op1(&Write(values))?)
 }
 
 /// Calls `f(parameter, gradient)` with `var`'s values, mutably, and

@@ -55,6 +55,23 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// What DataParallel costs a candle loop: an MLP (784-512-256-10)
+    /// stepped by candle's SGD alone, then through DataParallel (dense) at
+    /// W = 1 and on LocalComm at W = 2, in turns.
+    Overhead {
+        /// Samples per step (per worker).
+        #[arg(long, default_value_t = 256)]
+        batch: usize,
+        /// Steps per round.
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        /// Rounds (each loop takes a turn per round; medians over them).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Casts and sparsifiers: throughput against memcpy.
     Compress {
         /// Codecs, comma-separated.
@@ -141,6 +158,12 @@ impl BenchCommand {
                 let rows = strategies(&entries, &model.shapes(), world, 1, steps)?;
                 print_rows(json, &rows)
             }
+            BenchCommand::Overhead {
+                batch,
+                steps,
+                rounds,
+                json,
+            } => print_rows(json, &super::overhead::overhead(batch, steps, rounds)?),
             BenchCommand::Compress {
                 codecs,
                 sizes,

@@ -1,7 +1,9 @@
 //! `gradwire bench`: all-reduce and compression throughput, each beside a
 //! memcpy of the same bytes measured in the same run, so that the figures
 //! are ratios that mean something on any machine; and every strategy's
-//! bytes per step on a model's shapes beside dense ([`strategies`]); with
+//! bytes per step on a model's shapes beside dense ([`strategies`]); a
+//! candle loop's step through DataParallel beside candle alone
+//! ([`overhead`]); with
 //! the `cuda` feature, the device codecs beside a device-to-device copy
 //! (`device`). `gradwire bench`'s subcommands and their flags:
 //! [`BenchCommand`].
@@ -16,6 +18,7 @@
 mod command;
 #[cfg(feature = "cuda")]
 pub mod device;
+pub mod overhead;
 pub mod strategies;
 
 pub use command::{BenchCommand, parse_size};
@@ -544,6 +547,27 @@ pub fn print_rows<T: TableRow>(json: bool, rows: &[T]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::error::assert_usage;
+
+    #[test]
+    fn the_overhead_bench_measures_every_setup() {
+        let rows = overhead::overhead(4, 1, 1).unwrap();
+        let setups: Vec<(&str, usize)> = rows.iter().map(|r| (r.setup.as_str(), r.world)).collect();
+        assert_eq!(
+            setups,
+            [
+                ("candle SGD alone", 1),
+                ("DataParallel, dense", 1),
+                ("DataParallel, dense (LocalComm)", 2)
+            ]
+        );
+        for r in &rows {
+            assert!(r.ms_per_step > 0.0 && r.ms_per_step.is_finite(), "{r:?}");
+            assert!(r.step_ms > 0.0 && r.step_ms <= r.ms_per_step, "{r:?}");
+            assert!(r.vs_candle.is_finite(), "{r:?}");
+        }
+        assert_eq!(rows[0].vs_candle, 1.0);
+        assert_usage(overhead::overhead(0, 1, 1), "--batch");
+    }
 
     #[test]
     fn small_runs_report_consistent_ratios() {

@@ -8,7 +8,7 @@ use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{BucketView, Strategy};
 use gradwire_algos::{FaultKind, Reduced, Traffic};
-use gradwire_comm::{AsyncJob, Communicator, ReduceOp};
+use gradwire_comm::{AsyncJob, Communicator, Pending, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
 use std::sync::Arc;
@@ -248,17 +248,21 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             decided: written.is_some(),
             buffers,
         };
-        let pending = self
-            .comm
-            .run_job(
-                &mut self.slots[b],
-                BucketTask {
-                    job,
-                    grads,
-                    strategy,
-                },
-            )
-            .map_err(gradwire_algos::AlgoError::from)?;
+        let task = BucketTask {
+            job,
+            grads,
+            strategy,
+        };
+        let pending = if self.comm.world_size() == 1 {
+            // Alone there is nothing to overlap: the job runs here, without
+            // waking the communication thread (whose hand-offs cost a lone
+            // worker more than its collectives of one rank do).
+            Pending::ready(task.run(&self.comm))
+        } else {
+            self.comm
+                .run_job(&mut self.slots[b], task)
+                .map_err(gradwire_algos::AlgoError::from)?
+        };
         self.in_flight.push(pending);
         Ok(())
     }

@@ -377,7 +377,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let reduced = &mut scratch.reduced;
         let checked = (|| -> gradwire_algos::Result<Option<f64>> {
             for (_, g, averaged) in reduced.iter_mut() {
-                if !*averaged {
+                // x * 1 is x: a lone worker's sum is its mean.
+                if !*averaged && inverse != 1.0 {
                     g.scale(inverse)?;
                 }
             }
