@@ -301,8 +301,9 @@ fn departure(failures: &mut Failures) -> Result<(), CommError> {
 
 /// `MpiComm::library_all_reduce` (MPI's own algorithm): sums against an
 /// f64 reference at lengths 0, 1 and primes, the same result on every rank,
-/// and every refusal (a mismatched length, `Avg`, f16, a posted fault) on
-/// every rank alike, the communicator usable after each.
+/// 16-bit sums (exact on small integers), and every refusal (a mismatched
+/// length, `Avg`, the maximum of f16, a posted fault) on every rank alike,
+/// the communicator usable after each.
 fn library_all_reduce(failures: &mut Failures) -> Result<(), CommError> {
     use gradwire_comm::CallTime;
     let comm = MpiComm::world()?;
@@ -338,8 +339,30 @@ fn library_all_reduce(failures: &mut Failures) -> Result<(), CommError> {
     let unsupported = |got: &Result<(), CommError>| matches!(got, Err(CommError::Unsupported(_)));
     let got = comm.library_all_reduce(&mut [1f32; 4], ReduceOp::Avg);
     check(failures, unsupported(&got), || format!("Avg: {got:?}"));
-    let got = comm.library_all_reduce(&mut [half::f16::ONE; 4], ReduceOp::Sum);
-    check(failures, unsupported(&got), || format!("f16: {got:?}"));
+    // 16-bit sums through the user-defined operation: small integers add
+    // exactly in either format, whatever MPI's order, so the sum is known
+    // bit for bit; at lengths 0, 1 and primes, on every rank alike.
+    for len in [0usize, 1, 13, 1021] {
+        let want = |i: usize| (0..w).map(|r| ((r + i) % 5) as f32).sum::<f32>();
+        let mut halves: Vec<half::f16> = (0..len)
+            .map(|i| half::f16::from_f32(((rank + i) % 5) as f32))
+            .collect();
+        comm.library_all_reduce(&mut halves, ReduceOp::Sum)?;
+        let wrong = (0..len).find(|&i| halves[i] != half::f16::from_f32(want(i)));
+        check(failures, wrong.is_none(), || {
+            format!("f16 sum, len {len}: [{wrong:?}] wrong")
+        });
+        let mut brains: Vec<half::bf16> = (0..len)
+            .map(|i| half::bf16::from_f32(((rank + i) % 5) as f32))
+            .collect();
+        comm.library_all_reduce(&mut brains, ReduceOp::Sum)?;
+        let wrong = (0..len).find(|&i| brains[i] != half::bf16::from_f32(want(i)));
+        check(failures, wrong.is_none(), || {
+            format!("bf16 sum, len {len}: [{wrong:?}] wrong")
+        });
+    }
+    let got = comm.library_all_reduce(&mut [half::f16::ONE; 4], ReduceOp::Max);
+    check(failures, unsupported(&got), || format!("f16 max: {got:?}"));
     if w > 1 {
         let mut buf = vec![1f32; if rank == 0 { 3 } else { 4 }];
         let got = comm.library_all_reduce(&mut buf, ReduceOp::Sum);

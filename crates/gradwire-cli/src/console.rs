@@ -70,7 +70,7 @@ pub(crate) fn print_train_header(config: &TrainConfig, json: bool) {
             config.label(),
             config.world,
             config.epochs,
-            config.world * config.batch
+            config.global_batch()
         );
         println!("{HEADER}");
     }

@@ -22,7 +22,11 @@ pub(crate) fn run(args: CompareArgs) -> Result<(), ExperimentError> {
                 configs.len(),
                 world,
                 base.epochs,
-                world * base.batch,
+                TrainConfig {
+                    world,
+                    ..base.clone()
+                }
+                .global_batch(),
                 base.seed
             );
         }

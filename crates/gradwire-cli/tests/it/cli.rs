@@ -532,3 +532,53 @@ fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
     assert_eq!(runs[0]["param_checksum"], runs[1]["param_checksum"]);
     assert_eq!(accuracy(&runs[0]), accuracy(&runs[1]));
 }
+
+/// The 16-bit baseline (`baseline:fp16`, `baseline:bf16`: Horovod's fp16
+/// compression, the fused gradients cast, summed by the communicator's own
+/// all-reduce in 16 bits, cast back) sends half the baseline's bytes and
+/// trains as gradwire's 16-bit strategy of the same format does.
+#[test]
+fn the_16_bit_baseline_sends_half_the_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = gradwire(&[
+        "compare",
+        "--json",
+        "--strategies",
+        "baseline,baseline:fp16,fp16,baseline:bf16,bf16",
+        "--epochs",
+        "2",
+        "-w",
+        "3",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    let lines = json_lines(&out);
+    let runs = lines[0]["runs"].as_array().expect("runs");
+    let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        ["baseline", "baseline fp16", "fp16", "baseline bf16", "bf16"]
+    );
+    let bytes = |run: &Value| last(run, "bytes_total");
+    for half in [1, 3] {
+        // Half, up to the ring model's rounding of each rank's chunk.
+        let gap = (bytes(&runs[half]) * 2.0 - bytes(&runs[0])).abs();
+        assert!(
+            gap <= 1e-4 * bytes(&runs[0]),
+            "{}: {gap} bytes off half",
+            labels[half]
+        );
+        // The same steps up to where the 16-bit rounding happens (gradwire
+        // averages before the cast, Horovod's compression after the sum).
+        let (a, b) = (
+            last(&runs[half], "train_loss"),
+            last(&runs[half + 1], "train_loss"),
+        );
+        assert!(
+            (a - b).abs() <= 0.01 * b,
+            "{}: train loss {a} against {}'s {b}",
+            labels[half],
+            labels[half + 1]
+        );
+    }
+}

@@ -113,7 +113,7 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use sys::{Comm, Env, Layout, NativeOp, Outgoing, Wire};
+use sys::{Comm, Env, HalfKind, Layout, NativeOp, Outgoing, Wire};
 
 pub use sys::ThreadLevel;
 
@@ -327,7 +327,8 @@ impl MpiComm {
     }
 
     /// Open MPI's own `MPI_Allreduce` (its algorithm, its reduction order),
-    /// for f32, f64 and the integer types, with `Sum`, `Max` or `Min`:
+    /// for f32, f64 and the integer types, with `Sum`, `Max` or `Min`, and
+    /// the sum of f16 and bf16:
     /// what Horovod and plain MPI programs call, so that a training loop
     /// can be measured against them. The call is agreed first like every
     /// collective here (mismatched lengths or types are a typed error on
@@ -335,20 +336,29 @@ impl MpiComm {
     /// the same on every rank in Open MPI's algorithms, yet not guaranteed
     /// bitwise equal to gradwire's rank-ordered [`Communicator::all_reduce`].
     ///
+    /// f16 and bf16 are summed by a user-defined MPI operation (MPI cannot
+    /// add them), each pair added in f32 and rounded once, as Horovod's
+    /// float16 sum does (gradwire's own all-reduce accumulates in f32).
+    ///
     /// # Errors
     /// [`CommError::Unsupported`] for `Avg` (MPI has no mean: sum and
-    /// divide) and for f16 and bf16 (MPI cannot add them); the errors of
-    /// any collective.
+    /// divide) and for `Max` or `Min` of f16 and bf16; the errors of any
+    /// collective.
     pub fn library_all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let native = match op {
-            ReduceOp::Sum => Some(NativeOp::Sum),
-            ReduceOp::Max => Some(NativeOp::Max),
-            ReduceOp::Min => Some(NativeOp::Min),
-            ReduceOp::Avg => None,
+        let half = match T::TYPE {
+            ElemType::F16 => Some(HalfKind::F16),
+            ElemType::BF16 => Some(HalfKind::BF16),
+            _ => None,
         };
         // Refused alike on every rank (the same op and type everywhere, or
         // the agreement below would have failed first) before any round.
-        let supported = native.filter(|_| !matches!(T::TYPE, ElemType::F16 | ElemType::BF16));
+        let supported = match (op, half) {
+            (ReduceOp::Sum, Some(kind)) => Some(NativeOp::HalfSum(kind)),
+            (_, Some(_)) | (ReduceOp::Avg, None) => None,
+            (ReduceOp::Sum, None) => Some(NativeOp::Sum),
+            (ReduceOp::Max, None) => Some(NativeOp::Max),
+            (ReduceOp::Min, None) => Some(NativeOp::Min),
+        };
         let _busy = self.busy();
         self.agree(Call {
             elem: Some(T::TYPE),
@@ -358,7 +368,8 @@ impl MpiComm {
         })?;
         let native = supported.ok_or_else(|| {
             CommError::Unsupported(format!(
-                "MPI_Allreduce of {:?} with {op:?} (it takes Sum, Max or Min of f32, f64 and integers)",
+                "MPI_Allreduce of {:?} with {op:?} (it takes Sum, Max or Min of f32, f64 and \
+                 integers, and Sum of f16 and bf16)",
                 T::TYPE
             ))
         })?;

@@ -393,6 +393,115 @@ pub(super) enum NativeOp {
     Sum,
     Max,
     Min,
+    /// The sum of 16-bit floats on the u16 wire, which MPI cannot add: a
+    /// user-defined operation ([`half_sum_op`]).
+    HalfSum(HalfKind),
+}
+
+/// Which 16-bit float a [`NativeOp::HalfSum`] adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HalfKind {
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+/// An MPI operation handle made once per process.
+struct OpHandle(ffi::MPI_Op);
+
+// SAFETY: an MPI_Op is a handle MPI owns; it is only passed back to MPI,
+// from whichever thread calls it (MPI's thread rules govern the calls, not
+// the handle).
+unsafe impl Send for OpHandle {}
+// SAFETY: as above; the handle is never written after it is made.
+unsafe impl Sync for OpHandle {}
+
+/// Adds `len` 16-bit floats of `invec` into `inoutvec`, each pair in f32
+/// and rounded once to the 16-bit format (Horovod's float16 sum), with
+/// `add(a, b)` on the bits.
+///
+/// # Safety
+/// MPI's contract for a user function: both vectors hold `*len` elements of
+/// the u16 wire type and do not overlap.
+unsafe fn add_halves(
+    invec: *mut c_void,
+    inoutvec: *mut c_void,
+    len: *mut c_int,
+    add: impl Fn(u16, u16) -> u16,
+) {
+    // SAFETY: the caller's contract (MPI's): `len` points at the count and
+    // the vectors hold that many u16 each.
+    let n = usize::try_from(unsafe { *len }).unwrap_or(0);
+    if n == 0 || invec.is_null() || inoutvec.is_null() {
+        return;
+    }
+    // SAFETY: as above; `invec` is only read, `inoutvec` only written here.
+    let (from, into) = unsafe {
+        (
+            std::slice::from_raw_parts(invec.cast::<u16>(), n),
+            std::slice::from_raw_parts_mut(inoutvec.cast::<u16>(), n),
+        )
+    };
+    for (into, &from) in into.iter_mut().zip(from) {
+        *into = add(from, *into);
+    }
+}
+
+unsafe extern "C" fn f16_sum(
+    invec: *mut c_void,
+    inoutvec: *mut c_void,
+    len: *mut c_int,
+    _: *mut MPI_Datatype,
+) {
+    use half::f16;
+    // SAFETY: MPI calls a user function with its own contract.
+    unsafe {
+        add_halves(invec, inoutvec, len, |a, b| {
+            f16::from_f32(f16::from_bits(a).to_f32() + f16::from_bits(b).to_f32()).to_bits()
+        })
+    }
+}
+
+unsafe extern "C" fn bf16_sum(
+    invec: *mut c_void,
+    inoutvec: *mut c_void,
+    len: *mut c_int,
+    _: *mut MPI_Datatype,
+) {
+    use half::bf16;
+    // SAFETY: MPI calls a user function with its own contract.
+    unsafe {
+        add_halves(invec, inoutvec, len, |a, b| {
+            bf16::from_f32(bf16::from_bits(a).to_f32() + bf16::from_bits(b).to_f32()).to_bits()
+        })
+    }
+}
+
+/// The commutative user-defined operation that sums `kind` on the u16
+/// wire, made on first use (`MPI_Op_create` is local: no rank waits for
+/// another) and kept for the process.
+fn half_sum_op(kind: HalfKind) -> Result<ffi::MPI_Op> {
+    static F16: std::sync::OnceLock<OpHandle> = std::sync::OnceLock::new();
+    static BF16: std::sync::OnceLock<OpHandle> = std::sync::OnceLock::new();
+    let (cell, function): (_, ffi::MPI_User_function) = match kind {
+        HalfKind::F16 => (&F16, Some(f16_sum)),
+        HalfKind::BF16 => (&BF16, Some(bf16_sum)),
+    };
+    if let Some(op) = cell.get() {
+        return Ok(op.0);
+    }
+    let mut op = std::mem::MaybeUninit::<ffi::MPI_Op>::uninit();
+    // SAFETY: `function` has MPI_User_function's signature and lives for
+    // the process; `op` is a valid place for the new handle.
+    check("MPI_Op_create", unsafe {
+        ffi::MPI_Op_create(function, 1, op.as_mut_ptr())
+    })?;
+    // SAFETY: MPI_Op_create succeeded, so it wrote the handle.
+    let op = unsafe { op.assume_init() };
+    // A second thread's handle, if it raced this one, is kept instead
+    // (both are valid; this one stays with MPI until it finalizes).
+    Ok(cell.get_or_init(|| OpHandle(op)).0)
 }
 
 /// `MPI_Allreduce` of `send` into `recv` (equal lengths), with MPI's own
@@ -412,14 +521,19 @@ pub(super) fn all_reduce<T: bytemuck::Pod>(
             send.len()
         )));
     }
-    // SAFETY: reading predefined operation handles set by rsmpi's C shim;
-    // both buffers hold `count` elements of the wire type's size and live
-    // for the call.
+    let half = match op {
+        NativeOp::HalfSum(kind) => Some(half_sum_op(kind)?),
+        _ => None,
+    };
+    // SAFETY: reading predefined operation handles set by rsmpi's C shim
+    // (or using the one half_sum_op made); both buffers hold `count`
+    // elements of the wire type's size and live for the call.
     check("MPI_Allreduce", unsafe {
-        let op = match op {
-            NativeOp::Sum => ffi::RSMPI_SUM,
-            NativeOp::Max => ffi::RSMPI_MAX,
-            NativeOp::Min => ffi::RSMPI_MIN,
+        let op = match (op, half) {
+            (_, Some(half)) => half,
+            (NativeOp::Sum | NativeOp::HalfSum(_), None) => ffi::RSMPI_SUM,
+            (NativeOp::Max, None) => ffi::RSMPI_MAX,
+            (NativeOp::Min, None) => ffi::RSMPI_MIN,
         };
         ffi::MPI_Allreduce(
             send_ptr(send, &0),

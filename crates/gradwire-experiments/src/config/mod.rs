@@ -5,6 +5,7 @@
 
 use crate::error::{ExperimentError, Result};
 use crate::model::GptShape;
+use gradwire_algos::HalfPrecision;
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::StrategyConfig;
 use serde::{Deserialize, Serialize};
@@ -215,6 +216,14 @@ pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {
     if text == "baseline" {
         return Ok((StrategyConfig::Dense, true));
     }
+    if let Some(half) = text.strip_prefix("baseline:") {
+        return match half.parse() {
+            Ok(strategy @ StrategyConfig::Half { clip: None, .. }) => Ok((strategy, true)),
+            _ => Err(ExperimentError::Usage(format!(
+                "{text}: the baseline is dense (baseline) or 16-bit (baseline:fp16, baseline:bf16)"
+            ))),
+        };
+    }
     text.parse().map(|s| (s, false)).map_err(|e| {
         ExperimentError::Usage(match e {
             gradwire_optim::StrategyError::UnknownName { .. } => format!("{e}, or baseline"),
@@ -365,8 +374,14 @@ impl TrainConfig {
         if self.strategy == StrategyConfig::Custom {
             return bad("--strategy: a custom strategy has no name to run".into());
         }
-        if self.baseline && self.strategy != StrategyConfig::Dense {
-            return bad("--strategy: the baseline is dense".into());
+        if self.baseline
+            && self.baseline_precision().is_none()
+            && self.strategy != StrategyConfig::Dense
+        {
+            return bad(
+                "--strategy: the baseline is dense (baseline) or 16-bit (baseline:fp16, baseline:bf16)"
+                    .into(),
+            );
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return bad(format!("--lr must be positive and finite, got {}", self.lr));
@@ -416,10 +431,31 @@ impl TrainConfig {
             .max(1)
     }
 
+    /// Samples per step over all workers: world x batch x accumulate.
+    pub fn global_batch(&self) -> usize {
+        self.world * self.batch * self.accumulate as usize
+    }
+
+    /// The 16-bit format the baseline sends, if it is the 16-bit baseline
+    /// (`baseline:fp16`, `baseline:bf16`: Horovod's fp16 compression, the
+    /// gradients cast, summed by the library in 16 bits, cast back).
+    pub fn baseline_precision(&self) -> Option<HalfPrecision> {
+        match self.strategy {
+            StrategyConfig::Half {
+                precision,
+                clip: None,
+            } if self.baseline => Some(precision),
+            _ => None,
+        }
+    }
+
     /// A short label for tables and plots: the strategy and what sets it apart.
     pub fn label(&self) -> String {
         if self.baseline {
-            return "baseline".into();
+            return match self.baseline_precision() {
+                Some(_) => format!("baseline {}", self.strategy),
+                None => "baseline".into(),
+            };
         }
         let percent = |r: f64| {
             let p = r * 100.0;

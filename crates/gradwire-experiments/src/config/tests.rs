@@ -146,6 +146,43 @@ fn bad_values_name_their_flag() {
 }
 
 #[test]
+fn the_16_bit_baseline_parses_labels_and_saves() {
+    let (strategy, baseline) = parse_strategy("baseline:bf16").unwrap();
+    assert!(baseline);
+    let config = TrainConfig {
+        strategy,
+        baseline,
+        ..TrainConfig::default()
+    };
+    assert_eq!(
+        config.baseline_precision(),
+        Some(gradwire_algos::HalfPrecision::BF16)
+    );
+    assert_eq!(config.label(), "baseline bf16");
+    assert!(config.validate().is_ok());
+    let back: TrainConfig = serde_json::from_value(serde_json::to_value(&config).unwrap()).unwrap();
+    assert_eq!(back, config);
+    for bad in [
+        "baseline:topk:0.01",
+        "baseline:fp16:clip=1",
+        "baseline:",
+        "baseline:dense",
+    ] {
+        assert!(
+            matches!(parse_strategy(bad), Err(ExperimentError::Usage(m)) if m.contains("16-bit")),
+            "{bad}"
+        );
+    }
+    let clipped = TrainConfig {
+        strategy: "fp16:clip=1".parse().unwrap(),
+        baseline: true,
+        ..TrainConfig::default()
+    };
+    assert!(matches!(clipped.validate(), Err(ExperimentError::Usage(m)) if m.contains("16-bit")));
+    assert_eq!(TrainConfig::default().baseline_precision(), None);
+}
+
+#[test]
 fn labels_and_dense_epochs() {
     assert_eq!(with("topk:0.01:no-ef").label(), "topk 1 %, no EF");
     assert_eq!(with("sampled-topk:0.001").label(), "sampled-topk 0.1 %");

@@ -6,16 +6,21 @@
 //! buckets, no overlap, no skip vote: what a user would write instead.
 //! With accumulation (Horovod's `backward_passes_per_step`) the
 //! micro-batches' gradients are summed in the fusion buffer's twin and
-//! their mean is exchanged once per step.
+//! their mean is exchanged once per step. The 16-bit baseline
+//! (`baseline:fp16`, `baseline:bf16`) is Horovod's fp16 compression: the
+//! fused gradients cast to 16 bits, summed by the library in 16 bits, cast
+//! back.
 
 use crate::error::Result;
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor as CandleTensor, Var};
 use candle_nn::Optimizer as _;
+use gradwire_algos::HalfPrecision;
 use gradwire_algos::Traffic;
 use gradwire_candle::{CandleOptim, with_values};
-use gradwire_comm::{Communicator, LocalComm, ReduceOp};
+use gradwire_comm::{Communicator, Element, LocalComm, ReduceOp};
 use gradwire_optim::{StepStats, UpdateRule};
+use gradwire_tensor::{bf16, f16};
 use std::time::{Duration, Instant};
 
 /// What a communicator offers the training loop beyond the trait: its
@@ -24,7 +29,7 @@ use std::time::{Duration, Instant};
 pub trait Backend: Communicator {
     /// Sums `buf` over the ranks with the library's own algorithm; by
     /// default the communicator's all-reduce (LocalComm has no library).
-    fn library_sum(&self, buf: &mut [f32]) -> gradwire_comm::Result<()> {
+    fn library_sum<T: Element>(&self, buf: &mut [T]) -> gradwire_comm::Result<()> {
         self.all_reduce(buf, ReduceOp::Sum)
     }
 
@@ -39,7 +44,7 @@ impl Backend for LocalComm {}
 
 #[cfg(feature = "mpi")]
 impl Backend for gradwire_comm::MpiComm {
-    fn library_sum(&self, buf: &mut [f32]) -> gradwire_comm::Result<()> {
+    fn library_sum<T: Element>(&self, buf: &mut [T]) -> gradwire_comm::Result<()> {
         self.library_all_reduce(buf, ReduceOp::Sum)
     }
 
@@ -62,6 +67,10 @@ pub(crate) struct LibraryLoop<R: UpdateRule, C> {
     micro_batches: u32,
     micro: u32,
     sum: Vec<f32>,
+    /// The 16-bit baseline's format and its wire buffers (reused).
+    precision: Option<HalfPrecision>,
+    wire_f16: Vec<f16>,
+    wire_bf16: Vec<bf16>,
 }
 
 impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
@@ -70,6 +79,7 @@ impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
         optimizer: R::Config,
         comm: C,
         micro_batches: u32,
+        precision: Option<HalfPrecision>,
     ) -> Result<Self> {
         let len = vars.iter().map(|(_, v)| v.elem_count()).sum();
         Ok(LibraryLoop {
@@ -79,6 +89,9 @@ impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
             micro_batches: micro_batches.max(1),
             micro: 0,
             sum: Vec::new(),
+            precision,
+            wire_f16: Vec::new(),
+            wire_bf16: Vec::new(),
         })
     }
 
@@ -118,7 +131,32 @@ impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
                 .for_each(|(g, s)| *g = s * factor);
         }
         let started = Instant::now();
-        self.comm.library_sum(&mut self.fused)?;
+        let element_bytes = match self.precision {
+            None => {
+                self.comm.library_sum(&mut self.fused)?;
+                4
+            }
+            Some(HalfPrecision::F16) => {
+                half_sum(
+                    &self.comm,
+                    &mut self.fused,
+                    &mut self.wire_f16,
+                    f16::from_f32,
+                    f16::to_f32,
+                )?;
+                2
+            }
+            Some(HalfPrecision::BF16) => {
+                half_sum(
+                    &self.comm,
+                    &mut self.fused,
+                    &mut self.wire_bf16,
+                    bf16::from_f32,
+                    bf16::to_f32,
+                )?;
+                2
+            }
+        };
         let wait = started.elapsed();
         let inverse = 1.0 / self.comm.world_size() as f32;
         let mut at = 0;
@@ -132,11 +170,31 @@ impl<R: UpdateRule, C: Backend> LibraryLoop<R, C> {
         self.optimizer.step(&grads)?;
         Ok(StepStats {
             buckets: 1,
-            traffic: Traffic::all_reduce(4 * self.fused.len(), self.comm.world_size()),
+            traffic: Traffic::all_reduce(element_bytes * self.fused.len(), self.comm.world_size()),
             wait,
             combine: wait,
             updated: self.optimizer.vars().len(),
             ..StepStats::default()
         })
     }
+}
+
+/// `fused` summed over the ranks in 16 bits: cast into `wire` (reused),
+/// summed by the library, cast back (each value rounded once on the way
+/// out, and the sum in the library's 16-bit arithmetic).
+fn half_sum<C: Backend, H: Element + Copy>(
+    comm: &C,
+    fused: &mut [f32],
+    wire: &mut Vec<H>,
+    narrow: impl Fn(f32) -> H,
+    widen: impl Fn(H) -> f32,
+) -> Result<()> {
+    wire.clear();
+    wire.extend(fused.iter().map(|&g| narrow(g)));
+    comm.library_sum(wire)?;
+    fused
+        .iter_mut()
+        .zip(wire.iter())
+        .for_each(|(g, &h)| *g = widen(h));
+    Ok(())
 }

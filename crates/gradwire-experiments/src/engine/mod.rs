@@ -45,6 +45,7 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
                 optimizer,
                 comm,
                 config.accumulate,
+                config.baseline_precision(),
             )?)));
         }
         Ok(Engine::Strategy(Box::new(DataParallel::from_vars(

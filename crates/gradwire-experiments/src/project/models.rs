@@ -184,7 +184,8 @@ pub const DIMREDUCE_TRIALS: usize = 1;
 pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
     const BENCH: &str = "gradwire bench compress, 16 M f32, one core (README)";
     let strategy = config.strategy;
-    let Some(spec) = (if config.baseline {
+    // The 16-bit baseline is costed as the 16-bit all-reduce it is.
+    let Some(spec) = (if config.baseline && config.baseline_precision().is_none() {
         Some(StrategySpec::Dense)
     } else {
         strategy.cost_spec(SAMPLED_OVERSHOOT, config.components, DIMREDUCE_TRIALS)
@@ -200,7 +201,7 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
         )));
     };
     let (codec_fraction, codec_source) = match strategy {
-        _ if config.baseline => (0.0, "none"),
+        _ if config.baseline && config.baseline_precision().is_none() => (0.0, "none"),
         // The codec runs once a round, on the pseudo-gradient: per step,
         // H times faster than on every step's gradient.
         StrategyConfig::DiLoCo(diloco) => {

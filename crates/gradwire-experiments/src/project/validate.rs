@@ -50,10 +50,16 @@ pub fn collectives_of(
     shapes: &[Vec<usize>],
 ) -> Result<Option<Vec<CollectiveCall>>> {
     if config.baseline {
-        let bytes = 4 * shapes
-            .iter()
-            .map(|s| s.iter().product::<usize>())
-            .sum::<usize>();
+        let element = if config.baseline_precision().is_some() {
+            2
+        } else {
+            4
+        };
+        let bytes = element
+            * shapes
+                .iter()
+                .map(|s| s.iter().product::<usize>())
+                .sum::<usize>();
         return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
     }
     let Ok(entry) = entry_of(config) else {

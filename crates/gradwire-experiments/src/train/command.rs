@@ -52,7 +52,8 @@ fn strategy_help() -> String {
         "How workers combine their work: a strategy of the registry, \
          `name[:value][:key=value|:flag]...` (`:no-ef` drops what is not sent), \
          one of:\n{}\nor baseline (the gradients summed by the backend library's own \
-         all-reduce).",
+         all-reduce), or baseline:fp16 / baseline:bf16 (the same in 16 bits: Horovod's fp16 \
+         compression).",
         StrategyConfig::forms()
     )
 }

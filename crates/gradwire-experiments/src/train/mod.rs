@@ -5,10 +5,12 @@
 //! bitwise (`resume.rs`); `gradwire train`'s flags and the backend they
 //! choose (`command.rs`).
 //!
-//! Every worker runs the same loop: the global batch of `world * batch`
-//! samples comes from the epoch's seeded order, worker `r` takes samples
-//! `r, r + W, ...` of it, computes loss and gradients with candle and
-//! steps through its engine (`crate::engine`). DimReduce's first stage is
+//! Every worker runs the same loop: the global batch of `world * batch *
+//! accumulate` samples comes from the epoch's seeded order, worker `r`
+//! takes samples `r, r + W, ...` of it, cut into `accumulate` micro-batches,
+//! computes loss and gradients of each with candle and steps through its
+//! engine (`crate::engine`; every micro-batch but the last only
+//! accumulates). DimReduce's first stage is
 //! a dense run that records the trajectory; at its end every worker fits
 //! the same components from the same snapshots and switches DistOpt's mode.
 
@@ -165,9 +167,7 @@ pub fn train_rank<C: Backend + 'static>(
         config.dimreduce_dense_epochs = Some(saved.unwrap_or_else(|| config.dense_epochs()));
     }
     let config = &config;
-    let steps_per_epoch = data
-        .epoch_len()
-        .div_ceil(config.world * config.batch * config.accumulate as usize);
+    let steps_per_epoch = data.epoch_len().div_ceil(config.global_batch());
     let total_steps = (steps_per_epoch * config.epochs) as u64;
     let lr = match config.schedule {
         ScheduleKind::Constant => Schedule::constant(config.lr),
@@ -355,7 +355,7 @@ impl Run<'_> {
         let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
         let mut dimreduce_started = engine.in_dimreduce();
         let micro_batches = config.accumulate as usize;
-        let global_batch = world * config.batch * micro_batches;
+        let global_batch = config.global_batch();
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
