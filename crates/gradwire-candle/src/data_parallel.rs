@@ -235,13 +235,22 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// DataParallel keeps, the same ones every step (as PyTorch's `.grad`:
     /// no allocation per step), so a store kept from an earlier `reduce`
     /// sees the latest values.
-    pub fn reduce(&mut self, mut grads: GradStore) -> Result<GradStore> {
+    pub fn reduce(&mut self, grads: GradStore) -> Result<GradStore> {
         self.push_all(&grads);
+        self.combine(grads, false)
+            .map(|store| store.unwrap_or_default())
+    }
+
+    /// The end of a step: the combined gradients written into the kept
+    /// tensors and put into `grads` in place of this worker's (those no
+    /// worker wrote taken out); `joined`: this worker's part of a step the
+    /// others take after it joined, `None` once every worker has.
+    fn combine(&mut self, mut grads: GradStore, joined: bool) -> Result<Option<GradStore>> {
         let vars = &self.vars;
         let outputs = &mut self.combined;
         let written = &mut self.written;
         written.iter_mut().for_each(|w| *w = false);
-        let stats = self.sync.finish_each(|i, values: &[f32]| {
+        let write = |i: usize, values: &[f32]| {
             let var = &vars[i].1;
             // The same tensor every step: no allocation, no fresh pages.
             let out = match &outputs[i] {
@@ -254,7 +263,15 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             write_tensor(out, values).map_err(into_optim)?;
             written[i] = true;
             Ok(())
-        })?;
+        };
+        let stats = if joined {
+            match self.sync.join_step(write)? {
+                Some(stats) => stats,
+                None => return Ok(None),
+            }
+        } else {
+            self.sync.finish_each(write)?
+        };
         for ((_, var), (out, &written)) in self
             .vars
             .iter()
@@ -266,7 +283,31 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             }
         }
         self.last = stats;
-        Ok(grads)
+        Ok(Some(grads))
+    }
+
+    /// Weights this step's mean by samples: this worker's batch held
+    /// `samples` ([`GradSync::set_samples`]; every worker calls it before
+    /// every step for the workers to [`DataParallel::join`]). Gradient
+    /// strategies that average only.
+    pub fn set_samples(&mut self, samples: u64) -> Result<()> {
+        Ok(self.sync.set_samples(samples)?)
+    }
+
+    /// Out of data (uneven inputs: DDP's `Join`): takes this worker's part
+    /// in every step the others still take, contributing no samples, and
+    /// steps its optimizer with their combined gradient, so that it stays
+    /// their replica, until every worker has joined; returns how many steps
+    /// ([`GradSync::join`]'s rules: gradient strategies that average).
+    pub fn join(&mut self) -> Result<u64> {
+        let mut steps = 0;
+        while let Some(grads) = self.combine(GradStore::default(), true)? {
+            if !self.last.non_finite && !self.last.accumulated {
+                self.optimizer.step_checked(&grads)?;
+            }
+            steps += 1;
+        }
+        Ok(steps)
     }
 
     /// One step with this worker's gradients `grads`, in the strategy's

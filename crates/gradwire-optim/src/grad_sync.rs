@@ -591,20 +591,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// gradient is `sum over ranks and micro-batches of samples * g / the
     /// total`; the all-reduce runs once, at the step's last micro-batch.
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
-        if self.training_loop() == TrainingLoop::LocalSteps {
-            return Err(OptimError::InvalidArgument(
-                "the local-step modes send parameters, not gradients: sample weights do not apply"
-                    .into(),
-            ));
-        }
-        if matches!(
-            self.dist.strategy(),
-            StrategyConfig::Custom | StrategyConfig::AdaSum { .. }
-        ) {
-            return Err(OptimError::InvalidArgument(
-                "a strategy is not an average: sample weights do not apply".into(),
-            ));
-        }
+        self.check_weighted("sample weights")?;
         self.weighted_micro_batches += 1;
         if self.dist.accumulating() {
             // The total is agreed at the step's last micro-batch.
@@ -612,32 +599,137 @@ impl<C: Communicator + 'static> GradSync<C> {
             self.scale = samples as f32;
             return Ok(());
         }
-        let mine = self.step_samples.saturating_add(samples);
-        self.step_samples = 0;
-        let mut total = [mine];
-        self.dist
-            .comm()
-            .all_reduce(&mut total, ReduceOp::Sum)
-            .map_err(gradwire_algos::AlgoError::from)?;
+        let mine = std::mem::take(&mut self.step_samples).saturating_add(samples);
+        let total = self.agree_samples(mine, true)?.0;
         let world = self.world_size() as f64;
         if self.dist.micro_batches() == 1 {
-            self.scale = if total[0] == 0 {
+            self.scale = if total == 0 {
                 // Nobody saw a sample: nothing to weight.
                 1.0
             } else {
-                (world * samples as f64 / total[0] as f64) as f32
+                (world * samples as f64 / total as f64) as f32
             };
         } else {
             // Each micro-batch weighted by its samples, the sum by the total.
             self.scale = samples as f32;
-            let factor = if total[0] == 0 {
-                1.0 / f64::from(self.dist.micro_batches())
-            } else {
-                world / total[0] as f64
-            };
-            self.dist.set_accumulation_factor(factor as f32);
+            self.set_step_factor(total);
         }
         Ok(())
+    }
+
+    /// Out of data (uneven inputs: PyTorch DDP's `Join`, Horovod's
+    /// `hvd.join()`): this rank takes its part in every step the others
+    /// still take, contributing no samples, until every rank has joined;
+    /// then returns how many steps it took part in
+    /// ([`GradSync::join_step`], the combined gradients dropped). The
+    /// others go on with [`GradSync::set_samples`] before each step (which
+    /// every rank must call, each step, for ranks to join: that all-reduce
+    /// is where the ranks learn who is still training), and their combined
+    /// gradient is the mean over the samples actually seen, `sum_r
+    /// samples_r * g_r / sum_r samples_r` over the ranks still training. A
+    /// rank that joins between the micro-batches of a step contributes the
+    /// micro-batches it took to that step (if another rank still takes
+    /// it). Every gradient strategy that averages runs while ranks have
+    /// joined (a joined rank sends zeros; its error-feedback residual still
+    /// drains into the exchange, so no mass is lost); AdaSum, `Custom` and
+    /// the loops of local steps are refused (typed). A step that fails on
+    /// the ranks still training fails here too (the same error): call
+    /// `join` again to go on taking part.
+    pub fn join(&mut self) -> Result<u64> {
+        let mut steps = 0;
+        while self.join_agreed()? {
+            // The combination is not read (in any dtype): the buffers go
+            // back to the pool.
+            let pool = &mut self.pool;
+            self.dist.finish_gradients(|i, g| {
+                if let Some(slot) = pool.get_mut(i) {
+                    *slot = Some(g);
+                }
+                Ok(())
+            })?;
+            steps += 1;
+        }
+        Ok(steps)
+    }
+
+    /// One step of a rank that has joined ([`GradSync::join`]): `None`
+    /// once every rank has joined (nothing is exchanged); otherwise this
+    /// rank's part in the step the others take, each combined gradient
+    /// handed to `write(index, values)` as [`GradSync::finish_each`] does,
+    /// so that a joined rank can go on stepping its optimizer with the
+    /// others' mean and stay their replica.
+    pub fn join_step<T: WithDType>(
+        &mut self,
+        write: impl FnMut(usize, &[T]) -> Result<()>,
+    ) -> Result<Option<StepStats>> {
+        if !self.join_agreed()? {
+            return Ok(None);
+        }
+        self.finish_each(write).map(Some)
+    }
+
+    /// A joined rank's agreement of a step: `false` once every rank has
+    /// joined; otherwise the engine is ready for this rank's part of the
+    /// step the others take (what it accumulated before joining, or
+    /// nothing), weighted by the step's total.
+    fn join_agreed(&mut self) -> Result<bool> {
+        self.check_weighted("join")?;
+        // The samples of the micro-batches taken before joining, if any.
+        let mine = std::mem::take(&mut self.step_samples);
+        let (total, active) = self.agree_samples(mine, false)?;
+        self.weighted_micro_batches = 0;
+        self.scale = 1.0;
+        if active == 0 {
+            return Ok(false);
+        }
+        self.dist.to_last_micro_batch();
+        if self.dist.micro_batches() > 1 {
+            self.set_step_factor(total);
+        }
+        Ok(true)
+    }
+
+    /// An error unless this strategy averages (what sample weights and
+    /// joining need); `what` names the call.
+    fn check_weighted(&self, what: &str) -> Result<()> {
+        if self.training_loop() != TrainingLoop::Gradients {
+            return Err(OptimError::InvalidArgument(format!(
+                "{what}: the local-step and DimReduce loops send parameters or steps, not an \
+                 average of gradients"
+            )));
+        }
+        if matches!(
+            self.dist.strategy(),
+            StrategyConfig::Custom | StrategyConfig::AdaSum { .. }
+        ) {
+            return Err(OptimError::InvalidArgument(format!(
+                "{what}: a strategy is not an average, so sample weights do not apply"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The step's agreement on samples: one all-reduce of this rank's
+    /// samples and whether it still trains (`active`); returns the total
+    /// samples and how many ranks still train.
+    fn agree_samples(&self, mine: u64, active: bool) -> Result<(u64, u64)> {
+        let mut counts = [mine, u64::from(active)];
+        self.dist
+            .comm()
+            .all_reduce(&mut counts, ReduceOp::Sum)
+            .map_err(gradwire_algos::AlgoError::from)?;
+        Ok((counts[0], counts[1]))
+    }
+
+    /// With accumulation: the factor of the step's sum of sample-weighted
+    /// gradients, W / total (1/k when nobody saw a sample).
+    fn set_step_factor(&mut self, total: u64) {
+        let factor = if total == 0 {
+            1.0 / f64::from(self.dist.micro_batches())
+        } else {
+            self.world_size() as f64 / total as f64
+        };
+        self.dist.set_accumulation_factor(factor as f32);
     }
 
     /// Waits for every bucket and writes the combined gradients into

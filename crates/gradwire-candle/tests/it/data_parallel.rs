@@ -264,3 +264,57 @@ fn accumulation_steps_on_the_mean_of_the_micro_batches() {
         }
     }
 }
+
+/// Uneven inputs through DataParallel: worker r has 2 + r steps of data,
+/// weights each step by its samples and joins when it runs out; a joined
+/// worker goes on stepping with the others' mean, so at the end every
+/// worker's variables are bitwise the same, at W = 1..=4, in the gradient
+/// strategies that average; `join` returns the steps taken after joining.
+#[test]
+fn joined_workers_stay_replicas() {
+    for text in ["dense", "fp16", "topk:0.2", "powersgd:1"] {
+        let strategy: StrategyConfig = text.parse().unwrap();
+        for world in 1..=4 {
+            let out = local::run(world, |comm| {
+                let rank = comm.rank();
+                let vars = vars();
+                let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
+                    vars.clone(),
+                    sgd_config(),
+                    comm,
+                    config(strategy),
+                )
+                .unwrap();
+                for step in 0..2 + rank {
+                    let mut grads = GradStore::default();
+                    for (k, (_, var)) in vars.iter().enumerate() {
+                        let g = gradient(var.elem_count(), rank, step, k);
+                        grads.insert(
+                            var.as_tensor(),
+                            Tensor::from_vec(g, var.shape(), &Device::Cpu).unwrap(),
+                        );
+                    }
+                    dp.set_samples(1 + ((rank + step) % 3) as u64).unwrap();
+                    dp.step(grads).unwrap();
+                }
+                let joined = dp.join().unwrap();
+                let values: Vec<Vec<f32>> = vars
+                    .iter()
+                    .map(|(_, v)| with_values(v.as_tensor(), <[f32]>::to_vec).unwrap())
+                    .collect();
+                (values, joined)
+            })
+            .unwrap();
+            let first = bits(&out[0].0);
+            for (rank, (values, joined)) in out.iter().enumerate() {
+                let at = format!("{text}, W = {world}, rank {rank}");
+                assert_eq!(bits(values), first, "{at}: not a replica");
+                assert_eq!(
+                    *joined as usize,
+                    world - 1 - rank,
+                    "{at}: steps after joining"
+                );
+            }
+        }
+    }
+}

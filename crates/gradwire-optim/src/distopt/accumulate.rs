@@ -86,6 +86,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.accumulation.factor = Some(factor);
     }
 
+    /// Makes the next `finish` the last micro-batch of the step in
+    /// progress (a joined rank's part of the others' step: what it
+    /// accumulated, exchanged now).
+    pub(crate) fn to_last_micro_batch(&mut self) {
+        self.accumulation.micro = self.config.accumulate - 1;
+    }
+
     /// The last micro-batch's gradient of parameter `i`, as pushed: the
     /// sum of the earlier micro-batches added, then the step's factor
     /// applied, in place. Nothing to do without accumulation.

@@ -11,6 +11,7 @@ mod dimreduce;
 mod distopt;
 mod grad_sync;
 mod grad_sync_local;
+mod join;
 mod onebit_adam;
 mod optimizers;
 mod reshard;
