@@ -682,7 +682,7 @@ impl<C: Communicator + 'static> GradSync<C> {
         if active == 0 {
             return Ok(false);
         }
-        self.dist.to_last_micro_batch();
+        self.dist.skip_to_last_micro_batch();
         if self.dist.micro_batches() > 1 {
             self.set_step_factor(total);
         }

@@ -89,7 +89,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Makes the next `finish` the last micro-batch of the step in
     /// progress (a joined rank's part of the others' step: what it
     /// accumulated, exchanged now).
-    pub(crate) fn to_last_micro_batch(&mut self) {
+    pub(crate) fn skip_to_last_micro_batch(&mut self) {
         self.accumulation.micro = self.config.accumulate - 1;
     }
 
