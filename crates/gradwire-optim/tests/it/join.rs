@@ -51,6 +51,9 @@ fn config(strategy: StrategyConfig, accumulate: u32) -> DistOptConfig {
     }
 }
 
+/// The combined gradients a rank saw: per step, per parameter.
+type Seen = Vec<Vec<Vec<f32>>>;
+
 /// Rank `rank`'s run: its steps of `micro_batches` micro-batches each
 /// (`stop_early`: the last step cut after its first micro-batch, then
 /// join), the combined gradients it saw per step, and what `join`
@@ -60,7 +63,7 @@ fn run_rank(
     strategy: StrategyConfig,
     micro_batches: usize,
     stop_early: bool,
-) -> Result<(Vec<Vec<Vec<f32>>>, u64), OptimError> {
+) -> Result<(Seen, u64), OptimError> {
     let rank = comm.rank();
     let mut sync = GradSync::new(comm, specs(), config(strategy, micro_batches as u32))?;
     let mut seen = Vec::new();
