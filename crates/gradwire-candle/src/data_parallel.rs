@@ -297,17 +297,25 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// Out of data (uneven inputs: DDP's `Join`): takes this worker's part
     /// in every step the others still take, contributing no samples, and
     /// steps its optimizer with their combined gradient, so that it stays
-    /// their replica, until every worker has joined; returns how many steps
-    /// ([`GradSync::join`]'s rules: gradient strategies that average).
-    pub fn join(&mut self) -> Result<u64> {
+    /// their replica, until every worker has joined ([`GradSync::join`]'s
+    /// rules: gradient strategies that average). Returns how many steps
+    /// that took, and what they did summed (traffic, waits, buckets).
+    pub fn join(&mut self) -> Result<(u64, StepStats)> {
         let mut steps = 0;
+        let mut total = StepStats::default();
         while let Some(grads) = self.combine(GradStore::default(), true)? {
             if !self.last.non_finite && !self.last.accumulated {
                 self.optimizer.step_checked(&grads)?;
             }
             steps += 1;
+            total.buckets += self.last.buckets;
+            total.traffic.sent += self.last.traffic.sent;
+            total.traffic.received += self.last.traffic.received;
+            total.wait += self.last.wait;
+            total.combine += self.last.combine;
+            total.updated += self.last.updated;
         }
-        Ok(steps)
+        Ok((steps, total))
     }
 
     /// One step with this worker's gradients `grads`, in the strategy's

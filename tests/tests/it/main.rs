@@ -9,3 +9,4 @@ mod conformance_mpi;
 mod convergence;
 mod fault_matrix;
 mod registry;
+mod uneven;

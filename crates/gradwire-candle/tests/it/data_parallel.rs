@@ -297,7 +297,7 @@ fn joined_workers_stay_replicas() {
                     dp.set_samples(1 + ((rank + step) % 3) as u64).unwrap();
                     dp.step(grads).unwrap();
                 }
-                let joined = dp.join().unwrap();
+                let (joined, _) = dp.join().unwrap();
                 let values: Vec<Vec<f32>> = vars
                     .iter()
                     .map(|(_, v)| with_values(v.as_tensor(), <[f32]>::to_vec).unwrap())

@@ -101,6 +101,12 @@ pub struct TrainConfig {
     /// exchange once, the mean of the micro-batches' gradients.
     #[arg(long, default_value_t = TrainConfig::default().accumulate)]
     pub accumulate: u32,
+    /// Uneven inputs: each worker holds a contiguous shard of every epoch,
+    /// worker r's in proportion to r + 1, so the workers run out of data at
+    /// different steps and join (PyTorch DDP's Join): each step's mean is
+    /// over the samples actually seen. Gradient strategies that average.
+    #[arg(long)]
+    pub uneven_shards: bool,
     /// The network, built with candle: an MLP (--hidden) or a
     /// convolutional network (--channels) on the digits, or a
     /// character-level transformer (--layers, --width, --heads, --context)
@@ -172,6 +178,7 @@ impl Default for TrainConfig {
             epochs: 20,
             batch: 16,
             accumulate: 1,
+            uneven_shards: false,
             model: ModelKind::Mlp,
             hidden: vec![128],
             channels: vec![16, 32],
@@ -336,6 +343,17 @@ impl TrainConfig {
                 "--accumulate: DimReduce's line search evaluates one batch, so its steps take one micro-batch"
                     .into(),
             );
+        }
+        if self.uneven_shards
+            && (self.baseline
+                || self.strategy.training_loop() != gradwire_optim::TrainingLoop::Gradients
+                || matches!(self.strategy, StrategyConfig::AdaSum { .. }))
+        {
+            return bad(format!(
+                "--uneven-shards: {} does not average gradients, so workers cannot join it \
+                 (a gradient strategy that averages: dense, fp16, topk, powersgd, ...)",
+                self.label()
+            ));
         }
         if self.hidden.contains(&0) {
             return bad("--hidden widths must be at least 1".into());
@@ -503,6 +521,7 @@ mod legacy {
         epochs: usize,
         batch: usize,
         accumulate: u32,
+        uneven_shards: bool,
         model: ModelKind,
         hidden: Vec<usize>,
         channels: Vec<usize>,
@@ -541,6 +560,7 @@ mod legacy {
                 epochs: d.epochs,
                 batch: d.batch,
                 accumulate: d.accumulate,
+                uneven_shards: d.uneven_shards,
                 model: d.model,
                 hidden: d.hidden,
                 channels: d.channels,
@@ -628,6 +648,7 @@ mod legacy {
                 epochs: r.epochs,
                 batch: r.batch,
                 accumulate: r.accumulate,
+                uneven_shards: r.uneven_shards,
                 model: r.model,
                 hidden: r.hidden,
                 channels: r.channels,

@@ -76,6 +76,27 @@ impl<R: UpdateRule, C: Backend + 'static> Engine<R, C> {
         }
     }
 
+    /// Weights the next step by this worker's samples (`--uneven-shards`).
+    pub(crate) fn set_samples(&mut self, samples: u64) -> Result<()> {
+        match self {
+            Engine::Strategy(dp) => Ok(dp.set_samples(samples)?),
+            Engine::Library(_) => Err(crate::ExperimentError::Usage(
+                "--uneven-shards: the baseline has no sample weights".into(),
+            )),
+        }
+    }
+
+    /// Out of data: this worker's part in the others' steps until every
+    /// worker is (`--uneven-shards`): the steps and what they did, summed.
+    pub(crate) fn join(&mut self) -> Result<(u64, StepStats)> {
+        match self {
+            Engine::Strategy(dp) => Ok(dp.join()?),
+            Engine::Library(_) => Err(crate::ExperimentError::Usage(
+                "--uneven-shards: the baseline cannot join".into(),
+            )),
+        }
+    }
+
     /// One step with this worker's gradients.
     pub(crate) fn step(&mut self, grads: GradStore) -> Result<StepStats> {
         Ok(match self {

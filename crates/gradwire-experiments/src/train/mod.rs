@@ -269,6 +269,8 @@ fn dimreduce_config(config: &TrainConfig) -> DimReduceConfig {
 struct Tally {
     loss: f64,
     steps: usize,
+    /// Steps taken after joining (`--uneven-shards`).
+    joined: usize,
     sent: u64,
     compute: Duration,
     comm: Duration,
@@ -355,7 +357,6 @@ impl Run<'_> {
         let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
         let mut dimreduce_started = engine.in_dimreduce();
         let micro_batches = config.accumulate as usize;
-        let global_batch = config.global_batch();
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
@@ -375,8 +376,8 @@ impl Run<'_> {
             let began = Instant::now();
             let calls_before = engine.comm().time_in_calls();
             let mut tally = Tally::default();
-            for global in data.epoch_samples(epoch).chunks(global_batch) {
-                let mine: Vec<usize> = global.iter().skip(rank).step_by(world).copied().collect();
+            let order = data.epoch_samples(epoch);
+            for mine in steps_of(&order, config, rank) {
                 let calls_at_step = engine.comm().time_in_calls();
                 let computing = Instant::now();
                 // Every micro-batch but the last only accumulates (one
@@ -386,6 +387,9 @@ impl Run<'_> {
                 let last = parts.next_back().unwrap_or_default();
                 let mut loss_sum = 0.0f64;
                 for part in parts {
+                    if config.uneven_shards {
+                        engine.set_samples(part.len() as u64)?;
+                    }
                     let grads = if part.is_empty() {
                         GradStore::default()
                     } else {
@@ -394,6 +398,9 @@ impl Run<'_> {
                         grads
                     };
                     engine.step(grads)?;
+                }
+                if config.uneven_shards {
+                    engine.set_samples(last.len() as u64)?;
                 }
                 let (last_loss, grads) = model.loss_and_grads(data, last)?;
                 loss_sum += f64::from(last_loss) * last.len() as f64;
@@ -433,6 +440,15 @@ impl Run<'_> {
                     self.observer.step_done();
                 }
             }
+            if config.uneven_shards {
+                // Out of data: this rank's part in the others' steps (its
+                // bytes and waits count; its steps are the others').
+                let (shadowed, joined) = engine.join()?;
+                tally.joined = shadowed as usize;
+                tally.comm += joined.wait;
+                tally.combine += joined.combine;
+                tally.sent += joined.traffic.sent;
+            }
             let mut loss = [tally.loss / tally.steps.max(1) as f64];
             engine.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
             // Ranks wait for the slowest only where they synchronise: every
@@ -448,11 +464,17 @@ impl Run<'_> {
                 _ => 1,
             }
             .max(1) as usize;
-            let mut slowest: Vec<f64> = tally
-                .busy
-                .chunks(interval)
-                .map(|c| c.iter().sum())
-                .collect();
+            // With uneven shards the ranks take different steps: no
+            // interval is common to all.
+            let mut slowest: Vec<f64> = if config.uneven_shards {
+                Vec::new()
+            } else {
+                tally
+                    .busy
+                    .chunks(interval)
+                    .map(|c| c.iter().sum())
+                    .collect()
+            };
             if !slowest.is_empty() {
                 engine.comm().all_reduce(&mut slowest, ReduceOp::Max)?;
             }
@@ -466,7 +488,11 @@ impl Run<'_> {
                     accuracy: 0.0,
                 }
             };
-            let dense_so_far = dense_step * (self.steps_per_epoch * (epoch + 1)) as u64;
+            // The steps the job took this epoch (with uneven shards, this
+            // rank's own and those it took part in after joining).
+            let steps = tally.steps + tally.joined;
+            let steps_so_far: usize = history.iter().map(|e| e.steps).sum::<usize>() + steps;
+            let dense_so_far = dense_step * steps_so_far as u64;
             let record = EpochRecord {
                 epoch: epoch + 1,
                 train_loss: loss[0],
@@ -478,7 +504,7 @@ impl Run<'_> {
                 compute_secs: tally.compute.as_secs_f64(),
                 comm_secs: tally.comm.as_secs_f64(),
                 wall_secs: began.elapsed().as_secs_f64(),
-                steps: tally.steps,
+                steps,
                 combine_secs: tally.combine.as_secs_f64(),
                 network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
                 busy_secs: (!slowest.is_empty()).then_some(busy),
@@ -520,4 +546,30 @@ impl Run<'_> {
             param_checksum: model.checksum()?,
         }))
     }
+}
+
+/// The samples of each of this rank's steps in an epoch of `order`: each
+/// global batch's `r, r + W, ...` (every rank the same steps), or with
+/// `--uneven-shards` rank `r`'s contiguous shard of the whole epoch, in
+/// proportion to `r + 1`, cut into steps of `batch x accumulate` samples.
+fn steps_of(order: &[usize], config: &TrainConfig, rank: usize) -> Vec<Vec<usize>> {
+    let world = config.world.max(1);
+    if !config.uneven_shards {
+        return order
+            .chunks(config.global_batch().max(1))
+            .map(|global| global.iter().skip(rank).step_by(world).copied().collect())
+            .collect();
+    }
+    let weight = |r: usize| r + 1;
+    let total: usize = (0..world).map(weight).sum();
+    // Shard r ends where the first r + 1 weights' share of the epoch ends.
+    let end = |r: usize| order.len() * (0..=r).map(weight).sum::<usize>() / total;
+    let start = if rank == 0 { 0 } else { end(rank - 1) };
+    let step = (config.batch * config.accumulate as usize).max(1);
+    order
+        .get(start..end(rank))
+        .unwrap_or_default()
+        .chunks(step)
+        .map(<[usize]>::to_vec)
+        .collect()
 }

@@ -120,7 +120,8 @@ pub struct EpochRecord {
     pub comm_secs: f64,
     /// Seconds for the whole epoch.
     pub wall_secs: f64,
-    /// Steps taken.
+    /// Steps taken (by the job: with `--uneven-shards`, a rank's own and
+    /// those it took part in after joining).
     #[serde(default)]
     pub steps: usize,
     /// Seconds the strategies spent combining buckets (their codecs and
