@@ -39,8 +39,8 @@ use gradwire_comm::{
 use gradwire_compress::SparseCodec;
 use gradwire_experiments::Backend;
 use gradwire_optim::{
-    Adam, AdamConfig, DistOpt, DistOptConfig, OptimError, Optimizer, ParamSpec, Sgd, SgdConfig,
-    SkipVote,
+    Adam, AdamConfig, DistOpt, DistOptConfig, GradSync, OptimError, Optimizer, ParamSpec, Sgd,
+    SgdConfig, SkipVote,
 };
 use gradwire_tensor::Tensor;
 use half::{bf16, f16};
@@ -225,6 +225,10 @@ pub fn cases<C: Backend + 'static>() -> Vec<Case<C>> {
             name: "training_runs_match_local",
             body: training_runs_match_local::<C>,
         },
+        Case {
+            name: "uneven_inputs",
+            body: uneven_inputs::<C>,
+        },
     ]
 }
 
@@ -276,6 +280,7 @@ macro_rules! conformance_tests {
             fault_matrix,
             candle_training,
             training_runs_match_local,
+            uneven_inputs,
         );
     };
     (@cases $conform:ident; $($name:ident),* $(,)?) => {
@@ -1399,6 +1404,65 @@ fn candle_training<C: Communicator + 'static>(
             format!("{name}: ranks differ after candle training")
         });
     }
+    Ok(())
+}
+
+/// Uneven inputs (`GradSync::join`): rank r has 1 + r steps of data,
+/// weights each step by its samples and joins when out; every step's
+/// combined gradient is the mean over the samples of the ranks still
+/// training (against f64), and `join` takes part in the steps left.
+fn uneven_inputs<C: Communicator + 'static>(
+    comm: &C,
+    checks: &mut Checks,
+) -> Result<(), CaseError> {
+    let own = comm
+        .split(Some(0), comm.rank() as i64)?
+        .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // Lengths 1, a prime and a matrix's.
+    let lens = [1usize, 13, 28];
+    let specs = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| ParamSpec::new(format!("p{k}"), [n]))
+        .collect();
+    let mut sync = GradSync::new(own, specs, DistOptConfig::default())?;
+    let samples = |r: usize, step: usize| ((r * 3 + step * 5) % 4) as u64 + 1;
+    let value = |r: usize, step: usize, k: usize, i: usize| {
+        (((r * 131 + step * 17 + k * 5 + i) as f32) * 0.37).sin() * 0.5
+    };
+    let mut combined: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.0; n]).collect();
+    for step in 0..=rank {
+        sync.set_samples(samples(rank, step))?;
+        for (k, &n) in lens.iter().enumerate() {
+            let grad: Vec<f32> = (0..n).map(|i| value(rank, step, k, i)).collect();
+            sync.push(k, &grad)?;
+        }
+        let mut buffers: Vec<&mut [f32]> = combined.iter_mut().map(Vec::as_mut_slice).collect();
+        sync.finish(&mut buffers)?;
+        let active: Vec<usize> = (step..world).collect();
+        let total: u64 = active.iter().map(|&r| samples(r, step)).sum();
+        for (k, got) in combined.iter().enumerate() {
+            for (i, &g) in got.iter().enumerate() {
+                let want = active
+                    .iter()
+                    .map(|&r| samples(r, step) as f64 * f64::from(value(r, step, k, i)))
+                    .sum::<f64>()
+                    / total as f64;
+                let bound = 1e-5 * world as f64 * (1.0 + want.abs());
+                checks.check((f64::from(g) - want).abs() <= bound, || {
+                    format!("step {step}, p{k}[{i}]: {g} against the samples' mean {want}")
+                });
+            }
+        }
+    }
+    let joined = sync.join()?;
+    checks.check(joined as usize == world - 1 - rank, || {
+        format!(
+            "join took part in {joined} steps, {} left",
+            world - 1 - rank
+        )
+    });
     Ok(())
 }
 

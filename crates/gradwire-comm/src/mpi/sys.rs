@@ -417,18 +417,42 @@ unsafe impl Send for OpHandle {}
 // SAFETY: as above; the handle is never written after it is made.
 unsafe impl Sync for OpHandle {}
 
-/// Adds `len` 16-bit floats of `invec` into `inoutvec`, each pair in f32
-/// and rounded once to the 16-bit format (Horovod's float16 sum), with
-/// `add(a, b)` on the bits.
+/// A 16-bit float MPI cannot add, as its bits.
+trait HalfBits: Copy {
+    fn widen(bits: u16) -> f32;
+    fn narrow(value: f32) -> u16;
+}
+
+impl HalfBits for half::f16 {
+    fn widen(bits: u16) -> f32 {
+        half::f16::from_bits(bits).to_f32()
+    }
+    fn narrow(value: f32) -> u16 {
+        half::f16::from_f32(value).to_bits()
+    }
+}
+
+impl HalfBits for half::bf16 {
+    fn widen(bits: u16) -> f32 {
+        half::bf16::from_bits(bits).to_f32()
+    }
+    fn narrow(value: f32) -> u16 {
+        half::bf16::from_f32(value).to_bits()
+    }
+}
+
+/// The user function of [`half_sum_op`]: adds `*len` 16-bit floats `H`
+/// of `invec` into `inoutvec`, each pair in f32 and rounded once to `H`
+/// (Horovod's float16 sum).
 ///
 /// # Safety
 /// MPI's contract for a user function: both vectors hold `*len` elements of
 /// the u16 wire type and do not overlap.
-unsafe fn add_halves(
+unsafe extern "C" fn half_sum<H: HalfBits>(
     invec: *mut c_void,
     inoutvec: *mut c_void,
     len: *mut c_int,
-    add: impl Fn(u16, u16) -> u16,
+    _: *mut MPI_Datatype,
 ) {
     // SAFETY: the caller's contract (MPI's): `len` points at the count and
     // the vectors hold that many u16 each.
@@ -444,37 +468,7 @@ unsafe fn add_halves(
         )
     };
     for (into, &from) in into.iter_mut().zip(from) {
-        *into = add(from, *into);
-    }
-}
-
-unsafe extern "C" fn f16_sum(
-    invec: *mut c_void,
-    inoutvec: *mut c_void,
-    len: *mut c_int,
-    _: *mut MPI_Datatype,
-) {
-    use half::f16;
-    // SAFETY: MPI calls a user function with its own contract.
-    unsafe {
-        add_halves(invec, inoutvec, len, |a, b| {
-            f16::from_f32(f16::from_bits(a).to_f32() + f16::from_bits(b).to_f32()).to_bits()
-        })
-    }
-}
-
-unsafe extern "C" fn bf16_sum(
-    invec: *mut c_void,
-    inoutvec: *mut c_void,
-    len: *mut c_int,
-    _: *mut MPI_Datatype,
-) {
-    use half::bf16;
-    // SAFETY: MPI calls a user function with its own contract.
-    unsafe {
-        add_halves(invec, inoutvec, len, |a, b| {
-            bf16::from_f32(bf16::from_bits(a).to_f32() + bf16::from_bits(b).to_f32()).to_bits()
-        })
+        *into = H::narrow(H::widen(from) + H::widen(*into));
     }
 }
 
@@ -485,8 +479,8 @@ fn half_sum_op(kind: HalfKind) -> Result<ffi::MPI_Op> {
     static F16: std::sync::OnceLock<OpHandle> = std::sync::OnceLock::new();
     static BF16: std::sync::OnceLock<OpHandle> = std::sync::OnceLock::new();
     let (cell, function): (_, ffi::MPI_User_function) = match kind {
-        HalfKind::F16 => (&F16, Some(f16_sum)),
-        HalfKind::BF16 => (&BF16, Some(bf16_sum)),
+        HalfKind::F16 => (&F16, Some(half_sum::<half::f16>)),
+        HalfKind::BF16 => (&BF16, Some(half_sum::<half::bf16>)),
     };
     if let Some(op) = cell.get() {
         return Ok(op.0);
