@@ -9,4 +9,5 @@ mod conformance_mpi;
 mod convergence;
 mod fault_matrix;
 mod registry;
+mod straggler;
 mod uneven;

@@ -40,6 +40,14 @@ pub(crate) fn run(args: TrainArgs) -> Result<(), ExperimentError> {
             report.compression(),
             report.param_checksum
         );
+        if let Some(s) = report.epochs.last().and_then(|e| e.straggler) {
+            println!(
+                "waited for most: rank {} (last to arrive in {:.0} % of the last epoch's exchanges, by {:.2} ms on average)",
+                s.rank,
+                s.share * 100.0,
+                s.late_secs * 1e3
+            );
+        }
     }
     Ok(())
 }

@@ -171,6 +171,8 @@ fn without_timings(records: &[Value]) -> Vec<Value> {
                 "network_secs",
                 "busy_secs",
                 "slowest_busy_secs",
+                // Who arrived last is timing too.
+                "straggler",
             ] {
                 r.as_object_mut().unwrap().remove(key);
             }

@@ -34,11 +34,13 @@ use std::time::{Duration, Instant};
 mod command;
 mod report;
 mod resume;
+mod straggler;
 
 pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit, TARGET_ACCURACY, Target};
 pub use resume::CheckpointPlan;
 use resume::{PCA_FILE, ResumePoint, agree, agree_on_resume, has_checkpoint, prune, saved_config};
+pub use straggler::{Straggler, straggler};
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
@@ -271,6 +273,8 @@ struct Tally {
     steps: usize,
     /// Steps taken after joining (`--uneven-shards`).
     joined: usize,
+    /// Per step, this rank's seconds waiting in the exchange.
+    waits: Vec<f64>,
     sent: u64,
     compute: Duration,
     comm: Duration,
@@ -432,6 +436,7 @@ impl Run<'_> {
                     tally.busy.push(busy.as_secs_f64());
                 }
                 tally.comm += stats.wait;
+                tally.waits.push(stats.wait.as_secs_f64());
                 tally.combine += stats.combine;
                 tally.sent += stats.traffic.sent;
                 tally.loss += f64::from(loss);
@@ -478,6 +483,19 @@ impl Run<'_> {
             if !slowest.is_empty() {
                 engine.comm().all_reduce(&mut slowest, ReduceOp::Max)?;
             }
+            // The rank the others waited for: every rank's waits, gathered
+            // (the same steps on every rank, except with uneven shards).
+            let waited_for = if config.uneven_shards || world < 2 {
+                None
+            } else {
+                let mut all = vec![0f64; tally.waits.len() * world];
+                engine.comm().all_gather(&tally.waits, &mut all)?;
+                let per_rank: Vec<Vec<f64>> = all
+                    .chunks(tally.waits.len().max(1))
+                    .map(<[f64]>::to_vec)
+                    .collect();
+                straggler(&per_rank)
+            };
             bytes_total += tally.sent;
             // Partial averaging leaves the models apart: rank 0's is shown.
             let tested = if rank == 0 {
@@ -509,6 +527,7 @@ impl Run<'_> {
                 network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
                 busy_secs: (!slowest.is_empty()).then_some(busy),
                 slowest_busy_secs: (!slowest.is_empty()).then(|| slowest.iter().sum()),
+                straggler: waited_for,
                 line_search_accepted: (tally.searches > 0)
                     .then(|| tally.accepted as f64 / tally.searches as f64),
             };

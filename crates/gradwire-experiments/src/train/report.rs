@@ -143,6 +143,11 @@ pub struct EpochRecord {
     /// in them for the others (load imbalance).
     #[serde(default)]
     pub slowest_busy_secs: Option<f64>,
+    /// The rank the others waited for most often this epoch, how often and
+    /// by how much (from every rank's waits); `None` at W = 1, with uneven
+    /// shards, or when no step exchanged.
+    #[serde(default)]
+    pub straggler: Option<super::Straggler>,
     /// DimReduce: the fraction of this epoch's line searches that took a step.
     pub line_search_accepted: Option<f64>,
 }
