@@ -309,8 +309,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             }
             steps += 1;
             total.buckets += self.last.buckets;
-            total.traffic.sent += self.last.traffic.sent;
-            total.traffic.received += self.last.traffic.received;
+            total.traffic += self.last.traffic;
             total.wait += self.last.wait;
             total.combine += self.last.combine;
             total.updated += self.last.updated;

@@ -59,9 +59,10 @@
 //!
 //! Copies: a gradient is read from candle's CPU storage in place and copied
 //! once into gradwire's buffer for that parameter (reused every step); the
-//! combined gradient becomes a new candle tensor, because a candle
-//! `GradStore` owns its tensors (and one storage may back several of
-//! them, so writing into one in place is not safe). Parameters are updated
+//! combined gradient is written into a candle tensor DataParallel keeps
+//! per variable, the same every step, and replaces the worker's own in the
+//! `GradStore` (candle's backward tensors are not written: one storage may
+//! back several of them). Parameters are updated
 //! in place by [`optim`]'s optimizers. In the local-step and DimReduce
 //! loops the parameters are copied into gradwire's buffers before and
 //! after the step and written back once (the combination works on

@@ -36,7 +36,8 @@
 //! bookkeeping are all reused).
 //!
 //! [`GradSync::set_samples`] weights the average by each rank's number of
-//! samples (uneven shards); [`GradSync::broadcast`] copies a root rank's
+//! samples, and [`GradSync::join`] lets a rank out of data take part in
+//! the others' steps until all are (uneven inputs); [`GradSync::broadcast`] copies a root rank's
 //! initial parameters to every rank; [`GradSync::checkpoint`] saves the
 //! residuals and counters on their own.
 //!

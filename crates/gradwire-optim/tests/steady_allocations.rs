@@ -112,11 +112,20 @@ fn switch_measuring(comm: &LocalComm, on: bool) {
 /// Runs `world` ranks through warm-up and measured steps of `mode` (with
 /// AdaSum prepared by DistOpt for `StrategyConfig::AdaSum`); returns (allocations,
 /// largest) over the measured steps. With `skip_bias`, no rank writes the
-/// bias after the warm-up's first step (a partly written bucket).
-fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize) {
+/// bias after the warm-up's first step (a partly written bucket). With
+/// `micro_batches` above 1, each step accumulates that many micro-batches,
+/// each weighted by its samples (the all-reduce of the step's sample count
+/// at the last one).
+fn measure(
+    world: usize,
+    mode: StrategyConfig,
+    skip_bias: bool,
+    micro_batches: u32,
+) -> (usize, usize) {
     let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
     let config = DistOptConfig {
         strategy: mode,
+        accumulate: micro_batches,
         ..DistOptConfig::default()
     };
     counted(world, |comm| {
@@ -133,47 +142,20 @@ fn measure(world: usize, mode: StrategyConfig, skip_bias: bool) -> (usize, usize
             // Every rank is between steps here: the switch covers exactly
             // the measured steps of every rank.
             switch_measuring(sync.comm(), step >= WARM_UP);
-            for (i, g) in gw.iter_mut().enumerate() {
-                *g = (((i * 7 + (step % 4) * 13 + rank * 5) % 101) as f32 - 50.0) * 1e-2;
-            }
-            gb.iter_mut().for_each(|g| *g = 0.5 + (step % 4) as f32);
-            if !(skip_bias && step > 0) {
-                sync.push("b", &gb).expect("push");
-            }
-            sync.push("w", &gw).expect("push");
-            sync.finish(&mut [&mut gw[..], &mut gb[..]])
-                .expect("finish");
-        }
-        switch_measuring(sync.comm(), false);
-    })
-}
-
-/// [`measure`] with gradient accumulation: steps of three micro-batches
-/// through GradSync, each weighted by its samples (the all-reduce of the
-/// step's sample count at the last one).
-fn measure_accumulated(world: usize, mode: StrategyConfig) -> (usize, usize) {
-    let specs = vec![ParamSpec::new("w", [128, 128]), ParamSpec::new("b", [B])];
-    let config = DistOptConfig {
-        strategy: mode,
-        accumulate: 3,
-        ..DistOptConfig::default()
-    };
-    counted(world, |comm| {
-        let rank = comm.rank();
-        let mut sync = GradSync::new(comm, specs.clone(), config.clone()).expect("a GradSync");
-        let mut gw = vec![0f32; W];
-        let mut gb = vec![0f32; B];
-        for step in 0..WARM_UP + MEASURED {
-            switch_measuring(sync.comm(), step >= WARM_UP);
-            for micro in 0..3 {
+            for micro in 0..micro_batches as usize {
                 for (i, g) in gw.iter_mut().enumerate() {
                     *g =
                         (((i * 7 + (step % 4) * 13 + micro + rank * 5) % 101) as f32 - 50.0) * 1e-2;
                 }
-                gb.iter_mut().for_each(|g| *g = 0.5 + micro as f32);
-                sync.set_samples(1 + ((rank + micro) % 3) as u64)
-                    .expect("samples");
-                sync.push("b", &gb).expect("push");
+                gb.iter_mut()
+                    .for_each(|g| *g = 0.5 + (step % 4 + micro) as f32);
+                if micro_batches > 1 {
+                    sync.set_samples(1 + ((rank + micro) % 3) as u64)
+                        .expect("samples");
+                }
+                if !(skip_bias && step > 0) {
+                    sync.push("b", &gb).expect("push");
+                }
                 sync.push("w", &gw).expect("push");
                 sync.finish(&mut [&mut gw[..], &mut gb[..]])
                     .expect("finish");
@@ -439,7 +421,7 @@ fn a_steady_step_allocates_nothing() {
     let mut failures = Vec::new();
     for (mode, skip_bias) in modes {
         for world in 1..=4 {
-            let (count, largest) = measure(world, mode, skip_bias);
+            let (count, largest) = measure(world, mode, skip_bias, 1);
             if count != 0 {
                 failures.push(format!(
                     "{mode:?} (bias skipped: {skip_bias}), W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"
@@ -453,7 +435,7 @@ fn a_steady_step_allocates_nothing() {
         StrategyConfig::PowerSgd(powersgd(true)),
     ] {
         for world in 1..=4 {
-            let (count, largest) = measure_accumulated(world, mode);
+            let (count, largest) = measure(world, mode, false, 3);
             if count != 0 {
                 failures.push(format!(
                     "{mode:?} accumulating 3 micro-batches, W = {world}: {count} allocations in {MEASURED} steady steps, the largest {largest} bytes"

@@ -508,18 +508,14 @@ fn bench_reports_ratios_against_memcpy() {
     assert_eq!(rows.as_array().unwrap().len(), 7);
 }
 
-/// The baseline (one fusion buffer, the communicator's own all-reduce, the
-/// same optimizer) computes what DistOpt's dense mode computes: on LocalComm,
-/// whose all-reduce is gradwire's rank-ordered sum, the models are bitwise
-/// equal after training.
-#[test]
-fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
+/// The runs of `compare --json --strategies STRATEGIES --epochs 2 -w 3`.
+fn compare_runs(strategies: &str) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let out = gradwire(&[
         "compare",
         "--json",
         "--strategies",
-        "baseline,dense",
+        strategies,
         "--epochs",
         "2",
         "-w",
@@ -528,7 +524,16 @@ fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
         dir.path().to_str().unwrap(),
     ]);
     let lines = json_lines(&out);
-    let runs = lines[0]["runs"].as_array().expect("runs");
+    lines[0]["runs"].as_array().expect("runs").clone()
+}
+
+/// The baseline (one fusion buffer, the communicator's own all-reduce, the
+/// same optimizer) computes what DistOpt's dense mode computes: on LocalComm,
+/// whose all-reduce is gradwire's rank-ordered sum, the models are bitwise
+/// equal after training.
+#[test]
+fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
+    let runs = compare_runs("baseline,dense");
     assert_eq!(runs[0]["label"], "baseline");
     assert_eq!(runs[1]["label"], "dense");
     assert_eq!(runs[0]["param_checksum"], runs[1]["param_checksum"]);
@@ -541,21 +546,7 @@ fn the_baseline_loop_trains_the_same_model_as_dense_on_local() {
 /// trains as gradwire's 16-bit strategy of the same format does.
 #[test]
 fn the_16_bit_baseline_sends_half_the_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = gradwire(&[
-        "compare",
-        "--json",
-        "--strategies",
-        "baseline,baseline:fp16,fp16,baseline:bf16,bf16",
-        "--epochs",
-        "2",
-        "-w",
-        "3",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
-    let lines = json_lines(&out);
-    let runs = lines[0]["runs"].as_array().expect("runs");
+    let runs = compare_runs("baseline,baseline:fp16,fp16,baseline:bf16,bf16");
     let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
     assert_eq!(
         labels,

@@ -125,6 +125,15 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The medians over the rounds of the whole step and of its part after
+/// backward.
+fn medians(rounds: &[(f64, f64)]) -> (f64, f64) {
+    (
+        median(rounds.iter().map(|r| r.0).collect()),
+        median(rounds.iter().map(|r| r.1).collect()),
+    )
+}
+
 /// One step of candle alone: backward, then the optimizer's step (timed).
 fn step_alone(mlp: &Mlp, sgd: &mut SGD) -> Result<Duration> {
     let grads = mlp.loss()?.backward()?;
@@ -175,10 +184,7 @@ pub fn overhead(batch: usize, steps: usize, rounds: usize) -> Result<Vec<Overhea
         let per_round = (0..rounds)
             .map(|_| timed(steps, || step_parallel(&mlp, &mut dp)))
             .collect::<Result<Vec<_>>>()?;
-        Ok((
-            median(per_round.iter().map(|r| r.0).collect()),
-            median(per_round.iter().map(|r| r.1).collect()),
-        ))
+        Ok(medians(&per_round))
     })?;
     let two = two
         .into_iter()
@@ -190,10 +196,7 @@ pub fn overhead(batch: usize, steps: usize, rounds: usize) -> Result<Vec<Overhea
     // on its own, so the backward passes' noise stays out of it (each
     // round's pair saw the same machine; the median of the rounds).
     let extra = median(d.iter().zip(&a).map(|(d, a)| (d.1 - a.1) / a.0).collect());
-    let whole = |v: &[(f64, f64)], k: usize| {
-        median(v.iter().map(|r| if k == 0 { r.0 } else { r.1 }).collect())
-    };
-    let alone_secs = whole(&a, 0);
+    let (alone, parallel) = (medians(&a), medians(&d));
     let row = |setup: &str, world: usize, secs: (f64, f64), ratio: f64| OverheadRow {
         setup: setup.into(),
         world,
@@ -202,18 +205,13 @@ pub fn overhead(batch: usize, steps: usize, rounds: usize) -> Result<Vec<Overhea
         vs_candle: ratio,
     };
     Ok(vec![
-        row("candle SGD alone", 1, (alone_secs, whole(&a, 1)), 1.0),
-        row(
-            "DataParallel, dense",
-            1,
-            (whole(&d, 0), whole(&d, 1)),
-            1.0 + extra,
-        ),
+        row("candle SGD alone", 1, alone, 1.0),
+        row("DataParallel, dense", 1, parallel, 1.0 + extra),
         row(
             "DataParallel, dense (LocalComm)",
             2,
             two,
-            1.0 + (two.1 - whole(&a, 1)) / alone_secs,
+            1.0 + (two.1 - alone.1) / alone.0,
         ),
     ])
 }

@@ -127,6 +127,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         mut give_back: impl FnMut(usize, Tensor),
     ) -> StepStats {
         let acc = &mut self.accumulation;
+        let mut failed = None;
         for (i, grad) in self.grads.iter_mut().enumerate() {
             let Some(grad) = grad.take() else {
                 continue;
@@ -142,16 +143,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             };
             give_back(i, grad);
             acc.written[i] = true;
-            if let Err(e) = added
-                && self.fault.is_none()
-            {
-                self.fault = Some(super::LocalFault {
-                    kind: FaultKind::InvalidArgument,
-                    detail: e.to_string(),
-                });
+            if let Err(e) = added {
+                failed.get_or_insert(e);
             }
         }
         acc.micro += 1;
+        if let Some(e) = failed {
+            self.record(FaultKind::InvalidArgument, &e);
+        }
         StepStats {
             accumulated: true,
             ..StepStats::default()

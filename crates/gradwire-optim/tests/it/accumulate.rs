@@ -9,6 +9,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use crate::common::named_specs;
 use gradwire_algos::Traffic;
 use gradwire_comm::{Communicator, Fault, FaultKind, LocalComm, LocalConfig, local};
 use gradwire_optim::{
@@ -23,11 +24,7 @@ const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7], &[0]];
 const STEPS: usize = 4;
 
 fn specs() -> Vec<ParamSpec> {
-    SHAPES
-        .iter()
-        .enumerate()
-        .map(|(k, dims)| ParamSpec::new(format!("p{k}"), dims.to_vec()))
-        .collect()
+    named_specs(SHAPES)
 }
 
 fn names() -> Vec<String> {

@@ -1,6 +1,6 @@
 //! The linear least-squares model the DistOpt tests train: y = sum_k X_k w_k
 //! with weight blocks of uneven sizes, deterministic samples, gradients and
-//! losses in f64.
+//! losses in f64; and parameters named by position ([`named_specs`]).
 
 #![allow(dead_code)] // each test file uses its own part
 
@@ -76,4 +76,13 @@ pub fn loss(w: &[Vec<f32>], range: std::ops::Range<usize>) -> f64 {
             0.5 * err * err / n
         })
         .sum()
+}
+
+/// Parameters `p0`, `p1`, ... of `shapes`, declared in that order.
+pub fn named_specs(shapes: &[&[usize]]) -> Vec<ParamSpec> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(k, dims)| ParamSpec::new(format!("p{k}"), dims.to_vec()))
+        .collect()
 }

@@ -7,6 +7,7 @@
 //! still training reaches the joined ones; strategies that do not average
 //! refuse to join.
 
+use crate::common::named_specs;
 use gradwire_comm::{Communicator, Fault, FaultKind, LocalComm, local};
 use gradwire_optim::{DistOptConfig, GradSync, OptimError, ParamSpec, StrategyConfig};
 
@@ -14,11 +15,7 @@ use gradwire_optim::{DistOptConfig, GradSync, OptimError, ParamSpec, StrategyCon
 const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7]];
 
 fn specs() -> Vec<ParamSpec> {
-    SHAPES
-        .iter()
-        .enumerate()
-        .map(|(k, dims)| ParamSpec::new(format!("p{k}"), dims.to_vec()))
-        .collect()
+    named_specs(SHAPES)
 }
 
 fn len(k: usize) -> usize {
