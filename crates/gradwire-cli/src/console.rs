@@ -31,7 +31,7 @@ impl Observer for Console {
         *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
     }
 
-    fn step_done(&self) {
+    fn step_done(&self, _sent: u64) {
         if let Some(bar) = &*self.bar.lock().unwrap_or_else(|e| e.into_inner()) {
             bar.inc(1);
         }
@@ -90,7 +90,7 @@ impl Observer for RunBar {
         self.bar.set_message(format!("epoch {epoch}"));
     }
 
-    fn step_done(&self) {
+    fn step_done(&self, _sent: u64) {
         self.bar.inc(1);
     }
 

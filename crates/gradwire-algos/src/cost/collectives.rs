@@ -136,6 +136,12 @@ pub struct CollectiveCall {
     /// Inner steps its exchange runs under before anyone waits for it
     /// (Streaming DiLoCo's `τ`; 0 for a call waited for in its own step).
     pub hidden_steps: u32,
+    /// The step (counting from 0) whose statistics first count the call:
+    /// it is counted at that step and every `period` steps after it
+    /// ([`crate::cost::sent_at_step`]). 0 for what every step sends; `H -
+    /// 1` for DiLoCo's round; bucket `b` for partial averaging's; a
+    /// Streaming DiLoCo fragment's merge step.
+    pub first_step: u64,
 }
 
 impl CollectiveCall {
@@ -148,7 +154,22 @@ impl CollectiveCall {
             period: 1,
             exchange: 0,
             hidden_steps: 0,
+            first_step: 0,
         }
+    }
+
+    /// This call, first counted at step `step` (see
+    /// [`CollectiveCall::first_step`]).
+    pub fn first_counted_at(self, step: u64) -> CollectiveCall {
+        CollectiveCall {
+            first_step: step,
+            ..self
+        }
+    }
+
+    /// Whether step `step` (counting from 0) counts this call.
+    pub fn counted_at(&self, step: u64) -> bool {
+        step >= self.first_step && (step - self.first_step).is_multiple_of(self.period.max(1))
     }
 
     /// This call, part of exchange `exchange` of its period, which runs

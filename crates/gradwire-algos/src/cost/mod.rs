@@ -42,14 +42,17 @@
 //! ```
 
 pub mod collectives;
+mod fit;
 mod fragments;
+mod loops;
 pub mod strategies;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
+pub use fit::{LinkSpread, fit_all_reduce, fit_link, spread_of_all_reduce};
 pub use fragments::fragment_ranges;
 pub use strategies::{
     Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, peak_bytes,
-    plan_buckets, step_collectives,
+    plan_buckets, sent_at_step, step_collectives,
 };
 
 use crate::error::{AlgoError, Result};
@@ -101,84 +104,6 @@ impl Link {
     pub fn message_secs(&self, bytes: f64) -> f64 {
         self.latency_s + bytes / self.bytes_per_s
     }
-}
-
-/// Least-squares fit of `t = alpha + bytes * beta` to measured
-/// `(bytes, seconds)` of one message (or of one round of a collective, see
-/// [`fit_all_reduce`]). The errors are absolute, so the largest sizes weigh
-/// most: a step's time is its large buckets', and a token-bucket shaper
-/// passes a message below its burst at full speed, which no line through
-/// the large sizes fits (a relative fit would bend to it and under-predict
-/// every large transfer). At least two distinct sizes are needed; every
-/// value must be finite and non-negative. A fitted alpha below zero
-/// (timings noisier than the latency) is clamped to 0 and beta refitted
-/// through the origin; a slope that is not positive (times that do not
-/// grow with the size) is an error, since no link can be made of it.
-pub fn fit_link(samples: &[(f64, f64)]) -> Result<Link> {
-    if let Some(&(b, t)) = samples
-        .iter()
-        .find(|(b, t)| !(b.is_finite() && t.is_finite() && *b >= 0.0 && *t >= 0.0))
-    {
-        return Err(AlgoError::InvalidArgument(format!(
-            "a timing must be finite and non-negative, got ({b} bytes, {t} s)"
-        )));
-    }
-    let n = samples.len() as f64;
-    let mean_b = samples.iter().map(|s| s.0).sum::<f64>() / n;
-    let mean_t = samples.iter().map(|s| s.1).sum::<f64>() / n;
-    let sxx: f64 = samples.iter().map(|s| (s.0 - mean_b).powi(2)).sum();
-    let sxy: f64 = samples
-        .iter()
-        .map(|s| (s.0 - mean_b) * (s.1 - mean_t))
-        .sum();
-    // Two distinct sizes at least; relative to the sizes, so that a
-    // rounding difference between equal sizes does not pass.
-    if samples.len() < 2 || sxx.is_nan() || sxx <= 1e-12 * mean_b.powi(2).max(1.0) {
-        return Err(AlgoError::InvalidArgument(
-            "fitting a link needs timings of at least two different sizes".into(),
-        ));
-    }
-    let mut beta = sxy / sxx;
-    let mut alpha = mean_t - beta * mean_b;
-    if alpha < 0.0 {
-        // Through the origin: beta = sum(b t) / sum(b^2).
-        let sbb: f64 = samples.iter().map(|s| s.0 * s.0).sum();
-        let sbt: f64 = samples.iter().map(|s| s.0 * s.1).sum();
-        alpha = 0.0;
-        beta = sbt / sbb;
-    }
-    if !(beta.is_finite() && beta > 0.0) {
-        return Err(AlgoError::InvalidArgument(format!(
-            "the timings do not grow with the size (slope {beta} s/byte): no link fits them"
-        )));
-    }
-    Link::new(alpha, 1.0 / beta)
-}
-
-/// Fits the [`Link`] under a ring all-reduce from `(bytes, seconds)` of
-/// all-reduces of `bytes` per rank on `world` ranks.
-///
-/// A ring all-reduce of `n` bytes is `2 (W - 1)` rounds (a reduce-scatter
-/// then an all-gather), in each of which every rank sends one chunk of
-/// `n / W` bytes to its neighbour and receives one:
-/// `t = 2 (W - 1) (alpha + n / W beta)`. So each sample maps to one round,
-/// `(n / W, t / (2 (W - 1)))`, and [`fit_link`] fits alpha and beta of the
-/// link itself. gradwire's own all-reduce over MPI (a reduce-scatter by
-/// all-to-all, then an all-gather) has the same bytes and rounds; the
-/// fitted alpha also absorbs its per-call header exchange. `world` must be
-/// at least 2 (one rank sends nothing).
-pub fn fit_all_reduce(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
-    if world < 2 {
-        return Err(AlgoError::InvalidArgument(format!(
-            "an all-reduce on {world} rank(s) moves nothing: fitting needs 2 or more"
-        )));
-    }
-    let (w, rounds) = (world as f64, 2.0 * (world as f64 - 1.0));
-    let per_round: Vec<(f64, f64)> = samples
-        .iter()
-        .map(|&(bytes, t)| (bytes as f64 / w, t / rounds))
-        .collect();
-    fit_link(&per_round)
 }
 
 /// What a step costs besides its collectives, in seconds per step.
@@ -356,60 +281,6 @@ mod tests {
         let l = Link::from_bit_rate(8e9, 2e-6).unwrap();
         assert_eq!(l.bytes_per_s, 1e9);
         assert!((l.message_secs(1e9) - 1.000002).abs() < 1e-12);
-    }
-
-    #[test]
-    fn fit_recovers_a_link_and_refuses_what_cannot_fit() {
-        let truth = Link::new(30e-6, 1.25e9).unwrap();
-        let samples: Vec<(f64, f64)> = [1e3, 1e5, 1e6, 1e7]
-            .iter()
-            .map(|&b| (b, truth.message_secs(b)))
-            .collect();
-        let fit = fit_link(&samples).unwrap();
-        assert!((fit.latency_s - 30e-6).abs() < 1e-12);
-        assert!((fit.bytes_per_s / 1.25e9 - 1.0).abs() < 1e-9);
-        let two_sizes = "at least two different sizes";
-        refused(fit_link(&[(1e3, 1.0)]), two_sizes);
-        refused(fit_link(&[(1e3, 1.0), (1e3, 2.0)]), two_sizes);
-        refused(
-            fit_link(&[(1e3, 2.0), (1e6, 1.0)]),
-            "do not grow with the size",
-        );
-        refused(
-            fit_link(&[(1e3, f64::NAN), (1e6, 1.0)]),
-            "a timing must be finite and non-negative",
-        );
-        // Absolute errors: the large size decides the slope (a 30 % slow
-        // 100 MB point moves the fitted rate by about as much).
-        let slow = [
-            (1e4, truth.message_secs(1e4)),
-            (1e8, truth.message_secs(1e8) * 1.3),
-        ];
-        let fit = fit_link(&slow).unwrap();
-        assert!((fit.message_secs(1e8) / slow[1].1 - 1.0).abs() < 1e-9);
-        // A negative intercept is clamped: through the origin.
-        let fit = fit_link(&[(1e6, 0.9e-3), (2e6, 2.0e-3)]).unwrap();
-        assert_eq!(fit.latency_s, 0.0);
-    }
-
-    #[test]
-    fn all_reduce_timings_map_to_rounds() {
-        let truth = Link::new(50e-6, 1e9).unwrap();
-        let world = 4;
-        let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 24]
-            .iter()
-            .map(|&n| {
-                let call = CollectiveCall::all_reduce(n, world);
-                (
-                    n,
-                    collective_secs(&call, world, &truth, &Algorithm::Ring).unwrap(),
-                )
-            })
-            .collect();
-        let fit = fit_all_reduce(world, &samples).unwrap();
-        assert!((fit.latency_s / 50e-6 - 1.0).abs() < 1e-9);
-        assert!((fit.bytes_per_s / 1e9 - 1.0).abs() < 1e-9);
-        refused(fit_all_reduce(1, &samples), "on 1 rank(s) moves nothing");
     }
 
     #[test]

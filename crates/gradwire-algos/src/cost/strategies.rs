@@ -18,7 +18,7 @@
 //! PowerSGD's `start_step`, after 1-bit Adam's freeze when asked).
 
 use super::collectives::{Collective, CollectiveCall};
-use super::fragments::fragment_ranges;
+use super::loops;
 use crate::error::{AlgoError, Result};
 use crate::handle::Traffic;
 use crate::{DEFAULT_FUSION_CAPACITY, sparse_costs_more};
@@ -132,7 +132,7 @@ pub enum StrategySpec {
     /// combination); the round's last step combines the pseudo-gradients
     /// bucket by bucket with `codec`'s calls (no vote), once every
     /// `sync_every` steps. Streaming DiLoCo (`fragments` > 1): the
-    /// parameters in [`fragment_ranges`], the buckets planned inside each,
+    /// parameters in [`fragment_ranges`](super::fragment_ranges), the buckets planned inside each,
     /// fragment `k`'s calls one exchange of their own every `sync_every`
     /// steps, which the next `delay` inner steps may hide
     /// ([`CollectiveCall::hidden_steps`]).
@@ -147,6 +147,33 @@ pub enum StrategySpec {
         /// The strategy that carries the pseudo-gradient: a per-bucket one
         /// (dense, half, top-k, random-k, PowerSGD, quantized).
         codec: Box<StrategySpec>,
+    },
+    /// Partial averaging (SINGA's `backward_and_partial_update`): a local
+    /// step and the agreement that opens it (a barrier), then bucket
+    /// `counter mod K`'s parameters averaged (one all-reduce), and with
+    /// `state_buffers` > 0 their optimizer buffers too (one more): each
+    /// bucket's calls once every `K` steps, bucket `b`'s at steps `b, b +
+    /// K, ..`.
+    Partial {
+        /// Optimizer buffers per parameter averaged with it (0: the
+        /// parameters alone, SINGA's; the optimizer's count with
+        /// `partial:state`).
+        state_buffers: usize,
+    },
+    /// Delta weight (`adasum-delta`): a local step and the agreement that
+    /// opens it, then the weight changes combined bucket by bucket with
+    /// `codec`'s calls (no vote).
+    DeltaWeight {
+        /// The strategy that combines the weight changes (AdaSum).
+        codec: Box<StrategySpec>,
+    },
+    /// A selection whose size depends on the data (the threshold codec):
+    /// the sparse exchange of top-k with `density` of each bucket's
+    /// entries kept, the density measured on a run (the mean over its
+    /// steps of what the codec kept).
+    Selected {
+        /// Fraction of each bucket's entries kept, in (0, 1].
+        density: f64,
     },
 }
 
@@ -212,6 +239,17 @@ pub fn bytes_sent(calls: &[CollectiveCall]) -> f64 {
         .sum()
 }
 
+/// Bytes rank 0 sends at step `step` (counting from 0) in `calls`: what
+/// DistOpt's `StepStats::traffic.sent` reports for that step, the calls
+/// of a longer period counted where [`CollectiveCall::counted_at`] says.
+pub fn sent_at_step(calls: &[CollectiveCall], step: u64) -> u64 {
+    calls
+        .iter()
+        .filter(|c| c.counted_at(step))
+        .map(|c| c.sent)
+        .sum()
+}
+
 /// The most bytes rank 0 sends in one exchange of `calls`: a step's for
 /// strategies that exchange every step, the round's for DiLoCo, the
 /// largest fragment's for Streaming DiLoCo (its peak of bandwidth, where
@@ -235,9 +273,11 @@ fn check_ratio(ratio: f64) -> Result<()> {
     }
 }
 
-fn check_spec(spec: &StrategySpec) -> Result<()> {
+pub(super) fn check_spec(spec: &StrategySpec) -> Result<()> {
     match *spec {
-        StrategySpec::TopK { ratio } | StrategySpec::RandomK { ratio } => check_ratio(ratio),
+        StrategySpec::TopK { ratio }
+        | StrategySpec::RandomK { ratio }
+        | StrategySpec::Selected { density: ratio } => check_ratio(ratio),
         StrategySpec::SampledTopK { ratio, overshoot } => {
             check_ratio(ratio)?;
             if (1.0..=SAMPLED_TOP_K_SLACK).contains(&overshoot) {
@@ -282,16 +322,28 @@ fn check_spec(spec: &StrategySpec) -> Result<()> {
                 )));
             }
             match **codec {
-                StrategySpec::Outer { .. }
-                | StrategySpec::DimReduce { .. }
-                | StrategySpec::AdaSum
-                | StrategySpec::OneBitAdam { .. } => Err(AlgoError::InvalidArgument(format!(
-                    "{codec:?} cannot carry a pseudo-gradient"
-                ))),
-                _ => check_spec(codec),
+                StrategySpec::AdaSum | StrategySpec::OneBitAdam { .. } => Err(
+                    AlgoError::InvalidArgument(format!("{codec:?} cannot carry a pseudo-gradient")),
+                ),
+                _ => check_bucket_codec(codec),
             }
         }
+        StrategySpec::DeltaWeight { ref codec } => check_bucket_codec(codec),
         _ => Ok(()),
+    }
+}
+
+/// `codec` checked as a bucket's codec inside another loop: one that is a
+/// loop of its own cannot be.
+fn check_bucket_codec(codec: &StrategySpec) -> Result<()> {
+    match codec {
+        StrategySpec::Outer { .. }
+        | StrategySpec::DimReduce { .. }
+        | StrategySpec::Partial { .. }
+        | StrategySpec::DeltaWeight { .. } => Err(AlgoError::InvalidArgument(format!(
+            "{codec:?} is a training loop, not a bucket's codec"
+        ))),
+        _ => check_spec(codec),
     }
 }
 
@@ -318,49 +370,10 @@ pub fn step_collectives(
                 .ok_or_else(|| AlgoError::InvalidArgument(format!("shape {s:?} overflows")))
         })
         .collect::<Result<Vec<usize>>>()?;
+    if let Some(calls) = loops::loop_collectives(strategy, &lens, shapes, world, bucketing)? {
+        return Ok(calls);
+    }
     let mut calls = Vec::new();
-    if let StrategySpec::DimReduce { components, trials } = *strategy {
-        let m = lens
-            .iter()
-            .try_fold(0usize, |sum, &n| sum.checked_add(n))
-            .ok_or_else(|| AlgoError::InvalidArgument("the model overflows usize".into()))?;
-        dimreduce(&mut calls, m, components, trials, world);
-        return Ok(calls);
-    }
-    if let StrategySpec::Outer {
-        sync_every,
-        fragments,
-        delay,
-        codec,
-    } = strategy
-    {
-        let h = u64::from(*sync_every);
-        let cuts = fragment_ranges(&lens, *fragments as usize).ok_or_else(|| {
-            AlgoError::InvalidArgument(format!(
-                "{fragments} fragments need at least as many parameters, {} are given",
-                lens.len()
-            ))
-        })?;
-        // Buckets planned inside each fragment, as the engine plans them.
-        for (k, cut) in cuts.into_iter().enumerate() {
-            let mut exchange = Vec::new();
-            let planned = plan_buckets(
-                &lens[cut.clone()],
-                bucketing.fusion_threshold,
-                bucketing.capacity,
-            )?;
-            for range in planned {
-                let range = range.start + cut.start..range.end + cut.start;
-                Bucket::of(range, &lens, shapes, world).calls(codec, &mut exchange)?;
-            }
-            calls.extend(
-                exchange
-                    .into_iter()
-                    .map(|c| c.once_every(h).in_exchange(k as u32, *delay)),
-            );
-        }
-        return Ok(calls);
-    }
     let buckets = plan_buckets(&lens, bucketing.fusion_threshold, bucketing.capacity)?;
     if !bucketing.vote_per_bucket {
         calls.push(CollectiveCall::all_reduce(lens.len(), world));
@@ -375,7 +388,7 @@ pub fn step_collectives(
 }
 
 /// One bucket: its element count, its tensors' shapes, the world.
-struct Bucket<'a> {
+pub(super) struct Bucket<'a> {
     n: usize,
     tensors: usize,
     shapes: &'a [Vec<usize>],
@@ -385,7 +398,12 @@ struct Bucket<'a> {
 impl<'a> Bucket<'a> {
     /// The bucket of the parameters in `range` (of counts `lens` and
     /// shapes `shapes`) on `world` ranks.
-    fn of(range: Range<usize>, lens: &[usize], shapes: &'a [Vec<usize>], world: usize) -> Self {
+    pub(super) fn of(
+        range: Range<usize>,
+        lens: &[usize],
+        shapes: &'a [Vec<usize>],
+        world: usize,
+    ) -> Self {
         Bucket {
             n: lens[range.clone()].iter().sum(),
             tensors: range.len(),
@@ -395,7 +413,11 @@ impl<'a> Bucket<'a> {
     }
 
     /// The bucket's strategy's calls (after its vote), appended to `out`.
-    fn calls(&self, strategy: &StrategySpec, out: &mut Vec<CollectiveCall>) -> Result<()> {
+    pub(super) fn calls(
+        &self,
+        strategy: &StrategySpec,
+        out: &mut Vec<CollectiveCall>,
+    ) -> Result<()> {
         let (n, world) = (self.n, self.world);
         match *strategy {
             StrategySpec::Dense | StrategySpec::OneBitAdam { compressed: false } => {
@@ -423,6 +445,10 @@ impl<'a> Bucket<'a> {
                 let k = count_for_ratio(ratio, n)?;
                 self.sparse(k, true, out);
             }
+            StrategySpec::Selected { density } => {
+                let kept = ((density * n as f64).round() as usize).min(n);
+                self.sparse(kept, false, out);
+            }
             StrategySpec::PowerSgd {
                 rank,
                 min_compression_rate,
@@ -430,8 +456,11 @@ impl<'a> Bucket<'a> {
             StrategySpec::Quantized { quantizer } => self.quantized(quantizer, out),
             StrategySpec::OneBitAdam { compressed: true } => self.quantized(Quantizer::Sign, out),
             StrategySpec::AdaSum => self.adasum(out),
-            // Handled before the buckets.
-            StrategySpec::DimReduce { .. } | StrategySpec::Outer { .. } => {}
+            // Loops of their own (`loops.rs`), never a bucket's codec.
+            StrategySpec::DimReduce { .. }
+            | StrategySpec::Outer { .. }
+            | StrategySpec::Partial { .. }
+            | StrategySpec::DeltaWeight { .. } => {}
         }
         Ok(())
     }
@@ -562,46 +591,6 @@ impl<'a> Bucket<'a> {
                 (4 * n) as u64,
             ));
         }
-    }
-}
-
-/// `DimReduce::step` and DistOpt's trial all-reduces, from rank 0 (which
-/// holds the largest slice, `chunk_range(m, W, 0)`).
-fn dimreduce(
-    out: &mut Vec<CollectiveCall>,
-    m: usize,
-    components: usize,
-    trials: usize,
-    world: usize,
-) {
-    let cols = chunk_range(m, world, 0).len();
-    let slice_sent = Traffic::all_gather(4 * cols, 4 * m, world).sent;
-    out.push(CollectiveCall::new(
-        Collective::ReduceScatter { bytes: 4 * m },
-        world,
-        slice_sent,
-    ));
-    out.push(CollectiveCall::all_reduce(8 * (components + 2), world));
-    for _ in 0..2 {
-        out.push(CollectiveCall::new(
-            Collective::AllGatherVaried {
-                largest: 4 * cols,
-                total: 4 * m,
-            },
-            world,
-            slice_sent,
-        ));
-    }
-    // One 8-byte all-reduce per trial; DistOpt counts them together as
-    // one all-reduce of 8 x trials bytes (its rounding), so the first
-    // call carries that count and the others none.
-    let counted = Traffic::all_reduce(8 * trials, world).sent;
-    for t in 0..trials {
-        out.push(CollectiveCall::new(
-            Collective::AllReduce { bytes: 8 },
-            world,
-            if t == 0 { counted } else { 0 },
-        ));
     }
 }
 

@@ -123,19 +123,20 @@ fn shaped_report(
         );
     } else {
         println!("{}", compare::shaped_table(runs, &predicted));
-        let link = |l: &project::ProfileLink| {
-            format!(
-                "{:.0} us + bytes / {:.1} MB/s",
-                l.latency_s * 1e6,
-                l.bytes_per_s / 1e6
-            )
-        };
         println!(
-            "links fitted to the calibration (a ring's rounds): gradwire {}, {} library; profile: {}",
-            link(&profile.link),
-            profile.library_link.as_ref().map_or("-".into(), link),
+            "links fitted to the calibration (a ring's rounds): gradwire {}; library {}; profile: {}",
+            profile.link.describe(),
+            profile
+                .library_link
+                .as_ref()
+                .map_or("-".into(), project::ProfileLink::describe),
             path.display()
         );
+    }
+    // On stderr in either form: a model off by more than the bound names
+    // its row.
+    for line in project::model_warnings(&profile, runs) {
+        eprintln!("{line}");
     }
     Ok(())
 }

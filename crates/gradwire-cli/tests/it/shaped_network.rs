@@ -146,19 +146,34 @@ fn a_short_comparison_runs_over_shaped_links_and_cleans_up() {
     let calibration = &compare["calibration"];
     for which in ["gradwire", "library"] {
         let points = calibration[which].as_array().expect(which);
-        assert_eq!(points.len(), 4, "{which}");
-        let first = points[0][1].as_f64().unwrap();
-        let last = points[3][1].as_f64().unwrap();
-        assert!(first > 0.0 && last > first, "{which}: {points:?}");
+        let size = |p: &Value| p[0].as_u64().unwrap();
+        let secs = |p: &Value| p[1].as_f64().unwrap();
+        // The latency size 15 times, each rate size 5 times, in order.
+        let sizes: Vec<u64> = points.iter().map(size).collect();
+        let mut wanted = vec![256; 15];
+        for mib in [1, 4, 16] {
+            wanted.extend([mib << 20; 5]);
+        }
+        assert_eq!(sizes, wanted, "{which}");
+        assert!(points.iter().all(|p| secs(p) > 0.0), "{which}: {points:?}");
         // The links are shaped: 16 MiB cannot be all-reduced faster than
         // 1 Gbit/s allows (two ranks: each sends the whole buffer on its
         // own link; the token bucket's burst is under 1 % of it).
-        let bytes = points[3][0].as_f64().unwrap();
-        assert!(
-            last >= 0.95 * bytes * 8.0 / 1e9,
-            "{which}: {bytes} B all-reduced in {last} s, faster than the link"
-        );
+        for p in points.iter().filter(|p| size(p) == 16 << 20) {
+            let bytes = size(p) as f64;
+            assert!(
+                secs(p) >= 0.95 * bytes * 8.0 / 1e9,
+                "{which}: {bytes} B all-reduced in {} s, faster than the link",
+                secs(p)
+            );
+        }
     }
+    // Every row has a prediction (a warning would name a row without).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("has no prediction"),
+        "a row the model does not cover:\n{stderr}"
+    );
     let shaped = lines
         .iter()
         .find(|l| l["type"] == "shaped")

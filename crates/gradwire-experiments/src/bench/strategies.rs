@@ -297,7 +297,15 @@ mod tests {
             ("streaming-diloco:4:2", 2.0),
         ] {
             let strategy = parse(text);
-            let spec = strategy.cost_spec(1.0, 1, 1).unwrap();
+            let spec = strategy
+                .cost_spec(&gradwire_optim::CostAssumptions {
+                    sampled_overshoot: 1.0,
+                    dimreduce_components: 1,
+                    dimreduce_trials: 1,
+                    state_buffers: 0,
+                    selected_density: None,
+                })
+                .unwrap();
             for world in 1..=3 {
                 let rows = strategies(&[strategy], &shapes, world, 0, 8).unwrap();
                 let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();

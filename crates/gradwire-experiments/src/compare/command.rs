@@ -109,7 +109,7 @@ fn run_mpi<'o>(
     let calibration = if shaped {
         if rank == 0 {
             eprintln!(
-                "calibrating the links: all-reduces of 64 KiB to 16 MiB, gradwire's and MPI's"
+                "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's"
             );
         }
         Some(super::calibrate(&world)?)

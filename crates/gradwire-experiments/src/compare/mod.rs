@@ -123,11 +123,13 @@ pub fn table(runs: &[RunReport]) -> Table {
     table
 }
 
+mod calibrate;
 mod command;
 mod shaped;
 
+pub use calibrate::{Calibration, LATENCY_BYTES, RATE_BYTES, calibrate};
 pub use command::{CompareArgs, Compared};
-pub use shaped::{CALIBRATION_BYTES, Calibration, ShapedRow, calibrate, shaped_table};
+pub use shaped::{ShapedRow, shaped_table};
 
 #[cfg(test)]
 mod tests {

@@ -1,84 +1,13 @@
 //! The shaped-network report of `gradwire compare --network`: time, not
-//! only bytes. Before the runs, the link is calibrated (all-reduces of a few
-//! sizes, gradwire's and the library's); after them, one row per strategy:
+//! only bytes. Before the runs, the link is calibrated; after them, one row per strategy:
 //! seconds per step split into compute, compression and network, bytes per
 //! step, time to the target (accuracy, or the GPT's loss), the speedup
 //! over the baseline (the library's own all-reduce), and what the cost
-//! model predicted.
+//! model predicted (the calibration: `calibrate.rs`).
 
-use crate::engine::Backend;
-use crate::error::Result;
 use crate::train::{RunReport, Target};
 use comfy_table::{Cell, CellAlignment, Table, presets::UTF8_FULL_CONDENSED};
-use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
-use std::time::Instant;
-
-/// Sizes of the calibration all-reduces (bytes of f32).
-pub const CALIBRATION_BYTES: [usize; 4] = [64 << 10, 1 << 20, 4 << 20, 16 << 20];
-
-/// Timed repetitions per size (after one untimed).
-const REPETITIONS: usize = 3;
-
-/// Buffers rotated through per size, so that no timing reuses the
-/// previous one's cache-warm buffer.
-const ROTATION: usize = 3;
-
-/// What an all-reduce of each calibration size took on this network.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Calibration {
-    /// Ranks.
-    pub world: usize,
-    /// `(bytes, seconds)` of gradwire's all-reduce (the slowest rank's
-    /// time, median of the repetitions).
-    pub gradwire: Vec<(usize, f64)>,
-    /// The same for the library's own all-reduce (MPI_Allreduce).
-    pub library: Vec<(usize, f64)>,
-}
-
-/// Times both all-reduces at [`CALIBRATION_BYTES`] (collective: every rank
-/// calls it).
-pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
-    let mut gradwire = Vec::new();
-    let mut library = Vec::new();
-    for bytes in CALIBRATION_BYTES {
-        let len = bytes / 4;
-        let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
-            .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
-            .collect();
-        for library_call in [false, true] {
-            let mut times = Vec::with_capacity(REPETITIONS);
-            for rep in 0..=REPETITIONS {
-                let buf = &mut buffers[rep % ROTATION];
-                comm.barrier()?;
-                let started = Instant::now();
-                if library_call {
-                    comm.library_sum(buf)?;
-                } else {
-                    comm.all_reduce(buf, ReduceOp::Sum)?;
-                }
-                let mut took = [started.elapsed().as_secs_f64()];
-                // The collective ends for everyone when the slowest rank is done.
-                comm.all_reduce(&mut took, ReduceOp::Max)?;
-                if rep > 0 {
-                    times.push(took[0]);
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
-            if library_call {
-                library.push((bytes, median));
-            } else {
-                gradwire.push((bytes, median));
-            }
-        }
-    }
-    Ok(Calibration {
-        world: comm.world_size(),
-        gradwire,
-        library,
-    })
-}
 
 /// One strategy's row of the shaped report (`project::profile_of` builds
 /// the profile `gradwire project` reads from the same rows).

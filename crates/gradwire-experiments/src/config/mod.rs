@@ -40,6 +40,21 @@ pub enum OptimizerKind {
     Adagrad,
 }
 
+impl OptimizerKind {
+    /// Buffers it keeps per parameter (what `partial:state` averages with
+    /// the parameters): its update rule's.
+    pub fn state_buffers(self) -> usize {
+        use gradwire_optim::{AdaGradRule, AdamRule, AdamWRule, RmsPropRule, SgdRule, UpdateRule};
+        match self {
+            OptimizerKind::Sgd => SgdRule::BUFFERS.len(),
+            OptimizerKind::Adam => AdamRule::BUFFERS.len(),
+            OptimizerKind::Adamw => AdamWRule::BUFFERS.len(),
+            OptimizerKind::Rmsprop => RmsPropRule::BUFFERS.len(),
+            OptimizerKind::Adagrad => AdaGradRule::BUFFERS.len(),
+        }
+    }
+}
+
 /// How the learning rate changes over the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -500,7 +515,9 @@ impl TrainConfig {
             StrategyConfig::Quantized { .. } => format!("{name}{ef}"),
             // The printed form's settings: H, the codec, the outer rule.
             StrategyConfig::DiLoCo(_) => self.strategy.to_string().replacen(':', " ", 1),
-            _ => name.to_string(),
+            // The printed form: its settings where they are not the
+            // defaults (`partial:state`), so that no two rows share a label.
+            _ => self.strategy.to_string(),
         }
     }
 }

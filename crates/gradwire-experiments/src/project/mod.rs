@@ -22,11 +22,17 @@ mod profile;
 mod report;
 mod validate;
 
-pub use models::{ModelSpec, StrategyEntry, bert_large_shapes, entry_of, resnet18_cifar_shapes};
+pub use models::{
+    ModelSpec, Selection, StrategyEntry, assumptions_of, bert_large_shapes, entry_of,
+    resnet18_cifar_shapes,
+};
 pub use plot::write_plots;
-pub use profile::{Profile, ProfileLink, ProfileStrategy};
+pub use profile::{Profile, ProfileLink, ProfileSpread, ProfileStrategy};
 pub use report::{print_report, published_comparison};
-pub use validate::{collectives_of, predictions, profile_of, shapes_of, warm_up_of};
+pub use validate::{
+    MODEL_WARNING, collectives_of, model_warnings, predictions, profile_of, selection_of,
+    shapes_of, warm_up_of,
+};
 
 use crate::compare::configs;
 use crate::config::TrainConfig;
@@ -200,7 +206,7 @@ impl Settings {
         }
         let strategies = configs(&TrainConfig::default(), &args.strategies)?
             .iter()
-            .map(entry_of)
+            .map(|c| entry_of(c, None))
             .collect::<Result<Vec<_>>>()?;
         let memcpy = positive("memcpy-gbps", args.memcpy_gbps)?;
         if memcpy == 0.0 || args.fusion_threshold == 0 {

@@ -8,7 +8,7 @@ use crate::error::{ExperimentError, Result};
 use gradwire_algos::HalfPrecision;
 use gradwire_algos::cost::StrategySpec;
 use gradwire_compress::{Quantizer, SparseCodec};
-use gradwire_optim::StrategyConfig;
+use gradwire_optim::{CostAssumptions, StrategyConfig};
 
 /// A model to project: a name, its parameter shapes (`[out, in, ...]`, in
 /// declaration order) and its forward + backward time per step on one
@@ -177,26 +177,57 @@ pub const SAMPLED_OVERSHOOT: f64 = 1.15;
 /// first step size accepted).
 pub const DIMREDUCE_TRIALS: usize = 1;
 
-/// The projection's view of `config`'s strategy. The codec throughputs are
+/// What a run measured of a selection that depends on the data, which
+/// the model then takes instead of its assumption.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Selection {
+    /// The threshold's: the fraction of each bucket's entries it kept.
+    Density(f64),
+    /// Sampled top-k's: the entries it kept over `k`, in `[1, 1.3]`.
+    Overshoot(f64),
+}
+
+/// What the cost model assumes of `config`'s strategy where its value does
+/// not decide what it sends: sampled top-k's overshoot, DimReduce's
+/// components and trials, the optimizer's buffers; a selection a run
+/// measured replaces the overshoot, or gives the threshold its density.
+pub fn assumptions_of(config: &TrainConfig, measured: Option<Selection>) -> CostAssumptions {
+    CostAssumptions {
+        sampled_overshoot: match measured {
+            Some(Selection::Overshoot(o)) => o,
+            _ => SAMPLED_OVERSHOOT,
+        },
+        dimreduce_components: config.components,
+        dimreduce_trials: DIMREDUCE_TRIALS,
+        state_buffers: config.optimizer.state_buffers(),
+        selected_density: match measured {
+            Some(Selection::Density(d)) => Some(d),
+            _ => None,
+        },
+    }
+}
+
+/// The projection's view of `config`'s strategy, with the selection a
+/// run `measured` (without one the threshold is not modelled). The codec throughputs are
 /// this repository's `gradwire bench compress` figures on one core, 16 M
 /// f32 entries, relative to a memcpy of the same bytes (README.md,
 /// "Benchmarks"); strategies it did not measure say so.
-pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
+pub fn entry_of(config: &TrainConfig, measured: Option<Selection>) -> Result<StrategyEntry> {
     const BENCH: &str = "gradwire bench compress, 16 M f32, one core (README)";
     let strategy = config.strategy;
     // The 16-bit baseline is costed as the 16-bit all-reduce it is.
     let Some(spec) = (if config.baseline && config.baseline_precision().is_none() {
         Some(StrategySpec::Dense)
     } else {
-        strategy.cost_spec(SAMPLED_OVERSHOOT, config.components, DIMREDUCE_TRIALS)
+        strategy.cost_spec(&assumptions_of(config, measured))
     }) else {
         return Err(ExperimentError::Usage(format!(
             "{} is not modelled: {}",
             strategy.name(),
             if matches!(strategy, StrategyConfig::Sparse { .. }) {
-                "what it sends depends on the data (use topk)"
+                "what it keeps depends on the data (a shaped run measures it; or use topk)"
             } else {
-                "it steps locally and sends parameters"
+                "a strategy of the caller's own"
             }
         )));
     };
@@ -205,10 +236,13 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
         // The codec runs once a round, on the pseudo-gradient: per step,
         // H times faster than on every step's gradient.
         StrategyConfig::DiLoCo(diloco) => {
-            let inner = entry_of(&TrainConfig {
-                strategy: diloco.codec.strategy(),
-                ..config.clone()
-            })?;
+            let inner = entry_of(
+                &TrainConfig {
+                    strategy: diloco.codec.strategy(),
+                    ..config.clone()
+                },
+                measured,
+            )?;
             (
                 inner.codec_fraction * f64::from(diloco.sync_every),
                 "its codec's figure (gradwire bench compress) times H: it runs once a round",
@@ -247,10 +281,14 @@ pub fn entry_of(config: &TrainConfig) -> Result<StrategyEntry> {
             1.6 / config.components.max(1) as f64,
             "assumed: 2 x components multiply-adds per entry at 8 GFLOP/s",
         ),
+        // Averages parameters: no codec.
+        StrategyConfig::Partial { .. } => (0.0, "none"),
+        StrategyConfig::DeltaWeight { .. } => (
+            0.5,
+            "assumed as adasum-grad: two passes (partials, combine) per level at memcpy's half",
+        ),
         // No cost_spec: refused above.
-        StrategyConfig::Partial { .. }
-        | StrategyConfig::DeltaWeight { .. }
-        | StrategyConfig::Custom => (0.0, "none"),
+        StrategyConfig::Custom => (0.0, "none"),
     };
     Ok(StrategyEntry {
         label: config.label(),

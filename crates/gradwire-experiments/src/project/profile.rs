@@ -14,15 +14,60 @@ pub struct ProfileLink {
     pub latency_s: f64,
     /// 1 / beta, bytes per second.
     pub bytes_per_s: f64,
+    /// The least and the most latency and rate fitted to single
+    /// repetitions of the calibration (its spread); `None` for a
+    /// calibration of one timing per size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<ProfileSpread>,
+}
+
+/// The spread of a fitted link ([`gradwire_algos::cost::LinkSpread`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ProfileSpread {
+    /// The least and the most latency, seconds.
+    pub latency_s: (f64, f64),
+    /// The least and the most rate, bytes per second.
+    pub bytes_per_s: (f64, f64),
+    /// Repetitions fitted one by one.
+    pub repetitions: usize,
 }
 
 impl ProfileLink {
-    /// The stored form of `link`.
-    pub fn of(link: &gradwire_algos::cost::Link) -> ProfileLink {
+    /// The stored form of `link` and its `spread`.
+    pub fn of(
+        link: &gradwire_algos::cost::Link,
+        spread: Option<gradwire_algos::cost::LinkSpread>,
+    ) -> ProfileLink {
         ProfileLink {
             latency_s: link.latency_s,
             bytes_per_s: link.bytes_per_s,
+            spread: spread.map(|s| ProfileSpread {
+                latency_s: s.latency_s,
+                bytes_per_s: s.bytes_per_s,
+                repetitions: s.repetitions,
+            }),
         }
+    }
+
+    /// `120 us + bytes / 9.0 MB/s`, with the spread when there is one:
+    /// `(latency 110-130 us, rate 8.9-9.1 MB/s over 5 repetitions)`.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "{:.0} us + bytes / {:.2} MB/s",
+            self.latency_s * 1e6,
+            self.bytes_per_s / 1e6
+        );
+        if let Some(s) = &self.spread {
+            text += &format!(
+                " (latency {:.0}-{:.0} us, rate {:.2}-{:.2} MB/s over {} repetitions)",
+                s.latency_s.0 * 1e6,
+                s.latency_s.1 * 1e6,
+                s.bytes_per_s.0 / 1e6,
+                s.bytes_per_s.1 / 1e6,
+                s.repetitions
+            );
+        }
+        text
     }
 }
 

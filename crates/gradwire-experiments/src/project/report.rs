@@ -157,7 +157,7 @@ pub fn print_report(projection: &Projection, settings: &Settings) {
 /// `label` (a `compare` entry) as the projection's strategy.
 fn entry(label: &str) -> Result<super::StrategyEntry> {
     let config = configs(&TrainConfig::default(), &[label])?;
-    entry_of(&config[0])
+    entry_of(&config[0], None)
 }
 
 /// What the model says about three published results, in sentences with

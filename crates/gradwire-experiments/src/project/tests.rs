@@ -64,10 +64,6 @@ fn algorithms_and_flags_are_checked() {
         (|a| a.workers = vec![0], "--workers must be between 1 and"),
         (|a| a.latency_us = -1.0, "--latency-us must be at least 0"),
         (
-            |a| a.strategies = vec!["partial".into()],
-            "partial is not modelled",
-        ),
-        (
             |a| a.strategies = vec!["threshold".into()],
             "threshold is not modelled",
         ),
@@ -154,6 +150,7 @@ fn profile() -> Profile {
         link: ProfileLink {
             latency_s: 60e-6,
             bytes_per_s: 1.2e8,
+            spread: None,
         },
         library_link: None,
         strategies: vec![s("dense", 0.0, Some(400)), s("topk 1 %", 0.004, Some(500))],
@@ -268,7 +265,7 @@ fn analytic_bytes_equal_what_distopt_sends() {
     let entries: Vec<StrategyConfig> = labels.iter().map(|l| l.parse().unwrap()).collect();
     let sampled: [StrategyConfig; 1] = ["sampled-topk:0.01".parse().unwrap()];
     let base = TrainConfig::default();
-    let model_of = |config: &TrainConfig| entry_of(config).unwrap().spec;
+    let model_of = |config: &TrainConfig| entry_of(config, None).unwrap().spec;
     for shapes in [mlp_shapes(&[1450, 1450]), mlp_shapes(&[32])] {
         for world in 1..=4 {
             let rows = strategies(&entries, &shapes, world, 0, 2).unwrap();

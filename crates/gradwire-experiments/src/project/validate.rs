@@ -6,7 +6,7 @@
 //! the measured one. The result is the run's [`Profile`], which `gradwire
 //! project --profile` scales to other models and worlds.
 
-use super::{Profile, ProfileLink, ProfileStrategy, entry_of};
+use super::{Profile, ProfileLink, ProfileStrategy, Selection, entry_of};
 use crate::compare::{Calibration, ShapedRow};
 use crate::config::TrainConfig;
 use crate::error::{ExperimentError, Result};
@@ -14,8 +14,10 @@ use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
-    fit_all_reduce, predict_step_secs, step_collectives,
+    fit_all_reduce, predict_step_secs, sent_at_step, spread_of_all_reduce, step_collectives,
 };
+use gradwire_compress::SparseCodec;
+use gradwire_compress::select::SAMPLED_TOP_K_SLACK;
 use gradwire_optim::StrategyConfig;
 
 /// The parameter shapes of `config`'s model, in declaration order
@@ -43,11 +45,13 @@ fn bucketing_of(config: &TrainConfig) -> Bucketing {
 
 /// What a steady step of `config`'s strategy sends (after any dense
 /// warm-up: [`warm_up_of`]): DistOpt's buckets as the CLI plans them, or
-/// the baseline's one fused all-reduce. `None` for a strategy the model
-/// does not cover.
+/// the baseline's one fused all-reduce; a selection that depends on the
+/// data as a run `measured` it ([`selection_of`]). `None` for a strategy
+/// the model does not cover (a threshold without a density).
 pub fn collectives_of(
     config: &TrainConfig,
     shapes: &[Vec<usize>],
+    measured: Option<Selection>,
 ) -> Result<Option<Vec<CollectiveCall>>> {
     if config.baseline {
         let element = if config.baseline_precision().is_some() {
@@ -62,7 +66,7 @@ pub fn collectives_of(
                 .sum::<usize>();
         return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
     }
-    let Ok(entry) = entry_of(config) else {
+    let Ok(entry) = entry_of(config, measured) else {
         return Ok(None);
     };
     Ok(Some(step_collectives(
@@ -71,6 +75,63 @@ pub fn collectives_of(
         config.world,
         &bucketing_of(config),
     )?))
+}
+
+/// A selection's kind and the range its figure lies in.
+type SelectionRange = (fn(f64) -> Selection, f64, f64);
+
+/// What `config`'s selection depends on the data for, if anything: the
+/// threshold's count (also as DiLoCo's codec) or sampled top-k's
+/// overshoot, with the range a run's figure lies in.
+fn selected_by_data(config: &TrainConfig) -> Option<SelectionRange> {
+    let codec = match config.strategy {
+        StrategyConfig::DiLoCo(diloco) => diloco.codec.strategy(),
+        other => other,
+    };
+    match codec {
+        StrategyConfig::Sparse {
+            codec: SparseCodec::Threshold(_),
+            ..
+        } => Some((Selection::Density, 1e-9, 1.0)),
+        StrategyConfig::Sparse {
+            codec: SparseCodec::SampledTopK(_),
+            ..
+        } => Some((Selection::Overshoot, 1.0, SAMPLED_TOP_K_SLACK)),
+        _ => None,
+    }
+}
+
+/// The selection of `run` (a threshold's density, sampled top-k's
+/// overshoot; `None` for the strategies whose bytes the data does not
+/// decide): the smallest figure at which the model's bytes over the run
+/// reach what the run sent (they do not fall as it grows), to a part in a
+/// million, or the range's end.
+pub fn selection_of(run: &RunReport, shapes: &[Vec<usize>]) -> Result<Option<Selection>> {
+    let Some((selection, mut low, mut high)) = selected_by_data(&run.config) else {
+        return Ok(None);
+    };
+    if run.config.baseline {
+        return Ok(None);
+    }
+    let sent = run.bytes_per_worker();
+    let steps = run.steps() as u64;
+    let bytes_at = |x: f64| -> Result<u64> {
+        let calls = collectives_of(&run.config, shapes, Some(selection(x)))?
+            .ok_or_else(|| ExperimentError::Usage(format!("{}: not modelled", run.label)))?;
+        Ok((0..steps).map(|s| sent_at_step(&calls, s)).sum())
+    };
+    if bytes_at(high)? <= sent {
+        return Ok(Some(selection(high)));
+    }
+    while high - low > 1e-6 * high {
+        let mid = 0.5 * (low + high);
+        if bytes_at(mid)? >= sent {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    Ok(Some(selection(high)))
 }
 
 /// The steps a run of `config` takes before its strategy's steady state,
@@ -114,12 +175,15 @@ pub fn profile_of(
     let world = calibration.world;
     let gradwire = fit_all_reduce(world, &calibration.gradwire)?;
     let library = fit_all_reduce(world, &calibration.library)?;
+    let gradwire_spread = spread_of_all_reduce(world, &calibration.gradwire)?;
+    let library_spread = spread_of_all_reduce(world, &calibration.library)?;
     let mut strategies = Vec::new();
     let mut params = 0;
     for run in runs {
         let shapes = shapes_of(&run.config)?;
         params = shapes.iter().map(|s| s.iter().product::<usize>()).sum();
-        let Some(calls) = collectives_of(&run.config, &shapes)? else {
+        let measured = selection_of(run, &shapes)?;
+        let Some(calls) = collectives_of(&run.config, &shapes, measured)? else {
             continue;
         };
         let steps_per_epoch = run.epochs.first().map_or(0, |e| e.steps);
@@ -176,10 +240,44 @@ pub fn profile_of(
         rate_bits_per_s,
         world,
         params,
-        link: ProfileLink::of(&gradwire),
-        library_link: Some(ProfileLink::of(&library)),
+        link: ProfileLink::of(&gradwire, gradwire_spread),
+        library_link: Some(ProfileLink::of(&library, library_spread)),
         strategies,
     })
+}
+
+/// How far a prediction may be from the measured step before the shaped
+/// report warns (relative to the measured step).
+pub const MODEL_WARNING: f64 = 0.15;
+
+/// A line for each strategy of `profile` whose prediction is off the
+/// measured step by more than [`MODEL_WARNING`], naming the row, and for
+/// each run the model does not cover: what `gradwire compare --network`
+/// prints under its table, so that a broken model cannot hide in it.
+pub fn model_warnings(profile: &Profile, runs: &[RunReport]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for run in runs {
+        let Some(s) = profile.strategy(&run.label) else {
+            lines.push(format!(
+                "warning: the cost model has no prediction for {}",
+                run.label
+            ));
+            continue;
+        };
+        let error = s.predicted_s_per_step / s.measured_s_per_step.max(1e-12) - 1.0;
+        if error.abs() > MODEL_WARNING {
+            lines.push(format!(
+                "warning: the cost model is off by {:+.0} % for {} (predicted {:.1} ms a step, \
+                 measured {:.1} ms; more than {:.0} %)",
+                error * 100.0,
+                s.label,
+                s.predicted_s_per_step * 1e3,
+                s.measured_s_per_step * 1e3,
+                MODEL_WARNING * 100.0
+            ));
+        }
+    }
+    lines
 }
 
 /// `profile`'s prediction for each of `runs`, in order (`None` where the
@@ -191,175 +289,4 @@ pub fn predictions(profile: &Profile, runs: &[RunReport]) -> Vec<Option<f64>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::compare::configs;
-    use crate::data::{Dataset, Digits};
-    use crate::error::assert_usage;
-    use crate::train::{Silent, train};
-    use gradwire_algos::cost::{Link, bytes_sent};
-
-    /// Small runs of each modelled family, several buckets each.
-    fn runs(world: usize, data: &Dataset) -> Vec<RunReport> {
-        let base = TrainConfig {
-            world,
-            epochs: 1,
-            hidden: vec![24, 16],
-            fusion_threshold: 300,
-            ..TrainConfig::default()
-        };
-        // PowerSGD with some dense steps first: the model mixes them in.
-        // DiLoCo sends once a round.
-        let entries = [
-            "baseline",
-            "dense",
-            "fp16",
-            "topk:0.05",
-            "randomk:0.05",
-            "powersgd:2:start=5",
-            "onebit",
-            "uint8",
-            "diloco:3:uint8",
-            "diloco:2:topk=0.05",
-            "diloco:4:powersgd=2",
-        ];
-        configs(&base, &entries)
-            .unwrap()
-            .iter()
-            .map(|c| train(c, data, &Silent, None).unwrap())
-            .collect()
-    }
-
-    /// `f` of the steady collectives times the steady steps, plus `f` of
-    /// the warm-up's times its steps.
-    fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
-        let shapes = shapes_of(&run.config).unwrap();
-        let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
-        let steps = run.steps() as f64;
-        let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
-        let (warm_steps, warm_value) = warm.map_or((0.0, 0.0), |(k, c)| {
-            let k = (k as f64).min(steps);
-            (k, k * f(&c))
-        });
-        (steps - warm_steps) * f(&calls) + warm_value
-    }
-
-    /// The bytes rank 0 sends over the run, call by call: a call of the
-    /// steady state every steady step, or once per completed round (one
-    /// every `period` steps from the first), plus the warm-up's.
-    fn bytes_over_the_run(run: &RunReport) -> u64 {
-        let shapes = shapes_of(&run.config).unwrap();
-        let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
-        let steps = run.steps() as u64;
-        let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
-        let (warm_steps, warm_bytes) = warm.map_or((0, 0), |(k, c)| {
-            let k = k.min(steps);
-            (k, k * c.iter().map(|c| c.sent).sum::<u64>())
-        });
-        let steady: u64 = calls
-            .iter()
-            .map(|c| c.sent * ((steps - warm_steps) / c.period))
-            .sum();
-        steady + warm_bytes
-    }
-
-    /// The collectives the model counts for a CLI run (its warm-up's and
-    /// DiLoCo's rounds included) send exactly the bytes the run's Traffic
-    /// recorded; per step, the model's mean is the run's over whole rounds.
-    #[test]
-    fn modelled_collectives_send_what_the_cli_sent() {
-        let data = Dataset::Digits(Digits::load(7));
-        for world in 1..=3 {
-            for run in runs(world, &data) {
-                assert_eq!(
-                    bytes_over_the_run(&run),
-                    run.bytes_per_worker(),
-                    "{} on {world} ranks",
-                    run.label
-                );
-                let shapes = shapes_of(&run.config).unwrap();
-                let calls = collectives_of(&run.config, &shapes).unwrap().unwrap();
-                let round = calls.iter().map(|c| c.period).max().unwrap();
-                if round > 1 {
-                    let per_round: u64 = calls.iter().map(|c| c.sent * (round / c.period)).sum();
-                    assert!(
-                        world == 1 || per_round > 0,
-                        "{}: a round that sends nothing",
-                        run.label
-                    );
-                    // The mean, up to the rounding of its f64 sum.
-                    let mean = bytes_sent(&calls) * round as f64;
-                    assert!(
-                        (mean - per_round as f64).abs() <= 1e-12 * per_round as f64,
-                        "{}: {mean} per round, not {per_round}",
-                        run.label
-                    );
-                }
-            }
-        }
-    }
-
-    /// Where the network took what the fitted link says, the prediction is
-    /// the measured step; a slower network shows as the model's error.
-    #[test]
-    fn the_profile_predicts_a_run_whose_network_matches_the_link() {
-        let data = Dataset::Digits(Digits::load(7));
-        let world = 3;
-        let link = Link::new(50e-6, 1.25e8).unwrap();
-        let ring = |bytes: usize| {
-            let w = world as f64;
-            2.0 * (w - 1.0) * (link.latency_s + bytes as f64 / w / link.bytes_per_s)
-        };
-        let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
-            .iter()
-            .map(|&b| (b, ring(b)))
-            .collect();
-        let calibration = Calibration {
-            world,
-            gradwire: samples.clone(),
-            library: samples,
-        };
-        let mut runs = runs(world, &data);
-        for (k, run) in runs.iter_mut().enumerate() {
-            let comm = over_the_run(run, |c| {
-                communication_secs(c, world, &link, &Algorithm::Ring).unwrap()
-            }) / run.steps() as f64;
-            // The first run's network is twice the model's.
-            let factor = if k == 0 { 2.0 } else { 1.0 };
-            for epoch in &mut run.epochs {
-                epoch.network_secs = Some(factor * comm * epoch.steps as f64);
-                epoch.combine_secs = epoch.combine_secs.max(factor * comm * epoch.steps as f64);
-                epoch.wall_secs = epoch.wall_secs.max(epoch.compute_secs + epoch.combine_secs);
-            }
-        }
-        let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
-        assert_eq!(profile.strategies.len(), runs.len());
-        let fitted = profile.link;
-        assert!((fitted.bytes_per_s / link.bytes_per_s - 1.0).abs() < 1e-9);
-        assert!((fitted.latency_s / link.latency_s - 1.0).abs() < 1e-6);
-        for (k, s) in profile.strategies.iter().enumerate() {
-            let error = s.predicted_s_per_step / s.measured_s_per_step - 1.0;
-            if k == 0 {
-                assert!(error < -1e-3, "{}: {error}", s.label);
-            } else {
-                assert!(error.abs() < 1e-9, "{}: {error}", s.label);
-            }
-        }
-        assert_eq!(
-            predictions(&profile, &runs),
-            profile
-                .strategies
-                .iter()
-                .map(|s| Some(s.predicted_s_per_step))
-                .collect::<Vec<_>>()
-        );
-        // Not on MPI: no network time, no profile.
-        for epoch in &mut runs[0].epochs {
-            epoch.network_secs = None;
-        }
-        assert_usage(
-            profile_of(&runs, &calibration, 1_000_000_000),
-            "the run did not time its communication (not on MPI)",
-        );
-    }
-}
+mod tests;

@@ -442,7 +442,7 @@ impl Run<'_> {
                 tally.loss += f64::from(loss);
                 tally.steps += 1;
                 if rank == 0 {
-                    self.observer.step_done();
+                    self.observer.step_done(stats.traffic.sent);
                 }
             }
             if config.uneven_shards {

@@ -309,8 +309,9 @@ pub struct StepSplit {
 pub trait Observer: Sync {
     /// An epoch of `steps` steps begins.
     fn epoch_started(&self, _epoch: usize, _steps: usize) {}
-    /// One step finished.
-    fn step_done(&self) {}
+    /// One step finished, in which rank 0 sent `sent` bytes (its
+    /// `StepStats::traffic.sent`).
+    fn step_done(&self, _sent: u64) {}
     /// An epoch finished.
     fn epoch_done(&self, _record: &EpochRecord) {}
 }

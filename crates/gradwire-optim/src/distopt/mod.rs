@@ -90,9 +90,9 @@ use gradwire_algos::{Fault, FaultKind};
 use gradwire_comm::{Communicator, JobSlot, Pending};
 use gradwire_tensor::Tensor;
 pub use registry::{
-    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP,
-    OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, REGISTRY, StrategyConfig,
-    StrategyError, TrainingLoop,
+    CostAssumptions, DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1,
+    ONEBIT_ADAM_FREEZE_STEP, OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, REGISTRY,
+    StrategyConfig, StrategyError, TrainingLoop,
 };
 pub use spec::ParamSpec;
 use std::collections::HashMap;

@@ -15,11 +15,11 @@
 //! [`StrategyConfig::Custom`] (a user's own strategy, which has no name to
 //! parse).
 
+pub use cost::CostAssumptions;
 pub use outer::{
     DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
 };
 
-use gradwire_algos::cost::StrategySpec;
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_compress::{Quantizer, SparseCodec};
 
@@ -511,61 +511,6 @@ impl StrategyConfig {
             _ => Ok(()),
         }
     }
-
-    /// What the strategy sends per step, for the cost model
-    /// ([`gradwire_algos::cost::step_collectives`]): its compressed stage
-    /// (after PowerSGD's start step and 1-bit Adam's freeze), with sampled
-    /// top-k's overshoot and DimReduce's components and line-search trials
-    /// as the model assumes them; DiLoCo's round with its codec's calls
-    /// once every `H` steps. `None` where the model has no form for it
-    /// yet: a threshold's count depends on the data (so does DiLoCo's over
-    /// a threshold codec, which it has not), the parameter-averaging
-    /// local-step strategies (`partial`, `adasum-delta`) are not written
-    /// yet, and a user's own strategy is unknown to it.
-    pub fn cost_spec(
-        &self,
-        sampled_overshoot: f64,
-        dimreduce_components: usize,
-        dimreduce_trials: usize,
-    ) -> Option<StrategySpec> {
-        Some(match *self {
-            StrategyConfig::DiLoCo(config) => StrategySpec::Outer {
-                sync_every: config.sync_every,
-                fragments: config.fragments,
-                delay: config.delay,
-                codec: Box::new(config.codec.strategy().cost_spec(
-                    sampled_overshoot,
-                    dimreduce_components,
-                    dimreduce_trials,
-                )?),
-            },
-            StrategyConfig::Dense => StrategySpec::Dense,
-            StrategyConfig::Half { .. } => StrategySpec::Half,
-            StrategyConfig::Sparse { codec, .. } => match codec {
-                SparseCodec::Threshold(_) => return None,
-                SparseCodec::TopK(ratio) => StrategySpec::TopK { ratio },
-                SparseCodec::SampledTopK(ratio) => StrategySpec::SampledTopK {
-                    ratio,
-                    overshoot: sampled_overshoot,
-                },
-                SparseCodec::RandomK { ratio, .. } => StrategySpec::RandomK { ratio },
-            },
-            StrategyConfig::PowerSgd(config) => StrategySpec::PowerSgd {
-                rank: config.rank,
-                min_compression_rate: config.min_compression_rate,
-            },
-            StrategyConfig::Quantized { quantizer, .. } => StrategySpec::Quantized { quantizer },
-            StrategyConfig::OneBitAdam { .. } => StrategySpec::OneBitAdam { compressed: true },
-            StrategyConfig::AdaSum { .. } => StrategySpec::AdaSum,
-            StrategyConfig::DimReduce => StrategySpec::DimReduce {
-                components: dimreduce_components,
-                trials: dimreduce_trials,
-            },
-            StrategyConfig::Custom
-            | StrategyConfig::Partial { .. }
-            | StrategyConfig::DeltaWeight { .. } => return None,
-        })
-    }
 }
 
 impl StrategyConfig {
@@ -583,6 +528,7 @@ impl StrategyConfig {
     }
 }
 
+mod cost;
 mod outer;
 mod text;
 

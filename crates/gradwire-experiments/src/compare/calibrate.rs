@@ -1,0 +1,132 @@
+//! The calibration of a shaped network, before `gradwire compare
+//! --network` trains: all-reduces timed at a latency size and at rate
+//! sizes, gradwire's and the library's, to which the cost model fits its
+//! links (`gradwire_algos::cost::fit_all_reduce`, each size's median;
+//! `spread_of_all_reduce`, the links of single repetitions).
+//!
+//! Why these sizes: a token-bucket shaper lets a burst (tbf's bucket, at
+//! least 96 KiB here) leave at the wire's speed, so a chunk smaller than it
+//! travels faster than the rate and fits no line with the large ones (a 64
+//! KiB all-reduce took 8 ms at 100 Mbit/s where the rate says 11). The
+//! latency size's chunks are tiny: its time is the latency. The rate
+//! sizes' chunks (256 KiB and more on 4 ranks) are past the burst at 100
+//! Mbit/s and 1 Gbit/s; at 10 Gbit/s the cores, not the shaper, set the
+//! rate. The latency size is timed often (its timings are short and
+//! noisy); each rate size five times.
+
+use crate::engine::Backend;
+use crate::error::Result;
+use gradwire_comm::ReduceOp;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// The all-reduce timed for the latency, in bytes of f32 (64 entries:
+/// eight per rank at eight ranks).
+pub const LATENCY_BYTES: usize = 256;
+
+/// The all-reduces timed for the rate, in bytes of f32.
+pub const RATE_BYTES: [usize; 3] = [1 << 20, 4 << 20, 16 << 20];
+
+/// Timed repetitions of the latency size (after one untimed).
+const LATENCY_REPETITIONS: usize = 15;
+
+/// Timed repetitions of each rate size (after one untimed).
+const RATE_REPETITIONS: usize = 5;
+
+/// Buffers rotated through per size, so that no timing reuses the
+/// previous one's cache-warm buffer.
+const ROTATION: usize = 3;
+
+/// What the all-reduces of a calibration took on this network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Ranks.
+    pub world: usize,
+    /// `(bytes, seconds)` of gradwire's all-reduce, every timed repetition
+    /// (the slowest rank's time), size after size. (A `compare.json`
+    /// written before this calibration holds one median per size of 64 KiB
+    /// to 16 MiB: it still loads and fits.)
+    pub gradwire: Vec<(usize, f64)>,
+    /// The same for the library's own all-reduce (MPI_Allreduce).
+    pub library: Vec<(usize, f64)>,
+}
+
+/// Times both all-reduces at [`LATENCY_BYTES`] and [`RATE_BYTES`]
+/// (collective: every rank calls it).
+pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
+    let mut gradwire = Vec::new();
+    let mut library = Vec::new();
+    let sizes = std::iter::once((LATENCY_BYTES, LATENCY_REPETITIONS))
+        .chain(RATE_BYTES.iter().map(|&b| (b, RATE_REPETITIONS)));
+    for (bytes, repetitions) in sizes {
+        let len = bytes / 4;
+        let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
+            .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
+            .collect();
+        for library_call in [false, true] {
+            for rep in 0..=repetitions {
+                let buf = &mut buffers[rep % ROTATION];
+                comm.barrier()?;
+                let started = Instant::now();
+                if library_call {
+                    comm.library_sum(buf)?;
+                } else {
+                    comm.all_reduce(buf, ReduceOp::Sum)?;
+                }
+                let mut took = [started.elapsed().as_secs_f64()];
+                // The collective ends for everyone when the slowest rank is done.
+                comm.all_reduce(&mut took, ReduceOp::Max)?;
+                if rep > 0 {
+                    let timings = if library_call {
+                        &mut library
+                    } else {
+                        &mut gradwire
+                    };
+                    timings.push((bytes, took[0]));
+                }
+            }
+        }
+    }
+    Ok(Calibration {
+        world: comm.world_size(),
+        gradwire,
+        library,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradwire_algos::cost::{fit_all_reduce, spread_of_all_reduce};
+    use gradwire_comm::LocalComm;
+
+    /// Every size, every repetition, in order, for both all-reduces; the
+    /// timings grow with the size (in-process, by memory bandwidth alone:
+    /// a fit is possible, what it says of a network is not asked here).
+    #[test]
+    fn a_calibration_times_every_size_and_repetition() {
+        let calibrations = gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm))
+            .unwrap()
+            .into_iter()
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+        let mut wanted = vec![LATENCY_BYTES; LATENCY_REPETITIONS];
+        for b in RATE_BYTES {
+            wanted.extend([b; RATE_REPETITIONS]);
+        }
+        for c in &calibrations {
+            assert_eq!(c.world, 2);
+            for timings in [&c.gradwire, &c.library] {
+                let sizes: Vec<usize> = timings.iter().map(|t| t.0).collect();
+                assert_eq!(sizes, wanted);
+                assert!(timings.iter().all(|t| t.1 > 0.0 && t.1.is_finite()));
+            }
+        }
+        // Rank 0's record is every rank's (the slowest rank's times).
+        assert_eq!(calibrations[0], calibrations[1]);
+        let c = &calibrations[0];
+        fit_all_reduce(2, &c.gradwire).unwrap();
+        let spread = spread_of_all_reduce(2, &c.gradwire).unwrap().unwrap();
+        assert_eq!(spread.repetitions, RATE_REPETITIONS);
+    }
+}

@@ -1,0 +1,240 @@
+//! The model against CLI runs: bytes step by step, predictions where the
+//! network took what the fitted link says.
+
+use super::*;
+use crate::compare::configs;
+use crate::data::{Dataset, Digits};
+use crate::error::assert_usage;
+use crate::train::{Observer, train};
+use gradwire_algos::cost::{Link, bytes_sent};
+use std::sync::{Mutex, OnceLock};
+
+/// What rank 0 sent in each step of a run, in order.
+#[derive(Default)]
+struct PerStep(Mutex<Vec<u64>>);
+
+impl Observer for PerStep {
+    fn step_done(&self, sent: u64) {
+        self.0.lock().unwrap().push(sent);
+    }
+}
+
+/// Every strategy the CLI runs, on small runs of several buckets each:
+/// PowerSGD with some dense steps first (the model mixes them in), DiLoCo
+/// and Streaming DiLoCo once a round (a fragment at its merge), partial
+/// averaging one bucket a step, delta weight, the threshold and sampled
+/// top-k (their selections depend on the data).
+const ENTRIES: [&str; 18] = [
+    "baseline",
+    "baseline:bf16",
+    "dense",
+    "fp16",
+    "topk:0.05",
+    "randomk:0.05",
+    "powersgd:2:start=5",
+    "onebit",
+    "uint8",
+    "diloco:3:uint8",
+    "diloco:2:topk=0.05",
+    "diloco:4:powersgd=2",
+    "streaming-diloco:4:2:tau=1",
+    "partial",
+    "partial:state",
+    "adasum-delta",
+    "threshold:0.01",
+    "sampled-topk:0.05",
+];
+
+/// The runs of [`ENTRIES`] on `world` ranks for `epochs`, each with what
+/// rank 0 sent step by step; those of three ranks and one epoch made once
+/// for both tests.
+fn runs(world: usize, epochs: usize) -> Vec<(RunReport, Vec<u64>)> {
+    static THREE: OnceLock<Vec<(RunReport, Vec<u64>)>> = OnceLock::new();
+    if (world, epochs) == (3, 1) {
+        return THREE.get_or_init(|| train_all(3, 1)).clone();
+    }
+    train_all(world, epochs)
+}
+
+fn train_all(world: usize, epochs: usize) -> Vec<(RunReport, Vec<u64>)> {
+    let data = Dataset::Digits(Digits::load(7));
+    let base = TrainConfig {
+        world,
+        epochs,
+        hidden: vec![24, 16],
+        fusion_threshold: 300,
+        ..TrainConfig::default()
+    };
+    configs(&base, &ENTRIES)
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let steps = PerStep::default();
+            let run = train(c, &data, &steps, None).unwrap();
+            (run, steps.0.into_inner().unwrap())
+        })
+        .collect()
+}
+
+/// `f` of the steady collectives times the steady steps, plus `f` of
+/// the warm-up's times its steps.
+fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
+    let shapes = shapes_of(&run.config).unwrap();
+    let measured = selection_of(run, &shapes).unwrap();
+    let calls = collectives_of(&run.config, &shapes, measured)
+        .unwrap()
+        .unwrap();
+    let steps = run.steps() as f64;
+    let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
+    let (warm_steps, warm_value) = warm.map_or((0.0, 0.0), |(k, c)| {
+        let k = (k as f64).min(steps);
+        (k, k * f(&c))
+    });
+    (steps - warm_steps) * f(&calls) + warm_value
+}
+
+/// What the model says rank 0 sends at each of `steps` steps of `run`:
+/// the warm-up's calls first, then the steady ones (a call of a longer
+/// period at the steps [`CollectiveCall::first_step`] and its period say).
+fn modelled_steps(run: &RunReport, steps: usize) -> Vec<u64> {
+    let shapes = shapes_of(&run.config).unwrap();
+    let measured = selection_of(run, &shapes).unwrap();
+    let calls = collectives_of(&run.config, &shapes, measured)
+        .unwrap()
+        .unwrap();
+    let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
+    (0..steps as u64)
+        .map(|s| match &warm {
+            Some((k, warm_calls)) if s < *k => sent_at_step(warm_calls, s),
+            _ => sent_at_step(&calls, s),
+        })
+        .collect()
+}
+
+/// The collectives the model counts for a CLI run send exactly the bytes
+/// the run's Traffic recorded, step by step, for every strategy the CLI
+/// runs (warm-ups, DiLoCo's rounds, Streaming DiLoCo's fragments, partial
+/// averaging's turns included), over runs of one epoch and of several
+/// (counters that carry over epochs); the threshold's, whose selection
+/// depends on the data, and sampled top-k's, over the run at the
+/// selection measured on it.
+#[test]
+fn modelled_collectives_send_what_the_cli_sent_step_by_step() {
+    for (world, epochs) in [(1, 1), (2, 1), (3, 1), (2, 3)] {
+        for (run, sent) in runs(world, epochs) {
+            let what = format!("{} on {world} ranks, {epochs} epoch(s)", run.label);
+            assert_eq!(sent.len(), run.steps(), "{what}");
+            assert_eq!(sent.iter().sum::<u64>(), run.bytes_per_worker(), "{what}");
+            let modelled = modelled_steps(&run, sent.len());
+            let shapes = shapes_of(&run.config).unwrap();
+            if selection_of(&run, &shapes).unwrap().is_some() {
+                let total: u64 = modelled.iter().sum();
+                let error = (total as f64 - sent.iter().sum::<u64>() as f64).abs();
+                assert!(
+                    error <= 0.01 * total as f64,
+                    "{what}: {total} modelled at the measured selection"
+                );
+                continue;
+            }
+            if let Some(step) = (0..sent.len()).find(|&s| modelled[s] != sent[s]) {
+                panic!(
+                    "{what}: step {step} sent {} bytes, the model says {}",
+                    sent[step], modelled[step]
+                );
+            }
+            // Per step, the model's mean is the run's over whole rounds.
+            let calls = collectives_of(&run.config, &shapes, None).unwrap().unwrap();
+            let round = calls.iter().map(|c| c.period).max().unwrap();
+            if round > 1 {
+                let per_round: u64 = calls.iter().map(|c| c.sent * (round / c.period)).sum();
+                assert!(
+                    world == 1 || per_round > 0,
+                    "{what}: a round that sends nothing"
+                );
+                // The mean, up to the rounding of its f64 sum.
+                let mean = bytes_sent(&calls) * round as f64;
+                assert!(
+                    (mean - per_round as f64).abs() <= 1e-12 * per_round as f64,
+                    "{what}: {mean} per round, not {per_round}"
+                );
+            }
+        }
+    }
+}
+
+/// Where the network took what the fitted link says, the prediction is
+/// the measured step; a slower network shows as the model's error.
+#[test]
+fn the_profile_predicts_a_run_whose_network_matches_the_link() {
+    let world = 3;
+    let link = Link::new(50e-6, 1.25e8).unwrap();
+    let ring = |bytes: usize| {
+        let w = world as f64;
+        2.0 * (w - 1.0) * (link.latency_s + bytes as f64 / w / link.bytes_per_s)
+    };
+    let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
+        .iter()
+        .map(|&b| (b, ring(b)))
+        .collect();
+    let calibration = Calibration {
+        world,
+        gradwire: samples.clone(),
+        library: samples,
+    };
+    // Streaming DiLoCo's exchange hides under its next inner steps: what
+    // shows of it depends on the steps' time (`predict_step_secs`' own
+    // test); every other run waits for all it sends.
+    let mut runs: Vec<RunReport> = runs(world, 1)
+        .into_iter()
+        .map(|(r, _)| r)
+        .filter(|r| {
+            let shapes = shapes_of(&r.config).unwrap();
+            let measured = selection_of(r, &shapes).unwrap();
+            let calls = collectives_of(&r.config, &shapes, measured)
+                .unwrap()
+                .unwrap();
+            calls.iter().all(|c| c.hidden_steps == 0)
+        })
+        .collect();
+    for (k, run) in runs.iter_mut().enumerate() {
+        let comm = over_the_run(run, |c| {
+            communication_secs(c, world, &link, &Algorithm::Ring).unwrap()
+        }) / run.steps() as f64;
+        // The first run's network is twice the model's.
+        let factor = if k == 0 { 2.0 } else { 1.0 };
+        for epoch in &mut run.epochs {
+            epoch.network_secs = Some(factor * comm * epoch.steps as f64);
+            epoch.combine_secs = epoch.combine_secs.max(factor * comm * epoch.steps as f64);
+            epoch.wall_secs = epoch.wall_secs.max(epoch.compute_secs + epoch.combine_secs);
+        }
+    }
+    let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
+    assert_eq!(profile.strategies.len(), runs.len());
+    let fitted = profile.link;
+    assert!((fitted.bytes_per_s / link.bytes_per_s - 1.0).abs() < 1e-9);
+    assert!((fitted.latency_s / link.latency_s - 1.0).abs() < 1e-6);
+    for (k, s) in profile.strategies.iter().enumerate() {
+        let error = s.predicted_s_per_step / s.measured_s_per_step - 1.0;
+        if k == 0 {
+            assert!(error < -1e-3, "{}: {error}", s.label);
+        } else {
+            assert!(error.abs() < 1e-9, "{}: {error}", s.label);
+        }
+    }
+    assert_eq!(
+        predictions(&profile, &runs),
+        profile
+            .strategies
+            .iter()
+            .map(|s| Some(s.predicted_s_per_step))
+            .collect::<Vec<_>>()
+    );
+    // Not on MPI: no network time, no profile.
+    for epoch in &mut runs[0].epochs {
+        epoch.network_secs = None;
+    }
+    assert_usage(
+        profile_of(&runs, &calibration, 1_000_000_000),
+        "the run did not time its communication (not on MPI)",
+    );
+}
