@@ -47,23 +47,51 @@ pub struct Calibration {
     /// written before this calibration holds one median per size of 64 KiB
     /// to 16 MiB: it still loads and fits.)
     pub gradwire: Vec<(usize, f64)>,
-    /// The same for the library's own all-reduce (MPI_Allreduce).
+    /// The same for the library's own all-reduce (MPI_Allreduce), then
+    /// its timings at the baselines' sizes.
     pub library: Vec<(usize, f64)>,
 }
 
-/// Times both all-reduces at [`LATENCY_BYTES`] and [`RATE_BYTES`]
-/// (collective: every rank calls it).
-pub fn calibrate<C: Backend>(comm: &C) -> Result<Calibration> {
+impl Calibration {
+    /// The median of the library's timings at exactly `bytes`, if the
+    /// calibration timed that size.
+    pub fn library_at(&self, bytes: usize) -> Option<f64> {
+        let mut times: Vec<f64> = self
+            .library
+            .iter()
+            .filter(|t| t.0 == bytes)
+            .map(|t| t.1)
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times.get(times.len() / 2).copied()
+    }
+}
+
+/// Times both all-reduces at [`LATENCY_BYTES`] and [`RATE_BYTES`], and
+/// the library's also at `baselines` (the bytes of the baseline runs'
+/// fused all-reduces, five times each: `MPI_Allreduce` picks its algorithm
+/// by size, so its cost at the size a baseline sends is timed, not read off
+/// a line). Collective: every rank calls it, with the same `baselines`.
+pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibration> {
     let mut gradwire = Vec::new();
     let mut library = Vec::new();
-    let sizes = std::iter::once((LATENCY_BYTES, LATENCY_REPETITIONS))
-        .chain(RATE_BYTES.iter().map(|&b| (b, RATE_REPETITIONS)));
-    for (bytes, repetitions) in sizes {
+    let sizes = std::iter::once((LATENCY_BYTES, LATENCY_REPETITIONS, true))
+        .chain(RATE_BYTES.iter().map(|&b| (b, RATE_REPETITIONS, true)))
+        .chain(
+            baselines
+                .iter()
+                .filter(|b| **b >= 4 && !RATE_BYTES.contains(b))
+                .map(|&b| (b, RATE_REPETITIONS, false)),
+        );
+    for (bytes, repetitions, both) in sizes {
         let len = bytes / 4;
         let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
             .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
             .collect();
         for library_call in [false, true] {
+            if !library_call && !both {
+                continue;
+            }
             for rep in 0..=repetitions {
                 let buf = &mut buffers[rep % ROTATION];
                 comm.barrier()?;
@@ -105,20 +133,24 @@ mod tests {
     /// a fit is possible, what it says of a network is not asked here).
     #[test]
     fn a_calibration_times_every_size_and_repetition() {
-        let calibrations = gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm))
-            .unwrap()
-            .into_iter()
-            .collect::<Result<Vec<_>>>()
-            .unwrap();
+        // A baseline of 6 000 bytes: the library's timed there too.
+        let calibrations =
+            gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm, &[6000]))
+                .unwrap()
+                .into_iter()
+                .collect::<Result<Vec<_>>>()
+                .unwrap();
         let mut wanted = vec![LATENCY_BYTES; LATENCY_REPETITIONS];
         for b in RATE_BYTES {
             wanted.extend([b; RATE_REPETITIONS]);
         }
+        let mut with_baseline = wanted.clone();
+        with_baseline.extend([6000; RATE_REPETITIONS]);
         for c in &calibrations {
             assert_eq!(c.world, 2);
-            for timings in [&c.gradwire, &c.library] {
+            for (timings, wanted) in [(&c.gradwire, &wanted), (&c.library, &with_baseline)] {
                 let sizes: Vec<usize> = timings.iter().map(|t| t.0).collect();
-                assert_eq!(sizes, wanted);
+                assert_eq!(&sizes, wanted);
                 assert!(timings.iter().all(|t| t.1 > 0.0 && t.1.is_finite()));
             }
         }
@@ -128,5 +160,8 @@ mod tests {
         fit_all_reduce(2, &c.gradwire).unwrap();
         let spread = spread_of_all_reduce(2, &c.gradwire).unwrap().unwrap();
         assert_eq!(spread.repetitions, RATE_REPETITIONS);
+        let at = c.library_at(6000).unwrap();
+        assert!(c.library.contains(&(6000, at)));
+        assert_eq!(c.library_at(6001), None);
     }
 }

@@ -109,10 +109,15 @@ fn run_mpi<'o>(
     let calibration = if shaped {
         if rank == 0 {
             eprintln!(
-                "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's"
+                "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's (MPI's also at the baselines' sizes)"
             );
         }
-        Some(super::calibrate(&world)?)
+        let baselines = configs
+            .iter()
+            .filter(|c| c.baseline)
+            .map(crate::project::baseline_bytes)
+            .collect::<Result<Vec<usize>>>()?;
+        Some(super::calibrate(&world, &baselines)?)
     } else {
         None
     };

@@ -144,6 +144,13 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
         .arg("plm_rsh_agent")
         .arg(&agent)
         .args(["--mca", "btl", "tcp,self"])
+        // Its own session directory, removed with `dir`: every daemon of
+        // every run otherwise shares /tmp/ompi.<host>.<uid>, and one left
+        // by an earlier run (or being removed by an ending one) failed a
+        // daemon's start (`orte_session_dir failed`).
+        .arg("--mca")
+        .arg("orte_tmpdir_base")
+        .arg(dir.path())
         // Every "host" has one slot, so Open MPI does not see that the
         // ranks share this machine's cores and would busy-poll in every
         // blocking call, taking the cores the others compute and send on.

@@ -54,16 +54,7 @@ pub fn collectives_of(
     measured: Option<Selection>,
 ) -> Result<Option<Vec<CollectiveCall>>> {
     if config.baseline {
-        let element = if config.baseline_precision().is_some() {
-            2
-        } else {
-            4
-        };
-        let bytes = element
-            * shapes
-                .iter()
-                .map(|s| s.iter().product::<usize>())
-                .sum::<usize>();
+        let bytes = fused_bytes(config, shapes);
         return Ok(Some(vec![CollectiveCall::all_reduce(bytes, config.world)]));
     }
     let Ok(entry) = entry_of(config, measured) else {
@@ -75,6 +66,27 @@ pub fn collectives_of(
         config.world,
         &bucketing_of(config),
     )?))
+}
+
+/// The bytes of the baseline's one fused all-reduce for parameters of
+/// `shapes`: 4 an entry, 2 for the 16-bit baseline.
+fn fused_bytes(config: &TrainConfig, shapes: &[Vec<usize>]) -> usize {
+    let element = if config.baseline_precision().is_some() {
+        2
+    } else {
+        4
+    };
+    element
+        * shapes
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum::<usize>()
+}
+
+/// The bytes of `config`'s baseline all-reduce (what the calibration times
+/// the library at: [`crate::compare::calibrate`]).
+pub fn baseline_bytes(config: &TrainConfig) -> Result<usize> {
+    Ok(fused_bytes(config, &shapes_of(config)?))
 }
 
 /// A selection's kind and the range its figure lies in.
@@ -214,6 +226,13 @@ pub fn profile_of(
             overlap: 0.0,
         };
         let mut predicted = predict_step_secs(&step, &calls, world, link, &Algorithm::Ring)?;
+        // The library's all-reduce at the very size it sends, where the
+        // calibration timed it (its algorithm changes with the size).
+        if run.config.baseline
+            && let Some(timed) = calibration.library_at(fused_bytes(&run.config, &shapes))
+        {
+            predicted += timed - communication_secs(&calls, world, link, &Algorithm::Ring)?;
+        }
         // A warm-up's steps send something else: the run's mean step.
         if let Some((warm, warm_calls)) = warm_up_of(&run.config, &shapes, steps_per_epoch)? {
             let steps = run.steps() as f64;
