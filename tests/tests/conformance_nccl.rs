@@ -31,6 +31,7 @@ fn config(reduction: NcclReduction) -> NcclConfig {
     NcclConfig {
         timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
         reduction,
+        ..NcclConfig::default()
     }
 }
 

@@ -152,6 +152,7 @@ fn on_gpus(
     let config = NcclConfig {
         timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
         reduction,
+        ..NcclConfig::default()
     };
     nccl::run(ordinals, config, |comm: NcclComm| {
         let device = Device::Cuda(comm.device_ordinal());

@@ -34,7 +34,9 @@
 //! Without MPI (`mpirun` not on the PATH) it prints a loud SKIP and passes;
 //! with `GRADWIRE_REQUIRE_MPI=1` that is a failure.
 
-use gradwire_comm::{CommError, Communicator, Fault, FaultKind, MpiComm, MpiConfig, ReduceOp};
+use gradwire_comm::{
+    CommError, Communicator, Fault, FaultKind, FlightPhase, MpiComm, MpiConfig, ReduceOp,
+};
 use gradwire_tests::mpirun;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -232,6 +234,21 @@ fn collective_timeout(failures: &mut Failures) -> Result<(), CommError> {
     check(failures, got.as_ref().err() == Some(&want), || {
         format!("all_reduce that the last rank missed: {got:?}")
     });
+    // The flight recorder (the protocol's, which NcclComm shares): the
+    // all-reduce is every rank's last record, failed with that error, at
+    // the same sequence number on every rank.
+    let records = comm.flight_records();
+    let last = records.last();
+    check(
+        failures,
+        last.is_some_and(|r| {
+            r.op == "all_reduce"
+                && r.phase == FlightPhase::Failed
+                && r.error.as_deref() == got.as_ref().err().map(|e| e.to_string()).as_deref()
+                && r.seq + 1 == records.len() as u64
+        }),
+        || format!("flight records after the timeout: {records:?}"),
+    );
     if late {
         check(failures, took < AT_ONCE, || {
             format!("the late rank waited {took:?} to learn the others gave up")

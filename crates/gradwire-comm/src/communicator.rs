@@ -141,6 +141,15 @@ pub trait Communicator: Send + Sized {
     /// Number of ranks.
     fn world_size(&self) -> usize;
 
+    /// The flight recorder's memory of this communicator's last
+    /// collectives, oldest first ([`crate::FlightRecord`]: sequence number,
+    /// kind, length, how far each got, when), which it also writes to the
+    /// directory its configuration names when a deadline expires or a peer
+    /// is lost. Empty for a communicator that keeps none (the default).
+    fn flight_records(&self) -> Vec<crate::FlightRecord> {
+        Vec::new()
+    }
+
     /// Reduces `buf` across all ranks in place; every rank receives the result.
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()>;
 

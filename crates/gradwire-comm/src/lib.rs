@@ -51,6 +51,7 @@ mod communicator;
 mod element;
 mod error;
 mod fault;
+mod flight;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod header;
 mod job_slot;
@@ -72,6 +73,9 @@ pub use communicator::{Communicator, Gathered, chunk_range};
 pub use element::{ElemType, Element};
 pub use error::{CommError, Result};
 pub use fault::{FIRST_RESERVED_CODE, Fault, FaultKind};
+pub use flight::{
+    FLIGHT_RECORDER_ENV, FLIGHT_RECORDS, FlightPhase, FlightRecord, flight_dir_from_env,
+};
 pub use job_slot::{AsyncJob, JobSlot};
 pub use launch::LaunchEnv;
 pub use local::{LocalComm, LocalConfig};

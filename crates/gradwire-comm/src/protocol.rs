@@ -11,6 +11,7 @@
 use crate::call::{Call, Kind};
 use crate::error::{CommError, Result};
 use crate::fault::{Fault, FaultKind};
+use crate::flight::FlightRecorder;
 use crate::header::{self, WORDS};
 
 /// A communicator's exchange of the headers.
@@ -29,23 +30,35 @@ pub(crate) trait HeaderTransport: crate::Communicator {
     /// Poisons the communicator with `err` (a lost asynchronous lane, which
     /// ends it on every backend) and returns it.
     fn poison(&self, err: CommError) -> CommError;
+
+    /// The communicator's flight recorder, which the agreement keeps.
+    fn flight(&self) -> &FlightRecorder;
 }
 
 /// Agrees on `call`: every rank's calls, once validated alike on every
 /// rank. A posted fault, a mismatch or an invalid argument is the same
 /// error on every rank; a lost lane's fault also poisons the communicator.
 pub(crate) fn agree(transport: &impl HeaderTransport, call: Call) -> Result<Vec<Call>> {
-    let calls = transport.gather_headers(call.kind.name(), call.encode(), |words| {
-        header::decode_all(words)
-    })?;
-    crate::call::validate(&calls).map_err(|err| {
-        if err.is_lane_lost() {
-            transport.poison(err)
-        } else {
-            err
-        }
-    })?;
-    Ok(calls)
+    let seq = transport.flight().enter(&call);
+    let agreed = transport
+        .gather_headers(call.kind.name(), call.encode(), |words| {
+            header::decode_all(words)
+        })
+        .and_then(|calls| {
+            crate::call::validate(&calls).map_err(|err| {
+                if err.is_lane_lost() {
+                    transport.poison(err)
+                } else {
+                    err
+                }
+            })?;
+            Ok(calls)
+        });
+    match &agreed {
+        Ok(_) => transport.flight().agreed(seq),
+        Err(err) => transport.flight().failed(seq, err),
+    }
+    agreed
 }
 
 /// The barrier: the header exchange is itself one, since no rank can hold

@@ -29,6 +29,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -73,7 +74,7 @@ pub(crate) struct Post {
 
 impl Post {
     /// What is checked against the other ranks' calls.
-    fn call(&self) -> Call {
+    pub(crate) fn call(&self) -> Call {
         Call {
             kind: self.kind,
             elem: self.elem,
@@ -138,6 +139,8 @@ struct State {
 pub(crate) struct Group {
     pub(crate) size: usize,
     pub(crate) timeout: Option<Duration>,
+    /// Where its members write their flight records.
+    pub(crate) flight_dir: Option<PathBuf>,
     /// Spin before sleeping (there are at least as many cores as ranks).
     spin: bool,
     state: Mutex<State>,
@@ -176,16 +179,26 @@ const YIELDS: usize = 16;
 
 impl Group {
     /// A group of `size` ranks with its duplicate for asynchronous jobs.
-    pub(crate) fn new(size: usize, timeout: Option<Duration>) -> Arc<Group> {
-        let shadow = Group::single(size, timeout, None);
-        Group::single(size, timeout, Some(shadow))
+    pub(crate) fn new(
+        size: usize,
+        timeout: Option<Duration>,
+        flight_dir: Option<PathBuf>,
+    ) -> Arc<Group> {
+        let shadow = Group::single(size, timeout, flight_dir.clone(), None);
+        Group::single(size, timeout, flight_dir, Some(shadow))
     }
 
-    fn single(size: usize, timeout: Option<Duration>, shadow: Option<Arc<Group>>) -> Arc<Group> {
+    fn single(
+        size: usize,
+        timeout: Option<Duration>,
+        flight_dir: Option<PathBuf>,
+        shadow: Option<Arc<Group>>,
+    ) -> Arc<Group> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Arc::new(Group {
             size,
             timeout,
+            flight_dir,
             spin: size <= cores,
             state: Mutex::new(State {
                 round: 0,
@@ -441,7 +454,7 @@ impl Group {
         let mut result = vec![None; posts.len()];
         for (_, mut members) in by_color {
             members.sort_unstable();
-            let group = Group::new(members.len(), self.timeout);
+            let group = Group::new(members.len(), self.timeout, self.flight_dir.clone());
             for (new_rank, &(_, old_rank)) in members.iter().enumerate() {
                 result[old_rank] = Some((Arc::clone(&group), new_rank));
             }

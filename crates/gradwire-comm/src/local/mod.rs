@@ -47,6 +47,7 @@ mod mailbox;
 use crate::communicator::{Communicator, Gathered};
 use crate::element::Element;
 use crate::error::{CommError, Result};
+use crate::flight::{FlightRecord, FlightRecorder};
 use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
@@ -55,6 +56,7 @@ use data::Pieces;
 use group::{Group, Kind, Outcome, Post, Progress, RawBuf};
 use mailbox::Message;
 use std::cell::{Cell, OnceCell};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,12 +68,19 @@ pub struct LocalConfig {
     /// [`CommError::Timeout`]. `None` waits forever. Default: 10 minutes, as
     /// PyTorch's NCCL process groups.
     pub timeout: Option<Duration>,
+    /// Where each rank writes its flight record (its last collectives,
+    /// [`crate::FlightRecord`]) when a deadline expires or a peer is lost.
+    /// `None` keeps them in memory only
+    /// ([`Communicator::flight_records`]). Default:
+    /// `$GRADWIRE_FLIGHT_RECORDER`.
+    pub flight_recorder: Option<PathBuf>,
 }
 
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             timeout: Some(Duration::from_secs(600)),
+            flight_recorder: crate::flight::flight_dir_from_env(),
         }
     }
 }
@@ -79,7 +88,10 @@ impl Default for LocalConfig {
 impl LocalConfig {
     /// The default settings with another deadline.
     pub fn with_timeout(timeout: Option<Duration>) -> Self {
-        LocalConfig { timeout }
+        LocalConfig {
+            timeout,
+            ..LocalConfig::default()
+        }
     }
 }
 
@@ -90,6 +102,8 @@ pub struct LocalComm {
     rank: usize,
     /// Number of collectives this rank has started on `group`.
     seq: Cell<u64>,
+    /// Its last collectives (`seq` numbers them).
+    flight: FlightRecorder,
     /// The communication thread for asynchronous jobs (the shared worker,
     /// on a member of the duplicate group), started on first use.
     worker: OnceCell<Worker<LocalComm>>,
@@ -177,18 +191,20 @@ impl LocalComm {
                 "a world needs at least one rank".into(),
             ));
         }
-        let group = Group::new(world_size, config.timeout);
+        let group = Group::new(world_size, config.timeout, config.flight_recorder.clone());
         Ok((0..world_size)
             .map(|rank| LocalComm::member(Arc::clone(&group), rank))
             .collect())
     }
 
     fn member(group: Arc<Group>, rank: usize) -> LocalComm {
+        let flight = FlightRecorder::new(rank, group.size, group.flight_dir.clone());
         LocalComm {
             group,
             rank,
             seq: Cell::new(0),
             worker: OnceCell::new(),
+            flight,
         }
     }
 
@@ -213,8 +229,17 @@ impl LocalComm {
     fn start(&self, post: Post) -> Result<(u64, Outcome)> {
         let seq = self.seq.get();
         self.seq.set(seq + 1);
-        let outcome = self.group.rendezvous(self.rank, seq, post)?;
-        Ok((seq, outcome))
+        self.flight.enter_as(seq, &post.call());
+        match self.group.rendezvous(self.rank, seq, post) {
+            Ok(outcome) => {
+                self.flight.agreed(seq);
+                Ok((seq, outcome))
+            }
+            Err(err) => {
+                self.flight.failed(seq, &err);
+                Err(err)
+            }
+        }
     }
 
     /// Runs a round with a data phase of `units` units of work: `work` gets
@@ -235,7 +260,10 @@ impl LocalComm {
         };
         let progress = self.group.progress(self.rank, seq, units, kind.name());
         let value = work(&posts, &progress);
-        progress.complete()?;
+        if let Err(err) = progress.complete() {
+            self.flight.failed(seq, &err);
+            return Err(err);
+        }
         Ok(value)
     }
 
@@ -254,6 +282,10 @@ impl LocalComm {
 impl Communicator for LocalComm {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn flight_records(&self) -> Vec<FlightRecord> {
+        self.flight.records()
     }
 
     fn world_size(&self) -> usize {

@@ -133,6 +133,10 @@ pub struct MpiConfig {
     /// span hosts (a network: each segment costs two collectives'
     /// latency, milliseconds over TCP, so fewer and larger is faster).
     pub segment_bytes: Option<usize>,
+    /// Where the flight record is written when a deadline expires or a
+    /// peer is lost (see [`crate::LocalConfig::flight_recorder`]).
+    /// Default: `$GRADWIRE_FLIGHT_RECORDER`.
+    pub flight_recorder: Option<std::path::PathBuf>,
 }
 
 impl Default for MpiConfig {
@@ -140,6 +144,7 @@ impl Default for MpiConfig {
         MpiConfig {
             timeout: Some(Duration::from_secs(600)),
             segment_bytes: None,
+            flight_recorder: crate::flight::flight_dir_from_env(),
         }
     }
 }
@@ -199,6 +204,8 @@ pub struct MpiComm {
     /// communicator: [`MpiComm::time_in_calls`].
     busy: Arc<AtomicU64>,
     jobs_busy: Arc<AtomicU64>,
+    /// Its last collectives.
+    flight: crate::flight::FlightRecorder,
     /// Held last: MPI is finalized when the last holder drops it.
     env: Arc<Env>,
 }
@@ -289,7 +296,9 @@ impl MpiComm {
         } else {
             None
         };
+        let flight = crate::flight::FlightRecorder::new(rank, size, config.flight_recorder.clone());
         Ok(MpiComm {
+            flight,
             comm,
             rank,
             size,
@@ -569,6 +578,10 @@ impl Communicator for MpiComm {
         self.rank
     }
 
+    fn flight_records(&self) -> Vec<crate::FlightRecord> {
+        self.flight.records()
+    }
+
     fn world_size(&self) -> usize {
         self.size
     }
@@ -831,6 +844,10 @@ impl crate::protocol::HeaderTransport for MpiComm {
 
     fn poison(&self, err: CommError) -> CommError {
         MpiComm::poison(self, err)
+    }
+
+    fn flight(&self) -> &crate::flight::FlightRecorder {
+        &self.flight
     }
 }
 

@@ -79,6 +79,10 @@ impl crate::protocol::HeaderTransport for NcclComm {
         self.owner.poison(err.clone());
         err
     }
+
+    fn flight(&self) -> &crate::flight::FlightRecorder {
+        &self.flight
+    }
 }
 
 impl NcclComm {
@@ -168,6 +172,10 @@ impl NcclComm {
 impl Communicator for NcclComm {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn flight_records(&self) -> Vec<crate::FlightRecord> {
+        self.flight.records()
     }
 
     fn world_size(&self) -> usize {

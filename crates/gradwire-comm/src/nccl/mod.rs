@@ -114,6 +114,7 @@ use gradwire_tensor::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use crate::communicator::Communicator;
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
+use crate::flight::FlightRecorder;
 use crate::op::ReduceOp;
 use crate::worker::{Interrupter, Lane, Worker};
 use owner::Owner;
@@ -153,6 +154,10 @@ pub struct NcclConfig {
     /// How reductions are computed. Default [`NcclReduction::Native`].
     /// Splits and the asynchronous lane inherit it.
     pub reduction: NcclReduction,
+    /// Where the flight record is written when a deadline expires or a
+    /// peer is lost (see [`crate::LocalConfig::flight_recorder`]).
+    /// Default: `$GRADWIRE_FLIGHT_RECORDER`.
+    pub flight_recorder: Option<std::path::PathBuf>,
 }
 
 impl Default for NcclConfig {
@@ -160,6 +165,7 @@ impl Default for NcclConfig {
         NcclConfig {
             timeout: Some(Duration::from_secs(600)),
             reduction: NcclReduction::Native,
+            flight_recorder: crate::flight::flight_dir_from_env(),
         }
     }
 }
@@ -207,6 +213,8 @@ pub struct NcclComm {
     /// NCCL: NCCL refuses a send to self without its receive in the same
     /// group (`ncclInvalidUsage`, which would abort the communicator).
     loopback: RefCell<VecDeque<Loopback>>,
+    /// Its last collectives.
+    flight: FlightRecorder,
 }
 
 impl std::fmt::Debug for NcclComm {
@@ -313,10 +321,12 @@ impl NcclComm {
             .context()
             .new_stream()
             .map_err(|e| driver("cuStreamCreate", e))?;
+        let flight = FlightRecorder::new(rank, size, config.flight_recorder.clone());
         let comm = NcclComm {
             rank,
             size,
             config,
+            flight,
             device,
             stream,
             owner,

@@ -3,3 +3,4 @@
 
 mod collectives;
 mod faults;
+mod flight;

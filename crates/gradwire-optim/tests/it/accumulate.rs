@@ -225,9 +225,7 @@ fn dense_accumulation_matches_an_f64_reference() {
 fn micro_batches_issue_no_collective() {
     let k = 4;
     let gate = Arc::new(Barrier::new(2));
-    let settings = LocalConfig {
-        timeout: Some(Duration::from_secs(60)),
-    };
+    let settings = LocalConfig::with_timeout(Some(Duration::from_secs(60)));
     let outcomes = local::run_with(2, &settings, |comm: LocalComm| {
         let rank = comm.rank();
         let mut front = AnyLoop::new(sgd(), comm, specs(), config(StrategyConfig::Dense, k))?;
