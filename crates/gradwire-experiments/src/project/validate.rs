@@ -177,8 +177,11 @@ pub fn warm_up_of(
 /// The profile of a shaped comparison: the links fitted to `calibration`
 /// (gradwire's all-reduce for gradwire's strategies, the library's for the
 /// baseline), and per run its measured split and the model's prediction
-/// (ring algorithm, no overlap: the CLI computes every gradient first).
-/// Runs of strategies the model does not cover are left out.
+/// (ring algorithm, no overlap: the CLI computes every gradient first; the
+/// baseline's one all-reduce at its timing where the calibration timed the
+/// library at that size; a data-dependent selection as the run measured it,
+/// [`selection_of`]). Runs of strategies the model does not cover are left
+/// out ([`model_warnings`] names them).
 pub fn profile_of(
     runs: &[RunReport],
     calibration: &Calibration,
