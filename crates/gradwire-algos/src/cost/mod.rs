@@ -52,7 +52,7 @@ pub use fit::{LinkSpread, fit_all_reduce, fit_link, spread_of_all_reduce};
 pub use fragments::fragment_ranges;
 pub use strategies::{
     Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, peak_bytes,
-    plan_buckets, sent_at_step, step_collectives,
+    plan_buckets, sent_at_step, sent_over_steps, step_collectives,
 };
 
 use crate::error::{AlgoError, Result};

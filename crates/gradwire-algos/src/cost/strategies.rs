@@ -250,6 +250,22 @@ pub fn sent_at_step(calls: &[CollectiveCall], step: u64) -> u64 {
         .sum()
 }
 
+/// Bytes rank 0 sends in the first `steps` steps (counting from 0) in
+/// `calls`: [`sent_at_step`] summed over them, in closed form.
+pub fn sent_over_steps(calls: &[CollectiveCall], steps: u64) -> u64 {
+    calls
+        .iter()
+        .map(|c| {
+            let times = if steps > c.first_step {
+                (steps - 1 - c.first_step) / c.period.max(1) + 1
+            } else {
+                0
+            };
+            c.sent.saturating_mul(times)
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// The most bytes rank 0 sends in one exchange of `calls`: a step's for
 /// strategies that exchange every step, the round's for DiLoCo, the
 /// largest fragment's for Streaming DiLoCo (its peak of bandwidth, where

@@ -14,7 +14,7 @@ use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
-    fit_all_reduce, predict_step_secs, sent_at_step, spread_of_all_reduce, step_collectives,
+    fit_all_reduce, predict_step_secs, sent_over_steps, spread_of_all_reduce, step_collectives,
 };
 use gradwire_compress::SparseCodec;
 use gradwire_compress::select::SAMPLED_TOP_K_SLACK;
@@ -130,7 +130,7 @@ pub fn selection_of(run: &RunReport, shapes: &[Vec<usize>]) -> Result<Option<Sel
     let bytes_at = |x: f64| -> Result<u64> {
         let calls = collectives_of(&run.config, shapes, Some(selection(x)))?
             .ok_or_else(|| ExperimentError::Usage(format!("{}: not modelled", run.label)))?;
-        Ok((0..steps).map(|s| sent_at_step(&calls, s)).sum())
+        Ok(sent_over_steps(&calls, steps))
     };
     if bytes_at(high)? <= sent {
         return Ok(Some(selection(high)));

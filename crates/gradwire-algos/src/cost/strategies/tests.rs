@@ -581,3 +581,43 @@ fn streaming_fragments_exchange_in_turn_under_later_steps() {
         }
     }
 }
+
+/// The closed form of the bytes over a run is the sum of its steps', for
+/// calls of every period and first step (partial averaging's turns,
+/// DiLoCo's rounds, Streaming DiLoCo's merges), from 0 steps on.
+#[test]
+fn bytes_over_steps_sum_the_steps() {
+    let shapes = shapes();
+    let bucketing = Bucketing {
+        fusion_threshold: 300,
+        capacity: 1 << 20,
+        vote_per_bucket: true,
+    };
+    let specs = [
+        StrategySpec::Dense,
+        StrategySpec::Partial { state_buffers: 2 },
+        StrategySpec::DeltaWeight {
+            codec: Box::new(StrategySpec::AdaSum),
+        },
+        StrategySpec::Outer {
+            sync_every: 4,
+            fragments: 2,
+            delay: 1,
+            codec: Box::new(StrategySpec::TopK { ratio: 0.1 }),
+        },
+    ];
+    for spec in &specs {
+        for world in 1..=4 {
+            let calls = step_collectives(spec, &shapes, world, &bucketing).unwrap();
+            let mut sum = 0;
+            for steps in 0..=13u64 {
+                assert_eq!(
+                    sent_over_steps(&calls, steps),
+                    sum,
+                    "{spec:?} W = {world}, {steps} steps"
+                );
+                sum += sent_at_step(&calls, steps);
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@ use crate::compare::configs;
 use crate::data::{Dataset, Digits};
 use crate::error::assert_usage;
 use crate::train::{Observer, train};
-use gradwire_algos::cost::{Link, bytes_sent};
+use gradwire_algos::cost::{Link, bytes_sent, sent_at_step};
 use std::sync::{Mutex, OnceLock};
 
 /// What rank 0 sent in each step of a run, in order.
