@@ -162,6 +162,37 @@ fn modelled_collectives_send_what_the_cli_sent_step_by_step() {
     }
 }
 
+/// With gradient accumulation (3 micro-batches a step) the model's steps
+/// are the exchanges: each step's bytes are still what the model says
+/// (the micro-batches send nothing; warm-ups and rounds count exchanges).
+#[test]
+fn accumulated_steps_send_what_the_model_says() {
+    let data = Dataset::Digits(Digits::load(7));
+    let base = TrainConfig {
+        world: 2,
+        epochs: 1,
+        accumulate: 3,
+        hidden: vec![24, 16],
+        fusion_threshold: 300,
+        ..TrainConfig::default()
+    };
+    let entries = [
+        "dense",
+        "topk:0.05",
+        "powersgd:2:start=5",
+        "diloco:3:uint8",
+        "partial",
+        "adasum-delta",
+    ];
+    for config in configs(&base, &entries).unwrap() {
+        let steps = PerStep::default();
+        let run = train(&config, &data, &steps, None).unwrap();
+        let sent = steps.0.into_inner().unwrap();
+        assert_eq!(sent.len(), run.steps(), "{}", run.label);
+        assert_eq!(modelled_steps(&run, sent.len()), sent, "{}", run.label);
+    }
+}
+
 /// Where the network took what the fitted link says, the prediction is
 /// the measured step; a slower network shows as the model's error.
 #[test]
