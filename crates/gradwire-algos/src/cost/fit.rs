@@ -72,6 +72,14 @@ pub fn fit_link(samples: &[(f64, f64)]) -> Result<Link> {
     Link::new(alpha, 1.0 / beta)
 }
 
+/// The median of `values` (the upper one of an even count), `None` for
+/// none: what a calibration keeps of a size's repetitions.
+pub fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut values: Vec<f64> = values.into_iter().collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
 /// Fits the [`Link`] under a ring all-reduce from `(bytes, seconds)` of
 /// all-reduces of `bytes` per rank on `world` ranks, a size repeated as
 /// often as it was timed (its median is fitted).
@@ -86,12 +94,10 @@ pub fn fit_link(samples: &[(f64, f64)]) -> Result<Link> {
 /// library's (`MPI_Allreduce`) is fitted the same way, its algorithm folded
 /// into the link it gets.
 pub fn fit_all_reduce(world: usize, samples: &[(usize, f64)]) -> Result<Link> {
+    // Every size has at least one timing (`repetitions` makes no empty one).
     let medians: Vec<(usize, f64)> = repetitions(samples)
         .into_iter()
-        .map(|(bytes, mut times)| {
-            times.sort_by(f64::total_cmp);
-            (bytes, times[times.len() / 2])
-        })
+        .filter_map(|(bytes, times)| Some((bytes, median(times)?)))
         .collect();
     fit_rounds(world, &medians)
 }

@@ -120,9 +120,8 @@ fn timed(steps: usize, mut step: impl FnMut() -> Result<Duration>) -> Result<(f6
 }
 
 /// The median of `values` (NaN if empty).
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+fn median(values: Vec<f64>) -> f64 {
+    gradwire_algos::cost::median(values).unwrap_or(f64::NAN)
 }
 
 /// The medians over the rounds of the whole step and of its part after

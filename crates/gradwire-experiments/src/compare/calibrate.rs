@@ -16,6 +16,7 @@
 
 use crate::engine::Backend;
 use crate::error::Result;
+use gradwire_algos::cost::median;
 use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -56,14 +57,7 @@ impl Calibration {
     /// The median of the library's timings at exactly `bytes`, if the
     /// calibration timed that size.
     pub fn library_at(&self, bytes: usize) -> Option<f64> {
-        let mut times: Vec<f64> = self
-            .library
-            .iter()
-            .filter(|t| t.0 == bytes)
-            .map(|t| t.1)
-            .collect();
-        times.sort_by(f64::total_cmp);
-        times.get(times.len() / 2).copied()
+        median(self.library.iter().filter(|t| t.0 == bytes).map(|t| t.1))
     }
 }
 

@@ -93,14 +93,10 @@ pub fn baseline_bytes(config: &TrainConfig) -> Result<usize> {
 type SelectionRange = (fn(f64) -> Selection, f64, f64);
 
 /// What `config`'s selection depends on the data for, if anything: the
-/// threshold's count (also as DiLoCo's codec) or sampled top-k's
-/// overshoot, with the range a run's figure lies in.
+/// threshold's count or sampled top-k's overshoot (DiLoCo's codecs have
+/// neither), with the range a run's figure lies in.
 fn selected_by_data(config: &TrainConfig) -> Option<SelectionRange> {
-    let codec = match config.strategy {
-        StrategyConfig::DiLoCo(diloco) => diloco.codec.strategy(),
-        other => other,
-    };
-    match codec {
+    match config.strategy {
         StrategyConfig::Sparse {
             codec: SparseCodec::Threshold(_),
             ..
@@ -122,9 +118,6 @@ pub fn selection_of(run: &RunReport, shapes: &[Vec<usize>]) -> Result<Option<Sel
     let Some((selection, mut low, mut high)) = selected_by_data(&run.config) else {
         return Ok(None);
     };
-    if run.config.baseline {
-        return Ok(None);
-    }
     let sent = run.bytes_per_worker();
     let steps = run.steps() as u64;
     let bytes_at = |x: f64| -> Result<u64> {

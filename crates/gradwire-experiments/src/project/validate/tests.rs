@@ -76,16 +76,25 @@ fn train_all(world: usize, epochs: usize) -> Vec<(RunReport, Vec<u64>)> {
         .collect()
 }
 
-/// `f` of the steady collectives times the steady steps, plus `f` of
-/// the warm-up's times its steps.
-fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
+/// What the model says `run` sends: its steady calls (at the selection
+/// the run measured) and its warm-up's steps and calls, if any.
+type RunModel = (Vec<CollectiveCall>, Option<(u64, Vec<CollectiveCall>)>);
+
+fn model_of(run: &RunReport) -> RunModel {
     let shapes = shapes_of(&run.config).unwrap();
     let measured = selection_of(run, &shapes).unwrap();
     let calls = collectives_of(&run.config, &shapes, measured)
         .unwrap()
         .unwrap();
-    let steps = run.steps() as f64;
     let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
+    (calls, warm)
+}
+
+/// `f` of the steady collectives times the steady steps, plus `f` of
+/// the warm-up's times its steps.
+fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
+    let (calls, warm) = model_of(run);
+    let steps = run.steps() as f64;
     let (warm_steps, warm_value) = warm.map_or((0.0, 0.0), |(k, c)| {
         let k = (k as f64).min(steps);
         (k, k * f(&c))
@@ -97,12 +106,7 @@ fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
 /// the warm-up's calls first, then the steady ones (a call of a longer
 /// period at the steps [`CollectiveCall::first_step`] and its period say).
 fn modelled_steps(run: &RunReport, steps: usize) -> Vec<u64> {
-    let shapes = shapes_of(&run.config).unwrap();
-    let measured = selection_of(run, &shapes).unwrap();
-    let calls = collectives_of(&run.config, &shapes, measured)
-        .unwrap()
-        .unwrap();
-    let warm = warm_up_of(&run.config, &shapes, run.epochs[0].steps).unwrap();
+    let (calls, warm) = model_of(run);
     (0..steps as u64)
         .map(|s| match &warm {
             Some((k, warm_calls)) if s < *k => sent_at_step(warm_calls, s),
@@ -218,14 +222,7 @@ fn the_profile_predicts_a_run_whose_network_matches_the_link() {
     let mut runs: Vec<RunReport> = runs(world, 1)
         .into_iter()
         .map(|(r, _)| r)
-        .filter(|r| {
-            let shapes = shapes_of(&r.config).unwrap();
-            let measured = selection_of(r, &shapes).unwrap();
-            let calls = collectives_of(&r.config, &shapes, measured)
-                .unwrap()
-                .unwrap();
-            calls.iter().all(|c| c.hidden_steps == 0)
-        })
+        .filter(|r| model_of(r).0.iter().all(|c| c.hidden_steps == 0))
         .collect();
     for (k, run) in runs.iter_mut().enumerate() {
         let comm = over_the_run(run, |c| {
