@@ -1343,6 +1343,14 @@ fn panicking_async_job<C: Communicator + 'static>(
     Ok(())
 }
 
+/// A communicator of every rank of `comm`, in its order (a split in which
+/// nobody is left out): a case's own, so that what it leaves behind (a
+/// lost lane, a poisoned group) stays there.
+fn whole_copy<C: Communicator>(comm: &C) -> Result<C, CaseError> {
+    comm.split(Some(0), comm.rank() as i64)?
+        .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))
+}
+
 /// A candle MLP trained through gradwire-candle on this backend equals one
 /// process on the global batch, and every rank ends bitwise equal (dense,
 /// SGD; the model and data of [`crate::candle_model`]).
@@ -1351,9 +1359,7 @@ fn candle_training<C: Communicator + 'static>(
     checks: &mut Checks,
 ) -> Result<(), CaseError> {
     use crate::candle_model::{first_far, single, worker};
-    let own = comm
-        .split(Some(0), comm.rank() as i64)?
-        .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
+    let own = whole_copy(comm)?;
     let run = |r: candle_core::Result<_>| r.map_err(|e| CaseError::Candle(e.to_string()));
     // candle-nn's SGD, and gradwire's SGD with momentum and AdamW in place
     // on candle's variables (gradwire-candle's optimizers).
@@ -1363,8 +1369,7 @@ fn candle_training<C: Communicator + 'static>(
         (
             "candle SGD",
             run(worker::<candle_nn::SGD, _>(
-                own.split(Some(0), 0)?
-                    .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?,
+                whole_copy(&own)?,
                 0.5,
                 DistOptConfig::default(),
             ))?
@@ -1374,8 +1379,7 @@ fn candle_training<C: Communicator + 'static>(
         (
             "gradwire SGD with momentum",
             run(worker::<gradwire_candle::Sgd, _>(
-                own.split(Some(0), 0)?
-                    .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?,
+                whole_copy(&own)?,
                 momentum.clone(),
                 DistOptConfig::default(),
             ))?
@@ -1415,9 +1419,7 @@ fn uneven_inputs<C: Communicator + 'static>(
     comm: &C,
     checks: &mut Checks,
 ) -> Result<(), CaseError> {
-    let own = comm
-        .split(Some(0), comm.rank() as i64)?
-        .ok_or_else(|| CaseError::Candle("a split left this rank out".into()))?;
+    let own = whole_copy(comm)?;
     let (rank, world) = (comm.rank(), comm.world_size());
     // Lengths 1, a prime and a matrix's.
     let lens = [1usize, 13, 28];

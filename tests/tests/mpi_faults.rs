@@ -316,6 +316,29 @@ fn departure(failures: &mut Failures) -> Result<(), CommError> {
     Ok(())
 }
 
+/// The 16-bit sum of `len` small integers (rank `r` holds `(r + i) % 5` at
+/// `i`) through `MPI_Allreduce` and the user-defined operation: exact in
+/// either format whatever MPI's order, so known bit for bit.
+fn half_sum<H: gradwire_comm::Element + PartialEq + std::fmt::Debug>(
+    comm: &MpiComm,
+    failures: &mut Failures,
+    len: usize,
+    name: &str,
+    from_f32: fn(f32) -> H,
+) -> Result<(), CommError> {
+    let (rank, w) = (comm.rank(), comm.world_size());
+    let want = |i: usize| from_f32((0..w).map(|r| ((r + i) % 5) as f32).sum::<f32>());
+    let mut buf: Vec<H> = (0..len)
+        .map(|i| from_f32(((rank + i) % 5) as f32))
+        .collect();
+    comm.library_all_reduce(&mut buf, ReduceOp::Sum)?;
+    let wrong = (0..len).find(|&i| buf[i] != want(i));
+    check(failures, wrong.is_none(), || {
+        format!("{name} sum, len {len}: [{wrong:?}] wrong")
+    });
+    Ok(())
+}
+
 /// `MpiComm::library_all_reduce` (MPI's own algorithm): sums against an
 /// f64 reference at lengths 0, 1 and primes, the same result on every rank,
 /// 16-bit sums (exact on small integers), and every refusal (a mismatched
@@ -360,23 +383,8 @@ fn library_all_reduce(failures: &mut Failures) -> Result<(), CommError> {
     // exactly in either format, whatever MPI's order, so the sum is known
     // bit for bit; at lengths 0, 1 and primes, on every rank alike.
     for len in [0usize, 1, 13, 1021] {
-        let want = |i: usize| (0..w).map(|r| ((r + i) % 5) as f32).sum::<f32>();
-        let mut halves: Vec<half::f16> = (0..len)
-            .map(|i| half::f16::from_f32(((rank + i) % 5) as f32))
-            .collect();
-        comm.library_all_reduce(&mut halves, ReduceOp::Sum)?;
-        let wrong = (0..len).find(|&i| halves[i] != half::f16::from_f32(want(i)));
-        check(failures, wrong.is_none(), || {
-            format!("f16 sum, len {len}: [{wrong:?}] wrong")
-        });
-        let mut brains: Vec<half::bf16> = (0..len)
-            .map(|i| half::bf16::from_f32(((rank + i) % 5) as f32))
-            .collect();
-        comm.library_all_reduce(&mut brains, ReduceOp::Sum)?;
-        let wrong = (0..len).find(|&i| brains[i] != half::bf16::from_f32(want(i)));
-        check(failures, wrong.is_none(), || {
-            format!("bf16 sum, len {len}: [{wrong:?}] wrong")
-        });
+        half_sum(&comm, failures, len, "f16", half::f16::from_f32)?;
+        half_sum(&comm, failures, len, "bf16", half::bf16::from_f32)?;
     }
     let got = comm.library_all_reduce(&mut [half::f16::ONE; 4], ReduceOp::Max);
     check(failures, unsupported(&got), || format!("f16 max: {got:?}"));

@@ -27,6 +27,16 @@ fn sgd_config() -> SgdConfig {
     SgdConfig::default().lr(0.1).momentum(0.9)
 }
 
+/// DataParallel over `vars` with gradwire's SGD ([`sgd_config`]) and
+/// `strategy` ([`config`]).
+fn sgd_over(
+    vars: &[(String, Var)],
+    comm: LocalComm,
+    strategy: StrategyConfig,
+) -> DataParallel<gradwire_candle::Sgd, LocalComm> {
+    DataParallel::from_vars(vars.to_vec(), sgd_config(), comm, config(strategy)).unwrap()
+}
+
 fn config(strategy: StrategyConfig) -> DistOptConfig {
     DistOptConfig {
         strategy,
@@ -56,13 +66,7 @@ fn bits(v: &[Vec<f32>]) -> Vec<u32> {
 fn through_data_parallel(comm: LocalComm, strategy: StrategyConfig) -> Vec<Vec<f32>> {
     let rank = comm.rank();
     let vars = vars();
-    let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
-        vars.clone(),
-        sgd_config(),
-        comm,
-        config(strategy),
-    )
-    .unwrap();
+    let mut dp = sgd_over(&vars, comm, strategy);
     assert_eq!(dp.sync().training_loop(), TrainingLoop::LocalSteps);
     for step in 0..STEPS {
         let mut grads = GradStore::default();
@@ -278,13 +282,7 @@ fn joined_workers_stay_replicas() {
             let out = local::run(world, |comm| {
                 let rank = comm.rank();
                 let vars = vars();
-                let mut dp = DataParallel::<gradwire_candle::Sgd, _>::from_vars(
-                    vars.clone(),
-                    sgd_config(),
-                    comm,
-                    config(strategy),
-                )
-                .unwrap();
+                let mut dp = sgd_over(&vars, comm, strategy);
                 for step in 0..2 + rank {
                     let mut grads = GradStore::default();
                     for (k, (_, var)) in vars.iter().enumerate() {

@@ -9,12 +9,12 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use crate::common::named_specs;
+use crate::common::{named_specs, small_buckets};
 use gradwire_algos::Traffic;
 use gradwire_comm::{Communicator, Fault, FaultKind, LocalComm, LocalConfig, local};
 use gradwire_optim::{
-    AnyLoop, DistOptConfig, GradSync, OptimError, ParamSpec, REGISTRY, Sgd, SgdConfig,
-    StrategyConfig, TrainingLoop,
+    AnyLoop, GradSync, OptimError, ParamSpec, REGISTRY, Sgd, SgdConfig, StrategyConfig,
+    TrainingLoop,
 };
 use gradwire_tensor::{DType, Device, Tensor};
 
@@ -64,15 +64,6 @@ fn sgd() -> Sgd {
     Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9)).unwrap()
 }
 
-fn config(strategy: StrategyConfig, accumulate: u32) -> DistOptConfig {
-    DistOptConfig {
-        strategy,
-        fusion_threshold: 16,
-        accumulate,
-        ..DistOptConfig::default()
-    }
-}
-
 fn zeros() -> Vec<Tensor> {
     SHAPES
         .iter()
@@ -101,7 +92,7 @@ fn train(
     let accumulate = if premixed { 1 } else { micro_batches as u32 };
     local::run(world, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut front = AnyLoop::new(sgd(), comm, specs(), config(strategy, accumulate))?;
+        let mut front = AnyLoop::new(sgd(), comm, specs(), small_buckets(strategy, accumulate))?;
         let mut params = zeros();
         let names = names();
         let mut stats = Vec::new();
@@ -228,7 +219,12 @@ fn micro_batches_issue_no_collective() {
     let settings = LocalConfig::with_timeout(Some(Duration::from_secs(60)));
     let outcomes = local::run_with(2, &settings, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut front = AnyLoop::new(sgd(), comm, specs(), config(StrategyConfig::Dense, k))?;
+        let mut front = AnyLoop::new(
+            sgd(),
+            comm,
+            specs(),
+            small_buckets(StrategyConfig::Dense, k),
+        )?;
         let mut params = zeros();
         let names = names();
         let mut step = |front: &mut AnyLoop<Sgd, LocalComm>, micro: usize| {
@@ -268,7 +264,7 @@ fn sample_weights_span_the_micro_batches() {
         let samples = |rank: usize, micro: usize| ((rank * 5 + micro * 3) % 7) as u64 + 1;
         let out = local::run(world, |comm: LocalComm| {
             let rank = comm.rank();
-            let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense, k))?;
+            let mut sync = GradSync::new(comm, specs(), small_buckets(StrategyConfig::Dense, k))?;
             let mut combined: Vec<Vec<f32>> =
                 (0..SHAPES.len()).map(|p| vec![0.0; len(p)]).collect();
             for micro in 0..k as usize {
@@ -316,7 +312,12 @@ fn a_fault_in_any_micro_batch_fails_the_step_everywhere() {
     let run = |faulty: bool| {
         local::run(3, |comm: LocalComm| {
             let rank = comm.rank();
-            let mut front = AnyLoop::new(sgd(), comm, specs(), config(StrategyConfig::Dense, k))?;
+            let mut front = AnyLoop::new(
+                sgd(),
+                comm,
+                specs(),
+                small_buckets(StrategyConfig::Dense, k),
+            )?;
             let mut params = zeros();
             let names = names();
             let mut outcome = None;
@@ -379,7 +380,13 @@ fn a_fault_in_any_micro_batch_fails_the_step_everywhere() {
 #[test]
 fn checkpoints_come_between_steps() {
     let comm = LocalComm::create(1).unwrap().pop().unwrap();
-    let mut front = AnyLoop::new(sgd(), comm, specs(), config(StrategyConfig::Dense, 2)).unwrap();
+    let mut front = AnyLoop::new(
+        sgd(),
+        comm,
+        specs(),
+        small_buckets(StrategyConfig::Dense, 2),
+    )
+    .unwrap();
     let mut params = zeros();
     let names = names();
     let mut step = |front: &mut AnyLoop<Sgd, LocalComm>, micro| {
@@ -409,17 +416,29 @@ fn bad_accumulation_settings_are_refused() {
         other => panic!("{what}: {other:?}"),
     };
     refused(
-        AnyLoop::new(sgd(), comm(), specs(), config(StrategyConfig::Dense, 0)).map(drop),
+        AnyLoop::new(
+            sgd(),
+            comm(),
+            specs(),
+            small_buckets(StrategyConfig::Dense, 0),
+        )
+        .map(drop),
         "zero micro-batches",
     );
     refused(
-        AnyLoop::new(sgd(), comm(), specs(), config(StrategyConfig::DimReduce, 2)).map(drop),
+        AnyLoop::new(
+            sgd(),
+            comm(),
+            specs(),
+            small_buckets(StrategyConfig::DimReduce, 2),
+        )
+        .map(drop),
         "DimReduce",
     );
     for strategy in REGISTRY {
         if strategy.training_loop() == TrainingLoop::LocalSteps {
             refused(
-                GradSync::new(comm(), specs(), config(strategy, 2)).map(drop),
+                GradSync::new(comm(), specs(), small_buckets(strategy, 2)).map(drop),
                 "GradSync's local steps",
             );
         }

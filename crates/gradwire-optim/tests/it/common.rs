@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
-use gradwire_optim::ParamSpec;
+use gradwire_optim::{DistOptConfig, ParamSpec, StrategyConfig};
 
 /// A linear model y = sum_k X_k w_k whose weight blocks have these sizes.
 pub const BLOCKS: &[usize] = &[5, 1, 13, 2, 31, 3];
@@ -85,4 +85,16 @@ pub fn named_specs(shapes: &[&[usize]]) -> Vec<ParamSpec> {
         .enumerate()
         .map(|(k, dims)| ParamSpec::new(format!("p{k}"), dims.to_vec()))
         .collect()
+}
+
+/// DistOpt's settings with `strategy`, `accumulate` micro-batches a step
+/// and buckets of at most 16 elements (several buckets on the tests' small
+/// parameters).
+pub fn small_buckets(strategy: StrategyConfig, accumulate: u32) -> DistOptConfig {
+    DistOptConfig {
+        strategy,
+        fusion_threshold: 16,
+        accumulate,
+        ..DistOptConfig::default()
+    }
 }

@@ -7,9 +7,9 @@
 //! still training reaches the joined ones; strategies that do not average
 //! refuse to join.
 
-use crate::common::named_specs;
+use crate::common::{named_specs, small_buckets};
 use gradwire_comm::{Communicator, Fault, FaultKind, LocalComm, local};
-use gradwire_optim::{DistOptConfig, GradSync, OptimError, ParamSpec, StrategyConfig};
+use gradwire_optim::{GradSync, OptimError, ParamSpec, StrategyConfig};
 
 /// A length-1 vector, a prime-length vector and a matrix.
 const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7]];
@@ -39,15 +39,6 @@ fn gradient(rank: usize, step: usize, micro: usize, k: usize) -> Vec<f32> {
         .collect()
 }
 
-fn config(strategy: StrategyConfig, accumulate: u32) -> DistOptConfig {
-    DistOptConfig {
-        strategy,
-        fusion_threshold: 16,
-        accumulate,
-        ..DistOptConfig::default()
-    }
-}
-
 /// The combined gradients a rank saw: per step, per parameter.
 type Seen = Vec<Vec<Vec<f32>>>;
 
@@ -62,7 +53,7 @@ fn run_rank(
     stop_early: bool,
 ) -> Result<(Seen, u64), OptimError> {
     let rank = comm.rank();
-    let mut sync = GradSync::new(comm, specs(), config(strategy, micro_batches as u32))?;
+    let mut sync = GradSync::new(comm, specs(), small_buckets(strategy, micro_batches as u32))?;
     let mut seen = Vec::new();
     for step in 0..steps_of(rank) {
         let mut combined: Vec<Vec<f32>> = (0..SHAPES.len()).map(|k| vec![0.0; len(k)]).collect();
@@ -186,7 +177,7 @@ fn every_averaging_strategy_runs_while_ranks_have_joined() {
 fn a_fault_after_a_rank_joined_reaches_it() {
     let outcomes = local::run(3, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense, 1))?;
+        let mut sync = GradSync::new(comm, specs(), small_buckets(StrategyConfig::Dense, 1))?;
         let mut combined: Vec<Vec<f32>> = (0..SHAPES.len()).map(|k| vec![0.0; len(k)]).collect();
         if rank == 0 {
             let first = sync.join(); // rank 1's fault, at the others' first step
@@ -234,7 +225,7 @@ fn strategies_that_do_not_average_refuse_to_join() {
     let comm = || LocalComm::create(1).unwrap().pop().unwrap();
     for text in ["adasum-grad", "partial", "adasum-delta", "diloco:4"] {
         let strategy: StrategyConfig = text.parse().unwrap();
-        let mut sync = GradSync::new(comm(), specs(), config(strategy, 1)).unwrap();
+        let mut sync = GradSync::new(comm(), specs(), small_buckets(strategy, 1)).unwrap();
         match sync.join() {
             Err(OptimError::InvalidArgument(m)) => assert!(m.starts_with("join:"), "{text}: {m}"),
             other => panic!("{text}: {other:?}"),
