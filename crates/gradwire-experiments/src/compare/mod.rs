@@ -3,8 +3,8 @@
 //! or test loss for the GPT; epochs to the target; bytes per worker,
 //! compression against dense, wall time).
 //! On a shaped network (`--network`, ranks under MPI) the report is about
-//! time: `shaped.rs`. `gradwire compare`'s flags and the backend they
-//! choose: `command.rs`.
+//! time: `shaped.rs`, the links timed first by `calibrate.rs`. `gradwire
+//! compare`'s flags and the backend they choose: `command.rs`.
 
 use crate::config::{TrainConfig, parse_strategy};
 use crate::data::Dataset;

@@ -64,6 +64,16 @@ fn sgd() -> Sgd {
     Sgd::new(SgdConfig::default().lr(0.1).momentum(0.9)).unwrap()
 }
 
+/// Dense DistOpt with [`sgd`] over [`specs`], `k` micro-batches a step.
+fn dense_loop(comm: LocalComm, k: u32) -> gradwire_optim::Result<AnyLoop<Sgd, LocalComm>> {
+    AnyLoop::new(
+        sgd(),
+        comm,
+        specs(),
+        small_buckets(StrategyConfig::Dense, k),
+    )
+}
+
 fn zeros() -> Vec<Tensor> {
     SHAPES
         .iter()
@@ -219,12 +229,7 @@ fn micro_batches_issue_no_collective() {
     let settings = LocalConfig::with_timeout(Some(Duration::from_secs(60)));
     let outcomes = local::run_with(2, &settings, |comm: LocalComm| {
         let rank = comm.rank();
-        let mut front = AnyLoop::new(
-            sgd(),
-            comm,
-            specs(),
-            small_buckets(StrategyConfig::Dense, k),
-        )?;
+        let mut front = dense_loop(comm, k)?;
         let mut params = zeros();
         let names = names();
         let mut step = |front: &mut AnyLoop<Sgd, LocalComm>, micro: usize| {
@@ -312,12 +317,7 @@ fn a_fault_in_any_micro_batch_fails_the_step_everywhere() {
     let run = |faulty: bool| {
         local::run(3, |comm: LocalComm| {
             let rank = comm.rank();
-            let mut front = AnyLoop::new(
-                sgd(),
-                comm,
-                specs(),
-                small_buckets(StrategyConfig::Dense, k),
-            )?;
+            let mut front = dense_loop(comm, k)?;
             let mut params = zeros();
             let names = names();
             let mut outcome = None;
@@ -380,13 +380,7 @@ fn a_fault_in_any_micro_batch_fails_the_step_everywhere() {
 #[test]
 fn checkpoints_come_between_steps() {
     let comm = LocalComm::create(1).unwrap().pop().unwrap();
-    let mut front = AnyLoop::new(
-        sgd(),
-        comm,
-        specs(),
-        small_buckets(StrategyConfig::Dense, 2),
-    )
-    .unwrap();
+    let mut front = dense_loop(comm, 2).unwrap();
     let mut params = zeros();
     let names = names();
     let mut step = |front: &mut AnyLoop<Sgd, LocalComm>, micro| {
