@@ -28,9 +28,11 @@ const REDUCTIONS: [NcclReduction; 2] = [NcclReduction::Native, NcclReduction::Ra
 
 fn config(reduction: NcclReduction) -> NcclConfig {
     // A hang is a failure with a message, not a stuck job.
+    // With the timeline on, as every harness (the case `timeline` reads it).
     NcclConfig {
         timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
         reduction,
+        timeline: true,
         ..NcclConfig::default()
     }
 }

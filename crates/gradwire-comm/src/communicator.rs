@@ -150,6 +150,15 @@ pub trait Communicator: Send + Sized {
         Vec::new()
     }
 
+    /// This communicator's track on its rank's timeline, when the timeline
+    /// is on (its configuration's `timeline`): the layers above record
+    /// their spans there ([`crate::timeline::span`]), and
+    /// [`crate::timeline::gather_trace`] merges every rank's. `None` (the
+    /// default) records nothing.
+    fn timeline(&self) -> Option<&crate::timeline::TimelineTrack> {
+        None
+    }
+
     /// Reduces `buf` across all ranks in place; every rank receives the result.
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()>;
 

@@ -19,6 +19,7 @@
 
 use crate::call::Call;
 use crate::error::CommError;
+use crate::timeline::TimelineTrack;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -70,7 +71,7 @@ pub struct FlightRecord {
     /// Why it failed, when it did.
     pub error: Option<String>,
     /// When this rank entered it, microseconds after the communicator was
-    /// made.
+    /// made (with a timeline, after the rank's timeline began).
     pub entered_us: u64,
     /// When it was agreed or failed, on the same clock.
     pub ended_us: Option<u64>,
@@ -97,6 +98,9 @@ pub(crate) struct FlightRecorder {
     ring: Mutex<VecDeque<FlightRecord>>,
     dir: Option<PathBuf>,
     written: AtomicBool,
+    /// The communicator's track on its rank's timeline, when that is on:
+    /// every collective that ends is also logged there.
+    timeline: Option<TimelineTrack>,
 }
 
 impl std::fmt::Debug for FlightRecorder {
@@ -110,16 +114,49 @@ impl std::fmt::Debug for FlightRecorder {
 
 impl FlightRecorder {
     /// The recorder of rank `rank` of `world`, writing into `dir` on a
-    /// deadline or a lost peer.
-    pub(crate) fn new(rank: usize, world: usize, dir: Option<PathBuf>) -> FlightRecorder {
+    /// deadline or a lost peer, and logging to `timeline` if given (whose
+    /// clock it then reads).
+    pub(crate) fn new(
+        rank: usize,
+        world: usize,
+        dir: Option<PathBuf>,
+        timeline: Option<TimelineTrack>,
+    ) -> FlightRecorder {
         FlightRecorder {
             rank,
             world,
-            start: Instant::now(),
+            start: timeline
+                .as_ref()
+                .map_or_else(Instant::now, TimelineTrack::origin),
             next: AtomicU64::new(0),
             ring: Mutex::new(VecDeque::with_capacity(FLIGHT_RECORDS)),
             dir,
             written: AtomicBool::new(false),
+            timeline,
+        }
+    }
+
+    /// The communicator's timeline track, if its timeline is on.
+    pub(crate) fn timeline(&self) -> Option<&TimelineTrack> {
+        self.timeline.as_ref()
+    }
+
+    /// Records that collective `seq` moved its data (the timeline's end of
+    /// its transfer; the ring keeps when it was agreed).
+    pub(crate) fn done(&self, seq: u64) {
+        if let Some(track) = &self.timeline {
+            track.done(seq, self.now_us(), false);
+        }
+    }
+
+    /// A guard over one call of the protocol's backends: when it drops, the
+    /// collective the call agreed on (if it reached an agreement:
+    /// [`FlightRecorder::enter`] numbered one) has moved its data.
+    #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+    pub(crate) fn call(&self) -> CallGuard<'_> {
+        CallGuard {
+            flight: self,
+            first: self.next.load(Ordering::Relaxed),
         }
     }
 
@@ -186,10 +223,22 @@ impl FlightRecorder {
     fn end(&self, seq: u64, phase: FlightPhase, error: Option<String>) {
         let now = self.now_us();
         let mut ring = self.ring.lock();
-        if let Some(r) = ring.iter_mut().rev().find(|r| r.seq == seq) {
-            r.phase = phase;
-            r.error = error;
-            r.ended_us = Some(now);
+        let Some(r) = ring.iter_mut().rev().find(|r| r.seq == seq) else {
+            return;
+        };
+        let was = r.phase;
+        r.phase = phase;
+        r.error = error;
+        r.ended_us = Some(now);
+        let Some(track) = &self.timeline else {
+            return;
+        };
+        let failed = phase == FlightPhase::Failed;
+        if was == FlightPhase::Waiting {
+            track.collective(seq, r.op, r.elem, r.len, r.entered_us, now, failed);
+        } else if failed {
+            // Agreed, then failed moving its data.
+            track.done(seq, now, true);
         }
     }
 
@@ -237,6 +286,24 @@ impl FlightRecorder {
     }
 }
 
+/// See [`FlightRecorder::call`].
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
+pub(crate) struct CallGuard<'a> {
+    flight: &'a FlightRecorder,
+    first: u64,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        if self.flight.timeline.is_some() {
+            let next = self.flight.next.load(Ordering::Relaxed);
+            if next > self.first {
+                self.flight.done(next - 1);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,7 +321,7 @@ mod tests {
 
     #[test]
     fn the_ring_keeps_the_last_collectives_in_order() {
-        let recorder = FlightRecorder::new(1, 3, None);
+        let recorder = FlightRecorder::new(1, 3, None, None);
         for n in 0..100 {
             let seq = recorder.enter(&all_reduce(n));
             if n < 99 {
@@ -281,7 +348,7 @@ mod tests {
     #[test]
     fn a_deadline_writes_the_records_once_and_a_mismatch_does_not() {
         let dir = tempfile::tempdir().unwrap();
-        let recorder = FlightRecorder::new(2, 3, Some(dir.path().join("records")));
+        let recorder = FlightRecorder::new(2, 3, Some(dir.path().join("records")), None);
         let seq = recorder.enter(&all_reduce(4));
         recorder.failed(
             seq,
@@ -312,7 +379,7 @@ mod tests {
         assert_eq!(records[1]["phase"], "failed");
         assert_eq!(records[1]["seq"], 1);
         // A second communicator of the same rank: a file of its own.
-        let other = FlightRecorder::new(2, 3, Some(dir.path().join("records")));
+        let other = FlightRecorder::new(2, 3, Some(dir.path().join("records")), None);
         let seq = other.enter(&all_reduce(1));
         other.failed(
             seq,

@@ -67,6 +67,7 @@ mod pending;
 mod protocol;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod rank_order;
+pub mod timeline;
 mod worker;
 
 pub use communicator::{Communicator, Gathered, chunk_range};
@@ -85,3 +86,4 @@ pub use mpi::{CallTime, MpiComm, MpiConfig};
 pub use nccl::{NcclComm, NcclConfig, NcclReduction};
 pub use op::ReduceOp;
 pub use pending::{Completion, Pending};
+pub use timeline::{TimelineTrack, Trace, gather_trace};

@@ -6,7 +6,7 @@
 //!
 //! `mpirun --oversubscribe -np 3 gradwire-mpi-conformance [name-filter]`
 
-use gradwire_comm::{CommError, Communicator, LaunchEnv, MpiComm};
+use gradwire_comm::{CommError, Communicator, LaunchEnv, MpiComm, MpiConfig};
 use gradwire_tests::conformance::{cases, run_case};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -51,7 +51,12 @@ fn bootstrap(comm: &MpiComm) -> Result<Vec<String>, CommError> {
 
 fn main() -> ExitCode {
     let filter = std::env::args().nth(1);
-    let comm = match MpiComm::world() {
+    // With the timeline on, as every harness (the case `timeline` reads it).
+    let config = MpiConfig {
+        timeline: true,
+        ..MpiConfig::default()
+    };
+    let comm = match MpiComm::world_with(&config) {
         Ok(comm) => comm,
         Err(e) => {
             eprintln!("gradwire-mpi-conformance: cannot start MPI: {e}");

@@ -51,6 +51,7 @@ use crate::flight::{FlightRecord, FlightRecorder};
 use crate::job_slot::{AsyncJob, JobSlot};
 use crate::op::ReduceOp;
 use crate::pending::Pending;
+use crate::timeline::TimelineTrack;
 use crate::worker::{Interrupter, Lane, Worker};
 use data::Pieces;
 use group::{Group, Kind, Outcome, Post, Progress, RawBuf};
@@ -74,6 +75,9 @@ pub struct LocalConfig {
     /// ([`Communicator::flight_records`]). Default:
     /// `$GRADWIRE_FLIGHT_RECORDER`.
     pub flight_recorder: Option<PathBuf>,
+    /// Whether each rank keeps a timeline of its collectives and of the
+    /// spans the layers above record ([`crate::timeline`]). Default: off.
+    pub timeline: bool,
 }
 
 impl Default for LocalConfig {
@@ -81,6 +85,7 @@ impl Default for LocalConfig {
         LocalConfig {
             timeout: Some(Duration::from_secs(600)),
             flight_recorder: crate::flight::flight_dir_from_env(),
+            timeline: false,
         }
     }
 }
@@ -193,12 +198,15 @@ impl LocalComm {
         }
         let group = Group::new(world_size, config.timeout, config.flight_recorder.clone());
         Ok((0..world_size)
-            .map(|rank| LocalComm::member(Arc::clone(&group), rank))
+            .map(|rank| {
+                let track = config.timeline.then(|| TimelineTrack::world(rank));
+                LocalComm::member(Arc::clone(&group), rank, track)
+            })
             .collect())
     }
 
-    fn member(group: Arc<Group>, rank: usize) -> LocalComm {
-        let flight = FlightRecorder::new(rank, group.size, group.flight_dir.clone());
+    fn member(group: Arc<Group>, rank: usize, track: Option<TimelineTrack>) -> LocalComm {
+        let flight = FlightRecorder::new(rank, group.size, group.flight_dir.clone(), track);
         LocalComm {
             group,
             rank,
@@ -264,6 +272,7 @@ impl LocalComm {
             self.flight.failed(seq, &err);
             return Err(err);
         }
+        self.flight.done(seq);
         Ok(value)
     }
 
@@ -286,6 +295,10 @@ impl Communicator for LocalComm {
 
     fn flight_records(&self) -> Vec<FlightRecord> {
         self.flight.records()
+    }
+
+    fn timeline(&self) -> Option<&TimelineTrack> {
+        self.flight.timeline()
     }
 
     fn world_size(&self) -> usize {
@@ -508,12 +521,18 @@ impl Communicator for LocalComm {
             key,
             ..Post::new(Kind::Split)
         };
+        let number = self.timeline().map(TimelineTrack::next_split);
         match self.start(post)?.1 {
-            Outcome::Split(groups) => Ok(groups
-                .get(self.rank)
-                .cloned()
-                .flatten()
-                .map(|(group, rank)| LocalComm::member(group, rank))),
+            Outcome::Split(groups) => {
+                Ok(groups
+                    .get(self.rank)
+                    .cloned()
+                    .flatten()
+                    .map(|(group, rank)| {
+                        let track = self.timeline().zip(number).map(|(t, n)| t.split(n, color));
+                        LocalComm::member(group, rank, track)
+                    }))
+            }
             _ => Err(CommError::Mismatch {
                 detail: "split resolved without groups".into(),
             }),
@@ -549,7 +568,7 @@ impl LocalComm {
                 "asynchronous jobs cannot start further asynchronous jobs".into(),
             )
         })?;
-        let lane = LocalComm::member(shadow, self.rank);
+        let lane = LocalComm::member(shadow, self.rank, self.timeline().map(TimelineTrack::lane));
         let worker = Worker::start(format!("gradwire-comm-{}", self.rank), self.rank, lane)?;
         Ok(self.worker.get_or_init(|| worker))
     }

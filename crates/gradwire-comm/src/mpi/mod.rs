@@ -137,6 +137,9 @@ pub struct MpiConfig {
     /// peer is lost (see [`crate::LocalConfig::flight_recorder`]).
     /// Default: `$GRADWIRE_FLIGHT_RECORDER`.
     pub flight_recorder: Option<std::path::PathBuf>,
+    /// Whether the rank keeps a timeline (see
+    /// [`crate::LocalConfig::timeline`]). Default: off.
+    pub timeline: bool,
 }
 
 impl Default for MpiConfig {
@@ -145,6 +148,7 @@ impl Default for MpiConfig {
             timeout: Some(Duration::from_secs(600)),
             segment_bytes: None,
             flight_recorder: crate::flight::flight_dir_from_env(),
+            timeline: false,
         }
     }
 }
@@ -236,7 +240,21 @@ impl MpiComm {
         let env = Env::get()?;
         env.check_thread("world")?;
         let comm = sys::dup_world()?;
-        MpiComm::adopt(env, comm, config.clone(), true, None, None, true)
+        let mut world = MpiComm::adopt(env, comm, config.clone(), true, None, None, true)?;
+        if config.timeline {
+            world.attach_timeline(crate::TimelineTrack::world(world.rank));
+        }
+        Ok(world)
+    }
+
+    /// Logs this communicator's collectives on `track` (before its first).
+    fn attach_timeline(&mut self, track: crate::TimelineTrack) {
+        self.flight = crate::flight::FlightRecorder::new(
+            self.rank,
+            self.size,
+            self.config.flight_recorder.clone(),
+            Some(track),
+        );
     }
 
     /// The deadline of this communicator's calls.
@@ -296,7 +314,8 @@ impl MpiComm {
         } else {
             None
         };
-        let flight = crate::flight::FlightRecorder::new(rank, size, config.flight_recorder.clone());
+        let flight =
+            crate::flight::FlightRecorder::new(rank, size, config.flight_recorder.clone(), None);
         Ok(MpiComm {
             flight,
             comm,
@@ -397,6 +416,7 @@ impl MpiComm {
         BusyGuard {
             total: &self.busy,
             since: Instant::now(),
+            _call: self.flight.call(),
         }
     }
 
@@ -408,14 +428,16 @@ impl MpiComm {
         self.agree(Call::new(Kind::SplitShared))?;
         let key = sys::int("rank", self.rank)?;
         let comm = sys::comm_split_shared(self.comm, key)?;
-        self.adopt_sub(comm)
+        // A host's group is set-up, not training: no timeline track.
+        self.adopt_sub(comm, None)
     }
 
     /// Wraps `comm`, a sub-communicator just split from this one (a split
     /// or a node's): collective over it; freed when dropped, without a
-    /// departure notice.
-    fn adopt_sub(&self, comm: Comm) -> Result<MpiComm> {
-        MpiComm::adopt(
+    /// departure notice. With this rank's timeline on, its track is the
+    /// split's `(number, color)`.
+    fn adopt_sub(&self, comm: Comm, split: Option<(u64, Option<u32>)>) -> Result<MpiComm> {
+        let mut sub = MpiComm::adopt(
             Arc::clone(&self.env),
             comm,
             self.config.clone(),
@@ -423,7 +445,11 @@ impl MpiComm {
             None,
             None,
             false,
-        )
+        )?;
+        if let (Some(track), Some((number, color))) = (self.timeline(), split) {
+            sub.attach_timeline(track.split(number, color));
+        }
+        Ok(sub)
     }
 
     /// This process's rank among those on its host, and how many there are,
@@ -528,6 +554,9 @@ impl MpiComm {
             self.departs,
         )?;
         comm.busy = Arc::clone(&self.jobs_busy);
+        if let Some(track) = self.timeline() {
+            comm.attach_timeline(track.lane());
+        }
         Worker::start(format!("gradwire-mpi-{}", self.rank), self.rank, comm)
     }
 
@@ -580,6 +609,10 @@ impl Communicator for MpiComm {
 
     fn flight_records(&self) -> Vec<crate::FlightRecord> {
         self.flight.records()
+    }
+
+    fn timeline(&self) -> Option<&crate::TimelineTrack> {
+        self.flight.timeline()
     }
 
     fn world_size(&self) -> usize {
@@ -788,11 +821,12 @@ impl Communicator for MpiComm {
     }
 
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
+        let number = self.timeline().map(crate::TimelineTrack::next_split);
         let plan = crate::protocol::split_plan(self, color, key)?;
         let (mpi_color, mpi_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         match sys::comm_split(self.comm, mpi_color, mpi_key)? {
             None => Ok(None),
-            Some(comm) => self.adopt_sub(comm).map(Some),
+            Some(comm) => self.adopt_sub(comm, number.map(|n| (n, color))).map(Some),
         }
     }
 
@@ -963,6 +997,8 @@ pub struct CallTime {
 struct BusyGuard<'a> {
     total: &'a AtomicU64,
     since: Instant,
+    /// Ends the call's collective on the timeline (its data moved).
+    _call: crate::flight::CallGuard<'a>,
 }
 
 impl Drop for BusyGuard<'_> {

@@ -178,11 +178,16 @@ impl Communicator for NcclComm {
         self.flight.records()
     }
 
+    fn timeline(&self) -> Option<&crate::TimelineTrack> {
+        self.flight.timeline()
+    }
+
     fn world_size(&self) -> usize {
         self.size
     }
 
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let _call = self.flight.call();
         self.agree(Call {
             elem: Some(T::TYPE),
             op: Some(op),
@@ -199,6 +204,7 @@ impl Communicator for NcclComm {
     }
 
     fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let _call = self.flight.call();
         self.agree(Call {
             elem: Some(T::TYPE),
             len: buf.len(),
@@ -223,6 +229,7 @@ impl Communicator for NcclComm {
     }
 
     fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let _call = self.flight.call();
         self.agree(Call {
             elem: Some(T::TYPE),
             len: send.len(),
@@ -247,6 +254,7 @@ impl Communicator for NcclComm {
     }
 
     fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+        let _call = self.flight.call();
         // The header exchange carries every rank's count.
         let calls = self.agree(Call {
             elem: Some(T::TYPE),
@@ -279,6 +287,7 @@ impl Communicator for NcclComm {
     }
 
     fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let _call = self.flight.call();
         self.agree(Call {
             elem: Some(T::TYPE),
             op: Some(op),
@@ -350,6 +359,7 @@ impl Communicator for NcclComm {
     }
 
     fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Self>> {
+        let number = self.timeline().map(crate::TimelineTrack::next_split);
         let plan = crate::protocol::split_plan(self, color, key)?;
         let (nccl_color, nccl_key) = plan.get(self.rank).copied().unwrap_or((None, 0));
         let size = color.map_or(0, |_| {
@@ -366,6 +376,7 @@ impl Communicator for NcclComm {
                 Arc::clone(&self.device),
                 self.config.clone(),
                 true,
+                self.timeline().zip(number).map(|(t, n)| t.split(n, color)),
             )
             .map(Some),
         }

@@ -59,6 +59,7 @@ impl NcclComm {
 
     /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.
     pub(super) fn broadcast_device(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
+        let _call = self.flight.call();
         let elem = ElemType::from(tensor.dtype());
         let len = tensor.len();
         self.agree(Call {
@@ -83,6 +84,7 @@ impl NcclComm {
     /// `ncclAllReduce` in place where the reduction is native, else the
     /// rank-ordered chunk exchange, `comm.cu`'s reduction and all-gather.
     pub(super) fn all_reduce_device(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
+        let _call = self.flight.call();
         let elem = ElemType::from(tensor.dtype());
         let len = tensor.len();
         self.agree(Call {

@@ -158,6 +158,9 @@ pub struct NcclConfig {
     /// peer is lost (see [`crate::LocalConfig::flight_recorder`]).
     /// Default: `$GRADWIRE_FLIGHT_RECORDER`.
     pub flight_recorder: Option<std::path::PathBuf>,
+    /// Whether the rank keeps a timeline (see
+    /// [`crate::LocalConfig::timeline`]). Default: off.
+    pub timeline: bool,
 }
 
 impl Default for NcclConfig {
@@ -166,6 +169,7 @@ impl Default for NcclConfig {
             timeout: Some(Duration::from_secs(600)),
             reduction: NcclReduction::Native,
             flight_recorder: crate::flight::flight_dir_from_env(),
+            timeline: false,
         }
     }
 }
@@ -302,12 +306,14 @@ impl NcclComm {
             let id = *id;
             move || sys::init_rank(&id, world, rank)
         })?;
-        let comm = NcclComm::adopt(owner, rank, world, device, config, true)?;
+        let track = config.timeline.then(|| crate::TimelineTrack::world(rank));
+        let comm = NcclComm::adopt(owner, rank, world, device, config, true, track)?;
         Ok(comm)
     }
 
     /// Wraps a started owner; with `with_shadow`, splits the duplicate that
-    /// asynchronous jobs will use (collective).
+    /// asynchronous jobs will use (collective). Its collectives are logged
+    /// on `track`, if given (the duplicate's on the track's lane).
     fn adopt(
         owner: Owner,
         rank: usize,
@@ -315,13 +321,18 @@ impl NcclComm {
         device: Arc<CudaDevice>,
         config: NcclConfig,
         with_shadow: bool,
+        track: Option<crate::TimelineTrack>,
     ) -> Result<NcclComm> {
         let stream = device
             .stream()
             .context()
             .new_stream()
             .map_err(|e| driver("cuStreamCreate", e))?;
-        let flight = FlightRecorder::new(rank, size, config.flight_recorder.clone());
+        let lane = track
+            .as_ref()
+            .filter(|_| with_shadow)
+            .map(crate::TimelineTrack::lane);
+        let flight = FlightRecorder::new(rank, size, config.flight_recorder.clone(), track);
         let comm = NcclComm {
             rank,
             size,
@@ -350,6 +361,7 @@ impl NcclComm {
                 Arc::clone(&comm.device),
                 comm.config.clone(),
                 false,
+                lane,
             )?;
             *comm.shadow.borrow_mut() = Some(Box::new(shadow));
         }

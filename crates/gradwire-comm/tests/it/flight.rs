@@ -15,6 +15,7 @@ fn config(dir: &Path) -> LocalConfig {
     LocalConfig {
         timeout: Some(Duration::from_millis(400)),
         flight_recorder: Some(dir.to_path_buf()),
+        timeline: false,
     }
 }
 
@@ -153,6 +154,7 @@ fn without_a_directory_the_records_stay_in_memory() {
     let config = LocalConfig {
         timeout: Some(Duration::from_secs(60)),
         flight_recorder: None,
+        timeline: false,
     };
     let records = local::run_with(2, &config, |comm: LocalComm| {
         for _ in 0..3 {

@@ -4,3 +4,4 @@
 mod collectives;
 mod faults;
 mod flight;
+mod timeline;

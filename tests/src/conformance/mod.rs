@@ -30,6 +30,8 @@
 //! `gradwire-mpi-conformance` binary that `tests/it/conformance_mpi.rs` starts
 //! under `mpirun`.
 
+mod timeline;
+
 use gradwire_algos::AlgoError;
 use gradwire_algos::adasum::{self, AdaSum};
 use gradwire_comm::{
@@ -229,6 +231,10 @@ pub fn cases<C: Backend + 'static>() -> Vec<Case<C>> {
             name: "uneven_inputs",
             body: uneven_inputs::<C>,
         },
+        Case {
+            name: "timeline",
+            body: timeline::timeline::<C>,
+        },
     ]
 }
 
@@ -281,6 +287,7 @@ macro_rules! conformance_tests {
             candle_training,
             training_runs_match_local,
             uneven_inputs,
+            timeline,
         );
     };
     (@cases $conform:ident; $($name:ident),* $(,)?) => {

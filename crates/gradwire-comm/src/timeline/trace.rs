@@ -1,0 +1,584 @@
+//! Every rank's timeline merged into one Chrome trace (the JSON that
+//! Perfetto and `chrome://tracing` open): [`gather_trace`].
+//!
+//! The ranks' clocks are aligned at a barrier: each rank reads its clock as
+//! it leaves, and the trace puts those readings at one instant (the
+//! barrier's exits differ by about one message latency; processes on one
+//! host share the monotonic clock, hosts only through this). A collective
+//! matched across ranks by its track and sequence number is drawn on each
+//! rank as its whole call, and within it: the wait for the rank that
+//! arrived last (named), the agreement, and the transfer. A strategy's
+//! combination of a bucket (`combine` spans) shows its own work between
+//! its collectives as `codec`.
+
+use super::{CollectiveEvent, RankLog};
+use crate::communicator::Communicator;
+use crate::error::{CommError, Result};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A Chrome trace: every rank's timeline on one clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// The events: metadata (`ph` `"M"`: the names of processes, which are
+    /// ranks, and of threads, which are tracks), then complete events (`ph`
+    /// `"X"`).
+    pub events: Vec<TraceEvent>,
+    /// For each rank, how many collectives it arrived at last (of those
+    /// every rank of its communicator logged, with a spread), and how many
+    /// microseconds it kept the first arrival waiting in them, summed.
+    pub last_arrivals: Vec<(u64, u64)>,
+    /// Events the ranks' logs dropped to stay bounded (the oldest).
+    pub dropped: u64,
+}
+
+/// One event of a [`Trace`], in Chrome's trace event format.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceEvent {
+    /// What it is: a collective (`all_reduce`), one of its phases (`wait
+    /// for rank 2`, `agree`, `transfer`), a span (`bucket 3`, `optimizer`,
+    /// `codec`), or, for metadata, `process_name` / `thread_name`.
+    pub name: String,
+    /// Its category: `collective`, `phase`, or the span's.
+    pub cat: String,
+    /// `"X"` (a complete event) or `"M"` (metadata).
+    pub ph: &'static str,
+    /// Its start, microseconds on the merged clock.
+    pub ts: i64,
+    /// Its length in microseconds (complete events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dur: Option<i64>,
+    /// The rank.
+    pub pid: usize,
+    /// The track (a communicator of the rank).
+    pub tid: u32,
+    /// Details: a collective's `seq`, `len`, `elem`, the rank that arrived
+    /// `last` and by how much (`late_us`).
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub args: Map<String, Value>,
+}
+
+impl Trace {
+    /// The trace as Chrome's JSON object format.
+    pub fn to_json(&self) -> String {
+        let last: Vec<Value> = self
+            .last_arrivals
+            .iter()
+            .enumerate()
+            .map(|(rank, &(count, late_us))| json!({"rank": rank, "last": count, "late_us": late_us}))
+            .collect();
+        json!({
+            "traceEvents": self.events,
+            "displayTimeUnit": "ms",
+            "otherData": {"last_arrivals": last, "dropped": self.dropped},
+        })
+        .to_string()
+    }
+
+    /// The complete events (`ph` `"X"`).
+    pub fn spans(&self) -> impl Iterator<Item = &TraceEvent> {
+        self.events.iter().filter(|e| e.ph == "X")
+    }
+
+    /// The name of track `tid` of rank `pid` (its `thread_name`).
+    pub fn track_name(&self, pid: usize, tid: u32) -> Option<&str> {
+        self.events
+            .iter()
+            .find(|e| e.ph == "M" && e.name == "thread_name" && e.pid == pid && e.tid == tid)
+            .and_then(|e| e.args.get("name")?.as_str())
+    }
+
+    /// Every collective, matched across ranks by its track's name and its
+    /// sequence number: its kind and the ranks that logged it. A collective
+    /// some rank of its communicator lacks is where the ranks diverged.
+    pub fn collectives(&self) -> BTreeMap<(String, u64), MatchedCollective> {
+        let names: HashMap<(usize, u32), &str> = self
+            .events
+            .iter()
+            .filter(|e| e.ph == "M" && e.name == "thread_name")
+            .filter_map(|e| Some(((e.pid, e.tid), e.args.get("name")?.as_str()?)))
+            .collect();
+        let mut out: BTreeMap<(String, u64), MatchedCollective> = BTreeMap::new();
+        for e in self.spans().filter(|e| e.cat == "collective") {
+            let Some(seq) = e.args.get("seq").and_then(Value::as_u64) else {
+                continue;
+            };
+            let track = names.get(&(e.pid, e.tid)).copied().unwrap_or("?");
+            out.entry((track.to_string(), seq))
+                .or_insert_with(|| MatchedCollective {
+                    op: e.name.clone(),
+                    ranks: BTreeSet::new(),
+                })
+                .ranks
+                .insert(e.pid);
+        }
+        out
+    }
+
+    /// Two complete events of one track that overlap without one holding
+    /// the other (the first such pair), which Chrome's format does not
+    /// allow; `None` for a well-nested trace.
+    pub fn overlapping(&self) -> Option<(&TraceEvent, &TraceEvent)> {
+        let mut by_track: BTreeMap<(usize, u32), Vec<&TraceEvent>> = BTreeMap::new();
+        for e in self.spans() {
+            by_track.entry((e.pid, e.tid)).or_default().push(e);
+        }
+        let end = |e: &TraceEvent| e.ts + e.dur.unwrap_or(0);
+        for mut events in by_track.into_values() {
+            // Parents first: the earlier start, then the longer.
+            events.sort_by_key(|e| (e.ts, std::cmp::Reverse(e.dur.unwrap_or(0))));
+            let mut open: Vec<&TraceEvent> = Vec::new();
+            for e in events {
+                while open.last().is_some_and(|p| end(p) <= e.ts) {
+                    open.pop();
+                }
+                if let Some(parent) = open.last()
+                    && end(e) > end(parent)
+                {
+                    return Some((parent, e));
+                }
+                open.push(e);
+            }
+        }
+        None
+    }
+}
+
+/// A collective of a [`Trace`], matched across ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchedCollective {
+    /// Its kind (`all_reduce`, ...).
+    pub op: String,
+    /// The ranks that logged it.
+    pub ranks: BTreeSet<usize>,
+}
+
+/// Gathers every rank's timeline (collective over `comm`: a barrier that
+/// aligns the clocks, then an all-gather of the logs) and returns the merged
+/// trace on every rank. A rank without a timeline makes it
+/// [`CommError::InvalidArgument`] on every rank.
+pub fn gather_trace<C: Communicator>(comm: &C) -> Result<Trace> {
+    let track = comm.timeline();
+    comm.barrier()?;
+    let mine = track
+        .map(|t| t.snapshot(t.now_us()))
+        .and_then(|log| serde_json::to_vec(&log).ok())
+        .unwrap_or_default();
+    let gathered = comm.all_gather_varied::<u8>(&mine)?;
+    let mut logs = Vec::with_capacity(comm.world_size());
+    let mut missing = Vec::new();
+    for rank in 0..comm.world_size() {
+        let bytes = gathered
+            .range(rank)
+            .and_then(|r| gathered.data().get(r))
+            .unwrap_or_default();
+        if bytes.is_empty() {
+            missing.push(rank);
+            continue;
+        }
+        let log: RankLog = serde_json::from_slice(bytes).map_err(|e| {
+            CommError::InvalidArgument(format!("rank {rank}'s timeline could not be read: {e}"))
+        })?;
+        logs.push(log);
+    }
+    if !missing.is_empty() {
+        return Err(CommError::InvalidArgument(format!(
+            "ranks {missing:?} keep no timeline (their communicator's `timeline` setting is off)"
+        )));
+    }
+    Ok(merge(&logs))
+}
+
+/// A complete event.
+fn complete(
+    name: String,
+    cat: &str,
+    pid: usize,
+    tid: u32,
+    start: i64,
+    end: i64,
+    args: Map<String, Value>,
+) -> TraceEvent {
+    TraceEvent {
+        name,
+        cat: cat.to_string(),
+        ph: "X",
+        ts: start,
+        dur: Some((end - start).max(0)),
+        pid,
+        tid,
+        args,
+    }
+}
+
+fn metadata(name: &str, pid: usize, tid: u32, args: Value) -> TraceEvent {
+    TraceEvent {
+        name: name.to_string(),
+        cat: "__metadata".to_string(),
+        ph: "M",
+        ts: 0,
+        dur: None,
+        pid,
+        tid,
+        args: match args {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        },
+    }
+}
+
+fn as_i64(us: u64) -> i64 {
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// Who arrived last at a collective and when, on the merged clock.
+struct Arrivals {
+    first: i64,
+    last: i64,
+    last_rank: usize,
+    ranks: usize,
+}
+
+/// The logs of every rank (in rank order) merged.
+fn merge(logs: &[RankLog]) -> Trace {
+    // Rank r's clock reads zero_us[r] at the instant rank 0's reads
+    // zero_us[0]: shift each to rank 0's, then all so the earliest is 0.
+    let zero0 = logs.first().map_or(0, |l| as_i64(l.zero_us));
+    let shifts: Vec<i64> = logs.iter().map(|l| zero0 - as_i64(l.zero_us)).collect();
+    let base = shifts.iter().copied().min().unwrap_or(0);
+    let at = |rank: usize, us: u64| as_i64(us) + shifts[rank] - base;
+    let track_name = |rank: usize, track: u32| -> &str {
+        logs[rank]
+            .tracks
+            .get(track as usize)
+            .map_or("?", String::as_str)
+    };
+
+    // Arrivals per (track name, seq), over the ranks that logged it.
+    let mut arrivals: HashMap<(&str, u64), Arrivals> = HashMap::new();
+    for (rank, log) in logs.iter().enumerate() {
+        for c in &log.log.collectives {
+            let entered = at(rank, c.entered_us);
+            let a = arrivals
+                .entry((track_name(rank, c.track), c.seq))
+                .or_insert(Arrivals {
+                    first: entered,
+                    last: entered,
+                    last_rank: rank,
+                    ranks: 0,
+                });
+            a.ranks += 1;
+            a.first = a.first.min(entered);
+            if entered > a.last {
+                a.last = entered;
+                a.last_rank = rank;
+            }
+        }
+    }
+
+    let mut events = Vec::new();
+    let mut last_arrivals = vec![(0u64, 0u64); logs.len()];
+    for (rank, log) in logs.iter().enumerate() {
+        events.push(metadata(
+            "process_name",
+            rank,
+            0,
+            json!({"name": format!("rank {}", log.rank)}),
+        ));
+        events.push(metadata(
+            "process_sort_index",
+            rank,
+            0,
+            json!({"sort_index": rank}),
+        ));
+        for (tid, name) in log.tracks.iter().enumerate() {
+            let tid = u32::try_from(tid).unwrap_or(u32::MAX);
+            events.push(metadata("thread_name", rank, tid, json!({"name": name})));
+            events.push(metadata(
+                "thread_sort_index",
+                rank,
+                tid,
+                json!({"sort_index": tid}),
+            ));
+        }
+    }
+    for (rank, log) in logs.iter().enumerate() {
+        for c in &log.log.collectives {
+            let key = (track_name(rank, c.track), c.seq);
+            let a = &arrivals[&key];
+            if a.last_rank == rank && a.last > a.first && a.ranks > 1 {
+                last_arrivals[rank].0 += 1;
+                last_arrivals[rank].1 += u64::try_from(a.last - a.first).unwrap_or(0);
+            }
+            collective_events(&mut events, rank, c, a, &at);
+        }
+        let mut by_track: HashMap<u32, Vec<(i64, i64)>> = HashMap::new();
+        for c in &log.log.collectives {
+            let start = at(rank, c.entered_us);
+            let end = at(rank, c.done_us.unwrap_or(c.agreed_us));
+            by_track.entry(c.track).or_default().push((start, end));
+        }
+        for calls in by_track.values_mut() {
+            calls.sort_unstable();
+        }
+        for s in &log.log.spans {
+            let (start, end) = (at(rank, s.start_us), at(rank, s.end_us));
+            let name = match s.index {
+                Some(i) => format!("{} {i}", s.name),
+                None => s.name.to_string(),
+            };
+            events.push(complete(
+                name,
+                &s.cat,
+                rank,
+                s.track,
+                start,
+                end,
+                Map::new(),
+            ));
+            if s.cat == "combine" {
+                let calls = by_track.get(&s.track).map_or(&[][..], Vec::as_slice);
+                codec_gaps(&mut events, rank, s.track, start, end, calls);
+            }
+        }
+    }
+    Trace {
+        events,
+        last_arrivals,
+        dropped: logs.iter().map(|l| l.log.dropped).sum(),
+    }
+}
+
+/// A collective on `rank`: the whole call, the wait for the last rank, the
+/// agreement and the transfer.
+fn collective_events(
+    events: &mut Vec<TraceEvent>,
+    rank: usize,
+    c: &CollectiveEvent,
+    a: &Arrivals,
+    at: &impl Fn(usize, u64) -> i64,
+) {
+    let entered = at(rank, c.entered_us);
+    let agreed = at(rank, c.agreed_us).max(entered);
+    let done = c.done_us.map_or(agreed, |d| at(rank, d).max(agreed));
+    let mut args = Map::new();
+    args.insert("seq".into(), json!(c.seq));
+    args.insert("len".into(), json!(c.len));
+    if let Some(elem) = &c.elem {
+        args.insert("elem".into(), json!(elem));
+    }
+    args.insert("last".into(), json!(a.last_rank));
+    args.insert("late_us".into(), json!(a.last - a.first));
+    if c.failed {
+        args.insert("failed".into(), json!(true));
+    }
+    events.push(complete(
+        c.op.to_string(),
+        "collective",
+        rank,
+        c.track,
+        entered,
+        done,
+        args,
+    ));
+    // The last rank's arrival, as this rank's clock has it (the alignment
+    // is good to about a message's latency).
+    let waited_until = a.last.clamp(entered, agreed);
+    if waited_until > entered && a.last_rank != rank {
+        events.push(complete(
+            format!("wait for rank {}", a.last_rank),
+            "phase",
+            rank,
+            c.track,
+            entered,
+            waited_until,
+            Map::new(),
+        ));
+    }
+    if agreed > waited_until {
+        let phase = "agree".to_string();
+        events.push(complete(
+            phase,
+            "phase",
+            rank,
+            c.track,
+            waited_until,
+            agreed,
+            Map::new(),
+        ));
+    }
+    if done > agreed {
+        let phase = "transfer".to_string();
+        events.push(complete(
+            phase,
+            "phase",
+            rank,
+            c.track,
+            agreed,
+            done,
+            Map::new(),
+        ));
+    }
+}
+
+/// A `combine` span's time outside its collectives (`calls`, sorted: this
+/// track's collectives as `(start, end)`): the strategy's own work, its
+/// codec.
+fn codec_gaps(
+    events: &mut Vec<TraceEvent>,
+    rank: usize,
+    track: u32,
+    start: i64,
+    end: i64,
+    calls: &[(i64, i64)],
+) {
+    let first = calls.partition_point(|&(s, _)| s < start);
+    let mut cursor = start;
+    for &(s, e) in calls[first..].iter().take_while(|&&(s, _)| s < end) {
+        if s > cursor {
+            let codec = "codec".to_string();
+            events.push(complete(codec, "codec", rank, track, cursor, s, Map::new()));
+        }
+        cursor = cursor.max(e);
+    }
+    if end > cursor {
+        let codec = "codec".to_string();
+        events.push(complete(
+            codec,
+            "codec",
+            rank,
+            track,
+            cursor,
+            end,
+            Map::new(),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Log, SpanEvent};
+    use super::*;
+    use std::borrow::Cow;
+
+    fn call(seq: u64, entered_us: u64, agreed_us: u64, done_us: Option<u64>) -> CollectiveEvent {
+        CollectiveEvent {
+            track: 0,
+            seq,
+            op: Cow::Borrowed("all_reduce"),
+            elem: Some(Cow::Borrowed("f32")),
+            len: 3,
+            entered_us,
+            agreed_us,
+            done_us,
+            failed: false,
+        }
+    }
+
+    fn log(rank: usize, zero_us: u64, collectives: Vec<CollectiveEvent>) -> RankLog {
+        RankLog {
+            rank,
+            zero_us,
+            tracks: vec!["collectives".into()],
+            log: Log {
+                collectives: collectives.into(),
+                spans: Default::default(),
+                dropped: 0,
+            },
+        }
+    }
+
+    /// Rank 1's clock runs 1000 us behind rank 0's (it left the alignment
+    /// barrier at 5000 where rank 0 read 6000); on the merged clock rank 1
+    /// entered collective 0 at 1500, 500 us after rank 0, which waited for
+    /// it, agreed at 1600 and moved the data until 1900.
+    #[test]
+    fn clocks_are_aligned_and_the_wait_is_named() {
+        let logs = [
+            log(0, 6000, vec![call(0, 1000, 1600, Some(1900))]),
+            log(1, 5000, vec![call(0, 500, 610, Some(900))]),
+        ];
+        let trace = merge(&logs);
+        assert_eq!(trace.overlapping(), None);
+        let on = |pid: usize, name: &str| -> (i64, i64) {
+            let e = trace
+                .spans()
+                .find(|e| e.pid == pid && e.name == name)
+                .unwrap_or_else(|| panic!("rank {pid}: no {name}"));
+            (e.ts, e.ts + e.dur.unwrap())
+        };
+        // Rank 1's times are shifted by +1000 onto rank 0's clock.
+        assert_eq!(on(0, "all_reduce"), (1000, 1900));
+        assert_eq!(on(1, "all_reduce"), (1500, 1900));
+        assert_eq!(on(0, "wait for rank 1"), (1000, 1500));
+        assert_eq!(on(0, "agree"), (1500, 1600));
+        assert_eq!(on(0, "transfer"), (1600, 1900));
+        assert_eq!(on(1, "agree"), (1500, 1610));
+        assert!(
+            !trace
+                .spans()
+                .any(|e| e.pid == 1 && e.name.starts_with("wait"))
+        );
+        let call0 = trace.spans().find(|e| e.cat == "collective").unwrap();
+        assert_eq!(call0.args["last"], 1);
+        assert_eq!(call0.args["late_us"], 500);
+        assert_eq!(trace.last_arrivals, vec![(0, 0), (1, 500)]);
+        let matched = trace.collectives();
+        assert_eq!(matched.len(), 1);
+        let c = &matched[&("collectives".to_string(), 0)];
+        assert_eq!((c.op.as_str(), c.ranks.len()), ("all_reduce", 2));
+    }
+
+    #[test]
+    fn a_combination_shows_its_codec_work_between_its_collectives() {
+        let mut rank = log(0, 0, vec![call(0, 20, 25, Some(40)), call(1, 60, 61, None)]);
+        rank.log.spans.push_back(SpanEvent {
+            track: 0,
+            cat: Cow::Borrowed("combine"),
+            name: Cow::Borrowed("combine"),
+            index: None,
+            start_us: 10,
+            end_us: 70,
+        });
+        let trace = merge(&[rank]);
+        assert_eq!(trace.overlapping(), None);
+        let codec: Vec<(i64, i64)> = trace
+            .spans()
+            .filter(|e| e.cat == "codec")
+            .map(|e| (e.ts, e.ts + e.dur.unwrap()))
+            .collect();
+        assert_eq!(codec, [(10, 20), (40, 60), (61, 70)]);
+    }
+
+    #[test]
+    fn overlapping_events_of_one_track_are_found() {
+        let event = |ts: i64, dur: i64, tid: u32| TraceEvent {
+            name: format!("{ts}"),
+            cat: "step".into(),
+            ph: "X",
+            ts,
+            dur: Some(dur),
+            pid: 0,
+            tid,
+            args: Map::new(),
+        };
+        let nested = Trace {
+            events: vec![
+                event(0, 10, 0),
+                event(2, 3, 0),
+                event(10, 5, 0),
+                event(5, 20, 1),
+            ],
+            last_arrivals: vec![],
+            dropped: 0,
+        };
+        assert_eq!(nested.overlapping(), None);
+        let crossed = Trace {
+            events: vec![event(0, 10, 0), event(5, 10, 0)],
+            ..nested
+        };
+        let (a, b) = crossed.overlapping().unwrap();
+        assert_eq!((a.ts, b.ts), (0, 5));
+    }
+}
