@@ -61,12 +61,13 @@ pub(super) fn timeline<C: Communicator + 'static>(
             .collect()
     };
     let all: BTreeSet<usize> = (0..w).collect();
-    // The world's: 4 rounds of 3, the split and the trace's barrier, with
-    // consecutive numbers, on every rank.
+    // The world's: 4 rounds of 3, the split, and the trace's barrier and
+    // broadcast of the clocks' offsets, with consecutive numbers, on every
+    // rank.
     let world = on("collectives");
     let ops: Vec<&str> = world.iter().map(|&(_, op, _)| op).collect();
     let mut want = ["all_reduce", "broadcast", "all_gather_varied"].repeat(4);
-    want.extend(["split", "barrier"]);
+    want.extend(["split", "barrier", "broadcast"]);
     checks.check(ops == want, || {
         format!("timeline: the world's collectives {ops:?}, not {want:?}")
     });

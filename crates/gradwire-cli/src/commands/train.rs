@@ -48,6 +48,22 @@ pub(crate) fn run(args: TrainArgs) -> Result<(), ExperimentError> {
                 s.late_secs * 1e3
             );
         }
+        if let (Some(t), Some(path)) = (&report.timeline, &report.config.timeline) {
+            let last = t.last.map_or(String::new(), |(rank, n, us)| {
+                format!(
+                    "; rank {rank} arrived last most often ({n} times, {:.2} ms late on average)",
+                    us / 1e3
+                )
+            });
+            let picture = t.picture.as_ref().map_or(String::new(), |p| {
+                format!(", the last steps drawn in {}", p.display())
+            });
+            println!(
+                "timeline: {} ({} collectives on one clock; open it in ui.perfetto.dev{picture}){last}",
+                path.display(),
+                t.collectives
+            );
+        }
     }
     Ok(())
 }

@@ -575,3 +575,84 @@ fn the_16_bit_baseline_sends_half_the_bytes() {
         );
     }
 }
+
+/// `train --timeline FILE` writes the run's Chrome trace: every rank a
+/// process, every world collective on every rank under one sequence
+/// number, one `finish` span per step and rank, and the bucket jobs on
+/// each rank's communication thread; and beside it the picture of the last
+/// steps (where the font is there to draw it).
+#[test]
+fn train_writes_a_timeline_every_rank_shares() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("trace.json");
+    let lines = json_lines(&gradwire(&[
+        "train",
+        "--json",
+        "--epochs",
+        "1",
+        "-w",
+        "3",
+        "--hidden",
+        "32",
+        "-s",
+        "topk:0.01",
+        "--timeline",
+        file.to_str().unwrap(),
+    ]));
+    let (summary, epochs) = lines.split_last().unwrap();
+    let steps: u64 = epochs.iter().map(|e| e["steps"].as_u64().unwrap()).sum();
+    assert!(summary["timeline"]["collectives"].as_u64().unwrap() > steps);
+    let trace: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let meta = |name: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["name"] == name)
+            .collect()
+    };
+    let ranks: Vec<&str> = meta("process_name")
+        .iter()
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(ranks, ["rank 0", "rank 1", "rank 2"]);
+    let track = |pid: &Value, tid: &Value| -> String {
+        meta("thread_name")
+            .iter()
+            .find(|m| m["pid"] == *pid && m["tid"] == *tid)
+            .map(|m| m["args"]["name"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    let mut world: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    let mut finishes = [0u64; 3];
+    let mut lane_buckets = [0u64; 3];
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        let rank = e["pid"].as_u64().unwrap();
+        let name = track(&e["pid"], &e["tid"]);
+        match e["cat"].as_str().unwrap() {
+            "collective" if name == "collectives" => {
+                world
+                    .entry(e["args"]["seq"].as_u64().unwrap())
+                    .or_default()
+                    .push(rank);
+            }
+            "step" => finishes[rank as usize] += 1,
+            "bucket" if name == "collectives (communication thread)" => {
+                lane_buckets[rank as usize] += 1;
+            }
+            _ => {}
+        }
+    }
+    let seqs: Vec<u64> = world.keys().copied().collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    assert!(world.values().all(|ranks| ranks == &[0, 1, 2]));
+    assert_eq!(finishes, [steps; 3]);
+    assert!(lane_buckets.iter().all(|&n| n >= steps));
+    let picture = file.with_extension("png");
+    if Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").is_file() {
+        let bytes = std::fs::read(&picture).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert_eq!(summary["timeline"]["picture"], picture.to_str().unwrap());
+    } else {
+        println!("SKIP the timeline's picture: no DejaVu Sans to draw text with");
+    }
+}

@@ -6,7 +6,7 @@
 //! layers above add spans of their own through
 //! [`crate::Communicator::timeline`] (a bucket's job, its strategy's
 //! combination, the optimizer, a step). [`gather_trace`] merges every
-//! rank's log onto one clock and returns a Chrome trace (`trace.rs`), which
+//! rank's log onto rank 0's clock and returns a Chrome trace (`trace.rs`), which
 //! Perfetto and `chrome://tracing` draw: one process per rank, one track per
 //! communicator, each collective split into the wait for the last rank, the
 //! agreement and the transfer, named by its sequence number (the same on
@@ -22,7 +22,7 @@
 
 mod trace;
 
-pub use trace::{MatchedCollective, Trace, TraceEvent, gather_trace};
+pub use trace::{ALIGNMENT_ROUNDS, MatchedCollective, Trace, TraceEvent, gather_trace};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -308,20 +308,17 @@ impl Drop for Span<'_> {
 #[derive(Debug, Serialize, Deserialize)]
 struct RankLog {
     rank: usize,
-    /// This rank's clock when it left the alignment barrier.
-    zero_us: u64,
     tracks: Vec<String>,
     log: Log,
 }
 
 impl TimelineTrack {
-    /// A copy of the rank's log, stamped `zero_us`.
-    fn snapshot(&self, zero_us: u64) -> RankLog {
+    /// A copy of the rank's log.
+    fn snapshot(&self) -> RankLog {
         let tracks = self.timeline.tracks.lock().clone();
         let log = self.timeline.log.lock();
         RankLog {
             rank: self.timeline.rank,
-            zero_us,
             tracks,
             log: Log {
                 collectives: log.collectives.clone(),
@@ -351,7 +348,7 @@ mod tests {
             lane.done(0, 3, false);
         }
         let _none = span(None, "bucket", "bucket", None);
-        let snap = world.snapshot(5);
+        let snap = world.snapshot();
         assert_eq!(snap.rank, 3);
         assert_eq!(snap.tracks.len(), 3);
         assert_eq!(snap.log.spans.len(), 1);
@@ -371,7 +368,7 @@ mod tests {
         for _ in 0..TIMELINE_EVENTS + 3 {
             world.record("step", "step", None, now, now);
         }
-        let snap = world.snapshot(0);
+        let snap = world.snapshot();
         assert_eq!(snap.log.spans.len(), TIMELINE_EVENTS);
         assert_eq!(snap.log.dropped, 3);
     }

@@ -1,10 +1,14 @@
 //! Every rank's timeline merged into one Chrome trace (the JSON that
 //! Perfetto and `chrome://tracing` open): [`gather_trace`].
 //!
-//! The ranks' clocks are aligned at a barrier: each rank reads its clock as
-//! it leaves, and the trace puts those readings at one instant (the
-//! barrier's exits differ by about one message latency; processes on one
-//! host share the monotonic clock, hosts only through this). A collective
+//! The ranks' clocks are aligned on rank 0's as NTP and Cristian's algorithm
+//! do: rank 0 sends each rank its clock's reading, the rank answers with
+//! its own, and rank 0 takes the answer as read halfway through the round
+//! trip; of [`ALIGNMENT_ROUNDS`] trips the shortest decides (its error is at
+//! most half of it: microseconds on one host, a network latency across
+//! hosts). A barrier's exits would not do: a rank woken late by its
+//! scheduler would read a late clock and seem to arrive late everywhere. A
+//! collective
 //! matched across ranks by its track and sequence number is drawn on each
 //! rank as its whole call, and within it: the wait for the rank that
 //! arrived last (named), the agreement, and the transfer. A strategy's
@@ -154,15 +158,27 @@ pub struct MatchedCollective {
     pub ranks: BTreeSet<usize>,
 }
 
-/// Gathers every rank's timeline (collective over `comm`: a barrier that
-/// aligns the clocks, then an all-gather of the logs) and returns the merged
-/// trace on every rank. A rank without a timeline makes it
-/// [`CommError::InvalidArgument`] on every rank.
+/// Round trips that align a rank's clock on rank 0's.
+pub const ALIGNMENT_ROUNDS: usize = 8;
+
+/// Gathers every rank's timeline (collective over `comm`: a barrier, the
+/// clocks' alignment by round trips to rank 0 and a broadcast, then an
+/// all-gather of the logs) and returns the merged trace on every rank. A
+/// rank without a timeline makes it [`CommError::InvalidArgument`] on
+/// every rank.
 pub fn gather_trace<C: Communicator>(comm: &C) -> Result<Trace> {
     let track = comm.timeline();
     comm.barrier()?;
+    // A rank without a timeline still answers (on a clock of its own), so
+    // that every rank makes the same calls and the refusal is agreed.
+    let own = std::time::Instant::now();
+    let now = || match track {
+        Some(t) => t.now_us(),
+        None => u64::try_from(own.elapsed().as_micros()).unwrap_or(u64::MAX),
+    };
+    let offsets = align(comm, now)?;
     let mine = track
-        .map(|t| t.snapshot(t.now_us()))
+        .map(|t| t.snapshot())
         .and_then(|log| serde_json::to_vec(&log).ok())
         .unwrap_or_default();
     let gathered = comm.all_gather_varied::<u8>(&mine)?;
@@ -187,7 +203,39 @@ pub fn gather_trace<C: Communicator>(comm: &C) -> Result<Trace> {
             "ranks {missing:?} keep no timeline (their communicator's `timeline` setting is off)"
         )));
     }
-    Ok(merge(&logs))
+    Ok(merge(&logs, &offsets))
+}
+
+/// Each rank's clock minus rank 0's, in microseconds, on every rank
+/// (Cristian's algorithm; see the module docs).
+fn align<C: Communicator>(comm: &C, now: impl Fn() -> u64) -> Result<Vec<i64>> {
+    let mut offsets = vec![0i64; comm.world_size()];
+    if comm.rank() == 0 {
+        for (peer, offset) in offsets.iter_mut().enumerate().skip(1) {
+            let mut best = u64::MAX;
+            for _ in 0..ALIGNMENT_ROUNDS {
+                let sent = now();
+                comm.send(&[sent], peer)?;
+                let mut answer = [0u64];
+                comm.recv(&mut answer, peer)?;
+                let back = now();
+                let trip = back.saturating_sub(sent);
+                if trip < best {
+                    best = trip;
+                    let halfway = as_i64(sent) + as_i64(trip) / 2;
+                    *offset = as_i64(answer[0]) - halfway;
+                }
+            }
+        }
+    } else {
+        for _ in 0..ALIGNMENT_ROUNDS {
+            let mut ping = [0u64];
+            comm.recv(&mut ping, 0)?;
+            comm.send(&[now()], 0)?;
+        }
+    }
+    comm.broadcast(&mut offsets, 0)?;
+    Ok(offsets)
 }
 
 /// A complete event.
@@ -240,12 +288,14 @@ struct Arrivals {
     ranks: usize,
 }
 
-/// The logs of every rank (in rank order) merged.
-fn merge(logs: &[RankLog]) -> Trace {
-    // Rank r's clock reads zero_us[r] at the instant rank 0's reads
-    // zero_us[0]: shift each to rank 0's, then all so the earliest is 0.
-    let zero0 = logs.first().map_or(0, |l| as_i64(l.zero_us));
-    let shifts: Vec<i64> = logs.iter().map(|l| zero0 - as_i64(l.zero_us)).collect();
+/// The logs of every rank (in rank order) merged, rank r's clock ahead of
+/// rank 0's by `offsets[r]` microseconds.
+fn merge(logs: &[RankLog], offsets: &[i64]) -> Trace {
+    // Each rank's times on rank 0's clock, then all shifted so that the
+    // earliest a rank's clock can read (its 0) is at or after 0.
+    let shifts: Vec<i64> = (0..logs.len())
+        .map(|r| -offsets.get(r).copied().unwrap_or(0))
+        .collect();
     let base = shifts.iter().copied().min().unwrap_or(0);
     let at = |rank: usize, us: u64| as_i64(us) + shifts[rank] - base;
     let track_name = |rank: usize, track: u32| -> &str {
@@ -476,10 +526,9 @@ mod tests {
         }
     }
 
-    fn log(rank: usize, zero_us: u64, collectives: Vec<CollectiveEvent>) -> RankLog {
+    fn log(rank: usize, collectives: Vec<CollectiveEvent>) -> RankLog {
         RankLog {
             rank,
-            zero_us,
             tracks: vec!["collectives".into()],
             log: Log {
                 collectives: collectives.into(),
@@ -489,17 +538,16 @@ mod tests {
         }
     }
 
-    /// Rank 1's clock runs 1000 us behind rank 0's (it left the alignment
-    /// barrier at 5000 where rank 0 read 6000); on the merged clock rank 1
-    /// entered collective 0 at 1500, 500 us after rank 0, which waited for
-    /// it, agreed at 1600 and moved the data until 1900.
+    /// Rank 1's clock runs 1000 us behind rank 0's; on the merged clock
+    /// rank 1 entered collective 0 at 1500, 500 us after rank 0, which
+    /// waited for it, agreed at 1600 and moved the data until 1900.
     #[test]
     fn clocks_are_aligned_and_the_wait_is_named() {
         let logs = [
-            log(0, 6000, vec![call(0, 1000, 1600, Some(1900))]),
-            log(1, 5000, vec![call(0, 500, 610, Some(900))]),
+            log(0, vec![call(0, 1000, 1600, Some(1900))]),
+            log(1, vec![call(0, 500, 610, Some(900))]),
         ];
-        let trace = merge(&logs);
+        let trace = merge(&logs, &[0, -1000]);
         assert_eq!(trace.overlapping(), None);
         let on = |pid: usize, name: &str| -> (i64, i64) {
             let e = trace
@@ -532,7 +580,7 @@ mod tests {
 
     #[test]
     fn a_combination_shows_its_codec_work_between_its_collectives() {
-        let mut rank = log(0, 0, vec![call(0, 20, 25, Some(40)), call(1, 60, 61, None)]);
+        let mut rank = log(0, vec![call(0, 20, 25, Some(40)), call(1, 60, 61, None)]);
         rank.log.spans.push_back(SpanEvent {
             track: 0,
             cat: Cow::Borrowed("combine"),
@@ -541,7 +589,7 @@ mod tests {
             start_us: 10,
             end_us: 70,
         });
-        let trace = merge(&[rank]);
+        let trace = merge(&[rank], &[0]);
         assert_eq!(trace.overlapping(), None);
         let codec: Vec<(i64, i64)> = trace
             .spans()

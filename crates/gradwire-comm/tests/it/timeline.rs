@@ -77,9 +77,10 @@ fn every_collective_appears_on_every_rank_with_its_sequence_number_and_nests() {
                 .collect()
         };
         // The world: 4 rounds of 3, the barrier, the split, and the
-        // trace's own barrier, numbered from 0 on every rank.
+        // trace's own barrier and broadcast of the clocks' offsets,
+        // numbered from 0 on every rank.
         let world = on("collectives");
-        assert_eq!(world.len(), 4 * 3 + 3, "W = {w}");
+        assert_eq!(world.len(), 4 * 3 + 4, "W = {w}");
         for (k, &(seq, _, ranks)) in world.iter().enumerate() {
             assert_eq!(seq, k as u64);
             assert_eq!(ranks, &all, "W = {w}, seq {seq}");
@@ -89,7 +90,7 @@ fn every_collective_appears_on_every_rank_with_its_sequence_number_and_nests() {
             &ops[..4],
             ["all_reduce", "broadcast", "all_gather_varied", "all_reduce"]
         );
-        assert_eq!(&ops[12..], ["barrier", "split", "barrier"]);
+        assert_eq!(&ops[12..], ["barrier", "split", "barrier", "broadcast"]);
         // The lane's all-reduce, on every rank.
         let lane = on("collectives (communication thread)");
         assert_eq!(lane.len(), 1);

@@ -121,7 +121,12 @@ fn run_mpi<'o>(
     } else {
         None
     };
-    let runs = super::run_on(configs, data, || Ok(MpiComm::world()?), observer)?;
+    let config = gradwire_comm::MpiConfig {
+        timeline: configs.iter().any(|c| c.timeline.is_some()),
+        ..gradwire_comm::MpiConfig::default()
+    };
+    let make_comm = || Ok(MpiComm::world_with(&config)?);
+    let runs = super::run_on(configs, data, make_comm, observer)?;
     Ok(runs.map(|runs| Compared { runs, calibration }))
 }
 

@@ -32,15 +32,27 @@ pub const DEFAULT_LINE_UP: [&str; 11] = [
 ];
 
 /// The configuration of each strategy (a registry form such as
-/// `topk:0.01:no-ef`, or `baseline`): `base` with that strategy.
+/// `topk:0.01:no-ef`, or `baseline`): `base` with that strategy, and with
+/// `--timeline FILE` a file of its own (`FILE`'s stem, the strategy with
+/// `:` as `_`, `FILE`'s extension: `trace.topk_0.01.json`).
 pub fn configs(base: &TrainConfig, strategies: &[impl AsRef<str>]) -> Result<Vec<TrainConfig>> {
     strategies
         .iter()
         .map(|text| {
-            let (strategy, baseline) = parse_strategy(text.as_ref().trim())?;
+            let text = text.as_ref().trim();
+            let (strategy, baseline) = parse_strategy(text)?;
+            let timeline = base.timeline.as_ref().map(|path| {
+                let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+                let mut name = format!("{stem}.{}", text.replace(':', "_"));
+                if let Some(ext) = path.extension() {
+                    name = format!("{name}.{}", ext.to_string_lossy());
+                }
+                path.with_file_name(name)
+            });
             let config = TrainConfig {
                 strategy,
                 baseline,
+                timeline,
                 ..base.clone()
             };
             config.validate()?;

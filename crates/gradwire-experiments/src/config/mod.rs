@@ -182,6 +182,14 @@ pub struct TrainConfig {
     /// DimReduce: start from this PCA file instead of a dense stage.
     #[arg(long)]
     pub pca: Option<PathBuf>,
+    /// Write a timeline of the run to this file: every rank's collectives
+    /// (the wait for the last rank, the agreement, the transfer), bucket
+    /// jobs, codec work, optimizer steps, on one clock, as a Chrome trace
+    /// (open it in Perfetto, ui.perfetto.dev, or chrome://tracing). An
+    /// output of the run, not part of it: never saved in a checkpoint.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub timeline: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -212,6 +220,7 @@ impl Default for TrainConfig {
             dimreduce_dense_epochs: None,
             components: 32,
             pca: None,
+            timeline: None,
         }
     }
 }
@@ -682,6 +691,7 @@ mod legacy {
                 dimreduce_dense_epochs: r.dimreduce_dense_epochs,
                 components: r.components,
                 pca: r.pca,
+                timeline: None,
             })
         }
     }

@@ -120,8 +120,11 @@ fn train_mpi(
     plan: Option<&CheckpointPlan>,
     started: impl FnOnce(&TrainConfig),
 ) -> Result<Option<RunReport>> {
-    use gradwire_comm::{Communicator, MpiComm};
-    let comm = MpiComm::world()?;
+    use gradwire_comm::{Communicator, MpiComm, MpiConfig};
+    let comm = MpiComm::world_with(&MpiConfig {
+        timeline: config.timeline.is_some(),
+        ..MpiConfig::default()
+    })?;
     config.world = comm.world_size();
     config.validate()?;
     if comm.rank() == 0 {

@@ -22,7 +22,8 @@ use crate::model::{Evaluation, Model};
 use candle_core::backprop::GradStore;
 use gradwire_algos::Traffic;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca, TrajectoryRecorder};
-use gradwire_comm::{LocalComm, ReduceOp, local};
+use gradwire_comm::timeline::span;
+use gradwire_comm::{LocalComm, LocalConfig, ReduceOp, local};
 use gradwire_optim::checkpoint;
 use gradwire_optim::{
     AdaGradConfig, AdaGradRule, AdamConfig, AdamRule, AdamWRule, DistOptConfig, OneBitAdamConfig,
@@ -35,12 +36,14 @@ mod command;
 mod report;
 mod resume;
 mod straggler;
+mod timeline;
 
 pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit, TARGET_ACCURACY, Target};
 pub use resume::CheckpointPlan;
 use resume::{PCA_FILE, ResumePoint, agree, agree_on_resume, has_checkpoint, prune, saved_config};
 pub use straggler::{Straggler, straggler};
+pub use timeline::TimelineSummary;
 
 /// Snapshots DimReduce's first stage keeps (MindSpore's recipe: 60).
 pub const TRAJECTORY_SNAPSHOTS: usize = 60;
@@ -54,10 +57,18 @@ pub fn train(
     plan: Option<&CheckpointPlan>,
 ) -> Result<RunReport> {
     prepare(config, plan)?;
-    let results = local::run(config.world, |comm: LocalComm| {
+    let local_config = LocalConfig {
+        timeline: config.timeline.is_some(),
+        ..LocalConfig::default()
+    };
+    let results = local::run_with(config.world, &local_config, |comm: LocalComm| {
         train_rank(comm, config, data, observer, plan)
     })?;
-    rank_zero_report(results)
+    rank_zero_report(
+        results
+            .into_iter()
+            .map(|r| r.map_err(ExperimentError::from).and_then(|r| r)),
+    )
 }
 
 /// Trains `config` on `data` with one NcclComm worker per GPU (devices 0 to
@@ -83,6 +94,7 @@ pub fn train_nccl(
         } else {
             NcclReduction::Native
         },
+        timeline: config.timeline.is_some(),
         ..NcclConfig::default()
     };
     let results = nccl::run(&devices, nccl_config, |comm| {
@@ -361,6 +373,9 @@ impl Run<'_> {
         let mut bytes_total = history.last().map_or(0, |e| e.bytes_total);
         let mut dimreduce_started = engine.in_dimreduce();
         let micro_batches = config.accumulate as usize;
+        // The forward and backward passes on the timeline, beside the
+        // engine's own spans (a shared track: the clone allocates nothing).
+        let track = engine.comm().timeline().cloned();
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
@@ -397,6 +412,7 @@ impl Run<'_> {
                     let grads = if part.is_empty() {
                         GradStore::default()
                     } else {
+                        let _compute = span(track.as_ref(), "compute", "forward, backward", None);
                         let (loss, grads) = model.loss_and_grads(data, part)?;
                         loss_sum += f64::from(loss) * part.len() as f64;
                         grads
@@ -406,7 +422,11 @@ impl Run<'_> {
                 if config.uneven_shards {
                     engine.set_samples(last.len() as u64)?;
                 }
-                let (last_loss, grads) = model.loss_and_grads(data, last)?;
+                let computed = {
+                    let _compute = span(track.as_ref(), "compute", "forward, backward", None);
+                    model.loss_and_grads(data, last)
+                };
+                let (last_loss, grads) = computed?;
                 loss_sum += f64::from(last_loss) * last.len() as f64;
                 let loss = if micro_batches == 1 {
                     last_loss
@@ -555,6 +575,14 @@ impl Run<'_> {
                 self.observer.epoch_done(&record);
             }
         }
+        let timeline = match &config.timeline {
+            Some(path) => Some(timeline::write_timeline(
+                engine.comm(),
+                path,
+                &config.label(),
+            )?),
+            None => None,
+        };
         if rank != 0 {
             return Ok(None);
         }
@@ -563,6 +591,7 @@ impl Run<'_> {
             config: config.clone(),
             epochs: history,
             param_checksum: model.checksum()?,
+            timeline,
         }))
     }
 }

@@ -164,6 +164,9 @@ pub struct RunReport {
     /// FNV-1a of rank 0's final parameter bits: equal checksums mean
     /// bitwise-equal models.
     pub param_checksum: String,
+    /// With `--timeline`: what the written timeline shows.
+    #[serde(default)]
+    pub timeline: Option<super::TimelineSummary>,
 }
 
 impl RunReport {

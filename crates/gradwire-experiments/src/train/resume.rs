@@ -355,10 +355,11 @@ impl Run<'_> {
         let bad = |m: &str| ExperimentError::Resume(m.to_string());
         let saved = saved_config(ckpt)?;
         // Only the length of the run and its world size may change (the
-        // set was resharded for this one).
+        // set was resharded for this one), and its outputs.
         let comparable = TrainConfig {
             epochs: self.config.epochs,
             world: self.config.world,
+            timeline: self.config.timeline.clone(),
             ..saved.clone()
         };
         if &comparable != self.config {

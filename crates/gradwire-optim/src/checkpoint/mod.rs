@@ -740,7 +740,8 @@ pub fn save(path: impl AsRef<Path>, ckpt: &Checkpoint) -> Result<()> {
 }
 
 /// The atomic write of [`save`], with the writing of the contents left to
-/// `write` (tests use it to simulate a write failing halfway).
+/// `write` (the CLI's timeline file is written with it; tests use it to
+/// simulate a write failing halfway).
 ///
 /// Creates a temporary file next to `path`, calls `write` on it, syncs it,
 /// renames it to `path` and syncs the directory. If any step fails the

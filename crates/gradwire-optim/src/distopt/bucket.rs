@@ -8,6 +8,7 @@ use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{BucketView, Strategy};
 use gradwire_algos::{FaultKind, Reduced, Traffic};
+use gradwire_comm::timeline::span;
 use gradwire_comm::{AsyncJob, Communicator, Pending, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::ops::Range;
@@ -326,6 +327,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         None if check_finite => first_non_finite(&grads).unwrap_or(Some(FaultKind::Other)),
         None => None,
     };
+    let _bucket = span(comm.timeline(), "bucket", "bucket", Some(bucket as u64));
     if let Some(kind) = fault {
         return Err(comm.post_fault(kind).into());
     }
@@ -365,7 +367,9 @@ fn reduce_bucket<C: Communicator + 'static>(
             capacity,
         };
         let started = Instant::now();
+        let combining = span(comm.timeline(), "combine", "combine", None);
         let combined = strategy.combine(comm, &view, &mut live)?;
+        drop(combining);
         combine = started.elapsed();
         averaged = combined.averaged;
         traffic += combined.traffic;

@@ -72,6 +72,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         loss: f64,
         eval_loss: impl FnMut(&[(&str, &Tensor)]) -> Result<f64>,
     ) -> Result<StepStats> {
+        let track = self.comm.timeline().cloned();
+        let _step = gradwire_comm::timeline::span(track.as_ref(), "step", "step", None);
         let mut targets = self.take_targets(params);
         let result = self.finish_dimreduce_step(&mut targets, loss, eval_loss);
         self.local.targets = recycle(targets);

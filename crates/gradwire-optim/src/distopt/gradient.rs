@@ -9,6 +9,7 @@ use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
 use gradwire_algos::{AlgoError, FaultKind, Reduced, Traffic};
+use gradwire_comm::timeline::span;
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_tensor::Tensor;
 use std::time::Instant;
@@ -58,6 +59,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if self.accumulating() {
             return Ok(self.accumulate_micro_batch(|_, _| {}));
         }
+        // The track is shared (an Arc) so the span outlives the borrows of
+        // the step; a clone allocates nothing.
+        let track = self.comm.timeline().cloned();
+        let _step = span(track.as_ref(), "step", "step", None);
         self.close_accumulation();
         let result = self.finish_step(params);
         self.end_step();
@@ -115,6 +120,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if self.accumulating() {
             return Ok(self.accumulate_micro_batch(|_, _| {}));
         }
+        let track = self.comm.timeline().cloned();
+        let _step = span(track.as_ref(), "step", "step", None);
         self.close_accumulation();
         let result = self.finish_gradients_step(apply);
         self.end_step();
@@ -149,6 +156,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             Reduction::Skipped(stats) => return Ok(stats),
             Reduction::Reduced(stats) => stats,
         };
+        let track = self.comm.timeline().cloned();
+        let optimizer_span = span(track.as_ref(), "optimizer", "optimizer", None);
         let mut reduced = std::mem::take(&mut self.scratch.reduced);
         let mut failure = None;
         for (i, grad, _) in reduced.drain(..) {
@@ -161,6 +170,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         self.scratch.reduced = reduced;
+        // The agreement on the outcome is a collective of its own.
+        drop(optimizer_span);
         self.agree_after(FaultKind::Optimizer, failure)?;
         self.optimizer.step();
         Ok(stats)
@@ -313,6 +324,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             self.launch_next(written)?;
         }
         let start = Instant::now();
+        let track = self.comm.timeline().cloned();
+        let wait_span = span(track.as_ref(), "wait", "wait for buckets", None);
         let mut failure = None;
         // The list goes back emptied, its capacity kept.
         let mut in_flight = std::mem::take(&mut self.in_flight);
@@ -362,6 +375,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         self.in_flight = in_flight;
         stats.wait = start.elapsed();
+        drop(wait_span);
         if let Some(e) = failure {
             self.end_strategies(false);
             return self.step_failed(e, *stats).map(|s| {

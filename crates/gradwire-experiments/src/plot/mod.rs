@@ -3,10 +3,16 @@
 //! sent (log scale: the strategies differ by orders of magnitude) and
 //! against wall-clock seconds, one line per strategy.
 //!
+//! `timeline.rs` draws a window of a run's timeline.
+//!
 //! Text is laid out with a TrueType font read once from the system (DejaVu
 //! Sans from Debian's fonts-dejavu-core, which `cargo xtask` installs) or
 //! from the file named by `GRADWIRE_FONT`: plotters needs a font to measure
 //! text even for SVG.
+
+mod timeline;
+
+pub use timeline::draw_timeline;
 
 use crate::error::{ExperimentError, Result};
 use crate::train::{RunReport, Target};
