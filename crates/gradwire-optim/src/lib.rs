@@ -42,8 +42,8 @@ pub use distopt::{
     AnyLoop, BucketView, Combined, CostAssumptions, DEFAULT_FUSION_THRESHOLD, DILOCO_LR,
     DILOCO_MOMENTUM, DiLoCoConfig, DimReduceOpt, DistOpt, DistOptConfig, LocalSteps,
     ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
-    ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote, StateDict, StepStats, Strategy, StrategyConfig,
-    StrategyError, TrainingLoop,
+    ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote, StateDict, StepStats, StepStraggler, Strategy,
+    StrategyConfig, StrategyError, TrainingLoop,
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};

@@ -51,8 +51,8 @@ pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
 pub use fit::{LinkSpread, fit_all_reduce, fit_link, median, spread_of_all_reduce};
 pub use fragments::fragment_ranges;
 pub use strategies::{
-    Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets, peak_bytes,
-    plan_buckets, sent_at_step, sent_over_steps, step_collectives,
+    ARRIVAL_BYTES, Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets,
+    peak_bytes, plan_buckets, sent_at_step, sent_over_steps, step_collectives,
 };
 
 use crate::error::{AlgoError, Result};

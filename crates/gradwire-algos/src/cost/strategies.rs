@@ -34,6 +34,11 @@ use std::ops::Range;
 /// checks that the two agree).
 pub const DEFAULT_FUSION_THRESHOLD: usize = 2_097_152;
 
+/// Bytes per rank that a gradient step's first vote carries after its
+/// written-anywhere flags: each rank's arrival, from which every rank names
+/// the step's straggler (gradwire-optim's `distopt/arrival.rs`).
+pub const ARRIVAL_BYTES: usize = 8;
+
 /// How DistOpt groups parameters into buckets, and how it votes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucketing {
@@ -391,12 +396,15 @@ pub fn step_collectives(
     }
     let mut calls = Vec::new();
     let buckets = plan_buckets(&lens, bucketing.fusion_threshold, bucketing.capacity)?;
+    // The step's first vote also carries every rank's arrival.
+    let arrivals = ARRIVAL_BYTES * world;
     if !bucketing.vote_per_bucket {
-        calls.push(CollectiveCall::all_reduce(lens.len(), world));
+        calls.push(CollectiveCall::all_reduce(lens.len() + arrivals, world));
     }
-    for range in buckets {
+    for (b, range) in buckets.into_iter().enumerate() {
         if bucketing.vote_per_bucket {
-            calls.push(CollectiveCall::all_reduce(range.len(), world));
+            let first = if b == 0 { arrivals } else { 0 };
+            calls.push(CollectiveCall::all_reduce(range.len() + first, world));
         }
         Bucket::of(range, &lens, shapes, world).calls(strategy, &mut calls)?;
     }

@@ -3,7 +3,7 @@
 //! which also carries this rank's faults, then the combination by the
 //! bucket's strategy).
 
-use super::{Engine, ParamSpec};
+use super::{Engine, ParamSpec, arrival};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::{BucketView, Strategy};
@@ -53,6 +53,8 @@ pub(super) struct BucketResult {
     pub(super) averaged: bool,
     /// How long the strategy's `combine` took.
     pub(super) combine: Duration,
+    /// Who arrived last at the vote, when it carried the arrivals.
+    pub(super) straggler: Option<super::StepStraggler>,
 }
 
 impl std::fmt::Debug for BucketResult {
@@ -116,6 +118,9 @@ pub(super) struct BucketJob {
     /// Look for NaN and infinities in this rank's gradients before the vote
     /// (strategies whose combination would not carry them to every rank).
     check_finite: bool,
+    /// When this rank's previous step ended, for the step's first vote to
+    /// carry its arrival (`arrival.rs`); `None` for the other votes.
+    arrival: Option<Instant>,
     /// The bucket's reused buffers.
     buffers: BucketBuffers,
 }
@@ -142,6 +147,7 @@ impl BucketJob {
             decided: true,
             fault,
             check_finite: false,
+            arrival: None,
             buffers,
         }
     }
@@ -247,6 +253,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 .filter(|_| written.is_none())),
             check_finite: written.is_none() && !strategy.carries_non_finite(),
             decided: written.is_some(),
+            // The step's first vote: the first bucket's, without a vote
+            // per step.
+            arrival: (b == 0 && written.is_none()).then_some(self.step_ended),
             buffers,
         };
         let task = BucketTask {
@@ -318,6 +327,7 @@ fn reduce_bucket<C: Communicator + 'static>(
         decided,
         fault,
         check_finite,
+        arrival,
         buffers: _,
     } = job;
     // This rank's fault, if any, takes the place of the bucket's first
@@ -333,14 +343,24 @@ fn reduce_bucket<C: Communicator + 'static>(
     }
     let world = comm.world_size();
     let mut traffic = Traffic::default();
+    let mut straggler = None;
     if !decided {
         let votes = &mut buffers.votes;
         votes.clear();
         votes.extend(grads.iter().map(|g| u8::from(!g.is_zeroed())));
+        let flags = votes.len();
+        if let Some(since) = arrival {
+            arrival::append(votes, comm.rank(), world, since);
+        }
         comm.all_reduce(votes, ReduceOp::Max)?;
         traffic = Traffic::all_reduce(votes.len(), world);
+        if arrival.is_some() {
+            straggler = arrival::read(&votes[flags..], world);
+        }
         buffers.written.clear();
-        buffers.written.extend(votes.iter().map(|&v| v != 0));
+        buffers
+            .written
+            .extend(votes[..flags].iter().map(|&v| v != 0));
     }
     // The written gradients go on; the others (zeros on every rank) come
     // back to the engine for reuse. The two lists swap roles every step, both
@@ -379,6 +399,7 @@ fn reduce_bucket<C: Communicator + 'static>(
             grads: live,
             averaged,
             combine,
+            straggler,
         },
         traffic,
     })

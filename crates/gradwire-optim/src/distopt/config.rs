@@ -91,4 +91,20 @@ pub struct StepStats {
     /// Whether this `finish` ended a micro-batch that only accumulated
     /// ([`DistOptConfig::accumulate`]): nothing was exchanged or updated.
     pub accumulated: bool,
+    /// The rank the others waited for at this step's exchange, the same on
+    /// every rank (gradient modes with a vote; `None` with one rank, or
+    /// when every rank took the same time).
+    pub straggler: Option<StepStraggler>,
+}
+
+/// The rank that arrived last at a step's exchange: the one that took
+/// longest since the previous step ended (compute, data loading, whatever
+/// the caller did in between), and how long the first to arrive waited for
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepStraggler {
+    /// The rank.
+    pub rank: usize,
+    /// How much longer it took than the rank that took least.
+    pub late: Duration,
 }

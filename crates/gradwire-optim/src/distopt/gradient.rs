@@ -4,7 +4,7 @@
 
 use super::bucket::{BucketOutput, scan_non_finite};
 use super::local_step::{LocalUpdate, recycle};
-use super::{Engine, LocalFault, SkipVote, StepStats, StrategyConfig, TrainingLoop};
+use super::{Engine, LocalFault, SkipVote, StepStats, StrategyConfig, TrainingLoop, arrival};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_algos::fault::agree;
@@ -179,6 +179,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 
     /// Ends the step whatever happened: nothing of it stays behind.
     pub(super) fn end_step(&mut self) {
+        self.step_ended = Instant::now();
         let mut in_flight = std::mem::take(&mut self.in_flight);
         for (b, pending) in in_flight.drain(..).enumerate() {
             // Only reached after an error that stopped before the waits;
@@ -293,6 +294,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                     .iter()
                     .map(|g| u8::from(g.as_ref().is_some_and(|g| !g.is_zeroed()))),
             );
+            let flags = scratch.votes.len();
+            let (rank, world) = (self.comm.rank(), self.world_size());
+            arrival::append(&mut scratch.votes, rank, world, self.step_ended);
             let voted = match &self.fault {
                 Some(f) => Err(self.comm.post_fault(f.kind)),
                 None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),
@@ -304,9 +308,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 });
             }
             stats.traffic = Traffic::all_reduce(scratch.votes.len(), self.world_size());
+            stats.straggler = arrival::read(&scratch.votes[flags..], world);
             scratch
                 .decided
-                .extend(scratch.votes.iter().map(|&v| v != 0));
+                .extend(scratch.votes[..flags].iter().map(|&v| v != 0));
         } else if self.buckets.is_empty() {
             // No bucket to carry a fault: an agreement of its own.
             if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
@@ -350,6 +355,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 Ok(Reduced { value, traffic }) => {
                     stats.traffic += traffic;
                     stats.combine += value.combine;
+                    stats.straggler = stats.straggler.or(value.straggler);
                     let averaged = value.averaged;
                     let mut grads = value.grads;
                     let mut combined = grads.drain(..);

@@ -62,6 +62,7 @@
 //! learns of it.
 
 mod accumulate;
+mod arrival;
 mod bucket;
 mod config;
 mod delta_weight;
@@ -80,7 +81,7 @@ mod streaming;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
-pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats};
+pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats, StepStraggler};
 pub use front::{AnyLoop, DimReduceOpt, DistOpt, LocalSteps};
 use gradient::StepScratch;
 use gradwire_algos::adasum::AdaSum;
@@ -173,6 +174,9 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     outer: outer::OuterState,
     /// The sums of the step's micro-batches ([`DistOptConfig::accumulate`]).
     accumulation: accumulate::Accumulation,
+    /// When the previous step ended (the engine's making, before the
+    /// first): the start of this rank's arrival in the next vote.
+    step_ended: std::time::Instant,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -305,6 +309,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             dimreduce_scratch: dimreduce::DimReduceScratch::default(),
             outer: outer::OuterState::default(),
             accumulation: accumulate::Accumulation::new(params_len),
+            step_ended: std::time::Instant::now(),
         })
     }
 

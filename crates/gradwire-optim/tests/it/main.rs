@@ -16,5 +16,6 @@ mod onebit_adam;
 mod optimizers;
 mod reshard;
 mod stateful_strategies;
+mod straggler;
 mod streaming;
 mod trajectory;

@@ -24,7 +24,8 @@ fn shapes() -> Vec<Vec<usize>> {
     ]
 }
 
-/// One bucket holding every tensor: the model's calls without the vote.
+/// One bucket holding every tensor: the model's calls without the vote
+/// (the step's first: its flags and every rank's arrival).
 fn one_bucket(spec: &StrategySpec, shapes: &[Vec<usize>], world: usize) -> Vec<CollectiveCall> {
     let bucketing = Bucketing {
         fusion_threshold: usize::MAX,
@@ -33,7 +34,10 @@ fn one_bucket(spec: &StrategySpec, shapes: &[Vec<usize>], world: usize) -> Vec<C
     };
     let mut calls = step_collectives(spec, shapes, world, &bucketing).unwrap();
     let vote = calls.remove(0);
-    assert_eq!(vote, CollectiveCall::all_reduce(shapes.len(), world));
+    assert_eq!(
+        vote,
+        CollectiveCall::all_reduce(shapes.len() + ARRIVAL_BYTES * world, world)
+    );
     calls
 }
 
@@ -340,7 +344,21 @@ fn dense_counts_one_vote_and_one_all_reduce_per_bucket() {
     };
     let calls = step_collectives(&StrategySpec::Dense, &s, 4, &per_step).unwrap();
     assert_eq!(calls.len(), 4);
-    assert_eq!(calls[0], CollectiveCall::all_reduce(4, 4));
+    assert_eq!(
+        calls[0],
+        CollectiveCall::all_reduce(4 + ARRIVAL_BYTES * 4, 4)
+    );
+    // With a vote per bucket, the first carries the arrivals.
+    let calls = step_collectives(&StrategySpec::Dense, &s, 4, &Bucketing::default()).unwrap();
+    let votes: Vec<_> = [0, 2, 4].iter().map(|&i| calls[i]).collect();
+    assert_eq!(
+        votes,
+        [
+            CollectiveCall::all_reduce(1 + ARRIVAL_BYTES * 4, 4),
+            CollectiveCall::all_reduce(2, 4),
+            CollectiveCall::all_reduce(1, 4),
+        ]
+    );
 }
 
 /// DiLoCo's round: no call on the inner steps, the codec's calls of every
@@ -379,7 +397,11 @@ fn outer_rounds_send_the_codecs_calls_once_every_h_steps() {
             .unwrap();
             let votes: Vec<_> = buckets
                 .iter()
-                .map(|b| CollectiveCall::all_reduce(b.len(), world))
+                .enumerate()
+                .map(|(k, b)| {
+                    let arrivals = if k == 0 { ARRIVAL_BYTES * world } else { 0 };
+                    CollectiveCall::all_reduce(b.len() + arrivals, world)
+                })
                 .collect();
             let round: Vec<_> = step.into_iter().filter(|c| !votes.contains(c)).collect();
             for h in [1u32, 2, 7, 50] {
