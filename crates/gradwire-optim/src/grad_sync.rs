@@ -72,7 +72,7 @@ use crate::optimizer::{Optimizer, StateBuffers};
 use crate::state::{OptimizerState, ParamState};
 use gradwire_algos::FaultKind;
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
-use gradwire_comm::{Communicator, ReduceOp};
+use gradwire_comm::Communicator;
 use gradwire_tensor::{DType, Device, Tensor, WithDType};
 use std::cell::RefCell;
 
@@ -234,13 +234,6 @@ pub struct GradSync<C: Communicator + 'static> {
     /// One buffer per parameter, handed to DistOpt for a step and given
     /// back by `finish` (so no step allocates one).
     pool: Vec<Option<Tensor>>,
-    /// The factor this rank's gradients are scaled by this step (the
-    /// sample weighting), 1 without it.
-    scale: f32,
-    /// With accumulation: the samples of this step's micro-batches so far,
-    /// and how many of them were weighted ([`GradSync::set_samples`]).
-    step_samples: u64,
-    weighted_micro_batches: u32,
     /// The parameters' values during a [`GradSync::step_locally`] or
     /// [`GradSync::step_dimreduce`] (made on first use, reused).
     values: Vec<Tensor>,
@@ -354,7 +347,6 @@ impl<C: Communicator + 'static> GradSync<C> {
         state: Option<&mut dyn StateBuffers>,
         step: impl FnOnce(&mut P) -> Result<()>,
     ) -> Result<StepStats> {
-        self.scale = 1.0;
         let unreadable = self.read_values(params)?;
         let mut step = Some(step);
         let mut values = std::mem::take(&mut self.values);
@@ -416,7 +408,6 @@ impl<C: Communicator + 'static> GradSync<C> {
         loss: f64,
         mut loss_at: impl FnMut(&mut P) -> Result<f64>,
     ) -> Result<StepStats> {
-        self.scale = 1.0;
         let unreadable = self.read_values(params)?;
         let mut values = std::mem::take(&mut self.values);
         let names = self.specs.iter().map(|s| s.name.as_str());
@@ -485,9 +476,6 @@ impl<C: Communicator + 'static> GradSync<C> {
             dist,
             specs,
             pool,
-            scale: 1.0,
-            step_samples: 0,
-            weighted_micro_batches: 0,
             values: Vec::new(),
         }
     }
@@ -539,19 +527,14 @@ impl<C: Communicator + 'static> GradSync<C> {
             None => Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?,
         };
         buffer.as_mut_slice::<T>()?.copy_from_slice(grad);
-        if self.scale != 1.0 {
-            buffer.scale(self.scale)?; // a second pass, only when weighting
-        }
+        // The engine applies the sample weight, in place.
         self.dist.push(&self.specs[i].name, buffer)
     }
 
     /// Hands over the gradient of `param` as a gradwire tensor (any device
     /// DistOpt supports), without a copy.
-    pub fn push_tensor(&mut self, param: impl ParamRef, mut grad: Tensor) -> Result<()> {
+    pub fn push_tensor(&mut self, param: impl ParamRef, grad: Tensor) -> Result<()> {
         let i = self.index_of(param)?;
-        if self.scale != 1.0 {
-            grad.scale(self.scale)?;
-        }
         self.dist.push(&self.specs[i].name, grad)
     }
 
@@ -592,30 +575,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// gradient is `sum over ranks and micro-batches of samples * g / the
     /// total`; the all-reduce runs once, at the step's last micro-batch.
     pub fn set_samples(&mut self, samples: u64) -> Result<()> {
-        self.check_weighted("sample weights")?;
-        self.weighted_micro_batches += 1;
-        if self.dist.accumulating() {
-            // The total is agreed at the step's last micro-batch.
-            self.step_samples = self.step_samples.saturating_add(samples);
-            self.scale = samples as f32;
-            return Ok(());
-        }
-        let mine = std::mem::take(&mut self.step_samples).saturating_add(samples);
-        let total = self.agree_samples(mine, true)?.0;
-        let world = self.world_size() as f64;
-        if self.dist.micro_batches() == 1 {
-            self.scale = if total == 0 {
-                // Nobody saw a sample: nothing to weight.
-                1.0
-            } else {
-                (world * samples as f64 / total as f64) as f32
-            };
-        } else {
-            // Each micro-batch weighted by its samples, the sum by the total.
-            self.scale = samples as f32;
-            self.set_step_factor(total);
-        }
-        Ok(())
+        self.dist.set_samples(samples)
     }
 
     /// Out of data (uneven inputs: PyTorch DDP's `Join`, Horovod's
@@ -638,7 +598,7 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// `join` again to go on taking part.
     pub fn join(&mut self) -> Result<u64> {
         let mut steps = 0;
-        while self.join_agreed()? {
+        while self.dist.join_agreed()? {
             // The combination is not read (in any dtype): the buffers go
             // back to the pool.
             let pool = &mut self.pool;
@@ -663,74 +623,10 @@ impl<C: Communicator + 'static> GradSync<C> {
         &mut self,
         write: impl FnMut(usize, &[T]) -> Result<()>,
     ) -> Result<Option<StepStats>> {
-        if !self.join_agreed()? {
+        if !self.dist.join_agreed()? {
             return Ok(None);
         }
         self.finish_each(write).map(Some)
-    }
-
-    /// A joined rank's agreement of a step: `false` once every rank has
-    /// joined; otherwise the engine is ready for this rank's part of the
-    /// step the others take (what it accumulated before joining, or
-    /// nothing), weighted by the step's total.
-    fn join_agreed(&mut self) -> Result<bool> {
-        self.check_weighted("join")?;
-        // The samples of the micro-batches taken before joining, if any.
-        let mine = std::mem::take(&mut self.step_samples);
-        let (total, active) = self.agree_samples(mine, false)?;
-        self.weighted_micro_batches = 0;
-        self.scale = 1.0;
-        if active == 0 {
-            return Ok(false);
-        }
-        self.dist.skip_to_last_micro_batch();
-        if self.dist.micro_batches() > 1 {
-            self.set_step_factor(total);
-        }
-        Ok(true)
-    }
-
-    /// An error unless this strategy averages (what sample weights and
-    /// joining need); `what` names the call.
-    fn check_weighted(&self, what: &str) -> Result<()> {
-        if self.training_loop() != TrainingLoop::Gradients {
-            return Err(OptimError::InvalidArgument(format!(
-                "{what}: the local-step and DimReduce loops send parameters or steps, not an \
-                 average of gradients"
-            )));
-        }
-        if matches!(
-            self.dist.strategy(),
-            StrategyConfig::Custom | StrategyConfig::AdaSum { .. }
-        ) {
-            return Err(OptimError::InvalidArgument(format!(
-                "{what}: a strategy is not an average, so sample weights do not apply"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The step's agreement on samples: one all-reduce of this rank's
-    /// samples and whether it still trains (`active`); returns the total
-    /// samples and how many ranks still train.
-    fn agree_samples(&self, mine: u64, active: bool) -> Result<(u64, u64)> {
-        let mut counts = [mine, u64::from(active)];
-        self.dist
-            .comm()
-            .all_reduce(&mut counts, ReduceOp::Sum)
-            .map_err(gradwire_algos::AlgoError::from)?;
-        Ok((counts[0], counts[1]))
-    }
-
-    /// With accumulation: the factor of the step's sum of sample-weighted
-    /// gradients, W / total (1/k when nobody saw a sample).
-    fn set_step_factor(&mut self, total: u64) {
-        let factor = if total == 0 {
-            1.0 / f64::from(self.dist.micro_batches())
-        } else {
-            self.world_size() as f64 / total as f64
-        };
-        self.dist.set_accumulation_factor(factor as f32);
     }
 
     /// Waits for every bucket and writes the combined gradients into
@@ -788,7 +684,6 @@ impl<C: Communicator + 'static> GradSync<C> {
         &mut self,
         mut write: impl FnMut(usize, &[T]) -> Result<()>,
     ) -> Result<StepStats> {
-        self.scale = 1.0;
         let pool = &mut self.pool;
         if self.dist.accumulating() {
             // The buffers come back at once: the sums are the engine's.
@@ -797,17 +692,6 @@ impl<C: Communicator + 'static> GradSync<C> {
                     *slot = Some(g);
                 }
             }));
-        }
-        let weighted = std::mem::take(&mut self.weighted_micro_batches);
-        if weighted != 0 && weighted != self.dist.micro_batches() {
-            self.dist.record(
-                FaultKind::InvalidArgument,
-                &format!(
-                    "set_samples was called for {weighted} of the step's {} micro-batches: \
-                     call it for all of them or for none",
-                    self.dist.micro_batches()
-                ),
-            );
         }
         self.dist.finish_gradients(|i, g| {
             write(i, g.as_slice::<T>()?)?;

@@ -148,6 +148,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         acc.micro += 1;
+        // The next micro-batch's weight is set anew.
+        self.samples.scale = 1.0;
         if let Some(e) = failed {
             self.record(FaultKind::InvalidArgument, &e);
         }

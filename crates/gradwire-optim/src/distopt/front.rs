@@ -232,6 +232,38 @@ impl<O: Optimizer, C: Communicator + 'static> DistOpt<O, C> {
     ) -> Result<StepStats> {
         self.engine.finish(params)
     }
+
+    /// Weights this step's average by samples: this rank saw `samples` of
+    /// the step's global batch, and the combined gradient becomes `sum_r
+    /// samples_r * g_r / sum_r samples_r` (each rank's gradient being the
+    /// mean over its own samples) instead of the plain mean over ranks.
+    /// Call before the step's first push, on every rank (one all-reduce of
+    /// two u64; each push then scales its gradient in place). With
+    /// accumulation, before every micro-batch's first push (or before
+    /// none): the all-reduce runs once, at the step's last micro-batch.
+    /// Not for AdaSum or `Custom` (not an average): an error.
+    pub fn set_samples(&mut self, samples: u64) -> Result<()> {
+        self.engine.set_samples(samples)
+    }
+
+    /// Out of data (uneven inputs: PyTorch DDP's `Join`, Horovod's
+    /// `hvd.join()`): this rank takes its part in every step the others
+    /// still take, contributing no samples, and updates `params` with each
+    /// step's combined gradient as they do (so it stays their replica),
+    /// until every rank has joined; returns how many steps it took part
+    /// in. The others call [`DistOpt::set_samples`] before each step (that
+    /// all-reduce is where the ranks learn who still trains). A step that
+    /// fails on the ranks still training fails here too, with the same
+    /// error: call `join` again to go on taking part.
+    pub fn join(&mut self, params: &mut [(&str, &mut Tensor)]) -> Result<u64> {
+        let mut steps = 0;
+        while self.engine.join_agreed()? {
+            self.engine
+                .finish(params.iter_mut().map(|(name, param)| (*name, &mut **param)))?;
+            steps += 1;
+        }
+        Ok(steps)
+    }
 }
 
 engine_field!(DistOpt);

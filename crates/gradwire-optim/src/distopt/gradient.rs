@@ -64,6 +64,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
         self.close_accumulation();
+        self.close_sample_weights();
         let result = self.finish_step(params);
         self.end_step();
         result
@@ -123,6 +124,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
         self.close_accumulation();
+        self.close_sample_weights();
         let result = self.finish_gradients_step(apply);
         self.end_step();
         result
@@ -180,6 +182,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Ends the step whatever happened: nothing of it stays behind.
     pub(super) fn end_step(&mut self) {
         self.step_ended = Instant::now();
+        self.samples.scale = 1.0;
         let mut in_flight = std::mem::take(&mut self.in_flight);
         for (b, pending) in in_flight.drain(..).enumerate() {
             // Only reached after an error that stopped before the waits;

@@ -73,6 +73,7 @@ mod local_step;
 mod outer;
 mod partial;
 mod registry;
+mod samples;
 mod spec;
 mod state;
 mod strategies;
@@ -177,6 +178,8 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     /// When the previous step ended (the engine's making, before the
     /// first): the start of this rank's arrival in the next vote.
     step_ended: std::time::Instant,
+    /// This step's sample weighting (`samples.rs`).
+    samples: samples::SampleWeights,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -310,6 +313,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             outer: outer::OuterState::default(),
             accumulation: accumulate::Accumulation::new(params_len),
             step_ended: std::time::Instant::now(),
+            samples: samples::SampleWeights::default(),
         })
     }
 
@@ -405,6 +409,15 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 return Err(e);
             }
         };
+        // This micro-batch's sample weight, before the earlier ones' sum
+        // joins it.
+        if self.samples.scale != 1.0
+            && let Err(e) = grad.scale(self.samples.scale)
+        {
+            let e = OptimError::from(e);
+            self.record(FaultKind::InvalidArgument, &e);
+            return Err(e);
+        }
         let accumulating = self.accumulating();
         if !accumulating && let Err(e) = self.fold_into_last(i, &mut grad) {
             self.record(FaultKind::InvalidArgument, &e);

@@ -9,7 +9,8 @@
 
 use crate::common::{named_specs, small_buckets};
 use gradwire_comm::{Communicator, Fault, FaultKind, LocalComm, local};
-use gradwire_optim::{GradSync, OptimError, ParamSpec, StrategyConfig};
+use gradwire_optim::{DistOpt, GradSync, OptimError, ParamSpec, Sgd, SgdConfig, StrategyConfig};
+use gradwire_tensor::{DType, Device, Tensor};
 
 /// A length-1 vector, a prime-length vector and a matrix.
 const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7]];
@@ -229,6 +230,82 @@ fn strategies_that_do_not_average_refuse_to_join() {
         match sync.join() {
             Err(OptimError::InvalidArgument(m)) => assert!(m.starts_with("join:"), "{text}: {m}"),
             other => panic!("{text}: {other:?}"),
+        }
+    }
+}
+
+/// DistOpt's own `set_samples` and `join` (the tensor front end): ranks of
+/// uneven shards train with sample weights, then join; every step's update
+/// is SGD on the mean over the samples seen (against an f64 reference),
+/// and the joined ranks, which apply the others' combined gradients as
+/// they do, end bitwise equal to them, at W = 1..=5.
+#[test]
+fn distopt_joins_and_stays_a_replica() {
+    const LR: f64 = 0.1;
+    for world in 1..=5 {
+        let out = local::run(world, |comm: LocalComm| {
+            let rank = comm.rank();
+            let sgd = Sgd::new(SgdConfig::default().lr(LR)).unwrap();
+            let mut opt =
+                DistOpt::new(sgd, comm, specs(), small_buckets(StrategyConfig::Dense, 1))?;
+            let mut params: Vec<Tensor> = SHAPES
+                .iter()
+                .map(|d| Tensor::zeros(d.to_vec(), DType::F32, Device::Cpu).unwrap())
+                .collect();
+            let names: Vec<String> = specs().into_iter().map(|s| s.name).collect();
+            for step in 0..steps_of(rank) {
+                opt.set_samples(samples(rank, step, 0))?;
+                for k in (0..SHAPES.len()).rev() {
+                    let g = Tensor::from_vec(gradient(rank, step, 0, k), SHAPES[k].to_vec())?;
+                    opt.push(&names[k], g)?;
+                }
+                opt.finish(names.iter().map(String::as_str).zip(params.iter_mut()))?;
+            }
+            let mut named: Vec<(&str, &mut Tensor)> = names
+                .iter()
+                .map(String::as_str)
+                .zip(params.iter_mut())
+                .collect();
+            let joined = opt.join(&mut named)?;
+            Ok::<_, OptimError>((params, joined))
+        })
+        .unwrap();
+        let most = steps_of(world - 1);
+        let mut want: Vec<Vec<f64>> = (0..SHAPES.len()).map(|k| vec![0.0; len(k)]).collect();
+        for step in 0..most {
+            for (k, w) in want.iter_mut().enumerate() {
+                for (p, g) in w.iter_mut().zip(reference(world, step, 1, false, k)) {
+                    *p -= LR * g;
+                }
+            }
+        }
+        let runs: Vec<(Vec<Tensor>, u64)> = out.into_iter().map(|r| r.unwrap()).collect();
+        let bits = |ps: &[Tensor]| -> Vec<u32> {
+            ps.iter()
+                .flat_map(|t| t.to_vec::<f32>().unwrap())
+                .map(f32::to_bits)
+                .collect()
+        };
+        for (rank, (params, joined)) in runs.iter().enumerate() {
+            assert_eq!(
+                *joined as usize,
+                most - steps_of(rank),
+                "W = {world}, rank {rank}"
+            );
+            assert_eq!(
+                bits(params),
+                bits(&runs[0].0),
+                "W = {world}: rank {rank} is no replica"
+            );
+            for (k, (got, w)) in params.iter().zip(&want).enumerate() {
+                for (i, (g, w)) in got.to_vec::<f32>().unwrap().iter().zip(w).enumerate() {
+                    let bound = 1e-5 * (world * most) as f64 * (1.0 + w.abs());
+                    assert!(
+                        (f64::from(*g) - w).abs() <= bound,
+                        "W = {world}, p{k}[{i}]: {g} against {w}"
+                    );
+                }
+            }
         }
     }
 }
