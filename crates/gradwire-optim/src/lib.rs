@@ -39,8 +39,8 @@ mod state;
 
 pub use any::AnyOptimizer;
 pub use distopt::{
-    AnyLoop, BucketView, Combined, CostAssumptions, DEFAULT_FUSION_THRESHOLD, DILOCO_LR,
-    DILOCO_MOMENTUM, DiLoCoConfig, DimReduceOpt, DistOpt, DistOptConfig, LocalSteps,
+    AnyLoop, BucketOrder, BucketView, Combined, CostAssumptions, DEFAULT_FUSION_THRESHOLD,
+    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, DimReduceOpt, DistOpt, DistOptConfig, LocalSteps,
     ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
     ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote, StateDict, StepStats, StepStraggler, Strategy,
     StrategyConfig, StrategyError, TrainingLoop,

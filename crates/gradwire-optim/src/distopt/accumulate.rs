@@ -49,6 +49,13 @@ impl Accumulation {
         }
     }
 
+    /// The sums rearranged to the engine's new parameter order
+    /// (`order.rs`).
+    pub(super) fn permute(&mut self, order: &[usize]) {
+        super::order::permute(&mut self.sums, order);
+        super::order::permute(&mut self.written, order);
+    }
+
     /// Forgets this step's sums (a new step starts; the buffers stay).
     pub(super) fn reset(&mut self) {
         self.micro = 0;
@@ -127,6 +134,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         mut give_back: impl FnMut(usize, Tensor),
     ) -> StepStats {
         let acc = &mut self.accumulation;
+        let declared = &self.order.declared;
         let mut failed = None;
         for (i, grad) in self.grads.iter_mut().enumerate() {
             let Some(grad) = grad.take() else {
@@ -141,7 +149,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                     Ok(())
                 }
             };
-            give_back(i, grad);
+            // The front ends speak declaration indices.
+            give_back(declared.get(i).copied().unwrap_or(i), grad);
             acc.written[i] = true;
             if let Err(e) = added {
                 failed.get_or_insert(e);

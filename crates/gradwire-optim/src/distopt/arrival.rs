@@ -1,9 +1,10 @@
 //! Who arrived last at a step's exchange ([`StepStats::straggler`]): the
 //! step's first vote (the per-step vote, or the first bucket's) carries,
 //! after the written-anywhere flags, [`ARRIVAL_BYTES`] per rank, rank `r`'s
-//! slot holding 1 + the microseconds since its previous step ended and
-//! every other slot zeros, so that the vote's maximum hands every rank
-//! every rank's time. The ranks left the previous step's last collective
+//! slot holding 1 + the microseconds from the end of its previous step to
+//! its arrival at this one's exchange (its `finish`, or its first bucket's
+//! launch during backward) and every other slot zeros, so that the vote's
+//! maximum hands every rank every rank's time. The ranks left the previous step's last collective
 //! together, so the rank that took longest arrived last, and the first
 //! arrival waited for it the longest time minus the shortest: the same on
 //! every rank, no clock shared, no collective added. Time the caller spends
@@ -14,14 +15,15 @@
 
 use super::StepStraggler;
 pub(super) use gradwire_algos::cost::ARRIVAL_BYTES;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Appends this rank's arrival (`since`: when its previous step ended) and
-/// the other ranks' empty slots to `votes`.
-pub(super) fn append(votes: &mut Vec<u8>, rank: usize, world: usize, since: Instant) {
+/// Appends this rank's arrival (`busy`: from the end of its previous step
+/// to its arrival at this one's exchange) and the other ranks' empty slots
+/// to `votes`.
+pub(super) fn append(votes: &mut Vec<u8>, rank: usize, world: usize, busy: Duration) {
     let start = votes.len();
     votes.resize(start + ARRIVAL_BYTES * world, 0);
-    let busy = u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1;
+    let busy = u64::try_from(busy.as_micros()).unwrap_or(u64::MAX - 1) + 1;
     let slot = start + ARRIVAL_BYTES * rank;
     if let Some(mine) = votes.get_mut(slot..slot + ARRIVAL_BYTES) {
         mine.copy_from_slice(&busy.to_le_bytes());
@@ -88,10 +90,10 @@ mod tests {
     #[test]
     fn a_rank_writes_only_its_own_slot() {
         let mut votes = vec![1u8, 1];
-        append(&mut votes, 2, 3, Instant::now());
+        append(&mut votes, 2, 3, Duration::from_micros(5));
         assert_eq!(votes.len(), 2 + 3 * ARRIVAL_BYTES);
         assert!(votes[2..2 + 2 * ARRIVAL_BYTES].iter().all(|&b| b == 0));
         let own = u64::from_le_bytes(votes[2 + 2 * ARRIVAL_BYTES..].try_into().unwrap());
-        assert!(own >= 1);
+        assert_eq!(own, 6);
     }
 }

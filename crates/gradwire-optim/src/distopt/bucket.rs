@@ -118,9 +118,9 @@ pub(super) struct BucketJob {
     /// Look for NaN and infinities in this rank's gradients before the vote
     /// (strategies whose combination would not carry them to every rank).
     check_finite: bool,
-    /// When this rank's previous step ended, for the step's first vote to
-    /// carry its arrival (`arrival.rs`); `None` for the other votes.
-    arrival: Option<Instant>,
+    /// This rank's arrival at the step's exchange, for the step's first
+    /// vote to carry (`arrival.rs`); `None` for the other votes.
+    arrival: Option<Duration>,
     /// The bucket's reused buffers.
     buffers: BucketBuffers,
 }
@@ -255,7 +255,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             decided: written.is_some(),
             // The step's first vote: the first bucket's, without a vote
             // per step.
-            arrival: (b == 0 && written.is_none()).then_some(self.step_ended),
+            arrival: (b == 0 && written.is_none()).then(|| self.arrival()),
             buffers,
         };
         let task = BucketTask {
@@ -349,8 +349,8 @@ fn reduce_bucket<C: Communicator + 'static>(
         votes.clear();
         votes.extend(grads.iter().map(|g| u8::from(!g.is_zeroed())));
         let flags = votes.len();
-        if let Some(since) = arrival {
-            arrival::append(votes, comm.rank(), world, since);
+        if let Some(busy) = arrival {
+            arrival::append(votes, comm.rank(), world, busy);
         }
         comm.all_reduce(votes, ReduceOp::Max)?;
         traffic = Traffic::all_reduce(votes.len(), world);

@@ -37,6 +37,24 @@ pub struct DistOptConfig {
     /// their mean (sum / k) once and steps. 1 (the default): every
     /// `finish` is a step. 0 is refused; DimReduce takes 1.
     pub accumulate: u32,
+    /// The order of the parameters that the buckets follow (gradient loop).
+    pub bucket_order: BucketOrder,
+}
+
+/// The order of the parameters the buckets are planned over (SINGA's
+/// rule: consecutive parameters until the fusion threshold).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BucketOrder {
+    /// The order this rank 0 pushed its gradients in during the first step
+    /// (PyTorch DDP's rebuilt buckets): the first step sends every bucket
+    /// in `finish`, after one broadcast of the order; later steps overlap
+    /// the buckets with backward in the order backward really produces the
+    /// gradients, whatever order the parameters were declared in.
+    #[default]
+    Pushed,
+    /// The declaration order, fixed (the user declared the parameters in
+    /// backward order).
+    Declared,
 }
 
 /// When DistOpt decides which gradients no rank wrote.
@@ -62,6 +80,7 @@ impl Default for DistOptConfig {
             skip_non_finite: false,
             vote: SkipVote::PerBucket,
             accumulate: 1,
+            bucket_order: BucketOrder::Pushed,
         }
     }
 }

@@ -122,9 +122,17 @@ macro_rules! shared_calls {
                 self.engine().strategy()
             }
 
-            /// The buckets, as ranges of the declared parameters.
+            /// The buckets, as ranges over the parameters in bucket order
+            /// (`bucket_order`: the declared order, or, with
+            /// [`crate::BucketOrder::Pushed`] in the gradient loop, the
+            /// first step's push order from its `finish` on).
             pub fn buckets(&self) -> &[Range<usize>] {
                 self.engine().buckets()
+            }
+
+            /// The parameters' names in the order the buckets follow.
+            pub fn bucket_order(&self) -> Vec<&str> {
+                self.engine().bucket_order()
             }
 
             /// Hands over the gradient of parameter `name` (during
@@ -210,10 +218,14 @@ macro_rules! shared_calls {
 /// the error-feedback residuals and the counters as they were; the one
 /// exception is an optimizer error while the parameters are updated, after
 /// which the failing rank's parameters may be partly updated (restore a
-/// checkpoint). Buckets are fixed at construction from the declaration
-/// order (SINGA's fusion rule), so ranks whose backward passes produce
-/// different gradients still issue the same collectives; a gradient no
-/// rank wrote is neither sent nor updated.
+/// checkpoint). Buckets are planned alike on every rank (SINGA's fusion
+/// rule) over the parameters in rank 0's first-step push order
+/// ([`crate::BucketOrder::Pushed`], the default: the first step sends its
+/// buckets in `finish`, later steps overlap them with backward in the order
+/// it really produces the gradients) or in declared order
+/// ([`crate::BucketOrder::Declared`]), so ranks whose backward passes
+/// produce different gradients still issue the same collectives; a
+/// gradient no rank wrote is neither sent nor updated.
 #[derive(Debug)]
 pub struct DistOpt<O: Optimizer, C: Communicator> {
     engine: Engine<O, C>,

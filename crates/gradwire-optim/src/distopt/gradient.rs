@@ -63,6 +63,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // the step; a clone allocates nothing.
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
+        self.arrive();
+        if let Err(e) = self.decide_order() {
+            self.end_step();
+            return Err(e);
+        }
         self.close_accumulation();
         self.close_sample_weights();
         let result = self.finish_step(params);
@@ -123,6 +128,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
+        self.arrive();
+        if let Err(e) = self.decide_order() {
+            self.end_step();
+            return Err(e);
+        }
         self.close_accumulation();
         self.close_sample_weights();
         let result = self.finish_gradients_step(apply);
@@ -143,7 +153,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 ),
             );
         }
-        self.apply_reduced(|_, _, i, grad| apply(i, grad))
+        // The front ends speak declaration indices (taken out for the
+        // step, no copy).
+        let declared = std::mem::take(&mut self.order.declared);
+        let result =
+            self.apply_reduced(|_, _, i, grad| apply(declared.get(i).copied().unwrap_or(i), grad));
+        self.order.declared = declared;
+        result
     }
 
     /// The gradient modes' step after the checks: the reduction, then
@@ -179,9 +195,24 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         Ok(stats)
     }
 
+    /// Notes this rank's arrival at the step's exchange (the first time).
+    pub(super) fn arrive(&mut self) {
+        self.arrived.get_or_insert_with(Instant::now);
+    }
+
+    /// From the end of the previous step to this rank's arrival at this
+    /// one's exchange (now, if not yet noted).
+    pub(super) fn arrival(&mut self) -> std::time::Duration {
+        self.arrive();
+        self.arrived.map_or_else(Default::default, |at| {
+            at.saturating_duration_since(self.step_ended)
+        })
+    }
+
     /// Ends the step whatever happened: nothing of it stays behind.
     pub(super) fn end_step(&mut self) {
         self.step_ended = Instant::now();
+        self.arrived = None;
         self.samples.scale = 1.0;
         let mut in_flight = std::mem::take(&mut self.in_flight);
         for (b, pending) in in_flight.drain(..).enumerate() {
@@ -299,7 +330,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             );
             let flags = scratch.votes.len();
             let (rank, world) = (self.comm.rank(), self.world_size());
-            arrival::append(&mut scratch.votes, rank, world, self.step_ended);
+            arrival::append(&mut scratch.votes, rank, world, self.arrival());
             let voted = match &self.fault {
                 Some(f) => Err(self.comm.post_fault(f.kind)),
                 None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),

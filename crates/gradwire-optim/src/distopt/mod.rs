@@ -70,6 +70,7 @@ mod dimreduce;
 mod front;
 mod gradient;
 mod local_step;
+mod order;
 mod outer;
 mod partial;
 mod registry;
@@ -82,7 +83,9 @@ mod streaming;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use bucket::{BucketBuffers, BucketOutput, BucketTask, plan_buckets};
-pub use config::{DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats, StepStraggler};
+pub use config::{
+    BucketOrder, DEFAULT_FUSION_THRESHOLD, DistOptConfig, SkipVote, StepStats, StepStraggler,
+};
 pub use front::{AnyLoop, DimReduceOpt, DistOpt, LocalSteps};
 use gradient::StepScratch;
 use gradwire_algos::adasum::AdaSum;
@@ -176,10 +179,14 @@ pub(crate) struct Engine<O: Optimizer, C: Communicator> {
     /// The sums of the step's micro-batches ([`DistOptConfig::accumulate`]).
     accumulation: accumulate::Accumulation,
     /// When the previous step ended (the engine's making, before the
-    /// first): the start of this rank's arrival in the next vote.
+    /// first), and when this rank arrived at this step's exchange: its
+    /// arrival in the step's first vote (`arrival.rs`).
     step_ended: std::time::Instant,
+    arrived: Option<std::time::Instant>,
     /// This step's sample weighting (`samples.rs`).
     samples: samples::SampleWeights,
+    /// The order the buckets follow (`order.rs`).
+    order: order::OrderState,
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
@@ -270,6 +277,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         let params_len = params.len();
+        let order = order::OrderState::new(params_len, config.bucket_order, front);
         let grads = vec![None; params.len()];
         let unpushed = vec![None; params.len()];
         let bucket_lens: Vec<Arc<[usize]>> = buckets
@@ -313,7 +321,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             outer: outer::OuterState::default(),
             accumulation: accumulate::Accumulation::new(params_len),
             step_ended: std::time::Instant::now(),
+            arrived: None,
             samples: samples::SampleWeights::default(),
+            order,
         })
     }
 
@@ -394,6 +404,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         &self.buckets
     }
 
+    /// The parameters' names in the order the buckets follow.
+    pub(crate) fn bucket_order(&self) -> Vec<&str> {
+        self.params.iter().map(|p| p.name.as_str()).collect()
+    }
+
     /// Hands over the gradient of parameter `name` (during backward). Its
     /// bucket's collective starts as soon as the bucket is complete (the
     /// last bucket's in [`Engine::finish`]).
@@ -402,6 +417,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// second push) is an error here, and the step is marked failed: end it
     /// with `finish` as usual, which then fails on every rank alike.
     pub(crate) fn push(&mut self, name: &str, mut grad: Tensor) -> Result<()> {
+        // Where it came in the order, even if it is refused below (the
+        // order does not depend on this rank's faults).
+        if let Some(&i) = self.index.get(name) {
+            self.note_push(i);
+        }
         let i = match self.check_grad(name, &grad) {
             Ok(i) => i,
             Err(e) => {
@@ -425,10 +445,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         self.grads[i] = Some(grad);
         // The local-step loops and DimReduce send no gradients; a
-        // micro-batch that only accumulates sends nothing.
+        // micro-batch that only accumulates sends nothing; the first step
+        // waits for the bucket order.
         if self.config.strategy.training_loop() != TrainingLoop::Gradients
             || self.config.vote == SkipVote::PerStep
             || accumulating
+            || !self.order.decided
         {
             return Ok(()); // communication happens in finish
         }

@@ -54,6 +54,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         dict.values
             .insert("buckets".into(), (self.buckets.len() as u64).into());
+        if !self.in_declared_order() {
+            dict.values
+                .insert("bucket_order".into(), self.order_names().into());
+        }
         if let Some(dimreduce) = &self.dimreduce {
             let state = dimreduce.state();
             dict.insert_f32s("dimreduce/momentum".into(), state.momentum)?;
@@ -75,8 +79,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// `restore` compares: the strategy (with its codec), the world size, the
     /// rank and the parameter declarations.
     fn configuration(&self) -> Vec<(&'static str, serde_json::Value)> {
-        let params: Vec<serde_json::Value> = self
-            .params
+        // In declared order, whatever order the buckets follow.
+        let mut declared: Vec<&super::ParamSpec> = self.params.iter().collect();
+        for (k, p) in self.params.iter().enumerate() {
+            if let Some(slot) = declared.get_mut(self.order.declared[k]) {
+                *slot = p;
+            }
+        }
+        let params: Vec<serde_json::Value> = declared
             .iter()
             .map(|p| {
                 serde_json::json!([
@@ -116,6 +126,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 )));
             }
         }
+        self.in_order_of(ckpt, |engine| engine.restore_in_order(ckpt))
+    }
+
+    /// [`Engine::restore`] once the buckets follow the checkpoint's order.
+    fn restore_in_order(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        let mismatch = |what: String| OptimError::StateMismatch(what);
         let buckets = ckpt.state.values.get("buckets").and_then(|v| v.as_u64());
         if buckets != Some(self.buckets.len() as u64) {
             return Err(mismatch(format!(
@@ -219,15 +235,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
         let dicts: Vec<&gradwire_algos::StateDict> = saved.iter().map(|c| &c.state).collect();
-        for (b, strategy) in self.strategies.iter().enumerate() {
-            match strategy {
-                Some(strategy) => strategy.reshard_state(b, &dicts, &mut out.state)?,
-                None => strategies::for_bucket(
-                    self.config.strategy,
-                    self.bucket_lens[b].iter().sum(),
-                    self.shared.as_ref(),
-                )
-                .reshard_state(b, &dicts, &mut out.state)?,
+        if !self.reshard_in_saved_order(first, &dicts, &mut out)? {
+            for (b, strategy) in self.strategies.iter().enumerate() {
+                match strategy {
+                    Some(strategy) => strategy.reshard_state(b, &dicts, &mut out.state)?,
+                    None => strategies::for_bucket(
+                        self.config.strategy,
+                        self.bucket_lens[b].iter().sum(),
+                        self.shared.as_ref(),
+                    )
+                    .reshard_state(b, &dicts, &mut out.state)?,
+                }
             }
         }
         if first.state.tensors.contains_key("dimreduce/momentum") {

@@ -3,6 +3,7 @@
 
 mod accumulate;
 mod any_optimizer;
+mod bucket_order;
 mod checkpoint;
 mod checkpoint_fixture;
 mod common;
