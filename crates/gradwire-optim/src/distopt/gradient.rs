@@ -63,14 +63,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // the step; a clone allocates nothing.
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
-        self.arrive();
-        if let Err(e) = self.decide_order() {
-            self.end_step();
-            return Err(e);
-        }
-        self.close_accumulation();
-        self.close_sample_weights();
-        let result = self.finish_step(params);
+        let result = self.open_step().and_then(|()| self.finish_step(params));
         self.end_step();
         result
     }
@@ -128,14 +121,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         let track = self.comm.timeline().cloned();
         let _step = span(track.as_ref(), "step", "step", None);
-        self.arrive();
-        if let Err(e) = self.decide_order() {
-            self.end_step();
-            return Err(e);
-        }
-        self.close_accumulation();
-        self.close_sample_weights();
-        let result = self.finish_gradients_step(apply);
+        let result = self
+            .open_step()
+            .and_then(|()| self.finish_gradients_step(apply));
         self.end_step();
         result
     }
@@ -193,6 +181,17 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.agree_after(FaultKind::Optimizer, failure)?;
         self.optimizer.step();
         Ok(stats)
+    }
+
+    /// The start of a step's last micro-batch: this rank's arrival, the
+    /// bucket order (the first step's), the micro-batches' sums and sample
+    /// weights closed. An error is every rank's (the order's broadcast).
+    fn open_step(&mut self) -> Result<()> {
+        self.arrive();
+        self.decide_order()?;
+        self.close_accumulation();
+        self.close_sample_weights();
+        Ok(())
     }
 
     /// Notes this rank's arrival at the step's exchange (the first time).

@@ -16,12 +16,16 @@
 //! restore re-plans to it before the state is loaded.
 
 use super::bucket::{BucketBuffers, plan_buckets};
-use super::{BucketOrder, Engine, StateDict, TrainingLoop, strategies};
+use super::{BucketOrder, Engine, ParamSpec, StateDict, TrainingLoop, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use gradwire_comm::{Communicator, JobSlot};
+use std::ops::Range;
 use std::sync::Arc;
+
+/// Parameters in some order, their element counts, their buckets.
+type Plan = (Vec<ParamSpec>, Vec<usize>, Vec<Range<usize>>);
 
 /// Where the bucket order stands.
 #[derive(Debug)]
@@ -106,16 +110,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 "the buckets cannot be re-planned while their strategies hold state".into(),
             ));
         }
-        let pick = |v: &[usize]| -> Vec<usize> { order.iter().map(|&i| v[i]).collect() };
-        let params: Vec<_> = order.iter().map(|&i| self.params[i].clone()).collect();
-        let lens = pick(&self.lens);
-        let buckets = plan_buckets(
-            &params,
-            &lens,
-            self.config.fusion_threshold,
-            self.config.capacity,
-        )?;
-        self.order.declared = pick(&self.order.declared);
+        let (params, lens, buckets) = self.plan_in(order)?;
+        self.order.declared = order.iter().map(|&i| self.order.declared[i]).collect();
         self.params = params;
         self.lens = lens;
         for (k, p) in self.params.iter().enumerate() {
@@ -136,6 +132,20 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.all_written = vec![true; widest];
         self.buckets = buckets;
         Ok(())
+    }
+
+    /// The parameters in `order` (engine indices), their element counts,
+    /// and the buckets SINGA's rule makes of them.
+    fn plan_in(&self, order: &[usize]) -> Result<Plan> {
+        let params: Vec<ParamSpec> = order.iter().map(|&i| self.params[i].clone()).collect();
+        let lens: Vec<usize> = order.iter().map(|&i| self.lens[i]).collect();
+        let buckets = plan_buckets(
+            &params,
+            &lens,
+            self.config.fusion_threshold,
+            self.config.capacity,
+        )?;
+        Ok((params, lens, buckets))
     }
 
     /// Whether the buckets follow the declared order.
@@ -229,14 +239,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if order.iter().enumerate().all(|(k, &i)| k == i) {
             return Ok(false);
         }
-        let params: Vec<_> = order.iter().map(|&i| self.params[i].clone()).collect();
-        let lens: Vec<usize> = order.iter().map(|&i| self.lens[i]).collect();
-        let buckets = plan_buckets(
-            &params,
-            &lens,
-            self.config.fusion_threshold,
-            self.config.capacity,
-        )?;
+        let (_, lens, buckets) = self.plan_in(&order)?;
         for (b, bucket) in buckets.into_iter().enumerate() {
             let len = lens[bucket].iter().sum();
             strategies::for_bucket(self.config.strategy, len, self.shared.as_ref()).reshard_state(

@@ -104,33 +104,44 @@ fn run(
     .collect()
 }
 
+/// [`run`] of `strategy`, declared in order, each rank pushing in
+/// [`push_order`].
+fn pushed(
+    world: usize,
+    strategy: StrategyConfig,
+    steps: std::ops::Range<usize>,
+    from: Option<&[Saved]>,
+) -> Vec<Run> {
+    let declared: Vec<usize> = (0..SHAPES.len()).collect();
+    run(
+        world,
+        strategy,
+        BucketOrder::Pushed,
+        &declared,
+        push_order,
+        steps,
+        from,
+    )
+}
+
 fn names(order: &[usize]) -> Vec<String> {
     order.iter().map(|&k| SHAPES[k].0.to_string()).collect()
 }
 
 #[test]
 fn buckets_follow_rank_zeros_push_order_on_every_rank() {
-    let declared: Vec<usize> = (0..SHAPES.len()).collect();
     for strategy in [StrategyConfig::Dense, "topk:0.3".parse().unwrap()] {
         for world in 1..=4 {
-            let pushed = run(
-                world,
-                strategy,
-                BucketOrder::Pushed,
-                &declared,
-                push_order,
-                0..3,
-                None,
-            );
+            let runs = pushed(world, strategy, 0..3, None);
             // The same buckets everywhere: rank 0's order.
-            for (rank, (bits, order, _)) in pushed.iter().enumerate() {
+            for (rank, (bits, order, _)) in runs.iter().enumerate() {
                 assert_eq!(
                     order,
                     &names(&push_order(0)),
                     "{strategy}, W = {world}, rank {rank}"
                 );
                 assert_eq!(
-                    bits, &pushed[0].0,
+                    bits, &runs[0].0,
                     "{strategy}, W = {world}: rank {rank} differs"
                 );
             }
@@ -144,7 +155,7 @@ fn buckets_follow_rank_zeros_push_order_on_every_rank() {
                 0..3,
                 None,
             );
-            assert_eq!(pushed[0].0, fixed[0].0, "{strategy}, W = {world}");
+            assert_eq!(runs[0].0, fixed[0].0, "{strategy}, W = {world}");
         }
     }
 }
@@ -189,40 +200,15 @@ fn the_declared_order_pushed_changes_nothing() {
 
 #[test]
 fn a_checkpoint_keeps_the_order_and_resumes_bitwise() {
-    let declared: Vec<usize> = (0..SHAPES.len()).collect();
     let strategy: StrategyConfig = "topk:0.3".parse().unwrap();
     let world = 3;
-    let straight = run(
-        world,
-        strategy,
-        BucketOrder::Pushed,
-        &declared,
-        push_order,
-        0..4,
-        None,
-    );
-    let first = run(
-        world,
-        strategy,
-        BucketOrder::Pushed,
-        &declared,
-        push_order,
-        0..2,
-        None,
-    );
+    let straight = pushed(world, strategy, 0..4, None);
+    let first = pushed(world, strategy, 0..2, None);
     let saved: Vec<_> = first
         .into_iter()
         .map(|(bits, _, ckpt)| (bits, ckpt))
         .collect();
-    let resumed = run(
-        world,
-        strategy,
-        BucketOrder::Pushed,
-        &declared,
-        push_order,
-        2..4,
-        Some(&saved),
-    );
+    let resumed = pushed(world, strategy, 2..4, Some(&saved));
     for (rank, (a, b)) in straight.iter().zip(&resumed).enumerate() {
         assert_eq!(a.0, b.0, "rank {rank}: the resumed run differs");
         assert_eq!(b.1, names(&push_order(0)));
@@ -235,15 +221,7 @@ fn a_checkpoint_keeps_the_order_and_resumes_bitwise() {
 fn a_resharded_checkpoint_keeps_the_order() {
     let declared: Vec<usize> = (0..SHAPES.len()).collect();
     let strategy: StrategyConfig = "topk:0.3".parse().unwrap();
-    let first = run(
-        3,
-        strategy,
-        BucketOrder::Pushed,
-        &declared,
-        push_order,
-        0..2,
-        None,
-    );
+    let first = pushed(3, strategy, 0..2, None);
     let saved: Vec<Checkpoint> = first.iter().map(|(_, _, c)| c.clone()).collect();
     let out = local::run(2, |comm: LocalComm| {
         let rank = comm.rank();
