@@ -45,7 +45,7 @@ pub struct DistOptConfig {
 /// rule: consecutive parameters until the fusion threshold).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BucketOrder {
-    /// The order this rank 0 pushed its gradients in during the first step
+    /// The order rank 0 pushed its gradients in during the first step
     /// (PyTorch DDP's rebuilt buckets): the first step sends every bucket
     /// in `finish`, after one broadcast of the order; later steps overlap
     /// the buckets with backward in the order backward really produces the
