@@ -9,8 +9,9 @@ use std::time::Duration;
 
 const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7]];
 
-/// How long the late rank of a step dawdles before its gradients.
-const DAWDLE: Duration = Duration::from_millis(100);
+/// How long the late rank of a step dawdles before its gradients: far
+/// beyond what a loaded machine's scheduler delays a rank by.
+const DAWDLE: Duration = Duration::from_millis(250);
 
 /// Each step's straggler as one rank saw it; rank `step % W` dawdles at
 /// step `step`.
@@ -27,7 +28,7 @@ fn stragglers(world: usize, vote: SkipVote) -> Vec<Vec<Option<StepStraggler>>> {
             .iter()
             .map(|s| vec![0.0; s.iter().product()])
             .collect();
-        for step in 0..3 {
+        for step in 0..2 {
             if rank == step % world {
                 std::thread::sleep(DAWDLE);
             }
@@ -64,5 +65,5 @@ fn the_rank_that_arrives_late_is_named_on_every_rank() {
         }
     }
     // One rank waits for nobody.
-    assert_eq!(stragglers(1, SkipVote::PerStep), vec![vec![None; 3]]);
+    assert_eq!(stragglers(1, SkipVote::PerStep), vec![vec![None; 2]]);
 }
