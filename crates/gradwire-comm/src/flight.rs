@@ -235,7 +235,7 @@ impl FlightRecorder {
         };
         let failed = phase == FlightPhase::Failed;
         if was == FlightPhase::Waiting {
-            track.collective(seq, r.op, r.elem, r.len, r.entered_us, now, failed);
+            track.collective(r, now, failed);
         } else if failed {
             // Agreed, then failed moving its data.
             track.done(seq, now, true);

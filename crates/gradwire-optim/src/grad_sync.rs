@@ -566,8 +566,9 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// `sum_r samples_r * g_r / sum_r samples_r` (each rank's gradient being
     /// the mean over its own samples) instead of the plain mean over ranks.
     /// Call before the step's first push, on every rank (one all-reduce of
-    /// a u64; each push then scales its gradient in place after the copy).
-    /// Not for `Custom` (AdaSum is not an average).
+    /// two u64; the engine's push then scales each gradient in place:
+    /// [`crate::DistOpt::set_samples`], one mechanism). Not for `Custom`
+    /// (AdaSum is not an average).
     ///
     /// With accumulation ([`DistOptConfig::accumulate`]) call it before
     /// every micro-batch's first push (or before none): each micro-batch's

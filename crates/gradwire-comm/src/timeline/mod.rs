@@ -24,6 +24,7 @@ mod trace;
 
 pub use trace::{ALIGNMENT_ROUNDS, MatchedCollective, Trace, TraceEvent, gather_trace};
 
+use crate::flight::FlightRecord;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -47,7 +48,7 @@ struct Timeline {
 }
 
 /// What a rank's tracks logged.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Log {
     collectives: VecDeque<CollectiveEvent>,
     spans: VecDeque<SpanEvent>,
@@ -206,25 +207,16 @@ impl TimelineTrack {
         push_capped(spans, event, dropped);
     }
 
-    /// Logs a collective that ended (agreed, or failed) at `ended_us`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn collective(
-        &self,
-        seq: u64,
-        op: &'static str,
-        elem: Option<&'static str>,
-        len: usize,
-        entered_us: u64,
-        ended_us: u64,
-        failed: bool,
-    ) {
+    /// Logs the collective `record` describes, ended (agreed, or failed)
+    /// at `ended_us`.
+    pub(crate) fn collective(&self, record: &FlightRecord, ended_us: u64, failed: bool) {
         let event = CollectiveEvent {
             track: self.id,
-            seq,
-            op: Cow::Borrowed(op),
-            elem: elem.map(Cow::Borrowed),
-            len,
-            entered_us,
+            seq: record.seq,
+            op: Cow::Borrowed(record.op),
+            elem: record.elem.map(Cow::Borrowed),
+            len: record.len,
+            entered_us: record.entered_us,
             agreed_us: ended_us,
             done_us: None,
             failed,
@@ -304,34 +296,33 @@ impl Drop for Span<'_> {
     }
 }
 
-/// A rank's log as [`gather_trace`] sends it to the others.
+/// A rank's log as [`gather_trace`] sends it to the others: borrowed
+/// from the rank's timeline to be encoded, owned once decoded.
 #[derive(Debug, Serialize, Deserialize)]
-struct RankLog {
+struct RankLog<'a> {
     rank: usize,
-    tracks: Vec<String>,
-    log: Log,
+    tracks: Cow<'a, [String]>,
+    log: Cow<'a, Log>,
 }
 
 impl TimelineTrack {
-    /// A copy of the rank's log.
-    fn snapshot(&self) -> RankLog {
-        let tracks = self.timeline.tracks.lock().clone();
+    /// The rank's log, encoded as JSON straight from the timeline (no
+    /// copy of it first).
+    fn encode(&self) -> serde_json::Result<Vec<u8>> {
+        let tracks = self.timeline.tracks.lock();
         let log = self.timeline.log.lock();
-        RankLog {
+        serde_json::to_vec(&RankLog {
             rank: self.timeline.rank,
-            tracks,
-            log: Log {
-                collectives: log.collectives.clone(),
-                spans: log.spans.clone(),
-                dropped: log.dropped,
-            },
-        }
+            tracks: Cow::Borrowed(&tracks),
+            log: Cow::Borrowed(&log),
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flight::FlightPhase;
 
     #[test]
     fn spans_and_collectives_land_on_their_tracks() {
@@ -344,11 +335,21 @@ mod tests {
         assert_eq!(split.name(), "split 1, color 1");
         {
             let _s = span(Some(&lane), "bucket", "bucket", Some(2));
-            lane.collective(0, "all_reduce", Some("f32"), 7, 1, 2, false);
+            let record = FlightRecord {
+                seq: 0,
+                op: "all_reduce",
+                elem: Some("f32"),
+                len: 7,
+                phase: FlightPhase::Waiting,
+                error: None,
+                entered_us: 1,
+                ended_us: None,
+            };
+            lane.collective(&record, 2, false);
             lane.done(0, 3, false);
         }
         let _none = span(None, "bucket", "bucket", None);
-        let snap = world.snapshot();
+        let snap: RankLog<'static> = serde_json::from_slice(&world.encode().unwrap()).unwrap();
         assert_eq!(snap.rank, 3);
         assert_eq!(snap.tracks.len(), 3);
         assert_eq!(snap.log.spans.len(), 1);
@@ -368,7 +369,7 @@ mod tests {
         for _ in 0..TIMELINE_EVENTS + 3 {
             world.record("step", "step", None, now, now);
         }
-        let snap = world.snapshot();
+        let snap: RankLog<'static> = serde_json::from_slice(&world.encode().unwrap()).unwrap();
         assert_eq!(snap.log.spans.len(), TIMELINE_EVENTS);
         assert_eq!(snap.log.dropped, 3);
     }

@@ -64,20 +64,29 @@ pub struct TraceEvent {
 }
 
 impl Trace {
-    /// The trace as Chrome's JSON object format.
-    pub fn to_json(&self) -> String {
+    /// The trace as Chrome's JSON object format, written straight from the
+    /// events (no JSON tree of them first).
+    pub fn to_json(&self) -> Result<String> {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ChromeFile<'a> {
+            trace_events: &'a [TraceEvent],
+            display_time_unit: &'static str,
+            other_data: Value,
+        }
         let last: Vec<Value> = self
             .last_arrivals
             .iter()
             .enumerate()
             .map(|(rank, &(count, late_us))| json!({"rank": rank, "last": count, "late_us": late_us}))
             .collect();
-        json!({
-            "traceEvents": self.events,
-            "displayTimeUnit": "ms",
-            "otherData": {"last_arrivals": last, "dropped": self.dropped},
-        })
-        .to_string()
+        let file = ChromeFile {
+            trace_events: &self.events,
+            display_time_unit: "ms",
+            other_data: json!({"last_arrivals": last, "dropped": self.dropped}),
+        };
+        serde_json::to_string(&file)
+            .map_err(|e| CommError::InvalidArgument(format!("the trace could not be encoded: {e}")))
     }
 
     /// The complete events (`ph` `"X"`).
@@ -177,10 +186,7 @@ pub fn gather_trace<C: Communicator>(comm: &C) -> Result<Trace> {
         None => u64::try_from(own.elapsed().as_micros()).unwrap_or(u64::MAX),
     };
     let offsets = align(comm, now)?;
-    let mine = track
-        .map(|t| t.snapshot())
-        .and_then(|log| serde_json::to_vec(&log).ok())
-        .unwrap_or_default();
+    let mine = track.and_then(|t| t.encode().ok()).unwrap_or_default();
     let gathered = comm.all_gather_varied::<u8>(&mine)?;
     let mut logs = Vec::with_capacity(comm.world_size());
     let mut missing = Vec::new();
@@ -193,7 +199,7 @@ pub fn gather_trace<C: Communicator>(comm: &C) -> Result<Trace> {
             missing.push(rank);
             continue;
         }
-        let log: RankLog = serde_json::from_slice(bytes).map_err(|e| {
+        let log: RankLog<'static> = serde_json::from_slice(bytes).map_err(|e| {
             CommError::InvalidArgument(format!("rank {rank}'s timeline could not be read: {e}"))
         })?;
         logs.push(log);
@@ -290,7 +296,7 @@ struct Arrivals {
 
 /// The logs of every rank (in rank order) merged, rank r's clock ahead of
 /// rank 0's by `offsets[r]` microseconds.
-fn merge(logs: &[RankLog], offsets: &[i64]) -> Trace {
+fn merge(logs: &[RankLog<'_>], offsets: &[i64]) -> Trace {
     // Each rank's times on rank 0's clock, then all shifted so that the
     // earliest a rank's clock can read (its 0) is at or after 0.
     let shifts: Vec<i64> = (0..logs.len())
@@ -433,42 +439,30 @@ fn collective_events(
         args,
     ));
     // The last rank's arrival, as this rank's clock has it (the alignment
-    // is good to about a message's latency).
+    // is good to about a message's latency); the last rank itself waited
+    // for nobody (its own arrival is `entered`).
     let waited_until = a.last.clamp(entered, agreed);
-    if waited_until > entered && a.last_rank != rank {
-        events.push(complete(
+    let phases = [
+        (
             format!("wait for rank {}", a.last_rank),
-            "phase",
-            rank,
-            c.track,
             entered,
             waited_until,
-            Map::new(),
-        ));
-    }
-    if agreed > waited_until {
-        let phase = "agree".to_string();
-        events.push(complete(
-            phase,
-            "phase",
-            rank,
-            c.track,
-            waited_until,
-            agreed,
-            Map::new(),
-        ));
-    }
-    if done > agreed {
-        let phase = "transfer".to_string();
-        events.push(complete(
-            phase,
-            "phase",
-            rank,
-            c.track,
-            agreed,
-            done,
-            Map::new(),
-        ));
+        ),
+        ("agree".to_string(), waited_until, agreed),
+        ("transfer".to_string(), agreed, done),
+    ];
+    for (name, start, end) in phases {
+        if end > start {
+            events.push(complete(
+                name,
+                "phase",
+                rank,
+                c.track,
+                start,
+                end,
+                Map::new(),
+            ));
+        }
     }
 }
 

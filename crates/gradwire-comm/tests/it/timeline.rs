@@ -128,7 +128,7 @@ fn every_collective_appears_on_every_rank_with_its_sequence_number_and_nests() {
             );
         }
         // The JSON Chrome and Perfetto read.
-        let json: serde_json::Value = serde_json::from_str(&trace.to_json()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&trace.to_json().unwrap()).unwrap();
         let events = json["traceEvents"].as_array().unwrap();
         assert_eq!(events.len(), trace.events.len());
         assert!(

@@ -61,14 +61,20 @@ pub(super) fn write_timeline<C: Communicator>(
 ) -> Result<TimelineSummary> {
     let trace = gradwire_comm::gather_trace(comm)?;
     let written = if comm.rank() == 0 {
-        let json = trace.to_json();
-        gradwire_optim::checkpoint::save_bytes_with(path, |file| file.write_all(json.as_bytes()))
-            .map_err(|e| match e {
-                OptimError::Io(source) => ExperimentError::Io {
-                    path: path.display().to_string(),
-                    source,
-                },
-                other => ExperimentError::Optim(other),
+        trace
+            .to_json()
+            .map_err(ExperimentError::from)
+            .and_then(|json| {
+                gradwire_optim::checkpoint::save_bytes_with(path, |file| {
+                    file.write_all(json.as_bytes())
+                })
+                .map_err(|e| match e {
+                    OptimError::Io(source) => ExperimentError::Io {
+                        path: path.display().to_string(),
+                        source,
+                    },
+                    other => ExperimentError::Optim(other),
+                })
             })
     } else {
         Ok(())

@@ -283,8 +283,9 @@ constructors!(
     DistOpt,
     TrainingLoop::Gradients,
     new {
-        /// Wraps `optimizer` for the parameters `params`, declared in the order
-        /// backward produces their gradients, combining them as
+        /// Wraps `optimizer` for the parameters `params` (their buckets
+        /// follow the order backward pushes their gradients in:
+        /// [`DistOptConfig::bucket_order`]), combining them as
         /// `config.strategy` says: a gradient strategy
         /// ([`TrainingLoop::Gradients`]; another is
         /// [`StrategyError::WrongLoop`](crate::StrategyError::WrongLoop)).

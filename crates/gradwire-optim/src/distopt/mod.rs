@@ -14,13 +14,15 @@
 //! ([`StrategyError::WrongLoop`]). [`crate::GradSync`] is the
 //! framework-neutral slice API over the same engine.
 //!
-//! The engine ([`Engine`]): the parameters are declared once, in backward
-//! order, with their shapes (and dtype and device); that order fixes the
-//! fusion buckets (SINGA's rule: a tensor above the fusion threshold goes
-//! alone, smaller ones are grouped until the group's element count exceeds
-//! the threshold) and every bucket must fit the fusion capacity, checked at
-//! construction instead of overflowing. Because buckets are fixed and
-//! launched strictly in order, ranks whose backward passes produce
+//! The engine ([`Engine`]): the parameters are declared once, with their
+//! shapes (and dtype and device); the fusion buckets (SINGA's rule: a
+//! tensor above the fusion threshold goes alone, smaller ones are grouped
+//! until the group's element count exceeds the threshold) are planned over
+//! the declared order, and, with [`BucketOrder::Pushed`] in the gradient
+//! loop, planned again at the first step's `finish` over rank 0's push
+//! order (`order.rs`); every bucket must fit the fusion capacity, checked
+//! instead of overflowing. Because buckets are planned alike on every rank
+//! and launched strictly in order, ranks whose backward passes produce
 //! different sets of gradients still issue the same collectives.
 //!
 //! During backward, `push` hands over each gradient; as soon as all of a

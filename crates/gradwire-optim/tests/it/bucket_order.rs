@@ -252,3 +252,44 @@ fn a_resharded_checkpoint_keeps_the_order() {
         assert_eq!(bits, &out[0].1);
     }
 }
+
+/// A checkpoint whose buckets follow rank 0's push order does not restore
+/// into a front end whose order is fixed otherwise (the declared one): a
+/// `StateMismatch`, and the front end trains on as it was.
+#[test]
+fn another_order_is_a_state_mismatch() {
+    let strategy: StrategyConfig = "topk:0.3".parse().unwrap();
+    let saved: Vec<Checkpoint> = pushed(2, strategy, 0..1, None)
+        .into_iter()
+        .map(|(_, _, c)| c)
+        .collect();
+    let out = local::run(2, |comm: LocalComm| {
+        let rank = comm.rank();
+        let config = gradwire_optim::DistOptConfig {
+            bucket_order: BucketOrder::Declared,
+            ..small_buckets(strategy, 1)
+        };
+        let sgd = Sgd::new(SgdConfig::default().lr(0.1))?;
+        let specs = (0..SHAPES.len()).map(spec).collect();
+        let mut opt = DistOpt::new(sgd, comm, specs, config)?;
+        let refused = opt.restore(&saved[rank]);
+        let mut params: Vec<Tensor> = (0..SHAPES.len())
+            .map(|k| Tensor::zeros(SHAPES[k].1.to_vec(), DType::F32, Device::Cpu).unwrap())
+            .collect();
+        for k in push_order(rank) {
+            opt.push(SHAPES[k].0, gradient(rank, 0, k))?;
+        }
+        opt.finish(SHAPES.iter().map(|(name, _)| *name).zip(params.iter_mut()))?;
+        let order: Vec<String> = opt.bucket_order().into_iter().map(str::to_string).collect();
+        Ok::<_, OptimError>((refused, order))
+    })
+    .unwrap();
+    for result in out {
+        let (refused, order) = result.unwrap();
+        assert!(
+            matches!(refused, Err(OptimError::StateMismatch(ref m)) if m.contains("another parameter order")),
+            "{refused:?}"
+        );
+        assert_eq!(order, names(&(0..SHAPES.len()).collect::<Vec<_>>()));
+    }
+}

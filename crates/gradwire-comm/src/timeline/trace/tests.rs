@@ -18,15 +18,15 @@ fn call(seq: u64, entered_us: u64, agreed_us: u64, done_us: Option<u64>) -> Coll
     }
 }
 
-fn log(rank: usize, collectives: Vec<CollectiveEvent>) -> RankLog {
+fn log(rank: usize, collectives: Vec<CollectiveEvent>) -> RankLog<'static> {
     RankLog {
         rank,
-        tracks: vec!["collectives".into()],
-        log: Log {
+        tracks: Cow::Owned(vec!["collectives".into()]),
+        log: Cow::Owned(Log {
             collectives: collectives.into(),
             spans: Default::default(),
             dropped: 0,
-        },
+        }),
     }
 }
 
@@ -73,7 +73,7 @@ fn clocks_are_aligned_and_the_wait_is_named() {
 #[test]
 fn a_combination_shows_its_codec_work_between_its_collectives() {
     let mut rank = log(0, vec![call(0, 20, 25, Some(40)), call(1, 60, 61, None)]);
-    rank.log.spans.push_back(SpanEvent {
+    rank.log.to_mut().spans.push_back(SpanEvent {
         track: 0,
         cat: Cow::Borrowed("combine"),
         name: Cow::Borrowed("combine"),
