@@ -1,0 +1,88 @@
+//! Gradient accumulation in [`crate::DataParallel`]'s loops of local steps
+//! (`partial`, `adasum-delta`, DiLoCo). There the burn optimizer steps
+//! first, on this worker's own gradients, which gradwire never holds; so
+//! DataParallel sums them itself, micro-batch by micro-batch, and hands
+//! the optimizer their mean (sum / k, summed in micro-batch order) at the
+//! step's last micro-batch. (In the gradient strategies gradwire's engine
+//! accumulates: `DistOptConfig::accumulate`.)
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
+
+/// The sums of the micro-batches of the local step in progress.
+#[derive(Debug)]
+pub(crate) struct LocalAccumulation {
+    /// Micro-batches per step.
+    micro_batches: u32,
+    /// Micro-batches of this step so far.
+    micro: u32,
+    /// The sums so far, per parameter id.
+    sums: GradientsParams,
+}
+
+impl LocalAccumulation {
+    /// For `micro_batches` per step (1: no accumulation).
+    pub(crate) fn new(micro_batches: u32) -> LocalAccumulation {
+        LocalAccumulation {
+            micro_batches: micro_batches.max(1),
+            micro: 0,
+            sums: GradientsParams::new(),
+        }
+    }
+
+    /// Whether a step is between its micro-batches.
+    pub(crate) fn in_progress(&self) -> bool {
+        self.micro > 0
+    }
+
+    /// Adds this micro-batch's gradients of `module`'s parameters from
+    /// `grads`. `None` while the step only accumulates; at its last
+    /// micro-batch, the gradients to step with (their mean; the sums are
+    /// then forgotten).
+    pub(crate) fn add<M: Module>(
+        &mut self,
+        module: &M,
+        mut grads: GradientsParams,
+    ) -> Option<GradientsParams> {
+        if self.micro_batches == 1 {
+            return Some(grads);
+        }
+        /// Adds each gradient into its sum (or, at the last micro-batch,
+        /// makes the mean).
+        struct Add<'g> {
+            grads: &'g mut GradientsParams,
+            sums: &'g mut GradientsParams,
+            mean: Option<f64>,
+        }
+        impl ModuleVisitor for Add<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let Some(grad) = self.grads.remove::<D>(param.id) else {
+                    return;
+                };
+                let sum = match self.sums.remove::<D>(param.id) {
+                    Some(sum) => sum + grad,
+                    None => grad,
+                };
+                let sum = match self.mean {
+                    Some(factor) => sum.mul_scalar(factor),
+                    None => sum,
+                };
+                self.sums.register(param.id, sum);
+            }
+        }
+        self.micro += 1;
+        let last = self.micro == self.micro_batches;
+        let mut add = Add {
+            grads: &mut grads,
+            sums: &mut self.sums,
+            mean: last.then(|| 1.0 / f64::from(self.micro_batches)),
+        };
+        module.visit(&mut add);
+        if !last {
+            return None;
+        }
+        self.micro = 0;
+        Some(std::mem::take(&mut self.sums))
+    }
+}
