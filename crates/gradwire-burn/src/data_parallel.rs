@@ -151,13 +151,27 @@ impl<C: Communicator + 'static> DataParallel<C> {
     /// that only accumulated (`DistOptConfig::accumulate`), none is
     /// returned, so an optimizer step changes nothing. Every worker must
     /// call it, each step; in another training loop it fails on every
-    /// worker alike.
+    /// worker alike. Where the combination is the gradient itself (one
+    /// worker, dense: [`GradSync::combines_to_identity`]) `grads` comes
+    /// back as it was.
     pub fn reduce<M: Module>(
         &mut self,
         module: &M,
-        grads: &GradientsParams,
+        grads: GradientsParams,
     ) -> Result<GradientsParams> {
-        self.push_all(module, grads);
+        self.push_all(module, &grads);
+        // Alone with the dense sum the combination is the gradient itself:
+        // burn's own tensors are handed back (no new ones).
+        if self.sync.combines_to_identity() {
+            let stats = self.sync.finish_each(|_, _: &[f32]| Ok(()))?;
+            self.last = stats;
+            let usable = !stats.non_finite && !stats.accumulated;
+            return Ok(if usable {
+                grads
+            } else {
+                GradientsParams::new()
+            });
+        }
         self.combine(module, false).map(Option::unwrap_or_default)
     }
 
@@ -242,7 +256,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         if self.sync.training_loop() == TrainingLoop::LocalSteps {
             return self.step_locally(lr.into(), module, grads);
         }
-        let combined = self.reduce(module, &grads)?;
+        let combined = self.reduce(module, grads)?;
         // A skipped step, or a micro-batch that only accumulated, changes
         // nothing.
         if !self.last.non_finite && !self.last.accumulated {

@@ -234,7 +234,9 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// every worker alike. The combined gradients are written into tensors
     /// DataParallel keeps, the same ones every step (as PyTorch's `.grad`:
     /// no allocation per step), so a store kept from an earlier `reduce`
-    /// sees the latest values.
+    /// sees the latest values; where the combination is the gradient
+    /// itself (one worker, dense: [`GradSync::combines_to_identity`]) the
+    /// store comes back with candle's own gradients, uncopied.
     pub fn reduce(&mut self, grads: GradStore) -> Result<GradStore> {
         self.push_all(&grads);
         self.combine(grads, false)
@@ -246,11 +248,17 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// worker wrote taken out); `joined`: this worker's part of a step the
     /// others take after it joined, `None` once every worker has.
     fn combine(&mut self, mut grads: GradStore, joined: bool) -> Result<Option<GradStore>> {
+        // Alone with the dense sum the combination is the gradient itself:
+        // candle's own tensors stay in the store (no copy back).
+        let identity = !joined && self.sync.combines_to_identity();
         let vars = &self.vars;
         let outputs = &mut self.combined;
         let written = &mut self.written;
         written.iter_mut().for_each(|w| *w = false);
         let write = |i: usize, values: &[f32]| {
+            if identity {
+                return Ok(());
+            }
             let var = &vars[i].1;
             // The same tensor every step: no allocation, no fresh pages.
             let out = match &outputs[i] {
@@ -272,6 +280,10 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         } else {
             self.sync.finish_each(write)?
         };
+        if identity && !stats.non_finite && !stats.accumulated {
+            self.last = stats;
+            return Ok(Some(grads));
+        }
         for ((_, var), (out, &written)) in self
             .vars
             .iter()

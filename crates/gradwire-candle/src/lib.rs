@@ -62,7 +62,8 @@
 //! combined gradient is written into a candle tensor DataParallel keeps
 //! per variable, the same every step, and replaces the worker's own in the
 //! `GradStore` (candle's backward tensors are not written: one storage may
-//! back several of them). Parameters are updated
+//! back several of them); a lone worker with the dense strategy, whose
+//! combination is its gradient, keeps candle's own. Parameters are updated
 //! in place by [`optim`]'s optimizers. In the local-step and DimReduce
 //! loops the parameters are copied into gradwire's buffers before and
 //! after the step and written back once (the combination works on

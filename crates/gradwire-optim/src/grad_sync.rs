@@ -705,6 +705,18 @@ impl<C: Communicator + 'static> GradSync<C> {
         })
     }
 
+    /// Whether this step's combined gradients will be bitwise the ones
+    /// pushed: one rank, the dense strategy, no clipping, no accumulation,
+    /// no sample weight but 1. Ask after the step's pushes, before
+    /// [`GradSync::finish_each`]: a front end may then leave the
+    /// framework's own gradients in place rather than copy the same values
+    /// back (gradwire-candle's and gradwire-burn's `DataParallel` do: a
+    /// lone worker pays no copy it does not need). The step still runs as
+    /// usual (the checks, the skip, the counters).
+    pub fn combines_to_identity(&self) -> bool {
+        self.dist.combines_to_identity()
+    }
+
     /// Copies `root`'s parameters into every rank's (collective): call once
     /// at start, so that every rank trains the same model.
     pub fn broadcast<T: WithDType + gradwire_comm::Element>(

@@ -401,6 +401,18 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.config.strategy
     }
 
+    /// Whether this step's combined gradients will be bitwise the pushed
+    /// ones: one rank, the dense sum (alone, the identity), no clipping,
+    /// one micro-batch per step and no weight but 1. Checked after the
+    /// step's pushes, before it ends.
+    pub(crate) fn combines_to_identity(&self) -> bool {
+        self.world_size() == 1
+            && self.config.strategy == StrategyConfig::Dense
+            && self.config.clip_global_norm.is_none()
+            && self.config.accumulate <= 1
+            && self.samples.scale == 1.0
+    }
+
     /// The buckets, as ranges of the declared parameters.
     pub(crate) fn buckets(&self) -> &[Range<usize>] {
         &self.buckets

@@ -3,7 +3,8 @@
 //! with and without error feedback, AdaSum) on 1 to 5 ranks; sample
 //! weighting matches an f64 reference; broadcast copies the root's
 //! parameters; a bad call on one rank fails the step everywhere and the
-//! next step works.
+//! next step works; a lone dense rank's combination is its own gradient,
+//! bitwise, where `combines_to_identity` says so.
 
 use gradwire_algos::adasum::AdaSum;
 use gradwire_algos::{FaultKind, HalfPrecision};
@@ -524,5 +525,81 @@ fn a_failed_hand_over_on_one_rank_fails_the_step_on_every_rank() {
             let mean = (1..=world).sum::<usize>() as f32 / world as f32;
             assert!(next.iter().flatten().all(|&v| v == mean), "W = {world}");
         }
+    }
+}
+
+/// `combines_to_identity` holds exactly where the combination is the
+/// gradient itself (one rank, dense, no clipping, no accumulation, weight
+/// 1), and there the combined gradients are bitwise the pushed ones for
+/// any bits a finite gradient holds (-0.0, subnormals, the extremes), so a
+/// front end may keep the framework's own.
+#[test]
+fn a_lone_dense_rank_combines_to_its_own_gradients_bitwise() {
+    let specs = vec![ParamSpec::new("a", [7]), ParamSpec::new("b", [1])];
+    let values = [
+        vec![
+            -0.0f32,
+            0.0,
+            f32::MIN_POSITIVE / 4.0,
+            -f32::MAX,
+            f32::MAX,
+            1e-30,
+            -3.5,
+        ],
+        vec![0.1f32],
+    ];
+    let lone = |config: DistOptConfig, samples: Option<u64>| {
+        let comm = LocalComm::create(1).unwrap().pop().unwrap();
+        let mut sync = GradSync::new(comm, specs.clone(), config).unwrap();
+        if let Some(n) = samples {
+            sync.set_samples(n).unwrap();
+        }
+        for (k, v) in values.iter().enumerate() {
+            sync.push(k, v).unwrap();
+        }
+        let identity = sync.combines_to_identity();
+        let mut out = vec![vec![1.0f32; 7], vec![1.0f32]];
+        let mut views: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+        // (fp16 overflows on f32::MAX: only the identity's step must pass.)
+        let done = sync.finish(&mut views).map(drop);
+        (identity, out, done)
+    };
+    for samples in [None, Some(3)] {
+        let (identity, out, done) = lone(config(StrategyConfig::Dense), samples);
+        assert!(identity, "samples {samples:?}");
+        done.unwrap();
+        for (got, want) in out.iter().zip(&values) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(want), "samples {samples:?}");
+        }
+    }
+    let fp16 = StrategyConfig::Half {
+        precision: HalfPrecision::F16,
+        clip: None,
+    };
+    let clipped = DistOptConfig {
+        clip_global_norm: Some(1.0),
+        ..config(StrategyConfig::Dense)
+    };
+    for (what, c) in [("fp16", config(fp16)), ("clipping", clipped)] {
+        assert!(!lone(c, None).0, "{what} is not the identity");
+    }
+    let accumulating = DistOptConfig {
+        accumulate: 2,
+        ..config(StrategyConfig::Dense)
+    };
+    let comm = LocalComm::create(1).unwrap().pop().unwrap();
+    let sync = GradSync::new(comm, specs.clone(), accumulating).unwrap();
+    assert!(
+        !sync.combines_to_identity(),
+        "a mean of micro-batches is not the identity"
+    );
+    let pairs = local::run(2, |comm| {
+        let sync = GradSync::new(comm, specs.clone(), config(StrategyConfig::Dense))?;
+        Ok::<_, OptimError>(sync.combines_to_identity())
+    })
+    .unwrap();
+    for identity in pairs {
+        assert!(!identity.unwrap(), "two ranks' mean is not the identity");
     }
 }
