@@ -233,8 +233,11 @@ fn test(test_args: &[String]) -> Result {
     // them (a `not(feature = ...)` cfg in `src/`: the messages of a binary
     // built without MPI or NCCL, errors without CUDA), found by reading the
     // code. The other packages' default build is the same code minus the
-    // features (clippy checks it above): running all their tests twice
-    // bought nothing but minutes.
+    // features (clippy checks it above; where a device path is added, the
+    // default build runs the featured one's CPU path): running all their
+    // tests twice bought nothing but minutes. Their unit and integration
+    // tests, not their doc tests (the same text either way), so a library
+    // no other test target needs is not built twice over.
     let packages = workspace::packages_with_default_only_code(workspace_root());
     // With none, a bare `cargo test` would run the whole workspace again.
     if !packages.is_empty() {
@@ -246,7 +249,7 @@ fn test(test_args: &[String]) -> Result {
                 for package in &packages {
                     command.args(["-p", package]);
                 }
-                run(command.arg("--").args(test_args))
+                run(command.args(["--lib", "--tests", "--"]).args(test_args))
             },
         )?;
     }

@@ -32,7 +32,9 @@ use crate::handle::Traffic;
 use gradwire_comm::{Communicator, ReduceOp};
 #[cfg(feature = "cuda")]
 use gradwire_tensor::CudaStorage;
-use gradwire_tensor::{DType, Tensor, flat};
+#[cfg(feature = "cuda")]
+use gradwire_tensor::DType;
+use gradwire_tensor::{Tensor, flat};
 use std::ops::Range;
 
 /// Below this a squared norm counts as zero: its coefficient stays 1.
@@ -271,6 +273,9 @@ impl<C: Communicator> AdaSum<C> {
         tensors: &mut [Tensor],
         buffers: &mut AdaSumBuffers,
     ) -> Result<Traffic> {
+        // Without `cuda` no tensor lives on a device: the default build
+        // runs the featured one's CPU path.
+        #[cfg(feature = "cuda")]
         if !tensors.iter().all(|t| t.device().is_cpu()) {
             return self.combine_packed_on_device(comm, tensors);
         }
@@ -298,6 +303,7 @@ impl<C: Communicator> AdaSum<C> {
 
     /// [`AdaSum::combine`] of tensors not all in CPU memory: packed into
     /// one buffer on their device (feature `cuda`, one device).
+    #[cfg(feature = "cuda")]
     fn combine_packed_on_device(&self, comm: &C, tensors: &mut [Tensor]) -> Result<Traffic> {
         let refs: Vec<&Tensor> = tensors.iter().collect();
         let (mut buffer, layout) = match flat::pack_new(&refs, DType::F32) {
@@ -527,13 +533,6 @@ impl<C: Communicator> AdaSum<C> {
         let mut ws = workspace.ok_or_else(device::no_workspace)?;
         let (mut pieces, mut sums) = (Vec::new(), Vec::new());
         Ok(agreed + self.halving(comm, &mut ws, tensors, &mut pieces, &mut sums)?)
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-impl<C: Communicator> AdaSum<C> {
-    fn combine_on_device(&self, _: &C, _: &mut Tensor, _: &[Range<usize>]) -> Result<Traffic> {
-        Err(gradwire_tensor::Error::NotCompiledWithCuda.into())
     }
 }
 

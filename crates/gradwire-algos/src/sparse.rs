@@ -319,12 +319,13 @@ impl<C: Communicator + 'static> Strategy<C> for SparseSelect {
     /// The residual as tensor `residual/<bucket>` and its step count as
     /// value `residual_steps/<bucket>`.
     fn save_state(&self, bucket: usize, state: &mut StateDict) -> Result<()> {
+        let residual = self.residual.as_ref();
+        // A residual on a device (only with `cuda`) is saved from its host
+        // copy; the default build runs the featured one's CPU path.
         #[cfg(feature = "cuda")]
         let on_device = self.device.host_copy()?;
         #[cfg(feature = "cuda")]
-        let residual = on_device.as_ref().or(self.residual.as_ref());
-        #[cfg(not(feature = "cuda"))]
-        let residual = self.residual.as_ref();
+        let residual = on_device.as_ref().or(residual);
         if let Some(memory) = residual {
             state.insert_f32s(format!("residual/{bucket}"), memory.residual().to_vec())?;
             state

@@ -558,13 +558,16 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
     }
 
     fn snapshot_into(&self, snapshot: &mut OptimizerState) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        let on_device = !self.device_buffers.is_empty();
-        #[cfg(not(feature = "cuda"))]
-        let on_device = false;
         // The first snapshot (or one of another kind), and buffers that
-        // live on a device: the whole state, copied out.
-        if snapshot.kind != R::KIND || on_device {
+        // live on a device (only with `cuda`: the default build runs the
+        // featured one's CPU path): the whole state, copied out.
+        #[allow(unused_mut)]
+        let mut whole = snapshot.kind != R::KIND;
+        #[cfg(feature = "cuda")]
+        {
+            whole |= !self.device_buffers.is_empty();
+        }
+        if whole {
             *snapshot = self.state()?;
             return Ok(());
         }
