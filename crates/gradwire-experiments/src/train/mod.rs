@@ -376,6 +376,12 @@ impl Run<'_> {
         // The forward and backward passes on the timeline, beside the
         // engine's own spans (a shared track: the clone allocates nothing).
         let track = engine.comm().timeline().cloned();
+        // The last collective every rank took part in outside the steps:
+        // what a rank does after it (rank 0's evaluation, an epoch's
+        // bookkeeping) delays its arrival at the next exchange as its
+        // steps do, so it counts in the first step's busy time.
+        let mut synced = Instant::now();
+        let mut calls_since_sync = engine.comm().time_in_calls();
         for epoch in start_epoch..config.epochs {
             let dimreduce = config.strategy == StrategyConfig::DimReduce && epoch >= dense_epochs;
             if dimreduce && !dimreduce_started {
@@ -396,6 +402,10 @@ impl Run<'_> {
             let calls_before = engine.comm().time_in_calls();
             let mut tally = Tally::default();
             let order = data.epoch_samples(epoch);
+            // Outside calls since the last synchronising collective, before
+            // this epoch's first step.
+            let mut gap = in_calls_since(calls_since_sync, engine.comm())
+                .map(|in_calls| synced.elapsed().saturating_sub(in_calls));
             for mine in steps_of(&order, config, rank) {
                 let calls_at_step = engine.comm().time_in_calls();
                 let computing = Instant::now();
@@ -453,7 +463,8 @@ impl Run<'_> {
                 }
                 if let Some(in_calls) = in_calls_since(calls_at_step, engine.comm()) {
                     let busy = computing.elapsed().saturating_sub(in_calls);
-                    tally.busy.push(busy.as_secs_f64());
+                    let gap = gap.take().unwrap_or_default();
+                    tally.busy.push((busy + gap).as_secs_f64());
                 }
                 tally.comm += stats.wait;
                 tally.waits.push(stats.wait.as_secs_f64());
@@ -516,6 +527,7 @@ impl Run<'_> {
                     .collect();
                 straggler(&per_rank)
             };
+            (synced, calls_since_sync) = (Instant::now(), engine.comm().time_in_calls());
             bytes_total += tally.sent;
             // Partial averaging leaves the models apart: rank 0's is shown.
             let tested = if rank == 0 {
@@ -565,6 +577,7 @@ impl Run<'_> {
                 );
                 let what = format!("write its checkpoint of epoch {}", epoch + 1);
                 agree(engine.comm(), saved, &what)?;
+                (synced, calls_since_sync) = (Instant::now(), engine.comm().time_in_calls());
                 // The set of epoch + 1 is complete; the one before stays as
                 // the fallback, the one before that goes.
                 if epoch >= 1 {

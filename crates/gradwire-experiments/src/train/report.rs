@@ -301,7 +301,9 @@ pub struct StepSplit {
     /// In the communicator's calls (the network, with MPI).
     pub network: Option<f64>,
     /// Of `network`, what rank 0 waited for slower ranks to arrive (the
-    /// slowest rank's time outside calls, step by step, less rank 0's).
+    /// slowest rank's time outside calls, step by step, less rank 0's;
+    /// counted from the collective that last synchronised the ranks, so
+    /// rank 0's evaluation between epochs delays it as its steps do).
     #[serde(default)]
     pub imbalance: Option<f64>,
     /// Bytes one worker sent per step.
