@@ -459,6 +459,20 @@ impl TrainConfig {
         if self.dimreduce_dense_epochs == Some(0) && self.strategy == StrategyConfig::DimReduce {
             return bad("--dimreduce-dense-epochs must be at least 1 (or give --pca)".into());
         }
+        // Written at the end of the run: a directory that is not there
+        // would throw the whole run away.
+        if let Some(path) = &self.timeline {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => std::path::Path::new("."),
+            };
+            if !dir.is_dir() {
+                return bad(format!(
+                    "--timeline: the directory {} does not exist",
+                    dir.display()
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -126,6 +126,13 @@ fn bad_values_name_their_flag() {
             "--dimreduce-dense-epochs",
         ),
         (with("onebit-adam"), "--optimizer"),
+        (
+            TrainConfig {
+                timeline: Some("/no/such/directory/trace.json".into()),
+                ..TrainConfig::default()
+            },
+            "--timeline",
+        ),
     ];
     for (config, flag) in cases {
         match config.validate() {
@@ -135,6 +142,14 @@ fn bad_values_name_their_flag() {
     }
     assert!(TrainConfig::default().validate().is_ok());
     assert!(with("topk:1").validate().is_ok());
+    // A file in the working directory, or in one that exists.
+    for path in ["trace.json", "/tmp/trace.json"] {
+        let config = TrainConfig {
+            timeline: Some(path.into()),
+            ..TrainConfig::default()
+        };
+        assert!(config.validate().is_ok(), "{path}");
+    }
     assert!(matches!(
         parse_strategy("topk:2"),
         Err(ExperimentError::Usage(m)) if m.contains("the ratio must be in (0, 1]")
