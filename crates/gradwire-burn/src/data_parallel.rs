@@ -11,6 +11,7 @@
 //! leaves it as it was, in the gradient strategies, and the worker can go
 //! on with it.
 
+use crate::Result;
 use crate::access::ModuleAccess;
 use crate::accumulate::LocalAccumulation;
 use crate::error::into_optim;
@@ -18,7 +19,6 @@ use crate::params::{
     ParamEntry, each_gradient, gradients_from, parameters_of, read_parameters, specs_of,
     write_parameters,
 };
-use crate::{Error, Result};
 use burn::module::Module;
 use burn::optim::lr_scheduler::module_lr_scheduler::ModuleLearningRate;
 use burn::optim::{GradientsParams, ModuleOptimizer};
@@ -79,7 +79,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         dist: DistOptConfig,
     ) -> Result<Self> {
         let params = parameters_of(module)?;
-        let (dist, micro_batches) = split_accumulation(dist)?;
+        let (dist, micro_batches) = GradSync::<C>::local_micro_batches(dist)?;
         let strategy = dist.strategy;
         let sync = GradSync::new(comm, specs_of(&params), dist)?;
         Self::from_sync(params, optimizer, sync, strategy, micro_batches)
@@ -97,7 +97,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
         let params = parameters_of(module)?;
-        let (dist, micro_batches) = split_accumulation(dist)?;
+        let (dist, micro_batches) = GradSync::<C>::local_micro_batches(dist)?;
         let mode = dist.strategy;
         let sync = GradSync::with_strategy(comm, specs_of(&params), dist, strategy)?;
         Self::from_sync(params, optimizer, sync, mode, micro_batches)
@@ -226,11 +226,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
                 *module = self.optimizer.step(lr.clone(), module.clone(), grads);
             }
             steps += 1;
-            total.buckets += self.last.buckets;
-            total.traffic += self.last.traffic;
-            total.wait += self.last.wait;
-            total.combine += self.last.combine;
-            total.updated += self.last.updated;
+            total.add_step(&self.last);
         }
         Ok((steps, total))
     }
@@ -415,22 +411,4 @@ impl<C: Communicator + 'static> DataParallel<C> {
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
         Ok(self.sync.restore(ckpt)?)
     }
-}
-
-/// The configuration GradSync gets, and the micro-batches per step
-/// DataParallel accumulates itself: in the loops of local steps, where the
-/// optimizer steps on burn's gradients first, all of them (GradSync then
-/// sees one micro-batch per step); elsewhere none (gradwire's engine
-/// accumulates).
-fn split_accumulation(mut dist: DistOptConfig) -> Result<(DistOptConfig, u32)> {
-    if dist.strategy.training_loop() != TrainingLoop::LocalSteps {
-        return Ok((dist, 1));
-    }
-    if dist.accumulate == 0 {
-        return Err(Error::Gradwire(OptimError::InvalidArgument(
-            "accumulate: a step takes at least one micro-batch".into(),
-        )));
-    }
-    let micro_batches = std::mem::replace(&mut dist.accumulate, 1);
-    Ok((dist, micro_batches))
 }

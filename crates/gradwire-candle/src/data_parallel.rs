@@ -158,7 +158,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         comm: C,
         dist: DistOptConfig,
     ) -> Result<Self> {
-        let (dist, micro_batches) = split_accumulation(dist)?;
+        let (dist, micro_batches) = GradSync::<C>::local_micro_batches(dist)?;
         let strategy = dist.strategy;
         let sync = GradSync::new(comm, specs_of(&vars)?, dist)?;
         Self::from_sync(vars, config, sync, strategy, micro_batches)
@@ -175,7 +175,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         dist: DistOptConfig,
         strategy: impl Strategy<C>,
     ) -> Result<Self> {
-        let (dist, micro_batches) = split_accumulation(dist)?;
+        let (dist, micro_batches) = GradSync::<C>::local_micro_batches(dist)?;
         let mode = dist.strategy;
         let sync = GradSync::with_strategy(comm, specs_of(&vars)?, dist, strategy)?;
         Self::from_sync(vars, config, sync, mode, micro_batches)
@@ -320,11 +320,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
                 self.optimizer.step_checked(&grads)?;
             }
             steps += 1;
-            total.buckets += self.last.buckets;
-            total.traffic += self.last.traffic;
-            total.wait += self.last.wait;
-            total.combine += self.last.combine;
-            total.updated += self.last.updated;
+            total.add_step(&self.last);
         }
         Ok((steps, total))
     }
@@ -483,23 +479,4 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         self.sync.restore(ckpt)?;
         self.optimizer.restore_from(ckpt)
     }
-}
-
-/// The configuration GradSync gets, and the micro-batches per step
-/// DataParallel accumulates itself: in the loops of local steps, where the
-/// optimizer steps on candle's gradients first, all of them (GradSync then
-/// sees one micro-batch per step); elsewhere none (gradwire's engine
-/// accumulates).
-fn split_accumulation(mut dist: DistOptConfig) -> Result<(DistOptConfig, u32)> {
-    if dist.strategy.training_loop() != TrainingLoop::LocalSteps {
-        return Ok((dist, 1));
-    }
-    if dist.accumulate == 0 {
-        return Err(OptimError::InvalidArgument(
-            "accumulate: a step takes at least one micro-batch".into(),
-        )
-        .into());
-    }
-    let micro_batches = std::mem::replace(&mut dist.accumulate, 1);
-    Ok((dist, micro_batches))
 }

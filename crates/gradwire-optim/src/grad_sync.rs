@@ -705,6 +705,27 @@ impl<C: Communicator + 'static> GradSync<C> {
         })
     }
 
+    /// For a front end whose loops of local steps step the framework's
+    /// optimizer on the framework's gradients (gradwire-candle's and
+    /// gradwire-burn's `DataParallel`): the configuration to build
+    /// GradSync with, and the micro-batches per step the front end sums
+    /// itself. In the loops of local steps all of `config.accumulate`
+    /// (GradSync then takes one micro-batch per step: [`GradSync::new`]
+    /// refuses more there); elsewhere 1 (the engine accumulates). An
+    /// `accumulate` of 0 is an error.
+    pub fn local_micro_batches(mut config: DistOptConfig) -> Result<(DistOptConfig, u32)> {
+        if config.strategy.training_loop() != TrainingLoop::LocalSteps {
+            return Ok((config, 1));
+        }
+        if config.accumulate == 0 {
+            return Err(OptimError::InvalidArgument(
+                "accumulate: a step takes at least one micro-batch".into(),
+            ));
+        }
+        let micro_batches = std::mem::replace(&mut config.accumulate, 1);
+        Ok((config, micro_batches))
+    }
+
     /// Whether this step's combined gradients will be bitwise the ones
     /// pushed: one rank, the dense strategy, no clipping, no accumulation,
     /// no sample weight but 1. Ask after the step's pushes, before

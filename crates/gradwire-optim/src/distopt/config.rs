@@ -116,6 +116,20 @@ pub struct StepStats {
     pub straggler: Option<StepStraggler>,
 }
 
+impl StepStats {
+    /// Adds `step`'s counts into these, for a total over several steps
+    /// (a joined rank's steps, an epoch): buckets, traffic, waiting and
+    /// combining time, parameters updated. The per-step flags and
+    /// reports (skips, DimReduce, straggler) are left as they are.
+    pub fn add_step(&mut self, step: &StepStats) {
+        self.buckets += step.buckets;
+        self.traffic += step.traffic;
+        self.wait += step.wait;
+        self.combine += step.combine;
+        self.updated += step.updated;
+    }
+}
+
 /// The rank that arrived last at a step's exchange: the one that took
 /// longest since the previous step ended (compute, data loading, whatever
 /// the caller did in between), and how long the first to arrive waited for
