@@ -48,8 +48,9 @@ impl LocalAccumulation {
         if self.micro_batches == 1 {
             return Some(grads);
         }
-        /// Adds each gradient into its sum (or, at the last micro-batch,
-        /// makes the mean).
+        /// Adds each gradient into its sum and, at the step's last
+        /// micro-batch, makes every sum (a parameter this micro-batch left
+        /// without a gradient included) its mean.
         struct Add<'g> {
             grads: &'g mut GradientsParams,
             sums: &'g mut GradientsParams,
@@ -57,12 +58,13 @@ impl LocalAccumulation {
         }
         impl ModuleVisitor for Add<'_> {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let Some(grad) = self.grads.remove::<D>(param.id) else {
-                    return;
-                };
-                let sum = match self.sums.remove::<D>(param.id) {
-                    Some(sum) => sum + grad,
-                    None => grad,
+                let grad = self.grads.remove::<D>(param.id);
+                let sum = match (self.sums.remove::<D>(param.id), grad) {
+                    (Some(sum), Some(grad)) => sum + grad,
+                    (sum, grad) => match sum.or(grad) {
+                        Some(only) => only,
+                        None => return,
+                    },
                 };
                 let sum = match self.mean {
                     Some(factor) => sum.mul_scalar(factor),
@@ -84,5 +86,52 @@ impl LocalAccumulation {
         }
         self.micro = 0;
         Some(std::mem::take(&mut self.sums))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LocalAccumulation;
+    use burn::nn::{Linear, LinearConfig};
+    use burn::optim::GradientsParams;
+    use burn::tensor::{Device, Tensor, TensorData};
+
+    /// `grads` of `value` for `model`'s weight, and its bias too if `bias`.
+    fn grads(model: &Linear, value: f32, bias: bool) -> GradientsParams {
+        let device = Device::flex();
+        let mut grads = GradientsParams::new();
+        let full = |n: usize, shape: Vec<usize>| TensorData::new(vec![value; n], shape);
+        grads.register(
+            model.weight.id,
+            Tensor::<2>::from_data(full(6, vec![3, 2]), &device),
+        );
+        if bias {
+            let id = model.bias.as_ref().unwrap().id;
+            grads.register(id, Tensor::<1>::from_data(full(2, vec![2]), &device));
+        }
+        grads
+    }
+
+    fn values<const D: usize>(grads: &GradientsParams, id: burn::module::ParamId) -> Vec<f32> {
+        let t: Tensor<D> = grads.get(id).expect("a mean");
+        t.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    /// The mean of a step's micro-batches divides every sum by their
+    /// count, a parameter the last micro-batch left without a gradient
+    /// included.
+    #[test]
+    fn every_sum_becomes_its_mean() {
+        let model: Linear = LinearConfig::new(3, 2).init(&Device::flex());
+        let mut accumulation = LocalAccumulation::new(2);
+        assert!(accumulation.add(&model, grads(&model, 1.0, true)).is_none());
+        assert!(accumulation.in_progress());
+        let mean = accumulation
+            .add(&model, grads(&model, 3.0, false))
+            .expect("the step's last micro-batch");
+        assert!(!accumulation.in_progress());
+        assert_eq!(values::<2>(&mean, model.weight.id), vec![2.0; 6]);
+        let bias = model.bias.as_ref().unwrap().id;
+        assert_eq!(values::<1>(&mean, bias), vec![0.5; 2]);
     }
 }
