@@ -31,6 +31,14 @@ impl<'e, M: Module> ModuleAccess<'e, M> {
         }
     }
 
+    /// The module, taken out; `None` only while [`ModuleAccess::replace`]
+    /// or [`ModuleAccess::apply`] holds it.
+    fn take(&mut self) -> Result<M> {
+        self.module
+            .take()
+            .ok_or_else(|| OptimError::InvalidArgument("the module is being stepped".into()).into())
+    }
+
     /// The module with every write in.
     pub(crate) fn module(&mut self) -> Result<&M> {
         self.apply()?;
@@ -41,33 +49,25 @@ impl<'e, M: Module> ModuleAccess<'e, M> {
 
     /// Hands the module (writes in) to `step`, which returns its next
     /// state (an optimizer's step); the values are read again after.
-    pub(crate) fn replace(&mut self, step: impl FnOnce(M) -> Result<M>) -> Result<()> {
+    pub(crate) fn replace(&mut self, step: impl FnOnce(M) -> M) -> Result<()> {
         self.apply()?;
-        let module = self
-            .module
-            .take()
-            .ok_or_else(|| OptimError::InvalidArgument("the module is being stepped".into()))?;
+        let module = self.take()?;
         self.values = None;
-        self.module = Some(step(module)?);
+        self.module = Some(step(module));
         Ok(())
     }
 
     /// The module with every write in, given back.
     pub(crate) fn into_module(mut self) -> Result<M> {
         self.apply()?;
-        self.module
-            .take()
-            .ok_or_else(|| OptimError::InvalidArgument("the module is being stepped".into()).into())
+        self.take()
     }
 
     fn apply(&mut self) -> Result<()> {
         if self.pending.iter().all(Option::is_none) {
             return Ok(());
         }
-        let module = self
-            .module
-            .take()
-            .ok_or_else(|| OptimError::InvalidArgument("the module is being stepped".into()))?;
+        let module = self.take()?;
         self.module = Some(write_parameters(module, self.entries, &mut self.pending)?);
         Ok(())
     }

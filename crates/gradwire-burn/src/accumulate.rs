@@ -9,6 +9,7 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
+use gradwire_optim::OptimError;
 
 /// The sums of the micro-batches of the local step in progress.
 #[derive(Debug)]
@@ -31,9 +32,17 @@ impl LocalAccumulation {
         }
     }
 
-    /// Whether a step is between its micro-batches.
-    pub(crate) fn in_progress(&self) -> bool {
-        self.micro > 0
+    /// An error if a step is between its micro-batches (`what`, a
+    /// checkpoint or a restore, must come between steps).
+    pub(crate) fn between_steps(&self, what: &str) -> Result<(), OptimError> {
+        if self.micro > 0 {
+            return Err(OptimError::between_micro_batches(
+                what,
+                self.micro,
+                self.micro_batches,
+            ));
+        }
+        Ok(())
     }
 
     /// Adds this micro-batch's gradients of `module`'s parameters from
@@ -125,11 +134,11 @@ mod tests {
         let model: Linear = LinearConfig::new(3, 2).init(&Device::flex());
         let mut accumulation = LocalAccumulation::new(2);
         assert!(accumulation.add(&model, grads(&model, 1.0, true)).is_none());
-        assert!(accumulation.in_progress());
+        assert!(accumulation.between_steps("a checkpoint").is_err());
         let mean = accumulation
             .add(&model, grads(&model, 3.0, false))
             .expect("the step's last micro-batch");
-        assert!(!accumulation.in_progress());
+        accumulation.between_steps("a checkpoint").unwrap();
         assert_eq!(values::<2>(&mean, model.weight.id), vec![2.0; 6]);
         let bias = model.bias.as_ref().unwrap().id;
         assert_eq!(values::<1>(&mean, bias), vec![0.5; 2]);

@@ -135,9 +135,8 @@ impl<C: Communicator + 'static> DataParallel<C> {
     /// from one model. On an error `module` is left as it was.
     pub fn broadcast_parameters<M: Module>(&mut self, module: &mut M, root: usize) -> Result<()> {
         let mut values = read_parameters(module, &self.params)?;
-        for v in &mut values {
-            self.sync.broadcast(&mut [&mut v[..]], root)?;
-        }
+        let mut views: Vec<&mut [f32]> = values.iter_mut().map(Vec::as_mut_slice).collect();
+        self.sync.broadcast(&mut views, root)?;
         let mut values: Vec<Option<Vec<f32>>> = values.into_iter().map(Some).collect();
         *module = write_parameters(module.clone(), &self.params, &mut values)?;
         Ok(())
@@ -283,7 +282,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         let optimizer = &mut self.optimizer;
         let stats = self.sync.step_locally(&mut access, |access| {
             access
-                .replace(|m| Ok(optimizer.step(lr, m, grads)))
+                .replace(|m| optimizer.step(lr, m, grads))
                 .and_then(|()| access.load())
                 .map_err(into_optim)
         });
@@ -395,20 +394,15 @@ impl<C: Communicator + 'static> DataParallel<C> {
     /// module and of the optimizer ([`DataParallel::optimizer`]'s
     /// `save`). Between steps only.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        if self.accumulation.in_progress() {
-            return Err(OptimError::InvalidArgument(
-                "a checkpoint between the micro-batches of a step: call it after the step's \
-                 last micro-batch"
-                    .into(),
-            )
-            .into());
-        }
+        self.accumulation.between_steps("a checkpoint")?;
         Ok(self.sync.checkpoint()?)
     }
 
     /// Restores what [`DataParallel::checkpoint`] saved (same
-    /// configuration and parameters).
+    /// configuration and parameters; between steps, as
+    /// [`DataParallel::checkpoint`]).
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.accumulation.between_steps("a restore")?;
         Ok(self.sync.restore(ckpt)?)
     }
 }

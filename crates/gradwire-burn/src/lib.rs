@@ -63,10 +63,12 @@
 //! beside burn's records of the module and of the optimizer
 //! (`dp.optimizer().save(path)`).
 //!
-//! Copies: each gradient is read from burn as f32 (converted from its
-//! dtype: f16 and bf16 parameters train too) and copied once into
-//! gradwire's buffer for it; each combined gradient becomes a new burn
-//! tensor of the parameter's dtype on its device. Any burn backend works
+//! Copies: burn lends no view of a tensor's memory, so each gradient is
+//! read out of burn as f32 (`try_into_vec_as`: converted from its dtype,
+//! so f16 and bf16 parameters train too) and then copied into gradwire's
+//! buffer for it; each combined gradient becomes a new burn tensor of the
+//! parameter's dtype on its device. A lone worker with the dense strategy
+//! steps with burn's own gradients. Any burn backend works
 //! (the tests run flex, burn's pure-Rust CPU backend); values cross
 //! between the device and gradwire's host buffers.
 //!

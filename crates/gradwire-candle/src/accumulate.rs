@@ -8,6 +8,7 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
+use gradwire_optim::OptimError;
 
 /// The sums of the micro-batches of the local step in progress.
 #[derive(Debug)]
@@ -35,9 +36,17 @@ impl LocalAccumulation {
         }
     }
 
-    /// Whether a step is between its micro-batches.
-    pub(crate) fn in_progress(&self) -> bool {
-        self.micro > 0
+    /// An error if a step is between its micro-batches (`what`, a
+    /// checkpoint or a restore, must come between steps).
+    pub(crate) fn between_steps(&self, what: &str) -> Result<(), OptimError> {
+        if self.micro > 0 {
+            return Err(OptimError::between_micro_batches(
+                what,
+                self.micro,
+                self.micro_batches,
+            ));
+        }
+        Ok(())
     }
 
     /// Adds this micro-batch's gradients of `vars` from `grads`. `None`

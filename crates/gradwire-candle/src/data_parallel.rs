@@ -461,21 +461,16 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// safetensors of the weights (`VarMap::save`) with
     /// `gradwire_optim::checkpoint::save`.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        if self.accumulation.in_progress() {
-            return Err(OptimError::InvalidArgument(
-                "a checkpoint between the micro-batches of a step: call it after the step's \
-                 last micro-batch"
-                    .into(),
-            )
-            .into());
-        }
+        self.accumulation.between_steps("a checkpoint")?;
         let mut ckpt = self.sync.checkpoint()?;
         self.optimizer.save_into(&mut ckpt)?;
         Ok(ckpt)
     }
 
-    /// Restores what [`DataParallel::checkpoint`] saved.
+    /// Restores what [`DataParallel::checkpoint`] saved (between steps:
+    /// the sums of a step's micro-batches would outlive it).
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<()> {
+        self.accumulation.between_steps("a restore")?;
         self.sync.restore(ckpt)?;
         self.optimizer.restore_from(ckpt)
     }

@@ -65,6 +65,17 @@ pub enum OptimError {
 }
 
 impl OptimError {
+    /// `what` (a checkpoint, a restore, a strategy change) asked for while
+    /// a step is between its micro-batches, `done` of `of` taken: it must
+    /// come between steps. The one wording of the engine's accumulation
+    /// and of the front ends that sum a framework's gradients themselves.
+    pub fn between_micro_batches(what: &str, done: u32, of: u32) -> OptimError {
+        OptimError::InvalidArgument(format!(
+            "{what} between the micro-batches of a step ({done} of {of} accumulated): call it \
+             after the step's last micro-batch"
+        ))
+    }
+
     /// What kind of failure this is, whichever layer it came from
     /// (`std::io::Error`'s shape): a lost peer is
     /// [`ErrorKind::PeerLost`](gradwire_tensor::ErrorKind::PeerLost)

@@ -561,12 +561,9 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
         // The first snapshot (or one of another kind), and buffers that
         // live on a device (only with `cuda`: the default build runs the
         // featured one's CPU path): the whole state, copied out.
-        #[allow(unused_mut)]
-        let mut whole = snapshot.kind != R::KIND;
+        let whole = snapshot.kind != R::KIND;
         #[cfg(feature = "cuda")]
-        {
-            whole |= !self.device_buffers.is_empty();
-        }
+        let whole = whole || !self.device_buffers.is_empty();
         if whole {
             *snapshot = self.state()?;
             return Ok(());

@@ -11,7 +11,7 @@ use burn::optim::{AdamConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use gradwire_algos::dimreduce::{DimReduceConfig, Pca};
 use gradwire_burn::{DataParallel, Error, parameters_of};
 use gradwire_comm::{Communicator, local};
-use gradwire_optim::{DistOptConfig, StrategyConfig, TrainingLoop};
+use gradwire_optim::{DistOptConfig, OptimError, StrategyConfig, TrainingLoop};
 
 use crate::support::{Mlp, batch, bits, device, params, seeded};
 
@@ -202,6 +202,7 @@ fn run(
         let device = device();
         let mut model = seeded(&device);
         let mut dp = DataParallel::new(&model, sgd(), comm, dist.clone())?;
+        let start_state = dp.checkpoint()?;
         for step in 0..steps {
             let samples = shard(step, rank);
             let mut start = samples.start;
@@ -211,6 +212,18 @@ fn run(
                 let stats = dp.backward_step(LR, &mut model, &loss)?;
                 if stats.accumulated {
                     assert_eq!(stats.buckets, 0, "an accumulating micro-batch exchanged");
+                    // Between the micro-batches of a step: neither a
+                    // checkpoint nor a restore.
+                    let mid_step = [dp.checkpoint().err(), dp.restore(&start_state).err()];
+                    for refused in mid_step {
+                        assert!(
+                            matches!(
+                                refused,
+                                Some(Error::Gradwire(OptimError::InvalidArgument(_)))
+                            ),
+                            "{refused:?}"
+                        );
+                    }
                 }
                 start = end;
             }
@@ -224,7 +237,8 @@ fn run(
 /// Two micro-batches per step (`accumulate: 2`) equal one step on their
 /// concatenation, within f32 rounding, in the gradient strategies (the
 /// engine accumulates) and the loops of local steps (DataParallel sums
-/// burn's gradients); the first micro-batch only accumulates.
+/// burn's gradients); the first micro-batch only accumulates, and a
+/// checkpoint or a restore then is refused.
 #[test]
 fn accumulation_equals_the_step_on_the_concatenation() {
     for strategy in ["dense", "topk:0.3", "adasum-delta"] {

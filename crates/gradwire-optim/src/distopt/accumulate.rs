@@ -195,11 +195,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// strategy change must come between steps).
     pub(super) fn between_steps(&self, what: &str) -> Result<()> {
         if self.accumulation.micro > 0 {
-            return Err(OptimError::InvalidArgument(format!(
-                "{what} between the micro-batches of a step ({} of {} accumulated): \
-                 call it after the step's last micro-batch",
-                self.accumulation.micro, self.config.accumulate
-            )));
+            return Err(OptimError::between_micro_batches(
+                what,
+                self.accumulation.micro,
+                self.config.accumulate,
+            ));
         }
         Ok(())
     }
