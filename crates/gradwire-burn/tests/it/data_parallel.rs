@@ -99,7 +99,7 @@ fn w_workers_equal_one_process_on_the_global_batch() {
 /// (`partial:state`, which averages an optimizer's private state, is
 /// refused: `errors.rs`): the parameters stay finite, and wherever the
 /// strategy makes replicas (every gradient strategy, AdaSum by delta
-/// weight) the ranks end bitwise equal.
+/// weight, DiLoCo after a round) the ranks end bitwise equal.
 #[test]
 fn every_strategy_trains_in_its_loop() {
     const WORLD: usize = 3;
@@ -142,7 +142,15 @@ fn every_strategy_trains_in_its_loop() {
         }
         let replicas = match strategy.training_loop() {
             TrainingLoop::Gradients | TrainingLoop::DimReduce => true,
-            TrainingLoop::LocalSteps => matches!(strategy, StrategyConfig::DeltaWeight { .. }),
+            // AdaSum by delta weight every step; DiLoCo at the end of a
+            // round (the registry's example: 2 steps, so 4 end one).
+            TrainingLoop::LocalSteps => match strategy {
+                StrategyConfig::DeltaWeight { .. } => true,
+                StrategyConfig::DiLoCo(diloco) => {
+                    diloco.fragments == 1 && 4 % diloco.sync_every == 0
+                }
+                _ => false,
+            },
         };
         if replicas {
             for (rank, b) in out.iter().enumerate() {
