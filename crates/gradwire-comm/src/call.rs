@@ -30,6 +30,12 @@ pub(crate) enum Kind {
     /// kind of its own, so that it never pairs with gradwire's all-reduce.
     #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
     LibraryAllReduce,
+    /// NcclComm's departure notice: the rank drops its communicator in
+    /// place of its next collective, so the peers' collective fails with
+    /// `PeerLost` at once instead of waiting out its deadline (MpiComm
+    /// sends its notices as messages, LocalComm marks its group).
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    Departed,
 }
 
 impl Kind {
@@ -45,6 +51,7 @@ impl Kind {
             Kind::SplitShared => "split_shared",
             Kind::Fault => "fault",
             Kind::LibraryAllReduce => "library_all_reduce",
+            Kind::Departed => "departure",
         }
     }
 
@@ -64,7 +71,7 @@ impl Kind {
     pub(crate) fn moves_data(self) -> bool {
         !matches!(
             self,
-            Kind::Barrier | Kind::Split | Kind::SplitShared | Kind::Fault
+            Kind::Barrier | Kind::Split | Kind::SplitShared | Kind::Fault | Kind::Departed
         )
     }
 }
@@ -104,10 +111,27 @@ impl Call {
 /// arguments; the first difference found is reported, naming the ranks.
 /// The same rules and messages as the in-process backend's rendezvous.
 ///
-/// A rank that posted a fault ([`Kind::Fault`]) decides the round first,
-/// whatever the others called: every rank gets [`CommError::Fault`] naming
-/// the lowest such rank and its kind, and no data moves.
+/// A rank that departed ([`Kind::Departed`]) decides the round first:
+/// every rank gets [`CommError::PeerLost`] naming every departed rank.
+/// Then a rank that posted a fault ([`Kind::Fault`]), whatever the others
+/// called: every rank gets [`CommError::Fault`] naming the lowest such rank
+/// and its kind, and no data moves.
 pub(crate) fn validate(calls: &[Call]) -> Result<()> {
+    let departed: Vec<usize> = (0..calls.len())
+        .filter(|&r| calls[r].kind == Kind::Departed)
+        .collect();
+    if !departed.is_empty() {
+        let op = calls
+            .iter()
+            .map(|c| c.kind)
+            .find(|&k| k != Kind::Departed)
+            .unwrap_or(Kind::Departed)
+            .name();
+        return Err(CommError::PeerLost {
+            op,
+            ranks: departed,
+        });
+    }
     if let Some((rank, call)) = calls
         .iter()
         .enumerate()

@@ -184,8 +184,19 @@ pub trait Communicator: Send + Sized {
     /// in `recv`: chunk `r` is [`chunk_range`]`(send.len(), world_size(), r)`.
     fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()>;
 
-    /// Sends `buf` to rank `dest` (point to point; returns once the data is
-    /// buffered or delivered). Messages between two ranks arrive in order.
+    /// Sends `buf` to rank `dest` (point to point). Messages between two
+    /// ranks arrive in order.
+    ///
+    /// What a send may assume depends on the backend
+    /// ([`Communicator::eager_messages`]): LocalComm and MpiComm buffer the
+    /// message and return, so every rank may send before it receives.
+    /// NcclComm returns once the transfer is queued, but the transfer
+    /// completes only when `dest` receives, and until then it holds the
+    /// rank's stream (every later call of this rank waits behind it): a
+    /// portable program posts each receive before the receiver's own
+    /// blocking sends and collectives (pairwise: one side sends first, the
+    /// other receives first), or uses [`Communicator::sendrecv`], which
+    /// exchanges both directions at once on every backend.
     fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()>;
 
     /// Receives the next message from rank `src` into `buf`, whose element
@@ -312,6 +323,18 @@ pub trait Communicator: Send + Sized {
     /// [`Communicator::all_gather_varied`] on the communication thread.
     fn all_gather_varied_async<T: Element>(&self, send: Vec<T>) -> Result<Pending<Gathered<T>>> {
         self.run_async(move |comm| comm.all_gather_varied(&send))
+    }
+
+    /// Whether a message can reach its receiver before the receiver asks
+    /// for it (`true`, the default: LocalComm and MpiComm). Then a
+    /// [`Communicator::send`] completes without its receive, and a rank
+    /// blocked in [`Communicator::recv`] hears at once that its sender is
+    /// gone (a lost asynchronous lane, a departure). `false` for NcclComm,
+    /// whose transfers need both sides: a send completes only once its
+    /// receive is posted (see [`Communicator::send`]), and a receive from a
+    /// rank that will never send ends only at the deadline.
+    fn eager_messages(&self) -> bool {
+        true
     }
 
     /// Whether [`Communicator::all_reduce_tensor`] and

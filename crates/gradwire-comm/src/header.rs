@@ -16,7 +16,7 @@ use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 11] = [
     Kind::AllReduce,
     Kind::Broadcast,
     Kind::AllGather,
@@ -27,6 +27,7 @@ const KINDS: [Kind; 10] = [
     Kind::SplitShared,
     Kind::Fault,
     Kind::LibraryAllReduce,
+    Kind::Departed,
 ];
 
 /// Integers per encoded call.

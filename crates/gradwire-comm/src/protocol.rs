@@ -46,7 +46,9 @@ pub(crate) fn agree(transport: &impl HeaderTransport, call: Call) -> Result<Vec<
         })
         .and_then(|calls| {
             crate::call::validate(&calls).map_err(|err| {
-                if err.is_lane_lost() {
+                // A lost lane ends it everywhere; a departed peer takes no
+                // part in any later collective.
+                if err.is_lane_lost() || matches!(err, CommError::PeerLost { .. }) {
                     transport.poison(err)
                 } else {
                     err
@@ -79,6 +81,20 @@ pub(crate) fn post_fault(transport: &impl HeaderTransport, kind: FaultKind) -> C
         // Unreachable: validation fails every round with a fault in it.
         Ok(_) => CommError::Fault(Fault::posted(transport.rank(), kind)),
     }
+}
+
+/// Takes part in the next round as a rank that is leaving: the peers'
+/// collective (the one they wait in, or their next) fails with
+/// [`CommError::PeerLost`] naming this rank, and poisons their
+/// communicator. Returns what this rank's own round gave.
+#[cfg(feature = "nccl")]
+pub(crate) fn depart(transport: &impl HeaderTransport) -> Result<()> {
+    // Not a collective of the caller's: kept out of the flight record and
+    // the timeline.
+    let call = Call::new(Kind::Departed);
+    transport.gather_headers(call.kind.name(), call.encode(), |words| {
+        header::decode_all(words).map(|_| ())
+    })
 }
 
 /// The agreed split of [`crate::Communicator::split`]: every rank's color

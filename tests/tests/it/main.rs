@@ -6,6 +6,7 @@ mod candle;
 mod checkpoint_sets;
 mod conformance_local;
 mod conformance_mpi;
+mod conformance_nccl_host;
 mod convergence;
 mod fault_matrix;
 mod registry;

@@ -9,15 +9,12 @@
 //! `rank_ordered.rs`, the CUDA-tensor paths in `device.rs`, point to point
 //! in `p2p.rs`.
 
-use std::sync::Arc;
-
-use gradwire_tensor::cudarc::driver::DevicePtrMut;
 use gradwire_tensor::{Storage, Tensor};
 
 use super::NcclComm;
 use super::scratch::layout;
 use super::stream::beyond;
-use super::sys::{self, DataType, RedOp};
+use super::transport::{Native, NcclTransport};
 use crate::communicator::{Communicator, Gathered, chunk_range};
 use crate::element::Element;
 use crate::error::{CommError, Result};
@@ -30,18 +27,18 @@ use crate::pending::Pending;
 const HEADER_BYTES: usize = WORDS * 8;
 
 /// Bytes of a host slice.
-pub(super) fn bytes_of<T: Element>(s: &[T]) -> &[u8] {
+pub(super) fn bytes_of<E: Element>(s: &[E]) -> &[u8] {
     bytemuck::cast_slice(s)
 }
 
 /// Bytes of a mutable host slice.
-pub(super) fn bytes_of_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+pub(super) fn bytes_of_mut<E: Element>(s: &mut [E]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
 /// NcclComm's header exchange: an all-gather in place in the scratch, on
 /// the device, under the watchdog.
-impl crate::protocol::HeaderTransport for NcclComm {
+impl<T: NcclTransport> crate::protocol::HeaderTransport for NcclComm<T> {
     fn gather_headers<R>(
         &self,
         _op: &'static str,
@@ -85,7 +82,7 @@ impl crate::protocol::HeaderTransport for NcclComm {
     }
 }
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     /// The agreement on `call` ([`crate::protocol::agree`]) over this
     /// communicator's header exchange.
     pub(super) fn agree(&self, call: Call) -> Result<Vec<Call>> {
@@ -93,11 +90,7 @@ impl NcclComm {
     }
 
     /// `all_reduce` with NCCL's `ncclAllReduce`, in place in the scratch.
-    fn all_reduce_native<T: Element>(
-        &self,
-        buf: &mut [T],
-        (dtype, op): (DataType, RedOp),
-    ) -> Result<()> {
+    fn all_reduce_native<E: Element>(&self, buf: &mut [E], native: Native) -> Result<()> {
         let len = buf.len();
         let bytes = std::mem::size_of_val(buf);
         let mut lease = self.scratch.lease(bytes, &self.stream)?;
@@ -106,7 +99,7 @@ impl NcclComm {
             self.upload(bytes_of(buf), dev, 0)?;
             // The scratch is leased at least `bytes` long, held until the
             // wait below ends.
-            self.queue_all_reduce_in_place("all_reduce", dev, len, (dtype, op))?;
+            self.queue_all_reduce_in_place("all_reduce", dev, len, native)?;
             self.download(dev, 0, bytes_of_mut(buf))?;
             self.sync()
         })
@@ -116,14 +109,14 @@ impl NcclComm {
     /// equal; gradwire's chunks differ by at most one element, so each
     /// chunk is uploaded to a block as long as the largest chunk (the
     /// padding is reduced along and never read back).
-    fn reduce_scatter_native<T: Element>(
+    fn reduce_scatter_native<E: Element>(
         &self,
-        send: &[T],
-        recv: &mut [T],
-        (dtype, op): (DataType, RedOp),
+        send: &[E],
+        recv: &mut [E],
+        native: Native,
     ) -> Result<()> {
         let (w, len) = (self.size, send.len());
-        let size = std::mem::size_of::<T>();
+        let size = std::mem::size_of::<E>();
         let most = chunk_range(len, w, 0).len();
         if most == 0 {
             return Ok(());
@@ -146,22 +139,22 @@ impl NcclComm {
                     self.upload(bytes_of(chunk), dev, from.start + q * block)?;
                 }
             }
-            if dev.len() < into.end {
-                return Err(beyond("reduce_scatter", into.start, block, dev.len()));
+            if T::len(dev) < into.end {
+                return Err(beyond("reduce_scatter", into.start, block, T::len(dev)));
             }
-            let (base, guard) = dev.device_ptr_mut(&self.stream);
-            let (s, r) = (base + from.start as u64, base + into.start as u64);
-            let queued = self.queue("reduce_scatter", move |comm, stream| {
-                #[allow(unsafe_code)]
-                // SAFETY: W blocks of `most` elements at `s` and one at `r`,
-                // disjoint ranges of the scratch (laid out above, leased at
-                // least `bytes` long), held until the wait below ends.
-                unsafe {
-                    sys::ops::reduce_scatter(comm, s, r, most, dtype, op, stream)
-                }
-            });
-            drop(guard);
-            queued?;
+            T::with_address(dev, &self.stream, |base| {
+                let (s, r) = (base + from.start as u64, base + into.start as u64);
+                self.queue("reduce_scatter", move |comm, queue| {
+                    #[allow(unsafe_code)]
+                    // SAFETY: W blocks of `most` elements at `s` and one at
+                    // `r`, disjoint ranges of the scratch (laid out above,
+                    // leased at least `bytes` long), held until the wait
+                    // below ends.
+                    unsafe {
+                        T::reduce_scatter(comm, s, r, most, native, queue)
+                    }
+                })
+            })?;
             // This rank's chunk: the first `recv.len()` elements of its block.
             self.download(dev, into.start, bytes_of_mut(recv))?;
             self.sync()
@@ -169,7 +162,7 @@ impl NcclComm {
     }
 }
 
-impl Communicator for NcclComm {
+impl<T: NcclTransport> Communicator for NcclComm<T> {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -186,10 +179,10 @@ impl Communicator for NcclComm {
         self.size
     }
 
-    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    fn all_reduce<E: Element>(&self, buf: &mut [E], op: ReduceOp) -> Result<()> {
         let _call = self.flight.call();
         self.agree(Call {
-            elem: Some(T::TYPE),
+            elem: Some(E::TYPE),
             op: Some(op),
             len: buf.len(),
             ..Call::new(Kind::AllReduce)
@@ -197,16 +190,16 @@ impl Communicator for NcclComm {
         if self.size == 1 || buf.is_empty() {
             return Ok(());
         }
-        match self.native(T::TYPE, op) {
+        match self.native(E::TYPE, op) {
             Some(native) => self.all_reduce_native(buf, native),
             None => self.all_reduce_in_rank_order(buf, op),
         }
     }
 
-    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+    fn broadcast<E: Element>(&self, buf: &mut [E], root: usize) -> Result<()> {
         let _call = self.flight.call();
         self.agree(Call {
-            elem: Some(T::TYPE),
+            elem: Some(E::TYPE),
             len: buf.len(),
             root,
             ..Call::new(Kind::Broadcast)
@@ -228,10 +221,10 @@ impl Communicator for NcclComm {
         })
     }
 
-    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+    fn all_gather<E: Element>(&self, send: &[E], recv: &mut [E]) -> Result<()> {
         let _call = self.flight.call();
         self.agree(Call {
-            elem: Some(T::TYPE),
+            elem: Some(E::TYPE),
             len: send.len(),
             recv_len: recv.len(),
             ..Call::new(Kind::AllGather)
@@ -253,19 +246,19 @@ impl Communicator for NcclComm {
         })
     }
 
-    fn all_gather_varied<T: Element>(&self, send: &[T]) -> Result<Gathered<T>> {
+    fn all_gather_varied<E: Element>(&self, send: &[E]) -> Result<Gathered<E>> {
         let _call = self.flight.call();
         // The header exchange carries every rank's count.
         let calls = self.agree(Call {
-            elem: Some(T::TYPE),
+            elem: Some(E::TYPE),
             len: send.len(),
             ..Call::new(Kind::AllGatherVaried)
         })?;
         let lens: Vec<usize> = calls.iter().map(|c| c.len).collect();
         let most = lens.iter().copied().max().unwrap_or(0);
-        let size = std::mem::size_of::<T>();
+        let size = std::mem::size_of::<E>();
         let block = most * size;
-        let mut data = vec![T::zeroed(); lens.iter().sum()];
+        let mut data = vec![E::zeroed(); lens.iter().sum()];
         if block > 0 {
             // Every rank sends a block as long as the longest part; the
             // padding is never read back.
@@ -286,10 +279,10 @@ impl Communicator for NcclComm {
         Gathered::new(data, &lens)
     }
 
-    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    fn reduce_scatter<E: Element>(&self, send: &[E], recv: &mut [E], op: ReduceOp) -> Result<()> {
         let _call = self.flight.call();
         self.agree(Call {
-            elem: Some(T::TYPE),
+            elem: Some(E::TYPE),
             op: Some(op),
             len: send.len(),
             recv_len: recv.len(),
@@ -299,13 +292,13 @@ impl Communicator for NcclComm {
             recv.copy_from_slice(send);
             return Ok(());
         }
-        match self.native(T::TYPE, op) {
+        match self.native(E::TYPE, op) {
             Some(native) => self.reduce_scatter_native(send, recv, native),
             None => self.reduce_scatter_in_rank_order(send, recv, op),
         }
     }
 
-    fn send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+    fn send<E: Element>(&self, buf: &[E], dest: usize) -> Result<()> {
         self.check_rank(dest)?;
         self.reap()?;
         if dest == self.rank {
@@ -315,7 +308,7 @@ impl Communicator for NcclComm {
         self.queue_send(buf, dest)
     }
 
-    fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+    fn recv<E: Element>(&self, buf: &mut [E], src: usize) -> Result<()> {
         self.check_rank(src)?;
         self.reap()?;
         if src == self.rank {
@@ -324,11 +317,11 @@ impl Communicator for NcclComm {
         self.receive(buf, src)
     }
 
-    fn sendrecv<T: Element>(
+    fn sendrecv<E: Element>(
         &self,
-        send: &[T],
+        send: &[E],
         dest: usize,
-        recv: &mut [T],
+        recv: &mut [E],
         src: usize,
     ) -> Result<()> {
         self.check_rank(dest)?;
@@ -373,7 +366,7 @@ impl Communicator for NcclComm {
                 owner,
                 usize::try_from(nccl_key).unwrap_or(0),
                 size,
-                Arc::clone(&self.device),
+                self.device.clone(),
                 self.config.clone(),
                 true,
                 self.timeline().zip(number).map(|(t, n)| t.split(n, color)),
@@ -398,6 +391,11 @@ impl Communicator for NcclComm {
         self.lane_worker()?.submit_slot(slot, job)
     }
 
+    /// NCCL's transfers need both sides (see [`Communicator::send`]).
+    fn eager_messages(&self) -> bool {
+        false
+    }
+
     /// CUDA tensors are reduced and broadcast in their own device memory
     /// (`device.rs`).
     fn takes_device_tensors(&self) -> bool {
@@ -406,14 +404,14 @@ impl Communicator for NcclComm {
 
     fn broadcast_tensor(&self, tensor: &mut Tensor, root: usize) -> Result<()> {
         match tensor.storage() {
-            Storage::Cuda(_) => self.broadcast_device(tensor, root),
+            Storage::Cuda(_) => T::broadcast_device(self, tensor, root),
             Storage::Cpu(_) => crate::communicator::broadcast_host_tensor(self, tensor, root),
         }
     }
 
     fn all_reduce_tensor(&self, tensor: &mut Tensor, op: ReduceOp) -> Result<()> {
         match tensor.storage() {
-            Storage::Cuda(_) => self.all_reduce_device(tensor, op),
+            Storage::Cuda(_) => T::all_reduce_device(self, tensor, op),
             Storage::Cpu(_) => crate::communicator::all_reduce_host_tensor(self, tensor, op),
         }
     }

@@ -12,17 +12,17 @@
 
 use std::sync::Arc;
 
-use gradwire_tensor::cudarc::driver::CudaStream;
+use gradwire_tensor::cudarc::driver::{CudaStream, DevicePtrMut};
 use gradwire_tensor::{CudaStorage, Tensor};
 
-use super::sys::{DataType, RedOp};
-use super::{NcclComm, cuda, driver};
+use super::transport::Native;
+use super::{CudaTransport, NcclComm, cuda, driver};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::header::{Call, Kind};
 use crate::op::ReduceOp;
 
-impl NcclComm {
+impl NcclComm<CudaTransport> {
     /// A CUDA tensor's storage, prepared for a collective that writes it:
     /// checked to be on this rank's device, its zeroed flag materialised (a
     /// zeroed tensor takes part with zeros), copied if shared with a clone
@@ -74,7 +74,12 @@ impl NcclComm {
         let (storage, tensor_stream) = self.device_storage(tensor)?;
         self.watched("broadcast", || {
             let mut view = storage.bytes_mut().map_err(cuda)?;
-            self.broadcast_in_place(&mut view, len * elem.size_in_bytes(), root)?;
+            let capacity = view.len();
+            let (at, guard) = view.device_ptr_mut(&self.stream);
+            let queued = self.broadcast_at(at, capacity, len * elem.size_in_bytes(), root);
+            // Records the view's use on the stream after the broadcast.
+            drop(guard);
+            queued?;
             self.sync()
         })?;
         self.release_to(&tensor_stream)
@@ -103,18 +108,19 @@ impl NcclComm {
     }
 
     /// `ncclAllReduce` in place on the tensor's buffer.
-    fn all_reduce_device_native(
-        &self,
-        tensor: &mut Tensor,
-        (dtype, op): (DataType, RedOp),
-    ) -> Result<()> {
+    fn all_reduce_device_native(&self, tensor: &mut Tensor, native: Native) -> Result<()> {
         let len = tensor.len();
         let (storage, tensor_stream) = self.device_storage(tensor)?;
         self.watched("all_reduce", || {
             // The view is the storage's `len` elements, and the tensor is
             // borrowed until the wait below ends.
             let mut view = storage.bytes_mut().map_err(cuda)?;
-            self.queue_all_reduce_in_place("all_reduce", &mut view, len, (dtype, op))?;
+            let capacity = view.len();
+            let (at, guard) = view.device_ptr_mut(&self.stream);
+            let queued = self.queue_all_reduce_at("all_reduce", at, capacity, len, native);
+            // Records the view's use on the stream after the reduction.
+            drop(guard);
+            queued?;
             self.sync()
         })?;
         self.release_to(&tensor_stream)

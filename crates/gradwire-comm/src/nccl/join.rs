@@ -6,11 +6,11 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{NcclComm, NcclConfig, UniqueId, device};
+use super::{CudaTransport, NcclComm, NcclConfig, UniqueId, device};
 use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
 
-impl NcclComm {
+impl NcclComm<CudaTransport> {
     /// Joins through a file every rank can read (a shared file system, or
     /// one host's `/tmp`): rank 0 generates the id and publishes it at
     /// `path` atomically, the others wait for it (up to the configured

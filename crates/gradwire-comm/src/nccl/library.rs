@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use gradwire_tensor::{CudaStorage, DType};
 
-use super::{NcclComm, NcclReduction, cuda, driver, native_reduction};
+use gradwire_tensor::cudarc::driver::DevicePtrMut;
+
+use super::{CudaTransport, NcclComm, NcclReduction, cuda, driver, native_reduction};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::header::{Call, Kind};
@@ -23,7 +25,7 @@ use crate::op::ReduceOp;
 /// Buffers the timed calls rotate over.
 const ROTATION: usize = 4;
 
-impl NcclComm {
+impl NcclComm<CudaTransport> {
     /// Seconds per call of NCCL's own `ncclAllReduce` (f32 sum, in place,
     /// `len` elements per rank), over `runs` calls issued back to back
     /// after one warm-up call, on every rank (each rank measures its own
@@ -53,7 +55,7 @@ impl NcclComm {
         if len == 0 || runs == 0 {
             return Ok(0.0);
         }
-        let (dtype, op) = native_reduction(NcclReduction::Native, ElemType::F32, ReduceOp::Sum)
+        let native = native_reduction(NcclReduction::Native, ElemType::F32, ReduceOp::Sum)
             .ok_or_else(|| CommError::Unsupported("NCCL's f32 sum".into()))?;
         // The buffers' zeros were written on the device's stream.
         self.stream
@@ -64,7 +66,13 @@ impl NcclComm {
                 // Kept alive until the wait that follows the loop; every rank
                 // agreed on `len` and issues the same calls.
                 let mut view = buffers[i % ROTATION].bytes_mut().map_err(cuda)?;
-                self.queue_all_reduce_in_place("library all_reduce", &mut view, len, (dtype, op))?;
+                let capacity = view.len();
+                let (at, guard) = view.device_ptr_mut(&self.stream);
+                let queued =
+                    self.queue_all_reduce_at("library all_reduce", at, capacity, len, native);
+                // Records the view's use on the stream after the call.
+                drop(guard);
+                queued?;
             }
             self.sync()
         };

@@ -85,14 +85,20 @@
 //! `stream.rs` (queue, copy, wait), `collectives.rs` (the trait's
 //! collectives and the header exchange), `p2p.rs` (send and receive),
 //! `device.rs` (CUDA tensors), `rank_ordered.rs` (the deterministic
-//! reduction) and `sys.rs` (the only code that calls NCCL).
+//! reduction), `transport.rs` (what all of these need from below),
+//! `cuda.rs` over `sys.rs` (the only code that calls NCCL) and `host/`
+//! (NCCL's rules on the CPU).
 //!
-//! Tested by the conformance suite on every GPU present, in both settings
-//! (`cargo test -p gradwire-tests --features nccl`, which prints `SKIP`
-//! lines on a machine without GPUs unless `GRADWIRE_REQUIRE_GPU=1`).
+//! Tested by the conformance suite twice: on every GPU present, in both
+//! settings (`cargo test -p gradwire-tests --features nccl`, which prints
+//! `SKIP` lines on a machine without GPUs unless `GRADWIRE_REQUIRE_GPU=1`),
+//! and on [`HostTransport`] in every CI run, which runs all of NcclComm's
+//! protocol against a transport that enforces NCCL's rules.
 
 mod collectives;
+mod cuda;
 mod device;
+pub mod host;
 mod join;
 mod library;
 mod owner;
@@ -101,15 +107,13 @@ mod rank_ordered;
 mod scratch;
 mod stream;
 mod sys;
+mod transport;
 mod watchdog;
 
 use std::cell::{OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-
-use gradwire_tensor::CudaDevice;
-use gradwire_tensor::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
 use crate::communicator::Communicator;
 use crate::element::ElemType;
@@ -120,9 +124,13 @@ use crate::worker::{Interrupter, Lane, Worker};
 use owner::Owner;
 use p2p::Loopback;
 use scratch::Scratch;
+use transport::Native;
 
+pub use cuda::CudaTransport;
+pub use host::HostTransport;
 pub use join::run;
 pub use sys::UniqueId;
+pub use transport::NcclTransport;
 
 /// How an [`NcclComm`] reduces (`all_reduce`, `reduce_scatter` and their
 /// tensor and asynchronous forms).
@@ -193,26 +201,27 @@ impl UniqueId {
     }
 }
 
-/// One rank of an NCCL communicator, bound to one CUDA device. `Send` (the
-/// NCCL handle itself stays on the owner thread) but not `Sync`: one rank's
-/// calls happen in order, as the trait requires.
-pub struct NcclComm {
+/// One rank of an NCCL communicator, bound to one CUDA device (or, on
+/// [`HostTransport`], to the host). `Send` (the NCCL handle itself stays on
+/// the owner thread) but not `Sync`: one rank's calls happen in order, as
+/// the trait requires.
+pub struct NcclComm<T: NcclTransport = CudaTransport> {
     rank: usize,
     size: usize,
     config: NcclConfig,
-    device: Arc<CudaDevice>,
+    device: T::Device,
     /// The stream NCCL's work and this communicator's copies run on.
-    stream: Arc<CudaStream>,
-    owner: Owner,
+    stream: T::Stream,
+    owner: Owner<T>,
     /// The device buffer every collective works in (after `owner`: freed
     /// once the communicator is destroyed).
-    scratch: Scratch,
+    scratch: Scratch<T>,
     /// The duplicate asynchronous jobs run on, until the worker takes it.
-    shadow: RefCell<Option<Box<NcclComm>>>,
-    worker: OnceCell<Worker<NcclComm>>,
+    shadow: RefCell<Option<Box<NcclComm<T>>>>,
+    worker: OnceCell<Worker<NcclComm<T>>>,
     /// Sends in flight: their device buffers stay alive until their event
     /// fires.
-    outbox: RefCell<Vec<(CudaEvent, Vec<CudaSlice<u8>>)>>,
+    outbox: RefCell<Vec<(T::Event, Vec<T::Buffer>)>>,
     /// Messages this rank sent to itself, oldest first, never through
     /// NCCL: NCCL refuses a send to self without its receive in the same
     /// group (`ncclInvalidUsage`, which would abort the communicator).
@@ -221,12 +230,12 @@ pub struct NcclComm {
     flight: FlightRecorder,
 }
 
-impl std::fmt::Debug for NcclComm {
+impl<T: NcclTransport> std::fmt::Debug for NcclComm<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
             .field("rank", &self.rank)
             .field("world_size", &self.size)
-            .field("device", &self.device.ordinal())
+            .field("device", &T::ordinal(&self.device))
             .field("reduction", &self.config.reduction)
             .finish_non_exhaustive()
     }
@@ -243,30 +252,29 @@ fn driver(call: &str, e: gradwire_tensor::cudarc::driver::DriverError) -> CommEr
 }
 
 /// The device of `ordinal`, or `NcclUnavailable` saying why there is none.
-fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
-    CudaDevice::get(ordinal).map_err(|e| match e {
+fn device(ordinal: usize) -> Result<Arc<gradwire_tensor::CudaDevice>> {
+    gradwire_tensor::CudaDevice::get(ordinal).map_err(|e| match e {
         gradwire_tensor::Error::CudaUnavailable(why) => CommError::NcclUnavailable(why),
         other => CommError::Tensor(other),
     })
 }
 
 /// Where a reduction of `elem` by `op` runs under `reduction`: NCCL's own
-/// collective with this datatype and operator, or (`None`) the
-/// rank-ordered path.
-fn native_reduction(
-    reduction: NcclReduction,
-    elem: ElemType,
-    op: ReduceOp,
-) -> Option<(sys::DataType, sys::RedOp)> {
-    match reduction {
-        NcclReduction::RankOrdered => None,
-        NcclReduction::Native => sys::red_op(op, elem).map(|o| (sys::datatype(elem), o)),
-    }
+/// collective (`Some`), or the rank-ordered path (`None`): always under
+/// `RankOrdered`, and under `Native` for floating-point `Max` and `Min`,
+/// whose NaN NCCL's `fmaxf` / `__hmax` drop and gradwire's propagate
+/// (integer `Max` and `Min` are exact, so NCCL's are bitwise gradwire's).
+fn native_reduction(reduction: NcclReduction, elem: ElemType, op: ReduceOp) -> Option<Native> {
+    let nccl_keeps_the_promise = match op {
+        ReduceOp::Sum | ReduceOp::Avg => true,
+        ReduceOp::Max | ReduceOp::Min => !elem.is_float(),
+    };
+    (reduction == NcclReduction::Native && nccl_keeps_the_promise).then_some(Native { elem, op })
 }
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     /// The rank's asynchronous lane, started on first use.
-    fn lane_worker(&self) -> Result<&Worker<NcclComm>> {
+    fn lane_worker(&self) -> Result<&Worker<NcclComm<T>>> {
         if let Some(worker) = self.worker.get() {
             return Ok(worker);
         }
@@ -283,51 +291,43 @@ impl NcclComm {
         Ok(self.worker.get_or_init(|| worker))
     }
 
-    /// Joins the communicator of `world` ranks identified by `id` as `rank`,
-    /// on CUDA device `ordinal`. Collective: every rank calls it with the
-    /// same id and world size (each with its own rank and device), and it
-    /// returns once all joined.
-    pub fn from_id(
-        id: &UniqueId,
+    /// Joins the communicator of `world` ranks identified by `id` as
+    /// `rank` on `device`: the owner thread's collective init, then the
+    /// duplicate for asynchronous jobs and the connections to every peer.
+    fn join(
+        id: T::Id,
         rank: usize,
         world: usize,
-        ordinal: usize,
+        device: T::Device,
         config: NcclConfig,
-    ) -> Result<NcclComm> {
+    ) -> Result<NcclComm<T>> {
         if world == 0 || rank >= world {
             return Err(CommError::InvalidRank {
                 rank,
                 world_size: world,
             });
         }
-        sys::load()?;
-        let device = device(ordinal)?;
-        let owner = Owner::start(rank, Arc::clone(&device), config.timeout, {
-            let id = *id;
-            move || sys::init_rank(&id, world, rank)
+        T::load()?;
+        let owner = Owner::start(rank, device.clone(), config.timeout, move || {
+            T::init_rank(&id, world, rank)
         })?;
         let track = config.timeline.then(|| crate::TimelineTrack::world(rank));
-        let comm = NcclComm::adopt(owner, rank, world, device, config, true, track)?;
-        Ok(comm)
+        NcclComm::adopt(owner, rank, world, device, config, true, track)
     }
 
     /// Wraps a started owner; with `with_shadow`, splits the duplicate that
     /// asynchronous jobs will use (collective). Its collectives are logged
     /// on `track`, if given (the duplicate's on the track's lane).
     fn adopt(
-        owner: Owner,
+        owner: Owner<T>,
         rank: usize,
         size: usize,
-        device: Arc<CudaDevice>,
+        device: T::Device,
         config: NcclConfig,
         with_shadow: bool,
         track: Option<crate::TimelineTrack>,
-    ) -> Result<NcclComm> {
-        let stream = device
-            .stream()
-            .context()
-            .new_stream()
-            .map_err(|e| driver("cuStreamCreate", e))?;
+    ) -> Result<NcclComm<T>> {
+        let stream = T::new_stream(&device)?;
         let lane = track
             .as_ref()
             .filter(|_| with_shadow)
@@ -358,24 +358,21 @@ impl NcclComm {
                 twin,
                 rank,
                 size,
-                Arc::clone(&comm.device),
+                comm.device.clone(),
                 comm.config.clone(),
                 false,
                 lane,
             )?;
             *comm.shadow.borrow_mut() = Some(Box::new(shadow));
         }
+        comm.connect_to_every_peer()?;
         Ok(comm)
     }
 
-    /// The CUDA device ordinal of this rank.
+    /// The device ordinal of this rank (CUDA's; the host transport numbers
+    /// its ranks' "devices" by rank).
     pub fn device_ordinal(&self) -> usize {
-        self.device.ordinal()
-    }
-
-    /// The NCCL version loaded (e.g. 22203 for 2.22.3).
-    pub fn nccl_version() -> Result<i32> {
-        sys::load()
+        T::ordinal(&self.device)
     }
 
     /// The settings this communicator was made with.
@@ -392,8 +389,36 @@ impl NcclComm {
 
     /// Where a reduction of `elem` by `op` runs on this communicator (see
     /// [`native_reduction`]).
-    fn native(&self, elem: ElemType, op: ReduceOp) -> Option<(sys::DataType, sys::RedOp)> {
+    fn native(&self, elem: ElemType, op: ReduceOp) -> Option<Native> {
         native_reduction(self.config.reduction, elem, op)
+    }
+}
+
+impl NcclComm<CudaTransport> {
+    /// Joins the communicator of `world` ranks identified by `id` as `rank`,
+    /// on CUDA device `ordinal`. Collective: every rank calls it with the
+    /// same id and world size (each with its own rank and device), and it
+    /// returns once all joined.
+    pub fn from_id(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        ordinal: usize,
+        config: NcclConfig,
+    ) -> Result<NcclComm> {
+        if world == 0 || rank >= world {
+            return Err(CommError::InvalidRank {
+                rank,
+                world_size: world,
+            });
+        }
+        sys::load()?;
+        NcclComm::join(*id, rank, world, device(ordinal)?, config)
+    }
+
+    /// The NCCL version loaded (e.g. 22203 for 2.22.3).
+    pub fn nccl_version() -> Result<i32> {
+        sys::load()
     }
 }
 
@@ -402,7 +427,7 @@ impl NcclComm {
 /// their next) ends with it on every rank, and each poisons its lane. NCCL
 /// has no message a peer's `recv` could watch for: a peer waiting to
 /// receive from the lost rank waits for its deadline.
-impl Lane for NcclComm {
+impl<T: NcclTransport> Lane for NcclComm<T> {
     fn poisoned(&self) -> Option<CommError> {
         self.owner.aborted()
     }
@@ -418,7 +443,46 @@ impl Lane for NcclComm {
     }
 }
 
-impl Drop for NcclComm {
+/// How long a dropping rank waits for its peers to meet its departure
+/// notice in a collective before it aborts instead: a peer that arrives
+/// later waits for its own deadline.
+pub(crate) const DEPARTURE_GRACE: Duration = Duration::from_secs(10);
+
+impl<T: NcclTransport> NcclComm<T> {
+    /// Takes part in the peers' next collective as a rank that leaves
+    /// (`protocol::depart`), so that a peer still calling fails at once
+    /// with `PeerLost` naming this rank instead of waiting out its
+    /// deadline. Bounded by [`DEPARTURE_GRACE`] (or the deadline, if
+    /// shorter): past it the wait is aborted by the watchdog.
+    fn depart(&self) {
+        let grace = self
+            .config
+            .timeout
+            .map_or(DEPARTURE_GRACE, |t| t.min(DEPARTURE_GRACE));
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let watch = Arc::clone(&self.owner.watch);
+        std::thread::scope(|scope| {
+            let timer = std::thread::Builder::new()
+                .name(format!("gradwire-nccl-depart-{}", self.rank))
+                .spawn_scoped(scope, move || {
+                    if finished.recv_timeout(grace)
+                        == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                    {
+                        watch.poison(CommError::Timeout {
+                            op: "departure",
+                            waited: grace,
+                            missing: Vec::new(),
+                        });
+                    }
+                });
+            let _ = crate::protocol::depart(self);
+            drop(done);
+            drop(timer);
+        });
+    }
+}
+
+impl<T: NcclTransport> Drop for NcclComm<T> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // The peers would wait for this rank until their deadline: abort
@@ -432,13 +496,16 @@ impl Drop for NcclComm {
         // Queued asynchronous jobs are collectives the peers also run.
         drop(self.worker.take());
         drop(self.shadow.borrow_mut().take());
+        if !std::thread::panicking() && self.size > 1 && self.owner.aborted().is_none() {
+            self.depart();
+        }
         // A send nobody received would keep its buffer in use forever:
         // abort rather than free memory NCCL may still read.
         let pending = self
             .outbox
             .borrow()
             .iter()
-            .any(|(event, _)| !event.try_is_complete().unwrap_or(false));
+            .any(|(event, _)| !T::event_done(event).unwrap_or(false));
         if pending {
             self.owner.abort();
         }
@@ -512,8 +579,8 @@ mod tests {
                 let native = native_reduction(NcclReduction::Native, elem, op);
                 let nan_sensitive = elem.is_float() && matches!(op, ReduceOp::Max | ReduceOp::Min);
                 assert_eq!(native.is_none(), nan_sensitive, "{elem} {op}");
-                if let Some((dtype, _)) = native {
-                    assert_eq!(dtype, sys::datatype(elem));
+                if let Some(native) = native {
+                    assert_eq!(native, Native { elem, op });
                 }
             }
         }

@@ -12,29 +12,27 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gradwire_tensor::CudaDevice;
-
-use super::sys::{self, RawComm};
+use super::NcclComm;
+use super::transport::{Imp, NcclTransport};
 use super::watchdog::{Watch, Watchdog};
-use super::{NcclComm, driver};
 use crate::error::{CommError, Result};
 
-type OwnerJob = Box<dyn FnOnce(&RawComm) + Send>;
+type OwnerJob<T> = Box<dyn FnOnce(&<T as Imp>::Comm) + Send>;
 
 /// The thread that holds a rank's NCCL communicator and issues every NCCL
 /// call on it, in order, with the communicator's watchdog. Dropping it
 /// stops the watchdog, then destroys the communicator on the owner thread
 /// (or leaves it, if it was aborted).
-pub(super) struct Owner {
+pub(super) struct Owner<T: NcclTransport> {
     /// Declared first: dropped (the watchdog thread joined) before the
     /// owner thread is.
-    watchdog: Option<Watchdog>,
-    jobs: Option<mpsc::Sender<OwnerJob>>,
+    watchdog: Option<Watchdog<T>>,
+    jobs: Option<mpsc::Sender<OwnerJob<T>>>,
     thread: Option<JoinHandle<()>>,
-    pub(super) watch: Arc<Watch>,
+    pub(super) watch: Arc<Watch<T>>,
 }
 
-impl Owner {
+impl<T: NcclTransport> Owner<T> {
     /// Starts the owner thread; `make` creates the communicator there (a
     /// collective init, or a handle from a split) with the device current.
     /// Then starts the watchdog with `timeout`.
@@ -44,24 +42,24 @@ impl Owner {
     /// communicator that does not exist yet).
     pub(super) fn start<M>(
         rank: usize,
-        device: Arc<CudaDevice>,
+        device: T::Device,
         timeout: Option<Duration>,
         make: M,
-    ) -> Result<Owner>
+    ) -> Result<Owner<T>>
     where
-        M: FnOnce() -> Result<RawComm> + Send + 'static,
+        M: FnOnce() -> Result<T::Comm> + Send + 'static,
     {
         let watch = Watch::new();
-        let (jobs, queue) = mpsc::channel::<OwnerJob>();
+        let (jobs, queue) = mpsc::channel::<OwnerJob<T>>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let state = Arc::clone(&watch);
-        let context = Arc::clone(&device);
+        let context = device.clone();
         let thread = std::thread::Builder::new()
             .name(format!("gradwire-nccl-{rank}"))
             .spawn(move || {
                 // NCCL uses the thread's current CUDA context.
-                if let Err(e) = context.stream().context().bind_to_thread() {
-                    let _ = ready_tx.send(Err(driver("cuCtxSetCurrent", e)));
+                if let Err(e) = T::bind(&context) {
+                    let _ = ready_tx.send(Err(e));
                     return;
                 }
                 let comm = match make() {
@@ -71,10 +69,10 @@ impl Owner {
                         return;
                     }
                 };
-                state.arm(comm.abort_handle());
+                state.arm(T::abort_handle(&comm));
                 if ready_tx.send(Ok(())).is_err() {
                     if state.disarm().is_some() {
-                        let _ = sys::destroy(comm);
+                        let _ = T::destroy(comm);
                     }
                     return;
                 }
@@ -83,9 +81,9 @@ impl Owner {
                 }
                 // The NcclComm dropped. Destroy the communicator unless an
                 // abort already freed it (the abort took the handle; a
-                // RawComm has no Drop, so letting it go frees nothing).
+                // handle has no Drop, so letting it go frees nothing).
                 if state.disarm().is_some() {
-                    let _ = sys::destroy(comm);
+                    let _ = T::destroy(comm);
                 }
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))?;
@@ -136,13 +134,13 @@ impl Owner {
     /// leaves the communicator in an unknown state: it is aborted too.
     pub(super) fn call<F>(&self, op: &'static str, timeout: Option<Duration>, job: F) -> Result<()>
     where
-        F: FnOnce(&RawComm) -> Result<()> + Send + 'static,
+        F: FnOnce(&T::Comm) -> Result<()> + Send + 'static,
     {
         if let Some(reason) = self.watch.reason() {
             return Err(reason);
         }
         let (tx, rx) = mpsc::channel();
-        let job: OwnerJob = Box::new(move |comm| {
+        let job: OwnerJob<T> = Box::new(move |comm| {
             let _ = tx.send(job(comm));
         });
         self.jobs
@@ -195,7 +193,7 @@ impl Owner {
     }
 }
 
-impl Drop for Owner {
+impl<T: NcclTransport> Drop for Owner<T> {
     fn drop(&mut self) {
         drop(self.watchdog.take());
         self.jobs = None;
@@ -205,14 +203,14 @@ impl Drop for Owner {
     }
 }
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     /// `ncclCommSplit` on the owner thread; the new communicator gets an
     /// owner thread (and a watchdog) of its own.
-    pub(super) fn split_raw(&self, color: Option<i32>, key: i32) -> Result<Option<Owner>> {
+    pub(super) fn split_raw(&self, color: Option<i32>, key: i32) -> Result<Option<Owner<T>>> {
         let (tx, rx) = mpsc::channel();
         self.owner
             .call("ncclCommSplit", self.config.timeout, move |comm| {
-                let new = sys::split(comm, color, key)?;
+                let new = T::split(comm, color, key)?;
                 // The raw handle moves to its own owner thread below.
                 tx.send(new).map_err(|_| CommError::WorkerStopped)
             })?;
@@ -221,7 +219,7 @@ impl NcclComm {
             None => Ok(None),
             Some(raw) => Owner::start(
                 self.rank,
-                Arc::clone(&self.device),
+                self.device.clone(),
                 self.config.timeout,
                 move || Ok(raw),
             )

@@ -15,13 +15,11 @@
 
 use std::ops::Range;
 
-use gradwire_tensor::cudarc::driver::{CudaSlice, DevicePtrMut};
-
+use super::NcclComm;
 use super::collectives::{bytes_of, bytes_of_mut};
 use super::scratch::layout;
 use super::stream::beyond;
-use super::sys::{self, Transfer};
-use super::{NcclComm, driver};
+use super::transport::{NcclTransport, Transfer};
 use crate::element::{ElemType, Element};
 use crate::error::{CommError, Result};
 
@@ -35,7 +33,7 @@ pub(super) struct Loopback {
     bytes: Vec<u8>,
 }
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     pub(super) fn check_rank(&self, rank: usize) -> Result<()> {
         if rank < self.size {
             Ok(())
@@ -47,15 +45,58 @@ impl NcclComm {
         }
     }
 
+    /// Sets up NCCL's point-to-point connections to every peer now, in one
+    /// group of 1-byte transfers each way (NCCL skips empty ones).
+    /// Collective, at construction. NCCL connects a pair lazily, inside the
+    /// first group with a transfer between them, and that group's
+    /// `ncclGroupEnd` blocks on the host until the peer connects too: a
+    /// later `send` would wait there for a peer busy elsewhere (a ring of
+    /// sends, each rank blocked in its own). Connected now, a `send` only
+    /// queues its transfer. Costs NCCL's buffers for every peer up front.
+    pub(super) fn connect_to_every_peer(&self) -> Result<()> {
+        let (w, me) = (self.size, self.rank);
+        if w < 2 {
+            return Ok(());
+        }
+        let ([out, into], total) =
+            layout([w, w]).ok_or_else(|| CommError::InvalidArgument("connection layout".into()))?;
+        let mut lease = self.scratch.lease(total, &self.stream)?;
+        self.watched("connect", || {
+            let dev = lease.buffer()?;
+            T::with_address(dev, &self.stream, |base| {
+                let one = |start: usize| {
+                    move |peer: usize| Transfer {
+                        peer,
+                        ptr: base + (start + peer) as u64,
+                        bytes: 1,
+                    }
+                };
+                let peers = (0..w).filter(|&q| q != me);
+                let sends: Vec<Transfer> = peers.clone().map(one(out.start)).collect();
+                let recvs: Vec<Transfer> = peers.map(one(into.start)).collect();
+                self.queue("connect", move |comm, queue| {
+                    #[allow(unsafe_code)]
+                    // SAFETY: one byte per peer in each region of the
+                    // scratch (laid out above), leased until the wait
+                    // below ends.
+                    unsafe {
+                        T::exchange(comm, &sends, &recvs, queue)
+                    }
+                })
+            })?;
+            self.sync()
+        })
+    }
+
     /// Frees the device buffers of sends the peers have received.
     pub(super) fn reap(&self) -> Result<()> {
         let mut outbox = self.outbox.borrow_mut();
         let mut kept = Vec::with_capacity(outbox.len());
         for (event, buffers) in outbox.drain(..) {
-            match event.try_is_complete() {
+            match T::event_done(&event) {
                 Ok(true) => drop(buffers),
                 Ok(false) => kept.push((event, buffers)),
-                Err(e) => return Err(driver("cuEventQuery", e)),
+                Err(e) => return Err(e),
             }
         }
         *outbox = kept;
@@ -70,70 +111,63 @@ impl NcclComm {
     fn queue_p2p(
         &self,
         op: &'static str,
-        buf: &mut CudaSlice<u8>,
+        buf: &mut T::Buffer,
         send: Option<(usize, Range<usize>)>,
         recv: Option<(usize, Range<usize>)>,
     ) -> Result<()> {
-        let len = buf.len();
+        let len = T::len(buf);
         for (_, range) in send.iter().chain(&recv) {
             if range.start > range.end || range.end > len {
                 return Err(beyond(op, range.start, range.len(), len));
             }
         }
-        let (base, guard) = buf.device_ptr_mut(&self.stream);
-        let transfer = |(peer, range): (usize, Range<usize>)| Transfer {
-            peer,
-            ptr: base + range.start as u64,
-            bytes: range.len(),
-        };
-        let sends: Vec<Transfer> = send.into_iter().map(transfer).collect();
-        let recvs: Vec<Transfer> = recv.into_iter().map(transfer).collect();
-        let queued = self.queue(op, move |comm, stream| {
-            #[allow(unsafe_code)]
-            // SAFETY: every transfer lies in the buffer (checked above),
-            // which the caller keeps until the stream has passed the group.
-            unsafe {
-                sys::ops::exchange(comm, &sends, &recvs, stream)
-            }
-        });
-        // Records the buffer's use on the stream after the group.
-        drop(guard);
-        queued
+        T::with_address(buf, &self.stream, |base| {
+            let transfer = |(peer, range): (usize, Range<usize>)| Transfer {
+                peer,
+                ptr: base + range.start as u64,
+                bytes: range.len(),
+            };
+            let sends: Vec<Transfer> = send.into_iter().map(transfer).collect();
+            let recvs: Vec<Transfer> = recv.into_iter().map(transfer).collect();
+            self.queue(op, move |comm, queue| {
+                #[allow(unsafe_code)]
+                // SAFETY: every transfer lies in the buffer (checked
+                // above), which the caller keeps until the stream has
+                // passed the group.
+                unsafe {
+                    T::exchange(comm, &sends, &recvs, queue)
+                }
+            })
+        })
     }
 
     /// The send half of `send`: header, then payload, from one device copy
     /// of both, queued (not waited for); the copy stays in the outbox until
     /// the peer received it.
-    pub(super) fn queue_send<T: Element>(&self, buf: &[T], dest: usize) -> Result<()> {
+    pub(super) fn queue_send<E: Element>(&self, buf: &[E], dest: usize) -> Result<()> {
         let bytes = std::mem::size_of_val(buf);
         let ([head, payload], total) = layout([HEAD, bytes])
             .ok_or_else(|| CommError::InvalidArgument("a message larger than memory".into()))?;
         self.watched("send", || {
-            let mut copy = self
-                .stream
-                .alloc_zeros::<u8>(total)
-                .map_err(|e| driver("cuMemAlloc", e))?;
+            let mut copy = T::alloc_zeros(&self.stream, total)?;
             self.upload(
-                &encode_message_header(T::TYPE, buf.len()),
+                &encode_message_header(E::TYPE, buf.len()),
                 &mut copy,
                 head.start,
             )?;
             self.upload(bytes_of(buf), &mut copy, payload.start)?;
             self.queue_p2p("send", &mut copy, Some((dest, head)), None)?;
             self.queue_p2p("send", &mut copy, Some((dest, payload)), None)?;
-            let event = self
-                .stream
-                .record_event(None)
-                .map_err(|e| driver("cuEventRecord", e))?;
+            let event = T::record_event(&self.stream)?;
             self.outbox.borrow_mut().push((event, vec![copy]));
             Ok(())
         })
     }
 
     /// A send to this rank itself: a copy into the loopback queue.
-    pub(super) fn send_to_self<T: Element>(&self, buf: &[T]) {
+    pub(super) fn send_to_self<E: Element>(&self, buf: &[E]) {
         self.loopback.borrow_mut().push_back(Loopback {
-            elem: T::TYPE,
+            elem: E::TYPE,
             len: buf.len(),
             bytes: bytes_of(buf).to_vec(),
         });
@@ -143,7 +177,7 @@ impl NcclComm {
     /// queue, checked as a message from a peer is (and consumed even when
     /// it does not fit `buf`). With none queued the receive could never
     /// complete (no other thread sends as this rank), so it is refused.
-    pub(super) fn receive_from_self<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+    pub(super) fn receive_from_self<E: Element>(&self, buf: &mut [E]) -> Result<()> {
         let message = self.loopback.borrow_mut().pop_front().ok_or_else(|| {
             CommError::InvalidArgument(format!(
                 "rank {} receives from itself, but sent itself no message: the receive \
@@ -151,16 +185,16 @@ impl NcclComm {
                 self.rank
             ))
         })?;
-        let fits = message.elem == T::TYPE && message.len == buf.len();
+        let fits = message.elem == E::TYPE && message.len == buf.len();
         if fits {
             bytes_of_mut(buf).copy_from_slice(&message.bytes);
         }
-        self.delivered::<T>(fits, Some(message.elem), message.len, buf.len(), self.rank)
+        self.delivered::<E>(fits, Some(message.elem), message.len, buf.len(), self.rank)
     }
 
     /// The receive half: the 16-byte header, checked, then the payload as
     /// long as the sender says (consumed even when it does not fit `buf`).
-    pub(super) fn receive<T: Element>(&self, buf: &mut [T], src: usize) -> Result<()> {
+    pub(super) fn receive<E: Element>(&self, buf: &mut [E], src: usize) -> Result<()> {
         let mut head = [0u8; HEAD];
         {
             let mut lease = self.scratch.lease(HEAD, &self.stream)?;
@@ -173,7 +207,7 @@ impl NcclComm {
         }
         let (elem, len) = decode_message_header(&head)?;
         let incoming = elem.map_or(0, |e| len.saturating_mul(e.size_in_bytes()));
-        let fits = elem == Some(T::TYPE) && len == buf.len();
+        let fits = elem == Some(E::TYPE) && len == buf.len();
         let mut lease = self.scratch.lease(incoming, &self.stream)?;
         self.watched("recv", || {
             let dev = lease.buffer()?;
@@ -183,18 +217,18 @@ impl NcclComm {
             }
             self.sync()
         })?;
-        self.delivered::<T>(fits, elem, len, buf.len(), src)
+        self.delivered::<E>(fits, elem, len, buf.len(), src)
     }
 
     /// `sendrecv` in two NCCL groups, so that neither direction waits for
     /// the other: first both 16-byte headers, then both payloads (the
     /// incoming one as long as its header says, consumed even when it does
     /// not fit `recv`).
-    pub(super) fn exchange_with<T: Element>(
+    pub(super) fn exchange_with<E: Element>(
         &self,
-        send: &[T],
+        send: &[E],
         dest: usize,
-        recv: &mut [T],
+        recv: &mut [E],
         src: usize,
     ) -> Result<()> {
         let mut head = [0u8; HEAD];
@@ -204,7 +238,7 @@ impl NcclComm {
             let mut lease = self.scratch.lease(total, &self.stream)?;
             self.watched("sendrecv", || {
                 let dev = lease.buffer()?;
-                let mine = encode_message_header(T::TYPE, send.len());
+                let mine = encode_message_header(E::TYPE, send.len());
                 self.upload(&mine, dev, out.start)?;
                 self.queue_p2p(
                     "sendrecv",
@@ -218,7 +252,7 @@ impl NcclComm {
         }
         let (elem, len) = decode_message_header(&head)?;
         let incoming = elem.map_or(0, |e| len.saturating_mul(e.size_in_bytes()));
-        let fits = elem == Some(T::TYPE) && len == recv.len();
+        let fits = elem == Some(E::TYPE) && len == recv.len();
         let ([out, into], total) = layout([std::mem::size_of_val(send), incoming])
             .ok_or_else(|| CommError::InvalidArgument("a message larger than memory".into()))?;
         let mut lease = self.scratch.lease(total, &self.stream)?;
@@ -236,12 +270,12 @@ impl NcclComm {
             }
             self.sync()
         })?;
-        self.delivered::<T>(fits, elem, len, recv.len(), src)
+        self.delivered::<E>(fits, elem, len, recv.len(), src)
     }
 
     /// `Ok` if the received payload was `T`s as many as `buf` holds (and
     /// was copied there), else the `Mismatch` LocalComm returns.
-    fn delivered<T: Element>(
+    fn delivered<E: Element>(
         &self,
         fits: bool,
         elem: Option<ElemType>,
@@ -257,7 +291,7 @@ impl NcclComm {
                 "rank {src} sent {len} elements of {} to rank {}, which receives {want} of {}",
                 elem.map_or("unknown elements", |e| e.as_str()),
                 self.rank,
-                T::TYPE,
+                E::TYPE,
             ),
         })
     }

@@ -13,10 +13,10 @@ use gradwire_tensor::cuda_backend::collective::{self, ChunkOp};
 use gradwire_tensor::cudarc::driver::DevicePtrMut;
 
 use super::collectives::{bytes_of, bytes_of_mut};
-use super::scratch::layout;
+use super::scratch::{Lease, layout};
 use super::stream::beyond;
-use super::sys::{self, Transfer};
-use super::{NcclComm, cuda, driver};
+use super::transport::{NcclTransport, Transfer};
+use super::{CudaTransport, NcclComm, cuda, driver};
 use crate::communicator::chunk_range;
 use crate::element::Element;
 use crate::error::{CommError, Result};
@@ -26,7 +26,7 @@ fn overflow() -> CommError {
     CommError::InvalidArgument("a reduction larger than memory".into())
 }
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     /// Queues the exchange both reductions are made of: this rank receives
     /// its chunk of every peer's buffer at `send` (`len` elements of
     /// `elem_bytes` each) into its slot of `stage` (W slots of this rank's
@@ -64,12 +64,12 @@ impl NcclComm {
                 bytes: n * elem_bytes,
             });
         }
-        self.queue("chunk exchange", move |comm, stream| {
+        self.queue("chunk exchange", move |comm, queue| {
             // SAFETY: every transfer lies inside `send` (a chunk_range of
             // its length) or `stage` (W * n elements), which the caller
             // keeps until the stream has passed the group (this function's
             // contract).
-            unsafe { sys::ops::exchange(comm, &sends, &recvs, stream) }
+            unsafe { T::exchange(comm, &sends, &recvs, queue) }
         })
     }
 
@@ -77,35 +77,40 @@ impl NcclComm {
     /// the chunks in the scratch, and returns every rank's chunk of this
     /// rank's range (the own slot left as it was: the caller reads its own
     /// chunk from `send`).
-    fn gather_my_chunks<T: Element>(
+    fn gather_my_chunks<E: Element>(
         &self,
         op: &'static str,
-        send: &[T],
-        lease: &mut super::scratch::Lease<'_>,
+        send: &[E],
+        lease: &mut Lease<'_, T>,
         send_at: usize,
         stage_at: usize,
-    ) -> Result<Vec<T>> {
+    ) -> Result<Vec<E>> {
         let (w, len) = (self.size, send.len());
-        let size = std::mem::size_of::<T>();
+        let size = std::mem::size_of::<E>();
         let n = chunk_range(len, w, self.rank).len();
-        let mut stage = vec![T::zeroed(); w * n];
+        let mut stage = vec![E::zeroed(); w * n];
         self.watched(op, || {
             let dev = lease.buffer()?;
             let end = stage_at + stage.len() * size;
-            if send_at + len * size > dev.len() || end > dev.len() {
-                return Err(beyond(op, stage_at, stage.len() * size, dev.len()));
+            let capacity = T::len(dev);
+            if send_at + len * size > capacity || end > capacity {
+                return Err(beyond(op, stage_at, stage.len() * size, capacity));
             }
             self.upload(bytes_of(send), dev, send_at)?;
-            let (base, guard) = dev.device_ptr_mut(&self.stream);
-            #[allow(unsafe_code)]
-            // SAFETY: the send region (`len` elements) and the stage (W * n)
-            // lie in the scratch (checked above), leased until this
-            // function returns, after the wait below.
-            let queued = unsafe {
-                self.queue_chunk_exchange(base + send_at as u64, base + stage_at as u64, len, size)
-            };
-            drop(guard);
-            queued?;
+            T::with_address(dev, &self.stream, |base| {
+                #[allow(unsafe_code)]
+                // SAFETY: the send region (`len` elements) and the stage
+                // (W * n) lie in the scratch (checked above), leased until
+                // this function returns, after the wait below.
+                unsafe {
+                    self.queue_chunk_exchange(
+                        base + send_at as u64,
+                        base + stage_at as u64,
+                        len,
+                        size,
+                    )
+                }
+            })?;
             self.download(dev, stage_at, bytes_of_mut(&mut stage))?;
             self.sync()
         })?;
@@ -114,15 +119,15 @@ impl NcclComm {
 
     /// Reduces this rank's chunk in rank order on the CPU into `out`: the
     /// own chunk from `own`, the others from `stage`.
-    fn reduce_on_host<T: Element>(
+    fn reduce_on_host<E: Element>(
         &self,
-        stage: &[T],
-        own: &[T],
+        stage: &[E],
+        own: &[E],
         op: ReduceOp,
-        out: &mut [T],
+        out: &mut [E],
     ) -> Result<()> {
         let n = out.len();
-        let sources: Vec<&[T]> = (0..self.size)
+        let sources: Vec<&[E]> = (0..self.size)
             .map(|q| {
                 if q == self.rank {
                     own
@@ -137,13 +142,13 @@ impl NcclComm {
     /// `all_reduce` on a host slice in rank order: chunk exchange, the
     /// CPU's reduction of this rank's chunk, in-place all-gather of the
     /// reduced chunks (in blocks as long as the largest chunk).
-    pub(super) fn all_reduce_in_rank_order<T: Element>(
+    pub(super) fn all_reduce_in_rank_order<E: Element>(
         &self,
-        buf: &mut [T],
+        buf: &mut [E],
         op: ReduceOp,
     ) -> Result<()> {
         let (w, me, len) = (self.size, self.rank, buf.len());
-        let size = std::mem::size_of::<T>();
+        let size = std::mem::size_of::<E>();
         let mine = chunk_range(len, w, me);
         let block = chunk_range(len, w, 0).len() * size;
         let stage_bytes = w.checked_mul(mine.len() * size).ok_or_else(overflow)?;
@@ -156,7 +161,7 @@ impl NcclComm {
         let mut lease = self.scratch.lease(total, &self.stream)?;
         let stage =
             self.gather_my_chunks("all_reduce", buf, &mut lease, send_r.start, stage_r.start)?;
-        let mut out = vec![T::zeroed(); mine.len()];
+        let mut out = vec![E::zeroed(); mine.len()];
         self.reduce_on_host(&stage, buf.get(mine).unwrap_or(&[]), op, &mut out)?;
         self.watched("all_reduce", || {
             let dev = lease.buffer()?;
@@ -173,14 +178,14 @@ impl NcclComm {
 
     /// `reduce_scatter` on host slices in rank order: chunk exchange and
     /// the CPU's reduction of this rank's chunk into `recv`.
-    pub(super) fn reduce_scatter_in_rank_order<T: Element>(
+    pub(super) fn reduce_scatter_in_rank_order<E: Element>(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        send: &[E],
+        recv: &mut [E],
         op: ReduceOp,
     ) -> Result<()> {
         let (w, len) = (self.size, send.len());
-        let size = std::mem::size_of::<T>();
+        let size = std::mem::size_of::<E>();
         let mine = chunk_range(len, w, self.rank);
         let stage_bytes = w.checked_mul(mine.len() * size).ok_or_else(overflow)?;
         let ([send_r, stage_r], total) = layout([len * size, stage_bytes]).ok_or_else(overflow)?;
@@ -194,7 +199,9 @@ impl NcclComm {
         )?;
         self.reduce_on_host(&stage, send.get(mine).unwrap_or(&[]), op, recv)
     }
+}
 
+impl NcclComm<CudaTransport> {
     /// `all_reduce_tensor` on a CUDA tensor in rank order, all on its
     /// device: the chunk exchange from the tensor into the scratch, the own
     /// chunk copied beside it, `comm.cu`'s reduction into this rank's block

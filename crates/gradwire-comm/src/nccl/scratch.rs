@@ -13,11 +13,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
-use std::sync::Arc;
 
-use gradwire_tensor::cudarc::driver::{CudaSlice, CudaStream};
-
-use super::driver;
+use super::transport::NcclTransport;
 use crate::error::{CommError, Result};
 
 /// Region offsets are multiples of this: every element type and every NCCL
@@ -54,29 +51,37 @@ pub(super) fn layout<const N: usize>(sizes: [usize; N]) -> Option<([Range<usize>
 }
 
 /// The cached buffer of one communicator.
-#[derive(Default)]
-pub(super) struct Scratch {
-    buffer: RefCell<Option<CudaSlice<u8>>>,
+pub(super) struct Scratch<T: NcclTransport> {
+    buffer: RefCell<Option<T::Buffer>>,
     /// A lease is out.
     lent: Cell<bool>,
 }
 
-/// The scratch buffer, lent to one call and given back when dropped.
-pub(super) struct Lease<'a> {
-    home: &'a Scratch,
-    buffer: Option<CudaSlice<u8>>,
+impl<T: NcclTransport> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch {
+            buffer: RefCell::new(None),
+            lent: Cell::new(false),
+        }
+    }
 }
 
-impl Scratch {
+/// The scratch buffer, lent to one call and given back when dropped.
+pub(super) struct Lease<'a, T: NcclTransport> {
+    home: &'a Scratch<T>,
+    buffer: Option<T::Buffer>,
+}
+
+impl<T: NcclTransport> Scratch<T> {
     /// The buffer, at least `bytes` long, for one call. Calls do not nest
     /// (one rank's calls happen in order, and each returns its lease
     /// before the next); a nested lease is refused rather than aliased.
-    pub(super) fn lease(&self, bytes: usize, stream: &Arc<CudaStream>) -> Result<Lease<'_>> {
+    pub(super) fn lease(&self, bytes: usize, stream: &T::Stream) -> Result<Lease<'_, T>> {
         if self.lent.get() {
             return Err(nested());
         }
         let mut home = self.buffer.try_borrow_mut().map_err(|_| nested())?;
-        let current = home.as_ref().map_or(0, CudaSlice::len);
+        let current = home.as_ref().map_or(0, T::len);
         let capacity = grown_capacity(current, bytes).ok_or_else(|| {
             CommError::InvalidArgument(format!("{bytes} bytes of scratch overflow"))
         })?;
@@ -88,9 +93,7 @@ impl Scratch {
                 drop(old);
                 // Zeroed once, when allocated: never read before written,
                 // but a fresh buffer's bytes are then defined.
-                stream
-                    .alloc_zeros::<u8>(capacity)
-                    .map_err(|e| driver("cuMemAlloc", e))?
+                T::alloc_zeros(stream, capacity)?
             }
         };
         self.lent.set(true);
@@ -103,7 +106,7 @@ impl Scratch {
     /// The bytes held now (for tests and reports).
     #[cfg(test)]
     fn capacity(&self) -> usize {
-        self.buffer.borrow().as_ref().map_or(0, CudaSlice::len)
+        self.buffer.borrow().as_ref().map_or(0, T::len)
     }
 }
 
@@ -111,14 +114,14 @@ fn nested() -> CommError {
     CommError::InvalidArgument("NcclComm's scratch is already in use (a nested call)".into())
 }
 
-impl Lease<'_> {
+impl<T: NcclTransport> Lease<'_, T> {
     /// The buffer.
-    pub(super) fn buffer(&mut self) -> Result<&mut CudaSlice<u8>> {
+    pub(super) fn buffer(&mut self) -> Result<&mut T::Buffer> {
         self.buffer.as_mut().ok_or_else(nested)
     }
 }
 
-impl Drop for Lease<'_> {
+impl<T: NcclTransport> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take()
             && let Ok(mut home) = self.home.buffer.try_borrow_mut()
@@ -163,7 +166,7 @@ mod tests {
 
     #[test]
     fn an_unused_scratch_holds_nothing() {
-        let scratch = Scratch::default();
+        let scratch = Scratch::<crate::nccl::HostTransport>::default();
         assert_eq!(scratch.capacity(), 0);
         assert!(!scratch.lent.get());
     }

@@ -9,57 +9,64 @@
 //! communicator (the collective is half done on some rank: nothing else
 //! is safe).
 
-use gradwire_tensor::cudarc::driver::sys::CUstream;
-use gradwire_tensor::cudarc::driver::{CudaSlice, DevicePtrMut};
-
-use super::sys::{self, RawComm};
-use super::{NcclComm, driver};
+use super::NcclComm;
+use super::transport::{Native, NcclTransport};
 use crate::error::{CommError, Result};
 
-impl NcclComm {
+impl<T: NcclTransport> NcclComm<T> {
     /// Queues NCCL work on the owner thread: `issue` gets the communicator
     /// and this communicator's stream, and queues work there. Returns once
     /// queued (not done); the caller keeps every buffer the work touches
     /// alive until the stream has passed it (its wait, or the outbox).
     pub(super) fn queue<F>(&self, op: &'static str, issue: F) -> Result<()>
     where
-        F: FnOnce(&RawComm, CUstream) -> Result<()> + Send + 'static,
+        F: FnOnce(&T::Comm, &T::Queue) -> Result<()> + Send + 'static,
     {
-        // A raw pointer is not Send: it crosses as an address.
-        let stream = self.stream.cu_stream() as usize;
-        self.owner.call(op, self.config.timeout, move |comm| {
-            issue(comm, stream as CUstream)
-        })
+        let queue = T::queue_of(&self.stream);
+        self.owner
+            .call(op, self.config.timeout, move |comm| issue(comm, &queue))
     }
 
     /// Queues NCCL's `ncclAllReduce` in place on the first `len` elements
-    /// of `buf` (of NCCL's `dtype`), refusing a buffer shorter than that.
-    /// The caller keeps `buf` alive, and reads it only after the stream has
-    /// passed the call (its wait, inside [`NcclComm::watched`]); every rank
-    /// must queue the same call (the header exchange has checked it).
-    pub(super) fn queue_all_reduce_in_place<B: DevicePtrMut<u8>>(
+    /// at device address `at`, where `capacity` bytes are available,
+    /// refusing a length beyond them. The caller keeps the buffer alive,
+    /// and reads it only after the stream has passed the call (its wait,
+    /// inside [`NcclComm::watched`]); every rank must queue the same call
+    /// (the header exchange has checked it).
+    pub(super) fn queue_all_reduce_at(
         &self,
         what: &'static str,
-        buf: &mut B,
+        at: u64,
+        capacity: usize,
         len: usize,
-        (dtype, op): (sys::DataType, sys::RedOp),
+        native: Native,
     ) -> Result<()> {
-        let size = sys::datatype_size(dtype);
-        if len.checked_mul(size).is_none_or(|b| b > buf.len()) {
-            return Err(beyond(what, 0, len.saturating_mul(size), buf.len()));
+        let size = native.elem.size_in_bytes();
+        if len.checked_mul(size).is_none_or(|b| b > capacity) {
+            return Err(beyond(what, 0, len.saturating_mul(size), capacity));
         }
-        let (p, guard) = buf.device_ptr_mut(&self.stream);
-        let queued = self.queue(what, move |comm, stream| {
+        self.queue(what, move |comm, queue| {
             #[allow(unsafe_code)]
-            // SAFETY: `len` elements of `dtype` at `p`, checked within the
-            // buffer, which the caller keeps alive until its wait on the
-            // stream.
+            // SAFETY: `len` elements at `at`, checked within the buffer,
+            // which the caller keeps alive until its wait on the stream.
             unsafe {
-                sys::ops::all_reduce(comm, p, p, len, dtype, op, stream)
+                T::all_reduce(comm, at, at, len, native, queue)
             }
-        });
-        drop(guard);
-        queued
+        })
+    }
+
+    /// [`NcclComm::queue_all_reduce_at`] on a scratch buffer.
+    pub(super) fn queue_all_reduce_in_place(
+        &self,
+        what: &'static str,
+        buf: &mut T::Buffer,
+        len: usize,
+        native: Native,
+    ) -> Result<()> {
+        let capacity = T::len(buf);
+        T::with_address(buf, &self.stream, |at| {
+            self.queue_all_reduce_at(what, at, capacity, len, native)
+        })
     }
 
     /// Runs `body`, which queues work and blocks until the stream has done
@@ -82,47 +89,32 @@ impl NcclComm {
     }
 
     /// Waits until everything queued on the stream is done. Call inside
-    /// [`NcclComm::watched`]: CUDA's synchronisation has no deadline of
-    /// its own (the watchdog's abort ends it).
+    /// [`NcclComm::watched`]: the synchronisation has no deadline of its
+    /// own (the watchdog's abort ends it).
     pub(super) fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| driver("cuStreamSynchronize", e))
+        T::sync(&self.stream)
     }
 
     /// Copies host bytes into `dst` at byte offset `at`, on the stream.
     /// Returns once the host bytes are consumed (CUDA stages pageable
     /// memory before returning), which may wait for earlier work on the
     /// stream: call inside [`NcclComm::watched`].
-    pub(super) fn upload(&self, src: &[u8], dst: &mut CudaSlice<u8>, at: usize) -> Result<()> {
+    pub(super) fn upload(&self, src: &[u8], dst: &mut T::Buffer, at: usize) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
-        let len = dst.len();
-        let mut view = at
-            .checked_add(src.len())
-            .and_then(|end| dst.try_slice_mut(at..end))
-            .ok_or_else(|| beyond("upload", at, src.len(), len))?;
-        self.stream
-            .memcpy_htod(src, &mut view)
-            .map_err(|e| driver("cuMemcpyHtoD", e))
+        T::upload(&self.stream, src, dst, at)
     }
 
     /// Copies `dst.len()` bytes of `src` from byte offset `at` to the host,
     /// on the stream, after the work queued before it. Call inside
     /// [`NcclComm::watched`], and [`NcclComm::sync`] before reading `dst`
     /// (a copy to page-locked memory returns before it is done).
-    pub(super) fn download(&self, src: &CudaSlice<u8>, at: usize, dst: &mut [u8]) -> Result<()> {
+    pub(super) fn download(&self, src: &T::Buffer, at: usize, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        let view = at
-            .checked_add(dst.len())
-            .and_then(|end| src.try_slice(at..end))
-            .ok_or_else(|| beyond("download", at, dst.len(), src.len()))?;
-        self.stream
-            .memcpy_dtoh(&view, dst)
-            .map_err(|e| driver("cuMemcpyDtoH", e))
+        T::download(&self.stream, src, at, dst)
     }
 
     /// `ncclAllGather` in place in `buf`: rank r's block of `block` bytes
@@ -132,67 +124,75 @@ impl NcclComm {
     pub(super) fn all_gather_in_place(
         &self,
         op: &'static str,
-        buf: &mut CudaSlice<u8>,
+        buf: &mut T::Buffer,
         at: usize,
         block: usize,
     ) -> Result<()> {
+        let len = T::len(buf);
         block
             .checked_mul(self.size)
             .and_then(|bytes| bytes.checked_add(at))
-            .filter(|&end| end <= buf.len())
-            .ok_or_else(|| beyond(op, at, block.saturating_mul(self.size), buf.len()))?;
+            .filter(|&end| end <= len)
+            .ok_or_else(|| beyond(op, at, block.saturating_mul(self.size), len))?;
         if block == 0 {
             return Ok(());
         }
         let rank = self.rank;
-        let (base, guard) = buf.device_ptr_mut(&self.stream);
-        let recv = base + at as u64;
-        let send = recv + (rank * block) as u64;
-        let queued = self.queue(op, move |comm, stream| {
-            #[allow(unsafe_code)]
-            // SAFETY: W blocks of `block` bytes from `recv` lie inside the
-            // buffer (checked above), which the caller holds until the
-            // stream has passed the call; `send` is this rank's block of
-            // it, NCCL's in-place all-gather.
-            unsafe {
-                sys::ops::all_gather(comm, send, recv, block, stream)
-            }
-        });
-        // Records the buffer's use on the stream after the queued call.
-        drop(guard);
-        queued
+        T::with_address(buf, &self.stream, |base| {
+            let recv = base + at as u64;
+            let send = recv + (rank * block) as u64;
+            self.queue(op, move |comm, queue| {
+                #[allow(unsafe_code)]
+                // SAFETY: W blocks of `block` bytes from `recv` lie inside
+                // the buffer (checked above), which the caller holds until
+                // the stream has passed the call; `send` is this rank's
+                // block of it, NCCL's in-place all-gather.
+                unsafe {
+                    T::all_gather(comm, send, recv, block, queue)
+                }
+            })
+        })
     }
-}
 
-impl NcclComm {
-    /// `ncclBroadcast` of the first `bytes` bytes of `buf` in place from
-    /// `root`. Queued only; the range is checked here against the buffer
-    /// (a scratch or a tensor's bytes), which the caller holds until its
+    /// `ncclBroadcast` of `bytes` bytes in place from `root` at device
+    /// address `at`, where `capacity` bytes are available. Queued only; the
+    /// caller holds the buffer (a scratch or a tensor's bytes) until its
     /// wait ends.
-    pub(super) fn broadcast_in_place<B: DevicePtrMut<u8>>(
+    pub(super) fn broadcast_at(
         &self,
-        buf: &mut B,
+        at: u64,
+        capacity: usize,
         bytes: usize,
         root: usize,
     ) -> Result<()> {
-        if buf.len() < bytes {
-            return Err(beyond("broadcast", 0, bytes, buf.len()));
+        if capacity < bytes {
+            return Err(beyond("broadcast", 0, bytes, capacity));
         }
         if bytes == 0 {
             return Ok(());
         }
-        let (p, guard) = buf.device_ptr_mut(&self.stream);
-        let queued = self.queue("broadcast", move |comm, stream| {
+        self.queue("broadcast", move |comm, queue| {
             #[allow(unsafe_code)]
-            // SAFETY: `bytes` bytes at `p` lie inside the buffer (checked
+            // SAFETY: `bytes` bytes at `at` lie inside the buffer (checked
             // above), which the caller holds until the stream has passed
             // the call.
             unsafe {
-                sys::ops::broadcast(comm, p, bytes, root, stream)
+                T::broadcast(comm, at, bytes, root, queue)
             }
-        });
-        drop(guard);
-        queued
+        })
+    }
+
+    /// [`NcclComm::broadcast_at`] on a scratch buffer.
+    pub(super) fn broadcast_in_place(
+        &self,
+        buf: &mut T::Buffer,
+        bytes: usize,
+        root: usize,
+    ) -> Result<()> {
+        let capacity = T::len(buf);
+        T::with_address(buf, &self.stream, |at| {
+            self.broadcast_at(at, capacity, bytes, root)
+        })
     }
 }
 

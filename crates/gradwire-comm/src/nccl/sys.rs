@@ -145,7 +145,8 @@ impl std::fmt::Debug for UniqueId {
 /// A live NCCL communicator handle. Not `Sync`: one thread (a rank's owner
 /// thread) issues its operations; [`abort`] may come from another thread,
 /// which NCCL allows (it is how a blocked operation is ended).
-pub(super) struct RawComm(sys::ncclComm_t);
+#[derive(Debug)]
+pub struct RawComm(sys::ncclComm_t);
 
 #[allow(unsafe_code)]
 // SAFETY: an ncclComm_t is a pointer NCCL lets any thread use, as long as
@@ -213,8 +214,8 @@ pub(super) fn destroy(comm: RawComm) -> Result<()> {
 }
 
 /// A handle that can abort a communicator from any thread: the watchdog's.
-#[derive(Clone, Copy)]
-pub(super) struct AbortHandle(sys::ncclComm_t);
+#[derive(Clone, Copy, Debug)]
+pub struct AbortHandle(sys::ncclComm_t);
 
 #[allow(unsafe_code)]
 // SAFETY: ncclCommAbort and ncclCommGetAsyncError may be called from any
@@ -266,12 +267,6 @@ impl AbortHandle {
     }
 }
 
-/// NCCL's element type of a reduction.
-pub(super) type DataType = sys::ncclDataType_t;
-
-/// NCCL's reduction operator.
-pub(super) type RedOp = sys::ncclRedOp_t;
-
 /// NCCL's datatype of `elem`. Every gradwire element type has one: bf16 is
 /// `ncclBfloat16` (9), which every NCCL release gradwire accepts defines
 /// when built with CUDA 11 or later, as NVIDIA's builds are (cudarc's
@@ -293,7 +288,8 @@ pub(super) fn datatype(elem: ElemType) -> sys::ncclDataType_t {
 }
 
 /// The bytes of one element of NCCL's `dtype`.
-pub(super) fn datatype_size(dtype: DataType) -> usize {
+#[cfg(test)]
+fn datatype_size(dtype: sys::ncclDataType_t) -> usize {
     use sys::ncclDataType_t as D;
     match dtype {
         D::ncclInt8 | D::ncclUint8 => 1,
@@ -305,34 +301,23 @@ pub(super) fn datatype_size(dtype: DataType) -> usize {
     }
 }
 
-/// NCCL's operator for `op` on `elem`, or `None` where NCCL's would break a
-/// promise of [`ReduceOp`], so the reduction takes the rank-ordered path:
+/// NCCL's operator for `op`. Which reductions NCCL computes at all is
+/// decided once, in `super::native_reduction`:
 ///
 /// - `Sum` is `ncclSum` (integers wrap, as gradwire's do);
 /// - `Avg` is `ncclAvg` (NCCL 2.10 and later; gradwire needs 2.18): each
-///   input is multiplied by 1/W in the element type, then summed. It is
-///   only defined on floats, which the header exchange has checked;
-/// - `Max` and `Min` are `ncclMax` / `ncclMin` on integers (exact, so
-///   bitwise gradwire's), and `None` on floats: NCCL's `fmaxf` / `__hmax`
-///   return the other operand of a NaN, and gradwire's `Max` and `Min`
-///   propagate NaN from any rank.
-pub(super) fn red_op(op: ReduceOp, elem: ElemType) -> Option<sys::ncclRedOp_t> {
+///   input is multiplied by 1/W in the element type, then summed (floats
+///   only, which the header exchange has checked);
+/// - `Max` and `Min` are `ncclMax` / `ncclMin` (taken on integers only:
+///   NCCL's `fmaxf` / `__hmax` drop a NaN that gradwire's propagate).
+pub(super) fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
     use sys::ncclRedOp_t as O;
     match op {
-        ReduceOp::Sum => Some(O::ncclSum),
-        ReduceOp::Avg => elem.is_float().then_some(O::ncclAvg),
-        ReduceOp::Max => (!elem.is_float()).then_some(O::ncclMax),
-        ReduceOp::Min => (!elem.is_float()).then_some(O::ncclMin),
+        ReduceOp::Sum => O::ncclSum,
+        ReduceOp::Avg => O::ncclAvg,
+        ReduceOp::Max => O::ncclMax,
+        ReduceOp::Min => O::ncclMin,
     }
-}
-
-/// One point-to-point transfer of a group: `bytes` bytes at device address
-/// `ptr` to or from `peer`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Transfer {
-    pub peer: usize,
-    pub ptr: u64,
-    pub bytes: usize,
 }
 
 /// The operations the owner thread issues, all on bytes, all queued on
@@ -346,6 +331,7 @@ pub(super) struct Transfer {
 /// or the communicator is aborted).
 pub(super) mod ops {
     use super::*;
+    use crate::nccl::transport::Transfer;
 
     /// `ncclAllGather` of `bytes` bytes from every rank into `recv`
     /// (`world * bytes`); `send == recv + rank * bytes` is NCCL's in-place
@@ -541,21 +527,12 @@ mod tests {
     }
 
     #[test]
-    fn reduction_operators_map_where_nccl_keeps_gradwires_promises() {
+    fn reduction_operators_are_nccls() {
         use sys::ncclRedOp_t as O;
-        for elem in ElemType::ALL {
-            assert_eq!(red_op(ReduceOp::Sum, elem), Some(O::ncclSum), "{elem}");
-            if elem.is_float() {
-                assert_eq!(red_op(ReduceOp::Avg, elem), Some(O::ncclAvg), "{elem}");
-                // NaN must propagate: the rank-ordered path.
-                assert_eq!(red_op(ReduceOp::Max, elem), None, "{elem}");
-                assert_eq!(red_op(ReduceOp::Min, elem), None, "{elem}");
-            } else {
-                assert_eq!(red_op(ReduceOp::Avg, elem), None, "{elem}");
-                assert_eq!(red_op(ReduceOp::Max, elem), Some(O::ncclMax), "{elem}");
-                assert_eq!(red_op(ReduceOp::Min, elem), Some(O::ncclMin), "{elem}");
-            }
-        }
+        assert_eq!(red_op(ReduceOp::Sum), O::ncclSum);
+        assert_eq!(red_op(ReduceOp::Avg), O::ncclAvg);
+        assert_eq!(red_op(ReduceOp::Max), O::ncclMax);
+        assert_eq!(red_op(ReduceOp::Min), O::ncclMin);
         assert_eq!(O::ncclAvg as u32, 4);
     }
 }

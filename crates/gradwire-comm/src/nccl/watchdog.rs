@@ -19,9 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gradwire_tensor::CudaDevice;
-
-use super::sys::AbortHandle;
+use super::transport::{Imp, NcclTransport};
 use crate::error::{CommError, Result};
 
 /// How often a registered wait is checked: the delay with which an
@@ -30,15 +28,15 @@ use crate::error::{CommError, Result};
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
 /// What the caller, the watchdog and the owner thread share.
-pub(super) struct Watch {
-    state: Mutex<State>,
+pub(super) struct Watch<T: NcclTransport> {
+    state: Mutex<State<T>>,
     wake: Condvar,
 }
 
-struct State {
+struct State<T: NcclTransport> {
     /// The communicator's abort handle, until it is aborted (taken here)
     /// or destroyed (taken by the owner thread when it ends).
-    handle: Option<AbortHandle>,
+    handle: Option<<T as Imp>::Abort>,
     /// Why the communicator is unusable, returned by every later call.
     reason: Option<CommError>,
     /// The wait in progress: what it waits for and since when.
@@ -55,9 +53,9 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl Watch {
+impl<T: NcclTransport> Watch<T> {
     /// A watch with no communicator yet ([`Watch::arm`] gives it one).
-    pub(super) fn new() -> Arc<Watch> {
+    pub(super) fn new() -> Arc<Watch<T>> {
         Arc::new(Watch {
             state: Mutex::new(State {
                 handle: None,
@@ -71,13 +69,13 @@ impl Watch {
     }
 
     /// Hands the watch the live communicator's abort handle.
-    pub(super) fn arm(&self, handle: AbortHandle) {
+    pub(super) fn arm(&self, handle: T::Abort) {
         lock(&self.state).handle = Some(handle);
     }
 
     /// Takes the abort handle back (the owner thread, before destroying the
     /// communicator); `None` if an abort already freed it.
-    pub(super) fn disarm(&self) -> Option<AbortHandle> {
+    pub(super) fn disarm(&self) -> Option<T::Abort> {
         lock(&self.state).handle.take()
     }
 
@@ -135,7 +133,7 @@ impl Watch {
             // and the watchdog only uses the handle while it is in the
             // state. A thread blocked in one of its operations is released
             // by the abort, which is what NCCL provides it for.
-            let _ = unsafe { handle.abort() };
+            let _ = unsafe { T::abort(handle) };
         }
     }
 
@@ -190,27 +188,27 @@ fn judge(
 }
 
 /// The watchdog thread of one communicator; dropping it ends the thread.
-pub(super) struct Watchdog {
-    watch: Arc<Watch>,
+pub(super) struct Watchdog<T: NcclTransport> {
+    watch: Arc<Watch<T>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Watchdog {
+impl<T: NcclTransport> Watchdog<T> {
     /// Starts the thread watching `watch` with the deadline `timeout`
     /// (`None`: only errors and poisoning end a wait). The device's context
     /// is made current there (ncclCommAbort switches to the communicator's
     /// device itself, but the driver calls around it want a context).
     pub(super) fn start(
         rank: usize,
-        device: Arc<CudaDevice>,
-        watch: Arc<Watch>,
+        device: T::Device,
+        watch: Arc<Watch<T>>,
         timeout: Option<Duration>,
-    ) -> Result<Watchdog> {
+    ) -> Result<Watchdog<T>> {
         let theirs = Arc::clone(&watch);
         let thread = std::thread::Builder::new()
             .name(format!("gradwire-nccl-watch-{rank}"))
             .spawn(move || {
-                let _ = device.stream().context().bind_to_thread();
+                let _ = T::bind(&device);
                 serve(&theirs, timeout);
             })
             .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))?;
@@ -223,7 +221,7 @@ impl Watchdog {
 
 /// The watchdog's loop: sleeps while nothing is registered, polls a
 /// registered wait, aborts when [`judge`] says so.
-fn serve(watch: &Watch, timeout: Option<Duration>) {
+fn serve<T: NcclTransport>(watch: &Watch<T>, timeout: Option<Duration>) {
     let mut state = lock(&watch.state);
     loop {
         if state.closed {
@@ -231,14 +229,14 @@ fn serve(watch: &Watch, timeout: Option<Duration>) {
         }
         // Once aborted there is nothing left to do but wait for the
         // caller (or the end).
-        let verdict = match state.handle {
+        let verdict = match &state.handle {
             None => Verdict::Sleep,
             Some(handle) => judge(
                 state.waiting,
                 state.reason.as_ref(),
                 // Under the lock: the owner thread takes the handle under
                 // it before destroying the communicator.
-                || handle.async_error(),
+                || T::async_error(handle),
                 timeout,
                 Instant::now(),
             ),
@@ -268,7 +266,7 @@ fn serve(watch: &Watch, timeout: Option<Duration>) {
     }
 }
 
-impl Drop for Watchdog {
+impl<T: NcclTransport> Drop for Watchdog<T> {
     fn drop(&mut self) {
         self.watch.close();
         if let Some(thread) = self.thread.take() {
@@ -345,7 +343,7 @@ mod tests {
 
     #[test]
     fn the_first_reason_stays() {
-        let watch = Watch::new();
+        let watch = Watch::<crate::nccl::HostTransport>::new();
         watch.begin("op").expect("not poisoned");
         assert_eq!(watch.end(), None);
         watch.poison(CommError::WorkerStopped);

@@ -55,7 +55,7 @@ impl Backend for gradwire_comm::MpiComm {
 }
 
 #[cfg(feature = "nccl")]
-impl Backend for gradwire_comm::NcclComm {}
+impl<T: gradwire_comm::nccl::NcclTransport> Backend for gradwire_comm::nccl::NcclComm<T> {}
 
 /// The baseline loop of one worker.
 pub(crate) struct LibraryLoop<R: UpdateRule, C> {

@@ -1,0 +1,586 @@
+//! One communicator of the host transport, shared by its ranks: how they
+//! join, and how their streams' collectives and transfers meet, under
+//! NCCL's rules (listed in `host/mod.rs`).
+//!
+//! Everything is under one lock per communicator, data copies included,
+//! so an abort never races a copy out of or into the aborting rank's
+//! memory: an aborted rank's posts are withdrawn before its stream moves
+//! on (and frees what they point at).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+
+use super::stream::copy;
+use crate::element::ElemType;
+use crate::error::{CommError, Result};
+use crate::nccl::transport::{Native, Transfer};
+use crate::nccl::watchdog::lock;
+use crate::op::ReduceOp;
+
+/// NCCL's `ncclInvalidUsage`.
+pub(super) const INVALID_USAGE: i32 = 5;
+
+/// An NCCL error as NCCL reports it.
+pub(super) fn nccl_error(op: &'static str, code: i32, message: String) -> CommError {
+    CommError::Nccl { op, code, message }
+}
+
+/// What a rank contributes to a collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Collective {
+    AllGather { bytes: usize },
+    AllReduce { count: usize, native: Native },
+    ReduceScatter { recv_count: usize, native: Native },
+    Broadcast { bytes: usize, root: usize },
+}
+
+impl Collective {
+    /// Bytes this rank's input holds, at its send address.
+    fn input_bytes(self, world: usize) -> usize {
+        match self {
+            Collective::AllGather { bytes } | Collective::Broadcast { bytes, .. } => bytes,
+            Collective::AllReduce { count, native } => count * native.elem.size_in_bytes(),
+            Collective::ReduceScatter { recv_count, native } => {
+                world * recv_count * native.elem.size_in_bytes()
+            }
+        }
+    }
+}
+
+/// One collective, as the ranks reach it on their streams.
+#[derive(Default)]
+struct Slot {
+    /// Each rank's call and send address, until the inputs are staged.
+    calls: BTreeMap<usize, (Collective, u64)>,
+    /// Every rank's input, copied once all had arrived.
+    staged: Option<Arc<Vec<Vec<u8>>>>,
+    /// Ranks that have written their output.
+    finished: usize,
+}
+
+/// A posted transfer.
+struct Post {
+    id: u64,
+    ptr: u64,
+    bytes: usize,
+}
+
+/// One split, as the ranks reach it.
+#[derive(Default)]
+struct SplitSlot {
+    entries: BTreeMap<usize, (Option<i32>, i32)>,
+    made: HashMap<i32, Arc<Fabric>>,
+    taken: usize,
+}
+
+#[derive(Default)]
+struct State {
+    joined: usize,
+    aborted: HashSet<usize>,
+    /// A break of NCCL's rules seen by the transport (NCCL's behaviour is
+    /// undefined: a hang or garbage); every rank's asynchronous error.
+    broken: Option<String>,
+    /// Each rank's next collective, by the order its stream reaches them.
+    next_collective: HashMap<usize, u64>,
+    collectives: BTreeMap<u64, Slot>,
+    /// Posted sends and receives per (sender, receiver), oldest first.
+    sends: HashMap<(usize, usize), VecDeque<Post>>,
+    recvs: HashMap<(usize, usize), VecDeque<Post>>,
+    completed: HashSet<u64>,
+    /// Connections asked for (from, to) and made (lower, higher).
+    asked: HashSet<(usize, usize)>,
+    connected: HashSet<(usize, usize)>,
+    next_split: HashMap<usize, u64>,
+    splits: BTreeMap<u64, SplitSlot>,
+}
+
+/// One communicator of the host transport.
+pub(crate) struct Fabric {
+    world: usize,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl std::fmt::Debug for Fabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("world", &self.world)
+            .finish_non_exhaustive()
+    }
+}
+
+static NEXT_POST: AtomicU64 = AtomicU64::new(1);
+
+/// Communicators being joined, by id.
+fn joining() -> &'static Mutex<HashMap<u64, Arc<Fabric>>> {
+    static JOINING: OnceLock<Mutex<HashMap<u64, Arc<Fabric>>>> = OnceLock::new();
+    JOINING.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Fabric {
+    fn new(world: usize) -> Arc<Fabric> {
+        Arc::new(Fabric {
+            world,
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+        })
+    }
+
+    pub(super) fn world(&self) -> usize {
+        self.world
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.wake.wait(state).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `ncclCommInitRank`: blocks until all `world` ranks joined `id`.
+    pub(super) fn join(id: u64, world: usize, rank: usize) -> Result<Arc<Fabric>> {
+        let fabric = {
+            let mut joining = lock(joining());
+            let fabric = Arc::clone(joining.entry(id).or_insert_with(|| Fabric::new(world)));
+            if fabric.world != world {
+                return Err(nccl_error(
+                    "ncclCommInitRank",
+                    INVALID_USAGE,
+                    format!(
+                        "rank {rank} joins a world of {world}, others of {}",
+                        fabric.world
+                    ),
+                ));
+            }
+            let mut state = lock(&fabric.state);
+            state.joined += 1;
+            if state.joined == world {
+                joining.remove(&id);
+            }
+            drop(state);
+            fabric
+        };
+        let mut state = lock(&fabric.state);
+        fabric.wake.notify_all();
+        while state.joined < world {
+            state = fabric.wait(state);
+        }
+        drop(state);
+        Ok(fabric)
+    }
+
+    /// Whether `rank` aborted: its blocked calls end with this error.
+    fn check(state: &State, rank: usize, op: &'static str) -> Result<()> {
+        if state.aborted.contains(&rank) {
+            return Err(nccl_error(
+                op,
+                INVALID_USAGE,
+                "the communicator was aborted".into(),
+            ));
+        }
+        if let Some(broken) = &state.broken {
+            return Err(nccl_error(op, INVALID_USAGE, broken.clone()));
+        }
+        Ok(())
+    }
+
+    fn break_rules(&self, state: &mut State, what: String) -> CommError {
+        state.broken.get_or_insert(what.clone());
+        self.wake.notify_all();
+        nccl_error("NCCL's rules", INVALID_USAGE, what)
+    }
+
+    /// `ncclCommAbort` of `rank`: its posts are withdrawn (nobody copies
+    /// out of or into its memory any more), its blocked calls end. The
+    /// peers are not told: they wait, as on NCCL, for their deadline.
+    pub(super) fn abort(&self, rank: usize) {
+        let mut state = lock(&self.state);
+        state.aborted.insert(rank);
+        for slot in state.collectives.values_mut() {
+            if slot.staged.is_none() {
+                slot.calls.remove(&rank);
+            }
+        }
+        let state = &mut *state;
+        for ((from, to), posts) in state.sends.iter_mut().chain(state.recvs.iter_mut()) {
+            if *from == rank || *to == rank {
+                posts.clear();
+            }
+        }
+        self.wake.notify_all();
+    }
+
+    /// `ncclCommGetAsyncError`: a break of NCCL's rules by any rank.
+    pub(super) fn async_error(&self) -> Result<()> {
+        let state = lock(&self.state);
+        match &state.broken {
+            None => Ok(()),
+            Some(what) => Err(nccl_error(
+                "asynchronous NCCL error",
+                INVALID_USAGE,
+                what.clone(),
+            )),
+        }
+    }
+
+    /// A collective on `rank`'s stream: waits for every rank's, checks
+    /// they are the same call, and writes this rank's output at `recv`.
+    ///
+    /// # Safety
+    ///
+    /// `send` and `recv` address live memory of the call's sizes, kept
+    /// until this returns.
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn collective(
+        &self,
+        rank: usize,
+        call: Collective,
+        send: u64,
+        recv: u64,
+    ) -> Result<()> {
+        let world = self.world;
+        let mut state = lock(&self.state);
+        Fabric::check(&state, rank, "collective")?;
+        let seq = {
+            let next = state.next_collective.entry(rank).or_insert(0);
+            *next += 1;
+            *next - 1
+        };
+        let slot = state.collectives.entry(seq).or_default();
+        slot.calls.insert(rank, (call, send));
+        if slot.calls.len() == world {
+            let first = slot.calls.values().next().map(|c| c.0);
+            if let Some((r, (other, _))) = slot.calls.iter().find(|(_, c)| Some(c.0) != first) {
+                let what = format!(
+                    "collective #{seq}: rank {} calls {first:?}, rank {r} calls {other:?}",
+                    slot.calls.keys().next().copied().unwrap_or(0)
+                );
+                return Err(self.break_rules(&mut state, what));
+            }
+            let inputs = slot
+                .calls
+                .values()
+                .map(|&(c, at)| {
+                    let len = c.input_bytes(world);
+                    let mut bytes = vec![0u8; len];
+                    // SAFETY: every rank's send address holds its input
+                    // (its caller's contract), and every rank is blocked
+                    // in this call, under the lock, until staged.
+                    unsafe { copy(at, bytes.as_mut_ptr().expose_provenance() as u64, len) };
+                    bytes
+                })
+                .collect();
+            slot.staged = Some(Arc::new(inputs));
+            self.wake.notify_all();
+        }
+        let staged = loop {
+            Fabric::check(&state, rank, "collective")?;
+            if let Some(staged) = state.collectives.get(&seq).and_then(|s| s.staged.clone()) {
+                break staged;
+            }
+            state = self.wait(state);
+        };
+        if let Some(slot) = state.collectives.get_mut(&seq) {
+            slot.finished += 1;
+            if slot.finished == world {
+                state.collectives.remove(&seq);
+            }
+        }
+        drop(state);
+        let output = output_of(call, &staged, rank, world)?;
+        // SAFETY: `recv` holds the output's size (the caller's contract),
+        // and only this rank's stream writes it.
+        unsafe {
+            copy(
+                output.as_ptr().expose_provenance() as u64,
+                recv,
+                output.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// The host side of a group (`ncclGroupEnd`): a send to itself needs
+    /// its receive in the group, and the first transfer with a peer
+    /// connects the pair, which waits for the peer to ask too.
+    pub(super) fn issue_group(
+        &self,
+        rank: usize,
+        sends: &[Transfer],
+        recvs: &[Transfer],
+    ) -> Result<()> {
+        let to_self: Vec<usize> = sends
+            .iter()
+            .filter(|t| t.peer == rank && t.bytes > 0)
+            .map(|t| t.bytes)
+            .collect();
+        let from_self: Vec<usize> = recvs
+            .iter()
+            .filter(|t| t.peer == rank && t.bytes > 0)
+            .map(|t| t.bytes)
+            .collect();
+        if to_self != from_self {
+            return Err(nccl_error(
+                "ncclGroupEnd",
+                INVALID_USAGE,
+                "Trying to send to self without a matching recv".into(),
+            ));
+        }
+        let peers: HashSet<usize> = sends
+            .iter()
+            .chain(recvs)
+            .filter(|t| t.bytes > 0 && t.peer != rank)
+            .map(|t| t.peer)
+            .collect();
+        if let Some(&bad) = peers.iter().find(|&&p| p >= self.world) {
+            return Err(nccl_error(
+                "ncclSend",
+                INVALID_USAGE,
+                format!("peer {bad} of a world of {}", self.world),
+            ));
+        }
+        let mut state = lock(&self.state);
+        for &peer in &peers {
+            state.asked.insert((rank, peer));
+        }
+        self.wake.notify_all();
+        for &peer in &peers {
+            let pair = (rank.min(peer), rank.max(peer));
+            loop {
+                Fabric::check(&state, rank, "ncclGroupEnd")?;
+                if state.connected.contains(&pair) || state.asked.contains(&(peer, rank)) {
+                    state.connected.insert(pair);
+                    break;
+                }
+                state = self.wait(state);
+            }
+        }
+        Ok(())
+    }
+
+    /// A group on `rank`'s stream: posts its transfers, copies every one
+    /// whose other side is posted, and returns once all of its own are
+    /// done. A send is done only once its receive has taken it.
+    ///
+    /// # Safety
+    ///
+    /// Every transfer's address holds its bytes, kept until this returns.
+    #[allow(unsafe_code)]
+    pub(super) unsafe fn group(
+        &self,
+        rank: usize,
+        sends: &[Transfer],
+        recvs: &[Transfer],
+    ) -> Result<()> {
+        let mut state = lock(&self.state);
+        Fabric::check(&state, rank, "ncclGroupEnd")?;
+        let mut mine = Vec::new();
+        let mut pairs = HashSet::new();
+        for (is_send, t) in sends
+            .iter()
+            .map(|t| (true, t))
+            .chain(recvs.iter().map(|t| (false, t)))
+        {
+            if t.bytes == 0 {
+                continue;
+            }
+            let id = NEXT_POST.fetch_add(1, Ordering::Relaxed);
+            let post = Post {
+                id,
+                ptr: t.ptr,
+                bytes: t.bytes,
+            };
+            let pair = if is_send {
+                (rank, t.peer)
+            } else {
+                (t.peer, rank)
+            };
+            let queue = if is_send {
+                &mut state.sends
+            } else {
+                &mut state.recvs
+            };
+            queue.entry(pair).or_default().push_back(post);
+            mine.push(id);
+            pairs.insert(pair);
+        }
+        for pair in pairs {
+            // SAFETY: the posts' addresses hold their bytes while their
+            // ranks are blocked in this function, under the lock; an
+            // aborted rank's posts are withdrawn first.
+            unsafe { self.match_pair(&mut state, pair)? };
+        }
+        self.wake.notify_all();
+        loop {
+            Fabric::check(&state, rank, "ncclGroupEnd")?;
+            if mine.iter().all(|id| state.completed.contains(id)) {
+                for id in &mine {
+                    state.completed.remove(id);
+                }
+                return Ok(());
+            }
+            state = self.wait(state);
+        }
+    }
+
+    /// Copies every matched send of `pair` into its receive, oldest first.
+    ///
+    /// # Safety
+    ///
+    /// Every posted address holds its bytes (see [`Fabric::group`]).
+    #[allow(unsafe_code)]
+    unsafe fn match_pair(&self, state: &mut State, pair: (usize, usize)) -> Result<()> {
+        loop {
+            let ready = state.sends.get(&pair).is_some_and(|q| !q.is_empty())
+                && state.recvs.get(&pair).is_some_and(|q| !q.is_empty());
+            if !ready {
+                return Ok(());
+            }
+            let send = state.sends.get_mut(&pair).and_then(VecDeque::pop_front);
+            let recv = state.recvs.get_mut(&pair).and_then(VecDeque::pop_front);
+            let (Some(send), Some(recv)) = (send, recv) else {
+                return Ok(());
+            };
+            if send.bytes != recv.bytes {
+                let what = format!(
+                    "rank {} sends {} bytes to rank {}, which receives {}",
+                    pair.0, send.bytes, pair.1, recv.bytes
+                );
+                return Err(self.break_rules(state, what));
+            }
+            // SAFETY: the caller's contract; sender and receiver are
+            // distinct posts (a self-transfer copies between two regions
+            // NcclComm lays out apart).
+            unsafe { copy(send.ptr, recv.ptr, send.bytes) };
+            state.completed.insert(send.id);
+            state.completed.insert(recv.id);
+        }
+    }
+
+    /// `ncclCommSplit` by `rank`: blocks until every rank split; the new
+    /// communicator of its color (ranks ordered by key, then rank) and its
+    /// rank there.
+    pub(super) fn split(
+        &self,
+        rank: usize,
+        color: Option<i32>,
+        key: i32,
+    ) -> Result<Option<(Arc<Fabric>, usize)>> {
+        let world = self.world;
+        let mut state = lock(&self.state);
+        Fabric::check(&state, rank, "ncclCommSplit")?;
+        let seq = {
+            let next = state.next_split.entry(rank).or_insert(0);
+            *next += 1;
+            *next - 1
+        };
+        let slot = state.splits.entry(seq).or_default();
+        slot.entries.insert(rank, (color, key));
+        if slot.entries.len() == world {
+            let mut sizes: HashMap<i32, usize> = HashMap::new();
+            for (c, _) in slot.entries.values() {
+                if let Some(c) = c {
+                    *sizes.entry(*c).or_default() += 1;
+                }
+            }
+            slot.made = sizes
+                .into_iter()
+                .map(|(c, n)| {
+                    let made = Fabric::new(n);
+                    lock(&made.state).joined = n;
+                    (c, made)
+                })
+                .collect();
+        }
+        self.wake.notify_all();
+        loop {
+            Fabric::check(&state, rank, "ncclCommSplit")?;
+            if state
+                .splits
+                .get(&seq)
+                .is_some_and(|s| s.entries.len() == world)
+            {
+                break;
+            }
+            state = self.wait(state);
+        }
+        let Some(slot) = state.splits.get_mut(&seq) else {
+            return Ok(None);
+        };
+        let mine = color.and_then(|c| {
+            let fabric = slot.made.get(&c).cloned()?;
+            let mut members: Vec<(i32, usize)> = slot
+                .entries
+                .iter()
+                .filter(|(_, (oc, _))| *oc == Some(c))
+                .map(|(&r, &(_, k))| (k, r))
+                .collect();
+            members.sort_unstable();
+            let new_rank = members.iter().position(|&(_, r)| r == rank)?;
+            Some((fabric, new_rank))
+        });
+        slot.taken += 1;
+        if slot.taken == world {
+            state.splits.remove(&seq);
+        }
+        Ok(mine)
+    }
+}
+
+/// This rank's output of `call`, from every rank's input.
+fn output_of(call: Collective, inputs: &[Vec<u8>], rank: usize, world: usize) -> Result<Vec<u8>> {
+    match call {
+        Collective::AllGather { .. } => Ok(inputs.concat()),
+        Collective::Broadcast { root, .. } => Ok(inputs.get(root).cloned().unwrap_or_default()),
+        Collective::AllReduce { count, native } => reduce(native, inputs, 0..count, world),
+        Collective::ReduceScatter { recv_count, native } => reduce(
+            native,
+            inputs,
+            rank * recv_count..(rank + 1) * recv_count,
+            world,
+        ),
+    }
+}
+
+/// Every rank's elements `range` reduced by `native`, in rank order,
+/// with gradwire's own kernels (NCCL's order and half-precision rounding
+/// differ within the bound the conformance suite allows for NCCL).
+fn reduce(
+    native: Native,
+    inputs: &[Vec<u8>],
+    range: std::ops::Range<usize>,
+    world: usize,
+) -> Result<Vec<u8>> {
+    fn typed<E: crate::Element>(
+        inputs: &[Vec<u8>],
+        range: std::ops::Range<usize>,
+        op: ReduceOp,
+        world: usize,
+    ) -> Result<Vec<u8>> {
+        let size = std::mem::size_of::<E>();
+        let parts: Vec<Vec<E>> = inputs
+            .iter()
+            .map(|bytes| {
+                let mut part = vec![E::zeroed(); range.len()];
+                if let Some(bytes) = bytes.get(range.start * size..range.end * size) {
+                    bytemuck::cast_slice_mut(&mut part).copy_from_slice(bytes);
+                }
+                part
+            })
+            .collect();
+        let sources: Vec<&[E]> = parts.iter().map(Vec::as_slice).collect();
+        let mut out = vec![E::zeroed(); range.len()];
+        crate::rank_order::in_rank_order(&sources, op, world, &mut out)?;
+        Ok(bytemuck::cast_slice(&out).to_vec())
+    }
+    let op = native.op;
+    match native.elem {
+        ElemType::F16 => typed::<half::f16>(inputs, range, op, world),
+        ElemType::BF16 => typed::<half::bf16>(inputs, range, op, world),
+        ElemType::F32 => typed::<f32>(inputs, range, op, world),
+        ElemType::F64 => typed::<f64>(inputs, range, op, world),
+        ElemType::U8 => typed::<u8>(inputs, range, op, world),
+        ElemType::U32 => typed::<u32>(inputs, range, op, world),
+        ElemType::U64 => typed::<u64>(inputs, range, op, world),
+        ElemType::I32 => typed::<i32>(inputs, range, op, world),
+        ElemType::I64 => typed::<i64>(inputs, range, op, world),
+    }
+}

@@ -1,0 +1,333 @@
+//! The host transport's streams and memory, with CUDA's semantics: a
+//! stream runs its operations in order on a thread of its own; a buffer's
+//! memory is freed on its stream after the work queued before the free;
+//! an upload returns once its source is consumed, a download once the copy
+//! is done (CUDA's rules for pageable host memory); an event is a point on
+//! the stream.
+//!
+//! Device addresses are the addresses of host allocations, exposed as
+//! integers as CUDA's are; every access through them is one of the
+//! stream operations below or the fabric's copies (`fabric.rs`).
+
+use std::alloc::Layout;
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::super::watchdog::lock;
+use crate::error::{CommError, Result};
+
+/// A queued operation: runs on the stream's thread; dropped unrun once an
+/// earlier one failed.
+pub(super) type Op = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// One stream's queue and its thread's progress.
+#[derive(Debug)]
+pub struct Stream {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Op>,
+    /// Operations queued so far.
+    queued: u64,
+    /// Operations done (run or dropped) so far.
+    done: u64,
+    /// The first failure: later operations are dropped unrun, and every
+    /// wait reports it (CUDA's sticky errors).
+    failed: Option<CommError>,
+    /// The stream's owner is gone: the thread ends once the queue is empty.
+    closed: bool,
+    /// The thread has ended: a later operation (a buffer's free) runs at
+    /// once on the caller's thread.
+    ended: bool,
+}
+
+/// The stream of one rank's communicator; dropping it lets its thread end
+/// once the queued work is done (never waiting for it here).
+#[derive(Debug)]
+pub struct HostStream {
+    pub(super) inner: Arc<Stream>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("queued", &self.queued)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostStream {
+    /// A stream with its thread.
+    pub(super) fn start(name: String) -> Result<HostStream> {
+        let inner = Arc::new(Stream {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+        });
+        let theirs = Arc::clone(&inner);
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || theirs.serve())
+            .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))?;
+        Ok(HostStream { inner })
+    }
+}
+
+impl Drop for HostStream {
+    fn drop(&mut self) {
+        lock(&self.inner.state).closed = true;
+        self.inner.wake.notify_all();
+    }
+}
+
+impl Stream {
+    fn serve(&self) {
+        let mut state = lock(&self.state);
+        loop {
+            let Some(op) = state.queue.pop_front() else {
+                if state.closed {
+                    state.ended = true;
+                    return;
+                }
+                state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                continue;
+            };
+            let skip = state.failed.is_some();
+            drop(state);
+            let result = if skip {
+                drop(op);
+                Ok(())
+            } else {
+                op()
+            };
+            state = lock(&self.state);
+            if let Err(e) = result {
+                state.failed.get_or_insert(e);
+            }
+            state.done += 1;
+            self.wake.notify_all();
+        }
+    }
+
+    /// Queues `op`; returns its position (the event after it).
+    pub(super) fn push(&self, op: Op) -> u64 {
+        let mut state = lock(&self.state);
+        if state.ended {
+            drop(state);
+            // Only a free can come after the end: nothing else holds the
+            // stream by then.
+            let _ = op();
+            return u64::MAX;
+        }
+        state.queue.push_back(op);
+        state.queued += 1;
+        self.wake.notify_all();
+        state.queued
+    }
+
+    /// The position after everything queued so far.
+    pub(super) fn mark(&self) -> u64 {
+        lock(&self.state).queued
+    }
+
+    /// Whether the stream has passed `mark`.
+    pub(super) fn passed(&self, mark: u64) -> bool {
+        lock(&self.state).done >= mark
+    }
+
+    /// Waits until the stream has passed `mark`; the stream's failure, if
+    /// any.
+    pub(super) fn wait_for(&self, mark: u64) -> Result<()> {
+        let mut state = lock(&self.state);
+        while state.done < mark {
+            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.failed.clone().map_or(Ok(()), Err)
+    }
+}
+
+/// A host allocation addressed by an integer, as device memory is.
+pub(crate) struct Memory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+#[allow(unsafe_code)]
+// SAFETY: the allocation is plain bytes owned by this value; every access
+// goes through raw addresses under the stream and fabric rules.
+unsafe impl Send for Memory {}
+#[allow(unsafe_code)]
+// SAFETY: as for `Send`: no reference into the bytes is ever formed.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn zeroed(len: usize) -> Result<Memory> {
+        if len == 0 {
+            return Ok(Memory {
+                ptr: NonNull::dangling(),
+                len,
+            });
+        }
+        let layout = Layout::from_size_align(len, 256)
+            .map_err(|e| CommError::InvalidArgument(format!("{len} bytes: {e}")))?;
+        #[allow(unsafe_code)]
+        // SAFETY: a layout of non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            CommError::InvalidArgument(format!("cannot allocate {len} bytes of host memory"))
+        })?;
+        Ok(Memory { ptr, len })
+    }
+
+    fn address(&self) -> u64 {
+        self.ptr.as_ptr().expose_provenance() as u64
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if self.len > 0
+            && let Ok(layout) = Layout::from_size_align(self.len, 256)
+        {
+            #[allow(unsafe_code)]
+            // SAFETY: allocated in `zeroed` with this layout, freed once.
+            unsafe {
+                std::alloc::dealloc(self.ptr.as_ptr(), layout)
+            };
+        }
+    }
+}
+
+/// A device buffer of the host transport: freed on its stream, after the
+/// work queued before the free (as cudarc frees a `CudaSlice`).
+pub struct HostBuffer {
+    memory: Option<Arc<Memory>>,
+    stream: Arc<Stream>,
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostBuffer {
+    pub(super) fn alloc_zeros(stream: &HostStream, len: usize) -> Result<HostBuffer> {
+        Ok(HostBuffer {
+            memory: Some(Arc::new(Memory::zeroed(len)?)),
+            stream: Arc::clone(&stream.inner),
+        })
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.memory.as_ref().map_or(0, |m| m.len)
+    }
+
+    pub(super) fn address(&self) -> u64 {
+        self.memory.as_ref().map_or(0, |m| m.address())
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if let Some(memory) = self.memory.take() {
+            // Freed when the stream reaches this point (or drops the
+            // operation unrun after a failure: the same).
+            self.stream.push(Box::new(move || {
+                drop(memory);
+                Ok(())
+            }));
+        }
+    }
+}
+
+/// A point on a stream.
+#[derive(Debug)]
+pub struct HostEvent {
+    stream: Arc<Stream>,
+    mark: u64,
+}
+
+impl HostEvent {
+    pub(super) fn record(stream: &HostStream) -> HostEvent {
+        HostEvent {
+            stream: Arc::clone(&stream.inner),
+            mark: stream.inner.mark(),
+        }
+    }
+
+    pub(super) fn done(&self) -> bool {
+        self.stream.passed(self.mark)
+    }
+}
+
+/// Copies `len` bytes between raw addresses.
+///
+/// # Safety
+///
+/// Both ranges are live allocations of at least `len` bytes that no one
+/// else writes during the copy, and they do not overlap.
+#[allow(unsafe_code)]
+pub(super) unsafe fn copy(from: u64, to: u64, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let from = std::ptr::with_exposed_provenance::<u8>(from as usize);
+    let to = std::ptr::with_exposed_provenance_mut::<u8>(to as usize);
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(from, to, len) };
+}
+
+/// Uploads `src` into `dst` at `at`: staged now, copied on the stream.
+pub(super) fn upload(stream: &HostStream, src: &[u8], dst: &HostBuffer, at: usize) -> Result<()> {
+    check_range("upload", at, src.len(), dst.len())?;
+    let staged = src.to_vec();
+    let to = dst.address() + at as u64;
+    stream.inner.push(Box::new(move || {
+        #[allow(unsafe_code)]
+        // SAFETY: the range lies in `dst` (checked above), whose free is
+        // queued behind this operation; `staged` is owned here.
+        unsafe {
+            copy(staged.as_ptr().expose_provenance() as u64, to, staged.len())
+        };
+        Ok(())
+    }));
+    Ok(())
+}
+
+/// Downloads `dst.len()` bytes of `src` from `at`: returns once copied (or
+/// once the stream failed, `dst` untouched).
+pub(super) fn download(
+    stream: &HostStream,
+    src: &HostBuffer,
+    at: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    check_range("download", at, dst.len(), src.len())?;
+    let from = src.address() + at as u64;
+    let (to, len) = (dst.as_mut_ptr().expose_provenance() as u64, dst.len());
+    let mark = stream.inner.push(Box::new(move || {
+        #[allow(unsafe_code)]
+        // SAFETY: the range lies in `src` (checked above), whose free is
+        // queued behind this operation; `dst` is borrowed by the caller,
+        // which waits below until this operation has run or was dropped.
+        unsafe {
+            copy(from, to, len)
+        };
+        Ok(())
+    }));
+    stream.inner.wait_for(mark)
+}
+
+fn check_range(op: &str, at: usize, bytes: usize, len: usize) -> Result<()> {
+    match at.checked_add(bytes) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(super::super::stream::beyond(op, at, bytes, len)),
+    }
+}
