@@ -45,3 +45,40 @@ fn conform(name: &str) {
 }
 
 gradwire_tests::conformance_tests!(conform);
+
+/// A rank that returns early (its NcclComm dropped, not unwinding) is
+/// noticed by the peers' next collective as `PeerLost` naming it, not
+/// after their deadline: the departure notice meets their header exchange.
+/// The survivors' communicator stays poisoned with it.
+#[test]
+fn a_departed_rank_is_peer_lost_in_the_next_collective() {
+    for world in 2..=4 {
+        let gone = world - 1;
+        let verdicts = nccl::host::run(world, config(NcclReduction::Native), |comm| {
+            use gradwire_comm::{Communicator, ReduceOp};
+            let mut v = [1f32; 5];
+            comm.all_reduce(&mut v, ReduceOp::Sum)?;
+            if comm.rank() == gone {
+                drop(comm);
+                return Ok(None);
+            }
+            let lost = comm.all_reduce(&mut v, ReduceOp::Sum);
+            let after = comm.barrier();
+            Ok(Some((lost, after)))
+        })
+        .expect("ranks ran");
+        for (rank, verdict) in verdicts.into_iter().enumerate() {
+            let verdict = verdict.unwrap_or_else(|e| panic!("world {world}, rank {rank}: {e}"));
+            let Some((lost, after)) = verdict else {
+                assert_eq!(rank, gone);
+                continue;
+            };
+            let peer_lost = |r: &Result<(), gradwire_comm::CommError>| matches!(r, Err(gradwire_comm::CommError::PeerLost { ranks, .. }) if *ranks == [gone]);
+            assert!(peer_lost(&lost), "world {world}, rank {rank}: {lost:?}");
+            assert!(
+                peer_lost(&after),
+                "world {world}, rank {rank}, after: {after:?}"
+            );
+        }
+    }
+}

@@ -65,11 +65,21 @@
 //! - **Point to point with checked lengths.** A send carries a 16-byte
 //!   header (element type and length) before its payload, so `recv` checks
 //!   both and returns `Mismatch` (the message consumed) as LocalComm does.
-//!   Unlike MPI's and LocalComm's eager sends, an NCCL send completes when
-//!   the peer receives: `send` queues it and returns, but a ring of large
-//!   sends each waiting for a receive queued behind it on the peer's stream
-//!   cannot progress. Use [`Communicator::sendrecv`] for exchanges (both
-//!   directions in one NCCL group).
+//!   Unlike MPI's and LocalComm's eager sends, an NCCL send completes only
+//!   when the peer receives ([`Communicator::eager_messages`] is `false`):
+//!   `send` queues it and returns, but it holds the stream until then, so
+//!   the receive must not sit behind the receiver's own blocking sends (see
+//!   [`Communicator::send`]; [`Communicator::sendrecv`] exchanges both
+//!   directions in one NCCL group). The connections to every peer are made
+//!   when the communicator is (NCCL makes one inside the first group with
+//!   a transfer to the peer, blocking until the peer joins one too). A
+//!   message to the rank itself never goes through NCCL.
+//! - **A rank that leaves is noticed.** Dropping an NcclComm (not while
+//!   unwinding, which aborts it) takes part in the peers' next collective
+//!   as a departure: theirs fails with `PeerLost` naming it, at once,
+//!   instead of waiting out their deadline. The notice waits at most
+//!   [`DEPARTURE_GRACE`] for the peers; one arriving later waits for its
+//!   deadline, as does a peer blocked in a receive from it.
 //! - **Asynchronous jobs on a second communicator.** Each NcclComm splits a
 //!   duplicate of itself at construction (collective); `run_async` runs jobs
 //!   in order on a thread that owns it (the worker every backend shares),
@@ -124,7 +134,7 @@ use crate::worker::{Interrupter, Lane, Worker};
 use owner::Owner;
 use p2p::Loopback;
 use scratch::Scratch;
-use transport::Native;
+use transport::{Imp, Native};
 
 pub use cuda::CudaTransport;
 pub use host::HostTransport;
@@ -201,6 +211,9 @@ impl UniqueId {
     }
 }
 
+/// A send in flight: its device buffers, kept until the event fires.
+type InFlight<T> = (<T as Imp>::Event, Vec<<T as Imp>::Buffer>);
+
 /// One rank of an NCCL communicator, bound to one CUDA device (or, on
 /// [`HostTransport`], to the host). `Send` (the NCCL handle itself stays on
 /// the owner thread) but not `Sync`: one rank's calls happen in order, as
@@ -221,7 +234,11 @@ pub struct NcclComm<T: NcclTransport = CudaTransport> {
     worker: OnceCell<Worker<NcclComm<T>>>,
     /// Sends in flight: their device buffers stay alive until their event
     /// fires.
-    outbox: RefCell<Vec<(T::Event, Vec<T::Buffer>)>>,
+    outbox: RefCell<Vec<InFlight<T>>>,
+    /// Whether dropping it posts a departure notice (see
+    /// [`NcclComm::depart`]): every communicator but an asynchronous lane
+    /// that never ran a job (no peer can be waiting in it for this rank).
+    departs: bool,
     /// Messages this rank sent to itself, oldest first, never through
     /// NCCL: NCCL refuses a send to self without its receive in the same
     /// group (`ncclInvalidUsage`, which would abort the communicator).
@@ -278,11 +295,13 @@ impl<T: NcclTransport> NcclComm<T> {
         if let Some(worker) = self.worker.get() {
             return Ok(worker);
         }
-        let shadow = self.shadow.borrow_mut().take().ok_or_else(|| {
+        let mut shadow = self.shadow.borrow_mut().take().ok_or_else(|| {
             CommError::InvalidArgument(
                 "asynchronous jobs cannot start further asynchronous jobs".into(),
             )
         })?;
+        // A lane in use is one a peer may wait in.
+        shadow.departs = true;
         let worker = Worker::start(
             format!("gradwire-nccl-async-{}", self.rank),
             self.rank,
@@ -345,6 +364,7 @@ impl<T: NcclTransport> NcclComm<T> {
             shadow: RefCell::new(None),
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
+            departs: with_shadow,
             loopback: RefCell::new(VecDeque::new()),
         };
         if with_shadow {
@@ -446,7 +466,7 @@ impl<T: NcclTransport> Lane for NcclComm<T> {
 /// How long a dropping rank waits for its peers to meet its departure
 /// notice in a collective before it aborts instead: a peer that arrives
 /// later waits for its own deadline.
-pub(crate) const DEPARTURE_GRACE: Duration = Duration::from_secs(10);
+pub const DEPARTURE_GRACE: Duration = Duration::from_secs(10);
 
 impl<T: NcclTransport> NcclComm<T> {
     /// Takes part in the peers' next collective as a rank that leaves
@@ -496,7 +516,11 @@ impl<T: NcclTransport> Drop for NcclComm<T> {
         // Queued asynchronous jobs are collectives the peers also run.
         drop(self.worker.take());
         drop(self.shadow.borrow_mut().take());
-        if !std::thread::panicking() && self.size > 1 && self.owner.aborted().is_none() {
+        if self.departs
+            && !std::thread::panicking()
+            && self.size > 1
+            && self.owner.aborted().is_none()
+        {
             self.depart();
         }
         // A send nobody received would keep its buffer in use forever:
