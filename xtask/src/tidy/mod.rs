@@ -131,9 +131,10 @@ const POLICY: Policy<'static> = Policy {
         "crates/gradwire-comm/src/mpi/sys.rs",
         // The NCCL FFI layer: checked wrappers over cudarc's NCCL bindings.
         "crates/gradwire-comm/src/nccl/sys.rs",
-        // Names the raw stream handle type (`CUstream`) that its queued
-        // NCCL calls take across threads; calls no foreign function.
-        "crates/gradwire-comm/src/nccl/stream.rs",
+        // The CUDA transport: names the raw stream handle type
+        // (`CUstream`) that its queued NCCL calls take across threads;
+        // calls no foreign function (`sys.rs` does).
+        "crates/gradwire-comm/src/nccl/cuda.rs",
         // The CUDA driver probe (`is_culib_present`, a dlopen only), made
         // before any driver call so that a missing driver is an error value.
         "crates/gradwire-tensor/src/cuda_backend/driver.rs",
