@@ -144,22 +144,32 @@ where
     }
     let id = UniqueId::generate()?;
     let world = ordinals.len();
-    let (body, config) = (&body, &config);
+    Ok(on_rank_threads(world, "gradwire-nccl-rank", |rank| {
+        let comm = NcclComm::from_id(&id, rank, world, ordinals[rank], config.clone())?;
+        body(comm)
+    }))
+}
+
+/// Runs `rank_body(rank)` for ranks `0..world`, each on a scoped thread
+/// named `name-rank`, and returns the results in rank order: a thread that
+/// could not start or that panicked is that rank's error. The one harness
+/// of [`run`] and the host transport's `run`.
+pub(super) fn on_rank_threads<R, F>(world: usize, name: &str, rank_body: F) -> Vec<Result<R>>
+where
+    R: Send,
+    F: Fn(usize) -> Result<R> + Sync,
+{
+    let rank_body = &rank_body;
     std::thread::scope(|scope| {
-        let threads = ordinals
-            .iter()
-            .enumerate()
-            .map(|(rank, &ordinal)| {
+        let threads: Vec<_> = (0..world)
+            .map(|rank| {
                 std::thread::Builder::new()
-                    .name(format!("gradwire-nccl-rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let comm = NcclComm::from_id(&id, rank, world, ordinal, config.clone())?;
-                        body(comm)
-                    })
+                    .name(format!("{name}-{rank}"))
+                    .spawn_scoped(scope, move || rank_body(rank))
                     .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))
             })
-            .collect::<Vec<_>>();
-        Ok(threads
+            .collect();
+        threads
             .into_iter()
             .enumerate()
             .map(|(rank, t)| {
@@ -172,6 +182,6 @@ where
                     })
                 })
             })
-            .collect())
+            .collect()
     })
 }

@@ -472,33 +472,11 @@ impl<T: NcclTransport> NcclComm<T> {
     /// Takes part in the peers' next collective as a rank that leaves
     /// (`protocol::depart`), so that a peer still calling fails at once
     /// with `PeerLost` naming this rank instead of waiting out its
-    /// deadline. Bounded by [`DEPARTURE_GRACE`] (or the deadline, if
-    /// shorter): past it the wait is aborted by the watchdog.
+    /// deadline. The wait is the watchdog's, capped at
+    /// [`DEPARTURE_GRACE`]: past it the communicator is aborted.
     fn depart(&self) {
-        let grace = self
-            .config
-            .timeout
-            .map_or(DEPARTURE_GRACE, |t| t.min(DEPARTURE_GRACE));
-        let (done, finished) = std::sync::mpsc::channel::<()>();
-        let watch = Arc::clone(&self.owner.watch);
-        std::thread::scope(|scope| {
-            let timer = std::thread::Builder::new()
-                .name(format!("gradwire-nccl-depart-{}", self.rank))
-                .spawn_scoped(scope, move || {
-                    if finished.recv_timeout(grace)
-                        == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-                    {
-                        watch.poison(CommError::Timeout {
-                            op: "departure",
-                            waited: grace,
-                            missing: Vec::new(),
-                        });
-                    }
-                });
-            let _ = crate::protocol::depart(self);
-            drop(done);
-            drop(timer);
-        });
+        self.owner.watch.cap_waits(DEPARTURE_GRACE);
+        let _ = crate::protocol::depart(self);
     }
 }
 

@@ -46,6 +46,9 @@ struct State<T: NcclTransport> {
     sleeping: bool,
     /// The communicator is going away: the watchdog ends.
     closed: bool,
+    /// A deadline shorter than the configured one for every later wait
+    /// (a communicator posting its departure notice).
+    cap: Option<Duration>,
 }
 
 /// Locks a mutex, ignoring poisoning (the data are plain values).
@@ -63,6 +66,7 @@ impl<T: NcclTransport> Watch<T> {
                 waiting: None,
                 sleeping: false,
                 closed: false,
+                cap: None,
             }),
             wake: Condvar::new(),
         })
@@ -137,6 +141,12 @@ impl<T: NcclTransport> Watch<T> {
         }
     }
 
+    /// Gives every later wait at most `limit`, whatever the configured
+    /// deadline (the shorter of the two holds).
+    pub(super) fn cap_waits(&self, limit: Duration) {
+        lock(&self.state).cap = Some(limit);
+    }
+
     /// Ends the watchdog thread (the communicator is going away).
     fn close(&self) {
         lock(&self.state).closed = true;
@@ -184,6 +194,15 @@ fn judge(
         }),
         Some(limit) => Verdict::Poll(POLL.min(limit - waited + Duration::from_millis(1))),
         None => Verdict::Poll(POLL),
+    }
+}
+
+/// The deadline of a wait: the configured one, or the cap if shorter
+/// (`None`: no deadline).
+fn capped(timeout: Option<Duration>, cap: Option<Duration>) -> Option<Duration> {
+    match (timeout, cap) {
+        (Some(limit), Some(cap)) => Some(limit.min(cap)),
+        (limit, cap) => limit.or(cap),
     }
 }
 
@@ -237,7 +256,7 @@ fn serve<T: NcclTransport>(watch: &Watch<T>, timeout: Option<Duration>) {
                 // Under the lock: the owner thread takes the handle under
                 // it before destroying the communicator.
                 || T::async_error(handle),
-                timeout,
+                capped(timeout, state.cap),
                 Instant::now(),
             ),
         };
@@ -339,6 +358,16 @@ mod tests {
             judge(Some(("op", start)), Some(&lost), failed, None, start),
             Verdict::Abort(lost)
         );
+    }
+
+    #[test]
+    fn a_cap_shortens_the_deadline_and_never_lengthens_it() {
+        let (short, long) = (Duration::from_secs(10), Duration::from_secs(600));
+        assert_eq!(capped(Some(long), Some(short)), Some(short));
+        assert_eq!(capped(Some(short), Some(long)), Some(short));
+        assert_eq!(capped(None, Some(short)), Some(short));
+        assert_eq!(capped(Some(long), None), Some(long));
+        assert_eq!(capped(None, None), None);
     }
 
     #[test]

@@ -51,10 +51,11 @@ impl Collective {
 /// One collective, as the ranks reach it on their streams.
 #[derive(Default)]
 struct Slot {
-    /// Each rank's call and send address, until the inputs are staged.
+    /// Each rank's call and send address, until every rank has arrived.
     calls: BTreeMap<usize, (Collective, u64)>,
-    /// Every rank's input, copied once all had arrived.
-    staged: Option<Arc<Vec<Vec<u8>>>>,
+    /// The collective's result, computed once from the inputs when the
+    /// last rank arrived: each rank copies its part.
+    result: Option<Arc<Vec<u8>>>,
     /// Ranks that have written their output.
     finished: usize,
 }
@@ -76,7 +77,8 @@ struct SplitSlot {
 
 #[derive(Default)]
 struct State {
-    joined: usize,
+    /// The ranks that have joined.
+    joined: HashSet<usize>,
     aborted: HashSet<usize>,
     /// A break of NCCL's rules seen by the transport (NCCL's behaviour is
     /// undefined: a hang or garbage); every rank's asynchronous error.
@@ -151,8 +153,14 @@ impl Fabric {
                 ));
             }
             let mut state = lock(&fabric.state);
-            state.joined += 1;
-            if state.joined == world {
+            if rank >= world || !state.joined.insert(rank) {
+                return Err(nccl_error(
+                    "ncclCommInitRank",
+                    INVALID_USAGE,
+                    format!("rank {rank} joins a world of {world} twice or outside it"),
+                ));
+            }
+            if state.joined.len() == world {
                 joining.remove(&id);
             }
             drop(state);
@@ -160,7 +168,7 @@ impl Fabric {
         };
         let mut state = lock(&fabric.state);
         fabric.wake.notify_all();
-        while state.joined < world {
+        while state.joined.len() < world {
             state = fabric.wait(state);
         }
         drop(state);
@@ -195,7 +203,7 @@ impl Fabric {
         let mut state = lock(&self.state);
         state.aborted.insert(rank);
         for slot in state.collectives.values_mut() {
-            if slot.staged.is_none() {
+            if slot.result.is_none() {
                 slot.calls.remove(&rank);
             }
         }
@@ -255,26 +263,33 @@ impl Fabric {
                 );
                 return Err(self.break_rules(&mut state, what));
             }
-            let inputs = slot
+            // Only the root's input matters to a broadcast.
+            let needed =
+                |r: usize| !matches!(call, Collective::Broadcast { root, .. } if r != root);
+            let inputs: Vec<Vec<u8>> = slot
                 .calls
-                .values()
-                .map(|&(c, at)| {
-                    let len = c.input_bytes(world);
+                .iter()
+                .map(|(&r, &(c, at))| {
+                    let len = if needed(r) { c.input_bytes(world) } else { 0 };
                     let mut bytes = vec![0u8; len];
                     // SAFETY: every rank's send address holds its input
                     // (its caller's contract), and every rank is blocked
-                    // in this call, under the lock, until staged.
+                    // in this call, under the lock, until the result is
+                    // made.
                     unsafe { copy(at, bytes.as_mut_ptr().expose_provenance() as u64, len) };
                     bytes
                 })
                 .collect();
-            slot.staged = Some(Arc::new(inputs));
+            match result_of(call, inputs, world) {
+                Ok(result) => slot.result = Some(Arc::new(result)),
+                Err(e) => return Err(self.break_rules(&mut state, e.to_string())),
+            }
             self.wake.notify_all();
         }
-        let staged = loop {
+        let result = loop {
             Fabric::check(&state, rank, "collective")?;
-            if let Some(staged) = state.collectives.get(&seq).and_then(|s| s.staged.clone()) {
-                break staged;
+            if let Some(result) = state.collectives.get(&seq).and_then(|s| s.result.clone()) {
+                break result;
             }
             state = self.wait(state);
         };
@@ -285,16 +300,16 @@ impl Fabric {
             }
         }
         drop(state);
-        let output = output_of(call, &staged, rank, world)?;
-        // SAFETY: `recv` holds the output's size (the caller's contract),
-        // and only this rank's stream writes it.
-        unsafe {
-            copy(
-                output.as_ptr().expose_provenance() as u64,
-                recv,
-                output.len(),
-            )
+        let part = match call {
+            Collective::ReduceScatter { recv_count, native } => {
+                let block = recv_count * native.elem.size_in_bytes();
+                result.get(rank * block..(rank + 1) * block).unwrap_or(&[])
+            }
+            _ => &result[..],
         };
+        // SAFETY: `recv` holds this rank's part (the caller's contract),
+        // and only this rank's stream writes it.
+        unsafe { copy(part.as_ptr().expose_provenance() as u64, recv, part.len()) };
         Ok(())
     }
 
@@ -485,7 +500,7 @@ impl Fabric {
                 .into_iter()
                 .map(|(c, n)| {
                     let made = Fabric::new(n);
-                    lock(&made.state).joined = n;
+                    lock(&made.state).joined = (0..n).collect();
                     (c, made)
                 })
                 .collect();
@@ -525,18 +540,16 @@ impl Fabric {
     }
 }
 
-/// This rank's output of `call`, from every rank's input.
-fn output_of(call: Collective, inputs: &[Vec<u8>], rank: usize, world: usize) -> Result<Vec<u8>> {
+/// The result of `call` from every rank's input (in rank order): the
+/// whole of what the ranks receive (a reduce-scatter's every block).
+fn result_of(call: Collective, inputs: Vec<Vec<u8>>, world: usize) -> Result<Vec<u8>> {
     match call {
         Collective::AllGather { .. } => Ok(inputs.concat()),
-        Collective::Broadcast { root, .. } => Ok(inputs.get(root).cloned().unwrap_or_default()),
-        Collective::AllReduce { count, native } => reduce(native, inputs, 0..count, world),
-        Collective::ReduceScatter { recv_count, native } => reduce(
-            native,
-            inputs,
-            rank * recv_count..(rank + 1) * recv_count,
-            world,
-        ),
+        Collective::Broadcast { root, .. } => Ok(inputs.into_iter().nth(root).unwrap_or_default()),
+        Collective::AllReduce { count, native } => reduce(native, &inputs, 0..count, world),
+        Collective::ReduceScatter { recv_count, native } => {
+            reduce(native, &inputs, 0..world * recv_count, world)
+        }
     }
 }
 
@@ -582,5 +595,91 @@ fn reduce(
         ElemType::U64 => typed::<u64>(inputs, range, op, world),
         ElemType::I32 => typed::<i32>(inputs, range, op, world),
         ElemType::I64 => typed::<i64>(inputs, range, op, world),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_invalid_usage(r: &Result<()>) -> bool {
+        matches!(
+            r,
+            Err(CommError::Nccl {
+                code: INVALID_USAGE,
+                ..
+            })
+        )
+    }
+
+    #[test]
+    fn a_rank_joins_once_and_inside_the_world() {
+        let id = u64::MAX - 1;
+        let outside = Fabric::join(id + 1, 2, 2).map(|_| ());
+        assert!(is_invalid_usage(&outside), "{outside:?}");
+        std::thread::scope(|scope| {
+            let first = scope.spawn(|| Fabric::join(id, 2, 0).map(|_| ()));
+            // Until the first claim of rank 0 is registered.
+            while !lock(joining())
+                .get(&id)
+                .is_some_and(|f| lock(&f.state).joined.contains(&0))
+            {
+                std::thread::yield_now();
+            }
+            let twice = Fabric::join(id, 2, 0).map(|_| ());
+            assert!(is_invalid_usage(&twice), "{twice:?}");
+            Fabric::join(id, 2, 1).expect("rank 1 joins");
+            first
+                .join()
+                .expect("joined")
+                .expect("the first claim joins");
+        });
+    }
+
+    #[test]
+    fn a_send_to_self_needs_its_receive_in_the_group() {
+        let fabric = Fabric::new(2);
+        let to_self = Transfer {
+            peer: 0,
+            ptr: 0,
+            bytes: 4,
+        };
+        let alone = fabric.issue_group(0, &[to_self], &[]);
+        assert!(is_invalid_usage(&alone), "{alone:?}");
+        fabric
+            .issue_group(0, &[to_self], &[to_self])
+            .expect("paired in the group");
+    }
+
+    #[test]
+    fn differing_collectives_break_the_communicator_on_every_rank() {
+        let fabric = Fabric::new(2);
+        let native = Native {
+            elem: ElemType::F32,
+            op: ReduceOp::Sum,
+        };
+        let mut buffers = [[1f32; 4], [2f32; 4]];
+        let [a, b] = &mut buffers;
+        let (a, b) = (
+            a.as_mut_ptr().expose_provenance() as u64,
+            b.as_mut_ptr().expose_provenance() as u64,
+        );
+        let (r0, r1) = std::thread::scope(|scope| {
+            let r0 = scope.spawn(|| {
+                #[allow(unsafe_code)]
+                // SAFETY: 4 f32 at `a`, alive for the scope.
+                unsafe {
+                    fabric.collective(0, Collective::AllReduce { count: 4, native }, a, a)
+                }
+            });
+            #[allow(unsafe_code)]
+            // SAFETY: 4 f32 at `b`, alive for the scope.
+            let r1 =
+                unsafe { fabric.collective(1, Collective::AllReduce { count: 3, native }, b, b) };
+            (r0.join().expect("rank 0"), r1)
+        });
+        assert!(is_invalid_usage(&r0), "{r0:?}");
+        assert!(is_invalid_usage(&r1), "{r1:?}");
+        assert!(is_invalid_usage(&fabric.async_error()));
     }
 }

@@ -323,32 +323,9 @@ where
         return Err(CommError::InvalidArgument("no ranks".into()));
     }
     let id = HostId::generate();
-    let (body, config) = (&body, &config);
-    std::thread::scope(|scope| {
-        let threads = (0..world)
-            .map(|rank| {
-                std::thread::Builder::new()
-                    .name(format!("gradwire-host-nccl-rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let comm = NcclComm::from_host_id(id, rank, world, config.clone())?;
-                        body(comm)
-                    })
-                    .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))
-            })
-            .collect::<Vec<_>>();
-        Ok(threads
-            .into_iter()
-            .enumerate()
-            .map(|(rank, t)| {
-                t.and_then(|t| {
-                    t.join().unwrap_or_else(|payload| {
-                        Err(CommError::RankPanicked {
-                            rank,
-                            message: crate::pending::panic_message(payload.as_ref()),
-                        })
-                    })
-                })
-            })
-            .collect())
-    })
+    Ok(super::join::on_rank_threads(
+        world,
+        "gradwire-host-nccl-rank",
+        |rank| body(NcclComm::from_host_id(id, rank, world, config.clone())?),
+    ))
 }

@@ -205,7 +205,8 @@ impl Drop for Memory {
 /// A device buffer of the host transport: freed on its stream, after the
 /// work queued before the free (as cudarc frees a `CudaSlice`).
 pub struct HostBuffer {
-    memory: Option<Arc<Memory>>,
+    /// `None` only once given to the stream to free.
+    memory: Option<Memory>,
     stream: Arc<Stream>,
 }
 
@@ -220,7 +221,7 @@ impl std::fmt::Debug for HostBuffer {
 impl HostBuffer {
     pub(super) fn alloc_zeros(stream: &HostStream, len: usize) -> Result<HostBuffer> {
         Ok(HostBuffer {
-            memory: Some(Arc::new(Memory::zeroed(len)?)),
+            memory: Some(Memory::zeroed(len)?),
             stream: Arc::clone(&stream.inner),
         })
     }
