@@ -9,25 +9,21 @@
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
-use gradwire_optim::OptimError;
+use gradwire_optim::{MicroBatches, OptimError};
 
 /// The sums of the micro-batches of the local step in progress.
 #[derive(Debug)]
 pub(crate) struct LocalAccumulation {
-    /// Micro-batches per step.
-    micro_batches: u32,
-    /// Micro-batches of this step so far.
-    micro: u32,
+    micro: MicroBatches,
     /// The sums so far, per parameter id.
     sums: GradientsParams,
 }
 
 impl LocalAccumulation {
-    /// For `micro_batches` per step (1: no accumulation).
-    pub(crate) fn new(micro_batches: u32) -> LocalAccumulation {
+    /// For `micro` micro-batches per step (1: no accumulation).
+    pub(crate) fn new(micro: MicroBatches) -> LocalAccumulation {
         LocalAccumulation {
-            micro_batches: micro_batches.max(1),
-            micro: 0,
+            micro,
             sums: GradientsParams::new(),
         }
     }
@@ -35,14 +31,7 @@ impl LocalAccumulation {
     /// An error if a step is between its micro-batches (`what`, a
     /// checkpoint or a restore, must come between steps).
     pub(crate) fn between_steps(&self, what: &str) -> Result<(), OptimError> {
-        if self.micro > 0 {
-            return Err(OptimError::between_micro_batches(
-                what,
-                self.micro,
-                self.micro_batches,
-            ));
-        }
-        Ok(())
+        self.micro.between_steps(what)
     }
 
     /// Adds this micro-batch's gradients of `module`'s parameters from
@@ -54,7 +43,7 @@ impl LocalAccumulation {
         module: &M,
         mut grads: GradientsParams,
     ) -> Option<GradientsParams> {
-        if self.micro_batches == 1 {
+        if self.micro.per_step() == 1 {
             return Some(grads);
         }
         /// Adds each gradient into its sum and, at the step's last
@@ -82,19 +71,14 @@ impl LocalAccumulation {
                 self.sums.register(param.id, sum);
             }
         }
-        self.micro += 1;
-        let last = self.micro == self.micro_batches;
+        let last = self.micro.count();
         let mut add = Add {
             grads: &mut grads,
             sums: &mut self.sums,
-            mean: last.then(|| 1.0 / f64::from(self.micro_batches)),
+            mean: last.then(|| 1.0 / f64::from(self.micro.per_step())),
         };
         module.visit(&mut add);
-        if !last {
-            return None;
-        }
-        self.micro = 0;
-        Some(std::mem::take(&mut self.sums))
+        last.then(|| std::mem::take(&mut self.sums))
     }
 }
 
@@ -132,9 +116,12 @@ mod tests {
     #[test]
     fn every_sum_becomes_its_mean() {
         let model: Linear = LinearConfig::new(3, 2).init(&Device::flex());
-        let mut accumulation = LocalAccumulation::new(2);
+        let mut accumulation = LocalAccumulation::new(gradwire_optim::MicroBatches::new(2));
         assert!(accumulation.add(&model, grads(&model, 1.0, true)).is_none());
-        assert!(accumulation.between_steps("a checkpoint").is_err());
+        assert!(matches!(
+            accumulation.between_steps("a checkpoint"),
+            Err(gradwire_optim::OptimError::InvalidArgument(_))
+        ));
         let mean = accumulation
             .add(&model, grads(&model, 3.0, false))
             .expect("the step's last micro-batch");

@@ -108,7 +108,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         optimizer: ModuleOptimizer,
         sync: GradSync<C>,
         strategy: StrategyConfig,
-        micro_batches: u32,
+        micro_batches: gradwire_optim::MicroBatches,
     ) -> Result<Self> {
         if strategy
             == (StrategyConfig::Partial {
@@ -186,13 +186,8 @@ impl<C: Communicator + 'static> DataParallel<C> {
             }
             Ok(())
         };
-        let stats = if joined {
-            match self.sync.join_step(write)? {
-                Some(stats) => stats,
-                None => return Ok(None),
-            }
-        } else {
-            self.sync.finish_each(write)?
+        let Some(stats) = self.sync.finish_each_or_join(joined, write)? else {
+            return Ok(None);
         };
         self.last = stats;
         gradients_from(module, &self.params, &mut self.combined).map(Some)

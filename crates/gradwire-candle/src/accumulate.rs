@@ -8,15 +8,12 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
-use gradwire_optim::OptimError;
+use gradwire_optim::{MicroBatches, OptimError};
 
 /// The sums of the micro-batches of the local step in progress.
 #[derive(Debug)]
 pub(crate) struct LocalAccumulation {
-    /// Micro-batches per step.
-    micro_batches: u32,
-    /// Micro-batches of this step so far.
-    micro: u32,
+    micro: MicroBatches,
     /// Per variable, the sum of its gradients so far.
     sums: Vec<Option<Tensor>>,
     /// The first failure of this step's sums, for the step to carry to
@@ -25,12 +22,11 @@ pub(crate) struct LocalAccumulation {
 }
 
 impl LocalAccumulation {
-    /// For `vars` variables and `micro_batches` per step (1: no
+    /// For `vars` variables and `micro` micro-batches per step (1: no
     /// accumulation).
-    pub(crate) fn new(vars: usize, micro_batches: u32) -> LocalAccumulation {
+    pub(crate) fn new(vars: usize, micro: MicroBatches) -> LocalAccumulation {
         LocalAccumulation {
-            micro_batches: micro_batches.max(1),
-            micro: 0,
+            micro,
             sums: vec![None; vars],
             failure: None,
         }
@@ -39,14 +35,7 @@ impl LocalAccumulation {
     /// An error if a step is between its micro-batches (`what`, a
     /// checkpoint or a restore, must come between steps).
     pub(crate) fn between_steps(&self, what: &str) -> Result<(), OptimError> {
-        if self.micro > 0 {
-            return Err(OptimError::between_micro_batches(
-                what,
-                self.micro,
-                self.micro_batches,
-            ));
-        }
-        Ok(())
+        self.micro.between_steps(what)
     }
 
     /// Adds this micro-batch's gradients of `vars` from `grads`. `None`
@@ -59,7 +48,7 @@ impl LocalAccumulation {
         vars: &[(String, Var)],
         grads: GradStore,
     ) -> Option<(GradStore, Option<String>)> {
-        if self.micro_batches == 1 {
+        if self.micro.per_step() == 1 {
             return Some((grads, None));
         }
         for ((name, var), sum) in vars.iter().zip(&mut self.sums) {
@@ -78,11 +67,10 @@ impl LocalAccumulation {
                 }
             }
         }
-        self.micro += 1;
-        if self.micro < self.micro_batches {
+        if !self.micro.count() {
             return None;
         }
-        let factor = 1.0 / f64::from(self.micro_batches);
+        let factor = 1.0 / f64::from(self.micro.per_step());
         let mut mean = GradStore::default();
         for ((name, var), sum) in vars.iter().zip(&mut self.sums) {
             if let Some(s) = sum.take() {
@@ -97,7 +85,6 @@ impl LocalAccumulation {
                 }
             }
         }
-        self.micro = 0;
         Some((mean, self.failure.take()))
     }
 }

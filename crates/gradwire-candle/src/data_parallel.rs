@@ -186,7 +186,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         config: O::Config,
         sync: GradSync<C>,
         strategy: StrategyConfig,
-        micro_batches: u32,
+        micro_batches: gradwire_optim::MicroBatches,
     ) -> Result<Self> {
         let optimizer = O::new_checked(vars.iter().map(|(_, v)| v.clone()).collect(), config)?;
         let averages_state = strategy
@@ -272,13 +272,8 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
             written[i] = true;
             Ok(())
         };
-        let stats = if joined {
-            match self.sync.join_step(write)? {
-                Some(stats) => stats,
-                None => return Ok(None),
-            }
-        } else {
-            self.sync.finish_each(write)?
+        let Some(stats) = self.sync.finish_each_or_join(joined, write)? else {
+            return Ok(None);
         };
         if identity && !stats.non_finite && !stats.accumulated {
             self.last = stats;

@@ -705,6 +705,22 @@ impl<C: Communicator + 'static> GradSync<C> {
         })
     }
 
+    /// The end of a step for a front end that takes uneven inputs:
+    /// [`GradSync::finish_each`] on a rank still stepping (`joined`
+    /// false), [`GradSync::join_step`] on one that has joined (`None` once
+    /// every rank has).
+    pub fn finish_each_or_join<T: WithDType>(
+        &mut self,
+        joined: bool,
+        write: impl FnMut(usize, &[T]) -> Result<()>,
+    ) -> Result<Option<StepStats>> {
+        if joined {
+            self.join_step(write)
+        } else {
+            self.finish_each(write).map(Some)
+        }
+    }
+
     /// For a front end whose loops of local steps step the framework's
     /// optimizer on the framework's gradients (gradwire-candle's and
     /// gradwire-burn's `DataParallel`): the configuration to build
@@ -713,9 +729,11 @@ impl<C: Communicator + 'static> GradSync<C> {
     /// (GradSync then takes one micro-batch per step: [`GradSync::new`]
     /// refuses more there); elsewhere 1 (the engine accumulates). An
     /// `accumulate` of 0 is an error.
-    pub fn local_micro_batches(mut config: DistOptConfig) -> Result<(DistOptConfig, u32)> {
+    pub fn local_micro_batches(
+        mut config: DistOptConfig,
+    ) -> Result<(DistOptConfig, crate::MicroBatches)> {
         if config.strategy.training_loop() != TrainingLoop::LocalSteps {
-            return Ok((config, 1));
+            return Ok((config, crate::MicroBatches::new(1)));
         }
         if config.accumulate == 0 {
             return Err(OptimError::InvalidArgument(
@@ -723,7 +741,7 @@ impl<C: Communicator + 'static> GradSync<C> {
             ));
         }
         let micro_batches = std::mem::replace(&mut config.accumulate, 1);
-        Ok((config, micro_batches))
+        Ok((config, crate::MicroBatches::new(micro_batches)))
     }
 
     /// Whether this step's combined gradients will be bitwise the ones

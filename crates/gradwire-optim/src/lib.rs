@@ -31,6 +31,7 @@ pub mod checkpoint;
 mod distopt;
 mod error;
 pub mod grad_sync;
+mod micro_batches;
 mod onebit_adam;
 mod optimizer;
 mod rules;
@@ -47,6 +48,7 @@ pub use distopt::{
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};
+pub use micro_batches::MicroBatches;
 pub use onebit_adam::{OneBitAdam, OneBitAdamConfig, OneBitAdamRule, OneBitAdamValues};
 pub use optimizer::{Optim, Optimizer, StateBuffers, UpdateRule};
 #[cfg(feature = "cuda")]
