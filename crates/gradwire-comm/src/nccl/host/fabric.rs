@@ -2,10 +2,11 @@
 //! join, and how their streams' collectives and transfers meet, under
 //! NCCL's rules (listed in `host/mod.rs`).
 //!
-//! Everything is under one lock per communicator, data copies included,
-//! so an abort never races a copy out of or into the aborting rank's
-//! memory: an aborted rank's posts are withdrawn before its stream moves
-//! on (and frees what they point at).
+//! Everything is under one lock per communicator, every copy out of or
+//! into another rank's memory included, so an abort never races one: an
+//! aborted rank's posts are withdrawn before its stream moves on (and
+//! frees what they point at). Only a rank's copy of a collective's result
+//! into its own memory runs outside the lock, on its own stream.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -247,11 +248,7 @@ impl Fabric {
         let world = self.world;
         let mut state = lock(&self.state);
         Fabric::check(&state, rank, "collective")?;
-        let seq = {
-            let next = state.next_collective.entry(rank).or_insert(0);
-            *next += 1;
-            *next - 1
-        };
+        let seq = take_next(&mut state.next_collective, rank);
         let slot = state.collectives.entry(seq).or_default();
         slot.calls.insert(rank, (call, send));
         if slot.calls.len() == world {
@@ -482,11 +479,7 @@ impl Fabric {
         let world = self.world;
         let mut state = lock(&self.state);
         Fabric::check(&state, rank, "ncclCommSplit")?;
-        let seq = {
-            let next = state.next_split.entry(rank).or_insert(0);
-            *next += 1;
-            *next - 1
-        };
+        let seq = take_next(&mut state.next_split, rank);
         let slot = state.splits.entry(seq).or_default();
         slot.entries.insert(rank, (color, key));
         if slot.entries.len() == world {
@@ -538,6 +531,13 @@ impl Fabric {
         }
         Ok(mine)
     }
+}
+
+/// `rank`'s next number in `counters` (0 first), counted.
+fn take_next(counters: &mut HashMap<usize, u64>, rank: usize) -> u64 {
+    let next = counters.entry(rank).or_insert(0);
+    *next += 1;
+    *next - 1
 }
 
 /// The result of `call` from every rank's input (in rank order): the
