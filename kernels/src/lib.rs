@@ -5,8 +5,10 @@
 //! table of modules re-exported here ([`MODULES`]), so this crate has no build
 //! script and no dependencies and builds on any machine. Beside it, one module
 //! per source declares each kernel's typed signature (e.g.
-//! [`select::RADIX_HISTOGRAM_F32`], a [`Kernel`]): what gradwire-tensor's
-//! typed launch checks every launch against. gradwire-tensor loads a module's
+//! [`select::RADIX_HISTOGRAM_F32`], a [`Kernel`]) and [`Kernel::check`], the
+//! one check of a launch against it (gradwire-tensor's typed launch on a GPU,
+//! gradwire-kernels-host's execution on the CPU), with the launch
+//! [`plan`]s both use. gradwire-tensor loads a module's
 //! PTX lazily, on first use on a device, and caches it.
 //!
 //! The tests of this crate fail when a source changed after its PTX was
@@ -19,13 +21,17 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod check;
 pub mod fnv;
 mod generated;
 pub mod lint;
+pub mod plan;
 mod signature;
 mod table;
 
+pub use check::{MAX_PARAMS, Operand, Refusal};
 pub use generated::MODULES;
+pub use plan::{BLOCK, Blocks, MAX_GRID, blocks_for};
 pub use signature::{Access, CType, Extent, Grid, Kernel, LaunchShape, Param};
 pub use table::{
     ALL, adasum, cast, comm, elementwise, feedback, lowrank, optim, quant, reduce, select,

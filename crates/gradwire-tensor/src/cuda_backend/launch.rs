@@ -15,15 +15,17 @@
 //! a launch that does not is an [`Error::InvalidArgument`] naming the
 //! kernel and the parameter.
 //!
-//! Also here: the geometry of grid-stride launches, and the operand checks
-//! the launchers share to refuse bad input with their own names before they
-//! queue the first of several kernels.
+//! The check itself is gradwire-kernels' [`Kernel::check`] (shared with the
+//! CPU execution of the kernels in gradwire-kernels-host), plus the device of
+//! each buffer; the grids are gradwire-kernels' launch plans ([`Blocks`]).
+//! Also here: the operand checks the launchers share to refuse bad input
+//! with their own names before they queue the first of several kernels.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, LaunchConfig, PushKernelArg};
-use gradwire_kernels::{Access, CType, Grid, Kernel, LaunchShape, Param};
+use gradwire_kernels::{CType, Kernel, Operand as Checked, Refusal};
 
 use super::device_vec::{DeviceScalar, DeviceVec};
 use super::driver::{CudaDevice, CudaStorage};
@@ -31,42 +33,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Threads per block: `GW_BLOCK` in `kernels/cuda/gradwire.cuh`, which the
-/// block algorithms check (`GW_REQUIRE_BLOCK`).
-pub const BLOCK: u32 = 256;
-
-/// The most blocks a grid-stride launch uses: enough to fill any current GPU
-/// (a few thousand resident blocks), few enough that per-block partial
-/// results stay small.
-pub const MAX_GRID: u32 = 4096;
-
-/// The number of blocks a grid-stride launch over `n` elements uses: about
-/// one element per thread, at least one block, at most [`MAX_GRID`].
-pub fn blocks_for(n: usize) -> u32 {
-    let blocks = n.div_ceil(BLOCK as usize).clamp(1, MAX_GRID as usize);
-    // In range by the clamp.
-    u32::try_from(blocks).unwrap_or(MAX_GRID)
-}
-
-/// The grid of a launch, in blocks of [`BLOCK`] threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Blocks {
-    /// A grid-stride launch over this many elements ([`blocks_for`]).
-    Over(usize),
-    /// Exactly `x` by `y` blocks (block algorithms with per-block outputs;
-    /// a zero is taken as one).
-    Exactly(u32, u32),
-}
-
-impl Blocks {
-    /// The grid as `(x, y)` blocks.
-    pub fn grid(self) -> (u32, u32) {
-        match self {
-            Blocks::Over(n) => (blocks_for(n), 1),
-            Blocks::Exactly(x, y) => (x.max(1), y.max(1)),
-        }
-    }
-}
+pub use gradwire_kernels::{BLOCK, Blocks, MAX_GRID, blocks_for};
 
 /// A driver error as gradwire-tensor's [`Error::Cuda`], naming the call.
 pub fn driver_error(call: &str, e: DriverError) -> Error {
@@ -571,90 +538,39 @@ fn refuse(kernel: &Kernel, detail: String) -> Error {
     Error::InvalidArgument(format!("launching `{}`: {detail}", kernel.name()))
 }
 
-/// The most parameters a kernel may have (the widest has 12).
-const MAX_PARAMS: usize = 16;
-
 /// Whether `args` on `grid` are what `kernel` declares (see [`Launch::run`]).
 /// Allocates nothing: it runs before every launch.
 fn check(kernel: &Kernel, args: &[Operand<'_>], grid: (u32, u32), ordinal: usize) -> Result<()> {
     check_described(kernel, args.iter().map(|a| a.what), grid, ordinal)
 }
 
-/// [`check`] on what is known of each argument.
+/// [`check`] on what is known of each argument: gradwire-kernels'
+/// [`Kernel::check`], then the device of each buffer.
 fn check_described(
     kernel: &Kernel,
     args: impl ExactSizeIterator<Item = Described> + Clone,
     grid: (u32, u32),
     ordinal: usize,
 ) -> Result<()> {
-    let params = kernel.params();
-    if args.len() != params.len() {
-        return Err(refuse(
-            kernel,
-            format!("{} arguments for {} parameters", args.len(), params.len()),
-        ));
-    }
-    if kernel.grid() == Grid::OneBlock && grid != (1, 1) {
-        return Err(refuse(
-            kernel,
-            format!("a single-block kernel launched on {grid:?} blocks"),
-        ));
-    }
-    if params.len() > MAX_PARAMS {
-        return Err(refuse(kernel, format!("more than {MAX_PARAMS} parameters")));
-    }
-    let mut integers = [None; MAX_PARAMS];
-    for (slot, arg) in integers.iter_mut().zip(args.clone()) {
-        if let Described::Value(v) = arg {
-            *slot = v.integer();
-        }
-    }
-    let shape = LaunchShape::new(&integers[..params.len()], grid);
-    for (i, (param, arg)) in params.iter().zip(args).enumerate() {
-        let mismatch = |what: String| refuse(kernel, format!("parameter {i}: {what}"));
-        match (param, arg) {
-            (Param::Value(ty), Described::Value(v)) if v.ctype() == *ty => {}
-            (Param::Value(ty), _) => return Err(mismatch(format!("expected a {ty:?} value"))),
-            (Param::Pointer { nullable: true, .. }, Described::Null) => {}
-            (
-                Param::Pointer {
-                    elem,
-                    access,
-                    extent,
-                    ..
-                },
-                Described::Memory {
-                    writes,
-                    elem: got,
-                    len,
-                    ordinal: on,
-                },
-            ) => {
-                if (*access == Access::Write) != writes {
-                    return Err(mismatch(format!(
-                        "the kernel's access is {access:?}, the argument's the other"
-                    )));
-                }
-                if got != *elem {
-                    return Err(mismatch(format!("{got:?} elements for {elem:?}")));
-                }
-                if on != ordinal {
-                    return Err(Error::DeviceMismatch {
-                        op: kernel.name(),
-                        expected: Device::Cuda(ordinal),
-                        got: Device::Cuda(on),
-                    });
-                }
-                let needed = extent(&shape).ok_or(Error::ShapeOverflow)?;
-                if u64::try_from(len).map_or(true, |len| len < needed) {
-                    return Err(mismatch(format!(
-                        "{len} elements where the kernel may touch {needed}"
-                    )));
-                }
-            }
-            (Param::Pointer { .. }, _) => {
-                return Err(mismatch("expected device memory".into()));
-            }
+    let checked = args.clone().map(|arg| match arg {
+        Described::Memory {
+            writes, elem, len, ..
+        } => Checked::Memory { writes, elem, len },
+        Described::Null => Checked::Null,
+        Described::Value(v) => Checked::Value {
+            ty: v.ctype(),
+            integer: v.integer(),
+        },
+    });
+    kernel
+        .check(checked, grid)
+        .map_err(|refusal| match refusal {
+            Refusal::Overflow { .. } => Error::ShapeOverflow,
+            Refusal::Invalid(why) => refuse(kernel, why),
+        })?;
+    for arg in args {
+        if let Described::Memory { ordinal: on, .. } = arg {
+            require_ordinal(kernel.name(), ordinal, on)?;
         }
     }
     Ok(())
