@@ -42,3 +42,17 @@ impl Blocks {
         }
     }
 }
+
+// Named plans of the kernels whose grid is not a grid-stride launch
+// (`Blocks::Exactly`), one section per module, each used by its CUDA
+// launcher and by gradwire-kernels-host's tests.
+
+// -- select.cu --
+
+// -- quant.cu --
+
+// -- lowrank.cu --
+
+// -- adasum.cu --
+
+// -- reduce.cu --

@@ -3,3 +3,14 @@
 
 mod common;
 mod execution;
+
+mod adasum;
+mod cast;
+mod comm;
+mod elementwise;
+mod feedback;
+mod lowrank;
+mod optim;
+mod quant;
+mod reduce;
+mod select;

@@ -1,0 +1,1 @@
+//! `kernels/cuda/cast.cu` on the CPU against gradwire's CPU code (being written).
