@@ -49,10 +49,116 @@ impl Blocks {
 
 // -- select.cu --
 
+/// The digit shifts of the radix select's passes over the 31-bit magnitude
+/// keys, most significant first: one `radix_histogram_f32` and one
+/// `radix_select_digit` launch per shift.
+pub const RADIX_SHIFTS: [u32; 4] = [24, 16, 8, 0];
+
+/// The tiling of `select_count_f32` and `select_compact_f32` over `n`
+/// elements: `(tile, tiles)`, launched as `Blocks::Exactly(tiles, 1)`, block
+/// `b` handling elements `[b tile, (b + 1) tile)`. `tile` is a multiple of
+/// [`BLOCK`], there are at most [`MAX_GRID`] tiles, at least one, and (for
+/// `n >= 1`) none is empty.
+pub fn select_tiles(n: usize) -> (usize, u32) {
+    let block = BLOCK as usize;
+    let tiles = n.div_ceil(block).clamp(1, MAX_GRID as usize);
+    let tile = n.div_ceil(tiles).div_ceil(block).max(1) * block;
+    let tiles = n.div_ceil(tile).max(1);
+    // At most MAX_GRID: no more than the clamped count above.
+    (tile, u32::try_from(tiles).unwrap_or(MAX_GRID))
+}
+
 // -- quant.cu --
+
+/// The grid of the quantizers' encoders (`quant_sign_encode_f32`,
+/// `quant_qsgd_encode_f32`, `quant_minmax_encode_f32`) over `chunks`
+/// payload chunks of 512 entries: one block per chunk, at most [`MAX_GRID`]
+/// blocks (each then strides over the chunks `MAX_GRID` apart).
+pub fn quant_encode(chunks: usize) -> Blocks {
+    let blocks = chunks.clamp(1, MAX_GRID as usize);
+    // In range by the clamp.
+    Blocks::Exactly(u32::try_from(blocks).unwrap_or(MAX_GRID), 1)
+}
 
 // -- lowrank.cu --
 
+/// Outputs of one block of `lowrank_project_f32` (`GW_LOWRANK_OUTPUTS`):
+/// eight threads (the dot product's eight lanes) each.
+const LOWRANK_PROJECT_OUTPUTS: usize = BLOCK as usize / 8;
+
+/// The grid of `lowrank_project_f32` over `outputs` entries of `P`
+/// (`rows x rank`): 32 outputs per block of [`BLOCK`] threads, at least one
+/// block, at most [`MAX_GRID`] (the blocks stride over the rest).
+pub fn lowrank_project(outputs: usize) -> Blocks {
+    let blocks = outputs
+        .div_ceil(LOWRANK_PROJECT_OUTPUTS)
+        .clamp(1, MAX_GRID as usize);
+    // In range by the clamp.
+    Blocks::Exactly(u32::try_from(blocks).unwrap_or(MAX_GRID), 1)
+}
+
+/// The grid of `lowrank_orthonormalize_f32`: one block per matrix (its
+/// Gram-Schmidt runs its f64 sums as reductions over the block).
+pub fn lowrank_orthonormalize() -> Blocks {
+    Blocks::Exactly(1, 1)
+}
+
 // -- adasum.cu --
 
+/// The most tensors an AdaSum launch's grid covers in y (CUDA's limit on
+/// `gridDim.y`); the kernels stride over the rest.
+const ADASUM_MAX_GRID_Y: usize = 65_535;
+
+/// Block columns per tensor of `adasum_partials_f32` (the `columns` that
+/// `adasum_finish_f64` adds up): one per 16 blocks' worth of the longest
+/// tensor range (clipped to the piece the launch covers), at least one, at
+/// most 256, so the f64 partials stay few and the launch shape depends only
+/// on the ranges.
+pub fn adasum_columns(longest: usize) -> usize {
+    longest.div_ceil(BLOCK as usize * 16).clamp(1, 256)
+}
+
+/// The grid of AdaSum's kernels over `tensors` tensor ranges, `x` blocks per
+/// tensor: `x` by `tensors`, at least one in each, at most 65535 in y.
+fn adasum_grid(x: u32, tensors: usize) -> Blocks {
+    let y = tensors.clamp(1, ADASUM_MAX_GRID_Y);
+    // In range by the clamp.
+    Blocks::Exactly(x.max(1), u32::try_from(y).unwrap_or(u16::MAX.into()))
+}
+
+/// The grid of `adasum_partials_f32` over `tensors` ranges whose longest
+/// (clipped) range has `longest` elements: [`adasum_columns`] block columns
+/// by one row per tensor (at most 65535 rows; the kernel strides).
+pub fn adasum_partials(longest: usize, tensors: usize) -> Blocks {
+    // In range: at most 256.
+    let x = u32::try_from(adasum_columns(longest)).unwrap_or(256);
+    adasum_grid(x, tensors)
+}
+
+/// The grid of `adasum_finish_f64` over `tensors` tensors: one block per
+/// tensor, at least one, at most [`MAX_GRID`] (the blocks stride over the
+/// rest).
+pub fn adasum_finish(tensors: usize) -> Blocks {
+    let blocks = tensors.clamp(1, MAX_GRID as usize);
+    // In range by the clamp.
+    Blocks::Exactly(u32::try_from(blocks).unwrap_or(MAX_GRID), 1)
+}
+
+/// The grid of `adasum_combine_f32` over `tensors` ranges whose longest
+/// (clipped) range has `longest` elements: one block column per [`BLOCK`]
+/// elements of it, at least one, at most 1024, by one row per tensor (at
+/// most 65535 rows; the kernel strides in both).
+pub fn adasum_combine(longest: usize, tensors: usize) -> Blocks {
+    let x = longest.div_ceil(BLOCK as usize).clamp(1, 1024);
+    // In range by the clamp.
+    adasum_grid(u32::try_from(x).unwrap_or(1024), tensors)
+}
+
 // -- reduce.cu --
+
+/// The grid of a `<op>_partial_<dtype>` reduction over `n` elements: one f64
+/// partial per block, as many blocks as a grid-stride launch over `n`
+/// ([`blocks_for`]); `finish_sum_f64` then adds them on one block.
+pub fn partial_sums(n: usize) -> Blocks {
+    Blocks::Exactly(blocks_for(n), 1)
+}

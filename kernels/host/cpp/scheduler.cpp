@@ -1,11 +1,12 @@
 // scheduler.cpp: the fibers that run a block's threads (see cuda_host.h).
 //
-// Each thread of a block is a ucontext fiber with its own stack (a guard
-// page below it). The scheduler runs every runnable fiber in thread order
-// (or reverse order, to expose a missing barrier the other way round) until
-// it yields at a barrier or a warp intrinsic or returns; then it resolves
-// one warp intrinsic or the block barrier, or reports why nothing can
-// progress.
+// Each thread of a block is a fiber with its own stack (a guard page below
+// it), switched by a few instructions on x86-64 (the callee-saved registers,
+// the SSE and x87 control words: no system call) and by ucontext elsewhere.
+// The scheduler runs every runnable fiber in thread order (or reverse order,
+// to expose a missing barrier the other way round) until it yields at a
+// barrier or a warp intrinsic or returns; then it resolves one warp
+// intrinsic or the block barrier, or reports why nothing can progress.
 
 #include "cuda_host.h"
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -29,10 +31,80 @@ thread_local Current* current = nullptr;
 
 namespace {
 
+#if defined(__x86_64__)
+// gw_host_switch(&from_sp, to_sp): saves the callee-saved registers and the
+// MXCSR and x87 control words on the current stack, stores its pointer in
+// *from_sp, and resumes the stack to_sp as saved.
+extern "C" void gw_host_switch(void** from_sp, void* to_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .type gw_host_switch, @function
+gw_host_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size gw_host_switch, .-gw_host_switch
+)");
+
+struct Context {
+    void* sp = nullptr;
+};
+
+// Prepares `c` to start `entry` (which never returns) on `stack`.
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t{15};
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;                               // entry's return address: none
+    *--sp = reinterpret_cast<void*>(entry);        // gw_host_switch's ret
+    for (int r = 0; r < 6; ++r) *--sp = nullptr;   // rbp rbx r12-r15
+    unsigned control[2];
+    asm volatile("stmxcsr %0" : "=m"(control[0]));
+    asm volatile("fnstcw %0" : "=m"(control[1]));
+    --sp;
+    std::memcpy(sp, control, sizeof control);
+    c.sp = sp;
+}
+
+void switch_context(Context& from, Context& to) { gw_host_switch(&from.sp, to.sp); }
+#else
+struct Context {
+    ucontext_t uc;
+};
+
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
 enum State { RUNNABLE, AT_BARRIER, AT_WARP, DONE };
 
 struct Fiber {
-    ucontext_t context;
+    Context context;
     State state;
     int warp_op;
     unsigned warp_mask;
@@ -82,7 +154,7 @@ class Stacks {
 thread_local Stacks stacks;
 
 struct Block {
-    ucontext_t scheduler;
+    Context scheduler;
     std::vector<Fiber> fibers;
     size_t running = 0;
     void (*body)(void* const*) = nullptr;
@@ -112,17 +184,20 @@ void fail(Block& b, const char* format, ...) {
     }
 }
 
+// Yields the running fiber back to the scheduler.
+void yield() {
+    Block& b = *block;
+    switch_context(b.fibers[b.running].context, b.scheduler);
+}
+
+// A fiber's first frame: runs the thread's kernel call, then hands back to
+// the scheduler for good.
 void fiber_main() {
     Block& b = *block;
     b.body(b.args);
     b.fibers[b.running].state = DONE;
-    // uc_link returns to the scheduler.
-}
-
-// Yields the running fiber back to the scheduler.
-void yield() {
-    Block& b = *block;
-    swapcontext(&b.fibers[b.running].context, &b.scheduler);
+    yield();
+    std::abort();  // a finished fiber is never resumed
 }
 
 // Resolves one warp whose named lanes have all arrived. Returns 1 when one
@@ -253,11 +328,8 @@ bool run_block(Block& b, char* stack_base, unsigned bx, unsigned by) {
         f.position.block_idx = Dim3{bx, by, 0};
         f.position.block_dim = Dim3{l.block_x, 1, 1};
         f.position.grid_dim = Dim3{l.grid_x, l.grid_y, 1};
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = stack_base + t * Stacks::slot() + Stacks::page();
-        f.context.uc_stack.ss_size = Stacks::kStack;
-        f.context.uc_link = &b.scheduler;
-        makecontext(&f.context, fiber_main, 0);
+        make_context(f.context, stack_base + t * Stacks::slot() + Stacks::page(),
+                     Stacks::kStack, fiber_main);
     }
     for (;;) {
         bool all_done = true;
@@ -267,7 +339,7 @@ bool run_block(Block& b, char* stack_base, unsigned bx, unsigned by) {
             if (f.state == RUNNABLE) {
                 b.running = t;
                 current = &f.position;
-                swapcontext(&b.scheduler, &f.context);
+                switch_context(b.scheduler, f.context);
                 current = nullptr;
                 if (b.failed) return false;
             }

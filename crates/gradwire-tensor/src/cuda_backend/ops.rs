@@ -24,7 +24,7 @@ use gradwire_kernels::{Kernel, cast, elementwise, reduce};
 use super::device_vec::DeviceVec;
 use super::driver::{CudaDevice, CudaStorage};
 use super::launch::{
-    Blocks, Launch, blocks_for, by_dtype, driver_error, out_of_bounds, require_like,
+    Blocks, Launch, by_dtype, driver_error, out_of_bounds, require_like,
     require_same_device, window,
 };
 use crate::dtype::DType;
@@ -289,8 +289,8 @@ impl CudaStorage {
             return Ok(0.0);
         }
         let device = self.device_arc();
-        let grid = blocks_for(n);
-        let mut partials = DeviceVec::<f64>::zeros(&device, grid as usize)?;
+        let plan = gradwire_kernels::plan::partial_sums(n);
+        let mut partials = DeviceVec::<f64>::zeros(&device, plan.grid().0 as usize)?;
         let mut launch = Launch::new(&device, kernel).read(self);
         if let Some(other) = other {
             launch = launch.read(other);
@@ -298,7 +298,7 @@ impl CudaStorage {
         launch
             .len(n)
             .write(&mut partials)
-            .run(Blocks::Exactly(grid, 1))?;
+            .run(plan)?;
         finish_sum(&device, &partials)
     }
 
