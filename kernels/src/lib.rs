@@ -8,8 +8,8 @@
 //! [`select::RADIX_HISTOGRAM_F32`], a [`Kernel`]) and [`Kernel::check`], the
 //! one check of a launch against it (gradwire-tensor's typed launch on a GPU,
 //! gradwire-kernels-host's execution on the CPU), with the launch
-//! [`plan`]s both use. gradwire-tensor loads a module's
-//! PTX lazily, on first use on a device, and caches it.
+//! [`plan`]s both use. gradwire-tensor loads every module and
+//! kernel when it opens a device.
 //!
 //! The tests of this crate fail when a source changed after its PTX was
 //! generated (the hashes in `kernels/ptx/manifest.txt`, see [`fnv`]), when a

@@ -34,7 +34,7 @@ use std::time::Instant;
 /// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
 /// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
 /// `gradwire compare` draws its PNG plots with; g++ builds libFuzzer for the
-/// fuzz targets; fortunes is the corpus of the transformer's tests.
+/// fuzz targets and gradwire-kernels-host's CUDA kernels for the CPU; fortunes is the corpus of the transformer's tests.
 const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
     "pkg-config",
     "libopenmpi-dev",

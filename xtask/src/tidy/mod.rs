@@ -155,6 +155,9 @@ const POLICY: Policy<'static> = Policy {
         // buffers and kernel launches in cuda_backend/; its root forbids
         // unsafe code without that feature.
         "crates/gradwire-tensor",
+        // The calls into the CUDA kernels compiled for the CPU (their
+        // generated launchers, C ABI) with staged buffers; tests only.
+        "kernels/host",
     ],
     deny_unsafe: &[
         // No unsafe code of its own, but ndarray's `s!` expands to an

@@ -68,13 +68,21 @@ fn driver_too_old(version: i32) -> Option<String> {
 }
 
 /// One CUDA device: its primary context, the stream gradwire uses on it and
-/// the kernel modules loaded so far. Shared (`Arc`) by every tensor on it;
+/// every kernel module and function of gradwire-kernels, loaded when the
+/// device is opened. Shared (`Arc`) by every tensor on it;
 /// [`CudaDevice::get`] returns the same one for the same ordinal.
+///
+/// Loading everything up front keeps module loads out of a training step: a
+/// load may synchronise the context, which would stall behind a collective
+/// another communicator (NcclComm's shadow) has running on the device.
 pub struct CudaDevice {
     ordinal: usize,
-    context: Arc<CudaContext>,
+    /// The default stream of the device's primary context (which it keeps
+    /// alive, as do the modules).
     stream: Arc<CudaStream>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+    /// Every kernel, by (module, entry).
+    functions: HashMap<(&'static str, &'static str), CudaFunction>,
 }
 
 impl fmt::Debug for CudaDevice {
@@ -117,11 +125,25 @@ impl CudaDevice {
         let context = CudaContext::new(ordinal)
             .map_err(|e| Error::CudaUnavailable(format!("device {ordinal}: {e:?}")))?;
         let stream = context.default_stream();
+        let mut modules = HashMap::new();
+        let mut functions = HashMap::new();
+        for ptx in gradwire_kernels::MODULES {
+            let module = context
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx))
+                .map_err(|e| driver_error(&format!("loading the PTX of `{}`", ptx.name), e))?;
+            for &entry in ptx.entries {
+                let function = module.load_function(entry).map_err(|e| {
+                    driver_error(&format!("kernel `{entry}` of `{}`", ptx.name), e)
+                })?;
+                functions.insert((ptx.name, entry), function);
+            }
+            modules.insert(ptx.name, module);
+        }
         let device = Arc::new(CudaDevice {
             ordinal,
-            context,
             stream,
-            modules: Mutex::default(),
+            modules,
+            functions,
         });
         devices.insert(ordinal, Arc::clone(&device));
         Ok(device)
@@ -137,30 +159,24 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// The kernel module `name` of gradwire-kernels, loaded into this
-    /// device's context on first use and cached.
+    /// The kernel module `name` of gradwire-kernels (loaded when the device
+    /// was opened).
     pub fn module(&self, name: &str) -> Result<Arc<CudaModule>> {
-        let ptx = gradwire_kernels::module(name)
-            .ok_or_else(|| Error::InvalidArgument(format!("no kernel module `{name}`")))?;
-        let mut modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(module) = modules.get(ptx.name) {
-            return Ok(Arc::clone(module));
-        }
-        let module = self
-            .context
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx))
-            .map_err(|e| driver_error(&format!("loading the PTX of `{name}`"), e))?;
-        modules.insert(ptx.name, Arc::clone(&module));
-        Ok(module)
+        self.modules
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("no kernel module `{name}`")))
     }
 
     /// The kernel `kernel` of module `module` (a signature's
     /// [`module`](gradwire_kernels::Kernel::module) and
-    /// [`name`](gradwire_kernels::Kernel::name)).
+    /// [`name`](gradwire_kernels::Kernel::name)), loaded when the device was
+    /// opened.
     pub fn function(&self, module: &str, kernel: &str) -> Result<CudaFunction> {
-        self.module(module)?
-            .load_function(kernel)
-            .map_err(|e| driver_error(&format!("kernel `{kernel}` of `{module}`"), e))
+        self.functions
+            .get(&(module, kernel))
+            .cloned()
+            .ok_or_else(|| Error::InvalidArgument(format!("no kernel `{kernel}` in `{module}`")))
     }
 
     /// Waits until all work queued on the device's stream is done.
