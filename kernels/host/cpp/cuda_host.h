@@ -9,7 +9,9 @@
 // arrived and a warp intrinsic once every lane its mask names has, and reports
 // a barrier some threads have exited before, a lane missing from a warp
 // intrinsic and a deadlock as launch errors. Blocks run one after another,
-// so `__shared__` is a static, poisoned before each block. Atomics are plain
+// so `__shared__` is a thread-local static, filled with 0xff bytes (NaN,
+// all-ones integers) before each block: a read before the block's own
+// write sees poison, not a previous block's values. Atomics are plain
 // read-modify-writes (nothing runs concurrently); `atomicAdd` on a float
 // flushes subnormals to zero as `red.global.add.f32` does. The intrinsics are
 // written by their PTX definitions (rounding, saturation, NaN); the float
@@ -32,11 +34,11 @@
 #define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
-// Every `__shared__` variable of every kernel lives in one section, which the
-// scheduler fills with 0xff bytes (NaN, all-ones integers) before each block,
-// so a read before the block's own write sees poison, not a previous block's
-// values. Launches are serialised: there is one copy.
-#define __shared__ static __attribute__((section("gw_host_shared")))
+// build.rs rewrites each `__shared__ T name[N];` of the kernel sources as a
+// thread-local static registered with gw_host::shared_memory (so each OS
+// thread runs launches of its own, and the scheduler poisons every
+// registered variable before each block); one it missed fails to compile.
+#define __shared__ __shared___must_be_rewritten_by_build_rs
 
 namespace gw_host {
 
@@ -62,6 +64,10 @@ void sync_threads();
 // the same `op` and `mask`; returns the lane's result. `value` is the
 // lane's operand (a predicate, a value to match).
 unsigned warp_op(int op, unsigned mask, unsigned long long value);
+// Registers a `__shared__` variable of `bytes` bytes at `p` (its
+// declaration, as build.rs rewrites it): poisoned now if new, and before
+// every later block.
+void shared_memory(void* p, unsigned long bytes);
 // Ends the launch with an error (`__trap`).
 [[noreturn]] void trap(const char* why);
 

@@ -18,12 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <vector>
-
-// The bounds of the `__shared__` section (see cuda_host.h), from the linker.
-extern "C" char __start_gw_host_shared[] __attribute__((weak));
-extern "C" char __stop_gw_host_shared[] __attribute__((weak));
 
 namespace gw_host {
 
@@ -164,6 +159,13 @@ struct Block {
 };
 
 thread_local Block* block = nullptr;
+
+// The `__shared__` variables this OS thread's launches have declared.
+struct SharedVariable {
+    void* at;
+    unsigned long bytes;
+};
+thread_local std::vector<SharedVariable> shared_variables;
 
 void fail(Block& b, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
@@ -315,11 +317,7 @@ int resolve_barrier(Block& b) {
 // Runs one block. Returns false on an error.
 bool run_block(Block& b, char* stack_base, unsigned bx, unsigned by) {
     const size_t n = b.fibers.size();
-    char* const shared_begin = __start_gw_host_shared;
-    char* const shared_end = __stop_gw_host_shared;
-    if (shared_begin != nullptr && shared_end > shared_begin) {
-        std::memset(shared_begin, 0xff, static_cast<size_t>(shared_end - shared_begin));
-    }
+    for (const SharedVariable& v : shared_variables) std::memset(v.at, 0xff, v.bytes);
     const Launch& l = *b.launch;
     for (size_t t = 0; t < n; ++t) {
         Fiber& f = b.fibers[t];
@@ -366,6 +364,16 @@ bool run_block(Block& b, char* stack_base, unsigned bx, unsigned by) {
 
 }  // namespace
 
+void shared_memory(void* p, unsigned long bytes) {
+    for (const SharedVariable& v : shared_variables) {
+        if (v.at == p) return;
+    }
+    shared_variables.push_back(SharedVariable{p, bytes});
+    // First declared by the block running now, before any of its threads
+    // could write it.
+    std::memset(p, 0xff, bytes);
+}
+
 void sync_threads() {
     Block& b = *block;
     b.fibers[b.running].state = AT_BARRIER;
@@ -392,9 +400,6 @@ void trap(const char* why) {
 }
 
 int run(Launch* launch, void (*body)(void* const* args), void* const* args) {
-    // One launch at a time: shared memory is one static section.
-    static std::mutex one_at_a_time;
-    std::lock_guard<std::mutex> lock(one_at_a_time);
     Block b;
     b.launch = launch;
     b.body = body;

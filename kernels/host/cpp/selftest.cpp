@@ -11,7 +11,9 @@ typedef unsigned long long gw_u64;
 // out[block] = the sum of the block's thread indices, through shared memory
 // and a barrier.
 static void block_sum(gw_u32* out, gw_u64 n, bool barrier) {
-    __shared__ gw_u32 values[1024];
+    // `__shared__ gw_u32 values[1024];` as build.rs rewrites it.
+    static thread_local gw_u32 values[1024];
+    gw_host::shared_memory(values, sizeof values);
     values[threadIdx.x] = threadIdx.x + 1;
     if (barrier) __syncthreads();
     if (threadIdx.x == 0) {

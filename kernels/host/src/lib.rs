@@ -444,7 +444,9 @@ pub fn launch(
             message: String::from_utf8_lossy(&message[..end]).into_owned(),
         });
     }
-    for (i, (arg, stage)) in args.iter_mut().zip(&staged).enumerate() {
+    // Every check first, so a failed launch leaves the caller's memory as
+    // it was.
+    for (i, (arg, stage)) in args.iter().zip(&staged).enumerate() {
         let Some((stage, extent)) = stage else {
             continue;
         };
@@ -456,17 +458,18 @@ pub fn launch(
                 extent: *extent,
             });
         }
-        match arg {
-            Arg::Write { bytes, .. } => bytes[..stage.len].copy_from_slice(stage.data()),
-            Arg::Read { bytes, .. } => {
-                if bytes[..stage.len] != *stage.data() {
-                    return Err(Error::WroteReadOnly {
-                        kernel: name,
-                        param: i,
-                    });
-                }
-            }
-            _ => {}
+        if let Arg::Read { bytes, .. } = arg
+            && bytes[..stage.len] != *stage.data()
+        {
+            return Err(Error::WroteReadOnly {
+                kernel: name,
+                param: i,
+            });
+        }
+    }
+    for (arg, stage) in args.iter_mut().zip(&staged) {
+        if let (Arg::Write { bytes, .. }, Some((stage, _))) = (arg, stage) {
+            bytes[..stage.len].copy_from_slice(stage.data());
         }
     }
     Ok(())

@@ -11,22 +11,12 @@
 
 use std::ops::Range;
 
-use gradwire_kernels::adasum as k;
+use gradwire_kernels::{adasum as k, plan};
 use gradwire_tensor::cuda_backend::DeviceVec;
 use gradwire_tensor::cuda_backend::launch::{
-    BLOCK, Blocks, Launch, len_arg, require_f32, require_len, require_same_device, u32_arg,
+    Launch, len_arg, require_f32, require_len, require_same_device,
 };
 use gradwire_tensor::{CudaStorage, Error, Result};
-
-/// Most tensors one launch's grid covers in y (the kernels stride beyond).
-const MAX_GRID_Y: usize = 65_535;
-
-/// Block columns per tensor: one per 16 blocks' worth of the longest range,
-/// at most 256, so the f64 partials stay few and the launch shape depends
-/// only on the ranges.
-fn columns(longest: usize) -> usize {
-    longest.div_ceil(BLOCK as usize * 16).clamp(1, 256)
-}
 
 /// Each tensor's range clipped to `piece`, as the kernels' `(start, end)`
 /// pairs (an empty intersection gives `start == end`), and the longest.
@@ -64,13 +54,6 @@ fn check(
     Ok(())
 }
 
-fn grid(x: usize, y: usize) -> Result<Blocks> {
-    Ok(Blocks::Exactly(
-        u32_arg("grid x", x.max(1))?,
-        u32_arg("grid y", y.clamp(1, MAX_GRID_Y))?,
-    ))
-}
-
 /// `(a.b, |a|^2, |b|^2)` of every tensor range over `piece`, three f64 per
 /// tensor (zeros for a tensor outside the piece), like gradwire-algos's CPU
 /// partials within the rounding of f64 additions.
@@ -91,7 +74,9 @@ pub fn partials(
         return Ok(vec![0.0; 3 * count]);
     }
     let device = a.device();
-    let cols = columns(longest);
+    // The launch plans are gradwire-kernels' (`plan::adasum_*`), shared with
+    // gradwire-kernels-host's tests of these kernels.
+    let cols = plan::adasum_columns(longest);
     let ranges = DeviceVec::from_host(device, &ranges)?;
     let mut column_partials = DeviceVec::<f64>::zeros(device, 3 * count * cols)?;
     let mut sums = DeviceVec::<f64>::zeros(device, 3 * count)?;
@@ -102,13 +87,13 @@ pub fn partials(
         .read(&ranges)
         .len(count)
         .write(&mut column_partials)
-        .run(grid(cols, count)?)?;
+        .run(plan::adasum_partials(longest, count))?;
     Launch::new(device, &k::ADASUM_FINISH_F64)
         .read(&column_partials)
         .len(count)
         .len(cols)
         .write(&mut sums)
-        .run(grid(count.min(4096), 1)?)?;
+        .run(plan::adasum_finish(count))?;
     sums.to_host()
 }
 
@@ -135,7 +120,6 @@ pub fn combine(
     let ranges = DeviceVec::from_host(&device, &ranges)?;
     let sums = DeviceVec::from_host(&device, sums)?;
     let n = a.len();
-    let blocks_x = longest.div_ceil(BLOCK as usize).clamp(1, 1024);
     Launch::new(&device, &k::ADASUM_COMBINE_F32)
         .write(a)
         .read(b)
@@ -143,7 +127,7 @@ pub fn combine(
         .read(&ranges)
         .len(count)
         .read(&sums)
-        .run(grid(blocks_x, count)?)
+        .run(plan::adasum_combine(longest, count))
 }
 
 /// The pairwise rule on whole vectors, `a = adasum(a, b)` per tensor range

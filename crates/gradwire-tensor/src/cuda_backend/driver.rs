@@ -132,9 +132,9 @@ impl CudaDevice {
                 .load_module(cudarc::nvrtc::Ptx::from_src(ptx.ptx))
                 .map_err(|e| driver_error(&format!("loading the PTX of `{}`", ptx.name), e))?;
             for &entry in ptx.entries {
-                let function = module.load_function(entry).map_err(|e| {
-                    driver_error(&format!("kernel `{entry}` of `{}`", ptx.name), e)
-                })?;
+                let function = module
+                    .load_function(entry)
+                    .map_err(|e| driver_error(&format!("kernel `{entry}` of `{}`", ptx.name), e))?;
                 functions.insert((ptx.name, entry), function);
             }
             modules.insert(ptx.name, module);

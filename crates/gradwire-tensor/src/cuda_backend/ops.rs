@@ -24,8 +24,8 @@ use gradwire_kernels::{Kernel, cast, elementwise, reduce};
 use super::device_vec::DeviceVec;
 use super::driver::{CudaDevice, CudaStorage};
 use super::launch::{
-    Blocks, Launch, by_dtype, driver_error, out_of_bounds, require_like,
-    require_same_device, window,
+    Blocks, Launch, by_dtype, driver_error, out_of_bounds, require_like, require_same_device,
+    window,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -295,10 +295,7 @@ impl CudaStorage {
         if let Some(other) = other {
             launch = launch.read(other);
         }
-        launch
-            .len(n)
-            .write(&mut partials)
-            .run(plan)?;
+        launch.len(n).write(&mut partials).run(plan)?;
         finish_sum(&device, &partials)
     }
 

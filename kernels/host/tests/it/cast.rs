@@ -21,11 +21,23 @@ const OFFSETS: &[(usize, usize)] = &[(0, 0), (1, 0), (0, 3), (2, 2)];
 fn check_cast<S: WithDType + Element, D: WithDType + Element>(kernel: &Kernel) {
     for &n in LENGTHS {
         for &(src_at, dst_at) in OFFSETS {
-            let src: Vec<S> = floats(n, n as u64, true).into_iter().map(S::from_f32).collect();
+            let src: Vec<S> = floats(n, n as u64, true)
+                .into_iter()
+                .map(S::from_f32)
+                .collect();
             let dst = vec![D::from_f32(7.0); n];
-            let (got, _) = run_both(kernel, Blocks::Over(n), &(dst, src.clone()), |(dst, src)| {
-                vec![Arg::read_at(src, src_at), Arg::write_at(dst, dst_at), Arg::len(n)]
-            })
+            let (got, _) = run_both(
+                kernel,
+                Blocks::Over(n),
+                &(dst, src.clone()),
+                |(dst, src)| {
+                    vec![
+                        Arg::read_at(src, src_at),
+                        Arg::write_at(dst, dst_at),
+                        Arg::len(n),
+                    ]
+                },
+            )
             .unwrap_or_else(|e| panic!("{} n = {n}: {e}", kernel.name()));
             let mut want = vec![D::from_f32(0.0); n];
             ops::cast(&src, &mut want).expect("cpu cast");
@@ -78,8 +90,11 @@ fn check_encode<D: WithDType + Element>(kernel: &Kernel) {
                 // bound or 0, the scale.
                 let has_clip = i32::from(opts.clip.is_some());
                 let clip = opts.clip.unwrap_or(0.0);
-                let (got, _) =
-                    run_both(kernel, Blocks::Over(n), &(dst, src.clone()), |(dst, src)| {
+                let (got, _) = run_both(
+                    kernel,
+                    Blocks::Over(n),
+                    &(dst, src.clone()),
+                    |(dst, src)| {
                         vec![
                             Arg::read_at(src, src_at),
                             Arg::write_at(dst, dst_at),
@@ -88,8 +103,9 @@ fn check_encode<D: WithDType + Element>(kernel: &Kernel) {
                             Arg::value(clip),
                             Arg::value(opts.scale),
                         ]
-                    })
-                    .unwrap_or_else(|e| panic!("{} n = {n}: {e}", kernel.name()));
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{} n = {n}: {e}", kernel.name()));
                 let mut want = vec![D::from_f32(0.0); n];
                 encode(&src, &mut want, opts).expect("cpu encode");
                 assert_eq!(

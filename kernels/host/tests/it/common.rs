@@ -83,8 +83,10 @@ pub fn floats(n: usize, seed: u64, special: bool) -> Vec<f32> {
                 6 => sign * 2f32.powi(rng.random_range(-126..127)) * (1.0 + rng.random::<f32>()),
                 7 => sign * rng.random_range(1.0f32..70000.0),
                 8 => sign * f32::INFINITY,
-                _ => f32::from_bits(0x7f80_0001 | rng.random_range(0..0x0040_0000u32) | 0x0040_0000)
-                    * sign,
+                _ => {
+                    f32::from_bits(0x7f80_0001 | rng.random_range(0..0x0040_0000u32) | 0x0040_0000)
+                        * sign
+                }
             }
         })
         .collect()

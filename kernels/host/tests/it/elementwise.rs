@@ -14,8 +14,22 @@ use crate::common::{LENGTHS, bits, floats, nan_canonical, run_both};
 /// The six kernels of one dtype: fill, axpy, scale, add, mul, clamp.
 type Six = [&'static Kernel; 6];
 
-const F32: Six = [&k::FILL_F32, &k::AXPY_F32, &k::SCALE_F32, &k::ADD_F32, &k::MUL_F32, &k::CLAMP_F32];
-const F16: Six = [&k::FILL_F16, &k::AXPY_F16, &k::SCALE_F16, &k::ADD_F16, &k::MUL_F16, &k::CLAMP_F16];
+const F32: Six = [
+    &k::FILL_F32,
+    &k::AXPY_F32,
+    &k::SCALE_F32,
+    &k::ADD_F32,
+    &k::MUL_F32,
+    &k::CLAMP_F32,
+];
+const F16: Six = [
+    &k::FILL_F16,
+    &k::AXPY_F16,
+    &k::SCALE_F16,
+    &k::ADD_F16,
+    &k::MUL_F16,
+    &k::CLAMP_F16,
+];
 const BF16: Six = [
     &k::FILL_BF16,
     &k::AXPY_BF16,
@@ -28,7 +42,10 @@ const BF16: Six = [
 /// `y` and `x` of length `n` in `T`, from floats of every class.
 fn operands<T: WithDType>(n: usize, seed: u64) -> (Vec<T>, Vec<T>) {
     let y = floats(n, seed, true).into_iter().map(T::from_f32).collect();
-    let x = floats(n, seed + 1, true).into_iter().map(T::from_f32).collect();
+    let x = floats(n, seed + 1, true)
+        .into_iter()
+        .map(T::from_f32)
+        .collect();
     (y, x)
 }
 
@@ -52,12 +69,22 @@ fn check_dtype<T: WithDType + Element>(kernels: Six) {
             let both = (y.clone(), x.clone());
             for a in [1.5f32, -0.0, 3.0e-39] {
                 let (got, _) = run_both(axpy, Blocks::Over(n), &both, |(y, x)| {
-                    vec![Arg::write_at(y, offset), Arg::value(a), Arg::read_at(x, offset), Arg::len(n)]
+                    vec![
+                        Arg::write_at(y, offset),
+                        Arg::value(a),
+                        Arg::read_at(x, offset),
+                        Arg::len(n),
+                    ]
                 })
                 .unwrap_or_else(|e| panic!("{} a = {a}: {e}", case(axpy)));
                 let mut want = y.clone();
                 ops::axpy(&mut want, a, &x).expect("cpu axpy");
-                assert_eq!(nan_canonical(&got), nan_canonical(&want), "{} a = {a}", case(axpy));
+                assert_eq!(
+                    nan_canonical(&got),
+                    nan_canonical(&want),
+                    "{} a = {a}",
+                    case(axpy)
+                );
 
                 let got = run_both(scale, Blocks::Over(n), &y, |y| {
                     vec![Arg::write_at(y, offset), Arg::value(a), Arg::len(n)]
@@ -65,20 +92,40 @@ fn check_dtype<T: WithDType + Element>(kernels: Six) {
                 .unwrap_or_else(|e| panic!("{} a = {a}: {e}", case(scale)));
                 let mut want = y.clone();
                 ops::scale(&mut want, a);
-                assert_eq!(nan_canonical(&got), nan_canonical(&want), "{} a = {a}", case(scale));
+                assert_eq!(
+                    nan_canonical(&got),
+                    nan_canonical(&want),
+                    "{} a = {a}",
+                    case(scale)
+                );
             }
 
             for (kernel, cpu) in [
-                (add, ops::add::<T> as fn(&mut [T], &[T]) -> gradwire_tensor::Result<()>),
-                (mul, ops::mul::<T> as fn(&mut [T], &[T]) -> gradwire_tensor::Result<()>),
+                (
+                    add,
+                    ops::add::<T> as fn(&mut [T], &[T]) -> gradwire_tensor::Result<()>,
+                ),
+                (
+                    mul,
+                    ops::mul::<T> as fn(&mut [T], &[T]) -> gradwire_tensor::Result<()>,
+                ),
             ] {
                 let (got, _) = run_both(kernel, Blocks::Over(n), &both, |(y, x)| {
-                    vec![Arg::write_at(y, offset), Arg::read_at(x, offset), Arg::len(n)]
+                    vec![
+                        Arg::write_at(y, offset),
+                        Arg::read_at(x, offset),
+                        Arg::len(n),
+                    ]
                 })
                 .unwrap_or_else(|e| panic!("{}: {e}", case(kernel)));
                 let mut want = y.clone();
                 cpu(&mut want, &x).expect("cpu op");
-                assert_eq!(nan_canonical(&got), nan_canonical(&want), "{}", case(kernel));
+                assert_eq!(
+                    nan_canonical(&got),
+                    nan_canonical(&want),
+                    "{}",
+                    case(kernel)
+                );
             }
 
             // The launcher normalises the bound (ops::check_clamp_bound:

@@ -2,6 +2,7 @@
 //! and the execution layer's own tests.
 
 mod common;
+mod coverage;
 mod execution;
 
 mod adasum;

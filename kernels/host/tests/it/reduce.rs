@@ -67,24 +67,43 @@ fn check_dtype<T: WithDType + Element>(kernels: [&Kernel; 4]) {
     lengths.push(70_001);
     for n in lengths {
         for special in [false, true] {
-            let a: Vec<T> = floats(n, n as u64, special).into_iter().map(T::from_f32).collect();
-            let b: Vec<T> = floats(n, n as u64 + 9, special).into_iter().map(T::from_f32).collect();
+            let a: Vec<T> = floats(n, n as u64, special)
+                .into_iter()
+                .map(T::from_f32)
+                .collect();
+            let b: Vec<T> = floats(n, n as u64 + 9, special)
+                .into_iter()
+                .map(T::from_f32)
+                .collect();
             let case = |k: &Kernel| format!("{} n = {n} special {special}", k.name());
             let wide = |x: &T| f64::from(x.to_f32());
             let abs_sum: f64 = a.iter().map(|x| wide(x).abs()).sum();
             let sq_sum: f64 = a.iter().map(|x| wide(x) * wide(x)).sum();
-            let dot_abs: f64 = a.iter().zip(&b).map(|(x, y)| (wide(x) * wide(y)).abs()).sum();
+            let dot_abs: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (wide(x) * wide(y)).abs())
+                .sum();
 
             let got = device_sum(sum, &[&a], n);
             assert_close(&case(sum), got, ops::sum(&a), n, abs_sum);
             let got = device_sum(sum_sq, &[&a], n);
             assert_close(&case(sum_sq), got, ops::sum_sq(&a), n, sq_sum);
             let got = device_sum(dot, &[&a, &b], n);
-            assert_close(&case(dot), got, ops::dot(&a, &b).expect("cpu dot"), n, dot_abs);
+            assert_close(
+                &case(dot),
+                got,
+                ops::dot(&a, &b).expect("cpu dot"),
+                n,
+                dot_abs,
+            );
 
-            let (key, _) = run_both(max_abs, Blocks::Over(n), &(vec![0u32], a.clone()), |(key, a)| {
-                vec![Arg::read(a), Arg::len(n), Arg::write(key)]
-            })
+            let (key, _) = run_both(
+                max_abs,
+                Blocks::Over(n),
+                &(vec![0u32], a.clone()),
+                |(key, a)| vec![Arg::read(a), Arg::len(n), Arg::write(key)],
+            )
             .unwrap_or_else(|e| panic!("{}: {e}", case(max_abs)));
             // gradwire-tensor's key_to_magnitude.
             let got = if key[0] > 0x7f80_0000 {
@@ -104,12 +123,22 @@ fn check_dtype<T: WithDType + Element>(kernels: [&Kernel; 4]) {
 
 #[test]
 fn f32_reductions_agree_with_the_cpu() {
-    check_dtype::<f32>([&k::SUM_PARTIAL_F32, &k::SUM_SQ_PARTIAL_F32, &k::DOT_PARTIAL_F32, &k::MAX_ABS_KEY_F32]);
+    check_dtype::<f32>([
+        &k::SUM_PARTIAL_F32,
+        &k::SUM_SQ_PARTIAL_F32,
+        &k::DOT_PARTIAL_F32,
+        &k::MAX_ABS_KEY_F32,
+    ]);
 }
 
 #[test]
 fn f16_reductions_agree_with_the_cpu() {
-    check_dtype::<f16>([&k::SUM_PARTIAL_F16, &k::SUM_SQ_PARTIAL_F16, &k::DOT_PARTIAL_F16, &k::MAX_ABS_KEY_F16]);
+    check_dtype::<f16>([
+        &k::SUM_PARTIAL_F16,
+        &k::SUM_SQ_PARTIAL_F16,
+        &k::DOT_PARTIAL_F16,
+        &k::MAX_ABS_KEY_F16,
+    ]);
 }
 
 #[test]

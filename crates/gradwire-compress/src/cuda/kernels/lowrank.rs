@@ -12,15 +12,11 @@
 
 use std::ops::Range;
 
-use gradwire_kernels::{Kernel, lowrank as k};
+use gradwire_kernels::{Kernel, lowrank as k, plan};
 use gradwire_tensor::cuda_backend::launch::{
-    BLOCK, Blocks, Launch, MAX_GRID, out_of_bounds, require_f32, require_len, require_same_device,
+    Blocks, Launch, out_of_bounds, require_f32, require_len, require_same_device,
 };
 use gradwire_tensor::{CudaStorage, Error, Result};
-
-/// Outputs of one block of `lowrank_project_f32` (`GW_LOWRANK_OUTPUTS`:
-/// eight threads each).
-const PROJECT_OUTPUTS_PER_BLOCK: usize = BLOCK as usize / 8;
 
 /// The shape of a low-rank product: `M` is `rows x cols`, `P` is
 /// `rows x rank`, `Qᵀ` is `rank x cols`.
@@ -174,15 +170,6 @@ fn launch_product(
         .run(blocks(outputs))
 }
 
-/// The projection's geometry: [`PROJECT_OUTPUTS_PER_BLOCK`] outputs per
-/// block of [`BLOCK`] threads, at most [`MAX_GRID`] blocks.
-fn project_blocks(outputs: usize) -> Blocks {
-    let grid = outputs
-        .div_ceil(PROJECT_OUTPUTS_PER_BLOCK)
-        .clamp(1, MAX_GRID as usize);
-    Blocks::Exactly(u32::try_from(grid).unwrap_or(MAX_GRID), 1)
-}
-
 /// `p = m q` (gradwire-compress's `lowrank::project`, bitwise): `m` is
 /// `rows x cols`, `qt` is `Qᵀ` (`rank x cols`), `p` (written) is
 /// `rows x rank`.
@@ -198,7 +185,7 @@ pub fn project(
         (m, qt, p),
         [shape.m_len()?, shape.q_len()?, shape.p_len()?],
         shape,
-        project_blocks,
+        plan::lowrank_project,
     )
 }
 
@@ -257,5 +244,5 @@ pub fn orthonormalize(p: &mut WindowMut<'_>, rows: usize, rank: usize) -> Result
         .len(p.range.start)
         .len(rows)
         .len(rank)
-        .run(Blocks::Exactly(1, 1))
+        .run(plan::lowrank_orthonormalize())
 }

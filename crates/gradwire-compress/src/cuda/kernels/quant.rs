@@ -14,12 +14,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use gradwire_kernels::quant as k;
+use gradwire_kernels::{plan, quant as k};
 
 use crate::QsgdNorm;
 use crate::quant::{QUANT_CHUNK, Quantizer};
 use gradwire_tensor::cuda_backend::launch::{
-    Blocks, Launch, MAX_GRID, require_f32, require_len, require_ordinal, u32_arg,
+    Blocks, Launch, require_f32, require_len, require_ordinal,
 };
 use gradwire_tensor::cuda_backend::{CudaDevice, DeviceVec, first_index_cell, read_first_index};
 use gradwire_tensor::{CudaStorage, Error, Result};
@@ -116,8 +116,7 @@ pub fn encode(q: Quantizer, key: u64, x: &CudaStorage, payload: &mut DeviceBytes
     if n == 0 {
         return Ok(());
     }
-    let chunks = n.div_ceil(QUANT_CHUNK);
-    let grid = Blocks::Exactly(u32_arg("chunks", chunks.min(MAX_GRID as usize))?, 1);
+    let grid = plan::quant_encode(n.div_ceil(QUANT_CHUNK));
     let device = x.device();
     let launch = match q {
         Quantizer::Sign => Launch::new(device, &k::QUANT_SIGN_ENCODE_F32)

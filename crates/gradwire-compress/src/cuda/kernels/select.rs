@@ -11,10 +11,8 @@
 
 use std::sync::Arc;
 
-use gradwire_kernels::select as k;
-use gradwire_tensor::cuda_backend::launch::{
-    BLOCK, Blocks, Launch, MAX_GRID, require_f32, u32_arg,
-};
+use gradwire_kernels::{plan, select as k};
+use gradwire_tensor::cuda_backend::launch::{Blocks, Launch, require_f32};
 use gradwire_tensor::cuda_backend::{
     CudaDevice, DeviceVec, NO_INDEX, first_index_cell, read_first_index,
 };
@@ -163,7 +161,7 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
         .write(&mut hist)
         .len(k_th)
         .run(Blocks::Exactly(1, 1))?;
-    for shift in [24u32, 16, 8, 0] {
+    for shift in plan::RADIX_SHIFTS {
         Launch::new(&device, &k::RADIX_HISTOGRAM_F32)
             .read(x)
             .len(n)
@@ -204,15 +202,6 @@ pub fn sample_strided(x: &CudaStorage, stride: usize) -> Result<CudaStorage> {
         .write(&mut out)
         .run(Blocks::Over(m))?;
     Ok(out)
-}
-
-/// The tile each block of the count and compact kernels handles: a multiple
-/// of [`BLOCK`] giving at most [`MAX_GRID`] tiles, and the number of tiles.
-fn tiling(n: usize) -> (usize, usize) {
-    let block = BLOCK as usize;
-    let tiles = n.div_ceil(block).clamp(1, MAX_GRID as usize);
-    let tile = n.div_ceil(tiles).div_ceil(block).max(1) * block;
-    (tile, n.div_ceil(tile).max(1))
 }
 
 /// Applies `selection` to `x` (f32): the entries it keeps, in index order,
@@ -258,8 +247,9 @@ pub fn compact(
     if n == 0 {
         return empty(&device);
     }
-    let (tile, tiles) = tiling(n);
-    let grid = Blocks::Exactly(u32_arg("tiles", tiles)?, 1);
+    let (tile, grid_tiles) = plan::select_tiles(n);
+    let grid = Blocks::Exactly(grid_tiles, 1);
+    let tiles = grid_tiles as usize;
     let mut counts_gt = DeviceVec::<u64>::zeros(&device, tiles)?;
     let mut counts_eq = DeviceVec::<u64>::zeros(&device, tiles)?;
     let mut totals = DeviceVec::<u64>::zeros(&device, 2)?;
@@ -354,6 +344,7 @@ impl DeviceSparse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gradwire_tensor::cuda_backend::launch::{BLOCK, MAX_GRID};
 
     #[test]
     fn tiles_cover_the_input_with_at_most_max_grid_blocks() {
@@ -367,7 +358,8 @@ mod tests {
             4096 * 256 + 1,
             10_000_019,
         ] {
-            let (tile, tiles) = tiling(n);
+            let (tile, tiles) = plan::select_tiles(n);
+            let tiles = tiles as usize;
             assert_eq!(tile % BLOCK as usize, 0, "n={n}");
             assert!(tiles <= MAX_GRID as usize, "n={n}");
             assert!(tile * tiles >= n, "n={n}");
