@@ -85,6 +85,10 @@ impl Imp for CudaTransport {
         handle.async_error()
     }
 
+    fn progress(handle: &sys::AbortHandle) -> Result<bool> {
+        handle.progress()
+    }
+
     #[allow(unsafe_code)]
     unsafe fn all_gather(
         comm: &RawComm,

@@ -8,6 +8,11 @@
 //! any other call, and wraps the raw functions itself, turning every
 //! `ncclResult_t` into [`CommError::Nccl`] with NCCL's own message.
 //!
+//! Communicators are non-blocking (`ncclCommInitRankConfig` with `blocking
+//! = 0`, inherited by splits): a call may return `ncclInProgress`, which
+//! means issued ([`check_issued`]), and the owner thread polls
+//! `ncclCommGetAsyncError` until the communicator is ready.
+//!
 //! Transfers that only move data (all-gather, broadcast, send and receive)
 //! move bytes (`ncclUint8`). Reductions name NCCL's datatype and operator
 //! ([`datatype`], [`red_op`]): NCCL's own `ncclAllReduce` and
@@ -76,6 +81,16 @@ fn describe(status: sys::ncclResult_t) -> String {
 
 /// `Ok` for success, else [`CommError::Nccl`] naming `op`, the code, NCCL's
 /// description and, with a communicator, its last error message.
+/// [`check`] of a call on a non-blocking communicator: `ncclInProgress`
+/// means issued, not failed; the owner thread then polls the communicator
+/// ([`AbortHandle::progress`]) until it is ready.
+fn check_issued(op: &'static str, status: sys::ncclResult_t, comm: Option<&RawComm>) -> Result<()> {
+    match status {
+        sys::ncclResult_t::ncclInProgress => Ok(()),
+        status => check(op, status, comm),
+    }
+}
+
 fn check(op: &'static str, status: sys::ncclResult_t, comm: Option<&RawComm>) -> Result<()> {
     match status {
         sys::ncclResult_t::ncclSuccess => Ok(()),
@@ -142,9 +157,11 @@ impl std::fmt::Debug for UniqueId {
     }
 }
 
-/// A live NCCL communicator handle. Not `Sync`: one thread (a rank's owner
-/// thread) issues its operations; [`abort`] may come from another thread,
-/// which NCCL allows (it is how a blocked operation is ended).
+/// A live NCCL communicator handle, non-blocking (every call returns at
+/// once; [`AbortHandle::progress`] says when its host side is done). Not
+/// `Sync`: one thread (a rank's owner thread) issues its operations, the
+/// abort included; only `ncclCommGetAsyncError` comes from another (the
+/// watchdog's), which NCCL allows.
 #[derive(Debug)]
 pub struct RawComm(sys::ncclComm_t);
 
@@ -154,26 +171,56 @@ pub struct RawComm(sys::ncclComm_t);
 // issues them from the owner thread only (the handle moves there once).
 unsafe impl Send for RawComm {}
 
-/// `ncclCommInitRank`: joins the communicator of `world` ranks identified by
-/// `id` as `rank`, on the CUDA device current on this thread. Collective:
-/// blocks until all ranks joined.
+/// NCCL's configuration of a non-blocking communicator: `NCCL_CONFIG_INITIALIZER`
+/// (every field undefined but the header) with `blocking = 0`. The header
+/// names the bindings' NCCL (2.24), which a later library reads as such.
+fn non_blocking_config() -> sys::ncclConfig_t {
+    // NCCL_CONFIG_UNDEF_INT and NCCL_CONFIG_UNDEF_PTR.
+    const UNDEF: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // NCCL_VERSION(2, 24, 3).
+        version: 2 * 10_000 + 24 * 100 + 3,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+    }
+}
+
+/// `ncclCommInitRankConfig` with a non-blocking configuration: joins the
+/// communicator of `world` ranks identified by `id` as `rank`, on the CUDA
+/// device current on this thread. Returns at once, the communicator still
+/// initialising: poll [`AbortHandle::progress`] until it is ready (or abort
+/// it, which is allowed while it initialises).
+///
+/// Non-blocking, so that no NCCL call ever blocks the owner thread: an
+/// abort is then issued by that same thread between polls, never while
+/// another call on the communicator is running (NCCL allows one thread at
+/// a time on a communicator).
 pub(super) fn init_rank(id: &UniqueId, world: usize, rank: usize) -> Result<RawComm> {
     load()?;
     let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+    let mut config = non_blocking_config();
     #[allow(unsafe_code)]
-    // SAFETY: `comm` is a valid out-pointer; the id is passed by value.
+    // SAFETY: `comm` and `config` are valid pointers; the id is passed by
+    // value; NCCL copies the configuration.
     let status = unsafe {
-        sys::ncclCommInitRank(
+        sys::ncclCommInitRankConfig(
             &mut comm,
             int("world size", world)?,
             id.raw(),
             int("rank", rank)?,
+            &mut config,
         )
     };
-    check("ncclCommInitRank", status, None)?;
+    check_issued("ncclCommInitRankConfig", status, None)?;
     if comm.is_null() {
         return Err(CommError::Nccl {
-            op: "ncclCommInitRank",
+            op: "ncclCommInitRankConfig",
             code: 0,
             message: "returned no communicator".into(),
         });
@@ -190,7 +237,8 @@ pub(super) fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<Opti
     let mut new: sys::ncclComm_t = std::ptr::null_mut();
     #[allow(unsafe_code)]
     // SAFETY: `comm` is live, `new` a valid out-pointer; a null config asks
-    // for the parent's configuration.
+    // for the parent's configuration (non-blocking: the new communicator
+    // initialises after this returns, polled like an init).
     let status = unsafe {
         sys::ncclCommSplit(
             comm.0,
@@ -200,7 +248,7 @@ pub(super) fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<Opti
             std::ptr::null_mut(),
         )
     };
-    check("ncclCommSplit", status, Some(comm))?;
+    check_issued("ncclCommSplit", status, Some(comm))?;
     Ok((!new.is_null()).then_some(RawComm(new)))
 }
 
@@ -210,7 +258,7 @@ pub(super) fn destroy(comm: RawComm) -> Result<()> {
     #[allow(unsafe_code)]
     // SAFETY: `comm` is live and consumed: it is never used again.
     let status = unsafe { sys::ncclCommDestroy(comm.0) };
-    check("ncclCommDestroy", status, None)
+    check_issued("ncclCommDestroy", status, None)
 }
 
 /// A handle that can abort a communicator from any thread: the watchdog's.
@@ -248,7 +296,24 @@ impl AbortHandle {
     pub(super) unsafe fn abort(self) -> Result<()> {
         // SAFETY: the communicator is live (the caller's contract).
         let status = unsafe { sys::ncclCommAbort(self.0) };
-        check("ncclCommAbort", status, None)
+        check_issued("ncclCommAbort", status, None)
+    }
+
+    /// Whether the communicator has finished its last operation's host
+    /// side (`ncclCommGetAsyncError` is not `ncclInProgress`: the init, a
+    /// split, a group's connections), or the error it ended with.
+    pub(super) fn progress(&self) -> Result<bool> {
+        let mut status = sys::ncclResult_t::ncclSuccess;
+        #[allow(unsafe_code)]
+        // SAFETY: called while the communicator is live (the owner thread
+        // holds it); `status` is a valid out-pointer.
+        let call = unsafe { sys::ncclCommGetAsyncError(self.0, &mut status) };
+        check("ncclCommGetAsyncError", call, None)?;
+        match status {
+            sys::ncclResult_t::ncclSuccess => Ok(true),
+            sys::ncclResult_t::ncclInProgress => Ok(false),
+            status => check("asynchronous NCCL error", status, None).map(|()| true),
+        }
     }
 
     /// `ncclCommGetAsyncError`: an error NCCL found in the background (a
@@ -355,7 +420,7 @@ pub(super) mod ops {
                 stream as sys::cudaStream_t,
             )
         };
-        check("ncclAllGather", status, Some(comm))
+        check_issued("ncclAllGather", status, Some(comm))
     }
 
     /// `ncclAllReduce` of `count` elements of `dtype` from `send` into
@@ -384,7 +449,7 @@ pub(super) mod ops {
                 stream as sys::cudaStream_t,
             )
         };
-        check("ncclAllReduce", status, Some(comm))
+        check_issued("ncclAllReduce", status, Some(comm))
     }
 
     /// `ncclReduceScatter`: `send` holds W blocks of `recv_count` elements
@@ -414,7 +479,7 @@ pub(super) mod ops {
                 stream as sys::cudaStream_t,
             )
         };
-        check("ncclReduceScatter", status, Some(comm))
+        check_issued("ncclReduceScatter", status, Some(comm))
     }
 
     /// `ncclBroadcast` of `bytes` bytes in place from `root`.
@@ -440,7 +505,7 @@ pub(super) mod ops {
                 stream as sys::cudaStream_t,
             )
         };
-        check("ncclBroadcast", status, Some(comm))
+        check_issued("ncclBroadcast", status, Some(comm))
     }
 
     /// Every send and receive in one NCCL group (`ncclGroupStart` ..
@@ -495,11 +560,11 @@ pub(super) mod ops {
                 };
                 ("ncclRecv", status)
             };
-            first_error = first_error.and(check(op, status, Some(comm)));
+            first_error = first_error.and(check_issued(op, status, Some(comm)));
         }
         // The group is always closed, even after a failed call in it.
         // SAFETY: group calls take no arguments.
-        let end = check("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, Some(comm));
+        let end = check_issued("ncclGroupEnd", unsafe { sys::ncclGroupEnd() }, Some(comm));
         first_error.and(end)
     }
 }

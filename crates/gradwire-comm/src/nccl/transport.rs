@@ -96,9 +96,13 @@ mod sealed {
         /// The stream's name for the owner thread.
         fn queue_of(stream: &Self::Stream) -> Self::Queue;
 
-        /// `ncclCommInitRank`: collective, blocks until every rank joined.
+        /// `ncclCommInitRankConfig`, non-blocking: returns at once with the
+        /// communicator initialising; [`Imp::progress`] says when every
+        /// rank has joined.
         fn init_rank(id: &Self::Id, world: usize, rank: usize) -> Result<Self::Comm>;
-        /// `ncclCommSplit`: collective over `comm`.
+        /// `ncclCommSplit`: collective over `comm`, non-blocking as the
+        /// init (poll the new communicator, and `comm`, with
+        /// [`Imp::progress`]).
         fn split(comm: &Self::Comm, color: Option<i32>, key: i32) -> Result<Option<Self::Comm>>;
         /// `ncclCommDestroy` of a communicator whose work is complete.
         fn destroy(comm: Self::Comm) -> Result<()>;
@@ -113,6 +117,12 @@ mod sealed {
         unsafe fn abort(handle: Self::Abort) -> Result<()>;
         /// `ncclCommGetAsyncError`.
         fn async_error(handle: &Self::Abort) -> Result<()>;
+        /// Whether the communicator finished the host side of its last
+        /// operation (`ncclCommGetAsyncError` no longer `ncclInProgress`:
+        /// its init, a split, a group's connections), or why it failed.
+        /// Every call of a non-blocking communicator returns at once; the
+        /// owner thread polls this before it issues the next.
+        fn progress(handle: &Self::Abort) -> Result<bool>;
 
         /// `ncclAllGather` of `bytes` bytes per rank (in place when `send
         /// == recv + rank * bytes`).

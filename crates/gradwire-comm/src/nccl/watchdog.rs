@@ -7,13 +7,17 @@
 //! PyTorch's blocking wait does, so a finished collective is seen at once,
 //! without sleeping. Before it blocks it registers the wait here
 //! ([`Watch::begin`]); a thread per communicator polls the registered wait
-//! every [`POLL`] and calls `ncclCommAbort` when the wait passes its
-//! deadline, when `ncclCommGetAsyncError` reports an error (a peer's
-//! network failure, a remote abort), or when another thread poisoned the
-//! communicator (a lost asynchronous lane). The abort makes NCCL's kernels
-//! leave their loops, so the stream drains and the blocked wait returns;
-//! [`Watch::end`] then reports why, and every later call fails with that
-//! reason. No wait registered: the thread sleeps until one is.
+//! every [`POLL`] and asks for an abort when the wait passes its deadline,
+//! when `ncclCommGetAsyncError` reports an error (a peer's network failure,
+//! a remote abort), or when another thread poisoned the communicator (a
+//! lost asynchronous lane). The owner thread, which issues every call of
+//! the communicator, performs the abort ([`Watch::abort_if_asked`]) between
+//! calls, woken for it, so `ncclCommAbort` never runs beside another call
+//! on the same communicator (NCCL allows one thread at a time on one). The abort makes
+//! NCCL's kernels leave their loops, so the stream drains and the blocked
+//! wait returns; [`Watch::end`] then reports why, and every later call
+//! fails with that reason. No wait registered: the thread sleeps until one
+//! is.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -49,6 +53,11 @@ struct State<T: NcclTransport> {
     /// A deadline shorter than the configured one for every later wait
     /// (a communicator posting its departure notice).
     cap: Option<Duration>,
+    /// An abort was asked for: the owner thread performs it.
+    abort_asked: bool,
+    /// Wakes the owner thread when an abort is asked for (set while the
+    /// owner runs).
+    wake_owner: Option<Box<dyn Fn() + Send>>,
 }
 
 /// Locks a mutex, ignoring poisoning (the data are plain values).
@@ -67,6 +76,8 @@ impl<T: NcclTransport> Watch<T> {
                 sleeping: false,
                 closed: false,
                 cap: None,
+                abort_asked: false,
+                wake_owner: None,
             }),
             wake: Condvar::new(),
         })
@@ -119,26 +130,51 @@ impl<T: NcclTransport> Watch<T> {
         self.wake.notify_all();
     }
 
-    /// Aborts the communicator once (`ncclCommAbort`), remembering why
-    /// (the first reason stays). Any thread may call it.
+    /// Asks for the communicator's abort, remembering why (the first
+    /// reason stays): every later call fails with the reason, and the owner
+    /// thread aborts (`ncclCommAbort`) before it issues anything else,
+    /// woken for it when idle. Any thread may call it.
     pub(super) fn abort_with(&self, reason: CommError) {
+        let mut state = lock(&self.state);
+        state.reason.get_or_insert(reason);
+        state.abort_asked = true;
+        if let Some(wake_owner) = &state.wake_owner {
+            wake_owner();
+        }
+        self.wake.notify_all();
+    }
+
+    /// Gives the watch the owner thread's waker (`None`: the owner is
+    /// going away).
+    pub(super) fn set_owner_waker(&self, wake_owner: Option<Box<dyn Fn() + Send>>) {
+        lock(&self.state).wake_owner = wake_owner;
+    }
+
+    /// Performs an abort that was asked for (`ncclCommAbort`), once; called
+    /// by the owner thread only, between the calls it issues. Returns
+    /// whether the communicator is aborted (now or before).
+    pub(super) fn abort_if_asked(&self) -> bool {
         let handle = {
             let mut state = lock(&self.state);
-            state.reason.get_or_insert(reason);
+            if !state.abort_asked {
+                return false;
+            }
             state.handle.take()
         };
         if let Some(handle) = handle {
             #[allow(unsafe_code)]
             // SAFETY: the handle was taken out of the state under its lock,
-            // so this is the only abort, and the owner thread (which takes
-            // it before destroying) will not destroy the communicator: it
-            // is live until this call frees it. Nothing uses it afterwards:
-            // every call checks the reason, set above, before queuing work,
-            // and the watchdog only uses the handle while it is in the
-            // state. A thread blocked in one of its operations is released
-            // by the abort, which is what NCCL provides it for.
+            // so this is the only abort, and only the owner thread calls
+            // this, between its calls: no other call of the communicator
+            // runs beside it, and the owner thread, which would destroy it,
+            // finds the handle gone and leaves it. The watchdog only uses
+            // the handle while it is in the state; every later call checks
+            // the reason, set when the abort was asked for, before queuing
+            // work. A CUDA wait on the communicator's stream is released by
+            // the abort, which is what NCCL provides it for.
             let _ = unsafe { T::abort(handle) };
         }
+        true
     }
 
     /// Gives every later wait at most `limit`, whatever the configured
@@ -246,9 +282,10 @@ fn serve<T: NcclTransport>(watch: &Watch<T>, timeout: Option<Duration>) {
         if state.closed {
             return;
         }
-        // Once aborted there is nothing left to do but wait for the
-        // caller (or the end).
+        // Once aborted, or asked to be (the owner thread does it), there
+        // is nothing left to do but wait for the caller (or the end).
         let verdict = match &state.handle {
+            Some(_) if state.abort_asked => Verdict::Sleep,
             None => Verdict::Sleep,
             Some(handle) => judge(
                 state.waiting,

@@ -37,6 +37,16 @@ pub(super) enum Collective {
 }
 
 impl Collective {
+    /// NCCL's name of the call.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Collective::AllGather { .. } => "ncclAllGather",
+            Collective::AllReduce { .. } => "ncclAllReduce",
+            Collective::ReduceScatter { .. } => "ncclReduceScatter",
+            Collective::Broadcast { .. } => "ncclBroadcast",
+        }
+    }
+
     /// Bytes this rank's input holds, at its send address.
     fn input_bytes(self, world: usize) -> usize {
         match self {
@@ -138,7 +148,9 @@ impl Fabric {
         self.wake.wait(state).unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `ncclCommInitRank`: blocks until all `world` ranks joined `id`.
+    /// `ncclCommInitRank`, non-blocking: registers `rank` in the world of
+    /// `world` ranks joining `id` and returns at once; the communicator is
+    /// in progress ([`Fabric::progress`]) until every rank joined.
     pub(super) fn join(id: u64, world: usize, rank: usize) -> Result<Arc<Fabric>> {
         let fabric = {
             let mut joining = lock(joining());
@@ -167,13 +179,30 @@ impl Fabric {
             drop(state);
             fabric
         };
-        let mut state = lock(&fabric.state);
         fabric.wake.notify_all();
-        while state.joined.len() < world {
-            state = fabric.wait(state);
-        }
-        drop(state);
         Ok(fabric)
+    }
+
+    /// `ncclCommGetAsyncError` for `rank`: `Ok(true)` once the host side
+    /// of its last operation is done (every rank joined, its splits
+    /// complete, the peers of its groups connected), `Ok(false)` while in
+    /// progress, the error of an abort or a broken rule.
+    pub(super) fn progress(&self, rank: usize) -> Result<bool> {
+        let state = lock(&self.state);
+        Fabric::check(&state, rank, "ncclCommGetAsyncError")?;
+        if state.joined.len() < self.world {
+            return Ok(false);
+        }
+        let splitting = state
+            .splits
+            .values()
+            .any(|slot| slot.entries.contains_key(&rank) && slot.entries.len() < self.world);
+        let connecting = state.asked.iter().any(|&(from, to)| {
+            from == rank
+                && !state.connected.contains(&(from.min(to), from.max(to)))
+                && !state.asked.contains(&(to, from))
+        });
+        Ok(!splitting && !connecting)
     }
 
     /// Whether `rank` aborted: its blocked calls end with this error.
@@ -311,8 +340,9 @@ impl Fabric {
     }
 
     /// The host side of a group (`ncclGroupEnd`): a send to itself needs
-    /// its receive in the group, and the first transfer with a peer
-    /// connects the pair, which waits for the peer to ask too.
+    /// its receive in the group, and the first transfer with a peer asks to
+    /// connect the pair, which is in progress ([`Fabric::progress`]) until
+    /// the peer asks too.
     pub(super) fn issue_group(
         &self,
         rank: usize,
@@ -350,21 +380,14 @@ impl Fabric {
             ));
         }
         let mut state = lock(&self.state);
+        Fabric::check(&state, rank, "ncclGroupEnd")?;
         for &peer in &peers {
             state.asked.insert((rank, peer));
-        }
-        self.wake.notify_all();
-        for &peer in &peers {
-            let pair = (rank.min(peer), rank.max(peer));
-            loop {
-                Fabric::check(&state, rank, "ncclGroupEnd")?;
-                if state.connected.contains(&pair) || state.asked.contains(&(peer, rank)) {
-                    state.connected.insert(pair);
-                    break;
-                }
-                state = self.wait(state);
+            if state.asked.contains(&(peer, rank)) {
+                state.connected.insert((rank.min(peer), rank.max(peer)));
             }
         }
+        self.wake.notify_all();
         Ok(())
     }
 
@@ -467,21 +490,21 @@ impl Fabric {
         }
     }
 
-    /// `ncclCommSplit` by `rank`: blocks until every rank split; the new
-    /// communicator of its color (ranks ordered by key, then rank) and its
-    /// rank there.
-    pub(super) fn split(
-        &self,
-        rank: usize,
-        color: Option<i32>,
-        key: i32,
-    ) -> Result<Option<(Arc<Fabric>, usize)>> {
+    /// `ncclCommSplit` by `rank`, non-blocking: registers its color and
+    /// key and returns the split's number, at once; the new communicators
+    /// exist once every rank split ([`Fabric::split_result`]), and until
+    /// then this one is in progress for `rank`. A rank of no color takes
+    /// no part in the result.
+    pub(super) fn split(&self, rank: usize, color: Option<i32>, key: i32) -> Result<u64> {
         let world = self.world;
         let mut state = lock(&self.state);
         Fabric::check(&state, rank, "ncclCommSplit")?;
         let seq = take_next(&mut state.next_split, rank);
         let slot = state.splits.entry(seq).or_default();
         slot.entries.insert(rank, (color, key));
+        if color.is_none() {
+            slot.taken += 1;
+        }
         if slot.entries.len() == world {
             let mut sizes: HashMap<i32, usize> = HashMap::new();
             for (c, _) in slot.entries.values() {
@@ -497,39 +520,40 @@ impl Fabric {
                     (c, made)
                 })
                 .collect();
+            if slot.taken == world {
+                state.splits.remove(&seq);
+            }
         }
         self.wake.notify_all();
-        loop {
-            Fabric::check(&state, rank, "ncclCommSplit")?;
-            if state
-                .splits
-                .get(&seq)
-                .is_some_and(|s| s.entries.len() == world)
-            {
-                break;
-            }
-            state = self.wait(state);
+        Ok(seq)
+    }
+
+    /// The new communicator of `rank`'s color from split `seq` and its rank
+    /// there (ranks ordered by key, then rank), once every rank split.
+    pub(super) fn split_result(&self, seq: u64, rank: usize) -> Option<(Arc<Fabric>, usize)> {
+        let world = self.world;
+        let mut state = lock(&self.state);
+        let slot = state.splits.get_mut(&seq)?;
+        if slot.entries.len() < world {
+            return None;
         }
-        let Some(slot) = state.splits.get_mut(&seq) else {
-            return Ok(None);
+        let (Some(color), _) = *slot.entries.get(&rank)? else {
+            return None;
         };
-        let mine = color.and_then(|c| {
-            let fabric = slot.made.get(&c).cloned()?;
-            let mut members: Vec<(i32, usize)> = slot
-                .entries
-                .iter()
-                .filter(|(_, (oc, _))| *oc == Some(c))
-                .map(|(&r, &(_, k))| (k, r))
-                .collect();
-            members.sort_unstable();
-            let new_rank = members.iter().position(|&(_, r)| r == rank)?;
-            Some((fabric, new_rank))
-        });
+        let fabric = slot.made.get(&color).cloned()?;
+        let mut members: Vec<(i32, usize)> = slot
+            .entries
+            .iter()
+            .filter(|(_, (c, _))| *c == Some(color))
+            .map(|(&r, &(_, k))| (k, r))
+            .collect();
+        members.sort_unstable();
+        let new_rank = members.iter().position(|&(_, r)| r == rank)?;
         slot.taken += 1;
         if slot.taken == world {
             state.splits.remove(&seq);
         }
-        Ok(mine)
+        Some((fabric, new_rank))
     }
 }
 
@@ -613,27 +637,68 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_joins_once_and_inside_the_world() {
+    fn a_join_is_in_progress_until_every_rank_joined_once_inside_the_world() {
         let id = u64::MAX - 1;
         let outside = Fabric::join(id + 1, 2, 2).map(|_| ());
         assert!(is_invalid_usage(&outside), "{outside:?}");
-        std::thread::scope(|scope| {
-            let first = scope.spawn(|| Fabric::join(id, 2, 0).map(|_| ()));
-            // Until the first claim of rank 0 is registered.
-            while !lock(joining())
-                .get(&id)
-                .is_some_and(|f| lock(&f.state).joined.contains(&0))
-            {
-                std::thread::yield_now();
-            }
-            let twice = Fabric::join(id, 2, 0).map(|_| ());
-            assert!(is_invalid_usage(&twice), "{twice:?}");
-            Fabric::join(id, 2, 1).expect("rank 1 joins");
-            first
-                .join()
-                .expect("joined")
-                .expect("the first claim joins");
-        });
+        let fabric = Fabric::join(id, 2, 0).expect("rank 0 joins, at once");
+        assert_eq!(
+            fabric.progress(0).ok(),
+            Some(false),
+            "rank 1 has not joined"
+        );
+        let twice = Fabric::join(id, 2, 0).map(|_| ());
+        assert!(is_invalid_usage(&twice), "{twice:?}");
+        let other = Fabric::join(id, 2, 1).expect("rank 1 joins");
+        assert!(Arc::ptr_eq(&fabric, &other));
+        assert_eq!(fabric.progress(0).ok(), Some(true));
+        assert_eq!(fabric.progress(1).ok(), Some(true));
+    }
+
+    fn joined(world: usize) -> Arc<Fabric> {
+        let fabric = Fabric::new(world);
+        lock(&fabric.state).joined = (0..world).collect();
+        fabric
+    }
+
+    #[test]
+    fn a_first_transfer_is_in_progress_until_the_peer_asks_too() {
+        let fabric = joined(3);
+        let to = |peer| Transfer {
+            peer,
+            ptr: 0,
+            bytes: 4,
+        };
+        fabric.issue_group(0, &[to(1)], &[]).expect("issued");
+        assert_eq!(fabric.progress(0).ok(), Some(false));
+        assert_eq!(fabric.progress(2).ok(), Some(true), "rank 2 asked nothing");
+        fabric.issue_group(1, &[], &[to(0)]).expect("issued");
+        assert_eq!(fabric.progress(0).ok(), Some(true));
+        assert_eq!(fabric.progress(1).ok(), Some(true));
+        // Connected: a later transfer of the pair needs no answer.
+        fabric.issue_group(0, &[to(1)], &[]).expect("issued");
+        assert_eq!(fabric.progress(0).ok(), Some(true));
+    }
+
+    #[test]
+    fn a_split_is_in_progress_until_every_rank_split() {
+        let fabric = joined(3);
+        let seq = fabric.split(2, Some(7), 0).expect("registered");
+        assert!(fabric.split_result(seq, 2).is_none());
+        assert_eq!(fabric.progress(2).ok(), Some(false));
+        assert_eq!(fabric.split(0, None, 0).expect("registered"), seq);
+        assert_eq!(fabric.split(1, Some(7), -1).expect("registered"), seq);
+        assert_eq!(fabric.progress(2).ok(), Some(true));
+        // Rank 1's key orders it first.
+        let (made, new_rank) = fabric.split_result(seq, 2).expect("made");
+        assert_eq!((made.world(), new_rank), (2, 1));
+        let (also, first) = fabric.split_result(seq, 1).expect("made");
+        assert!(Arc::ptr_eq(&made, &also));
+        assert_eq!(first, 0);
+        assert!(
+            fabric.split_result(seq, 0).is_none(),
+            "no color, no communicator"
+        );
     }
 
     #[test]

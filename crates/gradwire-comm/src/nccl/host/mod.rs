@@ -5,8 +5,12 @@
 //! met), so that a protocol that would hang or fail on NCCL hangs (until
 //! the communicator's deadline) or fails here too:
 //!
-//! 1. **Joining** (`ncclCommInitRank`) blocks until every rank of the world
-//!    joined the id; splits (`ncclCommSplit`) block until every rank split.
+//! 1. **Communicators are non-blocking**: joining (`ncclCommInitRank`)
+//!    returns at once and the communicator is in progress
+//!    (`ncclInProgress`) until every rank of the world joined the id; a
+//!    split (`ncclCommSplit`) returns the new communicator at once, in
+//!    progress (and the parent too) until every rank split. Using a
+//!    communicator in progress is `ncclInvalidUsage`.
 //! 2. **One stream per communicator**: its operations run in the order
 //!    queued, on a thread of their own; a synchronisation waits for all of
 //!    them, and a failed operation fails every later wait (CUDA's sticky
@@ -28,12 +32,17 @@
 //! 6. **A send to self needs its receive in the same group**; without it,
 //!    `ncclGroupEnd` fails with `ncclInvalidUsage` ("Trying to send to self
 //!    without a matching recv").
-//! 7. **The first transfer between two ranks connects them**: the group
-//!    that has it blocks in `ncclGroupEnd` (on the host, the owner thread)
-//!    until the peer issues a group with a transfer to this rank.
-//! 8. **An abort ends the rank's blocked calls and stream operations** with
-//!    an error; the peers are not told (no network fails here), so they
-//!    wait, as on NCCL, for their own deadline or a notice from gradwire.
+//! 7. **The first transfer between two ranks connects them**: after the
+//!    group that has it, the communicator is in progress until the peer
+//!    issues a group with a transfer to this rank.
+//! 8. **An abort ends the rank's stream operations** with an error, and is
+//!    allowed while the communicator is in progress; the peers are not told
+//!    (no network fails here), so they wait, as on NCCL, for their own
+//!    deadline or a notice from gradwire.
+//! 9. **One thread at a time on a communicator**: a call (the abort
+//!    included) that starts while another call on the same communicator
+//!    runs fails with `ncclInvalidUsage`; only `ncclCommGetAsyncError` may
+//!    come from another thread.
 //!
 //! What it does not model: NCCL's algorithms and precision (reductions are
 //! gradwire's rank-ordered kernels, within the bound the conformance suite
@@ -44,8 +53,8 @@
 mod fabric;
 mod stream;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use gradwire_tensor::Tensor;
 
@@ -75,15 +84,101 @@ impl HostId {
 /// One rank's handle of a host communicator.
 #[derive(Debug)]
 pub struct HostComm {
-    fabric: Arc<Fabric>,
-    rank: usize,
+    binding: Arc<Binding>,
 }
 
 /// The host transport's abort handle.
 #[derive(Debug, Clone)]
 pub struct HostAbort {
-    fabric: Arc<Fabric>,
-    rank: usize,
+    binding: Arc<Binding>,
+}
+
+/// What a handle is the rank of: known at once for a joined id, once every
+/// rank split for a split's new communicator.
+#[derive(Debug)]
+struct Binding {
+    /// Resolved once, under its lock (the owner thread and the watchdog
+    /// both ask).
+    bound: Mutex<Option<(Arc<Fabric>, usize)>>,
+    /// For a split's new communicator: the parent, the split's number and
+    /// this rank's place there.
+    split: Option<(Arc<Fabric>, u64, usize)>,
+    /// Aborted before it was bound.
+    aborted: AtomicBool,
+    /// A call on the communicator is running (rule 9).
+    in_call: AtomicBool,
+}
+
+/// A call on a communicator, for as long as it runs (rule 9).
+struct InCall<'a>(&'a AtomicBool);
+
+impl Drop for InCall<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Binding {
+    fn of(fabric: Arc<Fabric>, rank: usize) -> Arc<Binding> {
+        Arc::new(Binding {
+            bound: Mutex::new(Some((fabric, rank))),
+            split: None,
+            aborted: AtomicBool::new(false),
+            in_call: AtomicBool::new(false),
+        })
+    }
+
+    fn split_of(parent: Arc<Fabric>, seq: u64, rank: usize) -> Arc<Binding> {
+        Arc::new(Binding {
+            bound: Mutex::new(None),
+            split: Some((parent, seq, rank)),
+            aborted: AtomicBool::new(false),
+            in_call: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts call `op` on the communicator: `ncclInvalidUsage` if another
+    /// call on it is running.
+    fn enter(&self, op: &'static str) -> Result<InCall<'_>> {
+        if self.in_call.swap(true, Ordering::SeqCst) {
+            return Err(fabric::nccl_error(
+                op,
+                fabric::INVALID_USAGE,
+                "called while another thread's call on the communicator runs".into(),
+            ));
+        }
+        Ok(InCall(&self.in_call))
+    }
+
+    /// The communicator and this rank's place in it, once known.
+    fn get(&self) -> Option<(Arc<Fabric>, usize)> {
+        let mut bound = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
+        if bound.is_none()
+            && let Some((parent, seq, rank)) = &self.split
+        {
+            *bound = parent.split_result(*seq, *rank);
+        }
+        bound.clone()
+    }
+
+    /// The communicator, or `ncclInvalidUsage` while it is in progress.
+    fn ready(&self, op: &'static str) -> Result<(Arc<Fabric>, usize)> {
+        let (fabric, rank) = self.get().ok_or_else(|| in_progress(op))?;
+        if fabric.progress(rank)? {
+            Ok((fabric, rank))
+        } else {
+            Err(in_progress(op))
+        }
+    }
+}
+
+/// The error of a call on a communicator still in progress.
+fn in_progress(op: &'static str) -> CommError {
+    fabric::nccl_error(
+        op,
+        fabric::INVALID_USAGE,
+        "the communicator is still in progress (ncclInProgress)".into(),
+    )
 }
 
 /// A rank's "device": the host, numbered by rank.
@@ -94,7 +189,8 @@ impl NcclTransport for HostTransport {}
 
 impl HostComm {
     fn enqueue(&self, queue: &Arc<Stream>, call: Collective, send: u64, recv: u64) -> Result<()> {
-        let (fabric, rank) = (Arc::clone(&self.fabric), self.rank);
+        let _call = self.binding.enter(call.name())?;
+        let (fabric, rank) = self.binding.ready(call.name())?;
         queue.push(Box::new(move || {
             #[allow(unsafe_code)]
             // SAFETY: the addresses are the caller's (the trait's
@@ -139,35 +235,59 @@ impl Imp for HostTransport {
 
     fn init_rank(id: &HostId, world: usize, rank: usize) -> Result<HostComm> {
         let fabric = Fabric::join(id.0, world, rank)?;
-        Ok(HostComm { fabric, rank })
+        Ok(HostComm {
+            binding: Binding::of(fabric, rank),
+        })
     }
 
     fn split(comm: &HostComm, color: Option<i32>, key: i32) -> Result<Option<HostComm>> {
-        Ok(comm
-            .fabric
-            .split(comm.rank, color, key)?
-            .map(|(fabric, rank)| HostComm { fabric, rank }))
+        let _call = comm.binding.enter("ncclCommSplit")?;
+        let (parent, rank) = comm.binding.ready("ncclCommSplit")?;
+        let seq = parent.split(rank, color, key)?;
+        Ok(color.map(|_| HostComm {
+            binding: Binding::split_of(parent, seq, rank),
+        }))
     }
 
-    fn destroy(_: HostComm) -> Result<()> {
-        Ok(())
+    fn destroy(comm: HostComm) -> Result<()> {
+        comm.binding.enter("ncclCommDestroy").map(drop)
     }
 
     fn abort_handle(comm: &HostComm) -> HostAbort {
         HostAbort {
-            fabric: Arc::clone(&comm.fabric),
-            rank: comm.rank,
+            binding: Arc::clone(&comm.binding),
         }
     }
 
     #[allow(unsafe_code)]
     unsafe fn abort(handle: HostAbort) -> Result<()> {
-        handle.fabric.abort(handle.rank);
+        let _call = handle.binding.enter("ncclCommAbort")?;
+        handle.binding.aborted.store(true, Ordering::SeqCst);
+        if let Some((fabric, rank)) = handle.binding.get() {
+            fabric.abort(rank);
+        }
         Ok(())
     }
 
     fn async_error(handle: &HostAbort) -> Result<()> {
-        handle.fabric.async_error()
+        match handle.binding.get() {
+            Some((fabric, _)) => fabric.async_error(),
+            None => Ok(()),
+        }
+    }
+
+    fn progress(handle: &HostAbort) -> Result<bool> {
+        if handle.binding.aborted.load(Ordering::SeqCst) {
+            return Err(fabric::nccl_error(
+                "ncclCommGetAsyncError",
+                fabric::INVALID_USAGE,
+                "the communicator was aborted".into(),
+            ));
+        }
+        match handle.binding.get() {
+            Some((fabric, rank)) => fabric.progress(rank),
+            None => Ok(false),
+        }
     }
 
     #[allow(unsafe_code)]
@@ -214,11 +334,12 @@ impl Imp for HostTransport {
         root: usize,
         queue: &Arc<Stream>,
     ) -> Result<()> {
-        if root >= comm.fabric.world() {
+        let world = comm.binding.ready("ncclBroadcast")?.0.world();
+        if root >= world {
             return Err(fabric::nccl_error(
                 "ncclBroadcast",
                 fabric::INVALID_USAGE,
-                format!("root {root} of a world of {}", comm.fabric.world()),
+                format!("root {root} of a world of {world}"),
             ));
         }
         comm.enqueue(queue, Collective::Broadcast { bytes, root }, buf, buf)
@@ -231,8 +352,9 @@ impl Imp for HostTransport {
         recvs: &[Transfer],
         queue: &Arc<Stream>,
     ) -> Result<()> {
-        comm.fabric.issue_group(comm.rank, sends, recvs)?;
-        let (fabric, rank) = (Arc::clone(&comm.fabric), comm.rank);
+        let _call = comm.binding.enter("ncclGroupEnd")?;
+        let (fabric, rank) = comm.binding.ready("ncclGroupEnd")?;
+        fabric.issue_group(rank, sends, recvs)?;
         let (sends, recvs) = (sends.to_vec(), recvs.to_vec());
         queue.push(Box::new(move || {
             #[allow(unsafe_code)]
@@ -328,4 +450,68 @@ where
         "gradwire-host-nccl-rank",
         |rank| body(NcclComm::from_host_id(id, rank, world, config.clone())?),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The owner thread over the non-blocking host transport: an init or a
+    //! split that a peer never joins ends at its deadline, aborted by the
+    //! owner thread itself (rule 9 would refuse an abort beside a running
+    //! call, and the handle would not report it).
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::nccl::owner::Owner;
+
+    const DEADLINE: Option<Duration> = Some(Duration::from_millis(300));
+
+    fn timed_out(result: &Result<()>, op: &str) -> bool {
+        matches!(result, Err(CommError::Timeout { op: o, .. }) if *o == op)
+    }
+
+    fn aborted(handle: &HostAbort) -> bool {
+        matches!(HostTransport::progress(handle), Err(CommError::Nccl { code: fabric::INVALID_USAGE, message, .. }) if message.contains("aborted"))
+    }
+
+    #[test]
+    fn an_init_a_peer_never_joins_ends_at_its_deadline() {
+        let id = HostId::generate();
+        let lone = Owner::<HostTransport>::start(0, HostDevice(0), DEADLINE, move || {
+            HostTransport::init_rank(&id, 2, 0)
+        })
+        .map(drop);
+        assert!(timed_out(&lone, "ncclCommInitRank"), "{lone:?}");
+    }
+
+    #[test]
+    fn a_split_a_peer_never_makes_ends_at_its_deadline_aborted_by_the_owner() {
+        let id = HostId::generate();
+        let start = |rank: usize| {
+            Owner::<HostTransport>::start(rank, HostDevice(rank), DEADLINE, move || {
+                HostTransport::init_rank(&id, 2, rank)
+            })
+        };
+        let (first, second) = std::thread::scope(|scope| {
+            let other = scope.spawn(|| start(1));
+            (start(0), other.join().expect("rank 1's thread"))
+        });
+        let (first, _second) = (first.expect("rank 0 joins"), second.expect("rank 1 joins"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let split = first.call("ncclCommSplit", DEADLINE, move |comm| {
+            let _ = tx.send(HostTransport::abort_handle(comm));
+            HostTransport::split(comm, Some(0), 0).map(drop)
+        });
+        assert!(timed_out(&split, "ncclCommSplit"), "{split:?}");
+        let handle = rx.recv().expect("the job ran");
+        let after = first.call("ncclAllReduce", DEADLINE, |_| Ok(()));
+        assert!(timed_out(&after, "ncclCommSplit"), "{after:?}");
+        // The owner thread aborts right after the job; joining it (the
+        // drop) orders this after the abort.
+        drop(first);
+        assert!(
+            aborted(&handle),
+            "the owner thread aborted the communicator"
+        );
+    }
 }
