@@ -105,6 +105,27 @@ pub fn lowrank_orthonormalize() -> Blocks {
 
 // -- adasum.cu --
 
+/// The `ranges` argument of the AdaSum kernels over the part `piece` of a
+/// fused buffer: each tensor's range clipped to `piece`, as `(start, end)`
+/// pairs (an empty intersection gives `start == end`), and the longest
+/// clipped range (which sizes the grids below).
+pub fn adasum_ranges(
+    tensors: &[std::ops::Range<usize>],
+    piece: &std::ops::Range<usize>,
+) -> (Vec<u64>, usize) {
+    let mut ranges = Vec::with_capacity(2 * tensors.len());
+    let mut longest = 0;
+    for t in tensors {
+        let lo = t.start.max(piece.start);
+        let hi = t.end.min(piece.end).max(lo);
+        longest = longest.max(hi - lo);
+        // A usize fits a u64 on every target Rust supports.
+        ranges.push(u64::try_from(lo).unwrap_or(u64::MAX));
+        ranges.push(u64::try_from(hi).unwrap_or(u64::MAX));
+    }
+    (ranges, longest)
+}
+
 /// The most tensors an AdaSum launch's grid covers in y (CUDA's limit on
 /// `gridDim.y`); the kernels stride over the rest.
 const ADASUM_MAX_GRID_Y: usize = 65_535;

@@ -14,24 +14,9 @@ use std::ops::Range;
 use gradwire_kernels::{adasum as k, plan};
 use gradwire_tensor::cuda_backend::DeviceVec;
 use gradwire_tensor::cuda_backend::launch::{
-    Launch, len_arg, require_f32, require_len, require_same_device,
+    Launch, require_f32, require_len, require_same_device,
 };
 use gradwire_tensor::{CudaStorage, Error, Result};
-
-/// Each tensor's range clipped to `piece`, as the kernels' `(start, end)`
-/// pairs (an empty intersection gives `start == end`), and the longest.
-fn clipped(tensors: &[Range<usize>], piece: &Range<usize>) -> Result<(Vec<u64>, usize)> {
-    let mut ranges = Vec::with_capacity(2 * tensors.len());
-    let mut longest = 0;
-    for t in tensors {
-        let lo = t.start.max(piece.start);
-        let hi = t.end.min(piece.end).max(lo);
-        longest = longest.max(hi - lo);
-        ranges.push(len_arg(lo)?);
-        ranges.push(len_arg(hi)?);
-    }
-    Ok((ranges, longest))
-}
 
 fn check(
     op: &'static str,
@@ -69,7 +54,7 @@ pub fn partials(
     if count == 0 {
         return Ok(Vec::new());
     }
-    let (ranges, longest) = clipped(tensors, &piece)?;
+    let (ranges, longest) = plan::adasum_ranges(tensors, &piece);
     if longest == 0 {
         return Ok(vec![0.0; 3 * count]);
     }
@@ -112,7 +97,7 @@ pub fn combine(
     check(OP, a, b, tensors, &piece)?;
     require_len(OP, 3 * tensors.len(), sums.len())?;
     let count = tensors.len();
-    let (ranges, longest) = clipped(tensors, &piece)?;
+    let (ranges, longest) = plan::adasum_ranges(tensors, &piece);
     if count == 0 || longest == 0 {
         return Ok(());
     }

@@ -36,22 +36,6 @@ use gradwire_kernels_host::Arg;
 
 use crate::common::{LENGTHS, bits, floats, run_both};
 
-/// The launcher's `clipped`: each tensor's range clipped to `piece` as the
-/// kernels' `(start, end)` pairs (an empty intersection gives `start ==
-/// end`), and the longest.
-fn clipped(tensors: &[Range<usize>], piece: &Range<usize>) -> (Vec<u64>, usize) {
-    let mut ranges = Vec::with_capacity(2 * tensors.len());
-    let mut longest = 0;
-    for t in tensors {
-        let lo = t.start.max(piece.start);
-        let hi = t.end.min(piece.end).max(lo);
-        longest = longest.max(hi - lo);
-        ranges.push(lo as u64);
-        ranges.push(hi as u64);
-    }
-    (ranges, longest)
-}
-
 /// The launcher's `partials`: `(a.b, |a|^2, |b|^2)` of every tensor over
 /// `piece`, from the two kernels. The column partials and the sums are
 /// poisoned with NaN (the launcher zeroes them), so that a cell the kernels
@@ -67,7 +51,7 @@ fn device_partials(
     if count == 0 {
         return Vec::new();
     }
-    let (ranges, longest) = clipped(tensors, piece);
+    let (ranges, longest) = plan::adasum_ranges(tensors, piece);
     if longest == 0 {
         return vec![0.0; 3 * count];
     }
@@ -123,7 +107,7 @@ fn device_combine(
     case: &str,
 ) {
     let count = tensors.len();
-    let (ranges, longest) = clipped(tensors, piece);
+    let (ranges, longest) = plan::adasum_ranges(tensors, piece);
     if count == 0 || longest == 0 {
         return;
     }
@@ -318,7 +302,7 @@ fn combine_is_bitwise_the_cpu_rule_from_the_same_partials() {
                     // shifted into it (an empty one to 0..0); it adds the same
                     // partials itself.
                     let mut want = a.clone();
-                    let (ranges, _) = clipped(&tensors, &piece);
+                    let (ranges, _) = plan::adasum_ranges(&tensors, &piece);
                     let local: Vec<Range<usize>> = ranges
                         .chunks_exact(2)
                         .map(|r| (r[0] as usize, r[1] as usize))
