@@ -59,7 +59,7 @@ impl std::fmt::Display for Refusal {
 }
 
 /// The most parameters a kernel may have (the widest has 12).
-pub const MAX_PARAMS: usize = 16;
+const MAX_PARAMS: usize = 16;
 
 impl Kernel {
     /// Whether `args` on a grid of `grid.0 x grid.1` blocks are what this

@@ -29,7 +29,7 @@ pub mod plan;
 mod signature;
 mod table;
 
-pub use check::{MAX_PARAMS, Operand, Refusal};
+pub use check::{Operand, Refusal};
 pub use generated::MODULES;
 pub use plan::{BLOCK, Blocks, MAX_GRID, blocks_for};
 pub use signature::{Access, CType, Extent, Grid, Kernel, LaunchShape, Param};

@@ -104,6 +104,15 @@ pub mod cast {
 pub mod comm {
     use super::*;
 
+    /// `reduce_chunks_*`'s `op` for the sum, in rank order (`GW_OP_SUM`).
+    pub const OP_SUM: u32 = 0;
+    /// The sum divided by the number of chunks (`GW_OP_AVG`).
+    pub const OP_AVG: u32 = 1;
+    /// The maximum, a NaN winning (`GW_OP_MAX`).
+    pub const OP_MAX: u32 = 2;
+    /// The minimum, a NaN winning (`GW_OP_MIN`).
+    pub const OP_MIN: u32 = 3;
+
     kernels! { "comm";
         // (T* out, const T* stage, u64 n, u32 world, u32 op): stage holds the
         // world chunks of n back to back.

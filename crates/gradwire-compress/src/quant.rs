@@ -88,6 +88,17 @@ impl Quantizer {
         }
     }
 
+    /// The key of the rounding draws for the caller's `stream`: QSGD's
+    /// seed mixed with the stream, 0 for the deterministic quantizers. The
+    /// CPU encoder's, and the argument of the device encoder
+    /// (`quant_qsgd_encode_f32`), which derives its draws from it alone.
+    pub fn stream_key(&self, stream: u64) -> u64 {
+        match *self {
+            Quantizer::Qsgd { seed, .. } => qsgd_key(seed, stream),
+            Quantizer::Sign | Quantizer::MinMaxU8 => 0,
+        }
+    }
+
     /// The bytes `n` entries encode to.
     pub fn encoded_len(&self, n: usize) -> usize {
         let chunks = n.div_ceil(QUANT_CHUNK);
@@ -113,10 +124,7 @@ impl Quantizer {
                 got: out.len(),
             });
         }
-        let key = match *self {
-            Quantizer::Qsgd { seed, .. } => qsgd_key(seed, stream),
-            _ => 0,
-        };
+        let key = self.stream_key(stream);
         // The loops vectorise several times wider with AVX2 (x86-64's
         // baseline has no 32-bit multiply or packed narrowing): the same
         // code, the same results, compiled twice.
@@ -321,9 +329,8 @@ fn sum_abs(x: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + eights.remainder().iter().map(|v| v.abs()).sum::<f32>()
 }
 
-/// The key of QSGD's rounding draws for `seed` and the caller's `stream`
-/// (also the device encoder's, `cuda`).
-pub(crate) fn qsgd_key(seed: u64, stream: u64) -> u64 {
+/// The key of QSGD's rounding draws for `seed` and the caller's `stream`.
+fn qsgd_key(seed: u64, stream: u64) -> u64 {
     mix(seed ^ mix(stream))
 }
 

@@ -284,6 +284,43 @@ pub enum Error {
     },
 }
 
+/// Runs `launcher` on `grid` blocks of `block` threads in `order`, with
+/// the arguments `argv`; the execution layer's message on failure.
+///
+/// # Safety
+///
+/// `argv` is what the launcher's kernel takes: one pointer per parameter,
+/// to a value of its C type or to a pointer to memory holding every element
+/// the kernel touches through it, all live for the call (which runs on this
+/// thread and returns when the kernel has finished).
+pub(crate) unsafe fn run_raw(
+    launcher: RawLauncher,
+    grid: (u32, u32),
+    block: u32,
+    order: Order,
+    argv: &[*mut c_void],
+) -> Result<(), String> {
+    let mut message = vec![0u8; 512];
+    let mut raw = RawLaunch {
+        grid_x: grid.0,
+        grid_y: grid.1,
+        block_x: block,
+        reverse: c_int::from(order == Order::Reverse),
+        error: message.as_mut_ptr().cast(),
+        error_len: message.len() as c_ulong,
+    };
+    // SAFETY: the caller's contract for `argv`; `raw.error` has `error_len`
+    // bytes, live for the call.
+    if unsafe { launcher(&mut raw, argv.as_ptr()) } == 0 {
+        return Ok(());
+    }
+    let end = message
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(message.len());
+    Err(String::from_utf8_lossy(&message[..end]).into_owned())
+}
+
 /// A value argument's storage, aligned for any C type.
 #[repr(C, align(8))]
 struct Slot([u8; 8]);
@@ -418,32 +455,17 @@ pub fn launch(
             }
         })
         .collect();
-    let mut message = vec![0u8; 512];
-    let mut raw = RawLaunch {
-        grid_x: grid.0,
-        grid_y: grid.1,
-        block_x: gradwire_kernels::BLOCK,
-        reverse: c_int::from(order == Order::Reverse),
-        error: message.as_mut_ptr().cast(),
-        error_len: message.len() as c_ulong,
-    };
     // SAFETY: the launcher reads `argv.len()` pointers (the kernel's
     // parameter count, as checked), each to a value of the parameter's C type
     // (`values`, 8 bytes) or to a pointer to staged memory holding exactly the
-    // elements the kernel's signature lets it touch, between guard bytes;
-    // `raw.error` has `error_len` bytes. Everything outlives the call, which
-    // runs on this thread and returns when the kernel has finished.
-    let status = unsafe { launcher(&mut raw, argv.as_ptr()) };
-    if status != 0 {
-        let end = message
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(message.len());
-        return Err(Error::Failed {
+    // elements the kernel's signature lets it touch, between guard bytes.
+    // Everything outlives the call.
+    unsafe { run_raw(launcher, grid, gradwire_kernels::BLOCK, order, &argv) }.map_err(
+        |message| Error::Failed {
             kernel: name,
-            message: String::from_utf8_lossy(&message[..end]).into_owned(),
-        });
-    }
+            message,
+        },
+    )?;
     // Every check first, so a failed launch leaves the caller's memory as
     // it was.
     for (i, (arg, stage)) in args.iter().zip(&staged).enumerate() {

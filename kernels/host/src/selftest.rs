@@ -2,9 +2,9 @@
 //! `(gw_u32* out, gw_u64 n)`: what it must run as CUDA does, and the faults
 //! it must report.
 
-use std::ffi::{c_int, c_ulong, c_void};
+use std::ffi::{c_int, c_void};
 
-use crate::{Error, Order, RawLaunch, RawLauncher};
+use crate::{Error, Order, RawLaunch, RawLauncher, run_raw};
 
 /// A self-test kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,15 +71,6 @@ pub fn run(
     order: Order,
     out: &mut [u32],
 ) -> Result<(), Error> {
-    let mut message = vec![0u8; 512];
-    let mut raw = RawLaunch {
-        grid_x: grid.0,
-        grid_y: grid.1,
-        block_x: block,
-        reverse: c_int::from(order == Order::Reverse),
-        error: message.as_mut_ptr().cast(),
-        error_len: message.len() as c_ulong,
-    };
     let mut pointer: *mut c_void = out.as_mut_ptr().cast();
     let mut n: u64 = out.len() as u64;
     let argv: [*mut c_void; 2] = [
@@ -87,19 +78,11 @@ pub fn run(
         (&mut n as *mut u64).cast(),
     ];
     // SAFETY: every self-test kernel is `(gw_u32* out, gw_u64 n)` and
-    // touches at most `n` elements of `out`; `raw.error` has `error_len`
-    // bytes; the call returns when the kernel has finished.
-    let status = unsafe { (kernel.launcher())(&mut raw, argv.as_ptr()) };
-    if status == 0 {
-        Ok(())
-    } else {
-        let end = message
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(message.len());
-        Err(Error::Failed {
+    // touches at most `n` elements of `out`, live for the call.
+    unsafe { run_raw(kernel.launcher(), grid, block, order, &argv) }.map_err(|message| {
+        Error::Failed {
             kernel: "selftest",
-            message: String::from_utf8_lossy(&message[..end]).into_owned(),
-        })
-    }
+            message,
+        }
+    })
 }

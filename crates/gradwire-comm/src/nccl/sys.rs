@@ -261,16 +261,16 @@ pub(super) fn destroy(comm: RawComm) -> Result<()> {
     check_issued("ncclCommDestroy", status, None)
 }
 
-/// A handle that can abort a communicator from any thread: the watchdog's.
+/// A handle that reads a communicator's asynchronous error from any thread
+/// (the watchdog's) and aborts it (the owner thread, between its calls).
 #[derive(Clone, Copy, Debug)]
 pub struct AbortHandle(sys::ncclComm_t);
 
 #[allow(unsafe_code)]
-// SAFETY: ncclCommAbort and ncclCommGetAsyncError may be called from any
-// thread while another thread is inside an operation of the communicator;
-// that is what they are for. The owner (`nccl::Owner`) guarantees the
-// handle is used at most once for abort and never after the communicator
-// was destroyed.
+// SAFETY: ncclCommGetAsyncError may be called from any thread while
+// another thread issues the communicator's operations; that is what it is
+// for. The abort is issued by the owner thread (`nccl::Owner`), between its
+// calls, at most once, and never after the communicator was destroyed.
 unsafe impl Send for AbortHandle {}
 #[allow(unsafe_code)]
 // SAFETY: see `Send`; the handle is a plain pointer value.
@@ -289,9 +289,10 @@ impl AbortHandle {
     ///
     /// # Safety
     ///
-    /// The communicator must be live, and nothing may use it afterwards
-    /// (other than threads already blocked inside NCCL, which the abort
-    /// releases): the caller forgets the [`RawComm`].
+    /// The communicator must be live, no other call on it may run beside
+    /// this one, and nothing may use it afterwards (a CUDA wait on its
+    /// stream is released by the abort): the caller forgets the
+    /// [`RawComm`].
     #[allow(unsafe_code)]
     pub(super) unsafe fn abort(self) -> Result<()> {
         // SAFETY: the communicator is live (the caller's contract).

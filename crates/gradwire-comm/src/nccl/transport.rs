@@ -69,8 +69,9 @@ mod sealed {
         type Device: Clone + Send + Sync + 'static;
         /// A live communicator handle, held by the owner thread.
         type Comm: Send + 'static;
-        /// A handle that aborts the communicator and reads its asynchronous
-        /// error from any thread (the watchdog's).
+        /// A handle that reads the communicator's asynchronous error from
+        /// any thread (the watchdog's) and aborts it (the owner thread,
+        /// between its calls).
         type Abort: Clone + Send + Sync + 'static;
         /// The communicator's stream, on which its work runs in order.
         type Stream: Send + Sync + 'static;
@@ -113,7 +114,8 @@ mod sealed {
         ///
         /// # Safety
         ///
-        /// The communicator is live, and nothing uses it afterwards.
+        /// The communicator is live, no other call on it runs beside this
+        /// one, and nothing uses it afterwards.
         unsafe fn abort(handle: Self::Abort) -> Result<()>;
         /// `ncclCommGetAsyncError`.
         fn async_error(handle: &Self::Abort) -> Result<()>;

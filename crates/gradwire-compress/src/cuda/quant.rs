@@ -20,16 +20,13 @@ pub use crate::cuda::kernels::quant::DeviceBytes;
 
 use super::refuse_non_finite;
 use crate::error::{CompressError, Result};
-use crate::quant::{QUANT_CHUNK, Quantizer, qsgd_key};
+use crate::quant::{QUANT_CHUNK, Quantizer};
 
 /// QSGD's stream key for `stream` (as the CPU mixes the seed), `q`'s
 /// settings checked first.
 fn stream_key(q: &Quantizer, stream: u64) -> Result<u64> {
     q.validate()?;
-    Ok(match *q {
-        Quantizer::Qsgd { seed, .. } => qsgd_key(seed, stream),
-        Quantizer::Sign | Quantizer::MinMaxU8 => 0,
-    })
+    Ok(q.stream_key(stream))
 }
 
 /// Encodes `x` (f32) into a new payload of [`Quantizer::encoded_len`] bytes

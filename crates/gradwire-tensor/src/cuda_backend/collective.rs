@@ -29,10 +29,10 @@ pub enum ChunkOp {
 impl ChunkOp {
     fn code(self) -> u32 {
         match self {
-            ChunkOp::Sum => 0,
-            ChunkOp::Avg => 1,
-            ChunkOp::Max => 2,
-            ChunkOp::Min => 3,
+            ChunkOp::Sum => comm::OP_SUM,
+            ChunkOp::Avg => comm::OP_AVG,
+            ChunkOp::Max => comm::OP_MAX,
+            ChunkOp::Min => comm::OP_MIN,
         }
     }
 }

@@ -26,13 +26,13 @@ use half::{bf16, f16};
 
 use crate::common::{LENGTHS, bits, floats, nan_canonical, run_both};
 
-/// The operators with their codes in `comm.cu` (`GW_OP_*`, gradwire-tensor's
-/// `ChunkOp`).
+/// The operators with their codes in `comm.cu` (gradwire-kernels'
+/// `comm::OP_*`, which gradwire-tensor's `ChunkOp` passes).
 const OPS: [(ReduceOp, u32); 4] = [
-    (ReduceOp::Sum, 0),
-    (ReduceOp::Avg, 1),
-    (ReduceOp::Max, 2),
-    (ReduceOp::Min, 3),
+    (ReduceOp::Sum, k::OP_SUM),
+    (ReduceOp::Avg, k::OP_AVG),
+    (ReduceOp::Max, k::OP_MAX),
+    (ReduceOp::Min, k::OP_MIN),
 ];
 
 /// Rank `rank`'s buffer of `len` elements in a world of `world`, for `op`.

@@ -61,23 +61,6 @@ fn levels(q: Quantizer) -> u32 {
     }
 }
 
-/// QSGD's stream key, as gradwire-compress's `qsgd_key` (crate-private)
-/// mixes it for the device encoder: `mix(seed ^ mix(stream))`, SplitMix64's
-/// finaliser. The CPU's encode mixes its own, so a wrong copy here fails
-/// every QSGD payload.
-fn key(q: Quantizer, stream: u64) -> u64 {
-    fn mix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    match q {
-        Quantizer::Qsgd { seed, .. } => mix(seed ^ mix(stream)),
-        Quantizer::Sign | Quantizer::MinMaxU8 => 0,
-    }
-}
-
 /// The encoder, check and decoder of `q`.
 fn kernels(q: Quantizer) -> [&'static Kernel; 3] {
     match q {
@@ -120,7 +103,7 @@ fn encode_on_host(
         return Ok(stale.to_vec());
     }
     let [encode, _, _] = kernels(q);
-    let (levels, key) = (levels(q), key(q, stream));
+    let (levels, key) = (levels(q), q.stream_key(stream));
     let max_norm = matches!(
         q,
         Quantizer::Qsgd {
