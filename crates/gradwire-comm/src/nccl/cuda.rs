@@ -24,6 +24,7 @@ impl Imp for CudaTransport {
     type Device = Arc<CudaDevice>;
     type Comm = RawComm;
     type Abort = sys::AbortHandle;
+    type Split = sys::PendingSplit;
     type Stream = Arc<CudaStream>;
     /// A raw stream is not `Send`: it crosses as an address.
     type Queue = usize;
@@ -63,8 +64,12 @@ impl Imp for CudaTransport {
         sys::init_rank(id, world, rank)
     }
 
-    fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<Option<RawComm>> {
+    fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<sys::PendingSplit> {
         sys::split(comm, color, key)
+    }
+
+    fn split_result(split: sys::PendingSplit) -> Result<Option<RawComm>> {
+        Ok(split.result())
     }
 
     fn destroy(comm: RawComm) -> Result<()> {

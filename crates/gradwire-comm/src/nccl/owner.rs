@@ -298,11 +298,31 @@ impl<T: NcclTransport> Drop for Owner<T> {
 impl<T: NcclTransport> NcclComm<T> {
     /// `ncclCommSplit` on the owner thread; the new communicator gets an
     /// owner thread (and a watchdog) of its own.
+    ///
+    /// Two jobs: the first issues the split, and the owner thread polls the
+    /// parent until every rank split ([`settle`]); only then does the
+    /// second take the new handle, which NCCL writes when the split
+    /// completes.
     pub(super) fn split_raw(&self, color: Option<i32>, key: i32) -> Result<Option<Owner<T>>> {
-        let (tx, rx) = mpsc::channel();
+        let pending = Arc::new(std::sync::Mutex::new(None));
+        let issued = Arc::clone(&pending);
         self.owner
             .call("ncclCommSplit", self.config.timeout, move |comm| {
-                let new = T::split(comm, color, key)?;
+                let split = T::split(comm, color, key)?;
+                *issued
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(split);
+                Ok(())
+            })?;
+        let (tx, rx) = mpsc::channel();
+        self.owner
+            .call("ncclCommSplit", self.config.timeout, move |_| {
+                let split = pending
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take()
+                    .ok_or(CommError::WorkerStopped)?;
+                let new = T::split_result(split)?;
                 // The raw handle moves to its own owner thread below.
                 tx.send(new).map_err(|_| CommError::WorkerStopped)
             })?;

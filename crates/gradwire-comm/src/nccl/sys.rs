@@ -21,6 +21,7 @@
 
 use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use gradwire_tensor::cudarc::driver::sys::CUstream;
 use gradwire_tensor::cudarc::nccl::sys;
@@ -228,28 +229,61 @@ pub(super) fn init_rank(id: &UniqueId, world: usize, rank: usize) -> Result<RawC
     Ok(RawComm(comm))
 }
 
+/// A split in flight: NCCL writes the new communicator's handle into
+/// `slot`, from its own thread, when the split completes, so the slot lives
+/// on the heap until then. Dropped before [`PendingSplit::result`] (the
+/// split failed or timed out, and NCCL may still write), the slot is leaked
+/// rather than freed under that write.
+#[derive(Debug)]
+pub struct PendingSplit {
+    slot: Option<Box<AtomicPtr<sys::ncclComm>>>,
+}
+
+impl PendingSplit {
+    /// The new communicator, once the parent's progress said the split is
+    /// done (`None` for no color, or if NCCL made none).
+    pub(super) fn result(mut self) -> Option<RawComm> {
+        let slot = self.slot.take()?;
+        // NCCL stores it with release ordering before it clears the
+        // parent's ncclInProgress.
+        let comm = slot.load(Ordering::Acquire);
+        (!comm.is_null()).then_some(RawComm(comm))
+    }
+}
+
+impl Drop for PendingSplit {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            Box::leak(slot);
+        }
+    }
+}
+
 /// `ncclCommSplit`: the sub-communicator of the ranks with the same `color`
-/// (`None`: this rank joins none and gets `None`), ordered by `key`.
-/// Collective over `comm`.
-pub(super) fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<Option<RawComm>> {
+/// (`None`: this rank joins none), ordered by `key`. Collective over
+/// `comm`, non-blocking: `comm` is in progress until every rank split, and
+/// the new handle is written then ([`PendingSplit::result`]).
+pub(super) fn split(comm: &RawComm, color: Option<i32>, key: i32) -> Result<PendingSplit> {
     // NCCL_SPLIT_NOCOLOR.
     const NO_COLOR: i32 = -1;
-    let mut new: sys::ncclComm_t = std::ptr::null_mut();
+    let slot = Box::new(AtomicPtr::new(std::ptr::null_mut()));
     #[allow(unsafe_code)]
-    // SAFETY: `comm` is live, `new` a valid out-pointer; a null config asks
-    // for the parent's configuration (non-blocking: the new communicator
-    // initialises after this returns, polled like an init).
+    // SAFETY: `comm` is live; the slot is a valid out-pointer that stays
+    // allocated until NCCL has written it (`PendingSplit` frees it only
+    // after the split completed, and leaks it otherwise); a null config
+    // asks for the parent's configuration (non-blocking).
     let status = unsafe {
         sys::ncclCommSplit(
             comm.0,
             color.unwrap_or(NO_COLOR),
             key,
-            &mut new,
+            slot.as_ptr(),
             std::ptr::null_mut(),
         )
     };
+    let pending = PendingSplit { slot: Some(slot) };
     check_issued("ncclCommSplit", status, Some(comm))?;
-    Ok((!new.is_null()).then_some(RawComm(new)))
+    Ok(pending)
 }
 
 /// Releases a communicator whose operations are complete

@@ -73,6 +73,9 @@ mod sealed {
         /// any thread (the watchdog's) and aborts it (the owner thread,
         /// between its calls).
         type Abort: Clone + Send + Sync + 'static;
+        /// A split issued and not yet complete: it names the new
+        /// communicator once the parent's [`Imp::progress`] says done.
+        type Split: Send + 'static;
         /// The communicator's stream, on which its work runs in order.
         type Stream: Send + Sync + 'static;
         /// What crosses to the owner thread to name the stream.
@@ -102,9 +105,14 @@ mod sealed {
         /// rank has joined.
         fn init_rank(id: &Self::Id, world: usize, rank: usize) -> Result<Self::Comm>;
         /// `ncclCommSplit`: collective over `comm`, non-blocking as the
-        /// init (poll the new communicator, and `comm`, with
-        /// [`Imp::progress`]).
-        fn split(comm: &Self::Comm, color: Option<i32>, key: i32) -> Result<Option<Self::Comm>>;
+        /// init: `comm` is in progress until every rank split (poll it with
+        /// [`Imp::progress`]), then [`Imp::split_result`] hands out the new
+        /// communicator.
+        fn split(comm: &Self::Comm, color: Option<i32>, key: i32) -> Result<Self::Split>;
+        /// The new communicator of a split whose parent's progress said
+        /// done (`None` for a rank that asked for no color). NCCL writes it
+        /// only when the split completes: read earlier, it is missing.
+        fn split_result(split: Self::Split) -> Result<Option<Self::Comm>>;
         /// `ncclCommDestroy` of a communicator whose work is complete.
         fn destroy(comm: Self::Comm) -> Result<()>;
         /// The watchdog's handle of `comm`.

@@ -8,9 +8,11 @@
 //! 1. **Communicators are non-blocking**: joining (`ncclCommInitRank`)
 //!    returns at once and the communicator is in progress
 //!    (`ncclInProgress`) until every rank of the world joined the id; a
-//!    split (`ncclCommSplit`) returns the new communicator at once, in
-//!    progress (and the parent too) until every rank split. Using a
-//!    communicator in progress is `ncclInvalidUsage`.
+//!    split (`ncclCommSplit`) returns at once with the parent in progress
+//!    until every rank split, and only then hands out the new
+//!    communicator (NCCL writes the caller's handle when the split
+//!    completes: read earlier, it is NULL). Using a communicator in
+//!    progress is `ncclInvalidUsage`.
 //! 2. **One stream per communicator**: its operations run in the order
 //!    queued, on a thread of their own; a synchronisation waits for all of
 //!    them, and a failed operation fails every later wait (CUDA's sticky
@@ -53,8 +55,8 @@
 mod fabric;
 mod stream;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use gradwire_tensor::Tensor;
 
@@ -87,23 +89,28 @@ pub struct HostComm {
     binding: Arc<Binding>,
 }
 
+/// A split the host transport issued: its new communicator exists once
+/// every rank split.
+#[derive(Debug)]
+pub struct HostSplit {
+    parent: Arc<Fabric>,
+    seq: u64,
+    rank: usize,
+    colored: bool,
+}
+
 /// The host transport's abort handle.
 #[derive(Debug, Clone)]
 pub struct HostAbort {
     binding: Arc<Binding>,
 }
 
-/// What a handle is the rank of: known at once for a joined id, once every
-/// rank split for a split's new communicator.
+/// The communicator a handle is the rank of, and that rank.
 #[derive(Debug)]
 struct Binding {
-    /// Resolved once, under its lock (the owner thread and the watchdog
-    /// both ask).
-    bound: Mutex<Option<(Arc<Fabric>, usize)>>,
-    /// For a split's new communicator: the parent, the split's number and
-    /// this rank's place there.
-    split: Option<(Arc<Fabric>, u64, usize)>,
-    /// Aborted before it was bound.
+    fabric: Arc<Fabric>,
+    rank: usize,
+    /// Aborted: every later call and poll fails.
     aborted: AtomicBool,
     /// A call on the communicator is running (rule 9).
     in_call: AtomicBool,
@@ -121,17 +128,8 @@ impl Drop for InCall<'_> {
 impl Binding {
     fn of(fabric: Arc<Fabric>, rank: usize) -> Arc<Binding> {
         Arc::new(Binding {
-            bound: Mutex::new(Some((fabric, rank))),
-            split: None,
-            aborted: AtomicBool::new(false),
-            in_call: AtomicBool::new(false),
-        })
-    }
-
-    fn split_of(parent: Arc<Fabric>, seq: u64, rank: usize) -> Arc<Binding> {
-        Arc::new(Binding {
-            bound: Mutex::new(None),
-            split: Some((parent, seq, rank)),
+            fabric,
+            rank,
             aborted: AtomicBool::new(false),
             in_call: AtomicBool::new(false),
         })
@@ -150,22 +148,10 @@ impl Binding {
         Ok(InCall(&self.in_call))
     }
 
-    /// The communicator and this rank's place in it, once known.
-    fn get(&self) -> Option<(Arc<Fabric>, usize)> {
-        let mut bound = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
-        if bound.is_none()
-            && let Some((parent, seq, rank)) = &self.split
-        {
-            *bound = parent.split_result(*seq, *rank);
-        }
-        bound.clone()
-    }
-
     /// The communicator, or `ncclInvalidUsage` while it is in progress.
     fn ready(&self, op: &'static str) -> Result<(Arc<Fabric>, usize)> {
-        let (fabric, rank) = self.get().ok_or_else(|| in_progress(op))?;
-        if fabric.progress(rank)? {
-            Ok((fabric, rank))
+        if self.fabric.progress(self.rank)? {
+            Ok((Arc::clone(&self.fabric), self.rank))
         } else {
             Err(in_progress(op))
         }
@@ -207,6 +193,7 @@ impl Imp for HostTransport {
     type Device = HostDevice;
     type Comm = HostComm;
     type Abort = HostAbort;
+    type Split = HostSplit;
     type Stream = HostStream;
     type Queue = Arc<Stream>;
     type Buffer = HostBuffer;
@@ -240,12 +227,36 @@ impl Imp for HostTransport {
         })
     }
 
-    fn split(comm: &HostComm, color: Option<i32>, key: i32) -> Result<Option<HostComm>> {
+    fn split(comm: &HostComm, color: Option<i32>, key: i32) -> Result<HostSplit> {
         let _call = comm.binding.enter("ncclCommSplit")?;
         let (parent, rank) = comm.binding.ready("ncclCommSplit")?;
         let seq = parent.split(rank, color, key)?;
-        Ok(color.map(|_| HostComm {
-            binding: Binding::split_of(parent, seq, rank),
+        Ok(HostSplit {
+            parent,
+            seq,
+            rank,
+            colored: color.is_some(),
+        })
+    }
+
+    fn split_result(split: HostSplit) -> Result<Option<HostComm>> {
+        if !split.colored {
+            return Ok(None);
+        }
+        // NCCL writes the new handle only once the split completed; read
+        // earlier, it is still NULL.
+        let (fabric, rank) = split
+            .parent
+            .split_result(split.seq, split.rank)
+            .ok_or_else(|| {
+                fabric::nccl_error(
+                    "ncclCommSplit",
+                    fabric::INVALID_USAGE,
+                    "the new communicator was read before the split completed (NCCL leaves it NULL until then)".into(),
+                )
+            })?;
+        Ok(Some(HostComm {
+            binding: Binding::of(fabric, rank),
         }))
     }
 
@@ -263,17 +274,12 @@ impl Imp for HostTransport {
     unsafe fn abort(handle: HostAbort) -> Result<()> {
         let _call = handle.binding.enter("ncclCommAbort")?;
         handle.binding.aborted.store(true, Ordering::SeqCst);
-        if let Some((fabric, rank)) = handle.binding.get() {
-            fabric.abort(rank);
-        }
+        handle.binding.fabric.abort(handle.binding.rank);
         Ok(())
     }
 
     fn async_error(handle: &HostAbort) -> Result<()> {
-        match handle.binding.get() {
-            Some((fabric, _)) => fabric.async_error(),
-            None => Ok(()),
-        }
+        handle.binding.fabric.async_error()
     }
 
     fn progress(handle: &HostAbort) -> Result<bool> {
@@ -284,10 +290,7 @@ impl Imp for HostTransport {
                 "the communicator was aborted".into(),
             ));
         }
-        match handle.binding.get() {
-            Some((fabric, rank)) => fabric.progress(rank),
-            None => Ok(false),
-        }
+        handle.binding.fabric.progress(handle.binding.rank)
     }
 
     #[allow(unsafe_code)]
@@ -482,6 +485,40 @@ mod tests {
         })
         .map(drop);
         assert!(timed_out(&lone, "ncclCommInitRank"), "{lone:?}");
+    }
+
+    #[test]
+    fn a_split_hands_out_its_communicator_only_once_every_rank_split() {
+        let id = HostId::generate();
+        let first = HostTransport::init_rank(&id, 2, 0).expect("rank 0 joins");
+        let second = HostTransport::init_rank(&id, 2, 1).expect("rank 1 joins");
+        let early = HostTransport::split(&first, Some(3), 0).expect("issued");
+        assert_eq!(
+            HostTransport::progress(&HostTransport::abort_handle(&first)).ok(),
+            Some(false),
+            "the parent is in progress until every rank split"
+        );
+        let read_early = HostTransport::split_result(early).map(|c| c.is_some());
+        assert!(
+            matches!(
+                &read_early,
+                Err(CommError::Nccl {
+                    op: "ncclCommSplit",
+                    code: fabric::INVALID_USAGE,
+                    ..
+                })
+            ),
+            "{read_early:?}"
+        );
+        // A second split, this time read once both ranks made it: the
+        // first one's slot is taken by rank 1's first split.
+        let late = HostTransport::split(&second, Some(3), 0).expect("issued");
+        assert!(HostTransport::progress(&HostTransport::abort_handle(&second)).expect("no error"));
+        let made = HostTransport::split_result(late).expect("complete");
+        assert!(made.is_some(), "rank 1 has a color: it gets a communicator");
+        let none = HostTransport::split(&first, None, 0).expect("issued");
+        let _ = HostTransport::split(&second, None, 0).expect("issued");
+        assert!(matches!(HostTransport::split_result(none), Ok(None)));
     }
 
     #[test]
