@@ -45,13 +45,25 @@ fn reductions(reduction: NcclReduction) -> Reductions {
     }
 }
 
+/// The reductions to run: both, or the one `GRADWIRE_NCCL_REDUCTION` names
+/// (`native` or `rank-ordered`; `gpu_suite.sh` runs the fault matrix's
+/// two side by side).
+fn reductions_to_run() -> Vec<NcclReduction> {
+    match std::env::var("GRADWIRE_NCCL_REDUCTION").as_deref() {
+        Err(_) => REDUCTIONS.to_vec(),
+        Ok("native") => vec![NcclReduction::Native],
+        Ok("rank-ordered") => vec![NcclReduction::RankOrdered],
+        Ok(other) => panic!("GRADWIRE_NCCL_REDUCTION={other}: expected native or rank-ordered"),
+    }
+}
+
 /// Runs the case called `name` on 1..=G GPUs under both reductions and
 /// fails with every rank's failures.
 fn conform(name: &'static str) {
     let Some(ordinals) = gpus(name) else {
         return;
     };
-    for reduction in REDUCTIONS {
+    for reduction in reductions_to_run() {
         for world in 1..=ordinals.len() {
             let verdicts = nccl::run(&ordinals[..world], config(reduction), move |comm| {
                 let all = cases::<NcclComm>();

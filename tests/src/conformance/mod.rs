@@ -1126,9 +1126,17 @@ fn posted_faults<C: Communicator>(comm: &C, checks: &mut Checks) -> Result<(), C
 /// mode and fault, every rank sees the same outcome at every step, the
 /// steps after the fault complete, and the ranks end bitwise equal (each
 /// scenario on its own duplicate; the records compared after an
-/// all-gather, `faults::run_on`).
+/// all-gather, `faults::run_share_on`). `GRADWIRE_FAULT_SHARE=i/n` runs
+/// the i-th of n shares of the scenarios only (`gpu_suite.sh` runs the
+/// shares side by side on a GPU machine, where each scenario's fresh
+/// communicators take half a second).
 fn fault_matrix<C: Communicator + 'static>(comm: &C, checks: &mut Checks) -> Result<(), CaseError> {
-    for report in gradwire_experiments::faults::run_on(comm)? {
+    use gradwire_experiments::faults::{Share, run_share_on};
+    let share = match std::env::var("GRADWIRE_FAULT_SHARE") {
+        Ok(text) => Share::parse(&text)?,
+        Err(_) => Share::WHOLE,
+    };
+    for report in run_share_on(comm, share)? {
         checks.check(report.holds(), || {
             format!(
                 "{} / {} / skip {}: at the fault step {:?}, agreed {}, recovered {}, equal {:?}",

@@ -4,15 +4,15 @@
 //! rank-ordered reduction is in `rank_ordered.rs`).
 //!
 //! Ordering: the communicator's stream waits for the work queued on the
-//! tensor's stream before NCCL touches the buffer, and the tensor's stream
-//! waits for the communicator's after it, so the collective sits between
-//! what was queued on the tensor before the call and what is queued after
-//! (CUDA events, no host wait for the ordering itself). The call then
-//! waits for the collective, under the watchdog, like every other.
+//! tensor's stream before NCCL touches the buffer (a CUDA event, no host
+//! wait). The call then waits on the host for the collective, under the
+//! watchdog, like every other, so whatever is queued on the tensor's stream
+//! after it returns runs after the collective with no event back: an event
+//! would make the tensor's stream (the device's default stream, which every
+//! kernel of gradwire uses) wait on NCCL's, the asynchronous lane's
+//! included, for nothing.
 
-use std::sync::Arc;
-
-use gradwire_tensor::cudarc::driver::{CudaStream, DevicePtrMut};
+use gradwire_tensor::cudarc::driver::DevicePtrMut;
 use gradwire_tensor::{CudaStorage, Tensor};
 
 use super::transport::Native;
@@ -28,12 +28,9 @@ impl NcclComm<CudaTransport> {
     /// zeroed tensor takes part with zeros), copied if shared with a clone
     /// (copy on write, done now, before the streams are ordered), and
     /// NCCL's stream ordered after the work queued on the tensor's stream.
-    /// Returns the storage and the tensor's stream, which the caller orders
-    /// after NCCL's when done ([`NcclComm::release_to`]).
-    pub(super) fn device_storage<'t>(
-        &self,
-        tensor: &'t mut Tensor,
-    ) -> Result<(&'t mut CudaStorage, Arc<CudaStream>)> {
+    /// The caller waits for its collective on the host before it returns
+    /// (see the module docs).
+    pub(super) fn device_storage<'t>(&self, tensor: &'t mut Tensor) -> Result<&'t mut CudaStorage> {
         let ordinal = self.device.ordinal();
         let storage = tensor.cuda_storage_mut().map_err(cuda)?;
         if storage.ordinal() != ordinal {
@@ -43,18 +40,10 @@ impl NcclComm<CudaTransport> {
             )));
         }
         storage.buffer_mut().map_err(cuda)?;
-        let tensor_stream = Arc::clone(storage.device().stream());
         self.stream
-            .join(&tensor_stream)
+            .join(storage.device().stream())
             .map_err(|e| driver("cuStreamWaitEvent", e))?;
-        Ok((storage, tensor_stream))
-    }
-
-    /// Orders the tensor's stream after everything queued on NCCL's.
-    pub(super) fn release_to(&self, tensor_stream: &CudaStream) -> Result<()> {
-        tensor_stream
-            .join(&self.stream)
-            .map_err(|e| driver("cuStreamWaitEvent", e))
+        Ok(storage)
     }
 
     /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.
@@ -71,7 +60,7 @@ impl NcclComm<CudaTransport> {
         if len == 0 {
             return Ok(());
         }
-        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        let storage = self.device_storage(tensor)?;
         self.watched("broadcast", || {
             let mut view = storage.bytes_mut().map_err(cuda)?;
             let capacity = view.len();
@@ -81,8 +70,7 @@ impl NcclComm<CudaTransport> {
             drop(guard);
             queued?;
             self.sync()
-        })?;
-        self.release_to(&tensor_stream)
+        })
     }
 
     /// `all_reduce_tensor` on a CUDA tensor, all on its device: NCCL's
@@ -110,7 +98,7 @@ impl NcclComm<CudaTransport> {
     /// `ncclAllReduce` in place on the tensor's buffer.
     fn all_reduce_device_native(&self, tensor: &mut Tensor, native: Native) -> Result<()> {
         let len = tensor.len();
-        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        let storage = self.device_storage(tensor)?;
         self.watched("all_reduce", || {
             // The view is the storage's `len` elements, and the tensor is
             // borrowed until the wait below ends.
@@ -122,7 +110,6 @@ impl NcclComm<CudaTransport> {
             drop(guard);
             queued?;
             self.sync()
-        })?;
-        self.release_to(&tensor_stream)
+        })
     }
 }

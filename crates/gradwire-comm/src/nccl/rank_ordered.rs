@@ -229,7 +229,7 @@ impl NcclComm<CudaTransport> {
         let ([stage_r, gather_r], total) =
             layout([stage_bytes, gather_bytes]).ok_or_else(overflow)?;
         let mut lease = self.scratch.lease(total, &self.stream)?;
-        let (storage, tensor_stream) = self.device_storage(tensor)?;
+        let storage = self.device_storage(tensor)?;
         self.watched("all_reduce", || {
             let dev = lease.buffer()?;
             if dev.len() < total {
@@ -305,7 +305,6 @@ impl NcclComm<CudaTransport> {
                     .map_err(|e| driver("cuMemcpyDtoD", e))?;
             }
             self.sync()
-        })?;
-        self.release_to(&tensor_stream)
+        })
     }
 }

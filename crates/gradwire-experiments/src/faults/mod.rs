@@ -25,7 +25,7 @@ mod scenario;
 
 pub use command::FaultsArgs;
 pub use report::{Report, TerminalReport, table, terminal_table};
-pub use run::{run_local, run_local_terminal, run_on};
+pub use run::{run_local, run_local_terminal, run_on, run_share_on};
 pub use scenario::{run_scenario, run_schedule, run_without};
 
 use gradwire_algos::FaultKind;
@@ -258,6 +258,56 @@ pub fn scenarios() -> Vec<(StrategyConfig, Fault, bool)> {
     all
 }
 
+/// A share of the matrix's [`scenarios`]: the `index`-th of `count`
+/// contiguous runs of them (a scenario's mode stays with its neighbours,
+/// which share its fault-free reference run). The shares of one count
+/// cover every scenario exactly once, so a machine with cores to spare runs
+/// them side by side (`gpu_suite.sh` does, for the NCCL fault matrix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    index: usize,
+    count: usize,
+}
+
+impl Share {
+    /// Every scenario.
+    pub const WHOLE: Share = Share { index: 0, count: 1 };
+
+    /// Share `index` of `count` (`index < count`).
+    pub fn new(index: usize, count: usize) -> crate::Result<Share> {
+        if index >= count {
+            return Err(crate::ExperimentError::Usage(format!(
+                "share {index} of {count}: a share's index is below the count of shares, which is at least 1"
+            )));
+        }
+        Ok(Share { index, count })
+    }
+
+    /// Parses `index/count` (`2/4`).
+    pub fn parse(text: &str) -> crate::Result<Share> {
+        let usage = || {
+            crate::ExperimentError::Usage(format!(
+                "`{text}` is not a share: expected index/count, as 0/4"
+            ))
+        };
+        let (index, count) = text.split_once('/').ok_or_else(usage)?;
+        let index = index.trim().parse().map_err(|_| usage())?;
+        let count = count.trim().parse().map_err(|_| usage())?;
+        Share::new(index, count)
+    }
+
+    /// The range of positions, in a list of `len`, that this share holds.
+    pub fn range(&self, len: usize) -> std::ops::Range<usize> {
+        // index < count, so neither product overflows for any list that
+        // fits in memory divided among at most `count` shares.
+        let bound = |i: usize| {
+            let whole = len / self.count * i;
+            whole + (len % self.count) * i / self.count
+        };
+        bound(self.index)..bound(self.index + 1)
+    }
+}
+
 /// The terminal scenarios: a rank that panics or drops its communicator in
 /// every mode, a panicking strategy in the modes that combine through
 /// AdaSum (the matrix wraps it).
@@ -271,4 +321,43 @@ pub fn terminal_scenarios() -> Vec<(StrategyConfig, Fault)> {
         }
     }
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shares_of_a_count_cover_every_scenario_once_in_order() {
+        for len in [0, 1, 2, 7, 97, scenarios().len()] {
+            for count in 1..=8 {
+                let mut next = 0;
+                for index in 0..count {
+                    let range = Share::new(index, count).expect("a share").range(len);
+                    assert_eq!(range.start, next, "len {len}, share {index}/{count}");
+                    assert!(
+                        range.len() <= len.div_ceil(count),
+                        "len {len}, {index}/{count}"
+                    );
+                    next = range.end;
+                }
+                assert_eq!(next, len, "len {len}, count {count}");
+            }
+        }
+        assert_eq!(Share::WHOLE.range(5), 0..5);
+    }
+
+    #[test]
+    fn shares_parse_and_refuse_what_names_none() {
+        assert_eq!(
+            Share::parse("2/4").expect("a share"),
+            Share::new(2, 4).expect("a share")
+        );
+        for bad in ["4/4", "0/0", "1", "a/2", "1/b", "-1/2", ""] {
+            assert!(
+                matches!(Share::parse(bad), Err(crate::ExperimentError::Usage(_))),
+                "{bad}"
+            );
+        }
+    }
 }

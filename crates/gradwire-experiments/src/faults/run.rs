@@ -129,6 +129,15 @@ impl RankRecord {
 /// so a scenario's faults stay in it), gathers every rank's record over
 /// `comm` and judges each; every rank gets the same reports.
 pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>> {
+    run_share_on(comm, Share::WHOLE)
+}
+
+/// [`run_on`] for the scenarios of `share` only; every rank must pass the
+/// same share.
+pub fn run_share_on<C: Communicator + 'static>(
+    comm: &C,
+    share: Share,
+) -> crate::Result<Vec<Report>> {
     let w = comm.world_size();
     // Every rank's record of a run on its own duplicate of `comm`.
     let gather = |run: &dyn Fn(C) -> gradwire_optim::Result<RankRecord>| {
@@ -150,7 +159,8 @@ pub fn run_on<C: Communicator + 'static>(comm: &C) -> crate::Result<Vec<Report>>
     };
     let mut references = References::default();
     let mut reports = Vec::new();
-    for (mode, fault, skip) in scenarios() {
+    let all = scenarios();
+    for &(mode, fault, skip) in &all[share.range(all.len())] {
         let records = gather(&|own| run_scenario(own, mode, fault, skip))?;
         let reference = references.get(mode, fault, skip, || {
             let lost: Vec<usize> = steps_lost(mode, FAULT_STEP).collect();

@@ -52,6 +52,50 @@ fn driver_version() -> Option<i32> {
     (status == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then_some(version)
 }
 
+/// Keeps the memory freed by stream-ordered frees in device `device`'s
+/// default memory pool (which cudarc's allocations use) instead of
+/// returning it to the driver at every synchronisation. CUDA's default
+/// release threshold is 0, so each training step's scratch buffers would
+/// come from the driver afresh; with the threshold at its maximum a steady
+/// step's allocations are served from the pool, as PyTorch's caching
+/// allocator serves them.
+fn keep_freed_memory(device: cudarc::driver::sys::CUdevice) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    #[allow(unsafe_code)]
+    // SAFETY: `pool` is a valid out-pointer; the driver was initialised by
+    // the context creation before this call.
+    let status = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, device) };
+    if status == sys::CUresult::CUDA_ERROR_NOT_SUPPORTED {
+        // No memory pools on this device: cudarc allocates synchronously
+        // (`cuMemAlloc`), and there is no pool to keep.
+        return Ok(());
+    }
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::CudaUnavailable(format!(
+            "cuDeviceGetDefaultMemPool: {status:?}"
+        )));
+    }
+    let mut threshold = u64::MAX;
+    #[allow(unsafe_code)]
+    // SAFETY: `pool` is the device's live default pool, and the release
+    // threshold's value is a cuuint64_t, which `threshold` is; the driver
+    // copies it.
+    let status = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+    };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::CudaUnavailable(format!(
+            "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD): {status:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// Why a driver supporting CUDA `version` (`cuDriverGetVersion`'s
 /// encoding, 1000 major + 10 minor) cannot load gradwire's kernels, or
 /// `None` when it can: every module load would fail with
@@ -74,7 +118,10 @@ fn driver_too_old(version: i32) -> Option<String> {
 ///
 /// Loading everything up front keeps module loads out of a training step: a
 /// load may synchronise the context, which would stall behind a collective
-/// another communicator (NcclComm's shadow) has running on the device.
+/// another communicator (NcclComm's shadow) has running on the device. For
+/// the same reason the device's memory pool keeps what is freed
+/// ([`keep_freed_memory`]): a step's allocations come from the pool, not
+/// from the driver.
 pub struct CudaDevice {
     ordinal: usize,
     /// The default stream of the device's primary context (which it keeps
@@ -124,6 +171,7 @@ impl CudaDevice {
         }
         let context = CudaContext::new(ordinal)
             .map_err(|e| Error::CudaUnavailable(format!("device {ordinal}: {e:?}")))?;
+        keep_freed_memory(context.cu_device())?;
         let stream = context.default_stream();
         let mut modules = HashMap::new();
         let mut functions = HashMap::new();
