@@ -120,7 +120,7 @@ fn driver_too_old(version: i32) -> Option<String> {
 /// load may synchronise the context, which would stall behind a collective
 /// another communicator (NcclComm's shadow) has running on the device. For
 /// the same reason the device's memory pool keeps what is freed
-/// ([`keep_freed_memory`]): a step's allocations come from the pool, not
+/// (`keep_freed_memory`): a step's allocations come from the pool, not
 /// from the driver.
 pub struct CudaDevice {
     ordinal: usize,
