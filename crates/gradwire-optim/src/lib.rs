@@ -54,8 +54,8 @@ pub use optimizer::{Optim, Optimizer, StateBuffers, UpdateRule};
 #[cfg(feature = "cuda")]
 pub use rules::cuda::UpdateKernel;
 pub use rules::{
-    AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamW, AdamWRule, RmsProp,
-    RmsPropConfig, RmsPropRule, Sgd, SgdConfig, SgdRule,
+    AdaGrad, AdaGradConfig, AdaGradRule, Adam, AdamConfig, AdamRule, AdamValues, AdamW, AdamWRule,
+    RmsProp, RmsPropConfig, RmsPropRule, Sgd, SgdConfig, SgdRule,
 };
 pub use schedule::Schedule;
 pub use state::{OptimizerState, ParamState};

@@ -471,6 +471,23 @@ pub struct AdamValues {
     pub(crate) weight_decay: f32,
 }
 
+impl AdamValues {
+    /// The bias-corrected scalars of the update at the parameter's own `t`
+    /// (1-based): `step_size = lr / (1 - beta1^t)` and `inv_c2 = 1 / (1 -
+    /// beta2^t)`, in f64 then rounded to f32, as the CPU loop and the CUDA
+    /// kernel both take them.
+    pub fn step_scalars(&self, t: u64) -> (f32, f32) {
+        adam_scalars(self, t)
+    }
+
+    /// AdamW's decoupled decay factor `1 - lr wd` (f64, rounded to f32), or
+    /// `None` without weight decay, as the CPU loop and the CUDA kernel
+    /// both take it.
+    pub fn decay_factor(&self) -> Option<f32> {
+        adamw_shrink(self)
+    }
+}
+
 pub(crate) fn adam_values(config: &AdamConfig, step: u64) -> Result<AdamValues> {
     Ok(AdamValues {
         lr: f64::from(value_at(&config.lr, "lr", step, false)?),

@@ -12,10 +12,9 @@
 //! nothing queued for `n = 0`, a null momentum buffer without momentum,
 //! zeroed buffers at the first step) with the values the rule's
 //! `cuda_kernel` passes: the f32 values of the schedules and, for Adam and
-//! AdamW, `step_size`, `inv_c2` and `shrink` from f64 as rules.rs's
-//! `adam_scalars` and `adamw_shrink` compute them (restated here: this
-//! suite builds gradwire-optim without its `cuda` feature). After every
-//! step the parameter and every buffer must be bitwise the CPU's.
+//! AdamW, `step_size`, `inv_c2` and the decay factor from the rule's own
+//! values (`AdamValues::step_scalars`, `AdamValues::decay_factor`). After
+//! every step the parameter and every buffer must be bitwise the CPU's.
 //!
 //! Inputs cover every class of float (subnormals, ±0, rounding ties, huge
 //! and tiny magnitudes), compared bit for bit; a second run adds infinities
@@ -27,8 +26,8 @@
 use gradwire_kernels::{Blocks, Kernel, optim as k};
 use gradwire_kernels_host::{Arg, Element};
 use gradwire_optim::{
-    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamW, Optimizer, RmsProp, RmsPropConfig, Schedule,
-    Sgd, SgdConfig,
+    AdaGrad, AdaGradConfig, Adam, AdamConfig, AdamRule, AdamW, Optimizer, RmsProp, RmsPropConfig,
+    Schedule, Sgd, SgdConfig, UpdateRule,
 };
 use gradwire_tensor::{Tensor, WithDType};
 use half::{bf16, f16};
@@ -130,14 +129,17 @@ impl Rule {
     /// The value arguments after the length at the parameter's update `t`
     /// (1-based), as `cuda_kernel` and `apply_update` pass them.
     fn values(&self, t: u64) -> Vec<Arg<'static>> {
-        // rules.rs `adam_scalars`: lr is the f32 schedule value widened,
-        // the corrections in f64, both rounded to f32.
-        let adam = |lr: f64, beta1: f64, beta2: f64| {
-            let lr = f64::from(f(lr));
-            let t = i32::try_from(t).expect("a few steps");
-            let c1 = 1.0 - f64::from(f(beta1)).powi(t);
-            let c2 = 1.0 - f64::from(f(beta2)).powi(t);
-            ((lr / c1) as f32, (1.0 / c2) as f32)
+        // The rule's own values, as `cuda_kernel` takes them.
+        let adam = |lr: f64, beta1: f64, beta2: f64, weight_decay: f64| {
+            let c = Schedule::constant;
+            let config = AdamConfig {
+                lr: c(lr),
+                beta1: c(beta1),
+                beta2: c(beta2),
+                eps: c(1e-8),
+                weight_decay: c(weight_decay),
+            };
+            AdamRule::values(&config, t).expect("valid settings")
         };
         match *self {
             Rule::Sgd {
@@ -180,7 +182,7 @@ impl Rule {
                 eps,
                 weight_decay,
             } => {
-                let (step_size, inv_c2) = adam(lr, beta1, beta2);
+                let (step_size, inv_c2) = adam(lr, beta1, beta2, weight_decay).step_scalars(t);
                 vec![
                     Arg::value(step_size),
                     Arg::value(inv_c2),
@@ -197,11 +199,10 @@ impl Rule {
                 eps,
                 weight_decay,
             } => {
-                let (step_size, inv_c2) = adam(lr, beta1, beta2);
-                // rules.rs `adamw_shrink`: None without decay, passed as
-                // apply_shrink 0 and shrink 1.
-                let shrink = (f(weight_decay) != 0.0)
-                    .then(|| (1.0 - f64::from(f(lr)) * f64::from(f(weight_decay))) as f32);
+                let values = adam(lr, beta1, beta2, weight_decay);
+                let (step_size, inv_c2) = values.step_scalars(t);
+                // None without decay, passed as apply_shrink 0 and shrink 1.
+                let shrink = values.decay_factor();
                 vec![
                     Arg::value(i32::from(shrink.is_some())),
                     Arg::value(shrink.unwrap_or(1.0)),
