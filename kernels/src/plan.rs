@@ -68,6 +68,88 @@ pub fn select_tiles(n: usize) -> (usize, u32) {
     (tile, u32::try_from(tiles).unwrap_or(MAX_GRID))
 }
 
+/// Sampled top-k on a device takes the exact top k below this length (or
+/// for k = 0).
+pub const SAMPLED_MIN_LEN: usize = 4096;
+
+/// The stride of sampled top-k's sample (`sample_strided_f32`): every
+/// 100th entry, as the CPU's `sampled_top_k_into` samples.
+pub const SAMPLE_STRIDE: usize = 100;
+
+/// The device steps sampled top-k is made of, which [`sampled_top_k`]
+/// sequences: performed by the CUDA launcher (gradwire-compress) and by the
+/// CPU execution's test of the same kernels.
+pub trait SampledSteps {
+    /// A selection of the input's entries (values and indices).
+    type Selected;
+    /// What a step fails with.
+    type Error;
+    /// The exact top `k` of the input (the radix select and compaction).
+    fn exact(&mut self, k: usize) -> Result<Self::Selected, Self::Error>;
+    /// Takes the input's strided sample (every `stride`-th entry) and
+    /// returns its length.
+    fn sample(&mut self, stride: usize) -> Result<usize, Self::Error>;
+    /// The input's entries at least as large as the sample's `take`-th
+    /// largest magnitude (its ties kept), and how many there are.
+    fn survivors(&mut self, take: usize) -> Result<(Self::Selected, usize), Self::Error>;
+    /// The exact top `k` among `survivors`, indexed as in the input.
+    fn best_among(
+        &mut self,
+        survivors: Self::Selected,
+        k: usize,
+    ) -> Result<Self::Selected, Self::Error>;
+}
+
+/// Which way [`sampled_top_k`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampledOutcome {
+    /// Below [`SAMPLED_MIN_LEN`] entries or k = 0: the exact top k.
+    Small,
+    /// The survivors of the sample's threshold, between k and the cap.
+    Survivors,
+    /// More than the cap survived: the exact top k among them.
+    AmongSurvivors,
+    /// Fewer than k survived even the whole sample: the exact top k.
+    Fallback,
+}
+
+/// Sampled top-k of `n` entries keeping `ratio` of them: a threshold from
+/// the strided sample's `ceil(ratio len)`-th largest magnitude, doubled
+/// (up to the whole sample) until at least `k` entries survive it; at most
+/// `ceil(slack k)` survivors are kept as they are, more are cut to the
+/// exact top `k` among them, and a sample that never yields `k` falls back
+/// to the exact top `k`.
+pub fn sampled_top_k<S: SampledSteps>(
+    steps: &mut S,
+    n: usize,
+    k: usize,
+    ratio: f64,
+    slack: f64,
+) -> Result<(S::Selected, SampledOutcome), S::Error> {
+    if n < SAMPLED_MIN_LEN || k == 0 {
+        return Ok((steps.exact(k)?, SampledOutcome::Small));
+    }
+    let cap = ((k as f64 * slack).ceil() as usize).max(k);
+    let len = steps.sample(SAMPLE_STRIDE)?;
+    let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len.max(1));
+    loop {
+        let (survivors, count) = steps.survivors(take)?;
+        if count >= k {
+            if count <= cap {
+                return Ok((survivors, SampledOutcome::Survivors));
+            }
+            return Ok((
+                steps.best_among(survivors, k)?,
+                SampledOutcome::AmongSurvivors,
+            ));
+        }
+        if take >= len {
+            return Ok((steps.exact(k)?, SampledOutcome::Fallback));
+        }
+        take = (take * 2).min(len);
+    }
+}
+
 // -- quant.cu --
 
 /// The grid of the quantizers' encoders (`quant_sign_encode_f32`,

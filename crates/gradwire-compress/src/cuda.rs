@@ -14,6 +14,7 @@
 //! (its ChaCha8 draw is the CPU's): [`CudaErrorFeedback::compress`] refuses
 //! it.
 
+use gradwire_kernels::plan;
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Error as TensorError};
 use kernels::{feedback, select};
 
@@ -99,36 +100,55 @@ pub fn sampled_top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
 }
 
 fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceSparse> {
-    let n = x.len();
-    let cap = ((k as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(k);
-    if n < 4096 || k == 0 {
-        return top_k_finite(x, k);
+    let mut steps = SampledOnDevice { x, sample: None };
+    let (selected, _) = plan::sampled_top_k(&mut steps, x.len(), k, ratio, SAMPLED_TOP_K_SLACK)?;
+    Ok(selected)
+}
+
+/// Sampled top-k's steps on the device, as [`plan::sampled_top_k`]
+/// sequences them.
+struct SampledOnDevice<'x> {
+    x: &'x CudaStorage,
+    sample: Option<CudaStorage>,
+}
+
+impl plan::SampledSteps for SampledOnDevice<'_> {
+    type Selected = DeviceSparse;
+    type Error = CompressError;
+
+    fn exact(&mut self, k: usize) -> Result<DeviceSparse> {
+        top_k_finite(self.x, k)
     }
-    let sample = select::sample_strided(x, 100)?;
-    let len = sample.len();
-    let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len);
-    loop {
+
+    fn sample(&mut self, stride: usize) -> Result<usize> {
+        let sample = select::sample_strided(self.x, stride)?;
+        let len = sample.len();
+        self.sample = Some(sample);
+        Ok(len)
+    }
+
+    fn survivors(&mut self, take: usize) -> Result<(DeviceSparse, usize)> {
+        let sample = self.sample.as_ref().ok_or_else(|| {
+            CompressError::InvalidArgument(
+                "sampled top-k: survivors asked before the sample".into(),
+            )
+        })?;
         // The sample's take-th largest key, every entry at least as large.
-        let mut estimate = select::kth_largest(&sample, take)?;
+        let mut estimate = select::kth_largest(sample, take)?;
         estimate.keep_all_ties()?;
-        let survivors = select::compact(x, &estimate, None, n)?;
-        if survivors.nnz() >= k {
-            if survivors.nnz() <= cap {
-                return Ok(survivors);
-            }
-            // Too many: the exact top k among the survivors.
-            let best = select::kth_largest(survivors.values(), k)?;
-            return Ok(select::compact(
-                survivors.values(),
-                &best,
-                Some(&survivors),
-                n,
-            )?);
-        }
-        if take == len {
-            return top_k_finite(x, k);
-        }
-        take = (take * 2).min(len);
+        let survivors = select::compact(self.x, &estimate, None, self.x.len())?;
+        let count = survivors.nnz();
+        Ok((survivors, count))
+    }
+
+    fn best_among(&mut self, survivors: DeviceSparse, k: usize) -> Result<DeviceSparse> {
+        let best = select::kth_largest(survivors.values(), k)?;
+        Ok(select::compact(
+            survivors.values(),
+            &best,
+            Some(&survivors),
+            self.x.len(),
+        )?)
     }
 }
 

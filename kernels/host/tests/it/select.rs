@@ -34,9 +34,7 @@ const GARBAGE_U64: u64 = 0xdead_beef_0bad_f00d;
 /// The same for u32 (as f32, a NaN).
 const GARBAGE_U32: u32 = 0x7fc0_dead;
 
-/// The stride of sampled top-k's sample (`sampled_top_k_finite` in
-/// gradwire-compress's `cuda.rs`, `stride` in the CPU's `sampled_top_k_into`).
-const SAMPLE_STRIDE: usize = 100;
+use gradwire_kernels::plan::SAMPLE_STRIDE;
 
 /// f32 bit patterns as the kernels' f32.
 pub(crate) fn f32s(bits: &[u32]) -> &[f32] {
@@ -376,17 +374,7 @@ pub(crate) enum Codec {
 }
 
 /// Which way sampled top-k went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Sampled {
-    /// Below 4096 entries or k = 0: exact top-k.
-    Small,
-    /// The survivors of a threshold, between k and the cap.
-    Survivors,
-    /// More than the cap survived: the exact top k among them.
-    AmongSurvivors,
-    /// Too few survived the whole sample: exact top-k.
-    Fallback,
-}
+pub(crate) use gradwire_kernels::plan::SampledOutcome as Sampled;
 
 /// `threshold_finite`, `top_k_finite` or `sampled_top_k_finite`.
 pub(crate) fn select_finite(case: &str, x: &[u32], offset: usize, codec: Codec) -> Selected {
@@ -429,30 +417,57 @@ fn sampled_top_k_finite(
     ratio: f64,
     kth: usize,
 ) -> (Selected, Sampled) {
-    let n = x.len();
-    let cap = ((kth as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(kth);
-    if n < 4096 || kth == 0 {
-        return (top_k_finite(case, x, offset, kth).0, Sampled::Small);
+    let mut steps = SampledOnHost {
+        case,
+        x,
+        offset,
+        sample: Vec::new(),
+    };
+    match plan::sampled_top_k(&mut steps, x.len(), kth, ratio, SAMPLED_TOP_K_SLACK) {
+        Ok(done) => done,
+        Err(never) => match never {},
     }
-    let sample = sample_strided(case, x, offset, SAMPLE_STRIDE);
-    let len = sample.len();
-    let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len);
-    loop {
-        let mut estimate = Selection::found(kth_largest(case, &sample, 0, take));
-        estimate.keep_all_ties(case);
-        let survivors = compact(case, x, offset, &estimate, None);
-        if survivors.indices.len() >= kth {
-            if survivors.indices.len() <= cap {
-                return (survivors, Sampled::Survivors);
-            }
-            let best = Selection::found(kth_largest(case, &survivors.values, 0, kth));
-            let among = compact(case, &survivors.values, 0, &best, Some(&survivors.indices));
-            return (among, Sampled::AmongSurvivors);
-        }
-        if take == len {
-            return (top_k_finite(case, x, offset, kth).0, Sampled::Fallback);
-        }
-        take = (take * 2).min(len);
+}
+
+/// Sampled top-k's steps on the CPU execution of the kernels, as
+/// `plan::sampled_top_k` sequences them for the CUDA launcher.
+struct SampledOnHost<'a> {
+    case: &'a str,
+    x: &'a [u32],
+    offset: usize,
+    sample: Vec<u32>,
+}
+
+impl plan::SampledSteps for SampledOnHost<'_> {
+    type Selected = Selected;
+    type Error = std::convert::Infallible;
+
+    fn exact(&mut self, k: usize) -> Result<Selected, Self::Error> {
+        Ok(top_k_finite(self.case, self.x, self.offset, k).0)
+    }
+
+    fn sample(&mut self, stride: usize) -> Result<usize, Self::Error> {
+        self.sample = sample_strided(self.case, self.x, self.offset, stride);
+        Ok(self.sample.len())
+    }
+
+    fn survivors(&mut self, take: usize) -> Result<(Selected, usize), Self::Error> {
+        let mut estimate = Selection::found(kth_largest(self.case, &self.sample, 0, take));
+        estimate.keep_all_ties(self.case);
+        let survivors = compact(self.case, self.x, self.offset, &estimate, None);
+        let count = survivors.indices.len();
+        Ok((survivors, count))
+    }
+
+    fn best_among(&mut self, survivors: Selected, k: usize) -> Result<Selected, Self::Error> {
+        let best = Selection::found(kth_largest(self.case, &survivors.values, 0, k));
+        Ok(compact(
+            self.case,
+            &survivors.values,
+            0,
+            &best,
+            Some(&survivors.indices),
+        ))
     }
 }
 
