@@ -16,7 +16,8 @@
 #           topk, casts and copy on the same GPU) when torch is installed
 #
 # Logs go to $OUT (or ./gpu-out): env.txt, suites.log (the suites' and
-# sanitizers' output), bench.txt, summary.txt. The exit status is non-zero when a stage failed.
+# sanitizers' output), after-suites.txt (memory and the kernel log's tail),
+# bench.txt, summary.txt. The exit status is non-zero when a stage failed.
 
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -203,6 +204,10 @@ done
 want suites && start_suites
 want sanitize && start_sanitize
 collect "$out/suites.log"
+# A process killed from outside (the OOM killer; racecheck's exit 9 on
+# 2026-11-27 had no message) shows only here, where the kernel log is
+# readable.
+{ free -g; dmesg 2>&1 | tail -n 40; } >"$out/after-suites.txt" 2>&1
 want bench && run_bench
 rm -rf "$jobs_dir"
 exit $failed
