@@ -130,13 +130,13 @@ impl Rule {
     /// (1-based), as `cuda_kernel` and `apply_update` pass them.
     fn values(&self, t: u64) -> Vec<Arg<'static>> {
         // The rule's own values, as `cuda_kernel` takes them.
-        let adam = |lr: f64, beta1: f64, beta2: f64, weight_decay: f64| {
+        let adam = |lr: f64, beta1: f64, beta2: f64, eps: f64, weight_decay: f64| {
             let c = Schedule::constant;
             let config = AdamConfig {
                 lr: c(lr),
                 beta1: c(beta1),
                 beta2: c(beta2),
-                eps: c(1e-8),
+                eps: c(eps),
                 weight_decay: c(weight_decay),
             };
             AdamRule::values(&config, t).expect("valid settings")
@@ -182,7 +182,7 @@ impl Rule {
                 eps,
                 weight_decay,
             } => {
-                let (step_size, inv_c2) = adam(lr, beta1, beta2, weight_decay).step_scalars(t);
+                let (step_size, inv_c2) = adam(lr, beta1, beta2, eps, weight_decay).step_scalars(t);
                 vec![
                     Arg::value(step_size),
                     Arg::value(inv_c2),
@@ -199,7 +199,7 @@ impl Rule {
                 eps,
                 weight_decay,
             } => {
-                let values = adam(lr, beta1, beta2, weight_decay);
+                let values = adam(lr, beta1, beta2, eps, weight_decay);
                 let (step_size, inv_c2) = values.step_scalars(t);
                 // None without decay, passed as apply_shrink 0 and shrink 1.
                 let shrink = values.decay_factor();

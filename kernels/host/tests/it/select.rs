@@ -34,7 +34,7 @@ const GARBAGE_U64: u64 = 0xdead_beef_0bad_f00d;
 /// The same for u32 (as f32, a NaN).
 const GARBAGE_U32: u32 = 0x7fc0_dead;
 
-use gradwire_kernels::plan::SAMPLE_STRIDE;
+use gradwire_kernels::plan::{SAMPLE_STRIDE, SampledOutcome};
 
 /// f32 bit patterns as the kernels' f32.
 pub(crate) fn f32s(bits: &[u32]) -> &[f32] {
@@ -373,9 +373,6 @@ pub(crate) enum Codec {
     SampledTopK(f64),
 }
 
-/// Which way sampled top-k went.
-pub(crate) use gradwire_kernels::plan::SampledOutcome as Sampled;
-
 /// `threshold_finite`, `top_k_finite` or `sampled_top_k_finite`.
 pub(crate) fn select_finite(case: &str, x: &[u32], offset: usize, codec: Codec) -> Selected {
     match codec {
@@ -416,7 +413,7 @@ fn sampled_top_k_finite(
     offset: usize,
     ratio: f64,
     kth: usize,
-) -> (Selected, Sampled) {
+) -> (Selected, SampledOutcome) {
     let mut steps = SampledOnHost {
         case,
         x,
@@ -700,15 +697,25 @@ fn sampled_top_k_selects_what_the_cpu_selects() {
             *v = -3.0;
         }
     }
-    let cases: Vec<(&str, Vec<f32>, f64, Option<Sampled>)> = vec![
+    let cases: Vec<(&str, Vec<f32>, f64, Option<SampledOutcome>)> = vec![
         (
             "survivors within the cap",
             within,
             ratio,
-            Some(Sampled::Survivors),
+            Some(SampledOutcome::Survivors),
         ),
-        ("all equal", all_equal, ratio, Some(Sampled::AmongSurvivors)),
-        ("too few survivors", too_few, ratio, Some(Sampled::Fallback)),
+        (
+            "all equal",
+            all_equal,
+            ratio,
+            Some(SampledOutcome::AmongSurvivors),
+        ),
+        (
+            "too few survivors",
+            too_few,
+            ratio,
+            Some(SampledOutcome::Fallback),
+        ),
         ("ties", ties(n, 3), ratio, None),
         ("floats", floats(n, 4, false), 0.01, None),
         ("floats", floats(n, 5, false), 0.3, None),
@@ -716,7 +723,7 @@ fn sampled_top_k_selects_what_the_cpu_selects() {
             "floats, short",
             floats(1021, 6, false),
             ratio,
-            Some(Sampled::Small),
+            Some(SampledOutcome::Small),
         ),
     ];
     for (input, x, ratio, path) in cases {
