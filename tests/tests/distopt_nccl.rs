@@ -16,6 +16,11 @@
 //! f16 or bf16 sums (half mode), or of that orthonormalisation (PowerSGD).
 //! Worlds of 1 to G ranks (G = the GPUs present). Without NCCL or a GPU
 //! each test prints a SKIP banner (a failure under GRADWIRE_REQUIRE_GPU=1).
+//!
+//! And what a steady step allocates on the device, every mode, as the
+//! host's counting allocator states it for host memory: counted by
+//! gradwire-tensor's `DeviceAllocations`, printed, and never as much as
+//! the bucket (the copies kept from before a step are written in place).
 
 #![cfg(feature = "nccl")]
 
@@ -27,7 +32,7 @@ use gradwire_optim::{
     Adam, AdamConfig, AnyOptimizer, DistOpt, DistOptConfig, OptimError, ParamSpec, Schedule, Sgd,
     SgdConfig, StrategyConfig,
 };
-use gradwire_tensor::{Device, Tensor};
+use gradwire_tensor::{Device, DeviceAllocations, Tensor};
 use gradwire_tests::gpu::gpus;
 
 /// The parameters' shapes: a matrix, vectors, a prime length, one element.
@@ -288,5 +293,74 @@ fn device_training_agrees_with_the_host_training_within_rounding() {
                 }
             }
         }
+    }
+}
+
+/// The one parameter of the allocation count: a bucket of 1 MiB.
+const STEADY_SHAPE: [usize; 2] = [512, 512];
+/// Steps before the count (past PowerSGD's dense first step and every
+/// buffer's first growth), and steps counted.
+const WARM_STEPS: usize = 4;
+const COUNTED_STEPS: usize = 4;
+
+/// What DistOpt allocated on the device in `COUNTED_STEPS` steady steps on
+/// `comm` (one rank: the count is the process's), every step's gradient
+/// made before the count.
+fn steady_allocations(
+    comm: NcclComm,
+    mode: StrategyConfig,
+) -> Result<DeviceAllocations, OptimError> {
+    let device = Device::Cuda(comm.device_ordinal());
+    let n = STEADY_SHAPE.iter().product();
+    let specs = vec![ParamSpec::new("w", STEADY_SHAPE.to_vec()).on_device(device)];
+    let mut dist = DistOpt::new(optimizer(Rule::Adam)?, comm, specs, config(mode))?;
+    let mut param = Tensor::from_vec(values(n, 1), STEADY_SHAPE.to_vec())?.to_device(device)?;
+    let grads = (0..WARM_STEPS + COUNTED_STEPS)
+        .map(|step| {
+            Tensor::from_vec(values(n, 7 + step as u64), STEADY_SHAPE.to_vec())?.to_device(device)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut before = DeviceAllocations::now();
+    for (step, grad) in grads.into_iter().enumerate() {
+        if step == WARM_STEPS {
+            before = DeviceAllocations::now();
+        }
+        dist.push("w", grad)?;
+        dist.finish(std::iter::once(("w", &mut param)))?;
+    }
+    Ok(DeviceAllocations::now().since(before))
+}
+
+#[test]
+fn steady_device_steps_allocate_less_than_their_bucket() {
+    let Some(ordinals) = gpus("steady_device_steps_allocate_less_than_their_bucket") else {
+        return;
+    };
+    let bucket_bytes = 4 * STEADY_SHAPE.iter().product::<usize>() as u64;
+    let config = NcclConfig {
+        timeout: Some(gradwire_tests::gpu::nccl_test_timeout()),
+        ..NcclConfig::default()
+    };
+    for (name, mode, _, _) in modes() {
+        let counted = nccl::run(&ordinals[..1], config.clone(), |comm: NcclComm| {
+            steady_allocations(comm, mode).map_err(|e| CommError::InvalidArgument(e.to_string()))
+        })
+        .expect("nccl run")
+        .into_iter()
+        .map(|r| r.expect("device training"))
+        .next()
+        .expect("one rank");
+        let steps = COUNTED_STEPS as u64;
+        println!(
+            "device allocations per steady step, {name}: {:.1} ({} bytes; the bucket {bucket_bytes})",
+            counted.count as f64 / steps as f64,
+            counted.bytes / steps
+        );
+        // Before the copies kept in place, the residual's copy on write
+        // alone was the bucket's size every step (top-k, PowerSGD).
+        assert!(
+            counted.bytes / steps < bucket_bytes,
+            "{name}: {counted:?} in {steps} steps, the bucket {bucket_bytes} bytes"
+        );
     }
 }

@@ -9,12 +9,17 @@
 //! error, [`CommError::Mismatch`] or [`CommError::InvalidArgument`], on every
 //! rank, with the communicator still usable. The gathered descriptions also
 //! carry what some collectives need anyway: the counts of the
-//! variable-length all-gather, and the colors and keys of a split.
+//! variable-length all-gather, and the colors and keys of a split, and one
+//! word more than the call: how long the rank was away from the
+//! communicator before it (since its previous call ended), from which every
+//! rank reads how long it waits for the last one to arrive
+//! ([`wait_for_last`]).
 
 pub(crate) use crate::call::{Call, Kind};
 use crate::element::ElemType;
 use crate::error::{CommError, Result};
 use crate::op::ReduceOp;
+use std::time::Duration;
 
 const KINDS: [Kind; 11] = [
     Kind::AllReduce,
@@ -30,12 +35,41 @@ const KINDS: [Kind; 11] = [
     Kind::Departed,
 ];
 
-/// Integers per encoded call.
-pub(crate) const WORDS: usize = 8;
+/// Integers of an encoded call.
+pub(crate) const CALL_WORDS: usize = 8;
+
+/// Integers per rank in the header exchange: its call, then its time
+/// away from the communicator before it ([`encode`]).
+pub(crate) const WORDS: usize = CALL_WORDS + 1;
+
+/// A rank's header: `call`, then `away`, the nanoseconds since the rank's
+/// previous call on the communicator ended (-1 where it does not keep
+/// count, or before its first call).
+pub(crate) fn encode(call: &Call, away: Option<Duration>) -> [i64; WORDS] {
+    let mut words = [0; WORDS];
+    words[..CALL_WORDS].copy_from_slice(&call.encode());
+    words[CALL_WORDS] = away.map_or(-1, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    words
+}
+
+/// How long a rank that was away `own` before this call waits in it for
+/// the last rank to arrive, read off every rank's headers (`words`): the
+/// longest time away minus its own. The ranks left their previous call on
+/// this communicator together (it ended for all of them when the last
+/// rank's data or header arrived), so the rank away longest arrives last.
+/// Ranks that keep no count are left out.
+pub(crate) fn wait_for_last(words: &[i64], own: Duration) -> Duration {
+    let longest = words
+        .chunks(WORDS)
+        .filter_map(|w| u64::try_from(*w.get(CALL_WORDS)?).ok())
+        .max()
+        .unwrap_or(0);
+    Duration::from_nanos(longest).saturating_sub(own)
+}
 
 impl Call {
     /// The call as integers: enums as 1 + their index (0 = none).
-    pub(crate) fn encode(&self) -> [i64; WORDS] {
+    pub(crate) fn encode(&self) -> [i64; CALL_WORDS] {
         let index = |i: Option<usize>| i.map_or(0, |i| i as i64 + 1);
         [
             index(KINDS.iter().position(|&k| k == self.kind)),
@@ -90,7 +124,7 @@ pub(crate) fn decode_all(words: &[i64]) -> Result<Vec<Call>> {
         .chunks(WORDS)
         .enumerate()
         .map(|(r, w)| {
-            Call::decode(w).ok_or_else(|| CommError::Mismatch {
+            Call::decode(&w[..CALL_WORDS.min(w.len())]).ok_or_else(|| CommError::Mismatch {
                 detail: format!("rank {r} sent a call description this version cannot read"),
             })
         })
@@ -177,5 +211,26 @@ mod tests {
         }
         assert_eq!(Call::decode(&[99, 0, 0, 0, 0, 0, -1, 0]), None);
         assert_eq!(Call::decode(&[1, 0, 0, -5, 0, 0, -1, 0]), None);
+    }
+
+    /// A header is the call and the time away; every rank reads its wait
+    /// for the last arrival off the gathered headers, leaving out a rank
+    /// that keeps no count.
+    #[test]
+    fn headers_carry_the_time_away_and_give_the_wait_for_the_last_rank() {
+        let call = Call::new(Kind::Barrier);
+        let ms = Duration::from_millis;
+        let mut words = Vec::new();
+        for away in [Some(ms(3)), None, Some(ms(10)), Some(ms(4))] {
+            let header = encode(&call, away);
+            assert_eq!(header[..CALL_WORDS], call.encode());
+            words.extend(header);
+        }
+        assert_eq!(decode_all(&words).unwrap(), vec![call; 4]);
+        assert_eq!(wait_for_last(&words, ms(3)), ms(7));
+        assert_eq!(wait_for_last(&words, ms(10)), Duration::ZERO);
+        // Longer away than every rank that counts (a clock read late).
+        assert_eq!(wait_for_last(&words, ms(12)), Duration::ZERO);
+        assert_eq!(wait_for_last(&encode(&call, None), ms(1)), Duration::ZERO);
     }
 }

@@ -13,6 +13,7 @@ use crate::error::{CommError, Result};
 use crate::fault::{Fault, FaultKind};
 use crate::flight::FlightRecorder;
 use crate::header::{self, WORDS};
+use std::time::Duration;
 
 /// A communicator's exchange of the headers.
 pub(crate) trait HeaderTransport: crate::Communicator {
@@ -33,6 +34,20 @@ pub(crate) trait HeaderTransport: crate::Communicator {
 
     /// The communicator's flight recorder, which the agreement keeps.
     fn flight(&self) -> &FlightRecorder;
+
+    /// How long since this rank's previous call on the communicator ended
+    /// (`None`: the transport keeps no count, or no call ended yet): sent
+    /// in the header, so that every rank learns how long it waits for the
+    /// last one ([`header::wait_for_last`]).
+    fn away(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Counts `wait`, this rank's wait in an agreement for the last rank
+    /// to arrive (by default, no count is kept).
+    fn waited(&self, wait: Duration) {
+        let _ = wait;
+    }
 }
 
 /// Agrees on `call`: every rank's calls, once validated alike on every
@@ -40,8 +55,12 @@ pub(crate) trait HeaderTransport: crate::Communicator {
 /// error on every rank; a lost lane's fault also poisons the communicator.
 pub(crate) fn agree(transport: &impl HeaderTransport, call: Call) -> Result<Vec<Call>> {
     let seq = transport.flight().enter(&call);
+    let away = transport.away();
     let agreed = transport
-        .gather_headers(call.kind.name(), call.encode(), |words| {
+        .gather_headers(call.kind.name(), header::encode(&call, away), |words| {
+            if let Some(own) = away {
+                transport.waited(header::wait_for_last(words, own));
+            }
             header::decode_all(words)
         })
         .and_then(|calls| {
@@ -92,7 +111,7 @@ pub(crate) fn depart(transport: &impl HeaderTransport) -> Result<()> {
     // Not a collective of the caller's: kept out of the flight record and
     // the timeline.
     let call = Call::new(Kind::Departed);
-    transport.gather_headers(call.kind.name(), call.encode(), |words| {
+    transport.gather_headers(call.kind.name(), header::encode(&call, None), |words| {
         header::decode_all(words).map(|_| ())
     })
 }

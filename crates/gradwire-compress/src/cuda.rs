@@ -210,6 +210,36 @@ impl CudaErrorFeedback {
         })
     }
 
+    /// Makes this memory a copy of `other` (residual, velocity, steps).
+    /// Where the two are alike (length, device, momentum or none) the
+    /// values are copied on the device into the buffers this memory
+    /// already has, so a copy kept from step to step (a strategy's memory
+    /// from before the step) allocates nothing; otherwise this becomes a
+    /// clone of `other` (which shares its buffers until either is written).
+    pub fn copy_from(&mut self, other: &CudaErrorFeedback) -> Result<()> {
+        let same_place =
+            |a: &CudaStorage, b: &CudaStorage| a.len() == b.len() && a.ordinal() == b.ordinal();
+        let alike = same_place(&self.residual, &other.residual)
+            && match (&self.momentum, &other.momentum) {
+                (None, None) => true,
+                (Some((_, a)), Some((_, b))) => same_place(a, b),
+                _ => false,
+            };
+        if !alike {
+            *self = other.clone();
+            return Ok(());
+        }
+        self.residual.copy_from(&other.residual)?;
+        if let (Some((mu, velocity)), Some((other_mu, other_velocity))) =
+            (&mut self.momentum, &other.momentum)
+        {
+            *mu = *other_mu;
+            velocity.copy_from(other_velocity)?;
+        }
+        self.steps = other.steps;
+        Ok(())
+    }
+
     /// The memory copied to the host, as [`ErrorFeedback::state`] gives it.
     pub fn state(&self) -> Result<ErrorFeedbackState> {
         let host = |s: &CudaStorage| s.read_f32(0..s.len());

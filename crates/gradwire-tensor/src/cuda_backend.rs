@@ -23,6 +23,8 @@
 //! checks.
 
 #[cfg(feature = "cuda")]
+mod allocations;
+#[cfg(feature = "cuda")]
 pub mod collective;
 #[cfg(feature = "cuda")]
 mod device_vec;
@@ -35,6 +37,8 @@ mod ops;
 #[cfg(feature = "cuda")]
 pub mod testing;
 
+#[cfg(feature = "cuda")]
+pub use allocations::{DeviceAllocations, note_device_allocation};
 #[cfg(feature = "cuda")]
 pub use device_vec::{DeviceScalar, DeviceVec, NO_INDEX, first_index_cell, read_first_index};
 #[cfg(feature = "cuda")]

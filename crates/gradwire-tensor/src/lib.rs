@@ -81,7 +81,7 @@ pub mod tensor;
 
 pub use cuda_backend::CudaStorage;
 #[cfg(feature = "cuda")]
-pub use cuda_backend::{CudaDevice, DeviceBuffer};
+pub use cuda_backend::{CudaDevice, DeviceAllocations, DeviceBuffer, note_device_allocation};
 /// The cudarc crate gradwire-tensor is built on (feature `cuda`), so upper
 /// crates name its types (streams, slices, events) at the same version.
 #[cfg(feature = "cuda")]

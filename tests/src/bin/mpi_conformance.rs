@@ -49,6 +49,46 @@ fn bootstrap(comm: &MpiComm) -> Result<Vec<String>, CommError> {
     Ok(failures)
 }
 
+/// What only MpiComm counts: the time a rank waits in a collective for
+/// the last rank to arrive ([`gradwire_comm::CallTime::waiting`]), read
+/// off the headers' times away. The last rank arrives at a barrier
+/// `LATE` after the others: each of them waits most of that, and the
+/// last rank less than any of them (at W = 1 nobody waits).
+fn waits(comm: &MpiComm) -> Result<Vec<String>, CommError> {
+    const LATE: std::time::Duration = std::time::Duration::from_millis(400);
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let last = world - 1;
+    // Every rank leaves this barrier together: the times away start alike.
+    comm.barrier()?;
+    let before = comm.time_in_calls().waiting;
+    if rank == last && world > 1 {
+        std::thread::sleep(LATE);
+    }
+    comm.barrier()?;
+    let waited = comm.time_in_calls().waiting.saturating_sub(before);
+    let mut all = vec![0f64; world];
+    comm.all_gather(&[waited.as_secs_f64()], &mut all)?;
+    let mut failures = Vec::new();
+    let others = &all[..last];
+    if world == 1 && all[0] != 0.0 {
+        failures.push(format!("alone, yet waited {:.3} s", all[0]));
+    }
+    if let Some(least) = others.iter().copied().reduce(f64::min) {
+        // Most of LATE: the planted delay, less a rank's own time away.
+        if least < 0.25 {
+            failures.push(format!(
+                "a rank waited {least:.3} s for one {LATE:?} late: {all:?}"
+            ));
+        }
+        if all[last] >= least {
+            failures.push(format!(
+                "the late rank waited as long as the others: {all:?}"
+            ));
+        }
+    }
+    Ok(failures)
+}
+
 fn main() -> ExitCode {
     let filter = std::env::args().nth(1);
     // With the timeline on, as every harness (the case `timeline` reads it).
@@ -73,24 +113,42 @@ fn main() -> ExitCode {
     let mut failed = 0usize;
     let mut ran = 0usize;
     let mut fatal = None;
-    match bootstrap(&comm) {
-        Ok(failures) => {
-            for f in &failures {
-                eprintln!("rank {rank}: bootstrap: {f}");
-            }
-            // Agree on the outcome so that every rank exits alike.
-            let mut any = [u8::from(!failures.is_empty())];
-            match comm.all_reduce(&mut any, gradwire_comm::ReduceOp::Max) {
-                Ok(()) if any[0] != 0 => failed += 1,
-                Ok(()) => {
-                    if rank == 0 {
-                        println!("ok      bootstrap (local rank from a shared-memory split)");
-                    }
-                }
-                Err(e) => fatal = Some(e),
-            }
+    type Check = fn(&MpiComm) -> Result<Vec<String>, CommError>;
+    let checks: [(&str, &str, Check); 2] = [
+        (
+            "bootstrap",
+            "local rank from a shared-memory split",
+            bootstrap,
+        ),
+        (
+            "waits",
+            "the wait for the last rank, from the headers",
+            waits,
+        ),
+    ];
+    for (name, what, check) in checks {
+        if fatal.is_some() {
+            break;
         }
-        Err(e) => fatal = Some(e),
+        match check(&comm) {
+            Ok(failures) => {
+                for f in &failures {
+                    eprintln!("rank {rank}: {name}: {f}");
+                }
+                // Agree on the outcome so that every rank exits alike.
+                let mut any = [u8::from(!failures.is_empty())];
+                match comm.all_reduce(&mut any, gradwire_comm::ReduceOp::Max) {
+                    Ok(()) if any[0] != 0 => failed += 1,
+                    Ok(()) => {
+                        if rank == 0 {
+                            println!("ok      {name} ({what})");
+                        }
+                    }
+                    Err(e) => fatal = Some(e),
+                }
+            }
+            Err(e) => fatal = Some(e),
+        }
     }
     for case in cases::<MpiComm>() {
         if fatal.is_some() {

@@ -73,6 +73,14 @@ const RULE_KERNEL_LAUNCH: &str = "only gradwire-tensor's typed launch (tidy's PO
 /// Rule for the files of the launch list.
 const RULE_STALE_KERNEL_LAUNCH: &str =
     "file is listed in tidy's POLICY.launch_files but queues no kernel: remove it from the list";
+/// Rule for files outside the counted allocation sites.
+const RULE_DEVICE_ALLOCATION: &str = "only the counted allocation sites (tidy's \
+     POLICY.device_alloc_files) may allocate device memory with cudarc (`alloc_zeros::<`, \
+     `clone_htod`, `clone_dtod`, `alloc::<`, `memcpy_stod`): allocate through `CudaStorage` or \
+     `DeviceVec`, or note the allocation (`note_device_allocation`) and list the file";
+/// Rule for the files of the allocation list.
+const RULE_STALE_DEVICE_ALLOCATION: &str = "file is listed in tidy's POLICY.device_alloc_files \
+     but allocates no device memory with cudarc: remove it from the list";
 /// Rule for every text file of the repository.
 const RULE_OUTSIDE_REFERENCE: &str = "file refers to a file outside the repository: state the fact itself, or point inside the repository";
 /// Rule for `ARCHITECTURE.md`'s size.
@@ -113,6 +121,9 @@ struct Policy<'a> {
     ffi_files: &'a [&'a str],
     /// The files that may queue kernels with cudarc's `launch_builder`.
     launch_files: &'a [&'a str],
+    /// The files that may allocate device memory with cudarc (each
+    /// allocation counted by `note_device_allocation`).
+    device_alloc_files: &'a [&'a str],
     /// The members that hold unsafe code, so cannot forbid it.
     may_hold_unsafe: &'a [&'a str],
     /// The members with no unsafe code of their own that cannot take
@@ -143,6 +154,14 @@ const POLICY: Policy<'static> = Policy {
         // The typed launch: every launch checked against the kernel's
         // signature in gradwire-kernels, then queued.
         "crates/gradwire-tensor/src/cuda_backend/launch.rs",
+    ],
+    device_alloc_files: &[
+        // CudaStorage's constructors and copy on write.
+        "crates/gradwire-tensor/src/cuda_backend/driver.rs",
+        // DeviceVec's constructors.
+        "crates/gradwire-tensor/src/cuda_backend/device_vec.rs",
+        // NcclComm's scratch and staged sends (CudaTransport::alloc_zeros).
+        "crates/gradwire-comm/src/nccl/cuda.rs",
     ],
     may_hold_unsafe: &[
         // LocalComm's buffers shared between rank threads, rank_order.rs's
@@ -200,6 +219,7 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     let mut problems = Vec::new();
     let mut named_raw_bindings = Vec::new();
     let mut launching = Vec::new();
+    let mut allocating = Vec::new();
     let mut implemented_strategies = Vec::new();
     for member in workspace_members(root) {
         let member_name = relative(root, &member);
@@ -226,6 +246,12 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
                 launching.push(shown.clone());
                 if !policy.launch_files.contains(&shown.as_str()) {
                     broken.push(RULE_KERNEL_LAUNCH);
+                }
+            }
+            if allocates_device_memory(&text) {
+                allocating.push(shown.clone());
+                if !policy.device_alloc_files.contains(&shown.as_str()) {
+                    broken.push(RULE_DEVICE_ALLOCATION);
                 }
             }
             if member_name != policy.strategy_home
@@ -265,6 +291,11 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
     for listed in policy.launch_files {
         if !launching.iter().any(|file| file == listed) {
             problems.push(format!("{listed}: {RULE_STALE_KERNEL_LAUNCH}"));
+        }
+    }
+    for listed in policy.device_alloc_files {
+        if !allocating.iter().any(|file| file == listed) {
+            problems.push(format!("{listed}: {RULE_STALE_DEVICE_ALLOCATION}"));
         }
     }
     for listed in policy.strategy_impls {
@@ -372,6 +403,23 @@ fn queues_kernels(text: &str) -> bool {
     let code = code_of(text);
     word_starts(&code, "launch_builder")
         .any(|at| !code[at + "launch_builder".len()..].starts_with(is_ident_char))
+}
+
+/// Whether the code of `text` allocates device memory with cudarc: calls
+/// a stream's `alloc_zeros::<`, `clone_htod(`, `clone_dtod(`, `alloc::<` or
+/// `memcpy_stod(` as a method (comments and string literals aside; a path
+/// call such as `CudaStorage::alloc_zeros(` is gradwire's own, counted).
+fn allocates_device_memory(text: &str) -> bool {
+    let code = code_of(text);
+    [
+        ".alloc_zeros::<",
+        ".clone_htod(",
+        ".clone_dtod(",
+        ".alloc::<",
+        ".memcpy_stod(",
+    ]
+    .iter()
+    .any(|call| code.contains(call))
 }
 
 /// Whether the code of `text` implements a trait named `Strategy` (`impl<..>

@@ -214,9 +214,14 @@ fn tidy_workspace_passes() {
         "crates/ffi/src/launch.rs",
         "//! Launch.\npub fn f(s: &S) { s.launch_builder(&k); }\n",
     );
+    tree.write(
+        "crates/ffi/src/alloc.rs",
+        "//! Alloc.\npub fn f(s: &S) { s.alloc_zeros::<u8>(8); note(8); }\n",
+    );
     let policy = Policy {
         ffi_files: &["crates/ffi/src/sys.rs"],
         launch_files: &["crates/ffi/src/launch.rs"],
+        device_alloc_files: &["crates/ffi/src/alloc.rs"],
         may_hold_unsafe: &["crates/ffi"],
         deny_unsafe: &[],
         strategy_home: "crates/algos",
@@ -292,9 +297,20 @@ fn untidy_workspace_is_reported() {
         "crates/adapter/src/gpu.rs",
         "//! Docs.\nfn f(s: &S) { s.launch_builder(&k); } // launch_builder\n",
     );
+    // Device memory allocated outside the counted sites (a path call is
+    // gradwire's own, a comment none), and a listed site that allocates none.
+    tree.write(
+        "crates/adapter/src/memory.rs",
+        "//! Docs.\nfn f(s: &S) { s.clone_htod(&v); CudaStorage::alloc_zeros(1); } // .alloc::<\n",
+    );
+    tree.write(
+        "crates/adapter/src/counted.rs",
+        "//! Docs.\nfn f() { CudaStorage::alloc_zeros(1, F32, 0); }\n",
+    );
     let policy = Policy {
         ffi_files: &["crates/ffi/src/sys.rs", "crates/good/src/lib.rs"],
         launch_files: &["crates/good/src/module/inner.rs"],
+        device_alloc_files: &["crates/adapter/src/counted.rs"],
         may_hold_unsafe: &["crates/ffi", "crates/listed"],
         deny_unsafe: &["crates/denies"],
         strategy_home: "crates/algos",
@@ -307,6 +323,7 @@ fn untidy_workspace_is_reported() {
         [
             format!("crates/adapter/src/dense.rs: {RULE_STRATEGY_IMPL}"),
             format!("crates/adapter/src/gpu.rs: {RULE_KERNEL_LAUNCH}"),
+            format!("crates/adapter/src/memory.rs: {RULE_DEVICE_ALLOCATION}"),
             format!("crates/bad/benches/speed.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_DENY_MISSING_DOCS}"),
@@ -320,6 +337,7 @@ fn untidy_workspace_is_reported() {
             format!("tool/src/main.rs: {RULE_FORBID_UNSAFE}"),
             format!("crates/good/src/lib.rs: {RULE_STALE_FFI}"),
             format!("crates/good/src/module/inner.rs: {RULE_STALE_KERNEL_LAUNCH}"),
+            format!("crates/adapter/src/counted.rs: {RULE_STALE_DEVICE_ALLOCATION}"),
             format!("crates/good/src/module/inner.rs: {RULE_STALE_STRATEGY_IMPL}"),
             format!("ARCHITECTURE.md: {RULE_OUTSIDE_REFERENCE} (`{design}`)"),
             format!("crates/bad/Cargo.toml: {RULE_OUTSIDE_REFERENCE} (`{spec}`)"),

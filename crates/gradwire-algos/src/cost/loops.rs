@@ -155,4 +155,6 @@ fn dimreduce(
             if t == 0 { counted } else { 0 },
         ));
     }
+    // The agreement on the loss closure's outcome (`agree_after`).
+    out.push(CollectiveCall::new(Collective::Barrier, world, 0));
 }

@@ -408,6 +408,9 @@ pub fn step_collectives(
         }
         Bucket::of(range, &lens, shapes, world).calls(strategy, &mut calls)?;
     }
+    // The agreement on the updates' outcome, a collective of its own
+    // (DistOpt's `agree_after`): a header exchange without data.
+    calls.push(CollectiveCall::new(Collective::Barrier, world, 0));
     Ok(calls)
 }
 

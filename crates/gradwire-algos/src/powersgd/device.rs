@@ -16,8 +16,10 @@
 //! is the state from then on (the host form is left empty);
 //! [`PowerSgd::host_state`] copies it back, and [`PowerSgd::restore`]
 //! replaces it. A step keeps a copy of the device
-//! state (device clones share memory until written) that
-//! [`PowerSgd::end_step`] puts back when the step failed or was skipped.
+//! state that [`PowerSgd::end_step`] puts back when the step failed or was
+//! skipped: kept from step to step and written in place (a steady step's
+//! copy allocates nothing; the first is a clone, which shares memory until
+//! written), the two swapped by a failed step.
 
 use std::borrow::Cow;
 
@@ -41,13 +43,42 @@ struct DeviceSlot {
     residual: Option<Tensor>,
 }
 
+impl DeviceSlot {
+    /// Makes this slot a copy of `other`: in place, on the device, where
+    /// the two are alike (shape, and a `Qᵀ` and residual of the same
+    /// length on the same device, or none), else as a clone.
+    fn copy_from(&mut self, other: &DeviceSlot) -> Result<()> {
+        let q_alike = match (&self.q, &other.q) {
+            (Some(a), Some(b)) => a.len() == b.len() && a.ordinal() == b.ordinal(),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        let residual_alike = match (&self.residual, &other.residual) {
+            (Some(a), Some(b)) => a.len() == b.len() && a.device() == b.device(),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        if self.dims != other.dims || !q_alike || !residual_alike {
+            *self = other.clone();
+            return Ok(());
+        }
+        if let (Some(q), Some(other)) = (self.q.as_mut(), other.q.as_ref()) {
+            q.copy_from(other)?;
+        }
+        if let (Some(residual), Some(other)) = (self.residual.as_mut(), other.residual.as_ref()) {
+            residual.cuda_storage_mut()?.copy_from(&*storage(other)?)?;
+        }
+        Ok(())
+    }
+}
+
 /// PowerSGD's state and step buffers on one CUDA device.
 #[derive(Debug, Clone)]
 pub(super) struct DeviceState {
     ordinal: usize,
     slots: Vec<Option<DeviceSlot>>,
-    /// The slots as the current step found them (taken by `end_step`).
+    /// The slots as the current step found them, kept between steps.
     before: Option<Vec<Option<DeviceSlot>>>,
+    /// Whether a step is under way (`before` is its copy).
+    taken: bool,
     /// The dense values and every `P` (first all-reduce), every `Qᵀ`
     /// (second), exactly the step's lengths.
     first: Option<Tensor>,
@@ -104,6 +135,7 @@ impl DeviceState {
             ordinal,
             slots,
             before: None,
+            taken: false,
             first: None,
             second: None,
         })
@@ -112,11 +144,30 @@ impl DeviceState {
     /// The step is over: the slots go back to what the step found unless
     /// `kept`.
     pub(super) fn end_step(&mut self, kept: bool) {
-        if let Some(before) = self.before.take()
+        if std::mem::take(&mut self.taken)
             && !kept
+            && let Some(before) = self.before.as_mut()
         {
-            self.slots = before;
+            std::mem::swap(&mut self.slots, before);
         }
+    }
+
+    /// The slots copied aside before a step: into the copy kept from
+    /// earlier steps, slot by slot, where they are alike.
+    fn keep_copy(&mut self) -> Result<()> {
+        match self.before.as_mut() {
+            Some(before) if before.len() == self.slots.len() => {
+                for (kept, slot) in before.iter_mut().zip(&self.slots) {
+                    match (kept, slot) {
+                        (Some(kept), Some(slot)) => kept.copy_from(slot)?,
+                        (kept, slot) => kept.clone_from(slot),
+                    }
+                }
+            }
+            _ => self.before = Some(self.slots.clone()),
+        }
+        self.taken = true;
+        Ok(())
     }
 
     /// The state copied to the host.
@@ -323,7 +374,7 @@ impl PowerSgd {
                 "PowerSGD's device state went missing".into(),
             ));
         };
-        device.before = Some(device.slots.clone());
+        device.keep_copy()?;
         let (n_first, n_second) = super::plan(
             &mut self.parts,
             tensors,

@@ -22,7 +22,9 @@ use gradwire_tensor::Tensor;
 use std::ops::Range;
 
 /// The device residual of a sparse bucket, and its copy from before the
-/// current step (put back when the step fails or is skipped).
+/// current step (put back when the step fails or is skipped). The copy is
+/// kept between steps and written in place (a step's copy allocates
+/// nothing); a failed step swaps the two.
 #[derive(Debug, Default)]
 pub(super) struct DeviceResidual {
     memory: Option<CudaErrorFeedback>,
@@ -46,10 +48,22 @@ impl DeviceResidual {
             .ok_or_else(|| AlgoError::InvalidArgument("the device residual went missing".into()))
     }
 
-    /// The step is over: the memory goes back to its copy unless `kept`.
+    /// The memory copied aside before a step: into the copy kept from
+    /// earlier steps where there is one.
+    fn keep_copy(&mut self) -> Result<()> {
+        match (&mut self.before, &self.memory) {
+            (Some(before), Some(memory)) => before.copy_from(memory)?,
+            (before, memory) => before.clone_from(memory),
+        }
+        self.taken = true;
+        Ok(())
+    }
+
+    /// The step is over: the memory goes back to its copy unless `kept`
+    /// (the two swap: the step's memory is the next copy's buffer).
     pub(super) fn end_step(&mut self, kept: bool) {
         if std::mem::take(&mut self.taken) && !kept {
-            self.memory = self.before.take();
+            std::mem::swap(&mut self.memory, &mut self.before);
         }
     }
 
@@ -113,9 +127,10 @@ impl SparseSelect {
             });
         };
         let device = &mut self.device;
-        prepare(comm, || device.ensure(host, ordinal).map(|_| ()))?;
-        device.before.clone_from(&device.memory);
-        device.taken = true;
+        prepare(comm, || {
+            device.ensure(host, ordinal)?;
+            device.keep_copy()
+        })?;
         let Some(memory) = device.memory.as_mut() else {
             return Err(fail(
                 comm,

@@ -169,6 +169,7 @@ fn without_timings(records: &[Value]) -> Vec<Value> {
                 "wall_secs",
                 "combine_secs",
                 "network_secs",
+                "waiting_secs",
                 "busy_secs",
                 "slowest_busy_secs",
                 // Who arrived last is timing too.

@@ -139,7 +139,14 @@ fn a_short_comparison_runs_over_shaped_links_and_cleans_up() {
         total / steps
     };
     for label in ["baseline", "dense", "onebit"] {
-        assert!(per_step(label, "network_secs") > 0.0, "{label}");
+        let network = per_step(label, "network_secs");
+        assert!(network > 0.0, "{label}");
+        // The waits for the last rank to arrive are part of the calls.
+        let waiting = per_step(label, "waiting_secs");
+        assert!(
+            (0.0..=network).contains(&waiting),
+            "{label}: {waiting} of {network}"
+        );
     }
     let dense_bytes = per_step("dense", "bytes_sent");
     assert!(per_step("onebit", "bytes_sent") * 20.0 < dense_bytes);

@@ -208,6 +208,13 @@ pub struct MpiComm {
     /// communicator: [`MpiComm::time_in_calls`].
     busy: Arc<AtomicU64>,
     jobs_busy: Arc<AtomicU64>,
+    /// Nanoseconds of those calls this rank waited in the agreement for
+    /// the last rank to arrive, and those of its asynchronous jobs'.
+    waiting: Arc<AtomicU64>,
+    jobs_waiting: Arc<AtomicU64>,
+    /// When this communicator's previous call ended (the header's time
+    /// away is counted from it).
+    call_ended: Cell<Option<Instant>>,
     /// Its last collectives.
     flight: crate::flight::FlightRecorder,
     /// Held last: MPI is finalized when the last holder drops it.
@@ -334,6 +341,9 @@ impl MpiComm {
             segment_bytes,
             busy: Arc::default(),
             jobs_busy: Arc::default(),
+            waiting: Arc::default(),
+            jobs_waiting: Arc::default(),
+            call_ended: Cell::new(None),
             env,
         })
     }
@@ -351,6 +361,7 @@ impl MpiComm {
         CallTime {
             caller: read(&self.busy),
             jobs: read(&self.jobs_busy),
+            waiting: read(&self.waiting) + read(&self.jobs_waiting),
         }
     }
 
@@ -415,6 +426,7 @@ impl MpiComm {
     fn busy(&self) -> BusyGuard<'_> {
         BusyGuard {
             total: &self.busy,
+            ended: &self.call_ended,
             since: Instant::now(),
             _call: self.flight.call(),
         }
@@ -554,6 +566,7 @@ impl MpiComm {
             self.departs,
         )?;
         comm.busy = Arc::clone(&self.jobs_busy);
+        comm.waiting = Arc::clone(&self.jobs_waiting);
         if let Some(track) = self.timeline() {
             comm.attach_timeline(track.lane());
         }
@@ -883,6 +896,15 @@ impl crate::protocol::HeaderTransport for MpiComm {
     fn flight(&self) -> &crate::flight::FlightRecorder {
         &self.flight
     }
+
+    fn away(&self) -> Option<Duration> {
+        Some(self.call_ended.get()?.elapsed())
+    }
+
+    fn waited(&self, wait: Duration) {
+        let nanos = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.waiting.fetch_add(nanos, Ordering::Relaxed);
+    }
 }
 
 impl MpiComm {
@@ -991,11 +1013,19 @@ pub struct CallTime {
     pub caller: Duration,
     /// In the calls of its asynchronous jobs (DistOpt's buckets).
     pub jobs: Duration,
+    /// Of both, the time this rank waited in the calls' agreements for the
+    /// last rank to arrive: how much longer than this rank the last one was
+    /// away from the communicator before each call (every rank sends its
+    /// time away in the call's header). What remains of the calls' time is
+    /// the network's.
+    pub waiting: Duration,
 }
 
 /// Adds the time from its making to its drop to a communicator's total.
 struct BusyGuard<'a> {
     total: &'a AtomicU64,
+    /// Set to the call's end.
+    ended: &'a Cell<Option<Instant>>,
     since: Instant,
     /// Ends the call's collective on the timeline (its data moved).
     _call: crate::flight::CallGuard<'a>,
@@ -1003,8 +1033,10 @@ struct BusyGuard<'a> {
 
 impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
-        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = Instant::now();
+        let nanos = u64::try_from((now - self.since).as_nanos()).unwrap_or(u64::MAX);
         self.total.fetch_add(nanos, Ordering::Relaxed);
+        self.ended.set(Some(now));
     }
 }
 

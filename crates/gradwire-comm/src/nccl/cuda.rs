@@ -160,9 +160,11 @@ impl Imp for CudaTransport {
     }
 
     fn alloc_zeros(stream: &Self::Stream, bytes: usize) -> Result<CudaSlice<u8>> {
-        stream
+        let buffer = stream
             .alloc_zeros::<u8>(bytes)
-            .map_err(|e| driver("cuMemAlloc", e))
+            .map_err(|e| driver("cuMemAlloc", e))?;
+        gradwire_tensor::note_device_allocation(bytes);
+        Ok(buffer)
     }
 
     fn len(buffer: &CudaSlice<u8>) -> usize {

@@ -38,6 +38,12 @@ pub trait Backend: Communicator {
     fn time_in_calls(&self) -> Option<(Duration, Duration)> {
         None
     }
+
+    /// Of that time, how long this rank waited in the calls for the last
+    /// rank to arrive, if the communicator keeps count.
+    fn time_waiting(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl Backend for LocalComm {}
@@ -51,6 +57,10 @@ impl Backend for gradwire_comm::MpiComm {
     fn time_in_calls(&self) -> Option<(Duration, Duration)> {
         let t = gradwire_comm::MpiComm::time_in_calls(self);
         Some((t.caller, t.jobs))
+    }
+
+    fn time_waiting(&self) -> Option<Duration> {
+        Some(gradwire_comm::MpiComm::time_in_calls(self).waiting)
     }
 }
 

@@ -82,9 +82,10 @@ pub struct ProfileStrategy {
     pub codec_s_per_step: f64,
     /// The rest of the step outside communication, seconds.
     pub other_s_per_step: f64,
-    /// Rank 0's wait for slower ranks before its collectives, seconds per
-    /// step (the run's load imbalance: part of the prediction of the run,
-    /// not projected, where every rank has a device of its own).
+    /// Rank 0's wait in its collectives for the last rank to arrive,
+    /// seconds per step (the run's load imbalance, collective by
+    /// collective: part of the prediction of the run, not projected, where
+    /// every rank has a device of its own).
     #[serde(default)]
     pub imbalance_s_per_step: f64,
     /// What a step took, seconds.

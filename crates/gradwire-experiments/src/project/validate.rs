@@ -207,8 +207,8 @@ pub fn profile_of(
         // Everything else the step measured: the optimizer's update, the
         // bucket copies, the evaluation's share.
         let other = (split.total - split.compute - codec - network).max(0.0);
-        // Rank 0's network time includes waiting for slower ranks; the
-        // model's collectives start when the last rank arrives.
+        // Rank 0's network time includes waiting in each collective for
+        // the last rank; the model's collectives start when it arrives.
         let imbalance = split.imbalance.unwrap_or(0.0);
         let link = if run.config.baseline {
             &library

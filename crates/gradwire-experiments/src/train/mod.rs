@@ -400,6 +400,7 @@ impl Run<'_> {
             }
             let began = Instant::now();
             let calls_before = engine.comm().time_in_calls();
+            let waiting_before = engine.comm().time_waiting();
             let mut tally = Tally::default();
             let order = data.epoch_samples(epoch);
             // Outside calls since the last synchronising collective, before
@@ -557,6 +558,9 @@ impl Run<'_> {
                 steps,
                 combine_secs: tally.combine.as_secs_f64(),
                 network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
+                waiting_secs: waiting_before
+                    .zip(engine.comm().time_waiting())
+                    .map(|(before, now)| now.saturating_sub(before).as_secs_f64()),
                 busy_secs: (!slowest.is_empty()).then_some(busy),
                 slowest_busy_secs: (!slowest.is_empty()).then(|| slowest.iter().sum()),
                 straggler: waited_for,

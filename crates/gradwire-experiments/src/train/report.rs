@@ -132,15 +132,24 @@ pub struct EpochRecord {
     /// network's share); `None` where the backend keeps no count.
     #[serde(default)]
     pub network_secs: Option<f64>,
+    /// Of `network_secs`, the time this rank waited in the collectives
+    /// for the last rank to arrive (each collective's, from the times away
+    /// every rank sends in its header: load imbalance, a rank's evaluation,
+    /// a descheduled process), not the network's; `None` where the backend
+    /// keeps no count. Point-to-point messages (AdaSum's) exchange no
+    /// header: a wait for the sender in them is not in it.
+    #[serde(default)]
+    pub waiting_secs: Option<f64>,
     /// Seconds of this rank's steps outside the communicator's calls
     /// (compute, codecs, the update); `None` where the backend keeps no
     /// count.
     #[serde(default)]
     pub busy_secs: Option<f64>,
     /// The same, the slowest rank's between two synchronisations (every
-    /// step, or DiLoCo's exchanges): the collectives start when the last
-    /// rank arrives, so the excess over `busy_secs` is what rank 0 waited
-    /// in them for the others (load imbalance).
+    /// step, or DiLoCo's exchanges): the excess over `busy_secs` is what
+    /// rank 0 waited for the others at the step's scale, waits in
+    /// point-to-point messages included, those between a step's
+    /// collectives not.
     #[serde(default)]
     pub slowest_busy_secs: Option<f64>,
     /// The rank the others waited for most often this epoch, how often and
@@ -265,10 +274,17 @@ impl RunReport {
             .sum::<Option<f64>>()
             .map(|n| n / steps);
         let combine = sum(|e| e.combine_secs);
+        // Two measures of the waits, each short of some: the larger.
         let imbalance = self
             .epochs
             .iter()
-            .map(|e| Some(e.slowest_busy_secs? - e.busy_secs?))
+            .map(|e| {
+                let per_step = e.slowest_busy_secs.zip(e.busy_secs).map(|(s, b)| s - b);
+                match (e.waiting_secs, per_step) {
+                    (Some(w), Some(s)) => Some(w.max(s)),
+                    (w, s) => w.or(s),
+                }
+            })
             .sum::<Option<f64>>()
             .map(|i| (i / steps).max(0.0));
         StepSplit {
@@ -276,8 +292,8 @@ impl RunReport {
             compute: sum(|e| e.compute_secs),
             wait: sum(|e| e.comm_secs),
             // The combining time outside the communicator's calls: the
-            // codecs (slightly under: the step's own small agreement calls
-            // are counted as network, outside any combine).
+            // codecs (under: the step's own small agreement calls and the
+            // waits in them are counted as network, outside any combine).
             codec: network.map(|n| (combine - n).max(0.0)),
             network,
             imbalance,
@@ -300,10 +316,15 @@ pub struct StepSplit {
     pub codec: Option<f64>,
     /// In the communicator's calls (the network, with MPI).
     pub network: Option<f64>,
-    /// Of `network`, what rank 0 waited for slower ranks to arrive (the
-    /// slowest rank's time outside calls, step by step, less rank 0's;
-    /// counted from the collective that last synchronised the ranks, so
-    /// rank 0's evaluation between epochs delays it as its steps do).
+    /// Of `network`, what rank 0 waited for the other ranks to arrive:
+    /// per epoch the larger of the waits collective by collective
+    /// ([`EpochRecord::waiting_secs`]: the codecs between a step's
+    /// collectives, a descheduled process) and the slowest rank's time
+    /// outside calls less rank 0's ([`EpochRecord::slowest_busy_secs`]:
+    /// waits in point-to-point messages), each a lower bound of the
+    /// whole (counted from the collective that last synchronised the
+    /// ranks, so rank 0's evaluation between epochs delays it as its steps
+    /// do).
     #[serde(default)]
     pub imbalance: Option<f64>,
     /// Bytes one worker sent per step.
@@ -326,3 +347,45 @@ pub trait Observer: Sync {
 pub struct Silent;
 
 impl Observer for Silent {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(waiting: Option<f64>, busy: Option<(f64, f64)>) -> EpochRecord {
+        let mut record: EpochRecord = serde_json::from_value(serde_json::json!({
+            "epoch": 1, "train_loss": 1.0, "test_accuracy": 0.5, "bytes_sent": 0,
+            "bytes_total": 0, "compression": 1.0, "compute_secs": 1.0,
+            "comm_secs": 1.0, "wall_secs": 3.0, "steps": 10,
+            "network_secs": 1.5, "combine_secs": 1.5
+        }))
+        .unwrap();
+        record.waiting_secs = waiting;
+        (record.busy_secs, record.slowest_busy_secs) = busy.unzip();
+        record
+    }
+
+    /// Each epoch's imbalance is the larger of its two lower bounds (the
+    /// waits collective by collective, the step-level busy difference);
+    /// either alone where the other is missing; none without both.
+    #[test]
+    fn the_imbalance_is_the_larger_of_the_two_measures_per_epoch() {
+        let run = |epochs| RunReport {
+            label: "dense".into(),
+            config: TrainConfig::default(),
+            epochs,
+            param_checksum: String::new(),
+            timeline: None,
+        };
+        let split = run(vec![
+            epoch(Some(0.3), Some((2.0, 2.5))),
+            epoch(Some(0.4), Some((2.0, 2.1))),
+            epoch(None, Some((2.0, 2.2))),
+            epoch(Some(0.1), None),
+        ])
+        .per_step();
+        let wanted = (0.5 + 0.4 + 0.2 + 0.1) / 40.0;
+        assert!((split.imbalance.unwrap() - wanted).abs() < 1e-12);
+        assert_eq!(run(vec![epoch(None, None)]).per_step().imbalance, None);
+    }
+}

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use gradwire_kernels::CType;
 
+use super::allocations::note_device_allocation;
 use super::driver::CudaDevice;
 use super::launch::{driver_error, out_of_bounds};
 use crate::error::{Error, Result};
@@ -68,6 +69,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
             .stream()
             .alloc_zeros::<u8>(Self::byte_len(len.max(1))?)
             .map_err(|e| driver_error("cuMemAlloc / cuMemsetD8", e))?;
+        note_device_allocation(bytes.len());
         Ok(DeviceVec {
             device: Arc::clone(device),
             len,
@@ -85,6 +87,7 @@ impl<T: DeviceScalar> DeviceVec<T> {
             .stream()
             .clone_htod(bytemuck::cast_slice::<T, u8>(host))
             .map_err(|e| driver_error("cuMemcpyHtoD", e))?;
+        note_device_allocation(bytes.len());
         Ok(DeviceVec {
             device: Arc::clone(device),
             len: host.len(),

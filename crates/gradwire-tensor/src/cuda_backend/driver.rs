@@ -18,6 +18,7 @@ use cudarc::driver::{
 };
 use half::{bf16, f16};
 
+use super::allocations::note_device_allocation;
 use super::launch::{driver_error, out_of_bounds};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -309,11 +310,21 @@ impl DeviceBuffer {
     /// cudarc's `Clone`, which panics when the copy fails).
     fn try_clone_on(&self, stream: &Arc<CudaStream>) -> Result<DeviceBuffer> {
         let copy = |e| driver_error("cuMemAlloc / cuMemcpyDtoD", e);
-        Ok(match self {
+        let copied = match self {
             DeviceBuffer::F32(s) => DeviceBuffer::F32(stream.clone_dtod(s).map_err(copy)?),
             DeviceBuffer::F16(s) => DeviceBuffer::F16(stream.clone_dtod(s).map_err(copy)?),
             DeviceBuffer::BF16(s) => DeviceBuffer::BF16(stream.clone_dtod(s).map_err(copy)?),
-        })
+        };
+        note_device_allocation(copied.byte_len());
+        Ok(copied)
+    }
+
+    /// The buffer's size in bytes.
+    fn byte_len(&self) -> usize {
+        match self {
+            DeviceBuffer::F32(s) => s.len() * 4,
+            DeviceBuffer::F16(s) | DeviceBuffer::BF16(s) => s.len() * 2,
+        }
     }
 }
 
@@ -348,6 +359,7 @@ impl CudaStorage {
             DType::F16 => DeviceBuffer::F16(stream.alloc_zeros::<u16>(elements).map_err(alloc)?),
             DType::BF16 => DeviceBuffer::BF16(stream.alloc_zeros::<u16>(elements).map_err(alloc)?),
         };
+        note_device_allocation(data.byte_len());
         Ok(CudaStorage {
             device,
             len,
@@ -375,6 +387,7 @@ impl CudaStorage {
                 DeviceBuffer::BF16(stream.clone_htod(bits).map_err(copy)?)
             }
         };
+        note_device_allocation(data.byte_len());
         Ok(CudaStorage {
             device,
             len: src.len(),

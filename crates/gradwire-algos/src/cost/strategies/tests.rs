@@ -38,7 +38,14 @@ fn one_bucket(spec: &StrategySpec, shapes: &[Vec<usize>], world: usize) -> Vec<C
         vote,
         CollectiveCall::all_reduce(shapes.len() + ARRIVAL_BYTES * world, world)
     );
+    // The step ends with the agreement on the updates.
+    assert_eq!(calls.pop(), Some(agreement(world)));
     calls
+}
+
+/// The agreement that ends every gradient step: a barrier.
+fn agreement(world: usize) -> CollectiveCall {
+    CollectiveCall::new(Collective::Barrier, world, 0)
 }
 
 /// Gradient-like tensors for `rank`, different on every rank.
@@ -334,8 +341,10 @@ fn dimreduce_matches_the_model() {
 fn dense_counts_one_vote_and_one_all_reduce_per_bucket() {
     let s = vec![vec![3_000_000], vec![1_000_000], vec![1_500_000], vec![10]];
     let calls = step_collectives(&StrategySpec::Dense, &s, 4, &Bucketing::default()).unwrap();
-    // Buckets: [3 M] alone, then [1 M, 1.5 M] (past the threshold), [10].
-    assert_eq!(calls.len(), 6);
+    // Buckets: [3 M] alone, then [1 M, 1.5 M] (past the threshold), [10];
+    // then the agreement.
+    assert_eq!(calls.len(), 7);
+    assert_eq!(calls[6], agreement(4));
     assert_eq!(calls[1], CollectiveCall::all_reduce(12_000_000, 4));
     assert_eq!(calls[3], CollectiveCall::all_reduce(10_000_000, 4));
     let per_step = Bucketing {
@@ -343,7 +352,7 @@ fn dense_counts_one_vote_and_one_all_reduce_per_bucket() {
         ..Bucketing::default()
     };
     let calls = step_collectives(&StrategySpec::Dense, &s, 4, &per_step).unwrap();
-    assert_eq!(calls.len(), 4);
+    assert_eq!(calls.len(), 5);
     assert_eq!(
         calls[0],
         CollectiveCall::all_reduce(4 + ARRIVAL_BYTES * 4, 4)
@@ -403,6 +412,10 @@ fn outer_rounds_send_the_codecs_calls_once_every_h_steps() {
                     CollectiveCall::all_reduce(b.len() + arrivals, world)
                 })
                 .collect();
+            // DiLoCo's round has neither the votes nor the gradient step's
+            // closing agreement (its combinations carry the round's fault).
+            let mut step = step;
+            assert_eq!(step.pop(), Some(agreement(world)));
             let round: Vec<_> = step.into_iter().filter(|c| !votes.contains(c)).collect();
             for h in [1u32, 2, 7, 50] {
                 let outer = StrategySpec::Outer {
