@@ -57,6 +57,19 @@ pub struct NetworkArgs {
     pub link_rate: Option<u64>,
 }
 
+/// The variables of this process's environment that every rank gets
+/// (`get` reads one): the compute threads' count (rayon's, which candle's
+/// matrix products use), which mpirun does not pass to ranks in other
+/// namespaces. Where ranks share the cores, one thread a rank spares the
+/// network calls the cores that idle threads spin on (README, the cost
+/// model's validation).
+fn forwarded_env(get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    ["RAYON_NUM_THREADS"]
+        .into_iter()
+        .filter_map(|name| Some((name.to_string(), get(name)?)))
+        .collect()
+}
+
 /// `--network RATE`: this command again (this program with this process's
 /// arguments, `--backend mpi --link-rate <bits/s>` in place of `--network`,
 /// `--backend` and `--link-rate`), as `world` MPI ranks on a shaped network
@@ -106,7 +119,7 @@ pub fn run_shaped(rate: &str, world: usize, out: Option<&Path>) -> Result<()> {
         &MpiLaunch {
             program,
             args,
-            env: Vec::new(),
+            env: forwarded_env(|name| std::env::var(name).ok()),
         },
     )
 }
@@ -270,4 +283,21 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
             .map(|dir| dir.join(name))
             .find(|p| p.is_file())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the compute threads' count is forwarded, and only when set.
+    #[test]
+    fn the_compute_threads_count_is_forwarded_when_set() {
+        let set = |name: &str| (name == "RAYON_NUM_THREADS").then(|| "1".to_string());
+        assert_eq!(
+            forwarded_env(set),
+            vec![("RAYON_NUM_THREADS".to_string(), "1".to_string())]
+        );
+        assert_eq!(forwarded_env(|_| None), Vec::new());
+        assert_eq!(forwarded_env(|_| Some("x".into())).len(), 1);
+    }
 }
