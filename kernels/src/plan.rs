@@ -68,13 +68,19 @@ pub fn select_tiles(n: usize) -> (usize, u32) {
     (tile, u32::try_from(tiles).unwrap_or(MAX_GRID))
 }
 
-/// Sampled top-k on a device takes the exact top k below this length (or
-/// for k = 0).
-pub const SAMPLED_MIN_LEN: usize = 4096;
-
-/// The stride of sampled top-k's sample (`sample_strided_f32`): every
-/// 100th entry, as the CPU's `sampled_top_k_into` samples.
-pub const SAMPLE_STRIDE: usize = 100;
+/// Sampled top-k's settings, the CPU codec's (gradwire-compress's
+/// `select::SAMPLED_MIN_LEN`, `SAMPLE_STRIDE` and `SAMPLED_TOP_K_SLACK`),
+/// which its callers pass: this leaf crate holds the device sequence, not
+/// the codec's rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledRule {
+    /// Below this length (or for k = 0) the exact top k.
+    pub min_len: usize,
+    /// The sample: every `stride`-th entry (`sample_strided_f32`).
+    pub stride: usize,
+    /// At most `ceil(slack k)` survivors are kept as they are.
+    pub slack: f64,
+}
 
 /// The device steps sampled top-k is made of, which [`sampled_top_k`]
 /// sequences: performed by the CUDA launcher (gradwire-compress) and by the
@@ -103,7 +109,7 @@ pub trait SampledSteps {
 /// Which way [`sampled_top_k`] went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SampledOutcome {
-    /// Below [`SAMPLED_MIN_LEN`] entries or k = 0: the exact top k.
+    /// Below [`SampledRule::min_len`] entries or k = 0: the exact top k.
     Small,
     /// The survivors of the sample's threshold, between k and the cap.
     Survivors,
@@ -113,24 +119,24 @@ pub enum SampledOutcome {
     Fallback,
 }
 
-/// Sampled top-k of `n` entries keeping `ratio` of them: a threshold from
-/// the strided sample's `ceil(ratio len)`-th largest magnitude, doubled
-/// (up to the whole sample) until at least `k` entries survive it; at most
-/// `ceil(slack k)` survivors are kept as they are, more are cut to the
-/// exact top `k` among them, and a sample that never yields `k` falls back
-/// to the exact top `k`.
+/// Sampled top-k of `n` entries keeping `ratio` of them under `rule`: a
+/// threshold from the strided sample's `ceil(ratio len)`-th largest
+/// magnitude, doubled (up to the whole sample) until at least `k` entries
+/// survive it; at most `ceil(slack k)` survivors are kept as they are, more
+/// are cut to the exact top `k` among them, and a sample that never yields
+/// `k` falls back to the exact top `k`.
 pub fn sampled_top_k<S: SampledSteps>(
     steps: &mut S,
     n: usize,
     k: usize,
     ratio: f64,
-    slack: f64,
+    rule: SampledRule,
 ) -> Result<(S::Selected, SampledOutcome), S::Error> {
-    if n < SAMPLED_MIN_LEN || k == 0 {
+    if n < rule.min_len || k == 0 {
         return Ok((steps.exact(k)?, SampledOutcome::Small));
     }
-    let cap = ((k as f64 * slack).ceil() as usize).max(k);
-    let len = steps.sample(SAMPLE_STRIDE)?;
+    let cap = ((k as f64 * rule.slack).ceil() as usize).max(k);
+    let len = steps.sample(rule.stride)?;
     let mut take = ((ratio * len as f64).ceil() as usize).clamp(1, len.max(1));
     loop {
         let (survivors, count) = steps.survivors(take)?;

@@ -12,7 +12,7 @@
 //! the median per-call time of each is reported, with the algorithm bandwidth
 //! (bytes / time), the bus bandwidth as nccl-tests define it
 //! (2 (W - 1) / W x bytes / time) and the wrapper's overhead over the raw call.
-//! The wrapper does more than `MPI_Allreduce`: a header exchange (a 64-byte
+//! The wrapper does more than `MPI_Allreduce`: a header exchange (a 72-byte
 //! all-gather) and a rank-ordered reduction by gradwire, which makes the
 //! result bitwise reproducible; the overhead column shows its price.
 

@@ -24,7 +24,9 @@ pub use quant::{DeviceBytes, quant_decode, quant_decode_add, quant_encode, quant
 use crate::cast::CastOptions;
 use crate::error::{CompressError, Result};
 use crate::feedback::{ErrorFeedback, ErrorFeedbackState, SparseCodec};
-use crate::select::{SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key};
+use crate::select::{
+    SAMPLE_STRIDE, SAMPLED_MIN_LEN, SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key,
+};
 use crate::sparse::check_dense_len;
 
 pub mod kernels;
@@ -101,7 +103,12 @@ pub fn sampled_top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
 
 fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceSparse> {
     let mut steps = SampledOnDevice { x, sample: None };
-    let (selected, _) = plan::sampled_top_k(&mut steps, x.len(), k, ratio, SAMPLED_TOP_K_SLACK)?;
+    let rule = plan::SampledRule {
+        min_len: SAMPLED_MIN_LEN,
+        stride: SAMPLE_STRIDE,
+        slack: SAMPLED_TOP_K_SLACK,
+    };
+    let (selected, _) = plan::sampled_top_k(&mut steps, x.len(), k, ratio, rule)?;
     Ok(selected)
 }
 

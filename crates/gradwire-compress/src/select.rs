@@ -480,6 +480,13 @@ fn merge_sorted(a: &[u32], b: &[u32], out: &mut Vec<u32>) {
 /// `SAMPLED_TOP_K_SLACK * k` entries (Deep Gradient Compression's 1.3).
 pub const SAMPLED_TOP_K_SLACK: f64 = 1.3;
 
+/// Sampled top-k takes the exact top k below this length (or for k = 0),
+/// where sampling costs as much as the exact selection.
+pub const SAMPLED_MIN_LEN: usize = 4096;
+
+/// Sampled top-k's sample: every `SAMPLE_STRIDE`-th entry.
+pub const SAMPLE_STRIDE: usize = 100;
+
 /// Sampled top-k (Deep Gradient Compression): estimates the magnitude
 /// threshold of the top `k = ceil(ratio * n)` from a strided sample of about
 /// 1 % of the entries, counts the survivors, and
@@ -512,13 +519,12 @@ pub(crate) fn sampled_top_k_into(
     let cap = ((k as f64 * SAMPLED_TOP_K_SLACK).ceil() as usize).max(k);
     scratch.reserve_top_k(k, cap, out);
     // Small inputs: the exact path is as cheap as sampling.
-    if n < 4096 || k == 0 {
+    if n < SAMPLED_MIN_LEN || k == 0 {
         return top_k_count_into(x, k, out, scratch);
     }
-    let stride = 100usize;
     let mut sample = std::mem::take(&mut scratch.sampled);
     sample.clear();
-    sample.extend(x.iter().step_by(stride).map(|&v| key(v)));
+    sample.extend(x.iter().step_by(SAMPLE_STRIDE).map(|&v| key(v)));
     let result = sampled_top_k_from(x, ratio, k, cap, &mut sample, out, scratch);
     scratch.sampled = sample;
     result

@@ -19,9 +19,7 @@
 use crate::distopt::StrategyConfig;
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optim, UpdateRule};
-use crate::rules::{
-    AdamConfig, AdamValues, adam_apply, adam_scalars, adam_validate, adam_values, adamw_shrink,
-};
+use crate::rules::{AdamConfig, AdamValues, adam_apply, adam_validate, adam_values};
 use crate::schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
@@ -122,7 +120,7 @@ impl UpdateRule for OneBitAdamRule {
     }
 
     fn apply(v: &OneBitAdamValues, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
-        if let Some(shrink) = adamw_shrink(&v.adam) {
+        if let Some(shrink) = v.adam.decay_factor() {
             p.iter_mut().for_each(|p| *p *= shrink);
         }
         if !v.frozen {
@@ -130,10 +128,10 @@ impl UpdateRule for OneBitAdamRule {
             return;
         }
         let [m, s] = buffers else { return };
-        let (step_size, _) = adam_scalars(&v.adam, t);
+        let (step_size, _) = v.adam.step_scalars(t);
         // The variance's bias correction as at the freeze (a parameter
         // updated at every step had t = freeze_step then).
-        let (_, inv_c2) = adam_scalars(&v.adam, t.min(v.freeze_step.max(1)));
+        let (_, inv_c2) = v.adam.step_scalars(t.min(v.freeze_step.max(1)));
         let eps = v.adam.eps;
         p.iter_mut()
             .zip(g)

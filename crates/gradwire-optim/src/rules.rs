@@ -472,19 +472,23 @@ pub struct AdamValues {
 }
 
 impl AdamValues {
-    /// The bias-corrected scalars of the update at the parameter's own `t`
-    /// (1-based): `step_size = lr / (1 - beta1^t)` and `inv_c2 = 1 / (1 -
-    /// beta2^t)`, in f64 then rounded to f32, as the CPU loop and the CUDA
-    /// kernel both take them.
+    /// Adam's bias-corrected scalars for the parameter's own `t` (1-based):
+    /// `step_size = lr / (1 - beta1^t)` and `inv_c2 = 1 / (1 - beta2^t)`, in
+    /// f64 then rounded to f32, so that `lr (m / c1) / (sqrt(v / c2) + eps)`
+    /// runs with the divisions hoisted (the CPU loop and the CUDA kernel
+    /// take the same two values).
     pub fn step_scalars(&self, t: u64) -> (f32, f32) {
-        adam_scalars(self, t)
+        let t = i32::try_from(t).unwrap_or(i32::MAX);
+        let c1 = 1.0 - f64::from(self.beta1).powi(t);
+        let c2 = 1.0 - f64::from(self.beta2).powi(t);
+        ((self.lr / c1) as f32, (1.0 / c2) as f32)
     }
 
     /// AdamW's decoupled decay factor `1 - lr wd` (f64, rounded to f32), or
     /// `None` without weight decay, as the CPU loop and the CUDA kernel
     /// both take it.
     pub fn decay_factor(&self) -> Option<f32> {
-        adamw_shrink(self)
+        (self.weight_decay != 0.0).then(|| (1.0 - self.lr * f64::from(self.weight_decay)) as f32)
     }
 }
 
@@ -506,23 +510,6 @@ pub(crate) fn adam_validate(config: &AdamConfig) -> Result<()> {
     config.weight_decay.validate("weight_decay", true)
 }
 
-/// Adam's bias-corrected scalars for the parameter's own `t`: `lr / (1 -
-/// beta1^t)` and `1 / (1 - beta2^t)`, in f64 then rounded to f32, so that
-/// `lr (m / c1) / (sqrt(v / c2) + eps)` runs with the divisions hoisted
-/// (the CPU loop and the CUDA kernel use the same two values).
-pub(crate) fn adam_scalars(v: &AdamValues, t: u64) -> (f32, f32) {
-    let t = i32::try_from(t).unwrap_or(i32::MAX);
-    let c1 = 1.0 - f64::from(v.beta1).powi(t);
-    let c2 = 1.0 - f64::from(v.beta2).powi(t);
-    ((v.lr / c1) as f32, (1.0 / c2) as f32)
-}
-
-/// AdamW's decoupled decay factor `1 - lr wd` (f64, rounded to f32), or
-/// `None` without weight decay.
-pub(crate) fn adamw_shrink(v: &AdamValues) -> Option<f32> {
-    (v.weight_decay != 0.0).then(|| (1.0 - v.lr * f64::from(v.weight_decay)) as f32)
-}
-
 /// The Adam step proper, with L2 decay `l2` added to the gradient (0 for AdamW).
 pub(crate) fn adam_apply(
     v: &AdamValues,
@@ -534,7 +521,7 @@ pub(crate) fn adam_apply(
 ) {
     let [m, s] = buffers else { return };
     let (b1, b2, eps) = (v.beta1, v.beta2, v.eps);
-    let (step_size, inv_c2) = adam_scalars(v, t);
+    let (step_size, inv_c2) = v.step_scalars(t);
     let (f1, f2) = (1.0 - b1, 1.0 - b2);
     p.iter_mut()
         .zip(g)
@@ -584,7 +571,7 @@ impl UpdateRule for AdamRule {
 
     #[cfg(feature = "cuda")]
     fn cuda_kernel(v: &AdamValues, t: u64) -> Option<UpdateKernel> {
-        let (step_size, inv_c2) = adam_scalars(v, t);
+        let (step_size, inv_c2) = v.step_scalars(t);
         Some(UpdateKernel::Adam {
             step_size,
             inv_c2,
@@ -627,7 +614,7 @@ impl UpdateRule for AdamWRule {
     }
 
     fn apply(v: &AdamValues, t: u64, buffers: &mut [&mut [f32]], p: &mut [f32], g: &[f32]) {
-        if let Some(shrink) = adamw_shrink(v) {
+        if let Some(shrink) = v.decay_factor() {
             p.iter_mut().for_each(|p| *p *= shrink);
         }
         adam_apply(v, t, buffers, p, g, 0.0);
@@ -635,9 +622,9 @@ impl UpdateRule for AdamWRule {
 
     #[cfg(feature = "cuda")]
     fn cuda_kernel(v: &AdamValues, t: u64) -> Option<UpdateKernel> {
-        let (step_size, inv_c2) = adam_scalars(v, t);
+        let (step_size, inv_c2) = v.step_scalars(t);
         Some(UpdateKernel::AdamW {
-            shrink: adamw_shrink(v),
+            shrink: v.decay_factor(),
             step_size,
             inv_c2,
             beta1: v.beta1,

@@ -6,8 +6,9 @@
 //! makes, with MPI doing the transport:
 //!
 //! - **Checked calls.** Before each collective the ranks all-gather a
-//!   64-byte description of their call (kind, element type, op, lengths,
-//!   root; `header.rs`). Every rank validates the same descriptions, so a
+//!   72-byte header: a description of their call (kind, element type, op,
+//!   lengths, root) and their time away since their previous call, from
+//!   which each rank learns its wait for the last one (`header.rs`). Every rank validates the same descriptions, so a
 //!   mismatch (lengths, element types, ops, roots, even a different
 //!   collective) is [`CommError::Mismatch`] on every rank, before any data
 //!   moves, instead of MPI's undefined behaviour; the communicator stays

@@ -10,7 +10,7 @@
 //! choice of its own, the arithmetic of reductions ([`NcclReduction`]):
 //!
 //! - **Checked calls.** Before each collective the ranks all-gather the same
-//!   64-byte description of their call as MpiComm's (`header.rs`), so a
+//!   72-byte header as MpiComm's (`header.rs`, their call's description), so a
 //!   mismatch is [`CommError::Mismatch`] on every rank before any data moves,
 //!   never NCCL's undefined behaviour (a hang or a truncated buffer), and a
 //!   fault a rank posts ([`Communicator::post_fault`]) ends that collective

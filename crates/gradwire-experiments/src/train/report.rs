@@ -280,10 +280,10 @@ impl RunReport {
             .iter()
             .map(|e| {
                 let per_step = e.slowest_busy_secs.zip(e.busy_secs).map(|(s, b)| s - b);
-                match (e.waiting_secs, per_step) {
-                    (Some(w), Some(s)) => Some(w.max(s)),
-                    (w, s) => w.or(s),
-                }
+                [e.waiting_secs, per_step]
+                    .into_iter()
+                    .flatten()
+                    .reduce(f64::max)
             })
             .sum::<Option<f64>>()
             .map(|i| (i / steps).max(0.0));

@@ -20,7 +20,10 @@
 //! starts here as garbage, so a kernel that skips an entry is seen.
 
 use gradwire_compress::CompressError;
-use gradwire_compress::select::{self as cpu, SAMPLED_TOP_K_SLACK, count_for_ratio};
+use gradwire_compress::select::{
+    self as cpu, SAMPLE_STRIDE, SAMPLED_MIN_LEN, SAMPLED_TOP_K_SLACK, count_for_ratio,
+};
+use gradwire_kernels::plan::{SampledOutcome, SampledRule};
 use gradwire_kernels::{Blocks, Kernel, plan, select as k};
 use gradwire_kernels_host::{Arg, Order, launch};
 
@@ -33,8 +36,6 @@ pub(crate) const NO_INDEX: u64 = u64::MAX;
 const GARBAGE_U64: u64 = 0xdead_beef_0bad_f00d;
 /// The same for u32 (as f32, a NaN).
 const GARBAGE_U32: u32 = 0x7fc0_dead;
-
-use gradwire_kernels::plan::{SAMPLE_STRIDE, SampledOutcome};
 
 /// f32 bit patterns as the kernels' f32.
 pub(crate) fn f32s(bits: &[u32]) -> &[f32] {
@@ -420,7 +421,12 @@ fn sampled_top_k_finite(
         offset,
         sample: Vec::new(),
     };
-    match plan::sampled_top_k(&mut steps, x.len(), kth, ratio, SAMPLED_TOP_K_SLACK) {
+    let rule = SampledRule {
+        min_len: SAMPLED_MIN_LEN,
+        stride: SAMPLE_STRIDE,
+        slack: SAMPLED_TOP_K_SLACK,
+    };
+    match plan::sampled_top_k(&mut steps, x.len(), kth, ratio, rule) {
         Ok(done) => done,
         Err(never) => match never {},
     }
