@@ -6,10 +6,10 @@
 //! toolchain too; only the coverage instrumentation and the sanitizers that
 //! make fuzzing effective need `cargo +nightly fuzz run`. So CI builds every
 //! target (`fuzz/fuzz_targets/<name>.rs`) in the dev profile, in the main
-//! target directory (`fuzz/Cargo.toml` mirrors the workspace's dev profile,
-//! so part of what the tests built is reused), and runs each binary over
-//! every input of `fuzz/corpus/<name>/`: libFuzzer given files runs each
-//! once and stops, and a panic or a failed check is a crash. The committed
+//! target directory (unoptimised: a replay takes a fraction of a second),
+//! and runs each binary over every input of `fuzz/corpus/<name>/`:
+//! libFuzzer given files runs each once and stops, and a panic or a failed
+//! check is a crash. The committed
 //! inputs (seeds, a coverage-greedy pick of a fuzzing run's corpus, and the
 //! input of any crash once fixed) make a regression test of the target
 //! and the code under it; locally a fuzzing run's whole corpus is run too.

@@ -6,16 +6,18 @@
 //! where the work is, and prints what it returns.
 
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use clap::{Parser, Subcommand};
-use gradwire_experiments::ExperimentError;
 use gradwire_experiments::bench::BenchCommand;
 use gradwire_experiments::compare::CompareArgs;
 use gradwire_experiments::faults::FaultsArgs;
 use gradwire_experiments::project::{self, ProjectArgs};
 use gradwire_experiments::train::TrainArgs;
+use gradwire_experiments::{COMPUTE_THREADS_VAR, ExperimentError};
+use std::env;
 use std::process::ExitCode;
+use std::thread;
 
 mod commands;
 mod console;
@@ -55,6 +57,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    share_cores_among_ranks(&cli.command);
     let result = match cli.command {
         Command::Train(args) => commands::train::run(args),
         Command::Compare(args) => commands::compare::run(args),
@@ -72,4 +75,34 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Gives each in-process rank of a `train` or `compare` run its share of
+/// the cores as candle's compute threads
+/// ([`gradwire_experiments::compute_threads_per_rank`]), unless the user set
+/// [`COMPUTE_THREADS_VAR`] (or `CANDLE_NUM_THREADS`) themselves. Candle
+/// reads the variable once, when it first computes, so this runs first.
+/// Shaped-network ranks get theirs from the launcher's environment.
+#[allow(unsafe_code)]
+fn share_cores_among_ranks(command: &Command) {
+    let ranks = match command {
+        Command::Train(args) => args.in_process_ranks(),
+        Command::Compare(args) => args.in_process_ranks(),
+        _ => None,
+    };
+    let Some(ranks) = ranks.filter(|&ranks| ranks > 1) else {
+        return;
+    };
+    if [COMPUTE_THREADS_VAR, "CANDLE_NUM_THREADS"]
+        .iter()
+        .any(|name| env::var_os(name).is_some())
+    {
+        return;
+    }
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = gradwire_experiments::compute_threads_per_rank(ranks, cores);
+    // SAFETY: the process has one thread: main has only parsed its
+    // arguments (clap starts none), so nothing reads the environment
+    // while it changes.
+    unsafe { env::set_var(COMPUTE_THREADS_VAR, threads.to_string()) };
 }

@@ -46,7 +46,10 @@ pub mod plot;
 pub mod project;
 pub mod train;
 
-pub use config::{ModelKind, OptimizerKind, ScheduleKind, TrainConfig, parse_strategy};
+pub use config::{
+    COMPUTE_THREADS_VAR, ModelKind, OptimizerKind, ScheduleKind, TrainConfig,
+    compute_threads_per_rank, parse_strategy,
+};
 pub use engine::Backend;
 pub use error::{ExperimentError, Result};
 pub use train::{EpochRecord, RunReport, train};

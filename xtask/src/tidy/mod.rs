@@ -167,6 +167,9 @@ const POLICY: Policy<'static> = Policy {
         // LocalComm's buffers shared between rank threads, rank_order.rs's
         // AVX2 dispatch, the MPI and NCCL FFI and NCCL's queued calls.
         "crates/gradwire-comm",
+        // main's one `env::set_var`, before any thread starts: candle's
+        // compute threads shared among in-process ranks.
+        "crates/gradwire-cli",
         // The streaming-store f16 casts (x86-64 intrinsics) in cast.rs and
         // quant.rs's AVX2 dispatch.
         "crates/gradwire-compress",

@@ -241,6 +241,21 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// The environment variable that sets candle's compute threads (its
+/// matrix products' and its element-wise pool's, which falls back to it).
+pub const COMPUTE_THREADS_VAR: &str = "RAYON_NUM_THREADS";
+
+/// Candle's compute threads for each of `ranks` ranks that one machine of
+/// `cores` cores runs at once: the cores shared out, at least one, as
+/// torchrun gives each of its processes one OpenMP thread. By default
+/// candle takes every core in every process, and its element-wise pool,
+/// shared by the in-process ranks, runs one operation at a time while its
+/// idle workers spin: with two ranks on two cores the transformer's step
+/// took twice as long.
+pub fn compute_threads_per_rank(ranks: usize, cores: usize) -> usize {
+    (cores / ranks.max(1)).max(1)
+}
+
 /// Parses `-s`: a strategy of the registry (`topk:0.01`, ...) or
 /// `baseline`; the result is the strategy and whether it is the baseline.
 pub fn parse_strategy(text: &str) -> Result<(StrategyConfig, bool)> {

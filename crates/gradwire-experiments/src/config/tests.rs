@@ -281,3 +281,25 @@ fn batch_and_epochs_are_bounded_so_their_products_cannot_overflow() {
             .is_some()
     );
 }
+
+/// The cores shared out among the ranks of one machine: at least one
+/// thread a rank, all of them for one rank, none left over unless the
+/// division leaves them.
+#[test]
+fn ranks_share_the_cores_as_compute_threads() {
+    for (ranks, cores, threads) in [
+        (1, 2, 2),
+        (2, 2, 1),
+        (4, 2, 1),
+        (3, 8, 2),
+        (4, 16, 4),
+        (0, 8, 8),
+        (5, 1, 1),
+    ] {
+        assert_eq!(
+            compute_threads_per_rank(ranks, cores),
+            threads,
+            "{ranks} ranks, {cores} cores"
+        );
+    }
+}

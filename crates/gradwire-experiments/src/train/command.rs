@@ -68,6 +68,14 @@ fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
 }
 
 impl TrainArgs {
+    /// How many ranks the run puts in this process: `--world` on
+    /// `--backend local` (threads sharing this machine's cores), none
+    /// otherwise (MPI processes, shaped-network ranks, GPUs).
+    pub fn in_process_ranks(&self) -> Option<usize> {
+        (self.backend == BackendKind::Local && self.network.network.is_none())
+            .then_some(self.common.run.world)
+    }
+
     /// Runs the training the flags ask for. With `--network`, this command
     /// again as MPI ranks on a shaped network (which report themselves:
     /// `None`); otherwise on `--backend`, `started` called with the checked
@@ -169,6 +177,21 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         args: TrainArgs,
+    }
+
+    /// Only `--backend local` without `--network` puts the ranks in this
+    /// process.
+    #[test]
+    fn only_local_runs_put_their_ranks_in_this_process() {
+        let ranks = |flags: &[&str]| {
+            let line = ["train"].iter().chain(flags).copied();
+            Flags::try_parse_from(line).unwrap().args.in_process_ranks()
+        };
+        assert_eq!(ranks(&["-w", "3"]), Some(3));
+        assert_eq!(ranks(&[]), Some(TrainConfig::default().world));
+        assert_eq!(ranks(&["-w", "3", "--backend", "mpi"]), None);
+        assert_eq!(ranks(&["-w", "2", "--backend", "nccl"]), None);
+        assert_eq!(ranks(&["-w", "2", "--network", "1gbit"]), None);
     }
 
     /// A backend this build lacks is a usage error that names the feature
