@@ -62,6 +62,10 @@ const GPU_FEATURES: &str = concat!(
     "gradwire-cli/cuda"
 );
 
+/// The word in the name of every test of code that only a build without
+/// features has (`cargo xtask test` runs just those without features).
+const DEFAULT_ONLY_TESTS: &str = "built_without";
+
 /// The command line help.
 const USAGE: &str = "\
 Usage: cargo xtask <task>
@@ -75,7 +79,8 @@ Tasks:
                        fault tests under mpirun with GRADWIRE_REQUIRE_MPI=1, the
                        shaped-network run where namespaces can be made, the CUDA and
                        NCCL suites, which SKIP without a GPU), cargo test without
-                       features of the packages with code of their own there, the
+                       features of the packages with code of their own there (their
+                       tests named built_without, at opt-level 0), the
                        fuzz targets (fuzz/, stable toolchain) built and run over
                        fuzz/corpus, ptxas on every PTX file (sm_70, sm_80, sm_90),
                        cargo doc (every feature) with warnings denied; then the count of GPU tests
@@ -232,24 +237,46 @@ fn test(test_args: &[String]) -> Result {
     // Then, without features, the packages whose own code differs without
     // them (a `not(feature = ...)` cfg in `src/`: the messages of a binary
     // built without MPI or NCCL, errors without CUDA), found by reading the
-    // code. The other packages' default build is the same code minus the
-    // features (clippy checks it above; where a device path is added, the
-    // default build runs the featured one's CPU path): running all their
-    // tests twice bought nothing but minutes. Their unit and integration
-    // tests, not their doc tests (the same text either way), so a library
-    // no other test target needs is not built twice over.
+    // code: their tests of that code, which have `built_without` in their
+    // names (the others ran above, on the same code with the features
+    // compiled in, and clippy checked the default build). The workspace's
+    // crates build at opt-level 0 here: nothing they run is hot, and their
+    // default-feature build is this step's cost. At least one test must
+    // run, so that a renamed test cannot leave the step empty.
     let packages = workspace::packages_with_default_only_code(workspace_root());
     // With none, a bare `cargo test` would run the whole workspace again.
     if !packages.is_empty() {
         step(
-            &format!("cargo test (default features: {})", packages.join(", ")),
+            &format!(
+                "cargo test (default features, tests named built_without: {})",
+                packages.join(", ")
+            ),
             || {
                 let mut command = cargo();
                 command.arg("test");
+                for member in workspace::workspace_members(workspace_root()) {
+                    if let Some(name) = workspace::package_name(&member) {
+                        command.args([
+                            "--config",
+                            &format!("profile.test.package.{name}.opt-level=0"),
+                        ]);
+                    }
+                }
                 for package in &packages {
                     command.args(["-p", package]);
                 }
-                run(command.args(["--lib", "--tests", "--"]).args(test_args))
+                command
+                    .args(["--lib", "--tests", "--", DEFAULT_ONLY_TESTS])
+                    .args(test_args);
+                let passed = run_counting_passed(&mut command)?;
+                if passed == 0 {
+                    return Err(format!(
+                        "no test named {DEFAULT_ONLY_TESTS} ran in {}: a test of the code a build \
+                         without features has must carry it in its name",
+                        packages.join(", ")
+                    ));
+                }
+                Ok(())
             },
         )?;
     }
@@ -347,6 +374,32 @@ fn run(command: &mut Command) -> Result {
     } else {
         Err(format!("`{shown}` exited with {status}"))
     }
+}
+
+/// Like [`run`], then the number of tests the test binaries' summaries
+/// (`test result: ok. N passed; ...`) say passed.
+fn run_counting_passed(command: &mut Command) -> Result<usize> {
+    let shown = describe(command);
+    println!("$ {shown}");
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start `{shown}`: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    print!("{stdout}");
+    if !output.status.success() {
+        return Err(format!("`{shown}` exited with {}", output.status));
+    }
+    Ok(passed_tests(&stdout))
+}
+
+/// The sum of `N` over the `test result: ok. N passed` lines of `stdout`.
+fn passed_tests(stdout: &str) -> usize {
+    stdout
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("test result: ok. "))
+        .filter_map(|rest| rest.split_once(" passed")?.0.parse::<usize>().ok())
+        .sum()
 }
 
 /// `command` as a shell-like line, for messages.
@@ -471,4 +524,23 @@ fn check_toolchain() -> Result {
         print!("{}", String::from_utf8_lossy(&output.stdout));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The passed counts of every binary's summary line are summed; other
+    /// lines, failed summaries and a bare filter's zero count nothing.
+    #[test]
+    fn passed_tests_sum_the_summaries() {
+        let stdout = "running 3 tests\n\
+            test a::built_without_x ... ok\n\
+            test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out; finished in 0.01s\n\
+            \n\
+            test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out; finished in 0.00s\n\
+            test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.2s\n\
+            test result: FAILED. 4 passed; 1 failed; 0 ignored\n\
+            ok. 7 passed\n";
+        assert_eq!(super::passed_tests(stdout), 15);
+        assert_eq!(super::passed_tests(""), 0);
+    }
 }

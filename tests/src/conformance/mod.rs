@@ -1852,6 +1852,40 @@ fn skipping_unwritten_gradients<C: Communicator + 'static>(
     Ok(())
 }
 
+/// LocalComm's report of a run of `config`, trained (by `train`) once per
+/// process: every harness of a test binary (LocalComm's own, NcclComm's
+/// host transport under both reductions) compares with that same run,
+/// which on LocalComm is bitwise the same every time (what
+/// [`training_runs_match_local`] checks there, against its own run). A
+/// failed run is not kept.
+fn local_reference(
+    config: &gradwire_experiments::TrainConfig,
+    train: impl FnOnce() -> gradwire_experiments::Result<gradwire_experiments::RunReport>,
+) -> gradwire_experiments::Result<gradwire_experiments::RunReport> {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex, PoisonError};
+    type Slot = Arc<Mutex<Option<gradwire_experiments::RunReport>>>;
+    static REPORTS: LazyLock<Mutex<HashMap<String, Slot>>> = LazyLock::new(Default::default);
+    // Every field of the run, printed: equal keys are equal runs.
+    let key = format!("{config:?}");
+    let slot = Arc::clone(
+        REPORTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_default(),
+    );
+    // Held while training, so that a second harness asking for the same
+    // run waits for this one instead of training it too.
+    let mut report = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(report) = report.as_ref() {
+        return Ok(report.clone());
+    }
+    let fresh = train()?;
+    *report = Some(fresh.clone());
+    Ok(fresh)
+}
+
 /// `gradwire train` on this communicator gives rank 0 bitwise the model, the
 /// accuracies and the traffic that the same run on LocalComm threads gives,
 /// for a strategy of each family (dense, sparse with error feedback, partial
@@ -1904,7 +1938,7 @@ fn training_runs_match_local<C: Backend + 'static>(
             checks.check(false, || format!("{strategy:?}: rank 0 returned no report"));
             continue;
         };
-        let local = train(&config, &data, &Silent, None)?;
+        let local = local_reference(&config, || train(&config, &data, &Silent, None))?;
         if !checks.exact_sums() {
             // A library's sums: the same traffic, and the model as good.
             let traffic = |r: &gradwire_experiments::RunReport| -> Vec<u64> {

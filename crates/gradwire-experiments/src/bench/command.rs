@@ -293,7 +293,7 @@ mod tests {
     /// A backend or a device this build lacks is a usage error that names
     /// the feature to build with.
     #[test]
-    fn what_this_build_lacks_names_its_feature() {
+    fn what_is_built_without_names_its_feature() {
         let all_reduce = |backend| BenchCommand::Allreduce {
             sizes: vec!["4KiB".into()],
             world: vec![2],

@@ -4,8 +4,8 @@
 //!
 //! Each timed run queues the codec and waits for the device's stream (the
 //! selections also wait for their counts, as a caller does), and inputs
-//! rotate over [`ROTATION`] buffers so that no run finds its input in L2.
-//! The same data as `gradwire bench compress` ([`super::gradient`]).
+//! rotate over four buffers (`ROTATION`) so that no run finds its input in
+//! L2. The same data as `gradwire bench compress` (`bench::gradient`).
 //!
 //! With the `nccl` feature, [`nccl_device_rows`] times NcclComm's
 //! all-reduce of CUDA tensors beside NCCL's own `ncclAllReduce` called
@@ -219,7 +219,7 @@ fn powersgd_step(device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Res
 }
 
 /// NcclComm's all-reduce of f32 CUDA tensors of each size (inputs rotating
-/// over [`ROTATION`] tensors) and NCCL's own `ncclAllReduce` of the same
+/// over `ROTATION` tensors) and NCCL's own `ncclAllReduce` of the same
 /// bytes called directly, on every rank of `comm` (rank 0's figures);
 /// `memcpy` gives the host copy the rows are also compared with.
 #[cfg(feature = "nccl")]

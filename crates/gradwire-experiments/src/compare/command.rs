@@ -165,7 +165,7 @@ mod tests {
     /// MPI in a build without it names the feature; NCCL is no backend of
     /// a comparison; neither starts a run.
     #[test]
-    fn backends_that_cannot_compare_are_usage_errors() {
+    fn backends_built_without_or_unfit_to_compare_are_usage_errors() {
         let run = |backend: &str| {
             let flags = ["compare", "--backend", backend, "--strategies", "dense"];
             let args = Flags::try_parse_from(flags).unwrap().args;

@@ -90,7 +90,7 @@ mod tests {
     /// MPI in a build without it names the feature; NCCL is no backend of
     /// the matrix.
     #[test]
-    fn backends_that_cannot_run_the_matrix_are_usage_errors() {
+    fn backends_built_without_or_unfit_for_the_matrix_are_usage_errors() {
         let args = |backend| FaultsArgs {
             world: 2,
             deadline: 60,

@@ -197,7 +197,7 @@ mod tests {
     /// A backend this build lacks is a usage error that names the feature
     /// to build with, before any rank starts.
     #[test]
-    fn a_backend_this_build_lacks_names_its_feature() {
+    fn a_backend_built_without_names_its_feature() {
         for (built, backend) in [
             (cfg!(feature = "mpi"), "mpi"),
             (cfg!(feature = "nccl"), "nccl"),

@@ -183,7 +183,7 @@ fn unknown_dtype_string() {
 /// `tests/cuda.rs` checks `CudaUnavailable` on machines without a GPU).
 #[cfg(not(feature = "cuda"))]
 #[test]
-fn cuda_is_not_compiled_in() {
+fn cuda_is_refused_when_built_without_it() {
     assert_eq!(
         Tensor::zeros(4, DType::F32, Device::Cuda(0)).unwrap_err(),
         Error::NotCompiledWithCuda
