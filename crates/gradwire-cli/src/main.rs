@@ -14,7 +14,7 @@ use gradwire_experiments::compare::CompareArgs;
 use gradwire_experiments::faults::FaultsArgs;
 use gradwire_experiments::project::{self, ProjectArgs};
 use gradwire_experiments::train::TrainArgs;
-use gradwire_experiments::{COMPUTE_THREADS_VAR, ExperimentError};
+use gradwire_experiments::{COMPUTE_THREADS_VAR, ExperimentError, compute_threads_to_set};
 use std::env;
 use std::process::ExitCode;
 use std::thread;
@@ -78,10 +78,9 @@ fn main() -> ExitCode {
 }
 
 /// Gives each in-process rank of a `train` or `compare` run its share of
-/// the cores as candle's compute threads
-/// ([`gradwire_experiments::compute_threads_per_rank`]), unless the user set
-/// [`COMPUTE_THREADS_VAR`] (or `CANDLE_NUM_THREADS`) themselves. Candle
-/// reads the variable once, when it first computes, so this runs first.
+/// the cores as candle's compute threads, unless the user chose
+/// ([`gradwire_experiments::compute_threads_to_set`]). Candle reads the
+/// variable once, when it first computes, so this runs first.
 /// Shaped-network ranks get theirs from the launcher's environment.
 #[allow(unsafe_code)]
 fn share_cores_among_ranks(command: &Command) {
@@ -90,19 +89,11 @@ fn share_cores_among_ranks(command: &Command) {
         Command::Compare(args) => args.in_process_ranks(),
         _ => None,
     };
-    let Some(ranks) = ranks.filter(|&ranks| ranks > 1) else {
-        return;
-    };
-    if [COMPUTE_THREADS_VAR, "CANDLE_NUM_THREADS"]
-        .iter()
-        .any(|name| env::var_os(name).is_some())
-    {
-        return;
-    }
     let cores = thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = gradwire_experiments::compute_threads_per_rank(ranks, cores);
-    // SAFETY: the process has one thread: main has only parsed its
-    // arguments (clap starts none), so nothing reads the environment
-    // while it changes.
-    unsafe { env::set_var(COMPUTE_THREADS_VAR, threads.to_string()) };
+    if let Some(threads) = compute_threads_to_set(ranks, cores, |name| env::var_os(name)) {
+        // SAFETY: the process has one thread: main has only parsed its
+        // arguments (clap starts none), so nothing reads the environment
+        // while it changes.
+        unsafe { env::set_var(COMPUTE_THREADS_VAR, threads) };
+    }
 }

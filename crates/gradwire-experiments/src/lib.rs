@@ -48,7 +48,7 @@ pub mod train;
 
 pub use config::{
     COMPUTE_THREADS_VAR, ModelKind, OptimizerKind, ScheduleKind, TrainConfig,
-    compute_threads_per_rank, parse_strategy,
+    compute_threads_to_set, parse_strategy,
 };
 pub use engine::Backend;
 pub use error::{ExperimentError, Result};

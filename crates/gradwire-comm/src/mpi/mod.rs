@@ -8,12 +8,13 @@
 //! - **Checked calls.** Before each collective the ranks all-gather a
 //!   72-byte header: a description of their call (kind, element type, op,
 //!   lengths, root) and their time away since their previous call, from
-//!   which each rank learns its wait for the last one (`header.rs`). Every rank validates the same descriptions, so a
-//!   mismatch (lengths, element types, ops, roots, even a different
-//!   collective) is [`CommError::Mismatch`] on every rank, before any data
-//!   moves, instead of MPI's undefined behaviour; the communicator stays
-//!   usable. Communicators use `MPI_ERRORS_RETURN`, and a failing MPI call
-//!   becomes [`CommError::Mpi`] with MPI's message.
+//!   which each rank learns its wait for the last one (`header.rs`). Every
+//!   rank validates the same descriptions, so a mismatch (lengths, element
+//!   types, ops, roots, even a different collective) is
+//!   [`CommError::Mismatch`] on every rank, before any data moves, instead
+//!   of MPI's undefined behaviour; the communicator stays usable.
+//!   Communicators use `MPI_ERRORS_RETURN`, and a failing MPI call becomes
+//!   [`CommError::Mpi`] with MPI's message.
 //! - **Deterministic reductions, bitwise equal to LocalComm.** MPI only moves
 //!   bytes (`MPI_Alltoallv`, then `MPI_Allgatherv`); each rank reduces its
 //!   [`chunk_range`] of all W buffers in rank order with the same kernels as

@@ -47,11 +47,10 @@ pub struct Compared {
 
 impl CompareArgs {
     /// How many ranks the run puts in this process: `--world` on
-    /// `--backend local` (threads sharing this machine's cores), none
-    /// otherwise (MPI processes, shaped-network ranks, GPUs).
+    /// `--backend local` without `--network`, none otherwise.
     pub fn in_process_ranks(&self) -> Option<usize> {
-        (self.backend == BackendKind::Local && self.network.network.is_none())
-            .then_some(self.common.run.world)
+        self.network
+            .in_process_ranks(self.backend, self.common.run.world)
     }
 
     /// Runs the comparison the flags ask for. With `--network`, this

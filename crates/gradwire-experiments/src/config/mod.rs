@@ -245,6 +245,26 @@ pub struct RunArgs {
 /// matrix products' and its element-wise pool's, which falls back to it).
 pub const COMPUTE_THREADS_VAR: &str = "RAYON_NUM_THREADS";
 
+/// The value to give [`COMPUTE_THREADS_VAR`] before a run that puts
+/// `ranks` ranks in this process on `cores` cores (`get` reads the
+/// environment): the cores shared out among two ranks or more, unless the
+/// user chose (that variable or `CANDLE_NUM_THREADS` set); `None` where
+/// nothing is to be set. Candle reads it once, when it first computes.
+pub fn compute_threads_to_set(
+    ranks: Option<usize>,
+    cores: usize,
+    get: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<String> {
+    let ranks = ranks.filter(|&ranks| ranks > 1)?;
+    if [COMPUTE_THREADS_VAR, "CANDLE_NUM_THREADS"]
+        .iter()
+        .any(|name| get(name).is_some())
+    {
+        return None;
+    }
+    Some(compute_threads_per_rank(ranks, cores).to_string())
+}
+
 /// Candle's compute threads for each of `ranks` ranks that one machine of
 /// `cores` cores runs at once: the cores shared out, at least one, as
 /// torchrun gives each of its processes one OpenMP thread. By default
@@ -252,7 +272,7 @@ pub const COMPUTE_THREADS_VAR: &str = "RAYON_NUM_THREADS";
 /// shared by the in-process ranks, runs one operation at a time while its
 /// idle workers spin: with two ranks on two cores the transformer's step
 /// took twice as long.
-pub fn compute_threads_per_rank(ranks: usize, cores: usize) -> usize {
+fn compute_threads_per_rank(ranks: usize, cores: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 

@@ -303,3 +303,24 @@ fn ranks_share_the_cores_as_compute_threads() {
         );
     }
 }
+
+/// A value is set only for two in-process ranks or more, and never over
+/// the user's own choice of either variable.
+#[test]
+fn the_compute_threads_are_set_for_ranks_sharing_a_process_unless_chosen() {
+    let unset = |_: &str| None;
+    assert_eq!(
+        compute_threads_to_set(Some(4), 2, unset).as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        compute_threads_to_set(Some(2), 16, unset).as_deref(),
+        Some("8")
+    );
+    assert_eq!(compute_threads_to_set(Some(1), 2, unset), None);
+    assert_eq!(compute_threads_to_set(None, 2, unset), None);
+    for chosen in [COMPUTE_THREADS_VAR, "CANDLE_NUM_THREADS"] {
+        let get = |name: &str| (name == chosen).then(|| "3".into());
+        assert_eq!(compute_threads_to_set(Some(4), 2, get), None, "{chosen}");
+    }
+}

@@ -17,6 +17,7 @@
 //! [`run_shaped`] runs this command again that way.
 
 use super::{Rate, SUBNET, ShapedNetwork};
+use crate::config::BackendKind;
 use crate::error::{ExperimentError, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,16 @@ pub struct NetworkArgs {
     pub link_rate: Option<u64>,
 }
 
+impl NetworkArgs {
+    /// How many ranks a run on `backend` with `world` ranks puts in this
+    /// process: `world` on `--backend local` without `--network` (threads
+    /// sharing this machine's cores), none otherwise (MPI processes,
+    /// shaped-network ranks, GPUs).
+    pub(crate) fn in_process_ranks(&self, backend: BackendKind, world: usize) -> Option<usize> {
+        (backend == BackendKind::Local && self.network.is_none()).then_some(world)
+    }
+}
+
 /// The variables of this process's environment that every rank gets
 /// (`get` reads one): the compute threads' count (rayon's, which candle's
 /// matrix products use), which mpirun does not pass to ranks in other
@@ -64,7 +75,7 @@ pub struct NetworkArgs {
 /// network calls the cores that idle threads spin on (README, the cost
 /// model's validation).
 fn forwarded_env(get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-    ["RAYON_NUM_THREADS"]
+    [crate::config::COMPUTE_THREADS_VAR]
         .into_iter()
         .filter_map(|name| Some((name.to_string(), get(name)?)))
         .collect()
@@ -292,11 +303,9 @@ mod tests {
     /// Only the compute threads' count is forwarded, and only when set.
     #[test]
     fn the_compute_threads_count_is_forwarded_when_set() {
-        let set = |name: &str| (name == "RAYON_NUM_THREADS").then(|| "1".to_string());
-        assert_eq!(
-            forwarded_env(set),
-            vec![("RAYON_NUM_THREADS".to_string(), "1".to_string())]
-        );
+        let var = crate::config::COMPUTE_THREADS_VAR;
+        let set = |name: &str| (name == var).then(|| "1".to_string());
+        assert_eq!(forwarded_env(set), vec![(var.to_string(), "1".to_string())]);
         assert_eq!(forwarded_env(|_| None), Vec::new());
         assert_eq!(forwarded_env(|_| Some("x".into())).len(), 1);
     }

@@ -69,11 +69,10 @@ fn strategy_arg(text: &str) -> Result<(StrategyConfig, bool), String> {
 
 impl TrainArgs {
     /// How many ranks the run puts in this process: `--world` on
-    /// `--backend local` (threads sharing this machine's cores), none
-    /// otherwise (MPI processes, shaped-network ranks, GPUs).
+    /// `--backend local` without `--network`, none otherwise.
     pub fn in_process_ranks(&self) -> Option<usize> {
-        (self.backend == BackendKind::Local && self.network.network.is_none())
-            .then_some(self.common.run.world)
+        self.network
+            .in_process_ranks(self.backend, self.common.run.world)
     }
 
     /// Runs the training the flags ask for. With `--network`, this command
