@@ -48,7 +48,7 @@ mod loops;
 pub mod strategies;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
-pub use fit::{LinkSpread, fit_all_reduce, fit_link, median, spread_of_all_reduce};
+pub use fit::{LinkSpread, fit_all_reduce, fit_link, mean, median, spread_of_all_reduce};
 pub use fragments::fragment_ranges;
 pub use strategies::{
     ARRIVAL_BYTES, Bucketing, DEFAULT_FUSION_THRESHOLD, StrategySpec, bytes_sent, group_buckets,

@@ -245,18 +245,23 @@ pub struct RunArgs {
 /// matrix products' and its element-wise pool's, which falls back to it).
 pub const COMPUTE_THREADS_VAR: &str = "RAYON_NUM_THREADS";
 
-/// The value to give [`COMPUTE_THREADS_VAR`] before a run that puts
-/// `ranks` ranks in this process on `cores` cores (`get` reads the
-/// environment): the cores shared out among two ranks or more, unless the
-/// user chose (that variable or `CANDLE_NUM_THREADS` set); `None` where
-/// nothing is to be set. Candle reads it once, when it first computes.
+/// Candle's own variable for its compute threads, which it reads before
+/// [`COMPUTE_THREADS_VAR`]: set, it is the user's choice.
+pub(crate) const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
+
+/// The value to give [`COMPUTE_THREADS_VAR`] before a run of `ranks` ranks
+/// that share this machine's `cores` cores (threads of this process, or a
+/// shaped network's processes), `get` reading the environment: the cores
+/// shared out among two ranks or more, unless the user chose (that
+/// variable or `CANDLE_NUM_THREADS` set); `None` where nothing is to be
+/// set. Candle reads it once, when it first computes.
 pub fn compute_threads_to_set(
     ranks: Option<usize>,
     cores: usize,
     get: impl Fn(&str) -> Option<std::ffi::OsString>,
 ) -> Option<String> {
     let ranks = ranks.filter(|&ranks| ranks > 1)?;
-    if [COMPUTE_THREADS_VAR, "CANDLE_NUM_THREADS"]
+    if [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR]
         .iter()
         .any(|name| get(name).is_some())
     {
