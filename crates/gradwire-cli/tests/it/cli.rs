@@ -168,6 +168,7 @@ fn without_timings(records: &[Value]) -> Vec<Value> {
                 "comm_secs",
                 "wall_secs",
                 "combine_secs",
+                "coordination_secs",
                 "network_secs",
                 "waiting_secs",
                 "busy_secs",

@@ -291,6 +291,9 @@ struct Tally {
     compute: Duration,
     comm: Duration,
     combine: Duration,
+    /// The steps' own collectives outside the combining
+    /// (`StepStats::coordination`) and this loop's at the epoch's end.
+    coordination: Duration,
     searches: usize,
     accepted: usize,
     /// Per step, this rank's time outside the communicator's calls (where
@@ -470,6 +473,7 @@ impl Run<'_> {
                 tally.comm += stats.wait;
                 tally.waits.push(stats.wait.as_secs_f64());
                 tally.combine += stats.combine;
+                tally.coordination += stats.coordination;
                 tally.sent += stats.traffic.sent;
                 tally.loss += f64::from(loss);
                 tally.steps += 1;
@@ -484,8 +488,10 @@ impl Run<'_> {
                 tally.joined = shadowed as usize;
                 tally.comm += joined.wait;
                 tally.combine += joined.combine;
+                tally.coordination += joined.coordination;
                 tally.sent += joined.traffic.sent;
             }
+            let calls_at_end = engine.comm().time_in_calls();
             let mut loss = [tally.loss / tally.steps.max(1) as f64];
             engine.comm().all_reduce(&mut loss, ReduceOp::Avg)?;
             // Ranks wait for the slowest only where they synchronise: every
@@ -528,6 +534,7 @@ impl Run<'_> {
                     .collect();
                 straggler(&per_rank)
             };
+            tally.coordination += in_calls_since(calls_at_end, engine.comm()).unwrap_or_default();
             (synced, calls_since_sync) = (Instant::now(), engine.comm().time_in_calls());
             bytes_total += tally.sent;
             // Partial averaging leaves the models apart: rank 0's is shown.
@@ -557,6 +564,7 @@ impl Run<'_> {
                 wall_secs: began.elapsed().as_secs_f64(),
                 steps,
                 combine_secs: tally.combine.as_secs_f64(),
+                coordination_secs: tally.coordination.as_secs_f64(),
                 network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
                 waiting_secs: waiting_before
                     .zip(engine.comm().time_waiting())

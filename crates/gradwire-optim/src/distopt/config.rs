@@ -98,6 +98,12 @@ pub struct StepStats {
     /// their collectives, summed over buckets; on the communication thread
     /// when the buckets are asynchronous, so it overlaps the caller's work).
     pub combine: Duration,
+    /// Time in the step's own collectives outside the combining: the vote
+    /// of a per-step skip vote, the agreement on the step's outcome, waits
+    /// for the last rank included. The time in calls less this is what
+    /// the combining spent communicating (a profile's codec time is the
+    /// rest of `combine`).
+    pub coordination: Duration,
     /// Parameters updated.
     pub updated: usize,
     /// Parameters skipped because no rank wrote their gradient.
@@ -118,14 +124,15 @@ pub struct StepStats {
 
 impl StepStats {
     /// Adds `step`'s counts into these, for a total over several steps
-    /// (a joined rank's steps, an epoch): buckets, traffic, waiting and
-    /// combining time, parameters updated. The per-step flags and
+    /// (a joined rank's steps, an epoch): buckets, traffic, waiting,
+    /// combining and coordinating time, parameters updated. The per-step flags and
     /// reports (skips, DimReduce, straggler) are left as they are.
     pub fn add_step(&mut self, step: &StepStats) {
         self.buckets += step.buckets;
         self.traffic += step.traffic;
         self.wait += step.wait;
         self.combine += step.combine;
+        self.coordination += step.coordination;
         self.updated += step.updated;
     }
 }

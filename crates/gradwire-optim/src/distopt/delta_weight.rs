@@ -54,7 +54,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         mut stats: StepStats,
     ) -> Result<StepStats> {
         if self.buckets.is_empty() {
-            self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
+            self.agree_after(
+                FaultKind::Optimizer,
+                failure.map(|e| e.to_string()),
+                &mut stats,
+            )?;
             self.optimizer.step();
             return Ok(stats);
         }

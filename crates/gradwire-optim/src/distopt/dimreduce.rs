@@ -195,6 +195,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.agree_after(
             FaultKind::Other,
             user_error.map(|e| format!("the loss closure failed: {e}")),
+            &mut stats,
         )?;
         stats.updated = self.params.len();
         stats.dimreduce = Some(outcome);

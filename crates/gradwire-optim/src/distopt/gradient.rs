@@ -178,7 +178,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.scratch.reduced = reduced;
         // The agreement on the outcome is a collective of its own.
         drop(optimizer_span);
-        self.agree_after(FaultKind::Optimizer, failure)?;
+        self.agree_after(FaultKind::Optimizer, failure, &mut stats)?;
         self.optimizer.step();
         Ok(stats)
     }
@@ -232,9 +232,18 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// The agreement after work that issues no collective (the updates, a
     /// loss closure): one header-only collective in which a rank that
     /// failed (`failure`, its description) posts a fault of `kind`, so that
-    /// every rank returns an error from the same step.
-    pub(super) fn agree_after(&mut self, kind: FaultKind, failure: Option<String>) -> Result<()> {
-        match agree(&self.comm, failure.as_ref().map(|_| kind)) {
+    /// every rank returns an error from the same step. Its time goes to
+    /// `stats.coordination`.
+    pub(super) fn agree_after(
+        &mut self,
+        kind: FaultKind,
+        failure: Option<String>,
+        stats: &mut StepStats,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let agreed = agree(&self.comm, failure.as_ref().map(|_| kind));
+        stats.coordination += started.elapsed();
+        match agreed {
             Ok(()) => Ok(()),
             Err(AlgoError::Fault(fault)) => {
                 let kind = fault.kind;
@@ -330,10 +339,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let flags = scratch.votes.len();
             let (rank, world) = (self.comm.rank(), self.world_size());
             arrival::append(&mut scratch.votes, rank, world, self.arrival());
+            let started = Instant::now();
             let voted = match &self.fault {
                 Some(f) => Err(self.comm.post_fault(f.kind)),
                 None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),
             };
+            stats.coordination += started.elapsed();
             if let Err(e) = voted {
                 return self.step_failed(e.into(), *stats).map(|s| {
                     *stats = s;
@@ -347,7 +358,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 .extend(scratch.votes[..flags].iter().map(|&v| v != 0));
         } else if self.buckets.is_empty() {
             // No bucket to carry a fault: an agreement of its own.
-            if let Err(e) = agree(&self.comm, self.fault.as_ref().map(|f| f.kind)) {
+            let started = Instant::now();
+            let agreed = agree(&self.comm, self.fault.as_ref().map(|f| f.kind));
+            stats.coordination += started.elapsed();
+            if let Err(e) = agreed {
                 return self.step_failed(e, *stats).map(|s| {
                     *stats = s;
                     false

@@ -90,7 +90,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if self.outer.inner == 0 {
             self.snapshot_inner_optimizer(&local);
         }
-        let stats = self.inner_step(targets, local);
+        let mut stats = self.inner_step(targets, local);
         if self.outer.inner + 1 < u64::from(config.sync_every) {
             self.outer.inner += 1;
             self.optimizer.step();
@@ -102,7 +102,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             // Nothing to combine: an agreement of its own.
             let failure = self.fault.as_ref().map(|f| f.detail.clone());
             let kind = self.fault.as_ref().map_or(FaultKind::Other, |f| f.kind);
-            return match self.agree_after(kind, failure) {
+            return match self.agree_after(kind, failure, &mut stats) {
                 Ok(()) => {
                     self.outer.inner = 0;
                     self.outer.rounds += 1;

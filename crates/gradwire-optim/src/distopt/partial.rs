@@ -37,7 +37,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.local.grads = grads;
         let k = self.buckets.len() as u64;
         if k == 0 {
-            self.agree_after(FaultKind::Optimizer, failure.map(|e| e.to_string()))?;
+            self.agree_after(
+                FaultKind::Optimizer,
+                failure.map(|e| e.to_string()),
+                &mut stats,
+            )?;
             self.optimizer.step();
             return Ok(stats);
         }

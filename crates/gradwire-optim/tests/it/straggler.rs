@@ -1,10 +1,11 @@
 //! `StepStats::straggler`: the rank the others waited for at a step's
 //! exchange, named alike on every rank, with one vote per step and one per
-//! bucket, at W = 2 and 4; nobody at W = 1.
+//! bucket, at W = 2 and 4; nobody at W = 1. And `StepStats::coordination`:
+//! a wait in the per-step vote is counted there, outside the combining.
 
 use crate::common::{named_specs, small_buckets};
 use gradwire_comm::{Communicator, local};
-use gradwire_optim::{GradSync, SkipVote, StepStraggler, StrategyConfig};
+use gradwire_optim::{GradSync, SkipVote, StepStats, StepStraggler, StrategyConfig};
 use std::time::Duration;
 
 const SHAPES: &[&[usize]] = &[&[1], &[13], &[4, 7]];
@@ -16,6 +17,14 @@ const DAWDLE: Duration = Duration::from_millis(250);
 /// Each step's straggler as one rank saw it; rank `step % W` dawdles at
 /// step `step`.
 fn stragglers(world: usize, vote: SkipVote) -> Vec<Vec<Option<StepStraggler>>> {
+    steps(world, vote)
+        .into_iter()
+        .map(|rank| rank.iter().map(|s| s.straggler).collect())
+        .collect()
+}
+
+/// Each step's stats on each rank; rank `step % W` dawdles at step `step`.
+fn steps(world: usize, vote: SkipVote) -> Vec<Vec<StepStats>> {
     local::run(world, |comm| {
         let rank = comm.rank();
         let config = gradwire_optim::DistOptConfig {
@@ -36,7 +45,7 @@ fn stragglers(world: usize, vote: SkipVote) -> Vec<Vec<Option<StepStraggler>>> {
                 sync.push(k, &vec![rank as f32 + 1.0; g.len()])?;
             }
             let mut buffers: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
-            seen.push(sync.finish(&mut buffers)?.straggler);
+            seen.push(sync.finish(&mut buffers)?);
         }
         Ok::<_, gradwire_optim::OptimError>(seen)
     })
@@ -66,4 +75,24 @@ fn the_rank_that_arrives_late_is_named_on_every_rank() {
     }
     // One rank waits for nobody.
     assert_eq!(stragglers(1, SkipVote::PerStep), vec![vec![None; 2]]);
+}
+
+/// With one vote per step, the ranks that did not dawdle wait for the late
+/// one in the vote, before any bucket is combined: the wait is
+/// coordination, not combining. (From the second step: the first one's
+/// wait is in the broadcast that decides the bucket order.)
+#[test]
+fn a_wait_in_the_per_step_vote_is_coordination() {
+    let world = 2;
+    let seen = steps(world, SkipVote::PerStep);
+    for (rank, stats) in seen.iter().enumerate() {
+        for (step, s) in stats.iter().enumerate().skip(1) {
+            if rank != step % world {
+                assert!(
+                    s.coordination >= DAWDLE / 2,
+                    "rank {rank}, step {step}: {s:?}"
+                );
+            }
+        }
+    }
 }
