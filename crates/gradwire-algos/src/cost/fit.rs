@@ -7,12 +7,8 @@
 //! shaped link's timings are not one value with noise but two modes (TCP
 //! through a token bucket: the same 4.5 MB `MPI_Allreduce` of 2 ranks at
 //! 1 Gbit/s took 38 or 58 ms, about one time in three the slow one). The
-//! median kept the fast mode alone and the model under-predicted: refitted
-//! with the mean, the README's validation runs of 2026-11-27 had 52 of 65
-//! rows' errors nearer zero (the 2-rank baseline at 1 Gbit/s -24 % instead
-//! of -32 %, 4 ranks at 10 Gbit/s 1 to 3 points nearer), 9 further (by
-//! 0.6 points at most, but the 4-rank baseline at 100 Mbit/s: -4.3 %
-//! instead of +1.8 %).
+//! median kept the fast mode alone and the model under-predicted (README,
+//! the cost model's validation, has the runs refitted both ways).
 //!
 //! The fit weighs every size by its relative error, not its absolute one:
 //! with absolute errors the largest size decides everything, and one noisy

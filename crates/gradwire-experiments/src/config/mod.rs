@@ -246,8 +246,12 @@ pub struct RunArgs {
 pub const COMPUTE_THREADS_VAR: &str = "RAYON_NUM_THREADS";
 
 /// Candle's own variable for its compute threads, which it reads before
-/// [`COMPUTE_THREADS_VAR`]: set, it is the user's choice.
+/// [`COMPUTE_THREADS_VAR`].
 pub(crate) const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
+
+/// Every variable that sets candle's compute threads: one set is the
+/// user's choice, which a run keeps.
+pub(crate) const CHOSEN_THREADS_VARS: [&str; 2] = [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR];
 
 /// The value to give [`COMPUTE_THREADS_VAR`] before a run of `ranks` ranks
 /// that share this machine's `cores` cores (threads of this process, or a
@@ -261,10 +265,7 @@ pub fn compute_threads_to_set(
     get: impl Fn(&str) -> Option<std::ffi::OsString>,
 ) -> Option<String> {
     let ranks = ranks.filter(|&ranks| ranks > 1)?;
-    if [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR]
-        .iter()
-        .any(|name| get(name).is_some())
-    {
+    if CHOSEN_THREADS_VARS.iter().any(|name| get(name).is_some()) {
         return None;
     }
     Some(compute_threads_per_rank(ranks, cores).to_string())

@@ -319,7 +319,7 @@ fn the_compute_threads_are_set_for_ranks_sharing_a_process_unless_chosen() {
     );
     assert_eq!(compute_threads_to_set(Some(1), 2, unset), None);
     assert_eq!(compute_threads_to_set(None, 2, unset), None);
-    for chosen in [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR] {
+    for chosen in CHOSEN_THREADS_VARS {
         let get = |name: &str| (name == chosen).then(|| "3".into());
         assert_eq!(compute_threads_to_set(Some(4), 2, get), None, "{chosen}");
     }

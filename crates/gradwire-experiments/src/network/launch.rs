@@ -17,7 +17,9 @@
 //! [`run_shaped`] runs this command again that way.
 
 use super::{Rate, SUBNET, ShapedNetwork};
-use crate::config::{BackendKind, CANDLE_THREADS_VAR, COMPUTE_THREADS_VAR, compute_threads_to_set};
+use crate::config::{
+    BackendKind, CHOSEN_THREADS_VARS, COMPUTE_THREADS_VAR, compute_threads_to_set,
+};
 use crate::error::{ExperimentError, Result};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -83,7 +85,7 @@ fn forwarded_env(
     cores: usize,
     get: impl Fn(&str) -> Option<String>,
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR]
+    let mut env: Vec<(String, String)> = CHOSEN_THREADS_VARS
         .into_iter()
         .filter_map(|name| Some((name.to_string(), get(name)?)))
         .collect();
@@ -317,6 +319,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::CANDLE_THREADS_VAR;
 
     /// The ranks get the user's choice of compute threads (either
     /// variable) as it is, or else the cores shared out among them; one
@@ -333,7 +336,7 @@ mod tests {
             vec![pair(COMPUTE_THREADS_VAR, "8")]
         );
         assert_eq!(forwarded_env(1, 2, |_| None), Vec::new());
-        for chosen in [COMPUTE_THREADS_VAR, CANDLE_THREADS_VAR] {
+        for chosen in CHOSEN_THREADS_VARS {
             let get = |name: &str| (name == chosen).then(|| "3".to_string());
             assert_eq!(
                 forwarded_env(4, 2, get),

@@ -123,6 +123,15 @@ pub struct StepStats {
 }
 
 impl StepStats {
+    /// Runs `call`, one of the step's own collectives outside the
+    /// combining, and adds its time to [`StepStats::coordination`].
+    pub(crate) fn coordinate<T>(&mut self, call: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let result = call();
+        self.coordination += started.elapsed();
+        result
+    }
+
     /// Adds `step`'s counts into these, for a total over several steps
     /// (a joined rank's steps, an epoch): buckets, traffic, waiting,
     /// combining and coordinating time, parameters updated. The per-step flags and

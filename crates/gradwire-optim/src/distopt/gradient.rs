@@ -240,10 +240,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         failure: Option<String>,
         stats: &mut StepStats,
     ) -> Result<()> {
-        let started = Instant::now();
-        let agreed = agree(&self.comm, failure.as_ref().map(|_| kind));
-        stats.coordination += started.elapsed();
-        match agreed {
+        match stats.coordinate(|| agree(&self.comm, failure.as_ref().map(|_| kind))) {
             Ok(()) => Ok(()),
             Err(AlgoError::Fault(fault)) => {
                 let kind = fault.kind;
@@ -339,12 +336,10 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let flags = scratch.votes.len();
             let (rank, world) = (self.comm.rank(), self.world_size());
             arrival::append(&mut scratch.votes, rank, world, self.arrival());
-            let started = Instant::now();
-            let voted = match &self.fault {
+            let voted = stats.coordinate(|| match &self.fault {
                 Some(f) => Err(self.comm.post_fault(f.kind)),
                 None => self.comm.all_reduce(&mut scratch.votes, ReduceOp::Max),
-            };
-            stats.coordination += started.elapsed();
+            });
             if let Err(e) = voted {
                 return self.step_failed(e.into(), *stats).map(|s| {
                     *stats = s;
@@ -358,10 +353,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 .extend(scratch.votes[..flags].iter().map(|&v| v != 0));
         } else if self.buckets.is_empty() {
             // No bucket to carry a fault: an agreement of its own.
-            let started = Instant::now();
-            let agreed = agree(&self.comm, self.fault.as_ref().map(|f| f.kind));
-            stats.coordination += started.elapsed();
-            if let Err(e) = agreed {
+            let fault = self.fault.as_ref().map(|f| f.kind);
+            if let Err(e) = stats.coordinate(|| agree(&self.comm, fault)) {
                 return self.step_failed(e, *stats).map(|s| {
                     *stats = s;
                     false
