@@ -362,5 +362,17 @@ fn steady_device_steps_allocate_less_than_their_bucket() {
             counted.bytes / steps < bucket_bytes,
             "{name}: {counted:?} in {steps} steps, the bucket {bucket_bytes} bytes"
         );
+        // Every working buffer is kept (the reductions' partials, the
+        // selection's scratch, the staging room of gathered lists): a
+        // sparse step allocates the list it selects (indices and values),
+        // plus the staging room's growth at most once; the others nothing.
+        let at_most = match mode {
+            StrategyConfig::Sparse { .. } => 2 * steps + 2,
+            _ => 0,
+        };
+        assert!(
+            counted.count <= at_most,
+            "{name}: {counted:?} in {steps} steps, at most {at_most} allocations"
+        );
     }
 }

@@ -6,7 +6,9 @@
 //! The sparse exchange ([`sparse_exchange_on_device`]) selects on the
 //! device (with a [`CudaErrorFeedback`] memory or without), and only the
 //! selection crosses to the host, to travel in the wire format; the
-//! payloads gathered are added into the device buffer in rank order.
+//! payloads gathered are added into the device buffer in rank order. The
+//! selection's working memory and the room the payloads are added from are
+//! kept too, so a steady sparse step allocates only the selection itself.
 //!
 //! The fused all-reduce packs the bucket into a device buffer of its dtype
 //! and all-reduces it. The half-precision all-reduce packs into an f32 buffer on the device,
@@ -23,9 +25,11 @@ use crate::handle::Traffic;
 use crate::sparse::sparse_costs_more;
 use gradwire_comm::{Communicator, Gathered, ReduceOp};
 use gradwire_compress::cast::CastOptions;
-use gradwire_compress::cuda::{self as codecs, CudaErrorFeedback, DeviceSparse};
+use gradwire_compress::cuda::{
+    self as codecs, CudaErrorFeedback, DeviceSelectScratch, SparseStaging,
+};
 use gradwire_compress::{SparseCodec, SparseVec, wire};
-use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor, flat};
+use gradwire_tensor::{DType, Device, Tensor, flat};
 
 /// The device buffers of [`fused_all_reduce`], [`half_all_reduce`] and
 /// [`sparse_exchange_on_device`] (and the latter's host payloads), kept from
@@ -41,6 +45,10 @@ pub(crate) struct DeviceFusion {
     /// The sparse exchange's encoded selection and every rank's.
     payload: Vec<u8>,
     gathered: Gathered<u8>,
+    /// The selection's working memory on the device.
+    select: DeviceSelectScratch,
+    /// The device room the gathered selections are added from.
+    staging: SparseStaging,
 }
 
 /// `slot` holding a tensor of `len` elements of `dtype` on `device`: the
@@ -193,16 +201,11 @@ pub fn sparse_exchange_on_device<C: Communicator>(
         let refs: Vec<&Tensor> = tensors.iter().collect();
         let layout = flat::pack(&refs, packed)?;
         let values = packed.cuda_storage()?;
-        let selected = match (feedback.as_deref_mut(), *codec) {
-            (Some(memory), codec) => memory.compress(&values, &codec)?,
-            (None, SparseCodec::Threshold(t)) => codecs::threshold(&values, t)?,
-            (None, SparseCodec::TopK(ratio)) => codecs::top_k(&values, ratio)?,
-            (None, SparseCodec::SampledTopK(ratio)) => codecs::sampled_top_k(&values, ratio)?,
-            (None, SparseCodec::RandomK { .. }) => {
-                return Err(AlgoError::InvalidArgument(
-                    "random-k has no device form: its draw is the CPU's".into(),
-                ));
-            }
+        // Random-k is refused here, on every rank, before the first
+        // collective (its draw is the CPU's).
+        let selected = match feedback.as_deref_mut() {
+            Some(memory) => memory.compress_with(&values, codec, &mut fusion.select)?,
+            None => codecs::select_with(&values, codec, &mut fusion.select)?,
         };
         Ok((n, layout, selected))
     })?;
@@ -253,7 +256,6 @@ pub fn sparse_exchange_on_device<C: Communicator>(
         comm.all_gather_varied_into(&fusion.payload, &mut fusion.gathered)?;
         let dense = packed.cuda_storage_mut()?;
         dense.zero_fill()?;
-        let ordinal = dense.ordinal();
         for rank in 0..world {
             let part = wire::decode(fusion.gathered.part(rank))?;
             if part.dense_len() != n {
@@ -266,9 +268,7 @@ pub fn sparse_exchange_on_device<C: Communicator>(
             }
             let indices: Vec<u32> = part.indices().collect();
             let values: Vec<f32> = part.values_f32().collect();
-            let values = CudaStorage::from_cpu(&CpuStorage::F32(values), ordinal)?;
-            let sparse = DeviceSparse::from_host_indices(n, &indices, values)?;
-            codecs::scatter_add(&sparse, dense)?;
+            fusion.staging.scatter_add(&indices, &values, dense)?;
         }
         vote_traffic
             + Traffic::all_gather(fusion.payload.len(), fusion.gathered.data().len(), world)

@@ -188,6 +188,9 @@ pub struct PowerSgd {
     /// on a communicator that takes them); the state from then on.
     #[cfg(feature = "cuda")]
     device: Option<Box<device::DeviceState>>,
+    /// The device finiteness check's kept cell.
+    #[cfg(feature = "cuda")]
+    finite_check: Box<gradwire_compress::cuda::DeviceSelectScratch>,
 }
 
 impl PowerSgd {
@@ -204,6 +207,8 @@ impl PowerSgd {
             written: Vec::new(),
             #[cfg(feature = "cuda")]
             device: None,
+            #[cfg(feature = "cuda")]
+            finite_check: Default::default(),
         })
     }
 

@@ -15,10 +15,11 @@
 //! it.
 
 use gradwire_kernels::plan;
+use gradwire_tensor::cuda_backend::DeviceVec;
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Error as TensorError};
 use kernels::{feedback, select};
 
-pub use crate::cuda::kernels::select::DeviceSparse;
+pub use crate::cuda::kernels::select::{DeviceSelectScratch, DeviceSparse};
 pub use quant::{DeviceBytes, quant_decode, quant_decode_add, quant_encode, quant_encode_into};
 
 use crate::cast::CastOptions;
@@ -40,8 +41,8 @@ fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {
 }
 
 /// Refuses a buffer holding a NaN or an infinity, as the CPU codecs do.
-fn refuse_non_finite(x: &CudaStorage) -> Result<()> {
-    match select::first_non_finite(x)? {
+fn refuse_non_finite(x: &CudaStorage, scratch: &mut DeviceSelectScratch) -> Result<()> {
+    match select::first_non_finite_with(x, scratch)? {
         None => Ok(()),
         Some(index) => Err(CompressError::NonFinite {
             index,
@@ -53,41 +54,29 @@ fn refuse_non_finite(x: &CudaStorage) -> Result<()> {
 /// Every `x_i` with `|x_i| >= threshold` ([`crate::select::threshold`] on the
 /// device). `x` must be f32; `threshold` finite and non-negative.
 pub fn threshold(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
-    check_dense_len(x.len())?;
-    check_threshold(threshold)?;
-    refuse_non_finite(x)?;
-    threshold_finite(x, threshold)
-}
-
-fn threshold_finite(x: &CudaStorage, threshold: f32) -> Result<DeviceSparse> {
-    let selection = select::Selection::at_least(x.device(), key(threshold))?;
-    Ok(select::compact(x, &selection, None, x.len())?)
+    select_with(
+        x,
+        &SparseCodec::Threshold(threshold),
+        &mut DeviceSelectScratch::default(),
+    )
 }
 
 /// The `ceil(ratio * n)` entries of largest magnitude, ties to the lower
 /// indices ([`crate::select::top_k`] on the device).
 pub fn top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
-    check_dense_len(x.len())?;
-    let k = count_for_ratio(ratio, x.len())?;
-    top_k_count(x, k)
+    select_with(
+        x,
+        &SparseCodec::TopK(ratio),
+        &mut DeviceSelectScratch::default(),
+    )
 }
 
 /// [`top_k`] with the count given ([`crate::select::top_k_count`]).
 pub fn top_k_count(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
     check_dense_len(x.len())?;
-    refuse_non_finite(x)?;
-    top_k_finite(x, k)
-}
-
-fn top_k_finite(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
-    let k = k.min(x.len());
-    let selection = if k == 0 {
-        // Keys are at most 0x7f7f_ffff here: nothing is at least this.
-        select::Selection::at_least(x.device(), u32::MAX)?
-    } else {
-        select::kth_largest(x, k)?
-    };
-    Ok(select::compact(x, &selection, None, x.len())?)
+    let mut scratch = DeviceSelectScratch::default();
+    refuse_non_finite(x, &mut scratch)?;
+    top_k_finite(x, k, &mut scratch)
 }
 
 /// Sampled top-k (Deep Gradient Compression, [`crate::select::sampled_top_k`]
@@ -95,14 +84,78 @@ fn top_k_finite(x: &CudaStorage, k: usize) -> Result<DeviceSparse> {
 /// largest magnitudes, estimated from a strided sample of every 100th entry
 /// and refined exactly as on the CPU, so both select the same entries.
 pub fn sampled_top_k(x: &CudaStorage, ratio: f64) -> Result<DeviceSparse> {
-    check_dense_len(x.len())?;
-    let k = count_for_ratio(ratio, x.len())?;
-    refuse_non_finite(x)?;
-    sampled_top_k_finite(x, ratio, k)
+    select_with(
+        x,
+        &SparseCodec::SampledTopK(ratio),
+        &mut DeviceSelectScratch::default(),
+    )
 }
 
-fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceSparse> {
-    let mut steps = SampledOnDevice { x, sample: None };
+/// The selection of `codec` from `x` (f32), its working memory in
+/// `scratch` (kept from call to call by the caller: a steady caller
+/// allocates only the list returned). Refuses non-finite input and
+/// random-k (its draw is the CPU's), as [`threshold`], [`top_k`] and
+/// [`sampled_top_k`] do.
+pub fn select_with(
+    x: &CudaStorage,
+    codec: &SparseCodec,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<DeviceSparse> {
+    check_dense_len(x.len())?;
+    let select = Select::checked(codec, x.len())?;
+    refuse_non_finite(x, scratch)?;
+    select.run(x, scratch)
+}
+
+fn threshold_finite(
+    x: &CudaStorage,
+    threshold: f32,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<DeviceSparse> {
+    let selection = select::Selection::at_least_with(x.device(), key(threshold), scratch)?;
+    apply(x, selection, None, x.len(), scratch)
+}
+
+/// Applies `selection` ([`select::compact_with`]) and keeps its state in
+/// `scratch` for the next one.
+fn apply(
+    x: &CudaStorage,
+    selection: select::Selection,
+    src_index: Option<&DeviceSparse>,
+    dense_len: usize,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<DeviceSparse> {
+    let selected = select::compact_with(x, &selection, src_index, dense_len, scratch);
+    scratch.recycle(selection);
+    Ok(selected?)
+}
+
+fn top_k_finite(
+    x: &CudaStorage,
+    k: usize,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<DeviceSparse> {
+    let k = k.min(x.len());
+    let selection = if k == 0 {
+        // Keys are at most 0x7f7f_ffff here: nothing is at least this.
+        select::Selection::at_least_with(x.device(), u32::MAX, scratch)?
+    } else {
+        select::kth_largest_with(x, k, scratch)?
+    };
+    apply(x, selection, None, x.len(), scratch)
+}
+
+fn sampled_top_k_finite(
+    x: &CudaStorage,
+    ratio: f64,
+    k: usize,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<DeviceSparse> {
+    let mut steps = SampledOnDevice {
+        x,
+        sample: None,
+        scratch,
+    };
     let rule = plan::SampledRule {
         min_len: SAMPLED_MIN_LEN,
         stride: SAMPLE_STRIDE,
@@ -117,6 +170,7 @@ fn sampled_top_k_finite(x: &CudaStorage, ratio: f64, k: usize) -> Result<DeviceS
 struct SampledOnDevice<'x> {
     x: &'x CudaStorage,
     sample: Option<CudaStorage>,
+    scratch: &'x mut DeviceSelectScratch,
 }
 
 impl plan::SampledSteps for SampledOnDevice<'_> {
@@ -124,7 +178,7 @@ impl plan::SampledSteps for SampledOnDevice<'_> {
     type Error = CompressError;
 
     fn exact(&mut self, k: usize) -> Result<DeviceSparse> {
-        top_k_finite(self.x, k)
+        top_k_finite(self.x, k, self.scratch)
     }
 
     fn sample(&mut self, stride: usize) -> Result<usize> {
@@ -141,21 +195,22 @@ impl plan::SampledSteps for SampledOnDevice<'_> {
             )
         })?;
         // The sample's take-th largest key, every entry at least as large.
-        let mut estimate = select::kth_largest(sample, take)?;
+        let mut estimate = select::kth_largest_with(sample, take, self.scratch)?;
         estimate.keep_all_ties()?;
-        let survivors = select::compact(self.x, &estimate, None, self.x.len())?;
+        let survivors = apply(self.x, estimate, None, self.x.len(), self.scratch)?;
         let count = survivors.nnz();
         Ok((survivors, count))
     }
 
     fn best_among(&mut self, survivors: DeviceSparse, k: usize) -> Result<DeviceSparse> {
-        let best = select::kth_largest(survivors.values(), k)?;
-        Ok(select::compact(
+        let best = select::kth_largest_with(survivors.values(), k, self.scratch)?;
+        apply(
             survivors.values(),
-            &best,
+            best,
             Some(&survivors),
             self.x.len(),
-        )?)
+            self.scratch,
+        )
     }
 }
 
@@ -176,6 +231,99 @@ enum Select {
     Threshold(f32),
     TopK(usize),
     Sampled(f64, usize),
+}
+
+impl Select {
+    /// `codec`'s selection from `n` elements; random-k is refused (its
+    /// draw is the CPU's).
+    fn checked(codec: &SparseCodec, n: usize) -> Result<Select> {
+        Ok(match *codec {
+            SparseCodec::Threshold(t) => {
+                check_threshold(t)?;
+                Select::Threshold(t)
+            }
+            SparseCodec::TopK(ratio) => Select::TopK(count_for_ratio(ratio, n)?),
+            SparseCodec::SampledTopK(ratio) => Select::Sampled(ratio, count_for_ratio(ratio, n)?),
+            SparseCodec::RandomK { .. } => {
+                return Err(CompressError::InvalidArgument(
+                    "random-k has no device form: its draw is the CPU's".into(),
+                ));
+            }
+        })
+    }
+
+    /// The selection from `x`, which is finite.
+    fn run(self, x: &CudaStorage, scratch: &mut DeviceSelectScratch) -> Result<DeviceSparse> {
+        match self {
+            Select::Threshold(t) => threshold_finite(x, t, scratch),
+            Select::TopK(k) => top_k_finite(x, k, scratch),
+            Select::Sampled(ratio, k) => sampled_top_k_finite(x, ratio, k, scratch),
+        }
+    }
+}
+
+/// Kept device room for sparse lists that arrive in host memory (the
+/// payloads a sparse exchange gathers): each list is checked as the wire
+/// format checks a payload, copied into the room (grown to the longest
+/// list seen) and added into a dense device buffer, so that a steady
+/// exchange allocates nothing for them.
+#[derive(Debug, Default)]
+pub struct SparseStaging {
+    indices: Option<DeviceVec<u32>>,
+    values: Option<CudaStorage>,
+}
+
+impl SparseStaging {
+    /// `dense[indices[j]] += values[j]` (f32 `dense`), bitwise the CPU's
+    /// [`crate::SparseVec::scatter_add`]. Indices must be strictly
+    /// increasing and below `dense.len()`, with one value each.
+    pub fn scatter_add(
+        &mut self,
+        indices: &[u32],
+        values: &[f32],
+        dense: &mut CudaStorage,
+    ) -> Result<()> {
+        const OP: &str = "SparseStaging::scatter_add";
+        kernels::select::check_host_list(OP, dense.len(), indices, values.len())?;
+        let count = indices.len();
+        if count == 0 {
+            return Ok(());
+        }
+        // Room grows to powers of two (a list that lengthens from step to
+        // step, as a threshold's under error feedback, grows it a few
+        // times, not every step), never past the dense length.
+        let room = count.next_power_of_two().min(dense.len());
+        let ordinal = dense.ordinal();
+        let holds = |len: usize, at: usize| len >= count && at == ordinal;
+        if !self
+            .indices
+            .as_ref()
+            .is_some_and(|v| holds(v.len(), v.ordinal()))
+        {
+            self.indices = Some(DeviceVec::zeros(dense.device(), room)?);
+        }
+        if !self
+            .values
+            .as_ref()
+            .is_some_and(|v| holds(v.len(), v.ordinal()))
+        {
+            self.values = Some(CudaStorage::alloc_zeros(room, DType::F32, ordinal)?);
+        }
+        let (Some(room_indices), Some(room_values)) = (self.indices.as_mut(), self.values.as_mut())
+        else {
+            return Err(CompressError::InvalidArgument(
+                "the staging room went missing".into(),
+            ));
+        };
+        room_indices.write_from_host(0, indices)?;
+        room_values.write_f32(0, values)?;
+        Ok(feedback::scatter_add_first(
+            dense,
+            room_indices,
+            room_values,
+            count,
+        )?)
+    }
 }
 
 /// [`ErrorFeedback`] with its memory in device memory: the same steps,
@@ -305,7 +453,7 @@ impl CudaErrorFeedback {
 
     /// Adds `grad` (refusing non-finite input; resetting the memory and
     /// reporting the first overflowed entry on overflow), as the CPU does.
-    fn accumulate(&mut self, grad: &CudaStorage) -> Result<()> {
+    fn accumulate(&mut self, grad: &CudaStorage, scratch: &mut DeviceSelectScratch) -> Result<()> {
         if grad.len() != self.len() {
             return Err(CompressError::LengthMismatch {
                 op: "CudaErrorFeedback",
@@ -313,9 +461,9 @@ impl CudaErrorFeedback {
                 got: grad.len(),
             });
         }
-        refuse_non_finite(grad)?;
+        refuse_non_finite(grad, scratch)?;
         let momentum = self.momentum.as_mut().map(|(mu, v)| (v, *mu));
-        if let Some(index) = feedback::accumulate(&mut self.residual, grad, momentum)? {
+        if let Some(index) = feedback::accumulate(&mut self.residual, grad, momentum, scratch)? {
             let value = value_at(&self.residual, index)?;
             self.reset()?;
             return Err(CompressError::NonFinite { index, value });
@@ -328,29 +476,24 @@ impl CudaErrorFeedback {
     /// what was not selected. Returns what to send, on the device.
     /// [`SparseCodec::RandomK`] is refused before anything changes.
     pub fn compress(&mut self, grad: &CudaStorage, codec: &SparseCodec) -> Result<DeviceSparse> {
+        self.compress_with(grad, codec, &mut DeviceSelectScratch::default())
+    }
+
+    /// [`CudaErrorFeedback::compress`] with the selection's working memory
+    /// in `scratch`, kept by the caller from step to step.
+    pub fn compress_with(
+        &mut self,
+        grad: &CudaStorage,
+        codec: &SparseCodec,
+        scratch: &mut DeviceSelectScratch,
+    ) -> Result<DeviceSparse> {
         // The codec's parameters are checked before the memory changes.
         let n = self.len();
         check_dense_len(n)?;
-        let select = match *codec {
-            SparseCodec::Threshold(t) => {
-                check_threshold(t)?;
-                Select::Threshold(t)
-            }
-            SparseCodec::TopK(ratio) => Select::TopK(count_for_ratio(ratio, n)?),
-            SparseCodec::SampledTopK(ratio) => Select::Sampled(ratio, count_for_ratio(ratio, n)?),
-            SparseCodec::RandomK { .. } => {
-                return Err(CompressError::InvalidArgument(
-                    "random-k has no device form: its draw is the CPU's".into(),
-                ));
-            }
-        };
-        self.accumulate(grad)?;
+        let select = Select::checked(codec, n)?;
+        self.accumulate(grad, scratch)?;
         // The residual is finite now (an overflow was reset and refused).
-        let sent = match select {
-            Select::Threshold(t) => threshold_finite(&self.residual, t)?,
-            Select::TopK(k) => top_k_finite(&self.residual, k)?,
-            Select::Sampled(ratio, k) => sampled_top_k_finite(&self.residual, ratio, k)?,
-        };
+        let sent = select.run(&self.residual, scratch)?;
         let velocity = self.momentum.as_mut().map(|(_, v)| v);
         feedback::zero_selected(&mut self.residual, velocity, &sent)?;
         self.steps += 1;
@@ -382,7 +525,7 @@ impl CudaErrorFeedback {
             .into());
         }
         opts.validate()?;
-        self.accumulate(grad)?;
+        self.accumulate(grad, &mut DeviceSelectScratch::default())?;
         if dst.dtype() == DType::F32 {
             // `acc -= sent * (1 / scale)`: the axpy's `acc + (-inverse) *
             // sent` is the same f32 value.

@@ -18,7 +18,7 @@ use gradwire_tensor::CudaStorage;
 
 pub use crate::cuda::kernels::quant::DeviceBytes;
 
-use super::refuse_non_finite;
+use super::{DeviceSelectScratch, refuse_non_finite};
 use crate::error::{CompressError, Result};
 use crate::quant::{QUANT_CHUNK, Quantizer};
 
@@ -35,7 +35,7 @@ fn stream_key(q: &Quantizer, stream: u64) -> Result<u64> {
 /// ([`CompressError::NonFinite`] at the first such index).
 pub fn quant_encode(q: &Quantizer, x: &CudaStorage, stream: u64) -> Result<DeviceBytes> {
     let key = stream_key(q, stream)?;
-    refuse_non_finite(x)?;
+    refuse_non_finite(x, &mut DeviceSelectScratch::default())?;
     let mut payload = DeviceBytes::zeros(q.encoded_len(x.len()), x.ordinal())?;
     kernels::encode(*q, key, x, &mut payload)?;
     Ok(payload)
@@ -59,7 +59,7 @@ pub fn quant_encode_into(
             got: payload.len(),
         });
     }
-    refuse_non_finite(x)?;
+    refuse_non_finite(x, &mut DeviceSelectScratch::default())?;
     Ok(kernels::encode(*q, key, x, payload)?)
 }
 

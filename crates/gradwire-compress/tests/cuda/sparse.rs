@@ -2,7 +2,9 @@
 //! against the CPU's.
 
 use gradwire_compress::cast::{self, CastOptions};
-use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceSparse};
+use gradwire_compress::cuda::{
+    self, CudaErrorFeedback, DeviceSelectScratch, DeviceSparse, SparseStaging,
+};
 use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec, select};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, bf16, f16};
 
@@ -47,6 +49,52 @@ fn selections_match_the_cpu() {
             }
         }
     }
+}
+
+/// One kept scratch across lengths that shrink and grow (its buffers then
+/// longer than a call needs) selects what a fresh one does.
+#[test]
+fn a_kept_scratch_selects_as_a_fresh_one() {
+    if !device_or_skip("a_kept_scratch_selects_as_a_fresh_one") {
+        return;
+    }
+    let mut scratch = DeviceSelectScratch::default();
+    for (seed, &n) in [262_147usize, 7, 1_000_003, 0, 4099, 1, 65_537]
+        .iter()
+        .enumerate()
+    {
+        let x = values(n, 40 + seed as u64, Some(1000));
+        let dx = on_device(&x);
+        for codec in [
+            SparseCodec::Threshold(0.5),
+            SparseCodec::TopK(0.01),
+            SparseCodec::SampledTopK(0.01),
+            SparseCodec::TopK(1.0),
+        ] {
+            let cpu = match codec {
+                SparseCodec::Threshold(t) => select::threshold(&x, t),
+                SparseCodec::TopK(r) => select::top_k(&x, r),
+                SparseCodec::SampledTopK(r) => select::sampled_top_k(&x, r),
+                SparseCodec::RandomK { .. } => unreachable!("not in the list"),
+            }
+            .expect("cpu");
+            let gpu = cuda::select_with(&dx, &codec, &mut scratch).expect("gpu");
+            assert_same_sparse(&format!("{codec:?} n={n} kept scratch"), &gpu, &cpu);
+        }
+    }
+    // Random-k has no device form: refused with a typed error.
+    let refused = cuda::select_with(
+        &on_device(&[1.0, 2.0]),
+        &SparseCodec::RandomK {
+            ratio: 0.5,
+            seed: 1,
+        },
+        &mut scratch,
+    );
+    assert!(
+        matches!(refused, Err(CompressError::InvalidArgument(_))),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -247,6 +295,48 @@ fn scatter_add_matches_the_cpu() {
         dense_cpu
             .iter()
             .any(|v| *v != 0.0 && v.abs() < f32::MIN_POSITIVE)
+    );
+    // Lists from the host through one kept staging room, growing and
+    // shrinking: each added as the CPU adds it.
+    let mut staging = SparseStaging::default();
+    for (seed, &(n, ratio)) in [(257usize, 0.5), (100_003, 0.05), (7, 1.0), (100_003, 0.01)]
+        .iter()
+        .enumerate()
+    {
+        let list = select::top_k(&values(n, 60 + seed as u64, None), ratio).unwrap();
+        let base = values(n, 70 + seed as u64, None);
+        let mut dense_cpu = base.clone();
+        list.scatter_add(&mut dense_cpu).unwrap();
+        let mut dense_gpu = on_device(&base);
+        staging
+            .scatter_add(list.indices(), list.values(), &mut dense_gpu)
+            .unwrap();
+        assert_eq!(
+            bits(&host_f32(&dense_gpu)),
+            bits(&dense_cpu),
+            "n={n} ratio={ratio} staged"
+        );
+    }
+    for (indices, values, why) in [
+        (&[2u32, 1][..], &[1.0f32, 2.0][..], "strictly increasing"),
+        (&[1, 4], &[1.0, 2.0], "below 4"),
+    ] {
+        let mut dense = on_device(&[0.0; 4]);
+        let result = staging.scatter_add(indices, values, &mut dense);
+        assert!(
+            matches!(&result, Err(CompressError::Tensor(gradwire_tensor::Error::InvalidArgument(m))) if m.contains(why)),
+            "{result:?}"
+        );
+    }
+    let result = staging.scatter_add(&[1], &[1.0, 2.0], &mut on_device(&[0.0; 4]));
+    assert!(
+        matches!(
+            &result,
+            Err(CompressError::Tensor(
+                gradwire_tensor::Error::LengthMismatch { .. }
+            ))
+        ),
+        "{result:?}"
     );
     // Unsorted host indices are refused.
     let values_on_device = on_device(&[1.0, 2.0]);

@@ -96,6 +96,55 @@ impl<T: DeviceScalar> DeviceVec<T> {
         })
     }
 
+    /// The vector kept in `slot` when it holds at least `len` values on
+    /// `device`, else `len` new zeros put there: working memory kept from
+    /// call to call, so that a steady caller allocates nothing. A kept
+    /// vector's values are what its last user left (launchers initialise
+    /// what they rely on, with [`DeviceVec::write_from_host`]); pass a
+    /// window of the `len` values a kernel needs where the length matters.
+    pub fn kept<'s>(
+        slot: &'s mut Option<DeviceVec<T>>,
+        device: &Arc<CudaDevice>,
+        len: usize,
+    ) -> Result<&'s mut DeviceVec<T>> {
+        let fits = slot
+            .as_ref()
+            .is_some_and(|v| v.len >= len && v.ordinal() == device.ordinal());
+        if !fits {
+            *slot = Some(DeviceVec::zeros(device, len)?);
+        }
+        slot.as_mut()
+            .ok_or_else(|| Error::Cuda("a kept device vector went missing".into()))
+    }
+
+    /// Writes host `values` from value `offset` on, in stream order (a
+    /// kernel queued before reads the old values, one queued after the
+    /// new); [`Error::InvalidArgument`] for a range outside.
+    pub fn write_from_host(&mut self, offset: usize, values: &[T]) -> Result<()> {
+        let end = offset
+            .checked_add(values.len())
+            .ok_or(Error::ShapeOverflow)?;
+        if end > self.len {
+            return Err(out_of_bounds(
+                "DeviceVec::write_from_host",
+                &(offset..end),
+                self.len,
+            ));
+        }
+        if values.is_empty() {
+            return Ok(());
+        }
+        let bytes = Self::byte_len(offset)?..Self::byte_len(end)?;
+        let stream = Arc::clone(self.device.stream());
+        let mut view = self
+            .bytes
+            .try_slice_mut(bytes)
+            .ok_or_else(|| Error::Cuda("a device vector shorter than its length".into()))?;
+        stream
+            .memcpy_htod(bytemuck::cast_slice::<T, u8>(values), &mut view)
+            .map_err(|e| driver_error("cuMemcpyHtoD", e))
+    }
+
     /// Values `range`, on the host (waits for the stream);
     /// [`Error::InvalidArgument`] for a range outside.
     pub fn read(&self, range: Range<usize>) -> Result<Vec<T>> {

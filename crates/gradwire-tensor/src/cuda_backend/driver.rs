@@ -20,6 +20,7 @@ use half::{bf16, f16};
 
 use super::allocations::note_device_allocation;
 use super::launch::{driver_error, out_of_bounds};
+use super::ops::ReductionScratch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::storage::CpuStorage;
@@ -131,6 +132,33 @@ pub struct CudaDevice {
     modules: HashMap<&'static str, Arc<CudaModule>>,
     /// Every kernel, by (module, entry).
     functions: HashMap<(&'static str, &'static str), CudaFunction>,
+    /// The reductions' working memory, kept between calls (taken by one
+    /// call at a time: a call that finds it taken makes its own). It holds
+    /// `Arc`s of this device, which the cache of [`CudaDevice::get`] keeps
+    /// for the whole process anyway.
+    reductions: Mutex<ReductionScratch>,
+}
+
+impl CudaDevice {
+    /// The reductions' kept working memory, taken for one call (empty when
+    /// another call holds it); give it back with
+    /// [`CudaDevice::keep_reductions`].
+    pub(crate) fn take_reductions(&self) -> ReductionScratch {
+        std::mem::take(
+            &mut *self
+                .reductions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// Keeps `scratch` for the next reduction on this device.
+    pub(crate) fn keep_reductions(&self, scratch: ReductionScratch) {
+        *self
+            .reductions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = scratch;
+    }
 }
 
 impl fmt::Debug for CudaDevice {
@@ -193,6 +221,7 @@ impl CudaDevice {
             stream,
             modules,
             functions,
+            reductions: Mutex::default(),
         });
         devices.insert(ordinal, Arc::clone(&device));
         Ok(device)

@@ -344,6 +344,18 @@ impl<'a, T: DeviceScalar> DeviceWrite<'a> for &'a mut DeviceVec<T> {
     }
 }
 
+impl<'a, T: DeviceScalar> DeviceRead<'a> for Window<&'a DeviceVec<T>> {
+    fn operand(self) -> Result<Operand<'a>> {
+        self.storage.operand()?.window(self.range)
+    }
+}
+
+impl<'a, T: DeviceScalar> DeviceWrite<'a> for Window<&'a mut DeviceVec<T>> {
+    fn operand(self) -> Result<Operand<'a>> {
+        self.storage.operand()?.window(self.range)
+    }
+}
+
 impl<'a> DeviceRead<'a> for Operand<'a> {
     fn operand(self) -> Result<Operand<'a>> {
         Ok(self)

@@ -282,21 +282,50 @@ impl CudaStorage {
     }
 
     /// The two-stage f64 sum of `reduce.cu`: `kernel` leaves one partial per
-    /// block, `finish_sum_f64` adds them; waits for the result.
+    /// block, `finish_sum_f64` adds them; waits for the result. The partials
+    /// and the total live in the device's kept [`ReductionScratch`].
     fn sum_f64(&self, kernel: &'static Kernel, other: Option<&CudaStorage>) -> Result<f64> {
         let n = self.len();
         if n == 0 {
             return Ok(0.0);
         }
         let device = self.device_arc();
+        let mut kept = device.take_reductions();
+        let sum = self.sum_f64_in(kernel, other, &device, &mut kept);
+        device.keep_reductions(kept);
+        sum
+    }
+
+    fn sum_f64_in(
+        &self,
+        kernel: &'static Kernel,
+        other: Option<&CudaStorage>,
+        device: &Arc<CudaDevice>,
+        kept: &mut ReductionScratch,
+    ) -> Result<f64> {
+        let n = self.len();
         let plan = gradwire_kernels::plan::partial_sums(n);
-        let mut partials = DeviceVec::<f64>::zeros(&device, plan.grid().0 as usize)?;
-        let mut launch = Launch::new(&device, kernel).read(self);
+        let blocks = plan.grid().0 as usize;
+        let partials = DeviceVec::kept(&mut kept.partials, device, blocks)?;
+        let mut launch = Launch::new(device, kernel).read(self);
         if let Some(other) = other {
             launch = launch.read(other);
         }
-        launch.len(n).write(&mut partials).run(plan)?;
-        finish_sum(&device, &partials)
+        launch
+            .len(n)
+            .write(window(&mut *partials, 0..blocks))
+            .run(plan)?;
+        let total = DeviceVec::kept(&mut kept.total, device, 1)?;
+        Launch::new(device, &reduce::FINISH_SUM_F64)
+            .read(window(&*partials, 0..blocks))
+            .len(blocks)
+            .write(window(&mut *total, 0..1))
+            .run(Blocks::Exactly(1, 1))?;
+        total
+            .read(0..1)?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::Cuda("finish_sum_f64 returned nothing".into()))
     }
 
     /// `max_i |self_i|` as f64, exactly: 0 when empty, NaN if any element is
@@ -306,6 +335,15 @@ impl CudaStorage {
         if n == 0 {
             return Ok(0.0);
         }
+        let device = self.device_arc();
+        let mut kept = device.take_reductions();
+        let key = self.max_abs_key_in(&device, &mut kept);
+        device.keep_reductions(kept);
+        Ok(key_to_magnitude(key?))
+    }
+
+    fn max_abs_key_in(&self, device: &Arc<CudaDevice>, kept: &mut ReductionScratch) -> Result<u32> {
+        let n = self.len();
         let kernel = by_dtype(
             self.dtype(),
             [
@@ -314,16 +352,26 @@ impl CudaStorage {
                 &reduce::MAX_ABS_KEY_BF16,
             ],
         );
-        let device = self.device_arc();
-        let mut key = DeviceVec::<u32>::zeros(&device, 1)?;
-        Launch::new(&device, kernel)
+        let key = DeviceVec::kept(&mut kept.key, device, 1)?;
+        // The kernel raises the key with atomic maxima from 0.
+        key.write_from_host(0, &[0])?;
+        Launch::new(device, kernel)
             .read(self)
             .len(n)
-            .write(&mut key)
+            .write(window(&mut *key, 0..1))
             .run(Blocks::Over(n))?;
-        let key = key.to_host()?;
-        Ok(key_to_magnitude(key.first().copied().unwrap_or(0)))
+        Ok(key.read(0..1)?.first().copied().unwrap_or(0))
     }
+}
+
+/// The reductions' working memory on one device (the f64 partial sums,
+/// their total, `max_abs`'s key), kept by the [`CudaDevice`] between calls
+/// so that a reduction in a training step allocates nothing.
+#[derive(Debug, Default)]
+pub(crate) struct ReductionScratch {
+    partials: Option<DeviceVec<f64>>,
+    total: Option<DeviceVec<f64>>,
+    key: Option<DeviceVec<u32>>,
 }
 
 /// The magnitude a `max_abs_key` result stands for: keys above the infinity
@@ -335,22 +383,6 @@ fn key_to_magnitude(key: u32) -> f64 {
     } else {
         f64::from(f32::from_bits(key))
     }
-}
-
-/// Adds f64 `partials` on the device with `finish_sum_f64` and returns the
-/// total (waits for it).
-fn finish_sum(device: &Arc<CudaDevice>, partials: &DeviceVec<f64>) -> Result<f64> {
-    let mut total = DeviceVec::<f64>::zeros(device, 1)?;
-    Launch::new(device, &reduce::FINISH_SUM_F64)
-        .read(partials)
-        .len(partials.len())
-        .write(&mut total)
-        .run(Blocks::Exactly(1, 1))?;
-    total
-        .to_host()?
-        .first()
-        .copied()
-        .ok_or_else(|| Error::Cuda("finish_sum_f64 returned nothing".into()))
 }
 
 #[cfg(test)]

@@ -4,12 +4,13 @@
 
 use gradwire_kernels::{cast, feedback as k};
 use gradwire_tensor::cuda_backend::launch::{
-    Blocks, Launch, by_dtype, require_f32, require_len, require_same_device,
+    Blocks, Launch, by_dtype, require_f32, require_len, require_ordinal, require_same_device,
+    window,
 };
-use gradwire_tensor::cuda_backend::{first_index_cell, read_first_index};
+use gradwire_tensor::cuda_backend::{DeviceVec, read_first_index};
 use gradwire_tensor::{CudaStorage, DType, Error, Result};
 
-use super::select::DeviceSparse;
+use super::select::{DeviceSelectScratch, DeviceSparse};
 
 /// `residual += grad` (f32, same length), or with DGC's momentum correction
 /// `velocity = mu velocity + grad; residual += velocity`. Returns the
@@ -23,6 +24,7 @@ pub fn accumulate(
     residual: &mut CudaStorage,
     grad: &CudaStorage,
     momentum: Option<(&mut CudaStorage, f32)>,
+    scratch: &mut DeviceSelectScratch,
 ) -> Result<Option<usize>> {
     const OP: &str = "accumulate";
     require_f32(OP, residual)?;
@@ -39,7 +41,7 @@ pub fn accumulate(
         return Ok(None);
     }
     let device = residual.device().clone();
-    let mut first_bad = first_index_cell(&device)?;
+    let first_bad = scratch.first_index_cell(&device)?;
     let launch = match momentum {
         None => Launch::new(&device, &k::EF_ACCUMULATE_F32)
             .write(residual)
@@ -52,8 +54,10 @@ pub fn accumulate(
             .len(n)
             .value(mu),
     };
-    launch.write(&mut first_bad).run(Blocks::Over(n))?;
-    read_first_index(&first_bad)
+    launch
+        .write(window(&mut *first_bad, 0..1))
+        .run(Blocks::Over(n))?;
+    read_first_index(first_bad)
 }
 
 /// Zeroes `residual` (and `velocity`) at the indices of `sent`, which must
@@ -206,12 +210,32 @@ pub fn scatter_add_values(
     sparse: &DeviceSparse,
     values: &CudaStorage,
 ) -> Result<()> {
+    require_len("scatter_add", sparse.dense_len(), dense.len())?;
+    require_len("scatter_add", sparse.nnz(), values.len())?;
+    scatter_add_first(dense, sparse.indices(), values, sparse.nnz())
+}
+
+/// `dense[indices[j]] += values[j]` for the first `count` entries of
+/// `indices` and `values` (kept buffers may be longer). The caller has
+/// checked that those indices are strictly increasing and below
+/// `dense.len()`: the kernel trusts them.
+pub(crate) fn scatter_add_first(
+    dense: &mut CudaStorage,
+    indices: &DeviceVec<u32>,
+    values: &CudaStorage,
+    count: usize,
+) -> Result<()> {
     const OP: &str = "scatter_add";
     require_f32(OP, dense)?;
     require_same_device(OP, dense, values)?;
-    require_len(OP, sparse.dense_len(), dense.len())?;
-    require_len(OP, sparse.nnz(), values.len())?;
-    let count = sparse.nnz();
+    require_ordinal(OP, dense.ordinal(), indices.ordinal())?;
+    if count > indices.len() || count > values.len() {
+        return Err(Error::LengthMismatch {
+            op: OP,
+            expected: count,
+            got: indices.len().min(values.len()),
+        });
+    }
     if count == 0 {
         return Ok(());
     }
@@ -228,8 +252,8 @@ pub fn scatter_add_values(
     Launch::new(&device, kernel)
         .write(dense)
         .len(n)
-        .read(sparse.indices())
-        .read(values)
+        .read(window(indices, 0..count))
+        .read(window(values, 0..count))
         .len(count)
         .run(Blocks::Over(count))
 }

@@ -12,10 +12,8 @@
 use std::sync::Arc;
 
 use gradwire_kernels::{plan, select as k};
-use gradwire_tensor::cuda_backend::launch::{Blocks, Launch, require_f32};
-use gradwire_tensor::cuda_backend::{
-    CudaDevice, DeviceVec, NO_INDEX, first_index_cell, read_first_index,
-};
+use gradwire_tensor::cuda_backend::launch::{Blocks, Launch, require_f32, window};
+use gradwire_tensor::cuda_backend::{CudaDevice, DeviceVec, NO_INDEX, read_first_index};
 use gradwire_tensor::{CudaStorage, DType, Error, Result};
 
 /// A selection on the device: keep every entry whose magnitude key is above
@@ -35,9 +33,20 @@ impl Selection {
     /// Every entry whose magnitude key (`bits & 0x7fff_ffff`, ordered like
     /// `|x|` for finite values) is `>= key`: a threshold.
     pub fn at_least(device: &Arc<CudaDevice>, key: u32) -> Result<Selection> {
+        Selection::at_least_with(device, key, &mut DeviceSelectScratch::default())
+    }
+
+    /// [`Selection::at_least`] in `scratch`'s kept state.
+    pub fn at_least_with(
+        device: &Arc<CudaDevice>,
+        key: u32,
+        scratch: &mut DeviceSelectScratch,
+    ) -> Result<Selection> {
+        let mut state = scratch.take_state(device)?;
+        state.write_from_host(0, &[u64::from(key), NO_INDEX, 0, 0])?;
         Ok(Selection {
             device: Arc::clone(device),
-            state: DeviceVec::from_host(device, &[u64::from(key), NO_INDEX, 0, 0])?,
+            state,
             ties_on_host: Some(NO_INDEX),
         })
     }
@@ -67,6 +76,62 @@ impl Selection {
             Some(ties) => Ok(ties),
             None => Ok(self.to_host()?.1),
         }
+    }
+}
+
+/// The selections' working memory on one device, kept from call to call as
+/// the CPU's `SelectScratch` is: the non-finite check's cell, a selection's
+/// state, the radix select's histogram, the per-tile counts, totals and
+/// offsets of [`compact_with`]. With it a steady step allocates only the
+/// selection it returns. A clone is empty (the memory is working space,
+/// not state).
+#[derive(Debug, Default)]
+pub struct DeviceSelectScratch {
+    first: Option<DeviceVec<u64>>,
+    state: Option<DeviceVec<u64>>,
+    hist: Option<DeviceVec<u64>>,
+    counts_gt: Option<DeviceVec<u64>>,
+    counts_eq: Option<DeviceVec<u64>>,
+    totals: Option<DeviceVec<u64>>,
+    offsets_gt: Option<DeviceVec<u64>>,
+    offsets_eq: Option<DeviceVec<u64>>,
+}
+
+impl Clone for DeviceSelectScratch {
+    fn clone(&self) -> Self {
+        DeviceSelectScratch::default()
+    }
+}
+
+/// A selection's state: four u64.
+const STATE_LEN: usize = 4;
+
+impl DeviceSelectScratch {
+    /// Keeps `selection`'s state for the next selection (once it has been
+    /// applied).
+    pub fn recycle(&mut self, selection: Selection) {
+        self.state = Some(selection.state);
+    }
+
+    /// A selection's state on `device`: the kept one, or new zeros.
+    fn take_state(&mut self, device: &Arc<CudaDevice>) -> Result<DeviceVec<u64>> {
+        match self.state.take() {
+            Some(state) if state.len() == STATE_LEN && state.ordinal() == device.ordinal() => {
+                Ok(state)
+            }
+            _ => DeviceVec::zeros(device, STATE_LEN),
+        }
+    }
+
+    /// A first-index cell on `device`, set to [`NO_INDEX`] (a kernel lowers
+    /// it to the first index with the property).
+    pub(crate) fn first_index_cell(
+        &mut self,
+        device: &Arc<CudaDevice>,
+    ) -> Result<&mut DeviceVec<u64>> {
+        let cell = DeviceVec::kept(&mut self.first, device, 1)?;
+        cell.write_from_host(0, &[NO_INDEX])?;
+        Ok(cell)
     }
 }
 
@@ -122,19 +187,27 @@ fn check_indexable(op: &str, n: usize) -> Result<()> {
 
 /// The smallest index of a NaN or an infinity in `x` (f32), or `None`.
 pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
+    first_non_finite_with(x, &mut DeviceSelectScratch::default())
+}
+
+/// [`first_non_finite`] in `scratch`'s kept cell.
+pub fn first_non_finite_with(
+    x: &CudaStorage,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<Option<usize>> {
     require_f32("first_non_finite", x)?;
     let n = x.len();
     if n == 0 {
         return Ok(None);
     }
     let device = x.device();
-    let mut first = first_index_cell(device)?;
+    let first = scratch.first_index_cell(device)?;
     Launch::new(device, &k::FIRST_NON_FINITE_F32)
         .read(x)
         .len(n)
-        .write(&mut first)
+        .write(window(&mut *first, 0..1))
         .run(Blocks::Over(n))?;
-    read_first_index(&first)
+    read_first_index(first)
 }
 
 /// The selection of the `k`-th largest magnitude key of `x` (f32, finite:
@@ -143,6 +216,15 @@ pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
 /// indices. A radix select on the device: four histogram passes of 8 bits.
 /// `k` must lie in `1..=x.len()` ([`Error::InvalidArgument`]).
 pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
+    kth_largest_with(x, k_th, &mut DeviceSelectScratch::default())
+}
+
+/// [`kth_largest`] in `scratch`'s kept state and histogram.
+pub fn kth_largest_with(
+    x: &CudaStorage,
+    k_th: usize,
+    scratch: &mut DeviceSelectScratch,
+) -> Result<Selection> {
     const OP: &str = "kth_largest";
     require_f32(OP, x)?;
     let n = x.len();
@@ -154,11 +236,12 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
     // The histogram kernel counts in u32 per block, which holds for u32-indexable inputs.
     check_indexable(OP, n)?;
     let device = Arc::clone(x.device());
-    let mut state = DeviceVec::<u64>::zeros(&device, 4)?;
-    let mut hist = DeviceVec::<u64>::zeros(&device, 256)?;
+    let mut state = scratch.take_state(&device)?;
+    let hist = DeviceVec::kept(&mut scratch.hist, &device, RADIX_BINS)?;
+    // radix_init sets the state and zeroes the histogram.
     Launch::new(&device, &k::RADIX_INIT)
         .write(&mut state)
-        .write(&mut hist)
+        .write(window(&mut *hist, 0..RADIX_BINS))
         .len(k_th)
         .run(Blocks::Exactly(1, 1))?;
     for shift in plan::RADIX_SHIFTS {
@@ -166,12 +249,12 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
             .read(x)
             .len(n)
             .read(&state)
-            .write(&mut hist)
+            .write(window(&mut *hist, 0..RADIX_BINS))
             .value(shift)
             .run(Blocks::Over(n))?;
         Launch::new(&device, &k::RADIX_SELECT_DIGIT)
             .write(&mut state)
-            .write(&mut hist)
+            .write(window(&mut *hist, 0..RADIX_BINS))
             .value(shift)
             .run(Blocks::Exactly(1, 1))?;
     }
@@ -181,6 +264,9 @@ pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
         ties_on_host: None,
     })
 }
+
+/// The radix select's histogram: one count per 8-bit digit.
+const RADIX_BINS: usize = 256;
 
 /// The strided sample `x[0], x[stride], x[2 stride], ...` (f32), as a new
 /// storage of `ceil(n / stride)` elements. `stride` must be at least 1.
@@ -214,6 +300,24 @@ pub fn compact(
     selection: &Selection,
     src_index: Option<&DeviceSparse>,
     dense_len: usize,
+) -> Result<DeviceSparse> {
+    compact_with(
+        x,
+        selection,
+        src_index,
+        dense_len,
+        &mut DeviceSelectScratch::default(),
+    )
+}
+
+/// [`compact`] with its per-tile counts and offsets in `scratch`: only the
+/// list it returns is allocated.
+pub fn compact_with(
+    x: &CudaStorage,
+    selection: &Selection,
+    src_index: Option<&DeviceSparse>,
+    dense_len: usize,
+    scratch: &mut DeviceSelectScratch,
 ) -> Result<DeviceSparse> {
     const OP: &str = "compact";
     require_f32(OP, x)?;
@@ -250,20 +354,30 @@ pub fn compact(
     let (tile, grid_tiles) = plan::select_tiles(n);
     let grid = Blocks::Exactly(grid_tiles, 1);
     let tiles = grid_tiles as usize;
-    let mut counts_gt = DeviceVec::<u64>::zeros(&device, tiles)?;
-    let mut counts_eq = DeviceVec::<u64>::zeros(&device, tiles)?;
-    let mut totals = DeviceVec::<u64>::zeros(&device, 2)?;
+    let DeviceSelectScratch {
+        counts_gt,
+        counts_eq,
+        totals,
+        offsets_gt,
+        offsets_eq,
+        ..
+    } = scratch;
+    let counts_gt = DeviceVec::kept(counts_gt, &device, tiles)?;
+    let counts_eq = DeviceVec::kept(counts_eq, &device, tiles)?;
+    let totals = DeviceVec::kept(totals, &device, 2)?;
+    // The kernel adds every tile's counts into the totals.
+    totals.write_from_host(0, &[0, 0])?;
     Launch::new(&device, &k::SELECT_COUNT_F32)
         .read(x)
         .len(n)
         .len(tile)
         .read(&selection.state)
-        .write(&mut counts_gt)
-        .write(&mut counts_eq)
-        .write(&mut totals)
+        .write(window(&mut *counts_gt, 0..tiles))
+        .write(window(&mut *counts_eq, 0..tiles))
+        .write(window(&mut *totals, 0..2))
         .run(grid)?;
     let ties = selection.ties()?;
-    let (above, equal) = match totals.to_host()?.as_slice() {
+    let (above, equal) = match totals.read(0..2)?.as_slice() {
         [above, equal] => (*above, *equal),
         _ => return Err(Error::Cuda("select_count_f32 returned no totals".into())),
     };
@@ -272,13 +386,16 @@ pub fn compact(
     if nnz == 0 {
         return empty(&device);
     }
-    let mut offsets_gt = DeviceVec::<u64>::zeros(&device, tiles + 1)?;
-    let mut offsets_eq = DeviceVec::<u64>::zeros(&device, tiles + 1)?;
-    for (counts, offsets) in [(&counts_gt, &mut offsets_gt), (&counts_eq, &mut offsets_eq)] {
+    let offsets_gt = DeviceVec::kept(offsets_gt, &device, tiles + 1)?;
+    let offsets_eq = DeviceVec::kept(offsets_eq, &device, tiles + 1)?;
+    for (counts, offsets) in [
+        (&*counts_gt, &mut *offsets_gt),
+        (&*counts_eq, &mut *offsets_eq),
+    ] {
         Launch::new(&device, &k::EXCLUSIVE_SCAN_U64)
-            .read(counts)
+            .read(window(counts, 0..tiles))
             .len(tiles)
-            .write(offsets)
+            .write(window(offsets, 0..tiles + 1))
             .run(Blocks::Exactly(1, 1))?;
     }
     let mut indices = DeviceVec::<u32>::zeros(&device, nnz)?;
@@ -288,8 +405,8 @@ pub fn compact(
         .len(n)
         .len(tile)
         .read(&selection.state)
-        .read(&offsets_gt)
-        .read(&offsets_eq)
+        .read(window(&*offsets_gt, 0..tiles + 1))
+        .read(window(&*offsets_eq, 0..tiles + 1))
         .read_or_null(src_index.map(DeviceSparse::indices))
         .write(&mut indices)
         .write(&mut values)
@@ -303,6 +420,36 @@ pub fn compact(
     })
 }
 
+/// The checks of a sparse list arriving from the host, as the wire format
+/// checks a payload: one value per index, indices strictly increasing and
+/// below `dense_len` (which u32 indices must reach). The scatter kernels
+/// trust what passes.
+pub(crate) fn check_host_list(
+    op: &'static str,
+    dense_len: usize,
+    indices: &[u32],
+    values: usize,
+) -> Result<()> {
+    check_indexable(op, dense_len)?;
+    if values != indices.len() {
+        return Err(Error::LengthMismatch {
+            op,
+            expected: indices.len(),
+            got: values,
+        });
+    }
+    let increasing = indices.windows(2).all(|w| w[0] < w[1]);
+    let in_range = indices
+        .last()
+        .is_none_or(|&last| (last as usize) < dense_len);
+    if !increasing || !in_range {
+        return Err(Error::InvalidArgument(format!(
+            "{op}: indices must be strictly increasing and below {dense_len}"
+        )));
+    }
+    Ok(())
+}
+
 impl DeviceSparse {
     /// A list of host indices and device values, checked as the wire format
     /// checks a payload: indices strictly increasing and below `dense_len`,
@@ -314,23 +461,7 @@ impl DeviceSparse {
     ) -> Result<DeviceSparse> {
         const OP: &str = "DeviceSparse::from_host_indices";
         require_f32(OP, &values)?;
-        check_indexable(OP, dense_len)?;
-        if values.len() != indices.len() {
-            return Err(Error::LengthMismatch {
-                op: OP,
-                expected: indices.len(),
-                got: values.len(),
-            });
-        }
-        let increasing = indices.windows(2).all(|w| w[0] < w[1]);
-        let in_range = indices
-            .last()
-            .is_none_or(|&last| (last as usize) < dense_len);
-        if !increasing || !in_range {
-            return Err(Error::InvalidArgument(format!(
-                "{OP}: indices must be strictly increasing and below {dense_len}"
-            )));
-        }
+        check_host_list(OP, dense_len, indices, values.len())?;
         let device = Arc::clone(values.device());
         Ok(DeviceSparse {
             dense_len,
