@@ -60,15 +60,29 @@ __device__ void dot_partial_impl(const T* a, const T* b, gw_u64 n, double* parti
 }
 
 // `out_key` starts at 0 (the launcher zeroes it): the key of an empty input.
+// The block's largest key first (a maximum is exact in any order), then one
+// atomic per block: one per thread would queue up to MAX_GRID x GW_BLOCK
+// atomics on one address.
 template <typename T>
 __device__ void max_abs_key_impl(const T* x, gw_u64 n, gw_u32* out_key) {
+    __shared__ gw_u32 shared[GW_BLOCK];
+    GW_REQUIRE_BLOCK();
     gw_u32 best = 0u;
     GW_FOR_EACH(i, n) {
         const gw_u32 k = gw_key(gw_load(x, i));
         best = k > best ? k : best;
     }
-    if (best != 0u) {
-        atomicMax(out_key, best);
+    shared[threadIdx.x] = best;
+    __syncthreads();
+    for (unsigned s = GW_BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            const gw_u32 other = shared[threadIdx.x + s];
+            shared[threadIdx.x] = other > shared[threadIdx.x] ? other : shared[threadIdx.x];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && shared[0] != 0u) {
+        atomicMax(out_key, shared[0]);
     }
 }
 

@@ -12,7 +12,9 @@
 //! kernel of gradwire uses) wait on NCCL's, the asynchronous lane's
 //! included, for nothing.
 
-use gradwire_tensor::cudarc::driver::DevicePtrMut;
+use std::sync::Arc;
+
+use gradwire_tensor::cudarc::driver::{CudaStream, DevicePtrMut};
 use gradwire_tensor::{CudaStorage, Tensor};
 
 use super::transport::Native;
@@ -40,10 +42,30 @@ impl NcclComm<CudaTransport> {
             )));
         }
         storage.buffer_mut().map_err(cuda)?;
-        self.stream
-            .join(storage.device().stream())
-            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        self.wait_for(storage.device().stream())?;
         Ok(storage)
+    }
+
+    /// Orders this communicator's stream after the work queued on `other`
+    /// so far, through one event kept from call to call (recorded anew
+    /// each time; a wait takes the event's state when it is queued).
+    fn wait_for(&self, other: &Arc<CudaStream>) -> Result<()> {
+        let mut joined = self.joined.borrow_mut();
+        let event = match joined.take() {
+            Some(event) => event,
+            None => other
+                .context()
+                .new_event(None)
+                .map_err(|e| driver("cuEventCreate", e))?,
+        };
+        event
+            .record(other)
+            .map_err(|e| driver("cuEventRecord", e))?;
+        self.stream
+            .wait(&event)
+            .map_err(|e| driver("cuStreamWaitEvent", e))?;
+        *joined = Some(event);
+        Ok(())
     }
 
     /// `broadcast_tensor` on a CUDA tensor: `ncclBroadcast` in place.

@@ -245,6 +245,9 @@ pub struct NcclComm<T: NcclTransport = CudaTransport> {
     loopback: RefCell<VecDeque<Loopback>>,
     /// Its last collectives.
     flight: FlightRecorder,
+    /// The event the stream waits on for a device tensor's earlier work,
+    /// re-recorded each call instead of created (CUDA tensors only).
+    joined: RefCell<Option<T::Event>>,
 }
 
 impl<T: NcclTransport> std::fmt::Debug for NcclComm<T> {
@@ -364,6 +367,7 @@ impl<T: NcclTransport> NcclComm<T> {
             shadow: RefCell::new(None),
             worker: OnceCell::new(),
             outbox: RefCell::new(Vec::new()),
+            joined: RefCell::new(None),
             departs: with_shadow,
             loopback: RefCell::new(VecDeque::new()),
         };
