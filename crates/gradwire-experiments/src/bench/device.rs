@@ -15,7 +15,7 @@ use super::{Budget, CompressRow, gradient, median_time};
 use crate::error::{ExperimentError, Result};
 use gradwire_compress::cast::CastOptions;
 use gradwire_compress::cuda::lowrank::{self, Window, WindowMut};
-use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceBytes};
+use gradwire_compress::cuda::{self, CudaErrorFeedback, DeviceBytes, DeviceSelectScratch};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_tensor::{CpuStorage, CudaDevice, CudaStorage, DType};
 use std::hint::black_box;
@@ -36,6 +36,10 @@ pub const KERNEL_CODECS: &[&str] = &[
     "qsgd",
     "uint8",
     "powersgd",
+    "powersgd-project",
+    "powersgd-orthonormalize",
+    "powersgd-project-back",
+    "powersgd-reconstruct",
 ];
 
 fn device() -> Result<Arc<CudaDevice>> {
@@ -121,23 +125,26 @@ fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budg
                 Ok(cuda::encode(x, &mut wire, &opts)?)
             })?
         }
-        "threshold" => timed(budget, device, xs, |x| {
-            black_box(cuda::threshold(x, 0.0097)?);
-            Ok(())
-        })?,
-        "topk" => timed(budget, device, xs, |x| {
-            black_box(cuda::top_k(x, 0.01)?);
-            Ok(())
-        })?,
-        "sampled-topk" => timed(budget, device, xs, |x| {
-            black_box(cuda::sampled_top_k(x, 0.01)?);
-            Ok(())
-        })?,
+        // The selections keep their working memory from call to call, as
+        // a strategy's bucket does.
+        "threshold" | "topk" | "sampled-topk" => {
+            let codec = match codec {
+                "threshold" => SparseCodec::Threshold(0.0097),
+                "topk" => SparseCodec::TopK(0.01),
+                _ => SparseCodec::SampledTopK(0.01),
+            };
+            let mut scratch = DeviceSelectScratch::default();
+            timed(budget, device, xs, |x| {
+                black_box(cuda::select_with(x, &codec, &mut scratch)?);
+                Ok(())
+            })?
+        }
         "ef-topk" => {
             let mut memory = CudaErrorFeedback::new(n, 0)?;
             let codec = SparseCodec::TopK(0.01);
+            let mut scratch = DeviceSelectScratch::default();
             timed(budget, device, xs, |x| {
-                black_box(memory.compress(x, &codec)?);
+                black_box(memory.compress_with(x, &codec, &mut scratch)?);
                 Ok(())
             })?
         }
@@ -153,7 +160,11 @@ fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budg
             budget,
         )?,
         "uint8" => quantize_round_trip(Quantizer::MinMaxU8, device, xs, budget)?,
-        "powersgd" => powersgd_step(device, xs, budget)?,
+        "powersgd" => powersgd_step(device, xs, budget, Products::ALL)?,
+        "powersgd-project" => powersgd_step(device, xs, budget, Products::PROJECT)?,
+        "powersgd-orthonormalize" => powersgd_step(device, xs, budget, Products::ORTHONORMALIZE)?,
+        "powersgd-project-back" => powersgd_step(device, xs, budget, Products::PROJECT_BACK)?,
+        "powersgd-reconstruct" => powersgd_step(device, xs, budget, Products::RECONSTRUCT)?,
         other => return Err(ExperimentError::Usage(format!("unknown codec {other:?}"))),
     })
 }
@@ -177,9 +188,56 @@ fn quantize_round_trip(
     })
 }
 
-/// A rank-4 PowerSGD step's four products on 1024 rows (as `gradwire bench
-/// compress` times them on the CPU).
-fn powersgd_step(device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Result<f64> {
+/// Which of a PowerSGD step's products a row times (`powersgd` all four;
+/// `powersgd-<product>` one, to find the step's slow kernel).
+#[derive(Debug, Clone, Copy)]
+struct Products {
+    project: bool,
+    orthonormalize: bool,
+    project_back: bool,
+    reconstruct: bool,
+}
+
+impl Products {
+    const NONE: Products = Products {
+        project: false,
+        orthonormalize: false,
+        project_back: false,
+        reconstruct: false,
+    };
+    const ALL: Products = Products {
+        project: true,
+        orthonormalize: true,
+        project_back: true,
+        reconstruct: true,
+    };
+    const PROJECT: Products = Products {
+        project: true,
+        ..Products::NONE
+    };
+    const ORTHONORMALIZE: Products = Products {
+        orthonormalize: true,
+        ..Products::NONE
+    };
+    const PROJECT_BACK: Products = Products {
+        project_back: true,
+        ..Products::NONE
+    };
+    const RECONSTRUCT: Products = Products {
+        reconstruct: true,
+        ..Products::NONE
+    };
+}
+
+/// A rank-4 PowerSGD step's products on 1024 rows (as `gradwire bench
+/// compress` times them on the CPU), those of `timed_products` timed; the
+/// others run once before, so that each timed one has its real operands.
+fn powersgd_step(
+    device: &CudaDevice,
+    xs: &[CudaStorage],
+    budget: Budget,
+    timed_products: Products,
+) -> Result<f64> {
     const ROWS: usize = 1024;
     const RANK: usize = 4;
     let n = xs[0].len();
@@ -190,32 +248,42 @@ fn powersgd_step(device: &CudaDevice, xs: &[CudaStorage], budget: Budget) -> Res
     let mut qt = CudaStorage::from_cpu(&CpuStorage::F32(q), 0)?;
     let mut p = CudaStorage::alloc_zeros(rows * RANK, DType::F32, 0)?;
     let mut approx = CudaStorage::alloc_zeros(rows * cols, DType::F32, 0)?;
-    timed(budget, device, xs, |x| {
+    let mut step = |x: &CudaStorage, products: Products| -> Result<()> {
         let m = Window::new(x, 0..rows * cols)?;
-        lowrank::project(
-            &m,
-            rows,
-            cols,
-            &Window::whole(&qt)?,
-            &mut WindowMut::whole(&mut p)?,
-        )?;
-        lowrank::orthonormalize(&mut WindowMut::whole(&mut p)?, rows, RANK)?;
-        lowrank::project_back(
-            &m,
-            rows,
-            cols,
-            &Window::whole(&p)?,
-            &mut WindowMut::whole(&mut qt)?,
-        )?;
-        lowrank::reconstruct(
-            &Window::whole(&p)?,
-            &Window::whole(&qt)?,
-            rows,
-            cols,
-            &mut WindowMut::whole(&mut approx)?,
-        )?;
+        if products.project {
+            lowrank::project(
+                &m,
+                rows,
+                cols,
+                &Window::whole(&qt)?,
+                &mut WindowMut::whole(&mut p)?,
+            )?;
+        }
+        if products.orthonormalize {
+            lowrank::orthonormalize(&mut WindowMut::whole(&mut p)?, rows, RANK)?;
+        }
+        if products.project_back {
+            lowrank::project_back(
+                &m,
+                rows,
+                cols,
+                &Window::whole(&p)?,
+                &mut WindowMut::whole(&mut qt)?,
+            )?;
+        }
+        if products.reconstruct {
+            lowrank::reconstruct(
+                &Window::whole(&p)?,
+                &Window::whole(&qt)?,
+                rows,
+                cols,
+                &mut WindowMut::whole(&mut approx)?,
+            )?;
+        }
         Ok(())
-    })
+    };
+    step(&xs[0], Products::ALL)?;
+    timed(budget, device, xs, |x| step(x, timed_products))
 }
 
 /// NcclComm's all-reduce of f32 CUDA tensors of each size (inputs rotating
