@@ -160,11 +160,11 @@ fn codec_secs(codec: &str, device: &CudaDevice, xs: &[CudaStorage], budget: Budg
             budget,
         )?,
         "uint8" => quantize_round_trip(Quantizer::MinMaxU8, device, xs, budget)?,
-        "powersgd" => powersgd_step(device, xs, budget, Products::ALL)?,
-        "powersgd-project" => powersgd_step(device, xs, budget, Products::PROJECT)?,
-        "powersgd-orthonormalize" => powersgd_step(device, xs, budget, Products::ORTHONORMALIZE)?,
-        "powersgd-project-back" => powersgd_step(device, xs, budget, Products::PROJECT_BACK)?,
-        "powersgd-reconstruct" => powersgd_step(device, xs, budget, Products::RECONSTRUCT)?,
+        "powersgd" => powersgd_step(device, xs, budget, &PRODUCTS)?,
+        "powersgd-project" => powersgd_step(device, xs, budget, &[Product::Project])?,
+        "powersgd-orthonormalize" => powersgd_step(device, xs, budget, &[Product::Orthonormalize])?,
+        "powersgd-project-back" => powersgd_step(device, xs, budget, &[Product::ProjectBack])?,
+        "powersgd-reconstruct" => powersgd_step(device, xs, budget, &[Product::Reconstruct])?,
         other => return Err(ExperimentError::Usage(format!("unknown codec {other:?}"))),
     })
 }
@@ -188,46 +188,23 @@ fn quantize_round_trip(
     })
 }
 
-/// Which of a PowerSGD step's products a row times (`powersgd` all four;
-/// `powersgd-<product>` one, to find the step's slow kernel).
+/// A PowerSGD step's products, in the order a step runs them (`powersgd`
+/// times all four; `powersgd-<product>` one, to find the slow kernel).
 #[derive(Debug, Clone, Copy)]
-struct Products {
-    project: bool,
-    orthonormalize: bool,
-    project_back: bool,
-    reconstruct: bool,
+enum Product {
+    Project,
+    Orthonormalize,
+    ProjectBack,
+    Reconstruct,
 }
 
-impl Products {
-    const NONE: Products = Products {
-        project: false,
-        orthonormalize: false,
-        project_back: false,
-        reconstruct: false,
-    };
-    const ALL: Products = Products {
-        project: true,
-        orthonormalize: true,
-        project_back: true,
-        reconstruct: true,
-    };
-    const PROJECT: Products = Products {
-        project: true,
-        ..Products::NONE
-    };
-    const ORTHONORMALIZE: Products = Products {
-        orthonormalize: true,
-        ..Products::NONE
-    };
-    const PROJECT_BACK: Products = Products {
-        project_back: true,
-        ..Products::NONE
-    };
-    const RECONSTRUCT: Products = Products {
-        reconstruct: true,
-        ..Products::NONE
-    };
-}
+/// Every product of a step.
+const PRODUCTS: [Product; 4] = [
+    Product::Project,
+    Product::Orthonormalize,
+    Product::ProjectBack,
+    Product::Reconstruct,
+];
 
 /// A rank-4 PowerSGD step's products on 1024 rows (as `gradwire bench
 /// compress` times them on the CPU), those of `timed_products` timed; the
@@ -236,7 +213,7 @@ fn powersgd_step(
     device: &CudaDevice,
     xs: &[CudaStorage],
     budget: Budget,
-    timed_products: Products,
+    timed_products: &[Product],
 ) -> Result<f64> {
     const ROWS: usize = 1024;
     const RANK: usize = 4;
@@ -248,41 +225,39 @@ fn powersgd_step(
     let mut qt = CudaStorage::from_cpu(&CpuStorage::F32(q), 0)?;
     let mut p = CudaStorage::alloc_zeros(rows * RANK, DType::F32, 0)?;
     let mut approx = CudaStorage::alloc_zeros(rows * cols, DType::F32, 0)?;
-    let mut step = |x: &CudaStorage, products: Products| -> Result<()> {
+    let mut step = |x: &CudaStorage, products: &[Product]| -> Result<()> {
         let m = Window::new(x, 0..rows * cols)?;
-        if products.project {
-            lowrank::project(
-                &m,
-                rows,
-                cols,
-                &Window::whole(&qt)?,
-                &mut WindowMut::whole(&mut p)?,
-            )?;
-        }
-        if products.orthonormalize {
-            lowrank::orthonormalize(&mut WindowMut::whole(&mut p)?, rows, RANK)?;
-        }
-        if products.project_back {
-            lowrank::project_back(
-                &m,
-                rows,
-                cols,
-                &Window::whole(&p)?,
-                &mut WindowMut::whole(&mut qt)?,
-            )?;
-        }
-        if products.reconstruct {
-            lowrank::reconstruct(
-                &Window::whole(&p)?,
-                &Window::whole(&qt)?,
-                rows,
-                cols,
-                &mut WindowMut::whole(&mut approx)?,
-            )?;
+        for product in products {
+            match product {
+                Product::Project => lowrank::project(
+                    &m,
+                    rows,
+                    cols,
+                    &Window::whole(&qt)?,
+                    &mut WindowMut::whole(&mut p)?,
+                )?,
+                Product::Orthonormalize => {
+                    lowrank::orthonormalize(&mut WindowMut::whole(&mut p)?, rows, RANK)?
+                }
+                Product::ProjectBack => lowrank::project_back(
+                    &m,
+                    rows,
+                    cols,
+                    &Window::whole(&p)?,
+                    &mut WindowMut::whole(&mut qt)?,
+                )?,
+                Product::Reconstruct => lowrank::reconstruct(
+                    &Window::whole(&p)?,
+                    &Window::whole(&qt)?,
+                    rows,
+                    cols,
+                    &mut WindowMut::whole(&mut approx)?,
+                )?,
+            }
         }
         Ok(())
     };
-    step(&xs[0], Products::ALL)?;
+    step(&xs[0], &PRODUCTS)?;
     timed(budget, device, xs, |x| step(x, timed_products))
 }
 
