@@ -266,9 +266,7 @@ pub fn sparse_exchange_on_device<C: Communicator>(
                 }
                 .into());
             }
-            let indices: Vec<u32> = part.indices().collect();
-            let values: Vec<f32> = part.values_f32().collect();
-            fusion.staging.scatter_add(&indices, &values, dense)?;
+            fusion.staging.scatter_add_payload(&part, dense)?;
         }
         vote_traffic
             + Traffic::all_gather(fusion.payload.len(), fusion.gathered.data().len(), world)

@@ -29,6 +29,7 @@ use crate::select::{
     SAMPLE_STRIDE, SAMPLED_MIN_LEN, SAMPLED_TOP_K_SLACK, check_threshold, count_for_ratio, key,
 };
 use crate::sparse::check_dense_len;
+use crate::wire;
 
 pub mod kernels;
 pub mod lowrank;
@@ -42,7 +43,7 @@ fn value_at(x: &CudaStorage, index: usize) -> Result<f32> {
 
 /// Refuses a buffer holding a NaN or an infinity, as the CPU codecs do.
 fn refuse_non_finite(x: &CudaStorage, scratch: &mut DeviceSelectScratch) -> Result<()> {
-    match select::first_non_finite_with(x, scratch)? {
+    match select::first_non_finite(x, scratch)? {
         None => Ok(()),
         Some(index) => Err(CompressError::NonFinite {
             index,
@@ -112,11 +113,11 @@ fn threshold_finite(
     threshold: f32,
     scratch: &mut DeviceSelectScratch,
 ) -> Result<DeviceSparse> {
-    let selection = select::Selection::at_least_with(x.device(), key(threshold), scratch)?;
+    let selection = select::Selection::at_least(x.device(), key(threshold), scratch)?;
     apply(x, selection, None, x.len(), scratch)
 }
 
-/// Applies `selection` ([`select::compact_with`]) and keeps its state in
+/// Applies `selection` ([`select::compact`]) and keeps its state in
 /// `scratch` for the next one.
 fn apply(
     x: &CudaStorage,
@@ -125,7 +126,7 @@ fn apply(
     dense_len: usize,
     scratch: &mut DeviceSelectScratch,
 ) -> Result<DeviceSparse> {
-    let selected = select::compact_with(x, &selection, src_index, dense_len, scratch);
+    let selected = select::compact(x, &selection, src_index, dense_len, scratch);
     scratch.recycle(selection);
     Ok(selected?)
 }
@@ -138,9 +139,9 @@ fn top_k_finite(
     let k = k.min(x.len());
     let selection = if k == 0 {
         // Keys are at most 0x7f7f_ffff here: nothing is at least this.
-        select::Selection::at_least_with(x.device(), u32::MAX, scratch)?
+        select::Selection::at_least(x.device(), u32::MAX, scratch)?
     } else {
-        select::kth_largest_with(x, k, scratch)?
+        select::kth_largest(x, k, scratch)?
     };
     apply(x, selection, None, x.len(), scratch)
 }
@@ -195,7 +196,7 @@ impl plan::SampledSteps for SampledOnDevice<'_> {
             )
         })?;
         // The sample's take-th largest key, every entry at least as large.
-        let mut estimate = select::kth_largest_with(sample, take, self.scratch)?;
+        let mut estimate = select::kth_largest(sample, take, self.scratch)?;
         estimate.keep_all_ties()?;
         let survivors = apply(self.x, estimate, None, self.x.len(), self.scratch)?;
         let count = survivors.nnz();
@@ -203,7 +204,7 @@ impl plan::SampledSteps for SampledOnDevice<'_> {
     }
 
     fn best_among(&mut self, survivors: DeviceSparse, k: usize) -> Result<DeviceSparse> {
-        let best = select::kth_largest_with(survivors.values(), k, self.scratch)?;
+        let best = select::kth_largest(survivors.values(), k, self.scratch)?;
         apply(
             survivors.values(),
             best,
@@ -271,9 +272,30 @@ impl Select {
 pub struct SparseStaging {
     indices: Option<DeviceVec<u32>>,
     values: Option<CudaStorage>,
+    /// A payload's indices and values decoded on the host, kept too.
+    host_indices: Vec<u32>,
+    host_values: Vec<f32>,
 }
 
 impl SparseStaging {
+    /// [`SparseStaging::scatter_add`] of a decoded wire payload (its
+    /// values widened to f32), decoded into host vectors kept as well.
+    pub fn scatter_add_payload(
+        &mut self,
+        payload: &wire::Payload<'_>,
+        dense: &mut CudaStorage,
+    ) -> Result<()> {
+        let mut indices = std::mem::take(&mut self.host_indices);
+        let mut values = std::mem::take(&mut self.host_values);
+        indices.clear();
+        indices.extend(payload.indices());
+        values.clear();
+        values.extend(payload.values_f32());
+        let added = self.scatter_add(&indices, &values, dense);
+        (self.host_indices, self.host_values) = (indices, values);
+        added
+    }
+
     /// `dense[indices[j]] += values[j]` (f32 `dense`), bitwise the CPU's
     /// [`crate::SparseVec::scatter_add`]. Indices must be strictly
     /// increasing and below `dense.len()`, with one value each.

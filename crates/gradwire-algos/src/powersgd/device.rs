@@ -24,7 +24,7 @@
 use std::borrow::Cow;
 
 use gradwire_comm::{Communicator, ReduceOp};
-use gradwire_compress::cuda::kernels::select::first_non_finite_with;
+use gradwire_compress::cuda::kernels::select::first_non_finite;
 use gradwire_compress::cuda::lowrank::{self as products, Window, WindowMut};
 use gradwire_compress::{CompressError, lowrank};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, Device, Tensor};
@@ -346,7 +346,7 @@ impl PowerSgd {
                 )));
             }
             if !t.is_zeroed()
-                && let Some(index) = first_non_finite_with(&*storage(t)?, &mut self.finite_check)?
+                && let Some(index) = first_non_finite(&*storage(t)?, &mut self.finite_check)?
             {
                 let value = storage(t)?.read_f32(index..index + 1)?;
                 return Err(CompressError::NonFinite {

@@ -5,6 +5,7 @@ use gradwire_compress::cast::{self, CastOptions};
 use gradwire_compress::cuda::{
     self, CudaErrorFeedback, DeviceSelectScratch, DeviceSparse, SparseStaging,
 };
+use gradwire_compress::wire::{self, CodecId};
 use gradwire_compress::{CompressError, ErrorFeedback, SparseCodec, SparseVec, select};
 use gradwire_tensor::{CpuStorage, CudaStorage, DType, bf16, f16};
 
@@ -315,6 +316,17 @@ fn scatter_add_matches_the_cpu() {
             bits(&host_f32(&dense_gpu)),
             bits(&dense_cpu),
             "n={n} ratio={ratio} staged"
+        );
+        // The same list as a wire payload, decoded into the kept vectors.
+        let bytes = wire::encode(&list, CodecId::TopK, DType::F32);
+        let mut from_payload = on_device(&base);
+        staging
+            .scatter_add_payload(&wire::decode(&bytes).unwrap(), &mut from_payload)
+            .unwrap();
+        assert_eq!(
+            bits(&host_f32(&from_payload)),
+            bits(&dense_cpu),
+            "n={n} ratio={ratio} from a payload"
         );
     }
     for (indices, values, why) in [

@@ -140,24 +140,19 @@ pub struct CudaDevice {
 }
 
 impl CudaDevice {
-    /// The reductions' kept working memory, taken for one call (empty when
-    /// another call holds it); give it back with
-    /// [`CudaDevice::keep_reductions`].
-    pub(crate) fn take_reductions(&self) -> ReductionScratch {
-        std::mem::take(
-            &mut *self
-                .reductions
+    /// Runs `reduce` with the reductions' kept working memory, taken for
+    /// the call (empty when another call holds it: it makes its own) and
+    /// kept again after it, whatever it returns.
+    pub(crate) fn with_reductions<T>(&self, reduce: impl FnOnce(&mut ReductionScratch) -> T) -> T {
+        let lock = || {
+            self.reductions
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
-    }
-
-    /// Keeps `scratch` for the next reduction on this device.
-    pub(crate) fn keep_reductions(&self, scratch: ReductionScratch) {
-        *self
-            .reductions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = scratch;
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        let mut kept = std::mem::take(&mut *lock());
+        let result = reduce(&mut kept);
+        *lock() = kept;
+        result
     }
 }
 

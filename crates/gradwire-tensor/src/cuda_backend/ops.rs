@@ -290,10 +290,7 @@ impl CudaStorage {
             return Ok(0.0);
         }
         let device = self.device_arc();
-        let mut kept = device.take_reductions();
-        let sum = self.sum_f64_in(kernel, other, &device, &mut kept);
-        device.keep_reductions(kept);
-        sum
+        device.with_reductions(|kept| self.sum_f64_in(kernel, other, &device, kept))
     }
 
     fn sum_f64_in(
@@ -336,10 +333,8 @@ impl CudaStorage {
             return Ok(0.0);
         }
         let device = self.device_arc();
-        let mut kept = device.take_reductions();
-        let key = self.max_abs_key_in(&device, &mut kept);
-        device.keep_reductions(kept);
-        Ok(key_to_magnitude(key?))
+        let key = device.with_reductions(|kept| self.max_abs_key_in(&device, kept))?;
+        Ok(key_to_magnitude(key))
     }
 
     fn max_abs_key_in(&self, device: &Arc<CudaDevice>, kept: &mut ReductionScratch) -> Result<u32> {

@@ -31,13 +31,9 @@ pub struct Selection {
 
 impl Selection {
     /// Every entry whose magnitude key (`bits & 0x7fff_ffff`, ordered like
-    /// `|x|` for finite values) is `>= key`: a threshold.
-    pub fn at_least(device: &Arc<CudaDevice>, key: u32) -> Result<Selection> {
-        Selection::at_least_with(device, key, &mut DeviceSelectScratch::default())
-    }
-
-    /// [`Selection::at_least`] in `scratch`'s kept state.
-    pub fn at_least_with(
+    /// `|x|` for finite values) is `>= key`: a threshold, in `scratch`'s
+    /// kept state.
+    pub fn at_least(
         device: &Arc<CudaDevice>,
         key: u32,
         scratch: &mut DeviceSelectScratch,
@@ -82,7 +78,7 @@ impl Selection {
 /// The selections' working memory on one device, kept from call to call as
 /// the CPU's `SelectScratch` is: the non-finite check's cell, a selection's
 /// state, the radix select's histogram, the per-tile counts, totals and
-/// offsets of [`compact_with`]. With it a steady step allocates only the
+/// offsets of [`compact`]. With it a steady step allocates only the
 /// selection it returns. A clone is empty (the memory is working space,
 /// not state).
 #[derive(Debug, Default)]
@@ -185,13 +181,9 @@ fn check_indexable(op: &str, n: usize) -> Result<()> {
     }
 }
 
-/// The smallest index of a NaN or an infinity in `x` (f32), or `None`.
-pub fn first_non_finite(x: &CudaStorage) -> Result<Option<usize>> {
-    first_non_finite_with(x, &mut DeviceSelectScratch::default())
-}
-
-/// [`first_non_finite`] in `scratch`'s kept cell.
-pub fn first_non_finite_with(
+/// The smallest index of a NaN or an infinity in `x` (f32), or `None`;
+/// the cell it is found in is `scratch`'s.
+pub fn first_non_finite(
     x: &CudaStorage,
     scratch: &mut DeviceSelectScratch,
 ) -> Result<Option<usize>> {
@@ -215,12 +207,8 @@ pub fn first_non_finite_with(
 /// to keep, so that applying it keeps exactly `k` entries, ties to the lower
 /// indices. A radix select on the device: four histogram passes of 8 bits.
 /// `k` must lie in `1..=x.len()` ([`Error::InvalidArgument`]).
-pub fn kth_largest(x: &CudaStorage, k_th: usize) -> Result<Selection> {
-    kth_largest_with(x, k_th, &mut DeviceSelectScratch::default())
-}
-
-/// [`kth_largest`] in `scratch`'s kept state and histogram.
-pub fn kth_largest_with(
+/// The state and the histogram are `scratch`'s.
+pub fn kth_largest(
     x: &CudaStorage,
     k_th: usize,
     scratch: &mut DeviceSelectScratch,
@@ -294,25 +282,9 @@ pub fn sample_strided(x: &CudaStorage, stride: usize) -> Result<CudaStorage> {
 /// as a [`DeviceSparse`] over `dense_len` elements. With `src_index`, entry
 /// `i` of `x` is reported as index `src_index[i]` (selecting among an
 /// already compacted list: `x` is its values, `src_index` its indices, and
-/// `dense_len` the original length).
+/// `dense_len` the original length). The per-tile counts and offsets are
+/// `scratch`'s: only the list returned is allocated.
 pub fn compact(
-    x: &CudaStorage,
-    selection: &Selection,
-    src_index: Option<&DeviceSparse>,
-    dense_len: usize,
-) -> Result<DeviceSparse> {
-    compact_with(
-        x,
-        selection,
-        src_index,
-        dense_len,
-        &mut DeviceSelectScratch::default(),
-    )
-}
-
-/// [`compact`] with its per-tile counts and offsets in `scratch`: only the
-/// list it returns is allocated.
-pub fn compact_with(
     x: &CudaStorage,
     selection: &Selection,
     src_index: Option<&DeviceSparse>,
