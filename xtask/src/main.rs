@@ -224,6 +224,7 @@ fn test(test_args: &[String]) -> Result {
                 .args(["test", "--workspace", "--features", &all_features, "--"])
                 .args(test_args)
                 .env("GRADWIRE_REQUIRE_MPI", "1");
+            set_compute_threads(&mut command);
             match cannot_make_namespaces() {
                 None => {
                     command.env("GRADWIRE_REQUIRE_NETWORK", "1");
@@ -240,9 +241,11 @@ fn test(test_args: &[String]) -> Result {
     // code: their tests of that code, which have `built_without` in their
     // names (the others ran above, on the same code with the features
     // compiled in, and clippy checked the default build). The workspace's
-    // crates build at opt-level 0 here: nothing they run is hot, and their
-    // default-feature build is this step's cost. At least one test must
-    // run, so that a renamed test cannot leave the step empty.
+    // crates build at opt-level 0 here, and so do the dependencies the
+    // manifest optimises: nothing they run is hot, and their default-feature
+    // build is this step's cost (candle-core at level 3 alone took a fresh
+    // 2-core machine 60 s of this step, for tests of messages). At least one
+    // test must run, so that a renamed test cannot leave the step empty.
     let packages = workspace::packages_with_default_only_code(workspace_root());
     // With none, a bare `cargo test` would run the whole workspace again.
     if !packages.is_empty() {
@@ -254,13 +257,22 @@ fn test(test_args: &[String]) -> Result {
             || {
                 let mut command = cargo();
                 command.arg("test");
-                for member in workspace::workspace_members(workspace_root()) {
-                    if let Some(name) = workspace::package_name(&member) {
-                        command.args([
-                            "--config",
-                            &format!("profile.test.package.{name}.opt-level=0"),
-                        ]);
+                let members = workspace::workspace_members(workspace_root())
+                    .into_iter()
+                    .filter_map(|member| workspace::package_name(&member));
+                let manifest = workspace::read(&workspace_root().join("Cargo.toml"));
+                let tuned = workspace::packages_with_profile_settings(&manifest);
+                let mut unoptimised: Vec<String> = members.collect();
+                for package in tuned {
+                    if !unoptimised.contains(&package) {
+                        unoptimised.push(package);
                     }
+                }
+                for name in unoptimised {
+                    command.args([
+                        "--config",
+                        &format!("profile.test.package.{name}.opt-level=0"),
+                    ]);
                 }
                 for package in &packages {
                     command.args(["-p", package]);
@@ -413,6 +425,23 @@ fn describe(command: &Command) -> String {
     envs.chain(words.map(|word: &OsStr| word.display().to_string()))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Gives the tests' candle a count of compute threads, unless the caller
+/// did: without `RAYON_NUM_THREADS` (or `CANDLE_NUM_THREADS`), candle 0.11
+/// counts the physical cores by parsing `/proc/cpuinfo` at every matrix
+/// product, which took half the CPU time of the training conformance tests
+/// (`perf`; 11.6 s against 4.9 s for LocalComm's). The value is rayon's own
+/// default, the cores this process may use; the `gradwire` binary sets the
+/// same for its runs itself.
+fn set_compute_threads(command: &mut Command) {
+    let chosen = ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"]
+        .iter()
+        .any(|name| env::var_os(name).is_some());
+    if !chosen {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        command.env("RAYON_NUM_THREADS", cores.to_string());
+    }
 }
 
 /// Makes sure every package of [`REQUIRED_DEBIAN_PACKAGES`] is installed:

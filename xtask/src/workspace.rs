@@ -218,3 +218,47 @@ pub(crate) fn packages_with_default_only_code(root: &Path) -> Vec<String> {
         .filter_map(|member| package_name(&member))
         .collect()
 }
+
+/// The packages the workspace manifest `manifest` gives a profile setting
+/// of their own (`[profile.<any>.package.<name>]`, the `"*"` of every
+/// dependency aside), each once, in manifest order.
+pub(crate) fn packages_with_profile_settings(manifest: &str) -> Vec<String> {
+    let mut packages: Vec<String> = Vec::new();
+    for line in manifest.lines() {
+        let Some(header) = line.trim().strip_prefix("[profile.") else {
+            continue;
+        };
+        let Some((_, package)) = header.split_once(".package.") else {
+            continue;
+        };
+        let Some(package) = package.strip_suffix(']') else {
+            continue;
+        };
+        let package = package.trim_matches('"');
+        if package != "*" && !packages.iter().any(|p| p == package) {
+            packages.push(package.to_owned());
+        }
+    }
+    packages
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every package a profile names, once; the `"*"` of the dependencies
+    /// and other sections are not packages.
+    #[test]
+    fn profile_settings_name_their_packages_once() {
+        let manifest = "[workspace]\nmembers = [\"a\"]\n\
+            [profile.dev]\ndebug = 1\n\
+            [profile.dev.package.\"*\"]\ndebug = false\n\
+            [profile.dev.package.candle-core]\nopt-level = 1\n\
+            [profile.test.package.candle-core]\nopt-level = 3\n\
+            [profile.test.package.\"gemm-f32\"]\nopt-level = 3\n\
+            [dependencies.profile]\n";
+        assert_eq!(
+            super::packages_with_profile_settings(manifest),
+            ["candle-core", "gemm-f32"]
+        );
+        assert!(super::packages_with_profile_settings("").is_empty());
+    }
+}

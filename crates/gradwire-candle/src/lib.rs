@@ -70,6 +70,12 @@
 //! gradwire tensors); no copy is kept between steps. Parameters must be
 //! f32 on the CPU in this version (a typed error otherwise).
 //!
+//! Compute threads: set `RAYON_NUM_THREADS` (the cores shared out among
+//! the workers of one machine, as the `gradwire` binary does). Without it,
+//! candle 0.11 counts the physical cores by parsing `/proc/cpuinfo` at
+//! every matrix product, which took half the CPU time of a 4-worker
+//! training in gradwire's tests.
+//!
 //! Errors come back as gradwire-candle's [`Error`]: gradwire's typed error
 //! ([`Error::Gradwire`], matched by its kind: a lost peer, a timeout, a
 //! mismatch), candle's ([`Error::Candle`]), or a variable this version cannot

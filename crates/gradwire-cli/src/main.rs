@@ -79,8 +79,9 @@ fn main() -> ExitCode {
 
 /// Gives each in-process rank of a `train` or `compare` run its share of
 /// the cores as candle's compute threads, unless the user chose
-/// ([`gradwire_experiments::compute_threads_to_set`]). Candle reads the
-/// variable once, when it first computes, so this runs first.
+/// ([`gradwire_experiments::compute_threads_to_set`]); one rank gets every
+/// core. Candle's pool reads the variable when it is first built, so this
+/// runs first; its matrix products read it again each time.
 /// Shaped-network ranks get theirs from the launcher's environment.
 #[allow(unsafe_code)]
 fn share_cores_among_ranks(command: &Command) {

@@ -9,10 +9,10 @@
 
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn gradwire(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gradwire"))
+    crate::gradwire_command()
         .args(args)
         .output()
         .expect("run gradwire")

@@ -3,7 +3,6 @@
 //! training's test loss while sending a twentieth of its bytes.
 
 use serde_json::Value;
-use std::process::Command;
 
 /// Where `fortunes` puts its text, and what to do without it.
 const CORPUS: &str = "/usr/share/games/fortunes";
@@ -15,7 +14,7 @@ fn compare(args: &[&str]) -> Vec<Value> {
         "no corpus at {CORPUS}: install Debian's fortunes package (cargo xtask test does)"
     );
     let plots = tempfile::tempdir().expect("a directory for the plots");
-    let out = Command::new(env!("CARGO_BIN_EXE_gradwire"))
+    let out = crate::gradwire_command()
         .args(["compare", "--json", "--corpus", CORPUS, "--out"])
         .arg(plots.path())
         .args(args)

@@ -93,7 +93,7 @@ fn a_short_comparison_runs_over_shaped_links_and_cleans_up() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_gradwire"))
+    let child = crate::gradwire_command()
         .args(["compare", "--network", "1gbit", "-w", "2", "--epochs", "1"])
         .args([
             "--strategies",
@@ -224,7 +224,7 @@ fn an_interrupted_run_removes_its_namespaces() {
     if skip("an_interrupted_run_removes_its_namespaces") {
         return;
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gradwire"))
+    let mut child = crate::gradwire_command()
         .args([
             "compare",
             "--network",

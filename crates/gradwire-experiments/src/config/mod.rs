@@ -256,15 +256,20 @@ pub(crate) const CHOSEN_THREADS_VARS: [&str; 2] = [COMPUTE_THREADS_VAR, CANDLE_T
 /// The value to give [`COMPUTE_THREADS_VAR`] before a run of `ranks` ranks
 /// that share this machine's `cores` cores (threads of this process, or a
 /// shaped network's processes), `get` reading the environment: the cores
-/// shared out among two ranks or more, unless the user chose (that
-/// variable or `CANDLE_NUM_THREADS` set); `None` where nothing is to be
-/// set. Candle reads it once, when it first computes.
+/// shared out among the ranks, unless the user chose (that variable or
+/// `CANDLE_NUM_THREADS` set); `None` where nothing is to be set (the user's
+/// choice, or `ranks` not known here: a rank of a user's own `mpirun`).
+///
+/// Set for one rank too: candle 0.11 reads the variable at every matrix
+/// product and, when it is unset, counts the physical cores by parsing
+/// `/proc/cpuinfo` each time (a quarter of the CPU time of a 4-rank
+/// training on LocalComm, measured with `perf`).
 pub fn compute_threads_to_set(
     ranks: Option<usize>,
     cores: usize,
     get: impl Fn(&str) -> Option<std::ffi::OsString>,
 ) -> Option<String> {
-    let ranks = ranks.filter(|&ranks| ranks > 1)?;
+    let ranks = ranks?;
     if CHOSEN_THREADS_VARS.iter().any(|name| get(name).is_some()) {
         return None;
     }

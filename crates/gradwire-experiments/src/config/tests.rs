@@ -304,8 +304,9 @@ fn ranks_share_the_cores_as_compute_threads() {
     }
 }
 
-/// A value is set only for two in-process ranks or more, and never over
-/// the user's own choice of either variable.
+/// A value is set for every count of in-process ranks, one included (the
+/// whole machine), and never over the user's own choice of either
+/// variable; nothing where the ranks are not known.
 #[test]
 fn the_compute_threads_are_set_for_ranks_sharing_a_process_unless_chosen() {
     let unset = |_: &str| None;
@@ -317,7 +318,10 @@ fn the_compute_threads_are_set_for_ranks_sharing_a_process_unless_chosen() {
         compute_threads_to_set(Some(2), 16, unset).as_deref(),
         Some("8")
     );
-    assert_eq!(compute_threads_to_set(Some(1), 2, unset), None);
+    assert_eq!(
+        compute_threads_to_set(Some(1), 2, unset).as_deref(),
+        Some("2")
+    );
     assert_eq!(compute_threads_to_set(None, 2, unset), None);
     for chosen in CHOSEN_THREADS_VARS {
         let get = |name: &str| (name == chosen).then(|| "3".into());

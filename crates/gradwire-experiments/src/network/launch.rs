@@ -322,8 +322,8 @@ mod tests {
     use crate::config::CANDLE_THREADS_VAR;
 
     /// The ranks get the user's choice of compute threads (either
-    /// variable) as it is, or else the cores shared out among them; one
-    /// rank keeps candle's default.
+    /// variable) as it is, or else the cores shared out among them (one
+    /// rank, every core).
     #[test]
     fn every_rank_gets_the_chosen_compute_threads_or_its_share_of_the_cores() {
         let pair = |name: &str, value: &str| (name.to_string(), value.to_string());
@@ -335,7 +335,10 @@ mod tests {
             forwarded_env(2, 16, |_| None),
             vec![pair(COMPUTE_THREADS_VAR, "8")]
         );
-        assert_eq!(forwarded_env(1, 2, |_| None), Vec::new());
+        assert_eq!(
+            forwarded_env(1, 2, |_| None),
+            vec![pair(COMPUTE_THREADS_VAR, "2")]
+        );
         for chosen in CHOSEN_THREADS_VARS {
             let get = |name: &str| (name == chosen).then(|| "3".to_string());
             assert_eq!(
