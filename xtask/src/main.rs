@@ -17,6 +17,7 @@
 mod bundle;
 mod fuzz;
 mod gpu;
+mod runner;
 mod skips;
 #[cfg(test)]
 mod tidy;
@@ -78,7 +79,9 @@ Tasks:
                        test; MpiComm's unit tests, the conformance suite and the MPI
                        fault tests under mpirun with GRADWIRE_REQUIRE_MPI=1, the
                        shaped-network run where namespaces can be made, the CUDA and
-                       NCCL suites, which SKIP without a GPU), cargo test without
+                       NCCL suites, which SKIP without a GPU; the test binaries run
+                       two at a time, each one's output printed when it ends, logs in
+                       target/xtask-test-logs), cargo test without
                        features of the packages with code of their own there (their
                        tests named built_without, at opt-level 0), the
                        fuzz targets (fuzz/, stable toolchain) built and run over
@@ -214,24 +217,39 @@ fn test(test_args: &[String]) -> Result {
     // root, a container without CAP_NET_ADMIN); and the GPU suites, which
     // without a GPU skip their GPU part, each test with a `SKIP GPU` line on
     // stderr, counted here and reported at the end (on a GPU machine
-    // GRADWIRE_REQUIRE_GPU=1 makes a missing GPU a failure).
+    // GRADWIRE_REQUIRE_GPU=1 makes a missing GPU a failure). Cargo builds
+    // the binaries; the `runner` module runs them, two at a time.
     let mut gpu_skips = skips::Skips::default();
     step(
         "cargo test (features mpi, cuda, nccl; MPI suites under mpirun)",
         || {
-            let mut command = cargo();
-            command
-                .args(["test", "--workspace", "--features", &all_features, "--"])
-                .args(test_args)
-                .env("GRADWIRE_REQUIRE_MPI", "1");
-            set_compute_threads(&mut command);
+            let mut build = cargo();
+            build.args(["test", "--workspace", "--features", &all_features]);
+            let started = Instant::now();
+            let binaries = runner::build(&mut build)?;
+            println!(
+                "built {} test binaries in {:.1}s; running them {} at a time",
+                binaries.len(),
+                started.elapsed().as_secs_f64(),
+                runner::JOBS
+            );
+            let mut env = vec![("GRADWIRE_REQUIRE_MPI".to_string(), "1".to_string())];
             match cannot_make_namespaces() {
-                None => {
-                    command.env("GRADWIRE_REQUIRE_NETWORK", "1");
-                }
+                None => env.push(("GRADWIRE_REQUIRE_NETWORK".into(), "1".into())),
                 Some(why) => println!("SKIP shaped network: {why}"),
             }
-            gpu_skips = skips::run_counting(&mut command)?;
+            env.extend(compute_threads());
+            let mut doc = cargo();
+            doc.args([
+                "test",
+                "--workspace",
+                "--features",
+                &all_features,
+                "--doc",
+                "--",
+            ])
+            .args(test_args);
+            gpu_skips = runner::run(binaries, test_args, &env, doc)?;
             skips::check(&gpu_skips, !test_args.is_empty())
         },
     )?;
@@ -427,21 +445,19 @@ fn describe(command: &Command) -> String {
         .join(" ")
 }
 
-/// Gives the tests' candle a count of compute threads, unless the caller
-/// did: without `RAYON_NUM_THREADS` (or `CANDLE_NUM_THREADS`), candle 0.11
+/// The compute threads to give the tests' candle, unless the caller chose:
+/// without `RAYON_NUM_THREADS` (or `CANDLE_NUM_THREADS`), candle 0.11
 /// counts the physical cores by parsing `/proc/cpuinfo` at every matrix
 /// product, which took half the CPU time of the training conformance tests
 /// (`perf`; 11.6 s against 4.9 s for LocalComm's). The value is rayon's own
 /// default, the cores this process may use; the `gradwire` binary sets the
 /// same for its runs itself.
-fn set_compute_threads(command: &mut Command) {
+fn compute_threads() -> Option<(String, String)> {
     let chosen = ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"]
         .iter()
         .any(|name| env::var_os(name).is_some());
-    if !chosen {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        command.env("RAYON_NUM_THREADS", cores.to_string());
-    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (!chosen).then(|| ("RAYON_NUM_THREADS".to_string(), cores.to_string()))
 }
 
 /// Makes sure every package of [`REQUIRED_DEBIAN_PACKAGES`] is installed:
