@@ -1,8 +1,9 @@
 //! Project automation for gradwire, run as `cargo xtask <task>`.
 //!
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
-//! it makes sure the Debian packages the crates link against are installed,
-//! then runs fmt, clippy, the workspace tests, the fuzz targets over their
+//! it makes sure the Debian packages the crates link against are installed
+//! (the `packages` module; most of them while clippy lints the default
+//! build), runs fmt, clippy, the workspace tests (the `runner` module), the fuzz targets over their
 //! corpus, the PTX assembly check and the docs, stopping at the first
 //! failing step, and ends with the count of GPU tests that skipped (see the
 //! `skips` module). `cargo xtask ptx`
@@ -17,6 +18,7 @@
 mod bundle;
 mod fuzz;
 mod gpu;
+mod packages;
 mod runner;
 mod skips;
 #[cfg(test)]
@@ -26,28 +28,9 @@ mod workspace;
 use std::env;
 use std::ffi::OsStr;
 use std::fs;
-use std::io;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
-
-/// Debian packages the workspace needs to build and test. Add new ones here.
-/// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
-/// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
-/// `gradwire compare` draws its PNG plots with; g++ builds libFuzzer for the
-/// fuzz targets and gradwire-kernels-host's CUDA kernels for the CPU; fortunes is the corpus of the transformer's tests.
-const REQUIRED_DEBIAN_PACKAGES: &[&str] = &[
-    "pkg-config",
-    "libopenmpi-dev",
-    "openmpi-bin",
-    "libclang-dev",
-    "fonts-dejavu-core",
-    "g++",
-    // ip and tc, for the shaped-network step.
-    "iproute2",
-    // The text the transformer (`--model gpt`) learns by default.
-    "fortunes",
-];
 
 /// The features that turn the MPI backend on in every crate that has one.
 const MPI_FEATURES: &str = "gradwire-comm/mpi,gradwire-tests/mpi,gradwire/mpi,gradwire-cli/mpi";
@@ -167,21 +150,33 @@ fn usage_error(message: &str) -> ExitCode {
 
 /// `cargo xtask test`: every check CI runs, in order, stopping at the first failure.
 fn test(test_args: &[String]) -> Result {
-    step("system packages", ensure_debian_packages)?;
-    step("toolchain components", check_toolchain)?;
-    step("cargo fmt", || {
-        run(cargo().args(["fmt", "--all", "--", "--check"]))
+    step("system packages for the default build", || {
+        packages::ensure(packages::FOR_THE_DEFAULT_BUILD)
     })?;
-    step("cargo clippy", || {
-        run(cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))
-    })?;
+    // The others (MPI, libclang, ...) while the default build is linted,
+    // which needs none of them; waited for before any other step.
+    let installing = packages::Background::start(packages::REQUIRED);
+    let default_lint = step("toolchain components", check_toolchain)
+        .and_then(|()| {
+            step("cargo fmt", || {
+                run(cargo().args(["fmt", "--all", "--", "--check"]))
+            })
+        })
+        .and_then(|()| {
+            step("cargo clippy", || {
+                run(cargo().args([
+                    "clippy",
+                    "--workspace",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ]))
+            })
+        });
+    let installed = installing.finish("system packages");
+    default_lint?;
+    installed?;
     // Every feature at once: MPI and the GPU path (which compiles here
     // without a GPU, a toolkit or NCCL).
     let all_features = format!("{MPI_FEATURES},{GPU_FEATURES}");
@@ -347,7 +342,7 @@ fn test(test_args: &[String]) -> Result {
 /// 2 min 37 s instead of 3 min 32 s on 2 cores, and with the artifacts
 /// `cargo xtask test` leaves.
 fn compare(args: &[String]) -> Result {
-    step("system packages", ensure_debian_packages)?;
+    step("system packages", || packages::ensure(packages::REQUIRED))?;
     step("gradwire compare", || {
         run(cargo()
             .args([
@@ -460,62 +455,6 @@ fn compute_threads() -> Option<(String, String)> {
     (!chosen).then(|| ("RAYON_NUM_THREADS".to_string(), cores.to_string()))
 }
 
-/// Makes sure every package of [`REQUIRED_DEBIAN_PACKAGES`] is installed:
-/// installs the missing ones with apt-get when running as root, otherwise
-/// prints the command to run. On a system without dpkg it only warns.
-fn ensure_debian_packages() -> Result {
-    let missing = match missing_debian_packages() {
-        Ok(missing) => missing,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            println!(
-                "warning: dpkg-query not found (not Debian?); make sure these are installed: {}",
-                REQUIRED_DEBIAN_PACKAGES.join(" ")
-            );
-            return Ok(());
-        }
-        Err(e) => return Err(format!("could not run dpkg-query: {e}")),
-    };
-    if missing.is_empty() {
-        println!("installed: {}", REQUIRED_DEBIAN_PACKAGES.join(" "));
-        return Ok(());
-    }
-    let mut install = Command::new("apt-get");
-    install
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["install", "-y", "--no-install-recommends"])
-        .args(&missing);
-    if !is_root() {
-        return Err(format!(
-            "missing Debian packages: {}; install them with:\n    sudo {}",
-            missing.join(" "),
-            describe(&install)
-        ));
-    }
-    run(Command::new("apt-get").arg("update"))?;
-    run(&mut install)?;
-    let still_missing = missing_debian_packages().map_err(|e| e.to_string())?;
-    if still_missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("still not installed: {}", still_missing.join(" ")))
-    }
-}
-
-/// The packages of [`REQUIRED_DEBIAN_PACKAGES`] that dpkg does not report as installed.
-fn missing_debian_packages() -> io::Result<Vec<&'static str>> {
-    let mut missing = Vec::new();
-    for &package in REQUIRED_DEBIAN_PACKAGES {
-        let output = Command::new("dpkg-query")
-            .args(["-W", "-f=${Status}\n", package])
-            .output()?;
-        let status = String::from_utf8_lossy(&output.stdout);
-        if !(output.status.success() && status.lines().any(|s| s == "install ok installed")) {
-            missing.push(package);
-        }
-    }
-    Ok(missing)
-}
-
 /// Why this process cannot make a network namespace, if it cannot (tried
 /// with a throwaway one).
 fn cannot_make_namespaces() -> Option<String> {
@@ -537,7 +476,7 @@ fn cannot_make_namespaces() -> Option<String> {
 }
 
 /// Whether this process runs as root (effective uid 0).
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     let from_proc = fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
