@@ -132,6 +132,16 @@ fn shaped_report(
                 .map_or("-".into(), project::ProfileLink::describe),
             path.display()
         );
+        if let Some((before, after)) = profile.latency_before_after_s {
+            println!(
+                "latency: gradwire's all-reduce of {} B took {:.0} us before the runs, {:.0} us \
+                 after them ({:+.0} %); the link's latency is fitted to both",
+                compare::LATENCY_BYTES,
+                before * 1e6,
+                after * 1e6,
+                (after / before - 1.0) * 100.0
+            );
+        }
     }
     // On stderr in either form: a model off by more than the bound names
     // its row.

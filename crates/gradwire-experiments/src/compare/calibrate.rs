@@ -52,9 +52,37 @@ pub struct Calibration {
     /// The same for the library's own all-reduce (MPI_Allreduce), then
     /// its timings at the baselines' sizes.
     pub library: Vec<(usize, f64)>,
+    /// Seconds of gradwire's all-reduce at [`LATENCY_BYTES`], timed again
+    /// after the runs ([`recheck_latency`]); empty before, and in a
+    /// `compare.json` written before this field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_after: Vec<f64>,
 }
 
 impl Calibration {
+    /// Gradwire's timings the link is fitted to: the calibration's, and
+    /// the latency size's again after the runs, so that the latency is the
+    /// mean over the whole comparison. (On 4 ranks of a 2-core machine one
+    /// run's latency can be twice another's, in every repetition: the
+    /// state is the run's, and the runs between the two timings are in
+    /// it.)
+    pub fn gradwire_timings(&self) -> Vec<(usize, f64)> {
+        let after = self.latency_after.iter().map(|&t| (LATENCY_BYTES, t));
+        self.gradwire.iter().copied().chain(after).collect()
+    }
+
+    /// The mean seconds of gradwire's all-reduce at [`LATENCY_BYTES`]
+    /// before the runs and after them, once timed after.
+    pub fn latency_before_after(&self) -> Option<(f64, f64)> {
+        let before = mean(
+            self.gradwire
+                .iter()
+                .filter(|t| t.0 == LATENCY_BYTES)
+                .map(|t| t.1),
+        )?;
+        Some((before, mean(self.latency_after.iter().copied())?))
+    }
+
     /// The mean of the library's timings at exactly `bytes`, if the
     /// calibration timed that size (the mean, as the fit's: a run pays the
     /// slow mode of a shaped link as often as it comes).
@@ -80,42 +108,67 @@ pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibratio
                 .map(|&b| (b, RATE_REPETITIONS, false)),
         );
     for (bytes, repetitions, both) in sizes {
-        let len = bytes / 4;
-        let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
-            .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
-            .collect();
         for library_call in [false, true] {
             if !library_call && !both {
                 continue;
             }
-            for rep in 0..=repetitions {
-                let buf = &mut buffers[rep % ROTATION];
-                comm.barrier()?;
-                let started = Instant::now();
-                if library_call {
-                    comm.library_sum(buf)?;
-                } else {
-                    comm.all_reduce(buf, ReduceOp::Sum)?;
-                }
-                let mut took = [started.elapsed().as_secs_f64()];
-                // The collective ends for everyone when the slowest rank is done.
-                comm.all_reduce(&mut took, ReduceOp::Max)?;
-                if rep > 0 {
-                    let timings = if library_call {
-                        &mut library
-                    } else {
-                        &mut gradwire
-                    };
-                    timings.push((bytes, took[0]));
-                }
-            }
+            let timings = time_all_reduce(comm, bytes, repetitions, library_call)?;
+            let into = if library_call {
+                &mut library
+            } else {
+                &mut gradwire
+            };
+            into.extend(timings.into_iter().map(|t| (bytes, t)));
         }
     }
     Ok(Calibration {
         world: comm.world_size(),
         gradwire,
         library,
+        latency_after: Vec::new(),
     })
+}
+
+/// Times gradwire's all-reduce at [`LATENCY_BYTES`] again, as the
+/// calibration did, into `calibration.latency_after`: after the runs, so
+/// that the link the model fits spans them
+/// ([`Calibration::gradwire_timings`]). Collective.
+pub fn recheck_latency<C: Backend>(comm: &C, calibration: &mut Calibration) -> Result<()> {
+    calibration.latency_after = time_all_reduce(comm, LATENCY_BYTES, LATENCY_REPETITIONS, false)?;
+    Ok(())
+}
+
+/// The slowest rank's seconds of `repetitions` all-reduces of `bytes` of
+/// f32 (after one untimed), gradwire's or the library's, each after a
+/// barrier, over [`ROTATION`] buffers. Collective.
+fn time_all_reduce<C: Backend>(
+    comm: &C,
+    bytes: usize,
+    repetitions: usize,
+    library_call: bool,
+) -> Result<Vec<f64>> {
+    let len = bytes / 4;
+    let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
+        .map(|k| (0..len).map(|i| ((i + k) % 97) as f32 * 1e-3).collect())
+        .collect();
+    let mut timings = Vec::with_capacity(repetitions);
+    for rep in 0..=repetitions {
+        let buf = &mut buffers[rep % ROTATION];
+        comm.barrier()?;
+        let started = Instant::now();
+        if library_call {
+            comm.library_sum(buf)?;
+        } else {
+            comm.all_reduce(buf, ReduceOp::Sum)?;
+        }
+        let mut took = [started.elapsed().as_secs_f64()];
+        // The collective ends for everyone when the slowest rank is done.
+        comm.all_reduce(&mut took, ReduceOp::Max)?;
+        if rep > 0 {
+            timings.push(took[0]);
+        }
+    }
+    Ok(timings)
 }
 
 #[cfg(test)]
@@ -153,6 +206,8 @@ mod tests {
         // Rank 0's record is every rank's (the slowest rank's times).
         assert_eq!(calibrations[0], calibrations[1]);
         let c = &calibrations[0];
+        assert_eq!(c.latency_before_after(), None);
+        assert_eq!(c.gradwire_timings(), c.gradwire);
         fit_all_reduce(2, &c.gradwire).unwrap();
         let spread = spread_of_all_reduce(2, &c.gradwire).unwrap().unwrap();
         assert_eq!(spread.repetitions, RATE_REPETITIONS);
@@ -165,5 +220,35 @@ mod tests {
         let mean = at_6000.iter().sum::<f64>() / at_6000.len() as f64;
         assert!((c.library_at(6000).unwrap() / mean - 1.0).abs() < 1e-12);
         assert_eq!(c.library_at(6001), None);
+    }
+
+    /// The latency size timed again joins gradwire's timings, after the
+    /// calibration's, and gives the mean before and after.
+    #[test]
+    fn a_recheck_times_the_latency_size_again() {
+        let rechecked = gradwire_comm::local::run(3, |comm: LocalComm| {
+            let mut calibration = calibrate(&comm, &[])?;
+            recheck_latency(&comm, &mut calibration)?;
+            Ok::<_, crate::error::ExperimentError>(calibration)
+        })
+        .unwrap()
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
+        .unwrap();
+        let c = &rechecked[0];
+        assert_eq!(c.latency_after.len(), LATENCY_REPETITIONS);
+        assert!(c.latency_after.iter().all(|t| *t > 0.0 && t.is_finite()));
+        let timings = c.gradwire_timings();
+        assert_eq!(&timings[..c.gradwire.len()], &c.gradwire[..]);
+        let after: Vec<(usize, f64)> = c
+            .latency_after
+            .iter()
+            .map(|&t| (LATENCY_BYTES, t))
+            .collect();
+        assert_eq!(&timings[c.gradwire.len()..], &after[..]);
+        let (before, after) = c.latency_before_after().unwrap();
+        let mean_after = c.latency_after.iter().sum::<f64>() / LATENCY_REPETITIONS as f64;
+        assert!((after / mean_after - 1.0).abs() < 1e-12);
+        assert!(before > 0.0);
     }
 }

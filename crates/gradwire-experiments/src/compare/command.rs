@@ -98,7 +98,8 @@ impl CompareArgs {
 
 /// This process's part of a comparison under MPI (one run after the other,
 /// each on a new duplicate of the world); on a shaped network (`shaped`)
-/// the link is calibrated first. Rank 0 returns the reports.
+/// the link is calibrated first, and its latency timed again last. Rank 0
+/// returns the reports.
 #[cfg(feature = "mpi")]
 fn run_mpi<'o>(
     configs: &[TrainConfig],
@@ -134,6 +135,10 @@ fn run_mpi<'o>(
     };
     let make_comm = || Ok(MpiComm::world_with(&config)?);
     let runs = super::run_on(configs, data, make_comm, observer)?;
+    let mut calibration = calibration;
+    if let Some(calibration) = &mut calibration {
+        super::recheck_latency(&world, calibration)?;
+    }
     Ok(runs.map(|runs| Compared { runs, calibration }))
 }
 

@@ -3,7 +3,8 @@
 //! or test loss for the GPT; epochs to the target; bytes per worker,
 //! compression against dense, wall time).
 //! On a shaped network (`--network`, ranks under MPI) the report is about
-//! time: `shaped.rs`, the links timed first by `calibrate.rs`. `gradwire
+//! time: `shaped.rs`, the links timed first (and the latency again
+//! after the runs) by `calibrate.rs`. `gradwire
 //! compare`'s flags and the backend they choose: `command.rs`.
 
 use crate::config::{TrainConfig, parse_strategy};
@@ -139,7 +140,7 @@ mod calibrate;
 mod command;
 mod shaped;
 
-pub use calibrate::{Calibration, LATENCY_BYTES, RATE_BYTES, calibrate};
+pub use calibrate::{Calibration, LATENCY_BYTES, RATE_BYTES, calibrate, recheck_latency};
 pub use command::{CompareArgs, Compared};
 pub use shaped::{ShapedRow, shaped_table};
 

@@ -117,6 +117,11 @@ pub struct Profile {
     /// The same fitted from the library's own all-reduce (the baseline's).
     #[serde(default)]
     pub library_link: Option<ProfileLink>,
+    /// Gradwire's all-reduce at the latency size, mean seconds, timed
+    /// before the runs and again after them; `None` where it was not timed
+    /// after (a profile written before, or no calibration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_before_after_s: Option<(f64, f64)>,
     /// One entry per strategy.
     pub strategies: Vec<ProfileStrategy>,
 }

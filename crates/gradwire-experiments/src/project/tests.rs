@@ -154,6 +154,7 @@ fn profile() -> Profile {
             spread: None,
         },
         library_link: None,
+        latency_before_after_s: Some((60e-6, 75e-6)),
         strategies: vec![s("dense", 0.0, Some(400)), s("topk 1 %", 0.004, Some(500))],
     }
 }

@@ -181,9 +181,10 @@ pub fn profile_of(
     rate_bits_per_s: u64,
 ) -> Result<Profile> {
     let world = calibration.world;
-    let gradwire = fit_all_reduce(world, &calibration.gradwire)?;
+    let gradwire_timings = calibration.gradwire_timings();
+    let gradwire = fit_all_reduce(world, &gradwire_timings)?;
     let library = fit_all_reduce(world, &calibration.library)?;
-    let gradwire_spread = spread_of_all_reduce(world, &calibration.gradwire)?;
+    let gradwire_spread = spread_of_all_reduce(world, &gradwire_timings)?;
     let library_spread = spread_of_all_reduce(world, &calibration.library)?;
     let mut strategies = Vec::new();
     let mut params = 0;
@@ -257,6 +258,7 @@ pub fn profile_of(
         params,
         link: ProfileLink::of(&gradwire, gradwire_spread),
         library_link: Some(ProfileLink::of(&library, library_spread)),
+        latency_before_after_s: calibration.latency_before_after(),
         strategies,
     })
 }
@@ -265,12 +267,32 @@ pub fn profile_of(
 /// report warns (relative to the measured step).
 pub const MODEL_WARNING: f64 = 0.15;
 
+/// How far the link's latency may move between the calibration and its
+/// recheck after the runs before the shaped report warns.
+pub const LATENCY_WARNING: f64 = 0.25;
+
 /// A line for each strategy of `profile` whose prediction is off the
-/// measured step by more than [`MODEL_WARNING`], naming the row, and for
-/// each run the model does not cover: what `gradwire compare --network`
-/// prints under its table, so that a broken model cannot hide in it.
+/// measured step by more than [`MODEL_WARNING`], naming the row, for
+/// each run the model does not cover, and for a latency that moved by
+/// more than [`LATENCY_WARNING`] during the runs: what `gradwire compare
+/// --network` prints under its table, so that a broken model cannot hide
+/// in it.
 pub fn model_warnings(profile: &Profile, runs: &[RunReport]) -> Vec<String> {
     let mut lines = Vec::new();
+    if let Some((before, after)) = profile.latency_before_after_s {
+        let moved = after / before.max(1e-12) - 1.0;
+        if moved.abs() > LATENCY_WARNING {
+            lines.push(format!(
+                "warning: the link's latency moved by {:+.0} % during the runs (gradwire's \
+                 all-reduce of {} B: {:.0} us before, {:.0} us after; the model fits their \
+                 mean): predictions of latency-bound rows are less certain",
+                moved * 100.0,
+                crate::compare::LATENCY_BYTES,
+                before * 1e6,
+                after * 1e6
+            ));
+        }
+    }
     for run in runs {
         let Some(s) = profile.strategy(&run.label) else {
             lines.push(format!(

@@ -47,7 +47,7 @@ const ENTRIES: [&str; 18] = [
 
 /// The runs of [`ENTRIES`] on `world` ranks for `epochs`, each with what
 /// rank 0 sent step by step; those of three ranks and one epoch made once
-/// for both tests.
+/// for every test.
 fn runs(world: usize, epochs: usize) -> Vec<(RunReport, Vec<u64>)> {
     static THREE: OnceLock<Vec<(RunReport, Vec<u64>)>> = OnceLock::new();
     if (world, epochs) == (3, 1) {
@@ -215,6 +215,7 @@ fn the_profile_predicts_a_run_whose_network_matches_the_link() {
         world,
         gradwire: samples.clone(),
         library: samples,
+        latency_after: Vec::new(),
     };
     // Streaming DiLoCo's exchange hides under its next inner steps: what
     // shows of it depends on the steps' time (`predict_step_secs`' own
@@ -240,6 +241,8 @@ fn the_profile_predicts_a_run_whose_network_matches_the_link() {
     }
     let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
     assert_eq!(profile.strategies.len(), runs.len());
+    // Not timed again after the runs: nothing to compare.
+    assert_eq!(profile.latency_before_after_s, None);
     let fitted = profile.link;
     assert!((fitted.bytes_per_s / link.bytes_per_s - 1.0).abs() < 1e-9);
     assert!((fitted.latency_s / link.latency_s - 1.0).abs() < 1e-6);
@@ -267,4 +270,59 @@ fn the_profile_predicts_a_run_whose_network_matches_the_link() {
         profile_of(&runs, &calibration, 1_000_000_000),
         "the run did not time its communication (not on MPI)",
     );
+}
+
+/// The latency timed again after the runs joins the fit (the latency size's
+/// mean over both timings) and is reported beside the calibration's; when
+/// it moved by more than [`LATENCY_WARNING`] the report says so, and not
+/// otherwise.
+#[test]
+fn a_latency_rechecked_after_the_runs_joins_the_fit_and_warns_when_it_moved() {
+    use crate::compare::LATENCY_BYTES;
+    let world = 3;
+    let rate = 1.25e8;
+    let ring = |bytes: usize, latency: f64| {
+        let w = world as f64;
+        2.0 * (w - 1.0) * (latency + bytes as f64 / w / rate)
+    };
+    let mut gradwire = vec![(LATENCY_BYTES, ring(LATENCY_BYTES, 50e-6)); 15];
+    for bytes in [1 << 20, 1 << 22] {
+        gradwire.extend([(bytes, ring(bytes, 50e-6)); 8]);
+    }
+    let mut runs: Vec<RunReport> = runs(world, 1).into_iter().map(|(r, _)| r).collect();
+    runs.truncate(3);
+    for run in &mut runs {
+        for epoch in &mut run.epochs {
+            epoch.network_secs = Some(epoch.combine_secs);
+        }
+    }
+    let moved = |latency_after: f64| {
+        let calibration = Calibration {
+            world,
+            gradwire: gradwire.clone(),
+            library: gradwire.clone(),
+            latency_after: vec![ring(LATENCY_BYTES, latency_after); 15],
+        };
+        let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
+        let warned = model_warnings(&profile, &runs)
+            .iter()
+            .any(|line| line.contains("the link's latency moved by"));
+        (profile, warned)
+    };
+    let (steady, warned) = moved(50e-6);
+    assert!(!warned);
+    let (before, after) = steady.latency_before_after_s.unwrap();
+    assert!((after / before - 1.0).abs() < 1e-12);
+    assert!((steady.link.latency_s / 50e-6 - 1.0).abs() < 1e-6);
+    // Three times the latency after the runs: the fit moves towards it,
+    // and the report warns.
+    let (slower, warned) = moved(150e-6);
+    assert!(warned);
+    let (before, after) = slower.latency_before_after_s.unwrap();
+    assert!((before / ring(LATENCY_BYTES, 50e-6) - 1.0).abs() < 1e-12);
+    assert!((after / ring(LATENCY_BYTES, 150e-6) - 1.0).abs() < 1e-12);
+    let fitted = slower.link.latency_s;
+    assert!(60e-6 < fitted && fitted < 150e-6, "{fitted}");
+    // Within the bound (20 % more): no warning.
+    assert!(!moved(60e-6).1);
 }
