@@ -30,8 +30,8 @@ pub use plot::write_plots;
 pub use profile::{Profile, ProfileLink, ProfileSpread, ProfileStrategy};
 pub use report::{print_report, published_comparison};
 pub use validate::{
-    MODEL_WARNING, baseline_bytes, collectives_of, model_warnings, predictions, profile_of,
-    selection_of, shapes_of, warm_up_of,
+    LATENCY_WARNING, MODEL_WARNING, baseline_bytes, collectives_of, model_warnings, predictions,
+    profile_of, selection_of, shapes_of, warm_up_of,
 };
 
 use crate::compare::configs;
