@@ -7,16 +7,7 @@
 
 #![no_main]
 
-use gradwire_optim::checkpoint::{from_bytes, to_bytes};
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/checkpoint.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(ckpt) = from_bytes(data) else {
-        return;
-    };
-    let bytes = to_bytes(&ckpt).expect("an accepted checkpoint encodes");
-    let again = from_bytes(&bytes).expect("an encoded checkpoint decodes");
-    assert!(again == ckpt, "decode(encode(c)) != c");
-    let bytes2 = to_bytes(&again).expect("an accepted checkpoint encodes");
-    assert!(bytes2 == bytes, "encoding is not canonical");
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

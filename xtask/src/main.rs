@@ -3,8 +3,8 @@
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed
 //! (the `packages` module; most of them while clippy lints the default
-//! build), runs fmt, clippy, the workspace tests (the `runner` module), the fuzz targets over their
-//! corpus, the PTX assembly check and the docs, stopping at the first
+//! build), runs fmt, clippy, the workspace tests (the `runner` module), a check of the
+//! fuzz targets, the PTX assembly check and the docs, stopping at the first
 //! failing step, and ends with the count of GPU tests that skipped (see the
 //! `skips` module). `cargo xtask ptx`
 //! regenerates the kernels' PTX (see the `gpu` module).
@@ -67,8 +67,9 @@ Tasks:
                        target/xtask-test-logs), cargo test without
                        features of the packages with code of their own there (their
                        tests named built_without, at opt-level 0), the
-                       fuzz targets (fuzz/, stable toolchain) built and run over
-                       fuzz/corpus, ptxas on every PTX file (sm_70, sm_80, sm_90),
+                       fuzz targets (fuzz/, stable toolchain) checked (their corpus
+                       is replayed by gradwire-tests' fuzz_corpus test), ptxas on
+                       every PTX file (sm_70, sm_80, sm_90),
                        cargo doc (every feature) with warnings denied; then the count of GPU tests
                        that skipped, per package.
                        <args> go to the test binaries, e.g. `-- --nocapture`.
@@ -306,8 +307,8 @@ fn test(test_args: &[String]) -> Result {
         )?;
     }
     step(
-        "fuzz targets (build, run over fuzz/corpus)",
-        fuzz::build_and_replay,
+        "fuzz targets (checked; their corpus replayed in the tests)",
+        fuzz::check,
     )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     // Broken intra-doc links are documentation that is no longer true. The

@@ -9,6 +9,7 @@ mod conformance_mpi;
 mod conformance_nccl_host;
 mod convergence;
 mod fault_matrix;
+mod fuzz_corpus;
 mod registry;
 mod straggler;
 mod uneven;
