@@ -11,53 +11,18 @@
 //! time, so the folder is all the other machine needs (NCCL from its
 //! PyTorch installation; the script finds it).
 //!
-//! Cargo's JSON messages name the binaries; xtask has no dependencies, so
-//! the two fields it needs are read from each line by hand (the paths of
-//! this workspace hold no quotes or escapes).
+//! Cargo's JSON messages name the binaries (the `artifacts` module).
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use crate::artifacts;
 use crate::gpu::GPU_SUITES;
-use crate::{Result, cargo, describe, run, workspace_root};
+use crate::{Result, cargo, run, workspace_root};
 
 fn bundle_dir() -> PathBuf {
     crate::gpu::target_dir().join("gpu-bundle")
-}
-
-/// The value of `"key":"..."` in a JSON line (no escapes in the value).
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let pattern = format!("\"{key}\":\"");
-    let start = line.find(&pattern)? + pattern.len();
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
-}
-
-/// Runs `command` (a cargo build with `--message-format=json`), printing
-/// its diagnostics, and returns the executables it reports as
-/// `(target name, path)`.
-fn executables(command: &mut Command) -> Result<Vec<(String, PathBuf)>> {
-    let shown = describe(command);
-    println!("$ {shown}");
-    let out = command
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("could not start `{shown}`: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("`{shown}` exited with {}", out.status));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    Ok(stdout
-        .lines()
-        .filter(|l| l.contains("\"reason\":\"compiler-artifact\""))
-        .filter_map(|l| {
-            let exe = field(l, "executable")?;
-            // The target's name follows `"target":{`.
-            let target = &l[l.find("\"target\":{")?..];
-            Some((field(target, "name")?.to_string(), PathBuf::from(exe)))
-        })
-        .collect())
 }
 
 /// Copies `from` to `to` without its debug information and symbol table
@@ -87,16 +52,10 @@ pub fn gpu_bundle() -> Result {
         .map_err(|e| format!("could not create {}: {e}", tests_dir.display()))?;
     for suite in GPU_SUITES {
         let mut command = cargo();
-        command
-            .args([
-                "test",
-                "--no-run",
-                "--message-format=json-render-diagnostics",
-            ])
-            .args(suite.cargo_args());
-        for (target, exe) in executables(&mut command)? {
-            let name = format!("{}--{}", suite.package, target.replace('-', "_"));
-            copy_stripped(&exe, &tests_dir.join(&name))?;
+        command.args(["test", "--no-run"]).args(suite.cargo_args());
+        for exe in artifacts::built(&mut command)? {
+            let name = format!("{}--{}", suite.package, exe.target.replace('-', "_"));
+            copy_stripped(&exe.path, &tests_dir.join(&name))?;
             println!("  {name}");
         }
     }
@@ -104,17 +63,16 @@ pub fn gpu_bundle() -> Result {
     command.args([
         "build",
         "--release",
-        "--message-format=json-render-diagnostics",
         "-p",
         "gradwire-cli",
         "--features",
         "gradwire-cli/cuda,gradwire-cli/nccl",
     ]);
-    let cli = executables(&mut command)?
+    let cli = artifacts::built(&mut command)?
         .into_iter()
-        .find(|(target, _)| target == "gradwire")
+        .find(|exe| exe.target == "gradwire")
         .ok_or("cargo reported no `gradwire` binary")?;
-    copy_stripped(&cli.1, &dir.join("gradwire"))?;
+    copy_stripped(&cli.path, &dir.join("gradwire"))?;
     let script = dir.join("gpu_suite.sh");
     fs::copy(workspace_root().join("xtask/gpu_suite.sh"), &script)
         .map_err(|e| format!("could not copy gpu_suite.sh: {e}"))?;

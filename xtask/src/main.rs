@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod artifacts;
 mod bundle;
 mod fuzz;
 mod gpu;

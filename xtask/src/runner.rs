@@ -14,6 +14,7 @@
 //! stays readable; the `SKIP GPU` lines are counted from it. Every binary
 //! runs even when one fails, and the step fails naming each that did.
 
+use crate::artifacts::{self, Executable};
 use crate::skips::Skips;
 use crate::{Result, describe};
 use std::collections::VecDeque;
@@ -54,6 +55,24 @@ pub(crate) struct TestBinary {
 }
 
 impl TestBinary {
+    /// The test binary `executable` is, with its package read from its
+    /// manifest.
+    fn of(executable: Executable) -> Option<TestBinary> {
+        let manifest_dir = executable.manifest_path.parent()?.to_path_buf();
+        let source = executable
+            .src_path
+            .strip_prefix(&manifest_dir)
+            .unwrap_or(&executable.src_path)
+            .display()
+            .to_string();
+        Some(TestBinary {
+            package: crate::workspace::package_name(&manifest_dir)?,
+            manifest_dir,
+            source,
+            executable: executable.path,
+        })
+    }
+
     /// How the log names it: package and source, as cargo's `Running` line.
     fn label(&self) -> String {
         format!("{} {}", self.package, self.source)
@@ -74,81 +93,22 @@ enum Job {
     Command { label: String, command: Command },
 }
 
-/// Builds every test binary with `build` (a `cargo test ... --no-run`
-/// command, to which this adds the JSON message format) and returns them
-/// in the order they should start.
+/// Builds every test binary with `build` (a `cargo test` command, to
+/// which this adds `--no-run`) and returns them in the order they should
+/// start.
 pub(crate) fn build(build: &mut Command) -> Result<Vec<TestBinary>> {
-    build.args(["--no-run", "--message-format=json-render-diagnostics"]);
-    let shown = describe(build);
-    println!("$ {shown}");
-    let output = build
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("could not start `{shown}`: {e}"))?;
-    if !output.status.success() {
-        return Err(format!("`{shown}` exited with {}", output.status));
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let mut binaries: Vec<TestBinary> = stdout.lines().filter_map(test_binary).collect();
+    build.arg("--no-run");
+    let mut binaries: Vec<TestBinary> = artifacts::built(build)?
+        .into_iter()
+        .filter(|e| e.test)
+        .filter_map(TestBinary::of)
+        .collect();
     if binaries.is_empty() {
-        return Err(format!("`{shown}` built no test binary"));
+        return Err(format!("`{}` built no test binary", describe(build)));
     }
     // Stable: cargo's order among equals.
     binaries.sort_by_key(TestBinary::rank);
     Ok(binaries)
-}
-
-/// The test binary a line of cargo's JSON messages reports, if it reports
-/// one: a `compiler-artifact` of the test profile with an executable.
-fn test_binary(line: &str) -> Option<TestBinary> {
-    if string_field(line, "reason")? != "compiler-artifact" {
-        return None;
-    }
-    let profile = line.split_once("\"profile\":{")?.1.split_once('}')?.0;
-    if !profile.contains("\"test\":true") {
-        return None;
-    }
-    let executable = PathBuf::from(string_field(line, "executable")?);
-    let manifest = PathBuf::from(string_field(line, "manifest_path")?);
-    let manifest_dir = manifest.parent()?.to_path_buf();
-    let src_path = PathBuf::from(string_field(line, "src_path")?);
-    let source = src_path
-        .strip_prefix(&manifest_dir)
-        .unwrap_or(&src_path)
-        .display()
-        .to_string();
-    let package = crate::workspace::package_name(&manifest_dir)?;
-    Some(TestBinary {
-        package,
-        manifest_dir,
-        source,
-        executable,
-    })
-}
-
-/// The string value of the first `"key":"..."` in the JSON text `line`,
-/// its escapes decoded (`None` where the key is absent or not a string).
-fn string_field(line: &str, key: &str) -> Option<String> {
-    let rest = line.split_once(&format!("\"{key}\":\""))?.1;
-    let mut value = String::new();
-    let mut chars = rest.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(value),
-            '\\' => match chars.next()? {
-                'n' => value.push('\n'),
-                't' => value.push('\t'),
-                'r' => value.push('\r'),
-                'u' => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    value.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                other => value.push(other),
-            },
-            c => value.push(c),
-        }
-    }
-    None
 }
 
 /// Runs `binaries` with `args` and the environment `env`, [`JOBS`] at a
@@ -275,55 +235,4 @@ fn run_job(
         started.elapsed().as_secs_f64()
     ));
     (label, passed, text)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{TestBinary, string_field, test_binary};
-
-    /// A test artifact names its package, source and executable; other
-    /// artifacts and messages name none.
-    #[test]
-    fn cargo_messages_name_the_test_binaries() {
-        let root = crate::workspace_root().display().to_string();
-        let artifact = |test: bool, executable: &str| {
-            format!(
-                "{{\"reason\":\"compiler-artifact\",\"package_id\":\"path+file://{root}/tests#gradwire-tests@0.1.0\",\
-                 \"manifest_path\":\"{root}/tests/Cargo.toml\",\"target\":{{\"kind\":[\"test\"],\
-                 \"crate_types\":[\"bin\"],\"name\":\"it\",\"src_path\":\"{root}/tests/tests/it/main.rs\",\
-                 \"edition\":\"2024\",\"doctest\":false,\"test\":true}},\"profile\":{{\"opt_level\":\"0\",\
-                 \"debuginfo\":1,\"debug_assertions\":true,\"overflow_checks\":true,\"test\":{test}}},\
-                 \"features\":[],\"filenames\":[\"/t/it-1\"],\"executable\":{executable},\"fresh\":true}}"
-            )
-        };
-        assert_eq!(
-            test_binary(&artifact(true, "\"/t/debug/deps/it-1\"")),
-            Some(TestBinary {
-                package: "gradwire-tests".into(),
-                manifest_dir: crate::workspace_root().join("tests"),
-                source: "tests/it/main.rs".into(),
-                executable: "/t/debug/deps/it-1".into(),
-            })
-        );
-        // A binary built for the tests to run, not a test; a library.
-        assert_eq!(test_binary(&artifact(false, "\"/t/debug/gradwire\"")), None);
-        assert_eq!(test_binary(&artifact(true, "null")), None);
-        assert_eq!(
-            test_binary("{\"reason\":\"build-finished\",\"success\":true}"),
-            None
-        );
-        assert_eq!(test_binary("not json"), None);
-    }
-
-    #[test]
-    fn string_fields_decode_their_escapes() {
-        let line = r#"{"a":1,"path":"/x/a \"b\"\\c\u00e9","n":null}"#;
-        assert_eq!(
-            string_field(line, "path").as_deref(),
-            Some("/x/a \"b\"\\cé")
-        );
-        assert_eq!(string_field(line, "n"), None);
-        assert_eq!(string_field(line, "missing"), None);
-        assert_eq!(string_field(r#"{"path":"unterminated"#, "path"), None);
-    }
 }

@@ -14,8 +14,11 @@ mod decode;
 #[path = "../../../fuzz/checks/pca.rs"]
 mod pca;
 
+/// A target's checks of one input (a failed check panics).
+type Check = fn(&[u8]);
+
 /// Every fuzz target by name, with its check.
-const TARGETS: [(&str, fn(&[u8])); 3] = [
+const TARGETS: [(&str, Check); 3] = [
     ("checkpoint", checkpoint::check),
     ("decode", decode::check),
     ("pca", pca::check),
