@@ -246,7 +246,8 @@ fn test(test_args: &[String]) -> Result {
                 "--",
             ])
             .args(test_args);
-            gpu_skips = runner::run(binaries, test_args, &env, doc)?;
+            let logs = gpu::target_dir().join("xtask-test-logs");
+            gpu_skips = runner::run(binaries, test_args, &env, doc, &logs)?;
             skips::check(&gpu_skips, !test_args.is_empty())
         },
     )?;

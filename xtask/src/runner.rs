@@ -113,17 +113,17 @@ pub(crate) fn build(build: &mut Command) -> Result<Vec<TestBinary>> {
 
 /// Runs `binaries` with `args` and the environment `env`, [`JOBS`] at a
 /// time, and `doc` (the doc tests' cargo command, `args` on it already)
-/// as one more job; prints
-/// each one's output when it ends; returns the skip lines counted, or the
-/// jobs that failed.
+/// as one more job, each one's output in a file of `logs`; prints each
+/// one's output when it ends; returns the skip lines counted, or the jobs
+/// that failed.
 pub(crate) fn run(
     binaries: Vec<TestBinary>,
     args: &[String],
     env: &[(String, String)],
     doc: Command,
+    logs: &Path,
 ) -> Result<Skips> {
-    let logs = crate::gpu::target_dir().join("xtask-test-logs");
-    fs::create_dir_all(&logs).map_err(|e| format!("could not create {}: {e}", logs.display()))?;
+    fs::create_dir_all(logs).map_err(|e| format!("could not create {}: {e}", logs.display()))?;
     // The doc tests (mostly their compilation) right after the slowest
     // binaries, so that they do not end the step alone either.
     let slowest = binaries.iter().filter(|b| b.rank() < SLOWEST.len()).count();
@@ -235,4 +235,51 @@ fn run_job(
         started.elapsed().as_secs_f64()
     ));
     (label, passed, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TestBinary, run};
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    /// Every job runs, in its package's directory with cargo's variables;
+    /// the step fails naming each job that failed, and only those.
+    #[test]
+    fn every_job_runs_and_the_failures_are_named() {
+        let logs = std::env::temp_dir().join(format!("xtask-runner-{}", std::process::id()));
+        let dir = std::env::temp_dir();
+        let binary = |package: &str| TestBinary {
+            package: package.into(),
+            manifest_dir: dir.clone(),
+            source: "tests/it/main.rs".into(),
+            executable: PathBuf::from("/bin/sh"),
+        };
+        // Passes where it runs in its manifest's directory, with the
+        // environment given, as a package not named `bad`.
+        let script = "test \"$(pwd -P)\" = \"$(cd \"$CARGO_MANIFEST_DIR\" && pwd -P)\" \
+                      && test \"$GIVEN\" = yes && test \"$CARGO_PKG_NAME\" != bad";
+        let args = ["-c".to_string(), script.to_string()];
+        let env = [("GIVEN".to_string(), "yes".to_string())];
+        let doc = || {
+            let mut doc = Command::new("/bin/sh");
+            doc.args(["-c", "exit 0"]);
+            doc
+        };
+        let passed = run(vec![binary("a"), binary("b")], &args, &env, doc(), &logs);
+        assert!(passed.is_ok(), "{passed:?}");
+        let failed = run(
+            vec![binary("a"), binary("bad"), binary("c")],
+            &args,
+            &env,
+            doc(),
+            &logs,
+        );
+        assert_eq!(failed.unwrap_err(), "failed: bad tests/it/main.rs");
+        let mut failing_doc = Command::new("/bin/sh");
+        failing_doc.args(["-c", "exit 3"]);
+        let failed = run(vec![binary("a")], &args, &env, failing_doc, &logs);
+        assert_eq!(failed.unwrap_err(), "failed: doc tests");
+        let _ = std::fs::remove_dir_all(&logs);
+    }
 }
