@@ -11,7 +11,7 @@
 //! corpus replay of `cargo xtask test` (gradwire-tests' `fuzz_corpus`),
 //! both including this file with `#[path]`.
 
-use gradwire_compress::wire;
+use gradwire_compress::{CompressError, wire};
 
 /// Equal bits, or both NaN (narrowing may requiet a NaN).
 fn same(a: f32, b: f32) -> bool {
@@ -74,10 +74,14 @@ pub fn check(data: &[u8]) {
         let mut via_bytes = vec![0.0f32; n];
         wire::scatter_add(data, &mut via_bytes).expect("valid payload");
         assert!(dense.iter().zip(&via_bytes).all(|(&a, &b)| same(a, b)));
-        // A dense buffer of the wrong length is refused.
+        // A dense buffer of the wrong length is refused, naming both.
         let mut short = vec![0.0f32; n.saturating_sub(1)];
         if n > 0 {
-            assert!(p.scatter_add(&mut short).is_err());
+            assert!(matches!(
+                p.scatter_add(&mut short),
+                Err(CompressError::LengthMismatch { expected, got, .. })
+                    if expected == n && got == n - 1
+            ));
         }
     }
 }

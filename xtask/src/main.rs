@@ -256,11 +256,12 @@ fn test(test_args: &[String]) -> Result {
     // built without MPI or NCCL, errors without CUDA), found by reading the
     // code: their tests of that code, which have `built_without` in their
     // names (the others ran above, on the same code with the features
-    // compiled in, and clippy checked the default build). The workspace's
-    // crates build at opt-level 0 here, and so do the dependencies the
-    // manifest optimises: nothing they run is hot, and their default-feature
-    // build is this step's cost (candle-core at level 3 alone took a fresh
-    // 2-core machine 60 s of this step, for tests of messages). At least one
+    // compiled in, and clippy checked the default build). Every package the
+    // manifest optimises, of the workspace or not, builds at opt-level 0
+    // here (the others are at 0 already): nothing they run is hot, and
+    // their default-feature build is this step's cost (candle-core at level
+    // 3 alone took a fresh 2-core machine 60 s of this step, for tests of
+    // messages). At least one
     // test must run, so that a renamed test cannot leave the step empty.
     let packages = workspace::packages_with_default_only_code(workspace_root());
     // With none, a bare `cargo test` would run the whole workspace again.
@@ -273,18 +274,8 @@ fn test(test_args: &[String]) -> Result {
             || {
                 let mut command = cargo();
                 command.arg("test");
-                let members = workspace::workspace_members(workspace_root())
-                    .into_iter()
-                    .filter_map(|member| workspace::package_name(&member));
                 let manifest = workspace::read(&workspace_root().join("Cargo.toml"));
-                let tuned = workspace::packages_with_profile_settings(&manifest);
-                let mut unoptimised: Vec<String> = members.collect();
-                for package in tuned {
-                    if !unoptimised.contains(&package) {
-                        unoptimised.push(package);
-                    }
-                }
-                for name in unoptimised {
+                for name in workspace::packages_with_profile_settings(&manifest) {
                     command.args([
                         "--config",
                         &format!("profile.test.package.{name}.opt-level=0"),
@@ -309,7 +300,7 @@ fn test(test_args: &[String]) -> Result {
         )?;
     }
     step(
-        "fuzz targets (checked; their corpus replayed in the tests)",
+        "fuzz targets (checked; gradwire-tests replays their corpus)",
         fuzz::check,
     )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;

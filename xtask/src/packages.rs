@@ -16,9 +16,9 @@ use std::time::Instant;
 /// Debian packages the workspace needs to build and test. Add new ones here.
 /// Open MPI (the library, `mpirun`) and libclang (rsmpi's bindgen) are for
 /// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
-/// `gradwire compare` draws its PNG plots with; g++ builds libFuzzer for the
-/// fuzz targets and gradwire-kernels-host's CUDA kernels for the CPU;
-/// fortunes is the corpus of the transformer's tests.
+/// `gradwire compare` draws its PNG plots with; g++ builds
+/// gradwire-kernels-host's CUDA kernels for the CPU (and libFuzzer, for
+/// `cargo fuzz`); fortunes is the corpus of the transformer's tests.
 pub(crate) const REQUIRED: &[&str] = &[
     "pkg-config",
     "libopenmpi-dev",
@@ -62,16 +62,11 @@ impl Log {
             Log::Shown => crate::run(command),
             Log::Kept(text) => {
                 text.push_str(&format!("$ {shown}\n"));
-                let output = command
-                    .output()
-                    .map_err(|e| format!("could not start `{shown}`: {e}"))?;
-                text.push_str(&String::from_utf8_lossy(&output.stdout));
-                text.push_str(&String::from_utf8_lossy(&output.stderr));
-                if output.status.success() {
-                    Ok(())
-                } else {
-                    Err(format!("`{shown}` exited with {}", output.status))
-                }
+                // A failure's message holds the output.
+                let (stdout, stderr) = crate::gpu::output(command)?;
+                text.push_str(&stdout);
+                text.push_str(&stderr);
+                Ok(())
             }
         }
     }

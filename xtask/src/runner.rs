@@ -41,17 +41,19 @@ const SLOWEST: &[(&str, &str)] = &[
     ("gradwire-tests", "tests/mpi_faults.rs"),
 ];
 
-/// One test binary of the build.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One test binary of the build (cargo's variables other than these two,
+/// `CARGO` among them, it inherits from `cargo xtask`).
+#[derive(Debug)]
 pub(crate) struct TestBinary {
-    /// Its package's name.
-    pub(crate) package: String,
-    /// The directory of the package's manifest: the working directory.
-    pub(crate) manifest_dir: PathBuf,
+    /// Its package's name (`CARGO_PKG_NAME`).
+    package: String,
+    /// The directory of the package's manifest: the working directory and
+    /// `CARGO_MANIFEST_DIR`.
+    manifest_dir: PathBuf,
     /// The target's root source, relative to `manifest_dir`.
-    pub(crate) source: String,
+    source: String,
     /// The executable.
-    pub(crate) executable: PathBuf,
+    executable: PathBuf,
 }
 
 impl TestBinary {
@@ -194,9 +196,6 @@ fn run_job(
                 .current_dir(&binary.manifest_dir)
                 .env("CARGO_MANIFEST_DIR", &binary.manifest_dir)
                 .env("CARGO_PKG_NAME", &binary.package);
-            if let Some(cargo) = std::env::var_os("CARGO") {
-                command.env("CARGO", cargo);
-            }
             (binary.label(), command)
         }
         Job::Command { label, command } => (label, command),

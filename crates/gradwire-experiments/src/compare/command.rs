@@ -114,7 +114,7 @@ fn run_mpi<'o>(
     if rank == 0 {
         started(world.world_size(), configs);
     }
-    let calibration = if shaped {
+    let mut calibration = if shaped {
         if rank == 0 {
             eprintln!(
                 "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's (MPI's also at the baselines' sizes)"
@@ -135,7 +135,6 @@ fn run_mpi<'o>(
     };
     let make_comm = || Ok(MpiComm::world_with(&config)?);
     let runs = super::run_on(configs, data, make_comm, observer)?;
-    let mut calibration = calibration;
     if let Some(calibration) = &mut calibration {
         super::recheck_latency(&world, calibration)?;
     }
