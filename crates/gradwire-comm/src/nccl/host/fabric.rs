@@ -112,7 +112,11 @@ struct State {
 pub(crate) struct Fabric {
     world: usize,
     state: Mutex<State>,
-    wake: Condvar,
+    /// One per rank: wakes that rank's blocked stream operation (its
+    /// collective's result is made, one of its transfers completed, the
+    /// communicator aborted or broke). Waking only the ranks concerned
+    /// keeps the others asleep.
+    wake: Vec<Condvar>,
 }
 
 impl std::fmt::Debug for Fabric {
@@ -136,7 +140,7 @@ impl Fabric {
         Arc::new(Fabric {
             world,
             state: Mutex::new(State::default()),
-            wake: Condvar::new(),
+            wake: (0..world).map(|_| Condvar::new()).collect(),
         })
     }
 
@@ -144,8 +148,25 @@ impl Fabric {
         self.world
     }
 
-    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.wake.wait(state).unwrap_or_else(|e| e.into_inner())
+    /// Blocks `rank`'s stream operation until [`Fabric::wake`] or
+    /// [`Fabric::wake_all`].
+    fn wait<'a>(&self, state: MutexGuard<'a, State>, rank: usize) -> MutexGuard<'a, State> {
+        match self.wake.get(rank) {
+            Some(wake) => wake.wait(state).unwrap_or_else(|e| e.into_inner()),
+            None => state,
+        }
+    }
+
+    /// Wakes `rank`'s blocked stream operation.
+    fn wake(&self, rank: usize) {
+        if let Some(wake) = self.wake.get(rank) {
+            wake.notify_all();
+        }
+    }
+
+    /// Wakes every rank's blocked stream operation.
+    fn wake_all(&self) {
+        self.wake.iter().for_each(Condvar::notify_all);
     }
 
     /// `ncclCommInitRank`, non-blocking: registers `rank` in the world of
@@ -179,7 +200,6 @@ impl Fabric {
             drop(state);
             fabric
         };
-        fabric.wake.notify_all();
         Ok(fabric)
     }
 
@@ -222,7 +242,7 @@ impl Fabric {
 
     fn break_rules(&self, state: &mut State, what: String) -> CommError {
         state.broken.get_or_insert(what.clone());
-        self.wake.notify_all();
+        self.wake_all();
         nccl_error("NCCL's rules", INVALID_USAGE, what)
     }
 
@@ -243,7 +263,7 @@ impl Fabric {
                 posts.clear();
             }
         }
-        self.wake.notify_all();
+        self.wake_all();
     }
 
     /// `ncclCommGetAsyncError`: a break of NCCL's rules by any rank.
@@ -310,14 +330,15 @@ impl Fabric {
                 Ok(result) => slot.result = Some(Arc::new(result)),
                 Err(e) => return Err(self.break_rules(&mut state, e.to_string())),
             }
-            self.wake.notify_all();
+            // Every rank's call is in the slot.
+            self.wake_all();
         }
         let result = loop {
             Fabric::check(&state, rank, "collective")?;
             if let Some(result) = state.collectives.get(&seq).and_then(|s| s.result.clone()) {
                 break result;
             }
-            state = self.wait(state);
+            state = self.wait(state, rank);
         };
         if let Some(slot) = state.collectives.get_mut(&seq) {
             slot.finished += 1;
@@ -387,7 +408,6 @@ impl Fabric {
                 state.connected.insert((rank.min(peer), rank.max(peer)));
             }
         }
-        self.wake.notify_all();
         Ok(())
     }
 
@@ -441,9 +461,11 @@ impl Fabric {
             // SAFETY: the posts' addresses hold their bytes while their
             // ranks are blocked in this function, under the lock; an
             // aborted rank's posts are withdrawn first.
-            unsafe { self.match_pair(&mut state, pair)? };
+            if unsafe { self.match_pair(&mut state, pair)? } {
+                self.wake(pair.0);
+                self.wake(pair.1);
+            }
         }
-        self.wake.notify_all();
         loop {
             Fabric::check(&state, rank, "ncclGroupEnd")?;
             if mine.iter().all(|id| state.completed.contains(id)) {
@@ -452,27 +474,29 @@ impl Fabric {
                 }
                 return Ok(());
             }
-            state = self.wait(state);
+            state = self.wait(state, rank);
         }
     }
 
-    /// Copies every matched send of `pair` into its receive, oldest first.
+    /// Copies every matched send of `pair` into its receive, oldest first;
+    /// whether it copied any.
     ///
     /// # Safety
     ///
     /// Every posted address holds its bytes (see [`Fabric::group`]).
     #[allow(unsafe_code)]
-    unsafe fn match_pair(&self, state: &mut State, pair: (usize, usize)) -> Result<()> {
+    unsafe fn match_pair(&self, state: &mut State, pair: (usize, usize)) -> Result<bool> {
+        let mut matched = false;
         loop {
             let ready = state.sends.get(&pair).is_some_and(|q| !q.is_empty())
                 && state.recvs.get(&pair).is_some_and(|q| !q.is_empty());
             if !ready {
-                return Ok(());
+                return Ok(matched);
             }
             let send = state.sends.get_mut(&pair).and_then(VecDeque::pop_front);
             let recv = state.recvs.get_mut(&pair).and_then(VecDeque::pop_front);
             let (Some(send), Some(recv)) = (send, recv) else {
-                return Ok(());
+                return Ok(matched);
             };
             if send.bytes != recv.bytes {
                 let what = format!(
@@ -487,6 +511,7 @@ impl Fabric {
             unsafe { copy(send.ptr, recv.ptr, send.bytes) };
             state.completed.insert(send.id);
             state.completed.insert(recv.id);
+            matched = true;
         }
     }
 
@@ -524,7 +549,6 @@ impl Fabric {
                 state.splits.remove(&seq);
             }
         }
-        self.wake.notify_all();
         Ok(seq)
     }
 

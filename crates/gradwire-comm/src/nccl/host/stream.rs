@@ -12,7 +12,7 @@
 use std::alloc::Layout;
 use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::super::watchdog::lock;
 use crate::error::{CommError, Result};
@@ -21,11 +21,23 @@ use crate::error::{CommError, Result};
 /// earlier one failed.
 pub(super) type Op = Box<dyn FnOnce() -> Result<()> + Send>;
 
-/// One stream's queue and its thread's progress.
+/// One stream's queue and its progress.
+///
+/// Operations run one at a time, in order, on whichever thread gets to
+/// them first: the stream's own thread, or a caller waiting for the
+/// stream ([`Stream::wait_for`]), which runs the operations before its
+/// mark itself instead of sleeping while the stream's thread wakes up to
+/// run them (on CUDA the device runs them; which host thread does here is
+/// not observable, and the hand-offs were most of the conformance suite's
+/// time on this transport). The stream's thread is what makes queued work
+/// progress when nobody waits for it (a collective a peer waits for).
 #[derive(Debug)]
 pub struct Stream {
     state: Mutex<State>,
-    wake: Condvar,
+    /// Wakes the stream's thread: work was queued, or the stream closed.
+    work: Condvar,
+    /// Wakes the callers waiting for the stream: an operation ended.
+    progress: Condvar,
 }
 
 #[derive(Default)]
@@ -35,6 +47,12 @@ struct State {
     queued: u64,
     /// Operations done (run or dropped) so far.
     done: u64,
+    /// An operation is running (only one at a time, on any thread).
+    running: bool,
+    /// The stream's thread waits for work.
+    idle: bool,
+    /// Callers waiting for the stream.
+    waiters: usize,
     /// The first failure: later operations are dropped unrun, and every
     /// wait reports it (CUDA's sticky errors).
     failed: Option<CommError>,
@@ -66,7 +84,8 @@ impl HostStream {
     pub(super) fn start(name: String) -> Result<HostStream> {
         let inner = Arc::new(Stream {
             state: Mutex::new(State::default()),
-            wake: Condvar::new(),
+            work: Condvar::new(),
+            progress: Condvar::new(),
         });
         let theirs = Arc::clone(&inner);
         std::thread::Builder::new()
@@ -80,37 +99,53 @@ impl HostStream {
 impl Drop for HostStream {
     fn drop(&mut self) {
         lock(&self.inner.state).closed = true;
-        self.inner.wake.notify_all();
+        self.inner.work.notify_all();
     }
 }
 
 impl Stream {
+    /// The stream's thread: runs what no waiting caller runs.
     fn serve(&self) {
         let mut state = lock(&self.state);
         loop {
-            let Some(op) = state.queue.pop_front() else {
-                if state.closed {
-                    state.ended = true;
-                    return;
-                }
-                state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            if !state.running
+                && let Some(op) = state.queue.pop_front()
+            {
+                state = self.run(state, op);
                 continue;
-            };
-            let skip = state.failed.is_some();
-            drop(state);
-            let result = if skip {
-                drop(op);
-                Ok(())
-            } else {
-                op()
-            };
-            state = lock(&self.state);
-            if let Err(e) = result {
-                state.failed.get_or_insert(e);
             }
-            state.done += 1;
-            self.wake.notify_all();
+            if state.closed && state.queue.is_empty() && !state.running {
+                state.ended = true;
+                return;
+            }
+            state.idle = true;
+            state = self.work.wait(state).unwrap_or_else(|e| e.into_inner());
+            state.idle = false;
         }
+    }
+
+    /// Runs `op`, the queue's next operation, taken under the lock, with
+    /// the lock released; returns the lock.
+    fn run<'a>(&'a self, mut state: MutexGuard<'a, State>, op: Op) -> MutexGuard<'a, State> {
+        state.running = true;
+        let skip = state.failed.is_some();
+        drop(state);
+        let result = if skip {
+            drop(op);
+            Ok(())
+        } else {
+            op()
+        };
+        let mut state = lock(&self.state);
+        if let Err(e) = result {
+            state.failed.get_or_insert(e);
+        }
+        state.done += 1;
+        state.running = false;
+        if state.waiters > 0 {
+            self.progress.notify_all();
+        }
+        state
     }
 
     /// Queues `op`; returns its position (the event after it).
@@ -125,8 +160,27 @@ impl Stream {
         }
         state.queue.push_back(op);
         state.queued += 1;
-        self.wake.notify_all();
+        if state.idle {
+            self.work.notify_one();
+        }
         state.queued
+    }
+
+    /// Frees `memory` after the work queued so far: at once if none is
+    /// left (the common case: a buffer dropped after a synchronisation),
+    /// else as an operation of the stream.
+    fn free(&self, memory: Memory) {
+        let state = lock(&self.state);
+        if state.queue.is_empty() && !state.running {
+            drop(state);
+            drop(memory);
+            return;
+        }
+        drop(state);
+        self.push(Box::new(move || {
+            drop(memory);
+            Ok(())
+        }));
     }
 
     /// The position after everything queued so far.
@@ -139,12 +193,25 @@ impl Stream {
         lock(&self.state).done >= mark
     }
 
-    /// Waits until the stream has passed `mark`; the stream's failure, if
-    /// any.
+    /// Waits until the stream has passed `mark`, running the operations
+    /// before it on this thread when no other thread runs one; the
+    /// stream's failure, if any.
     pub(super) fn wait_for(&self, mark: u64) -> Result<()> {
         let mut state = lock(&self.state);
         while state.done < mark {
-            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+            if !state.running
+                && let Some(op) = state.queue.pop_front()
+            {
+                state = self.run(state, op);
+                continue;
+            }
+            state.waiters += 1;
+            state = self.progress.wait(state).unwrap_or_else(|e| e.into_inner());
+            state.waiters -= 1;
+        }
+        // What is left is the stream's thread's to run.
+        if !state.queue.is_empty() && state.idle {
+            self.work.notify_one();
         }
         state.failed.clone().map_or(Ok(()), Err)
     }
@@ -240,10 +307,7 @@ impl Drop for HostBuffer {
         if let Some(memory) = self.memory.take() {
             // Freed when the stream reaches this point (or drops the
             // operation unrun after a failure: the same).
-            self.stream.push(Box::new(move || {
-                drop(memory);
-                Ok(())
-            }));
+            self.stream.free(memory);
         }
     }
 }
