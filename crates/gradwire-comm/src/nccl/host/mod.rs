@@ -13,9 +13,9 @@
 //!    communicator (NCCL writes the caller's handle when the split
 //!    completes: read earlier, it is NULL). Using a communicator in
 //!    progress is `ncclInvalidUsage`.
-//! 2. **One stream per communicator**: its operations run in the order
-//!    queued, on a thread of their own; a synchronisation waits for all of
-//!    them, and a failed operation fails every later wait (CUDA's sticky
+//! 2. **One stream per communicator**: its operations run one at a time
+//!    in the order queued, on a thread of their own or on the thread that
+//!    waits for them; a synchronisation waits for all of them, and a failed operation fails every later wait (CUDA's sticky
 //!    errors). Buffers are freed on their stream after the work queued
 //!    before the free; an upload returns once its source is consumed, a
 //!    download once copied (pageable memory).

@@ -1,5 +1,7 @@
 //! The host transport's streams and memory, with CUDA's semantics: a
-//! stream runs its operations in order on a thread of its own; a buffer's
+//! stream runs its operations in order, one at a time, whatever else the
+//! caller does (a thread of its own runs what no waiting caller runs
+//! first: [`Stream`]); a buffer's
 //! memory is freed on its stream after the work queued before the free;
 //! an upload returns once its source is consumed, a download once the copy
 //! is done (CUDA's rules for pageable host memory); an event is a point on
