@@ -398,3 +398,126 @@ fn check_range(op: &str, at: usize, bytes: usize, len: usize) -> Result<()> {
         _ => Err(super::super::stream::beyond(op, at, bytes, len)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! A stream's operations run one at a time, in order, whether the
+    //! stream's thread or a waiting caller runs them; queued work
+    //! progresses with nobody waiting; a failure is sticky.
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Far beyond what a trivial operation takes on a loaded machine: only
+    /// a stream that never runs it misses it.
+    const NEVER: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn operations_run_one_at_a_time_in_order_whoever_runs_them() {
+        let stream = HostStream::start("test-stream".into()).expect("a thread");
+        let running = Arc::new(AtomicBool::new(false));
+        // Set, not asserted, in the operation: a panic there would end the
+        // thread that runs it and leave the wait below hanging.
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut marks = Vec::new();
+        for i in 0..200usize {
+            let (busy, ran) = (Arc::clone(&running), Arc::clone(&order));
+            let both = Arc::clone(&overlapped);
+            marks.push(stream.inner.push(Box::new(move || {
+                if busy.swap(true, Ordering::SeqCst) {
+                    both.store(true, Ordering::SeqCst);
+                }
+                // Long enough for the other thread to try to take the next.
+                std::thread::yield_now();
+                lock(&ran).push(i);
+                busy.store(false, Ordering::SeqCst);
+                Ok(())
+            })));
+            // Now and then a caller waits for what it queued so far.
+            if i % 7 == 3 {
+                stream.inner.wait_for(marks[i]).expect("no failure");
+                assert!(lock(&order).len() > i, "the wait returned early");
+            }
+        }
+        stream
+            .inner
+            .wait_for(stream.inner.mark())
+            .expect("no failure");
+        assert!(!overlapped.load(Ordering::SeqCst), "two ran at once");
+        assert_eq!(*lock(&order), (0..200).collect::<Vec<_>>());
+        assert!(stream.inner.passed(*marks.last().expect("marks")));
+    }
+
+    #[test]
+    fn queued_work_progresses_with_nobody_waiting() {
+        let stream = HostStream::start("test-stream".into()).expect("a thread");
+        let (tx, rx) = mpsc::channel();
+        let mark = stream.inner.push(Box::new(move || {
+            let _ = tx.send(());
+            Ok(())
+        }));
+        assert!(rx.recv_timeout(NEVER).is_ok(), "the stream's thread ran it");
+        stream.inner.wait_for(mark).expect("no failure");
+    }
+
+    #[test]
+    fn a_failure_drops_later_operations_and_fails_every_later_wait() {
+        let stream = HostStream::start("test-stream".into()).expect("a thread");
+        let ran = Arc::new(AtomicBool::new(false));
+        stream.inner.push(Box::new(|| {
+            Err(CommError::InvalidArgument("the first failure".into()))
+        }));
+        let theirs = Arc::clone(&ran);
+        let mark = stream.inner.push(Box::new(move || {
+            theirs.store(true, Ordering::SeqCst);
+            Ok(())
+        }));
+        for _ in 0..2 {
+            let waited = stream.inner.wait_for(mark);
+            assert!(
+                matches!(&waited, Err(CommError::InvalidArgument(m)) if m == "the first failure"),
+                "{waited:?}"
+            );
+        }
+        assert!(!ran.load(Ordering::SeqCst), "dropped unrun");
+    }
+
+    #[test]
+    fn a_buffer_freed_on_a_busy_stream_outlives_the_work_queued_before() {
+        let stream = HostStream::start("test-stream".into()).expect("a thread");
+        let buffer = HostBuffer::alloc_zeros(&stream, 64).expect("memory");
+        let (gate, opened) = mpsc::channel::<()>();
+        // Blocks the stream, then writes the buffer through its address.
+        let at = buffer.address();
+        stream.inner.push(Box::new(move || {
+            let _ = opened.recv();
+            #[allow(unsafe_code)]
+            // SAFETY: the buffer's free is queued behind this operation.
+            unsafe {
+                copy([7u8; 64].as_ptr().expose_provenance() as u64, at, 64)
+            };
+            Ok(())
+        }));
+        let before = stream.inner.mark();
+        drop(buffer);
+        assert_eq!(
+            stream.inner.mark(),
+            before + 1,
+            "the free waits in the queue"
+        );
+        let _ = gate.send(());
+        stream
+            .inner
+            .wait_for(stream.inner.mark())
+            .expect("no failure");
+        // On an idle stream a buffer is freed at once, queuing nothing.
+        let idle = HostBuffer::alloc_zeros(&stream, 64).expect("memory");
+        let before = stream.inner.mark();
+        drop(idle);
+        assert_eq!(stream.inner.mark(), before);
+    }
+}
