@@ -38,14 +38,14 @@ pub(crate) const REQUIRED: &[&str] = &[
 pub(crate) const FOR_THE_DEFAULT_BUILD: &[&str] = &["g++"];
 
 /// Where the output of apt-get goes.
-enum Log {
+enum Log<'a> {
     /// Printed as it comes.
     Shown,
     /// Kept, to be printed once the installation is over.
-    Kept(String),
+    Kept(&'a mut String),
 }
 
-impl Log {
+impl Log<'_> {
     fn say(&mut self, line: &str) {
         match self {
             Log::Shown => println!("{line}"),
@@ -88,12 +88,8 @@ impl Background {
     pub(crate) fn start(packages: &'static [&'static str]) -> Background {
         let thread = thread::spawn(move || {
             let started = Instant::now();
-            let mut log = Log::Kept(String::new());
-            let result = ensure_with(packages, &mut log);
-            let text = match log {
-                Log::Kept(text) => text,
-                Log::Shown => String::new(),
-            };
+            let mut text = String::new();
+            let result = ensure_with(packages, &mut Log::Kept(&mut text));
             (result, text, started.elapsed().as_secs_f64())
         });
         Background { thread }
@@ -118,7 +114,7 @@ impl Background {
 /// Makes sure every one of `packages` is installed: installs the missing
 /// ones with apt-get when running as root, otherwise says the command to
 /// run. On a system without dpkg it only warns.
-fn ensure_with(packages: &[&'static str], log: &mut Log) -> Result {
+fn ensure_with(packages: &[&'static str], log: &mut Log<'_>) -> Result {
     let missing = match missing(packages) {
         Ok(missing) => missing,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

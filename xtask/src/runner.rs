@@ -151,9 +151,8 @@ pub(crate) fn run(
                         .pop_front();
                     let Some((index, job)) = next else { break };
                     let log = logs.join(format!("{index:03}.log"));
-                    let ran = run_job(job, args, env, &log);
+                    let (label, passed, text) = run_job(job, args, env, &log);
                     let mut outcome = outcome.lock().unwrap_or_else(PoisonError::into_inner);
-                    let (label, passed, text) = ran;
                     print!("{text}");
                     for line in text.lines() {
                         outcome.0.record(line);

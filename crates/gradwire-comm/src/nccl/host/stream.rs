@@ -156,11 +156,18 @@ impl Stream {
         let mut state = lock(&self.state);
         if state.ended {
             drop(state);
-            // Only a free can come after the end: nothing else holds the
-            // stream by then.
+            // Nothing holds the stream after its end (its owner dropped
+            // it, and a free then runs at once): run a late operation
+            // here rather than never.
             let _ = op();
             return u64::MAX;
         }
+        self.enqueue(&mut state, op)
+    }
+
+    /// Appends `op` to the queue, waking the stream's thread if it waits;
+    /// its position.
+    fn enqueue(&self, state: &mut State, op: Op) -> u64 {
         state.queue.push_back(op);
         state.queued += 1;
         if state.idle {
@@ -170,20 +177,23 @@ impl Stream {
     }
 
     /// Frees `memory` after the work queued so far: at once if none is
-    /// left (the common case: a buffer dropped after a synchronisation),
-    /// else as an operation of the stream.
+    /// left (the common case: a buffer dropped after a synchronisation,
+    /// and every buffer once the stream ended), else as an operation of
+    /// the stream, decided and queued under one lock.
     fn free(&self, memory: Memory) {
-        let state = lock(&self.state);
+        let mut state = lock(&self.state);
         if state.queue.is_empty() && !state.running {
             drop(state);
             drop(memory);
             return;
         }
-        drop(state);
-        self.push(Box::new(move || {
-            drop(memory);
-            Ok(())
-        }));
+        self.enqueue(
+            &mut state,
+            Box::new(move || {
+                drop(memory);
+                Ok(())
+            }),
+        );
     }
 
     /// The position after everything queued so far.
