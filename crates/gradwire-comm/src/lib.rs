@@ -67,6 +67,7 @@ mod pending;
 mod protocol;
 #[cfg(any(feature = "mpi", feature = "nccl"))]
 mod rank_order;
+mod rank_threads;
 pub mod timeline;
 mod worker;
 

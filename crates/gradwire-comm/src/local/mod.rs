@@ -148,38 +148,11 @@ where
     F: Fn(LocalComm) -> R + Sync,
 {
     let comms = LocalComm::create_with(world_size, config)?;
-    let f = &f;
-    std::thread::scope(|scope| {
-        let handles = comms
-            .into_iter()
-            .map(|comm| {
-                let rank = comm.rank;
-                std::thread::Builder::new()
-                    .name(format!("gradwire-rank-{rank}"))
-                    .spawn_scoped(scope, move || f(comm))
-                    .map_err(|e| {
-                        CommError::InvalidArgument(format!("cannot spawn rank {rank}: {e}"))
-                    })
-            })
-            .collect::<Vec<_>>();
-        // Spawn errors are reported after joining what did start: a scope
-        // joins every thread anyway, and the started ranks see PeerLost.
-        let mut results = Vec::with_capacity(world_size);
-        let mut spawn_error = None;
-        for (rank, handle) in handles.into_iter().enumerate() {
-            match handle {
-                Ok(h) => results.push(h.join().map_err(|payload| CommError::RankPanicked {
-                    rank,
-                    message: crate::pending::panic_message(payload.as_ref()),
-                })),
-                Err(e) => spawn_error = spawn_error.or(Some(e)),
-            }
-        }
-        match spawn_error {
-            Some(e) => Err(e),
-            None => Ok(results),
-        }
-    })
+    Ok(crate::rank_threads::on_rank_threads(
+        comms,
+        "gradwire-rank",
+        f,
+    ))
 }
 
 impl LocalComm {

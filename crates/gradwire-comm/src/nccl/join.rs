@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::{CudaTransport, NcclComm, NcclConfig, UniqueId, device};
 use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
+use crate::rank_threads::on_rank_threads;
 
 impl NcclComm<CudaTransport> {
     /// Joins through a file every rank can read (a shared file system, or
@@ -144,44 +145,9 @@ where
     }
     let id = UniqueId::generate()?;
     let world = ordinals.len();
-    Ok(on_rank_threads(world, "gradwire-nccl-rank", |rank| {
+    let ranks = on_rank_threads((0..world).collect(), "gradwire-nccl-rank", |rank| {
         let comm = NcclComm::from_id(&id, rank, world, ordinals[rank], config.clone())?;
         body(comm)
-    }))
-}
-
-/// Runs `rank_body(rank)` for ranks `0..world`, each on a scoped thread
-/// named `name-rank`, and returns the results in rank order: a thread that
-/// could not start or that panicked is that rank's error. The one harness
-/// of [`run`] and the host transport's `run`.
-pub(super) fn on_rank_threads<R, F>(world: usize, name: &str, rank_body: F) -> Vec<Result<R>>
-where
-    R: Send,
-    F: Fn(usize) -> Result<R> + Sync,
-{
-    let rank_body = &rank_body;
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..world)
-            .map(|rank| {
-                std::thread::Builder::new()
-                    .name(format!("{name}-{rank}"))
-                    .spawn_scoped(scope, move || rank_body(rank))
-                    .map_err(|e| CommError::InvalidArgument(format!("cannot start a thread: {e}")))
-            })
-            .collect();
-        threads
-            .into_iter()
-            .enumerate()
-            .map(|(rank, t)| {
-                t.and_then(|t| {
-                    t.join().unwrap_or_else(|payload| {
-                        Err(CommError::RankPanicked {
-                            rank,
-                            message: crate::pending::panic_message(payload.as_ref()),
-                        })
-                    })
-                })
-            })
-            .collect()
-    })
+    });
+    Ok(ranks.into_iter().map(|rank| rank.and_then(|r| r)).collect())
 }

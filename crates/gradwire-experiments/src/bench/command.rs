@@ -155,7 +155,14 @@ impl BenchCommand {
                             .map_err(|err| ExperimentError::Usage(format!("--strategies: {err}")))
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let rows = strategies(&entries, &model.shapes(), world, 1, steps)?;
+                let rows = strategies(
+                    &entries,
+                    &model.shapes(),
+                    &gradwire_algos::cost::Bucketing::default(),
+                    world,
+                    1,
+                    steps,
+                )?;
                 print_rows(json, &rows)
             }
             BenchCommand::Overhead {

@@ -3,15 +3,17 @@
 //! parameters in 161 tensors, or the digits MLP), beside dense f32 in the
 //! same run. Each strategy runs a few GradSync steps (DiLoCo's: local
 //! steps) on W in-process ranks
-//! with DistOpt's default buckets (2 Mi elements) and gradient-like data;
+//! with DistOpt's default buckets (2 Mi elements; the library call takes
+//! any [`Bucketing`]) and gradient-like data;
 //! the bytes are what a rank sends per step (ring model, the strategies'
 //! own `Traffic`), which depend on the shapes, the buckets and the
 //! settings, not on the machine.
 
 use crate::config::TrainConfig;
 use crate::error::{ExperimentError, Result};
+use gradwire_algos::cost::Bucketing;
 use gradwire_comm::{Communicator, LocalComm, local};
-use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, StrategyConfig, TrainingLoop};
+use gradwire_optim::{DistOptConfig, GradSync, ParamSpec, SkipVote, StrategyConfig, TrainingLoop};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -114,6 +116,7 @@ fn fill(grad: &mut [f32], rank: usize, step: usize, k: usize) {
 fn run(
     mode: StrategyConfig,
     shapes: &[Vec<usize>],
+    bucketing: &Bucketing,
     world: usize,
     warm: usize,
     steps: usize,
@@ -125,6 +128,13 @@ fn run(
         .collect();
     let config = DistOptConfig {
         strategy: mode,
+        fusion_threshold: bucketing.fusion_threshold,
+        capacity: bucketing.capacity,
+        vote: if bucketing.vote_per_bucket {
+            SkipVote::PerBucket
+        } else {
+            SkipVote::PerStep
+        },
         ..DistOptConfig::default()
     };
     let results = local::run(world, |comm: LocalComm| -> Result<(u64, f64)> {
@@ -179,7 +189,9 @@ fn run(
 }
 
 /// Every gradient strategy of `entries` (dense is run first, as the
-/// reference) on `shapes` with `world` ranks: `steps` measured steps after
+/// reference) on `shapes` in DistOpt's buckets as `bucketing` plans them
+/// (`Bucketing::default()`: DistOpt's defaults, the CLI's) with `world`
+/// ranks: `steps` measured steps after
 /// `warm` unmeasured ones, PowerSGD compressing from the first. DiLoCo and
 /// Streaming DiLoCo run too (inner steps of a plain SGD; their
 /// pseudo-gradients leave once every H steps, so the bytes per step are the
@@ -189,6 +201,7 @@ fn run(
 pub fn strategies(
     entries: &[StrategyConfig],
     shapes: &[Vec<usize>],
+    bucketing: &Bucketing,
     world: usize,
     warm: usize,
     steps: usize,
@@ -228,7 +241,14 @@ pub fn strategies(
             ..base.clone()
         };
         config.validate()?;
-        let (bytes, secs) = run(config.distopt_strategy(), shapes, world, warm, steps)?;
+        let (bytes, secs) = run(
+            config.distopt_strategy(),
+            shapes,
+            bucketing,
+            world,
+            warm,
+            steps,
+        )?;
         let dense_bytes = rows.first().map_or(bytes, |dense| dense.bytes_per_step);
         rows.push(StrategyRow {
             strategy: config.label(),
@@ -269,7 +289,15 @@ mod tests {
             .into_iter()
             .map(parse)
             .collect();
-        let rows = strategies(&entries, &mlp_shapes(&[256]), 2, 1, 2).unwrap();
+        let rows = strategies(
+            &entries,
+            &mlp_shapes(&[256]),
+            &Bucketing::default(),
+            2,
+            1,
+            2,
+        )
+        .unwrap();
         assert_eq!(rows.len(), 6);
         assert_eq!(rows[0].strategy, "dense");
         for r in &rows[1..] {
@@ -278,7 +306,14 @@ mod tests {
         // f16 is half of dense (the votes aside).
         assert!((rows[1].vs_dense - 2.0).abs() < 0.1, "{}", rows[1].vs_dense);
         assert!(matches!(
-            strategies(&[parse("partial")], &mlp_shapes(&[8]), 2, 0, 1),
+            strategies(
+                &[parse("partial")],
+                &mlp_shapes(&[8]),
+                &Bucketing::default(),
+                2,
+                0,
+                1
+            ),
             Err(ExperimentError::Usage(m)) if m.contains("not a gradient strategy")
         ));
     }
@@ -307,7 +342,8 @@ mod tests {
                 })
                 .unwrap();
             for world in 1..=3 {
-                let rows = strategies(&[strategy], &shapes, world, 0, 8).unwrap();
+                let rows =
+                    strategies(&[strategy], &shapes, &Bucketing::default(), world, 0, 8).unwrap();
                 let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();
                 let model = bytes_sent(&calls);
                 let got = rows[1].bytes_per_step;

@@ -237,16 +237,28 @@ fn the_fusion_threshold_is_distopts() {
     );
 }
 
-// The large MLP of the test below has a hidden matrix past the threshold.
-const _: () = assert!(1450 * 1450 > gradwire_optim::DEFAULT_FUSION_THRESHOLD);
+/// The buckets of the test below: DistOpt's default threshold and capacity
+/// scaled down 128 times (the model's bytes depend on the buckets, not on
+/// their scale), so that its larger MLP plans like a 2.2 M-parameter one
+/// in DistOpt's default buckets at a hundredth of the work.
+const SCALED: Bucketing = Bucketing {
+    fusion_threshold: gradwire_optim::DEFAULT_FUSION_THRESHOLD / 128,
+    capacity: gradwire_algos::DEFAULT_FUSION_CAPACITY / 128,
+    vote_per_bucket: true,
+};
+
+// The larger MLP of the test below has a hidden matrix past the threshold,
+// and the rest of it together below.
+const _: () = assert!(129 * 129 > SCALED.fusion_threshold);
+const _: () = assert!(129 * 64 + 129 + 129 + 10 * 129 + 10 < SCALED.fusion_threshold);
 
 /// The analytic bytes per step against real DistOpt steps (GradSync,
-/// in-process ranks, DistOpt's default buckets), the way `gradwire bench
-/// strategies` measures them: exact for every strategy whose size does not
-/// depend on the data; sampled top-k within its [k, 1.3 k] bounds. The
-/// large MLP is the smallest whose hidden matrix (1450 x 1450, 2,102,500
-/// elements) passes DistOpt's fusion threshold (2,097,152) and so travels
-/// in a bucket of its own beside the others: several buckets, one alone.
+/// in-process ranks), the way `gradwire bench strategies` measures them:
+/// exact for every strategy whose size does not depend on the data;
+/// sampled top-k within its [k, 1.3 k] bounds. The larger MLP is the
+/// smallest whose hidden matrix (129 x 129) passes the threshold of
+/// [`SCALED`] and so travels in a bucket of its own beside the others:
+/// several buckets, one alone.
 #[test]
 fn analytic_bytes_equal_what_distopt_sends() {
     let labels = [
@@ -268,14 +280,14 @@ fn analytic_bytes_equal_what_distopt_sends() {
     let sampled: [StrategyConfig; 1] = ["sampled-topk:0.01".parse().unwrap()];
     let base = TrainConfig::default();
     let model_of = |config: &TrainConfig| entry_of(config, None).unwrap().spec;
-    for shapes in [mlp_shapes(&[1450, 1450]), mlp_shapes(&[32])] {
+    for shapes in [mlp_shapes(&[129, 129]), mlp_shapes(&[32])] {
         for world in 1..=4 {
-            let rows = strategies(&entries, &shapes, world, 0, 2).unwrap();
+            let rows = strategies(&entries, &shapes, &SCALED, world, 0, 2).unwrap();
             let mut wanted = vec![StrategySpec::Dense];
             wanted.extend(configs(&base, &labels).unwrap().iter().map(model_of));
             assert_eq!(rows.len(), wanted.len());
             for (row, spec) in rows.iter().zip(&wanted) {
-                let calls = step_collectives(spec, &shapes, world, &Bucketing::default()).unwrap();
+                let calls = step_collectives(spec, &shapes, world, &SCALED).unwrap();
                 assert_eq!(
                     row.bytes_per_step,
                     bytes_sent(&calls),
@@ -284,13 +296,13 @@ fn analytic_bytes_equal_what_distopt_sends() {
                     row.params
                 );
             }
-            let rows = strategies(&sampled, &shapes, world, 0, 2).unwrap();
+            let rows = strategies(&sampled, &shapes, &SCALED, world, 0, 2).unwrap();
             let bounds = [1.0, 1.3].map(|overshoot| {
                 let spec = StrategySpec::SampledTopK {
                     ratio: 0.01,
                     overshoot,
                 };
-                let calls = step_collectives(&spec, &shapes, world, &Bucketing::default()).unwrap();
+                let calls = step_collectives(&spec, &shapes, world, &SCALED).unwrap();
                 bytes_sent(&calls)
             });
             let got = rows[1].bytes_per_step;

@@ -448,11 +448,12 @@ where
         return Err(CommError::InvalidArgument("no ranks".into()));
     }
     let id = HostId::generate();
-    Ok(super::join::on_rank_threads(
-        world,
+    let ranks = crate::rank_threads::on_rank_threads(
+        (0..world).collect(),
         "gradwire-host-nccl-rank",
         |rank| body(NcclComm::from_host_id(id, rank, world, config.clone())?),
-    ))
+    );
+    Ok(ranks.into_iter().map(|rank| rank.and_then(|r| r)).collect())
 }
 
 #[cfg(test)]
