@@ -12,6 +12,7 @@
 //! from the first must not reach the second.
 
 use super::*;
+use std::ffi::c_int;
 
 /// A peer's word that it will not take part in `round` or any later
 /// collective of the communicator, and the error it gave up with.
