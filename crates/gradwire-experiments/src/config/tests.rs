@@ -1,7 +1,10 @@
 //! The configuration's tests: the flags reach their fields, bad values
 //! name their flag, labels, and the first saved format.
 
+use super::threads::compute_threads_per_rank;
 use super::*;
+use crate::error::ExperimentError;
+use gradwire_compress::SparseCodec;
 
 fn with(strategy: &str) -> TrainConfig {
     TrainConfig {
