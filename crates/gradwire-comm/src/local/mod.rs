@@ -141,7 +141,8 @@ where
 
 /// [`run`] with settings, returning each rank's outcome separately: a rank
 /// that panicked is `Err(CommError::RankPanicked)` and the others' results
-/// are still there (fault tests need both).
+/// are still there (fault tests need both); a rank whose thread could not
+/// start is `Err(CommError::InvalidArgument)`, and the others see it lost.
 pub fn run_with<R, F>(world_size: usize, config: &LocalConfig, f: F) -> Result<Vec<Result<R>>>
 where
     R: Send,
