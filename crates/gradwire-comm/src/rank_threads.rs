@@ -44,7 +44,11 @@ where
             *slots[rank].lock().unwrap_or_else(PoisonError::into_inner) = Slot::Output(value);
         }
     };
-    let ends = join_rank_threads(slots.len(), name, &store);
+    // A rank whose thread did not start drops its input at once: a
+    // communicator dropped is a peer lost to the others, where one kept
+    // until the end would leave them waiting for it until their deadline.
+    let not_started = |rank: usize| drop(take(rank));
+    let ends = join_rank_threads(slots.len(), name, &store, &not_started);
     ends.into_iter()
         .zip(slots)
         .enumerate()
@@ -71,11 +75,13 @@ enum Slot<I, R> {
 
 /// The part of [`on_rank_threads`] that does not depend on the caller's
 /// types: each rank's thread, its start and its end (`Ok` when
-/// `rank_body` returned).
+/// `rank_body` returned); `not_started(rank)` is called as soon as a
+/// rank's thread fails to start.
 fn join_rank_threads(
     world: usize,
     name: &str,
     rank_body: &(dyn Fn(usize) + Sync),
+    not_started: &dyn Fn(usize),
 ) -> Vec<Result<()>> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..world)
@@ -84,6 +90,7 @@ fn join_rank_threads(
                     .name(format!("{name}-{rank}"))
                     .spawn_scoped(scope, move || rank_body(rank))
                     .map_err(|e| {
+                        not_started(rank);
                         CommError::InvalidArgument(format!(
                             "cannot start rank {rank}'s thread: {e}"
                         ))
