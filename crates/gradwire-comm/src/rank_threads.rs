@@ -3,94 +3,70 @@
 //!
 //! The harness is split in two. [`on_rank_threads`] is generic over the
 //! caller's closure and result, and does only what needs their types: it
-//! wraps the closure into one that stores each rank's result in that
-//! rank's slot. [`join_rank_threads`] spawns, joins and catches panics
-//! through a `&dyn Fn`, so that work is compiled once in this crate, not
-//! once per closure in every crate that calls `run`: test crates call it
-//! with dozens of closures, and monomorphised the thread machinery was a
-//! tenth of the LLVM IR of gradwire-optim's integration tests
-//! (`cargo llvm-lines`: 85 copies of `spawn_unchecked`, `scope` and
-//! their closures).
+//! boxes each rank's work (its input, the closure, where its result goes)
+//! as a `dyn FnOnce`. [`join_rank_threads`] spawns, joins and catches
+//! panics over those boxes, so that work is compiled once in this crate,
+//! not once per closure in every crate that calls `run`: test crates call
+//! it with dozens of closures, and monomorphised the thread machinery was
+//! a tenth of the LLVM IR of gradwire-optim's integration tests (`cargo
+//! llvm-lines`: 85 copies of `spawn_unchecked`, `scope` and their
+//! closures).
 
 use crate::error::{CommError, Result};
-use std::sync::{Mutex, PoisonError};
+
+/// One rank's work, its result written where the caller reads it.
+type RankJob<'a> = Box<dyn FnOnce() + Send + 'a>;
 
 /// Runs `rank_body(input)` for each of `inputs` (one per rank, in rank
 /// order), each on a scoped thread named `name-rank`, and returns the
 /// results in rank order: a thread that could not start is that rank's
-/// `InvalidArgument`, and one that panicked its
-/// [`CommError::RankPanicked`] (the ranks that did start are joined either
-/// way).
+/// `InvalidArgument` (its input dropped at once, so a communicator it held
+/// is a peer lost to the others, not one they wait for), and one that
+/// panicked its [`CommError::RankPanicked`] (the ranks that did start are
+/// joined either way).
 pub(crate) fn on_rank_threads<I, R, F>(inputs: Vec<I>, name: &str, rank_body: F) -> Vec<Result<R>>
 where
     I: Send,
     R: Send,
     F: Fn(I) -> R + Sync,
 {
-    let slots: Vec<Mutex<Slot<I, R>>> = inputs
+    let rank_body = &rank_body;
+    let mut results: Vec<Option<R>> = inputs.iter().map(|_| None).collect();
+    let jobs: Vec<RankJob<'_>> = inputs
         .into_iter()
-        .map(|input| Mutex::new(Slot::Input(input)))
+        .zip(results.iter_mut())
+        .map(|(input, result)| -> RankJob<'_> {
+            Box::new(move || *result = Some(rank_body(input)))
+        })
         .collect();
-    let take = |rank: usize| {
-        let mut slot = slots[rank].lock().unwrap_or_else(PoisonError::into_inner);
-        match std::mem::replace(&mut *slot, Slot::Taken) {
-            Slot::Input(input) => Some(input),
-            _ => None,
-        }
-    };
-    let store = |rank: usize| {
-        if let Some(input) = take(rank) {
-            let value = rank_body(input);
-            *slots[rank].lock().unwrap_or_else(PoisonError::into_inner) = Slot::Output(value);
-        }
-    };
-    // A rank whose thread did not start drops its input at once: a
-    // communicator dropped is a peer lost to the others, where one kept
-    // until the end would leave them waiting for it until their deadline.
-    let not_started = |rank: usize| drop(take(rank));
-    let ends = join_rank_threads(slots.len(), name, &store, &not_started);
+    let ends = join_rank_threads(jobs, name);
     ends.into_iter()
-        .zip(slots)
+        .zip(results)
         .enumerate()
-        .map(|(rank, (end, slot))| {
-            end.and_then(
-                |()| match slot.into_inner().unwrap_or_else(PoisonError::into_inner) {
-                    Slot::Output(value) => Ok(value),
-                    Slot::Input(_) | Slot::Taken => Err(CommError::RankPanicked {
-                        rank,
-                        message: "its thread ended without a result".into(),
-                    }),
-                },
-            )
+        .map(|(rank, (end, result))| {
+            end.and_then(|()| {
+                result.ok_or_else(|| CommError::RankPanicked {
+                    rank,
+                    message: "its thread ended without a result".into(),
+                })
+            })
         })
         .collect()
 }
 
-/// A rank's input until its thread takes it, then its result.
-enum Slot<I, R> {
-    Input(I),
-    Taken,
-    Output(R),
-}
-
 /// The part of [`on_rank_threads`] that does not depend on the caller's
-/// types: each rank's thread, its start and its end (`Ok` when
-/// `rank_body` returned); `not_started(rank)` is called as soon as a
-/// rank's thread fails to start.
-fn join_rank_threads(
-    world: usize,
-    name: &str,
-    rank_body: &(dyn Fn(usize) + Sync),
-    not_started: &dyn Fn(usize),
-) -> Vec<Result<()>> {
+/// types: each rank's thread, its start and its end (`Ok` when its job
+/// returned). A job whose thread fails to start is dropped unrun.
+fn join_rank_threads(jobs: Vec<RankJob<'_>>, name: &str) -> Vec<Result<()>> {
     std::thread::scope(|scope| {
-        let threads: Vec<_> = (0..world)
-            .map(|rank| {
+        let threads: Vec<_> = jobs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, job)| {
                 std::thread::Builder::new()
                     .name(format!("{name}-{rank}"))
-                    .spawn_scoped(scope, move || rank_body(rank))
+                    .spawn_scoped(scope, job)
                     .map_err(|e| {
-                        not_started(rank);
                         CommError::InvalidArgument(format!(
                             "cannot start rank {rank}'s thread: {e}"
                         ))

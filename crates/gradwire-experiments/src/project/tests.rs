@@ -247,11 +247,6 @@ const SCALED: Bucketing = Bucketing {
     vote_per_bucket: true,
 };
 
-// The larger MLP of the test below has a hidden matrix past the threshold,
-// and the rest of it together below.
-const _: () = assert!(129 * 129 > SCALED.fusion_threshold);
-const _: () = assert!(129 * 64 + 129 + 129 + 10 * 129 + 10 < SCALED.fusion_threshold);
-
 /// The analytic bytes per step against real DistOpt steps (GradSync,
 /// in-process ranks), the way `gradwire bench strategies` measures them:
 /// exact for every strategy whose size does not depend on the data;
@@ -280,7 +275,19 @@ fn analytic_bytes_equal_what_distopt_sends() {
     let sampled: [StrategyConfig; 1] = ["sampled-topk:0.01".parse().unwrap()];
     let base = TrainConfig::default();
     let model_of = |config: &TrainConfig| entry_of(config, None).unwrap().spec;
-    for shapes in [mlp_shapes(&[129, 129]), mlp_shapes(&[32])] {
+    let larger = mlp_shapes(&[129, 129]);
+    let lens: Vec<usize> = larger.iter().map(|s| s.iter().product()).collect();
+    let buckets =
+        gradwire_algos::cost::plan_buckets(&lens, SCALED.fusion_threshold, SCALED.capacity)
+            .unwrap();
+    assert!(
+        buckets.len() > 1
+            && buckets
+                .iter()
+                .any(|b| b.len() == 1 && lens[b.start] == 129 * 129),
+        "the larger MLP plans several buckets, its hidden matrix alone: {buckets:?}"
+    );
+    for shapes in [larger, mlp_shapes(&[32])] {
         for world in 1..=4 {
             let rows = strategies(&entries, &shapes, &SCALED, world, 0, 2).unwrap();
             let mut wanted = vec![StrategySpec::Dense];

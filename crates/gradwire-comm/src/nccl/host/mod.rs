@@ -15,10 +15,11 @@
 //!    progress is `ncclInvalidUsage`.
 //! 2. **One stream per communicator**: its operations run one at a time
 //!    in the order queued, on a thread of their own or on the thread that
-//!    waits for them; a synchronisation waits for all of them, and a failed operation fails every later wait (CUDA's sticky
-//!    errors). Buffers are freed on their stream after the work queued
-//!    before the free; an upload returns once its source is consumed, a
-//!    download once copied (pageable memory).
+//!    waits for them; a synchronisation waits for all of them, and a
+//!    failed operation fails every later wait (CUDA's sticky errors).
+//!    Buffers are freed on their stream after the work queued before the
+//!    free; an upload returns once its source is consumed, a download once
+//!    copied (pageable memory).
 //! 3. **Collectives meet in order**: every rank's k-th collective on a
 //!    communicator must be the same call (operation, count, type,
 //!    operator, root). A difference, undefined on NCCL (a hang or

@@ -19,8 +19,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::super::watchdog::lock;
 use crate::error::{CommError, Result};
 
-/// A queued operation: runs on the stream's thread; dropped unrun once an
-/// earlier one failed.
+/// A queued operation: runs on the stream's thread or on a caller waiting
+/// for it ([`Stream::wait_for`]); dropped unrun once an earlier one failed.
 pub(super) type Op = Box<dyn FnOnce() -> Result<()> + Send>;
 
 /// One stream's queue and its progress.
