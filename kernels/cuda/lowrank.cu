@@ -6,15 +6,27 @@
 // compute the CPU's bits: every sum runs in the CPU's order with each
 // multiply and add rounded separately (--fmad=false):
 //
-// - lowrank_project_f32, P = M Q: the CPU's `dot` keeps eight partial sums
-//   (entry e goes to lane e % 8, over the whole multiples of 8), adds the
-//   lanes in order 0..7, then the tail (the last cols % 8 products, summed
-//   in order from -0.0, as Rust's `Sum` does) last. Here eight threads hold
-//   the eight lanes of one output and the first of them finishes the sum.
-// - lowrank_project_back_f32, Qt = (Mt P)t: one thread per output, summing
-//   over the rows in order from 0.0 (the CPU's row-by-row axpys).
+// - lowrank_project_f32, P = M Q: the CPU's `dot` sums a row in spans of
+//   GW_LOWRANK_SPAN columns. A span keeps eight partial sums (entry e goes
+//   to lane e % 8, over the span's whole multiples of 8), adds the lanes in
+//   order 0..7, then its tail (its last len % 8 products, summed in order
+//   from -0.0, as Rust's `Sum` does); the spans' sums are added in order
+//   from -0.0. Here a group of eight threads holds the eight lanes of one
+//   span, `slots` groups take the spans of one output side by side (span
+//   `first + slot` in each round), and the output's first group adds their
+//   sums in order.
+// - lowrank_project_back_f32, Qt = (Mt P)t: the CPU sums over the rows in
+//   spans of GW_LOWRANK_SPAN rows (each in row order from 0.0), the spans'
+//   sums in order from -0.0. Here one thread sums one span of one output,
+//   `slots` threads take the spans of one output side by side, and the
+//   first adds their sums in order.
 // - lowrank_reconstruct_f32, out = P Qt: one thread per output, summing
 //   over the rank in order from 0.0.
+//
+// So the order of every sum is the spans', whatever the `slots` a launch
+// takes (the launch plan's `lowrank_project` and `lowrank_project_back` pick
+// them to fill the GPU: a long row or a tall matrix is split across
+// threads instead of summed by one).
 //
 // lowrank_orthonormalize_f32 is the CPU's modified Gram-Schmidt (each
 // projection done twice, the norms and dot products in f64, a column with no
@@ -24,71 +36,153 @@
 // CPU's to within a rounding of those f64 sums (entries of an orthonormal
 // column differ by a few f32 ulps at most).
 //
-// Launched with GW_BLOCK threads per block; the project and orthonormalize
-// kernels require it (GW_REQUIRE_BLOCK).
+// Launched with GW_BLOCK threads per block; the two projections and
+// orthonormalize require it (GW_REQUIRE_BLOCK), and the projections trap on
+// a `slots` outside 1..=GW_LOWRANK_MAX_SLOTS.
 
 #include "gradwire.cuh"
 
-// Outputs per block of lowrank_project_f32: eight threads (lanes) each.
+// Terms of one partial sum: gradwire-compress's lowrank::SPAN.
+#define GW_LOWRANK_SPAN 1024ull
+// Lanes of one span's dot product in lowrank_project_f32.
 #define GW_LOWRANK_LANES 8
-#define GW_LOWRANK_OUTPUTS (GW_BLOCK / GW_LOWRANK_LANES)
+// Groups of eight lanes in a block of lowrank_project_f32.
+#define GW_LOWRANK_GROUPS (GW_BLOCK / GW_LOWRANK_LANES)
+// The most spans of one output a launch sums side by side.
+#define GW_LOWRANK_MAX_SLOTS 32
+
+#define GW_LOWRANK_REQUIRE_SLOTS(slots)                          \
+    do {                                                         \
+        if ((slots) == 0 || (slots) > GW_LOWRANK_MAX_SLOTS) {    \
+            __trap();                                            \
+        }                                                        \
+    } while (0)
+
+// The spans of a sum of n terms.
+__device__ __forceinline__ gw_u64 lowrank_spans(gw_u64 n) {
+    return (n + GW_LOWRANK_SPAN - 1) / GW_LOWRANK_SPAN;
+}
 
 // p[p_at + i * rank + j] = dot(row i of M, row j of Qt) for every i < rows,
-// j < rank. Grid-stride over groups of GW_LOWRANK_OUTPUTS outputs (the loop
-// runs the same number of times in every thread of a block, so the barriers
-// are reached by all).
+// j < rank. A block holds GW_LOWRANK_GROUPS / slots outputs, `slots` groups
+// of eight lanes each (the groups past them idle); grid-stride over such
+// sets of outputs. The loops run the same number of times in every thread
+// of a block, so the barriers are reached by all.
 extern "C" __global__ void lowrank_project_f32(const float* m, gw_u64 m_at, const float* qt,
                                                gw_u64 qt_at, float* p, gw_u64 p_at,
-                                               gw_u64 rows, gw_u64 cols, gw_u64 rank) {
+                                               gw_u64 rows, gw_u64 cols, gw_u64 rank,
+                                               gw_u64 slots) {
     __shared__ float lanes[GW_BLOCK];
+    __shared__ float sums[GW_LOWRANK_GROUPS];
     GW_REQUIRE_BLOCK();
+    GW_LOWRANK_REQUIRE_SLOTS(slots);
     const gw_u64 outputs = rows * rank;
+    const gw_u64 spans = lowrank_spans(cols);
+    const gw_u64 group = threadIdx.x / GW_LOWRANK_LANES;
     const gw_u64 lane = threadIdx.x % GW_LOWRANK_LANES;
-    const gw_u64 whole = cols - cols % GW_LOWRANK_LANES;
-    for (gw_u64 base = (gw_u64)blockIdx.x * GW_LOWRANK_OUTPUTS; base < outputs;
-         base += (gw_u64)gridDim.x * GW_LOWRANK_OUTPUTS) {
-        const gw_u64 output = base + threadIdx.x / GW_LOWRANK_LANES;
-        float acc = 0.0f;
-        if (output < outputs) {
-            const float* row = m + m_at + (output / rank) * cols;
-            const float* q = qt + qt_at + (output % rank) * cols;
-            for (gw_u64 e = lane; e < whole; e += GW_LOWRANK_LANES) {
-                acc = acc + row[e] * q[e];
+    const gw_u64 per_block = GW_LOWRANK_GROUPS / slots;
+    const gw_u64 slot = group % slots;
+    // Whether this thread's group is the first of its output's.
+    const bool leader = slot == 0 && lane == 0;
+    for (gw_u64 base = (gw_u64)blockIdx.x * per_block; base < outputs;
+         base += (gw_u64)gridDim.x * per_block) {
+        const gw_u64 output = base + group / slots;
+        const bool live = group < per_block * slots && output < outputs;
+        float total = -0.0f;
+        for (gw_u64 first = 0; first < spans; first += slots) {
+            const gw_u64 span = first + slot;
+            const bool summing = live && span < spans;
+            const float* row = m + m_at;
+            const float* q = qt + qt_at;
+            gw_u64 whole = 0;
+            gw_u64 end = 0;
+            float acc = 0.0f;
+            if (summing) {
+                row += (output / rank) * cols;
+                q += (output % rank) * cols;
+                const gw_u64 start = span * GW_LOWRANK_SPAN;
+                end = start + GW_LOWRANK_SPAN < cols ? start + GW_LOWRANK_SPAN : cols;
+                whole = end - (end - start) % GW_LOWRANK_LANES;
+                for (gw_u64 e = start + lane; e < whole; e += GW_LOWRANK_LANES) {
+                    acc = acc + row[e] * q[e];
+                }
+            }
+            lanes[threadIdx.x] = acc;
+            __syncthreads();
+            if (summing && lane == 0) {
+                float sum = lanes[threadIdx.x];
+                for (int l = 1; l < GW_LOWRANK_LANES; ++l) {
+                    sum = sum + lanes[threadIdx.x + l];
+                }
+                float tail = -0.0f;
+                for (gw_u64 e = whole; e < end; ++e) {
+                    tail = tail + row[e] * q[e];
+                }
+                sums[group] = sum + tail;
+            }
+            __syncthreads();
+            // Read before the next round's first barrier, which every
+            // thread reaches only after this.
+            if (live && leader) {
+                for (gw_u64 s = 0; s < slots && first + s < spans; ++s) {
+                    total = total + sums[group + s];
+                }
             }
         }
-        lanes[threadIdx.x] = acc;
-        __syncthreads();
-        if (lane == 0 && output < outputs) {
-            float sum = lanes[threadIdx.x];
-            for (int l = 1; l < GW_LOWRANK_LANES; ++l) {
-                sum = sum + lanes[threadIdx.x + l];
-            }
-            const float* row = m + m_at + (output / rank) * cols;
-            const float* q = qt + qt_at + (output % rank) * cols;
-            float tail = -0.0f;
-            for (gw_u64 e = whole; e < cols; ++e) {
-                tail = tail + row[e] * q[e];
-            }
-            p[p_at + output] = sum + tail;
+        if (live && leader) {
+            p[p_at + output] = total;
         }
-        __syncthreads();
     }
 }
 
 // qt[qt_at + j * cols + c] = sum over i in order of p[i * rank + j] *
-// m[i * cols + c]: one thread per output, consecutive threads on consecutive
-// columns (coalesced reads of M's rows).
+// m[i * cols + c], span by span. A block holds GW_BLOCK / slots outputs,
+// `slots` threads each (the threads past them idle): consecutive threads on
+// consecutive columns (coalesced reads of M's rows), the k-th set of them
+// on the output's k-th span of each round; grid-stride over such sets.
 extern "C" __global__ void lowrank_project_back_f32(const float* m, gw_u64 m_at, const float* p,
                                                     gw_u64 p_at, float* qt, gw_u64 qt_at,
-                                                    gw_u64 rows, gw_u64 cols, gw_u64 rank) {
-    GW_FOR_EACH(o, rank * cols) {
-        const gw_u64 j = o / cols;
-        const gw_u64 c = o % cols;
-        float acc = 0.0f;
-        for (gw_u64 i = 0; i < rows; ++i) {
-            acc = acc + p[p_at + i * rank + j] * m[m_at + i * cols + c];
+                                                    gw_u64 rows, gw_u64 cols, gw_u64 rank,
+                                                    gw_u64 slots) {
+    __shared__ float sums[GW_BLOCK];
+    GW_REQUIRE_BLOCK();
+    GW_LOWRANK_REQUIRE_SLOTS(slots);
+    const gw_u64 outputs = rank * cols;
+    const gw_u64 spans = lowrank_spans(rows);
+    const gw_u64 per_block = GW_BLOCK / slots;
+    const gw_u64 column = threadIdx.x % per_block;
+    const gw_u64 slot = threadIdx.x / per_block;
+    for (gw_u64 base = (gw_u64)blockIdx.x * per_block; base < outputs;
+         base += (gw_u64)gridDim.x * per_block) {
+        const gw_u64 o = base + column;
+        const bool live = slot < slots && o < outputs;
+        float total = -0.0f;
+        for (gw_u64 first = 0; first < spans; first += slots) {
+            const gw_u64 span = first + slot;
+            float acc = 0.0f;
+            if (live && span < spans) {
+                const gw_u64 j = o / cols;
+                const gw_u64 c = o % cols;
+                const gw_u64 start = span * GW_LOWRANK_SPAN;
+                const gw_u64 end =
+                    start + GW_LOWRANK_SPAN < rows ? start + GW_LOWRANK_SPAN : rows;
+                for (gw_u64 i = start; i < end; ++i) {
+                    acc = acc + p[p_at + i * rank + j] * m[m_at + i * cols + c];
+                }
+            }
+            sums[threadIdx.x] = acc;
+            __syncthreads();
+            if (live && slot == 0) {
+                for (gw_u64 s = 0; s < slots && first + s < spans; ++s) {
+                    total = total + sums[s * per_block + column];
+                }
+            }
+            // The sums are written anew in the next round.
+            __syncthreads();
         }
-        qt[qt_at + o] = acc;
+        if (live && slot == 0) {
+            qt[qt_at + o] = total;
+        }
     }
 }
 

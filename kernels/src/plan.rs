@@ -170,19 +170,64 @@ pub fn quant_encode(chunks: usize) -> Blocks {
 
 // -- lowrank.cu --
 
-/// Outputs of one block of `lowrank_project_f32` (`GW_LOWRANK_OUTPUTS`):
-/// eight threads (the dot product's eight lanes) each.
-const LOWRANK_PROJECT_OUTPUTS: usize = BLOCK as usize / 8;
+/// Terms of one partial sum of PowerSGD's projections (`GW_LOWRANK_SPAN`):
+/// gradwire-compress's `lowrank::SPAN`. A longer sum is the in-order sum of
+/// its spans' sums, which a launch may take side by side.
+pub const LOWRANK_SPAN: usize = 1024;
 
-/// The grid of `lowrank_project_f32` over `outputs` entries of `P`
-/// (`rows x rank`): 32 outputs per block of [`BLOCK`] threads, at least one
-/// block, at most [`MAX_GRID`] (the blocks stride over the rest).
-pub fn lowrank_project(outputs: usize) -> Blocks {
-    let blocks = outputs
-        .div_ceil(LOWRANK_PROJECT_OUTPUTS)
-        .clamp(1, MAX_GRID as usize);
-    // In range by the clamp.
-    Blocks::Exactly(u32::try_from(blocks).unwrap_or(MAX_GRID), 1)
+/// The most spans of one output a projection's launch sums side by side
+/// (`GW_LOWRANK_MAX_SLOTS`; the kernels trap on more, or on none).
+pub const LOWRANK_MAX_SLOTS: usize = 32;
+
+/// The launch of `lowrank_project_f32` or `lowrank_project_back_f32`: the
+/// grid, and `slots`, the kernel's last argument (how many spans of one
+/// output its threads sum side by side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanLaunch {
+    /// The grid.
+    pub blocks: Blocks,
+    /// Spans of one output summed side by side: 1 to
+    /// [`LOWRANK_MAX_SLOTS`].
+    pub slots: usize,
+}
+
+/// Slots for a sum of `terms` terms: its spans, rounded up to a power of
+/// two (so that the block's threads divide among the outputs evenly), at
+/// most [`LOWRANK_MAX_SLOTS`].
+fn span_slots(terms: usize) -> usize {
+    terms
+        .div_ceil(LOWRANK_SPAN)
+        .max(1)
+        .next_power_of_two()
+        .min(LOWRANK_MAX_SLOTS)
+}
+
+/// A launch over `outputs` outputs, `per_block_threads / slots` of them
+/// per block, at least one block, at most [`MAX_GRID`] (the blocks stride
+/// over the rest).
+fn span_launch(outputs: usize, slots: usize, per_block_threads: usize) -> SpanLaunch {
+    let per_block = per_block_threads / slots;
+    let blocks = outputs.div_ceil(per_block).clamp(1, MAX_GRID as usize);
+    SpanLaunch {
+        // In range by the clamp.
+        blocks: Blocks::Exactly(u32::try_from(blocks).unwrap_or(MAX_GRID), 1),
+        slots,
+    }
+}
+
+/// The launch of `lowrank_project_f32` over `outputs` entries of `P`
+/// (`rows x rank`), each a dot product of `cols` terms: a block holds 32
+/// groups of eight threads (a span's eight lanes), `slots` groups per
+/// output.
+pub fn lowrank_project(outputs: usize, cols: usize) -> SpanLaunch {
+    span_launch(outputs, span_slots(cols), BLOCK as usize / 8)
+}
+
+/// The launch of `lowrank_project_back_f32` over `outputs` entries of `Qᵀ`
+/// (`rank x cols`), each a sum over `rows` rows: `slots` threads per
+/// output, [`BLOCK`] threads per block.
+pub fn lowrank_project_back(outputs: usize, rows: usize) -> SpanLaunch {
+    span_launch(outputs, span_slots(rows), BLOCK as usize)
 }
 
 /// The grid of `lowrank_orthonormalize_f32`: one block per matrix (its

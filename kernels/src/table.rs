@@ -237,18 +237,18 @@ pub mod lowrank {
 
     kernels! { "lowrank";
         // (const float* m, u64 m_at, const float* qt, u64 qt_at, float* p, u64 p_at,
-        //  u64 rows, u64 cols, u64 rank)
+        //  u64 rows, u64 cols, u64 rank, u64 slots)
         LOWRANK_PROJECT_F32 = "lowrank_project_f32" as F32 [
             read(F32, |s| window(s, 1, 6, 7)), value(U64), read(F32, |s| window(s, 3, 8, 7)),
             value(U64), write(F32, |s| window(s, 5, 6, 8)), value(U64), value(U64), value(U64),
-            value(U64),
+            value(U64), value(U64),
         ] Any;
         // (const float* m, u64 m_at, const float* p, u64 p_at, float* qt, u64 qt_at,
-        //  u64 rows, u64 cols, u64 rank)
+        //  u64 rows, u64 cols, u64 rank, u64 slots)
         LOWRANK_PROJECT_BACK_F32 = "lowrank_project_back_f32" as F32 [
             read(F32, |s| window(s, 1, 6, 7)), value(U64), read(F32, |s| window(s, 3, 6, 8)),
             value(U64), write(F32, |s| window(s, 5, 8, 7)), value(U64), value(U64), value(U64),
-            value(U64),
+            value(U64), value(U64),
         ] Any;
         // (const float* p, u64 p_at, const float* qt, u64 qt_at, float* out,
         //  u64 out_at, u64 rows, u64 cols, u64 rank)

@@ -20,6 +20,13 @@
 //! nothing: the factors are thin (`rank` is 1 to a few), where a general
 //! matrix multiplication spends its time packing.
 //!
+//! The long sums of [`project`] (over a row's columns) and [`project_back`]
+//! (over the rows) run in spans of [`SPAN`] terms: each span summed on its
+//! own, then the spans' sums added in order. A matrix of at most `SPAN`
+//! columns (or rows) has one span, so the order is the plain one; the
+//! spans are what lets the device products (`lowrank.cu`) split a long sum
+//! across threads and still give these bits.
+//!
 //! ```
 //! use gradwire_compress::lowrank;
 //!
@@ -142,9 +149,33 @@ pub(crate) fn check_orthonormalize(p: usize, rows: usize, rank: usize) -> Result
     check_len("orthonormalize", p, product("orthonormalize", rows, rank)?)
 }
 
-/// `a · b` in f32, eight partial sums at a time (which the compiler keeps
-/// in one vector register).
+/// Terms of one partial sum of [`project`] (columns of a row) and
+/// [`project_back`] (rows): a longer sum is the in-order sum of its spans'
+/// sums. `GW_LOWRANK_SPAN` of `lowrank.cu` and gradwire-kernels'
+/// `plan::LOWRANK_SPAN`, which the device products split their sums by.
+pub const SPAN: usize = 1024;
+
+/// Columns of one tile of [`project_back`]'s later spans, and the rank
+/// columns one pass over a tile takes: their partial sums (32 KiB) stay on
+/// the stack, and each row of `M` is read 4 KiB at a time (on tall
+/// matrices, within about 10 % of one pass over whole rows; 64-column
+/// tiles took twice as long).
+const TILE: usize = 1024;
+const TILE_RANK: usize = 8;
+
+/// `a · b` in f32, span by span ([`SPAN`]): each span's eight partial sums
+/// (which the compiler keeps in one vector register) added in order, then
+/// its tail; the spans' sums added in order from -0.0 (so a single span's
+/// sum is itself, bit for bit).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.chunks(SPAN)
+        .zip(b.chunks(SPAN))
+        .fold(-0.0, |total, (a, b)| total + span_dot(a, b))
+}
+
+/// `a · b` of one span: eight partial sums (entry `e` in lane `e % 8`, over
+/// the whole multiples of 8), the lanes added in order, then the tail.
+fn span_dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = a8
@@ -181,13 +212,42 @@ pub fn project(m: &[f32], rows: usize, cols: usize, qt: &[f32], p: &mut [f32]) -
 }
 
 /// `qt = (mᵀ p)ᵀ = pᵀ m`: `m` is `rows x cols`, `p` is `rows x rank`, `qt`
-/// (written) is `rank x cols`.
+/// (written) is `rank x cols`. Each entry sums over the rows span by span
+/// ([`SPAN`] rows, each span's sum from 0.0 in row order), the spans' sums
+/// added in order.
 pub fn project_back(m: &[f32], rows: usize, cols: usize, p: &[f32], qt: &mut [f32]) -> Result<()> {
     let rank = check_project_back(rows, cols, m.len(), p.len(), qt.len())?;
+    let mut spans = m.chunks(SPAN * cols).zip(p.chunks(SPAN * rank));
+    // The first span straight into `qt`, row by row (the whole sum when
+    // there is one span): -0.0 + s is s, so this is the in-order sum.
     qt.fill(0.0);
-    for (row, p_row) in m.chunks_exact(cols).zip(p.chunks_exact(rank)) {
-        for (&p, q) in p_row.iter().zip(qt.chunks_exact_mut(cols)) {
-            axpy(p, row, q);
+    if let Some((m, p)) = spans.next() {
+        for (row, p_row) in m.chunks_exact(cols).zip(p.chunks_exact(rank)) {
+            for (&p, q) in p_row.iter().zip(qt.chunks_exact_mut(cols)) {
+                axpy(p, row, q);
+            }
+        }
+    }
+    // Each later span summed on its own, then added: a tile of columns
+    // and of rank columns at a time, the partial sums on the stack.
+    for (m, p) in spans {
+        for c0 in (0..cols).step_by(TILE) {
+            let width = TILE.min(cols - c0);
+            for j0 in (0..rank).step_by(TILE_RANK) {
+                let height = TILE_RANK.min(rank - j0);
+                let mut part = [[0f32; TILE]; TILE_RANK];
+                for (row, p_row) in m.chunks_exact(cols).zip(p.chunks_exact(rank)) {
+                    let row = &row[c0..c0 + width];
+                    for (&p, part) in p_row[j0..j0 + height].iter().zip(&mut part) {
+                        axpy(p, row, &mut part[..width]);
+                    }
+                }
+                for (part, q) in part.iter().zip(qt.chunks_exact_mut(cols).skip(j0)) {
+                    for (q, s) in q[c0..c0 + width].iter_mut().zip(part) {
+                        *q += s;
+                    }
+                }
+            }
         }
     }
     Ok(())

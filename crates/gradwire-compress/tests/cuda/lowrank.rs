@@ -46,8 +46,10 @@ fn unpadded(what: &str, s: &CudaStorage) -> Vec<f32> {
 }
 
 /// Shapes with every remainder of the eight-lane dot, single rows and
-/// columns, and sizes beyond one grid's worth of blocks.
-const SHAPES: [(usize, usize); 9] = [
+/// columns, sizes beyond one grid's worth of blocks, and sums of several
+/// spans (`lowrank::SPAN`) split across threads: a wide matrix (project)
+/// and a tall one (project back).
+const SHAPES: [(usize, usize); 10] = [
     (1, 1),
     (3, 7),
     (2, 8),
@@ -57,6 +59,7 @@ const SHAPES: [(usize, usize); 9] = [
     (101, 127),
     (1024, 1000),
     (33, 70_001),
+    (40_003, 17),
 ];
 
 #[test]

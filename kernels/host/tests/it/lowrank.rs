@@ -5,15 +5,18 @@
 //! buffers at aligned and misaligned addresses; nothing before a window
 //! written):
 //!
-//! - `lowrank_project_f32` on the launcher's grid ([`plan::lowrank_project`]),
-//!   `lowrank_project_back_f32` and `lowrank_reconstruct_f32` on grid-stride
-//!   launches: bitwise the CPU's `project`, `project_back`, `reconstruct`,
+//! - `lowrank_project_f32` and `lowrank_project_back_f32` on the launcher's
+//!   launches ([`plan::lowrank_project`], [`plan::lowrank_project_back`]:
+//!   a long sum's spans side by side), `lowrank_reconstruct_f32` on a
+//!   grid-stride launch: bitwise the CPU's `project`, `project_back`, `reconstruct`,
 //!   on shapes with one row or column, primes, every remainder of the
 //!   eight-lane dot and several blocks, ranks 1 to 4 and 7, inputs with
 //!   subnormals and ±0 (sums of signed zeros); the device suite's largest
 //!   shapes; a `P` of more than [`MAX_GRID`] blocks of outputs, where the
 //!   launcher's grid stops growing and the projection's blocks stride, and
-//!   the same loop on grids smaller than the outputs;
+//!   the same loop on grids smaller than the outputs; the same bits with
+//!   any number of a long sum's spans side by side (`slots` 1 to 32), and
+//!   a trap outside that;
 //! - `lowrank_orthonormalize_f32` on its one block
 //!   ([`plan::lowrank_orthonormalize`]): the same bits in both thread
 //!   orders, within the launcher's stated bound of the CPU's modified
@@ -118,12 +121,47 @@ struct Shape {
     rank: usize,
 }
 
+/// How a product is launched: its grid, and the projections' last
+/// argument, `slots`.
+#[derive(Debug, Clone, Copy)]
+struct On {
+    blocks: Blocks,
+    slots: Option<usize>,
+}
+
+impl On {
+    /// The launcher's launch of `lowrank_project_f32` for shape `s`.
+    fn project(s: Shape) -> On {
+        On::spans(plan::lowrank_project(s.rows * s.rank, s.cols))
+    }
+
+    /// The launcher's launch of `lowrank_project_back_f32` for shape `s`.
+    fn project_back(s: Shape) -> On {
+        On::spans(plan::lowrank_project_back(s.rank * s.cols, s.rows))
+    }
+
+    fn spans(launch: plan::SpanLaunch) -> On {
+        On {
+            blocks: launch.blocks,
+            slots: Some(launch.slots),
+        }
+    }
+
+    /// The launcher's grid-stride launch of `lowrank_reconstruct_f32`.
+    fn reconstruct(s: Shape) -> On {
+        On {
+            blocks: Blocks::Over(s.rows * s.cols),
+            slots: None,
+        }
+    }
+}
+
 /// One of the launcher's `launch_product`s on the host: `kernel(a, a_at,
-/// b, b_at, out, out_at, rows, cols, rank)` on `blocks`, into a stale
+/// b, b_at, out, out_at, rows, cols, rank[, slots])` on `on`, into a stale
 /// output of `out_len`, in both thread orders; the output window.
 fn product_on_host(
     kernel: &Kernel,
-    blocks: Blocks,
+    on: On,
     (a, b): (&[f32], &[f32]),
     out_len: usize,
     s: Shape,
@@ -136,8 +174,8 @@ fn product_on_host(
         placed(b, b_at),
         placed(&vec![f32::from_bits(STALE); out_len], out_at),
     );
-    let (_, _, out) = run_both(kernel, blocks, &state, |(a, b, out)| {
-        vec![
+    let (_, _, out) = run_both(kernel, on.blocks, &state, |(a, b, out)| {
+        let mut args = vec![
             Arg::read_at(&a[..], off),
             Arg::len(a_at),
             Arg::read_at(&b[..], off),
@@ -147,7 +185,9 @@ fn product_on_host(
             Arg::len(s.rows),
             Arg::len(s.cols),
             Arg::len(s.rank),
-        ]
+        ];
+        args.extend(on.slots.map(Arg::len));
+        args
     })?;
     Ok(window(&out, out_at, kernel.name()))
 }
@@ -204,7 +244,7 @@ fn project_equals_the_cpu_bitwise() {
             let what = format!("lowrank_project_f32 {case} {place:?}");
             let got = product_on_host(
                 &k::LOWRANK_PROJECT_F32,
-                plan::lowrank_project(s.rows * s.rank),
+                On::project(s),
                 (&m, &qt),
                 want.len(),
                 s,
@@ -232,7 +272,7 @@ fn project_back_equals_the_cpu_bitwise() {
                 let what = format!("lowrank_project_back_f32 {case} {input} {place:?}");
                 let got = product_on_host(
                     &k::LOWRANK_PROJECT_BACK_F32,
-                    Blocks::Over(want.len()),
+                    On::project_back(s),
                     (&m, &p),
                     want.len(),
                     s,
@@ -260,7 +300,7 @@ fn reconstruct_equals_the_cpu_bitwise() {
             let what = format!("lowrank_reconstruct_f32 {case} {place:?}");
             let got = product_on_host(
                 &k::LOWRANK_RECONSTRUCT_F32,
-                Blocks::Over(want.len()),
+                On::reconstruct(s),
                 (&p, &qt),
                 want.len(),
                 s,
@@ -294,7 +334,7 @@ fn large_products(rows: usize, cols: usize, rank: usize) {
     let what = format!("lowrank_project_f32 {case}");
     let got = product_on_host(
         &k::LOWRANK_PROJECT_F32,
-        plan::lowrank_project(p.len()),
+        On::project(s),
         (&m, &qt),
         p.len(),
         s,
@@ -307,7 +347,7 @@ fn large_products(rows: usize, cols: usize, rank: usize) {
     let what = format!("lowrank_project_back_f32 {case}");
     let got = product_on_host(
         &k::LOWRANK_PROJECT_BACK_F32,
-        Blocks::Over(q2.len()),
+        On::project_back(s),
         (&m, &p),
         q2.len(),
         s,
@@ -320,7 +360,7 @@ fn large_products(rows: usize, cols: usize, rank: usize) {
     let what = format!("lowrank_reconstruct_f32 {case}");
     let got = product_on_host(
         &k::LOWRANK_RECONSTRUCT_F32,
-        Blocks::Over(out.len()),
+        On::reconstruct(s),
         (&p, &q2),
         out.len(),
         s,
@@ -342,41 +382,158 @@ fn products_of_a_wide_matrix_equal_the_cpu_bitwise() {
 
 #[test]
 fn products_past_the_grid_equal_the_cpu_bitwise() {
+    let s = Shape {
+        rows: 32_769,
+        cols: 3,
+        rank: 4,
+    };
+    assert_eq!(On::project(s).blocks, Blocks::Exactly(MAX_GRID, 1));
+    // 33 spans of rows, 32 side by side: two rounds.
+    assert_eq!(On::project_back(s).slots, Some(32));
+    large_products(s.rows, s.cols, s.rank);
+}
+
+#[test]
+fn the_launch_plans_split_long_sums_into_spans() {
+    assert_eq!(plan::LOWRANK_SPAN, cpu::SPAN);
+    let project = |outputs, cols| plan::lowrank_project(outputs, cols);
+    // Short rows: one slot, 32 outputs a block, as many blocks as needed
+    // up to MAX_GRID.
+    assert_eq!(project(1, 1).blocks, Blocks::Exactly(1, 1));
+    assert_eq!(project(33, 1024).blocks, Blocks::Exactly(2, 1));
+    assert_eq!(project(33, 1024).slots, 1);
     assert_eq!(
-        plan::lowrank_project(32_769 * 4),
+        project(32 * MAX_GRID as usize + 1, 7).blocks,
         Blocks::Exactly(MAX_GRID, 1)
     );
-    large_products(32_769, 3, 4);
+    // Longer rows: their spans side by side (a power of two, at most 32),
+    // fewer outputs a block.
+    for (cols, slots) in [(1025, 2), (3 * 1024, 4), (5 * 1024 + 1, 8), (40_000, 32)] {
+        let launch = project(4096, cols);
+        assert_eq!(launch.slots, slots, "{cols} columns");
+        assert_eq!(
+            launch.blocks,
+            Blocks::Exactly((4096 * slots / 32) as u32, 1),
+            "{cols} columns"
+        );
+    }
+    // project_back: BLOCK threads a block, `slots` per output.
+    let back = plan::lowrank_project_back(1000, 3000);
+    assert_eq!(back.slots, 4);
+    assert_eq!(back.blocks, Blocks::Exactly(1000_u32.div_ceil(64), 1));
+    assert_eq!(plan::lowrank_project_back(1, 1).slots, 1);
+}
+
+/// The projections of shape `s` on `blocks` with `slots` spans side by
+/// side, against the CPU's bits (`want_p`, `want_q`).
+fn projections_on(
+    s: Shape,
+    (m, qt, p): (&[f32], &[f32], &[f32]),
+    want: (&[f32], &[f32]),
+    blocks: u32,
+    slots: usize,
+) {
+    let case = format!(
+        "{}x{} rank {} on {blocks} blocks, {slots} slots",
+        s.rows, s.cols, s.rank
+    );
+    let on = On {
+        blocks: Blocks::Exactly(blocks, 1),
+        slots: Some(slots),
+    };
+    let what = format!("lowrank_project_f32 {case}");
+    let got = product_on_host(
+        &k::LOWRANK_PROJECT_F32,
+        on,
+        (m, qt),
+        want.0.len(),
+        s,
+        PLACES[1],
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_bitwise(&got, want.0, &what);
+    let what = format!("lowrank_project_back_f32 {case}");
+    let got = product_on_host(
+        &k::LOWRANK_PROJECT_BACK_F32,
+        on,
+        (m, p),
+        want.1.len(),
+        s,
+        PLACES[1],
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_bitwise(&got, want.1, &what);
+}
+
+#[test]
+fn the_projections_give_the_cpu_bits_whatever_the_slots_and_grid() {
+    // The order of every sum is the spans', whichever threads take them:
+    // any slots from 1 to 32 (powers of two or not, more or fewer than
+    // the spans), on grids smaller than the outputs (the blocks stride).
+    // A wide shape (7 spans of columns: project splits) and a tall one
+    // (6 spans of rows: project_back splits), each with a short last span.
+    for (rows, cols, rank) in [(5, 6 * 1024 + 7, 3), (5 * 1024 + 3, 9, 2)] {
+        let s = Shape { rows, cols, rank };
+        let m = tame_pooled(rows * cols, 41);
+        let qt = tame_pooled(rank * cols, 42);
+        let p = tame_pooled(rows * rank, 43);
+        let mut want_p = vec![0f32; rows * rank];
+        cpu::project(&m, rows, cols, &qt, &mut want_p).expect("cpu project");
+        let mut want_q = vec![0f32; rank * cols];
+        cpu::project_back(&m, rows, cols, &p, &mut want_q).expect("cpu project_back");
+        for slots in [1, 2, 3, 7, 8, 31, 32] {
+            for blocks in [1, 2] {
+                projections_on(s, (&m, &qt, &p), (&want_p, &want_q), blocks, slots);
+            }
+        }
+    }
 }
 
 #[test]
 fn project_strides_over_its_outputs_on_smaller_grids() {
     // The loop the launcher's grid takes past MAX_GRID blocks, on grids
     // smaller than the outputs.
-    assert_eq!(plan::lowrank_project(1), Blocks::Exactly(1, 1));
-    assert_eq!(plan::lowrank_project(33), Blocks::Exactly(2, 1));
-    assert_eq!(
-        plan::lowrank_project(32 * MAX_GRID as usize + 1),
-        Blocks::Exactly(MAX_GRID, 1)
-    );
     for (rows, cols, rank) in [(101, 127, 4), (257, 3, 3), (40, 9, 1)] {
         let s = Shape { rows, cols, rank };
         let m = tame(rows * cols, 21);
         let qt = tame(rank * cols, 22);
-        let mut want = vec![0f32; rows * rank];
-        cpu::project(&m, rows, cols, &qt, &mut want).expect("cpu project");
-        for grid in [1, 3] {
-            let what = format!("lowrank_project_f32 {rows}x{cols} rank {rank} on {grid} blocks");
-            let got = product_on_host(
-                &k::LOWRANK_PROJECT_F32,
-                Blocks::Exactly(grid, 1),
-                (&m, &qt),
-                want.len(),
-                s,
-                PLACES[1],
-            )
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_bitwise(&got, &want, &what);
+        let p = tame(rows * rank, 23);
+        let mut want_p = vec![0f32; rows * rank];
+        cpu::project(&m, rows, cols, &qt, &mut want_p).expect("cpu project");
+        let mut want_q = vec![0f32; rank * cols];
+        cpu::project_back(&m, rows, cols, &p, &mut want_q).expect("cpu project_back");
+        for blocks in [1, 3] {
+            projections_on(s, (&m, &qt, &p), (&want_p, &want_q), blocks, 1);
+        }
+    }
+}
+
+#[test]
+fn the_projections_trap_on_slots_out_of_range() {
+    let s = Shape {
+        rows: 3,
+        cols: 5,
+        rank: 2,
+    };
+    let (m, qt) = (tame(15, 51), tame(10, 52));
+    for kernel in [&k::LOWRANK_PROJECT_F32, &k::LOWRANK_PROJECT_BACK_F32] {
+        for slots in [0, plan::LOWRANK_MAX_SLOTS + 1] {
+            let on = On {
+                blocks: Blocks::Exactly(1, 1),
+                slots: Some(slots),
+            };
+            let out_len = if kernel.name() == "lowrank_project_f32" {
+                6
+            } else {
+                10
+            };
+            let input = if out_len == 6 { &qt[..] } else { &qt[..6] };
+            match product_on_host(kernel, on, (&m, input), out_len, s, PLACES[0]) {
+                Err(Error::Failed { message, .. }) => {
+                    assert!(message.ends_with("__trap"), "{}: {message}", kernel.name())
+                }
+                other => panic!("{} with {slots} slots: {other:?}", kernel.name()),
+            }
         }
     }
 }
@@ -545,7 +702,7 @@ fn a_power_iteration_matches_the_cpu() {
     let dp = run(
         product_on_host(
             &k::LOWRANK_PROJECT_F32,
-            plan::lowrank_project(rows * rank),
+            On::project(s),
             (&m, &qt),
             rows * rank,
             s,
@@ -560,7 +717,7 @@ fn a_power_iteration_matches_the_cpu() {
     let dq2 = run(
         product_on_host(
             &k::LOWRANK_PROJECT_BACK_F32,
-            Blocks::Over(rank * cols),
+            On::project_back(s),
             (&m, &dp),
             rank * cols,
             s,
@@ -571,7 +728,7 @@ fn a_power_iteration_matches_the_cpu() {
     let dapprox = run(
         product_on_host(
             &k::LOWRANK_RECONSTRUCT_F32,
-            Blocks::Over(rows * cols),
+            On::reconstruct(s),
             (&dp, &dq2),
             rows * cols,
             s,

@@ -140,24 +140,27 @@ fn check_operands(
 /// The three products' kernels take the same arguments: two input
 /// windows, the output window (each an f32 buffer and an element offset)
 /// and the shape: `kernel(const float* a, u64 a_at, const float* b, u64
-/// b_at, float* out, u64 out_at, u64 rows, u64 cols, u64 rank)`. Checks
+/// b_at, float* out, u64 out_at, u64 rows, u64 cols, u64 rank)`, and the
+/// two projections a last `u64 slots` (their [`plan::SpanLaunch`]). Checks
 /// that the windows have the lengths `lens` gives (a, b, out) and lie on
-/// `out`'s device, then launches `kernel` on `blocks(outputs)`.
+/// `out`'s device, then launches `kernel` on `grid(outputs)`: its blocks,
+/// and its slots where it has them.
 fn launch_product(
     op: &'static str,
     kernel: &'static Kernel,
     (a, b, out): (&Window<'_>, &Window<'_>, &mut WindowMut<'_>),
     lens: [usize; 3],
     shape: LowRankShape,
-    blocks: fn(usize) -> Blocks,
+    grid: impl FnOnce(usize) -> (Blocks, Option<usize>),
 ) -> Result<()> {
     let [a_len, b_len, outputs] = lens;
     check_operands(op, [(a, a_len), (b, b_len)], out, outputs)?;
     if outputs == 0 {
         return Ok(());
     }
+    let (blocks, slots) = grid(outputs);
     let device = out.storage.device().clone();
-    Launch::new(&device, kernel)
+    let launch = Launch::new(&device, kernel)
         .read(a.storage)
         .len(a.range.start)
         .read(b.storage)
@@ -166,8 +169,16 @@ fn launch_product(
         .len(out.range.start)
         .len(shape.rows)
         .len(shape.cols)
-        .len(shape.rank)
-        .run(blocks(outputs))
+        .len(shape.rank);
+    match slots {
+        Some(slots) => launch.len(slots).run(blocks),
+        None => launch.run(blocks),
+    }
+}
+
+/// A projection's [`plan::SpanLaunch`] as `launch_product` takes it.
+fn spans(launch: plan::SpanLaunch) -> (Blocks, Option<usize>) {
+    (launch.blocks, Some(launch.slots))
 }
 
 /// `p = m q` (gradwire-compress's `lowrank::project`, bitwise): `m` is
@@ -185,7 +196,7 @@ pub fn project(
         (m, qt, p),
         [shape.m_len()?, shape.q_len()?, shape.p_len()?],
         shape,
-        plan::lowrank_project,
+        |outputs| spans(plan::lowrank_project(outputs, shape.cols)),
     )
 }
 
@@ -204,7 +215,7 @@ pub fn project_back(
         (m, p, qt),
         [shape.m_len()?, shape.p_len()?, shape.q_len()?],
         shape,
-        Blocks::Over,
+        |outputs| spans(plan::lowrank_project_back(outputs, shape.rows)),
     )
 }
 
@@ -223,7 +234,7 @@ pub fn reconstruct(
         (p, qt, out),
         [shape.p_len()?, shape.q_len()?, shape.m_len()?],
         shape,
-        Blocks::Over,
+        |outputs| (Blocks::Over(outputs), None),
     )
 }
 
