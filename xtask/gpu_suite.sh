@@ -12,8 +12,11 @@
 # sanitize  compute-sanitizer memcheck, racecheck (one process per test)
 #           and synccheck over the kernel suites, beside the suites
 # bench     gradwire bench kernels (device codecs against a device-to-device
-#           copy), the NCCL all-reduce bench, and torch_bench.py (PyTorch's
-#           topk, casts and copy on the same GPU) when torch is installed
+#           copy), the NCCL all-reduce bench, gradwire bench distopt (DistOpt's
+#           steps on the GPU against the optimizer alone), and, when torch
+#           is installed, torch_bench.py (PyTorch's topk, casts and copy on
+#           the same GPU) and torch_ddp_bench.py (DDP's steps against plain
+#           PyTorch on the same shapes)
 #
 # Logs go to $OUT (or ./gpu-out): env.txt, suites.log (the suites' and
 # sanitizers' output), after-suites.txt (memory and the kernel log's tail),
@@ -179,12 +182,19 @@ run_bench() {
     echo "=== gradwire bench allreduce --backend nccl" >>"$log"
     timeout 90 "$here/gradwire" bench allreduce --backend nccl --world 1 \
         --sizes 64K,1M,16M,64M >>"$log" 2>&1 || { note "FAIL bench allreduce nccl"; failed=1; }
+    echo "=== gradwire bench distopt --device cuda" >>"$log"
+    timeout 120 "$here/gradwire" bench distopt --device cuda --model resnet50 \
+        --strategies fp16,topk:0.01,powersgd:4 >>"$log" 2>&1 \
+        || { note "FAIL bench distopt"; failed=1; }
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
         echo "=== torch_bench.py" >>"$log"
         timeout 90 python3 "$here/torch_bench.py" --sizes 1M,16M,64M >>"$log" 2>&1 \
             || { note "FAIL torch_bench"; failed=1; }
+        echo "=== torch_ddp_bench.py" >>"$log"
+        timeout 120 python3 "$here/torch_ddp_bench.py" >>"$log" 2>&1 \
+            || { note "FAIL torch_ddp_bench"; failed=1; }
     else
-        note "SKIP torch_bench: no torch with CUDA"
+        note "SKIP torch_bench, torch_ddp_bench: no torch with CUDA"
     fi
     note "bench: see bench.txt"
 }

@@ -77,9 +77,13 @@ pub fn gpu_bundle() -> Result {
     fs::copy(workspace_root().join("xtask/gpu_suite.sh"), &script)
         .map_err(|e| format!("could not copy gpu_suite.sh: {e}"))?;
     crate::gpu::make_executable(&script)?;
-    let bench = dir.join("torch_bench.py");
-    fs::copy(workspace_root().join("xtask/torch_bench.py"), &bench)
-        .map_err(|e| format!("could not copy torch_bench.py: {e}"))?;
+    for script in ["torch_bench.py", "torch_ddp_bench.py"] {
+        fs::copy(
+            workspace_root().join("xtask").join(script),
+            dir.join(script),
+        )
+        .map_err(|e| format!("could not copy {script}: {e}"))?;
+    }
     let size: u64 = fs::read_dir(&tests_dir)
         .map_err(|e| e.to_string())?
         .chain(fs::read_dir(&dir).map_err(|e| e.to_string())?)

@@ -1,8 +1,9 @@
 //! `gradwire bench`'s subcommands and their flags ([`BenchCommand`]), and
 //! what each measures and prints: all-reduce on LocalComm, MPI or NCCL,
-//! the strategies' bytes per step, the codecs on the CPU and (feature
-//! `cuda`) on a GPU.
+//! the strategies' bytes per step, what DistOpt adds to an optimizer's
+//! step, the codecs on the CPU and (feature `cuda`) on a GPU.
 
+use super::distopt::{BenchDevice, distopt_steps};
 use super::strategies::{ShapeModel, strategies};
 use super::{AllReduceRow, Budget, all_reduce, compress, print_rows};
 use crate::config::BackendKind;
@@ -67,6 +68,38 @@ pub enum BenchCommand {
         steps: usize,
         /// Rounds (each loop takes a turn per round; medians over them).
         #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// JSON on stdout instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What DistOpt adds to an optimizer's step on one device: every
+    /// strategy's step (fresh gradients pushed in backward order, then
+    /// `finish`, W = 1) in turns with the optimizer alone on the same
+    /// gradients; on a GPU (features `cuda`, `nccl`), the counterpart of
+    /// the GPU bundle's `torch_ddp_bench.py`.
+    Distopt {
+        /// Gradient strategies as in `train -s`, comma-separated (dense
+        /// always runs, first).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "fp16,topk:0.01,powersgd:4"
+        )]
+        strategies: Vec<String>,
+        /// The shapes: ResNet-50's (25.6 M parameters) or the digits MLP's.
+        #[arg(long, value_enum, default_value_t = ShapeModel::Resnet50)]
+        model: ShapeModel,
+        /// Where the tensors live: host memory (LocalComm), or CUDA device
+        /// 0 (NcclComm).
+        #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
+        device: BenchDevice,
+        /// Steps per round.
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        /// Measured rounds (each side takes a turn per round; medians over
+        /// them), after one unmeasured round.
+        #[arg(long, default_value_t = 5)]
         rounds: usize,
         /// JSON on stdout instead of a table.
         #[arg(long)]
@@ -148,13 +181,7 @@ impl BenchCommand {
                 steps,
                 json,
             } => {
-                let entries = entries
-                    .iter()
-                    .map(|e| {
-                        e.parse()
-                            .map_err(|err| ExperimentError::Usage(format!("--strategies: {err}")))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let entries = parse_strategies(&entries)?;
                 let rows = strategies(
                     &entries,
                     &model.shapes(),
@@ -163,6 +190,18 @@ impl BenchCommand {
                     1,
                     steps,
                 )?;
+                print_rows(json, &rows)
+            }
+            BenchCommand::Distopt {
+                strategies: entries,
+                model,
+                device,
+                steps,
+                rounds,
+                json,
+            } => {
+                let entries = parse_strategies(&entries)?;
+                let rows = distopt_steps(&entries, &model.shapes(), device, steps, rounds)?;
                 print_rows(json, &rows)
             }
             BenchCommand::Overhead {
@@ -191,6 +230,17 @@ impl BenchCommand {
             }
         }
     }
+}
+
+/// Every strategy of `--strategies`.
+fn parse_strategies(entries: &[String]) -> Result<Vec<gradwire_optim::StrategyConfig>> {
+    entries
+        .iter()
+        .map(|e| {
+            e.parse()
+                .map_err(|err| ExperimentError::Usage(format!("--strategies: {err}")))
+        })
+        .collect()
 }
 
 /// Every size of `--sizes` ([`parse_size`]).

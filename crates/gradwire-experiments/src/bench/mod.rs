@@ -18,6 +18,7 @@
 mod command;
 #[cfg(feature = "cuda")]
 pub mod device;
+pub mod distopt;
 pub mod overhead;
 pub mod strategies;
 
