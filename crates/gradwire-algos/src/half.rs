@@ -53,8 +53,9 @@ pub fn half_all_reduce<C: Communicator>(
     )
 }
 
-/// [`half_all_reduce`] through `buffers` (the f32 fusion buffer and the
-/// wire buffer), reused from call to call: the same result, bit for bit.
+/// [`half_all_reduce`] through `buffers` (the wire buffer, and the f32
+/// fusion buffer where tensors are not f32 in host memory), reused from
+/// call to call: the same result, bit for bit.
 /// CUDA tensors on a communicator that takes device tensors (NcclComm, with
 /// the `cuda` feature) stay on the device: packed, encoded, reduced and
 /// decoded there, in buffers kept in `buffers` too.
@@ -82,9 +83,21 @@ pub fn half_all_reduce_with<C: Communicator>(
     }
 }
 
-/// [`half_all_reduce`] with `H` on the wire: every tensor packed into
-/// `flat` as f32 (CPU tensors; device tensors are copied out), encoded into
-/// `wire`, all-reduced, decoded and unpacked.
+/// How a bucket's tensors meet the wire.
+enum Staging {
+    /// f32 tensors in host memory, each encoded straight into its range of
+    /// the wire and decoded straight back (the cast is elementwise, so the
+    /// bits are those of a packed buffer's, without its two copies).
+    Direct,
+    /// Other host tensors: packed into the f32 buffer, cast from there.
+    Packed,
+    /// Device tensors, copied out with this layout.
+    Device(flat::FlatLayout),
+}
+
+/// [`half_all_reduce`] with `H` on the wire: every tensor encoded into
+/// `wire` (f32 host tensors directly; others packed into `flat` as f32
+/// first, device tensors copied out), all-reduced, decoded and unpacked.
 fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
     comm: &C,
     tensors: &mut [Tensor],
@@ -98,28 +111,49 @@ fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
         scale: 1.0,
     };
     let on_cpu = all_on_cpu(tensors);
-    let (n, layout) = prepare(comm, || {
+    let direct = on_cpu && tensors.iter().all(|t| t.dtype() == DType::F32);
+    let (n, staging) = prepare(comm, || {
         let n = check_capacity(tensors, capacity)?;
-        let layout = if on_cpu {
+        if wire.len() < n {
+            wire.resize(n, H::zeroed());
+        }
+        if direct {
+            let mut rest = &mut wire[..n];
+            for t in tensors.iter() {
+                let (part, tail) = rest.split_at_mut(t.len());
+                cast::encode(t.as_slice::<f32>()?, part, &cast_options)?;
+                rest = tail;
+            }
+            return Ok((n, Staging::Direct));
+        }
+        let staging = if on_cpu {
             flat::pack_into(tensors, flat_buf)?;
-            None
+            Staging::Packed
         } else {
             let (buffer, layout) = pack(tensors, DType::F32)?;
             flat_buf.clear();
             flat_buf.extend_from_slice(buffer.as_slice::<f32>()?);
-            Some(layout)
+            Staging::Device(layout)
         };
-        if wire.len() < n {
-            wire.resize(n, H::zeroed());
-        }
         cast::encode(&flat_buf[..n], &mut wire[..n], &cast_options)?;
-        Ok((n, layout))
+        Ok((n, staging))
     })?;
     comm.all_reduce(&mut wire[..n], options.op)?;
-    cast::decode(&wire[..n], &mut flat_buf[..n])?;
-    match layout {
-        None => flat::unpack_from(&flat_buf[..n], tensors)?,
-        Some(layout) => {
+    match staging {
+        Staging::Direct => {
+            let mut rest = &wire[..n];
+            for t in tensors.iter_mut() {
+                let (part, tail) = rest.split_at(t.len());
+                cast::decode(part, t.as_mut_slice::<f32>()?)?;
+                rest = tail;
+            }
+        }
+        Staging::Packed => {
+            cast::decode(&wire[..n], &mut flat_buf[..n])?;
+            flat::unpack_from(&flat_buf[..n], tensors)?;
+        }
+        Staging::Device(layout) => {
+            cast::decode(&wire[..n], &mut flat_buf[..n])?;
             let buffer = Tensor::from_vec(flat_buf[..n].to_vec(), n)?;
             unpack(&buffer, &layout, tensors)?;
         }
