@@ -121,7 +121,13 @@ fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
             let mut rest = &mut wire[..n];
             for t in tensors.iter() {
                 let (part, tail) = rest.split_at_mut(t.len());
-                cast::encode(t.as_slice::<f32>()?, part, &cast_options)?;
+                if t.is_zeroed() {
+                    // Zero in any clip encodes to zero, and a zeroed
+                    // tensor's slice would be made (allocated) to read.
+                    part.fill(H::zeroed());
+                } else {
+                    cast::encode(t.as_slice::<f32>()?, part, &cast_options)?;
+                }
                 rest = tail;
             }
             return Ok((n, Staging::Direct));

@@ -217,7 +217,10 @@ pub fn project(m: &[f32], rows: usize, cols: usize, qt: &[f32], p: &mut [f32]) -
 /// added in order.
 pub fn project_back(m: &[f32], rows: usize, cols: usize, p: &[f32], qt: &mut [f32]) -> Result<()> {
     let rank = check_project_back(rows, cols, m.len(), p.len(), qt.len())?;
-    let mut spans = m.chunks(SPAN * cols).zip(p.chunks(SPAN * rank));
+    // Saturating: a span longer than the matrix is the whole of it.
+    let mut spans = m
+        .chunks(SPAN.saturating_mul(cols))
+        .zip(p.chunks(SPAN.saturating_mul(rank)));
     // The first span straight into `qt`, row by row (the whole sum when
     // there is one span): -0.0 + s is s, so this is the in-order sum.
     qt.fill(0.0);

@@ -25,6 +25,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 use super::TableRow;
+use super::strategies::compressing_from_the_first_step;
 
 /// Gradient sets the steps rotate through, so that no step finds its
 /// gradients in the last level of cache.
@@ -261,20 +262,15 @@ pub fn distopt_steps(
     }
     let entries = entries
         .iter()
-        .map(|&strategy| match strategy {
-            s if s.training_loop() != TrainingLoop::Gradients => {
+        .map(|&strategy| {
+            if strategy.training_loop() == TrainingLoop::Gradients {
+                Ok(compressing_from_the_first_step(strategy))
+            } else {
                 Err(ExperimentError::Usage(format!(
                     "{} is not a gradient strategy: DistOpt steps with gradients",
-                    s.name()
+                    strategy.name()
                 )))
             }
-            StrategyConfig::PowerSgd(config) => {
-                Ok(StrategyConfig::PowerSgd(gradwire_algos::PowerSgdConfig {
-                    start_step: 0,
-                    ..config
-                }))
-            }
-            other => Ok(other),
         })
         .collect::<Result<Vec<_>>>()?;
     match device {

@@ -77,6 +77,20 @@ pub fn mlp_shapes(hidden: &[usize]) -> Vec<Vec<usize>> {
     shapes
 }
 
+/// `strategy`, PowerSGD compressing from the first step (a bench's few
+/// steps would otherwise all be its dense warm-up).
+pub(crate) fn compressing_from_the_first_step(strategy: StrategyConfig) -> StrategyConfig {
+    match strategy {
+        StrategyConfig::PowerSgd(config) => {
+            StrategyConfig::PowerSgd(gradwire_algos::PowerSgdConfig {
+                start_step: 0,
+                ..config
+            })
+        }
+        other => other,
+    }
+}
+
 /// One strategy's bytes and time per step.
 #[derive(Debug, Clone, Serialize)]
 pub struct StrategyRow {
@@ -227,15 +241,7 @@ pub fn strategies(
                 strategy.name()
             )));
         }
-        let strategy = match strategy {
-            StrategyConfig::PowerSgd(config) => {
-                StrategyConfig::PowerSgd(gradwire_algos::PowerSgdConfig {
-                    start_step: 0,
-                    ..config
-                })
-            }
-            other => other,
-        };
+        let strategy = compressing_from_the_first_step(strategy);
         let config = TrainConfig {
             strategy,
             ..base.clone()
