@@ -13,7 +13,7 @@ use crate::handle::{Handle, Reduced, Traffic};
 use crate::strategy::{BeforeStep, BucketView, Combined, StateDict, Strategy};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec, wire};
-use gradwire_tensor::{DType, Tensor, flat};
+use gradwire_tensor::{DType, Device, Tensor, flat};
 use std::ops::Range;
 
 #[cfg(feature = "cuda")]
@@ -103,14 +103,37 @@ pub fn sparse_exchange_with<C: Communicator>(
         gathered,
         kept,
     } = sparse;
+    // With error feedback the gradients are only read by its accumulate,
+    // which takes f32 host tensors as they lie: no packed copy (the buffer
+    // below is then only scratch, zeroed before it is read). Zeroed tensors
+    // go through the packed path (reading one would make its zero view).
+    let direct = feedback.is_some()
+        && tensors
+            .iter()
+            .all(|t| t.device() == Device::Cpu && t.dtype() == DType::F32 && !t.is_zeroed());
     let n = prepare(comm, || {
-        let n = flat::pack_into(tensors, flat_buf)?;
-        let values = &flat_buf[..n];
         match feedback.as_deref_mut() {
-            Some(memory) => memory.compress_into(values, codec, selected, scratch)?,
-            None => codec.select_into(values, selected, scratch)?,
+            Some(memory) if direct => {
+                let n = tensors.iter().map(Tensor::len).sum();
+                if flat_buf.len() < n {
+                    flat_buf.resize(n, 0.0);
+                }
+                // Every slice is there (f32 host tensors, not zeroed); one
+                // that were not would be a length mismatch, not a skip.
+                let parts = tensors.iter().filter_map(|t| t.as_slice::<f32>().ok());
+                memory.compress_parts_into(parts, codec, selected, scratch)?;
+                Ok(n)
+            }
+            memory => {
+                let n = flat::pack_into(tensors, flat_buf)?;
+                let values = &flat_buf[..n];
+                match memory {
+                    Some(memory) => memory.compress_into(values, codec, selected, scratch)?,
+                    None => codec.select_into(values, selected, scratch)?,
+                }
+                Ok(n)
+            }
         }
-        Ok(n)
     })?;
     let values = &mut flat_buf[..n];
     let world = comm.world_size();

@@ -259,29 +259,51 @@ impl ErrorFeedback {
     /// Adds `grad` into the memory (refusing non-finite input, resetting on
     /// overflow). Afterwards `residual` holds the accumulator to select from.
     fn accumulate(&mut self, grad: &[f32]) -> Result<()> {
-        if grad.len() != self.residual.len() {
+        self.accumulate_parts(std::iter::once(grad))
+    }
+
+    /// [`Self::accumulate`] of a gradient given as consecutive `parts`
+    /// (read twice: checked whole before anything changes, then added).
+    fn accumulate_parts<'g>(
+        &mut self,
+        parts: impl Iterator<Item = &'g [f32]> + Clone,
+    ) -> Result<()> {
+        let len: usize = parts.clone().map(<[f32]>::len).sum();
+        if len != self.residual.len() {
             return Err(CompressError::LengthMismatch {
                 op: "ErrorFeedback",
                 expected: self.residual.len(),
-                got: grad.len(),
+                got: len,
             });
         }
-        if let Some(index) = first_non_finite(grad) {
-            return Err(CompressError::NonFinite {
-                index,
-                value: grad[index],
-            });
-        }
-        let finite = match &mut self.momentum {
-            None => add_checked(&mut self.residual, grad),
-            Some(m) => {
-                let mu = m.mu;
-                for (u, &g) in m.velocity.iter_mut().zip(grad) {
-                    *u = mu * *u + g;
-                }
-                add_checked(&mut self.residual, &m.velocity)
+        let mut offset = 0;
+        for part in parts.clone() {
+            if let Some(i) = first_non_finite(part) {
+                return Err(CompressError::NonFinite {
+                    index: offset + i,
+                    value: part[i],
+                });
             }
-        };
+            offset += part.len();
+        }
+        let mut finite = true;
+        let mut rest = &mut self.residual[..];
+        let mut velocity = self.momentum.as_mut().map(|m| (m.mu, &mut m.velocity[..]));
+        for part in parts {
+            let (acc, tail) = rest.split_at_mut(part.len());
+            rest = tail;
+            finite &= match velocity.as_mut() {
+                None => add_checked(acc, part),
+                Some((mu, v)) => {
+                    let (u, tail) = std::mem::take(v).split_at_mut(part.len());
+                    *v = tail;
+                    for (u, &g) in u.iter_mut().zip(part) {
+                        *u = *mu * *u + g;
+                    }
+                    add_checked(acc, u)
+                }
+            };
+        }
         if !finite {
             let index = first_non_finite(&self.residual).unwrap_or(0);
             let value = self.residual.get(index).copied().unwrap_or(f32::INFINITY);
@@ -402,7 +424,21 @@ impl ErrorFeedback {
         sent: &mut SparseVec,
         scratch: &mut SelectScratch,
     ) -> Result<()> {
-        self.accumulate(grad)?;
+        self.compress_parts_into(std::iter::once(grad), codec, sent, scratch)
+    }
+
+    /// [`ErrorFeedback::compress_into`] of a gradient given as consecutive
+    /// `parts` (a bucket's tensors, back to back), without gathering them
+    /// into one buffer: the same memory and selection, bit for bit, and a
+    /// non-finite entry's index counted across the parts.
+    pub fn compress_parts_into<'g>(
+        &mut self,
+        parts: impl Iterator<Item = &'g [f32]> + Clone,
+        codec: &SparseCodec,
+        sent: &mut SparseVec,
+        scratch: &mut SelectScratch,
+    ) -> Result<()> {
+        self.accumulate_parts(parts)?;
         codec.select_at_step(&self.residual, self.steps, sent, scratch)?;
         for &i in sent.indices() {
             let i = i as usize;

@@ -185,6 +185,46 @@ proptest! {
     }
 
     #[test]
+    fn error_feedback_of_parts_is_error_feedback_of_the_whole(steps in prop::collection::vec(gradient(), 1..4), cuts in prop::collection::vec(0usize..1 << 16, 0..6), r in ratio(), mu in prop_oneof![Just(None), Just(Some(0.9f32))]) {
+        // The same gradient whole and cut into consecutive parts (empty
+        // parts included): the same selection and the same memory, bit for
+        // bit, step after step.
+        let n = steps[0].len();
+        let steps: Vec<Vec<f32>> = steps.into_iter().map(|mut g| { g.resize(n, 0.25); g }).collect();
+        let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (n + 1)).collect();
+        bounds.extend([0, n]);
+        bounds.sort_unstable();
+        let memory = || match mu {
+            None => ErrorFeedback::new(n),
+            Some(mu) => ErrorFeedback::with_momentum(n, mu).unwrap(),
+        };
+        let (mut whole, mut parted) = (memory(), memory());
+        let (mut scratch, mut sent, mut sent_parts) = (SelectScratch::default(), SparseVec::default(), SparseVec::default());
+        let codec = SparseCodec::TopK(r);
+        for g in &steps {
+            whole.compress_into(g, &codec, &mut sent, &mut scratch).unwrap();
+            let parts = bounds.windows(2).map(|w| &g[w[0]..w[1]]);
+            parted.compress_parts_into(parts, &codec, &mut sent_parts, &mut scratch).unwrap();
+            prop_assert_eq!(&sent_parts, &sent);
+            prop_assert_eq!(parted.state(), whole.state());
+        }
+        // A non-finite entry: refused with its index across the parts, the
+        // memory unchanged.
+        if n > 0 {
+            let mut bad = steps[0].clone();
+            let at = cuts.first().map_or(n - 1, |c| c % n);
+            bad[at] = f32::NAN;
+            let before = parted.state();
+            let parts = bounds.windows(2).map(|w| &bad[w[0]..w[1]]);
+            match parted.compress_parts_into(parts, &codec, &mut sent_parts, &mut scratch) {
+                Err(CompressError::NonFinite { index, .. }) => prop_assert_eq!(index, at),
+                other => prop_assert!(false, "{:?}", other),
+            }
+            prop_assert_eq!(parted.state(), before);
+        }
+    }
+
+    #[test]
     fn error_feedback_of_a_cast_loses_at_most_one_rounding(g in gradient(), clip in prop_oneof![Just(None), Just(Some(1.0f32))]) {
         let n = g.len();
         let mut memory = ErrorFeedback::new(n);
