@@ -80,3 +80,16 @@ pub(crate) struct SparseBuffers {
 pub(crate) fn all_on_cpu(tensors: &[Tensor]) -> bool {
     tensors.iter().all(|t| t.device().is_cpu())
 }
+
+/// The tensors' values as they lie, one f32 slice each, in order, for a
+/// codec that reads a bucket part by part instead of packed: `None` unless
+/// every tensor is f32 in host memory and not zeroed (a zeroed tensor's
+/// values would be made, and allocated, to be read).
+pub(crate) fn host_f32_parts(tensors: &[Tensor]) -> Option<impl Iterator<Item = &[f32]> + Clone> {
+    let direct = tensors
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !t.is_zeroed());
+    // Every slice is there then; one that were not would shorten the parts,
+    // which their consumers refuse as a length mismatch.
+    direct.then(|| tensors.iter().filter_map(|t| t.as_slice::<f32>().ok()))
+}

@@ -5,7 +5,7 @@
 
 use crate::error::Result;
 use crate::fault::prepare;
-use crate::fusion::{FusionBuffers, all_on_cpu, check_capacity, pack, unpack};
+use crate::fusion::{FusionBuffers, all_on_cpu, check_capacity, host_f32_parts, pack, unpack};
 use crate::handle::{Handle, Reduced, Traffic};
 use crate::strategy::{BucketView, Combined, Strategy};
 use gradwire_comm::{Communicator, ReduceOp};
@@ -85,11 +85,13 @@ pub fn half_all_reduce_with<C: Communicator>(
 
 /// How a bucket's tensors meet the wire.
 enum Staging {
-    /// f32 tensors in host memory, each encoded straight into its range of
-    /// the wire and decoded straight back (the cast is elementwise, so the
-    /// bits are those of a packed buffer's, without its two copies).
+    /// f32 tensors in host memory ([`host_f32_parts`]), each encoded
+    /// straight into its range of the wire and decoded straight back (the
+    /// cast is elementwise, so the bits are those of a packed buffer's,
+    /// without its two copies).
     Direct,
-    /// Other host tensors: packed into the f32 buffer, cast from there.
+    /// Other host tensors (or a zeroed one): packed into the f32 buffer,
+    /// cast from there.
     Packed,
     /// Device tensors, copied out with this layout.
     Device(flat::FlatLayout),
@@ -111,24 +113,25 @@ fn half_all_reduce_as<C: Communicator, H: WithDType + gradwire_comm::Element>(
         scale: 1.0,
     };
     let on_cpu = all_on_cpu(tensors);
-    let direct = on_cpu && tensors.iter().all(|t| t.dtype() == DType::F32);
     let (n, staging) = prepare(comm, || {
         let n = check_capacity(tensors, capacity)?;
         if wire.len() < n {
             wire.resize(n, H::zeroed());
         }
-        if direct {
+        if let Some(parts) = host_f32_parts(tensors) {
             let mut rest = &mut wire[..n];
-            for t in tensors.iter() {
-                let (part, tail) = rest.split_at_mut(t.len());
-                if t.is_zeroed() {
-                    // Zero in any clip encodes to zero, and a zeroed
-                    // tensor's slice would be made (allocated) to read.
-                    part.fill(H::zeroed());
-                } else {
-                    cast::encode(t.as_slice::<f32>()?, part, &cast_options)?;
-                }
+            for part in parts {
+                let (dst, tail) = rest.split_at_mut(part.len());
+                cast::encode(part, dst, &cast_options)?;
                 rest = tail;
+            }
+            if !rest.is_empty() {
+                return Err(gradwire_tensor::Error::LengthMismatch {
+                    op: "half_all_reduce",
+                    expected: n,
+                    got: n - rest.len(),
+                }
+                .into());
             }
             return Ok((n, Staging::Direct));
         }

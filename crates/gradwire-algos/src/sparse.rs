@@ -8,12 +8,12 @@
 
 use crate::error::{AlgoError, Result};
 use crate::fault::prepare;
-use crate::fusion::{FusionBuffers, SparseBuffers};
+use crate::fusion::{FusionBuffers, SparseBuffers, host_f32_parts};
 use crate::handle::{Handle, Reduced, Traffic};
 use crate::strategy::{BeforeStep, BucketView, Combined, StateDict, Strategy};
 use gradwire_comm::{Communicator, ReduceOp};
 use gradwire_compress::{ErrorFeedback, ErrorFeedbackState, SparseCodec, wire};
-use gradwire_tensor::{DType, Device, Tensor, flat};
+use gradwire_tensor::{DType, Tensor, flat};
 use std::ops::Range;
 
 #[cfg(feature = "cuda")]
@@ -105,26 +105,18 @@ pub fn sparse_exchange_with<C: Communicator>(
     } = sparse;
     // With error feedback the gradients are only read by its accumulate,
     // which takes f32 host tensors as they lie: no packed copy (the buffer
-    // below is then only scratch, zeroed before it is read). Zeroed tensors
-    // go through the packed path (reading one would make its zero view).
-    let direct = feedback.is_some()
-        && tensors
-            .iter()
-            .all(|t| t.device() == Device::Cpu && t.dtype() == DType::F32 && !t.is_zeroed());
+    // below is then only scratch, zeroed before it is read).
     let n = prepare(comm, || {
-        match feedback.as_deref_mut() {
-            Some(memory) if direct => {
+        match (feedback.as_deref_mut(), host_f32_parts(tensors)) {
+            (Some(memory), Some(parts)) => {
                 let n = tensors.iter().map(Tensor::len).sum();
                 if flat_buf.len() < n {
                     flat_buf.resize(n, 0.0);
                 }
-                // Every slice is there (f32 host tensors, not zeroed); one
-                // that were not would be a length mismatch, not a skip.
-                let parts = tensors.iter().filter_map(|t| t.as_slice::<f32>().ok());
                 memory.compress_parts_into(parts, codec, selected, scratch)?;
                 Ok(n)
             }
-            memory => {
+            (memory, _) => {
                 let n = flat::pack_into(tensors, flat_buf)?;
                 let values = &flat_buf[..n];
                 match memory {

@@ -287,18 +287,17 @@ impl ErrorFeedback {
             offset += part.len();
         }
         let mut finite = true;
-        let mut rest = &mut self.residual[..];
-        let mut velocity = self.momentum.as_mut().map(|m| (m.mu, &mut m.velocity[..]));
+        let mut offset = 0;
         for part in parts {
-            let (acc, tail) = rest.split_at_mut(part.len());
-            rest = tail;
-            finite &= match velocity.as_mut() {
+            let range = offset..offset + part.len();
+            offset = range.end;
+            let acc = &mut self.residual[range.clone()];
+            finite &= match &mut self.momentum {
                 None => add_checked(acc, part),
-                Some((mu, v)) => {
-                    let (u, tail) = std::mem::take(v).split_at_mut(part.len());
-                    *v = tail;
+                Some(m) => {
+                    let u = &mut m.velocity[range];
                     for (u, &g) in u.iter_mut().zip(part) {
-                        *u = *mu * *u + g;
+                        *u = m.mu * *u + g;
                     }
                     add_checked(acc, u)
                 }

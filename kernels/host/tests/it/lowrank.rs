@@ -515,19 +515,18 @@ fn the_projections_trap_on_slots_out_of_range() {
         cols: 5,
         rank: 2,
     };
-    let (m, qt) = (tame(15, 51), tame(10, 52));
-    for kernel in [&k::LOWRANK_PROJECT_F32, &k::LOWRANK_PROJECT_BACK_F32] {
+    let (m, qt, p) = (tame(15, 51), tame(10, 52), tame(6, 53));
+    // (kernel, its second input, its output's length)
+    let launches = [
+        (&k::LOWRANK_PROJECT_F32, &qt, 6),
+        (&k::LOWRANK_PROJECT_BACK_F32, &p, 10),
+    ];
+    for (kernel, input, out_len) in launches {
         for slots in [0, plan::LOWRANK_MAX_SLOTS + 1] {
             let on = On {
                 blocks: Blocks::Exactly(1, 1),
                 slots: Some(slots),
             };
-            let out_len = if kernel.name() == "lowrank_project_f32" {
-                6
-            } else {
-                10
-            };
-            let input = if out_len == 6 { &qt[..] } else { &qt[..6] };
             match product_on_host(kernel, on, (&m, input), out_len, s, PLACES[0]) {
                 Err(Error::Failed { message, .. }) => {
                     assert!(message.ends_with("__trap"), "{}: {message}", kernel.name())
