@@ -69,7 +69,7 @@ pub struct Run {
 /// while they wait: with fewer ranks than cores Open MPI would busy-poll
 /// in every blocking call, and `cargo xtask test` runs another test
 /// binary beside this one (run beside gradwire-cli's tests, the two took
-/// about 6 % less CPU).
+/// 7 % less CPU, one run each).
 pub fn run(mpirun: &Path, binary: &Path, args: &[&str], world: usize, limit: Duration) -> Run {
     let mut command = Command::new(mpirun);
     if is_root() {
