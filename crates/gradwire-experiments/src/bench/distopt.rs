@@ -292,10 +292,7 @@ pub fn distopt_steps(
             let results = gradwire_comm::local::run(1, |comm| {
                 rows_on(comm, &entries, shapes, &work, rounds, Device::Cpu)
             })?;
-            results
-                .into_iter()
-                .next()
-                .ok_or_else(|| ExperimentError::Usage("no rank ran".into()))?
+            super::rank_zero(results)?
         }
         BenchDevice::Cuda => on_gpu(&entries, shapes, steps, rounds),
     }
@@ -317,10 +314,7 @@ fn on_gpu(
     let results = nccl::run(&[0], NcclConfig::default(), |comm| {
         Ok(rows_on(comm, entries, shapes, &work, rounds, device))
     })?;
-    results
-        .into_iter()
-        .next()
-        .ok_or_else(|| ExperimentError::Usage("no rank ran".into()))??
+    super::rank_zero(results)??
 }
 
 #[cfg(not(feature = "nccl"))]

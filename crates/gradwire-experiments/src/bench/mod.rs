@@ -82,6 +82,15 @@ impl Default for Budget {
     }
 }
 
+/// Rank 0's result out of a run's per-rank results (`local::run` and
+/// `nccl::run` give them in rank order).
+pub(crate) fn rank_zero<T>(per_rank: Vec<T>) -> Result<T> {
+    per_rank
+        .into_iter()
+        .next()
+        .ok_or_else(|| ExperimentError::Usage("no rank ran".into()))
+}
+
 /// The median of `f`'s durations under `budget`, after one warm-up.
 pub(crate) fn median_time(budget: Budget, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
@@ -192,12 +201,7 @@ pub fn all_reduce(sizes: &[usize], worlds: &[usize], budget: Budget) -> Result<V
         let per_rank = local::run_with(world, &config, |comm| {
             all_reduce_on(&comm, "local", sizes, budget, memcpy_of)
         })?;
-        // Rank 0's rows.
-        let mine = per_rank
-            .into_iter()
-            .next()
-            .ok_or_else(|| ExperimentError::Usage("no rank 0".into()))???;
-        rows.extend(mine);
+        rows.extend(rank_zero(per_rank)???);
     }
     // By size, then world, as the table reads best.
     rows.sort_by_key(|r| (r.bytes, r.world));

@@ -195,10 +195,7 @@ fn run(
         }
         Ok((bytes, secs))
     })?;
-    let (bytes, secs) = results
-        .into_iter()
-        .next()
-        .ok_or_else(|| ExperimentError::Usage("no rank ran".into()))??;
+    let (bytes, secs) = super::rank_zero(results)??;
     Ok((bytes as f64 / steps as f64, secs / steps as f64))
 }
 
