@@ -332,9 +332,9 @@ fn test(test_args: &[String]) -> Result {
 /// `cargo xtask compare`: the main job on a fresh machine. Built in the dev
 /// profile with the workspace's opt-level 3 for the hot crates
 /// (`[profile.dev.package]`): the same table bit for bit as a release
-/// build, 15 s of training instead of 5, but built from nothing in
-/// 2 min 37 s instead of 3 min 32 s on 2 cores, and with the artifacts
-/// `cargo xtask test` leaves.
+/// build, 15 s of training instead of 5, but a build from nothing about a
+/// minute shorter on 2 cores (README: the main job's figures), and the
+/// build scripts and proc macros that `cargo xtask test` leaves.
 fn compare(args: &[String]) -> Result {
     step("system packages", || packages::ensure(packages::REQUIRED))?;
     step("gradwire compare", || {
