@@ -91,6 +91,10 @@ const RULE_ARCHITECTURE_INVARIANTS: &str =
     "ARCHITECTURE.md must state its invariants (lines starting with `**Architecture Invariant:**`)";
 /// Rule for `ARCHITECTURE.md`'s existence.
 const RULE_ARCHITECTURE_MISSING: &str = "ARCHITECTURE.md must exist";
+/// Rule for the workspace manifest's test profile.
+const RULE_TEST_PROFILE: &str = "the test profile may set package levels only (`[profile.test.package.<name>]`): \
+     a setting of its own makes the test build compile again the build scripts and proc macros \
+     that clippy, check and doc compiled in the dev profile; set it in `[profile.dev]`, which the test profile inherits";
 
 /// The largest `ARCHITECTURE.md` allowed, in bytes.
 const ARCHITECTURE_MAX_BYTES: usize = 25_000;
@@ -315,6 +319,13 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
             problems.push(format!("{shown}: {RULE_OUTSIDE_REFERENCE} (`{found}`)"));
         }
     }
+    if let Ok(manifest) = fs::read_to_string(root.join("Cargo.toml")) {
+        problems.extend(
+            check_profiles(&manifest)
+                .into_iter()
+                .map(|rule| format!("Cargo.toml: {rule}")),
+        );
+    }
     match fs::read_to_string(root.join("ARCHITECTURE.md")) {
         Ok(text) => problems.extend(
             check_architecture(&text)
@@ -480,6 +491,21 @@ fn check_architecture(text: &str) -> Vec<&'static str> {
         broken.push(RULE_ARCHITECTURE_INVARIANTS);
     }
     broken
+}
+
+/// The rules the workspace manifest with contents `manifest` breaks: a
+/// setting in a `[profile.test]` table other than a package's.
+fn check_profiles(manifest: &str) -> Vec<&'static str> {
+    let mut in_test_table = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_test_table = (line == "[profile.test]" || line.starts_with("[profile.test."))
+                && !line.starts_with("[profile.test.package.");
+        } else if in_test_table && !line.is_empty() && !line.starts_with('#') {
+            return vec![RULE_TEST_PROFILE];
+        }
+    }
+    Vec::new()
 }
 
 /// `path` relative to `root`, with `/` separators.

@@ -175,6 +175,21 @@ fn architecture_rules() {
 }
 
 #[test]
+fn the_test_profile_sets_package_levels_only() {
+    let levels = "[profile.dev]\nlto = \"off\"\n\n[profile.test.package.x]\nopt-level = 0\n";
+    assert_eq!(check_profiles(levels), Vec::<&str>::new());
+    let empty = "[profile.test]\n# Nothing of its own.\n\n[profile.dev]\ndebug = 1\n";
+    assert_eq!(check_profiles(empty), Vec::<&str>::new());
+    for own in [
+        "[profile.test]\nlto = \"off\"\n",
+        "[profile.test.package.x]\nopt-level = 1\n[profile.test]\ndebug = 0\n",
+        "[profile.test.build-override]\nopt-level = 1\n",
+    ] {
+        assert_eq!(check_profiles(own), [RULE_TEST_PROFILE], "{own}");
+    }
+}
+
+#[test]
 fn member_patterns_are_parsed() {
     let manifest = r#"
 [workspace]
