@@ -319,13 +319,11 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
             problems.push(format!("{shown}: {RULE_OUTSIDE_REFERENCE} (`{found}`)"));
         }
     }
-    if let Ok(manifest) = fs::read_to_string(root.join("Cargo.toml")) {
-        problems.extend(
-            check_profiles(&manifest)
-                .into_iter()
-                .map(|rule| format!("Cargo.toml: {rule}")),
-        );
-    }
+    problems.extend(
+        check_profiles(&read(&root.join("Cargo.toml")))
+            .into_iter()
+            .map(|rule| format!("Cargo.toml: {rule}")),
+    );
     match fs::read_to_string(root.join("ARCHITECTURE.md")) {
         Ok(text) => problems.extend(
             check_architecture(&text)
