@@ -497,8 +497,9 @@ fn check_profiles(manifest: &str) -> Vec<&'static str> {
     let mut in_test_table = false;
     for line in manifest.lines().map(str::trim) {
         if line.starts_with('[') {
-            in_test_table = (line == "[profile.test]" || line.starts_with("[profile.test."))
-                && !line.starts_with("[profile.test.package.");
+            in_test_table = line.starts_with("[profile.test]")
+                || (line.starts_with("[profile.test.")
+                    && !line.starts_with("[profile.test.package."));
         } else if in_test_table && !line.is_empty() && !line.starts_with('#') {
             return vec![RULE_TEST_PROFILE];
         }

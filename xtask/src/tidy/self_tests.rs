@@ -184,6 +184,7 @@ fn the_test_profile_sets_package_levels_only() {
         "[profile.test]\nlto = \"off\"\n",
         "[profile.test.package.x]\nopt-level = 1\n[profile.test]\ndebug = 0\n",
         "[profile.test.build-override]\nopt-level = 1\n",
+        "[profile.test] # a comment\ndebug = 0\n",
     ] {
         assert_eq!(check_profiles(own), [RULE_TEST_PROFILE], "{own}");
     }
