@@ -3,9 +3,9 @@
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed
 //! (the `packages` module; most of them while clippy lints the default
-//! build), runs fmt, clippy, the workspace tests (the `runner` module), a check of the
-//! fuzz targets, the PTX assembly check and the docs, stopping at the first
-//! failing step, and ends with the count of GPU tests that skipped (see the
+//! build), runs fmt, clippy (the fuzz targets are workspace members: linted
+//! with the rest), the workspace tests (the `runner` module), the PTX
+//! assembly check and the docs, stopping at the first failing step, and ends with the count of GPU tests that skipped (see the
 //! `skips` module). `cargo xtask ptx`
 //! regenerates the kernels' PTX (see the `gpu` module).
 //!
@@ -17,7 +17,6 @@
 
 mod artifacts;
 mod bundle;
-mod fuzz;
 mod gpu;
 mod packages;
 mod runner;
@@ -67,9 +66,7 @@ Tasks:
                        two at a time, each one's output printed when it ends, logs in
                        target/xtask-test-logs), cargo test without
                        features of the packages with code of their own there (their
-                       tests named built_without, at opt-level 0), the
-                       fuzz targets (fuzz/, stable toolchain) checked (their corpus
-                       is replayed by gradwire-tests' fuzz_corpus test), ptxas on
+                       tests named built_without, at opt-level 0), ptxas on
                        every PTX file (sm_70, sm_80, sm_90),
                        cargo doc (every feature) with warnings denied; then the count of GPU tests
                        that skipped, per package.
@@ -299,10 +296,6 @@ fn test(test_args: &[String]) -> Result {
             },
         )?;
     }
-    step(
-        "fuzz targets (checked; gradwire-tests replays their corpus)",
-        fuzz::check,
-    )?;
     step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas)?;
     // Broken intra-doc links are documentation that is no longer true. The
     // run with every feature documents every item but the public stub of a

@@ -18,7 +18,7 @@ use std::time::Instant;
 /// the `mpi` feature, which CI builds and runs; fonts-dejavu-core is the font
 /// `gradwire compare` draws its PNG plots with; g++ builds
 /// gradwire-kernels-host's CUDA kernels for the CPU (and libFuzzer, for
-/// `cargo fuzz`); fortunes is the corpus of the transformer's tests.
+/// `cargo fuzz run --features link-libfuzzer`); fortunes is the corpus of the transformer's tests.
 pub(crate) const REQUIRED: &[&str] = &[
     "pkg-config",
     "libopenmpi-dev",
