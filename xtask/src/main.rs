@@ -3,11 +3,11 @@
 //! `cargo xtask test` is the one test command, locally and in CI (`.ci/run`):
 //! it makes sure the Debian packages the crates link against are installed
 //! (the `packages` module; most of them while clippy lints the default
-//! build), runs fmt, clippy (the fuzz targets are workspace members: linted
-//! with the rest), the workspace tests (the `runner` module), the PTX
-//! assembly check and the docs, stopping at the first failing step, and ends with the count of GPU tests that skipped (see the
-//! `skips` module). `cargo xtask ptx`
-//! regenerates the kernels' PTX (see the `gpu` module).
+//! build), runs fmt, clippy (the fuzz targets, a workspace member, are
+//! linted with the rest), the workspace tests (the `runner` module), the
+//! PTX assembly check and the docs, stopping at the first failing step, and
+//! ends with the count of GPU tests that skipped (see the `skips` module).
+//! `cargo xtask ptx` regenerates the kernels' PTX (see the `gpu` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
 //! any system package is installed.
