@@ -231,9 +231,31 @@ impl Stream {
 }
 
 /// A host allocation addressed by an integer, as device memory is.
+///
+/// Aligned to [`MEMORY_ALIGN`] by hand inside an allocation of the
+/// allocator's own alignment: the system allocator zeroes such a block
+/// with `calloc`, which takes fresh (already zero) pages for a large one,
+/// where an over-aligned `alloc_zeroed` writes every byte. A communicator's
+/// scratch is a 2 MiB granule of which a split's connection touches a few
+/// bytes; the fault matrix makes hundreds of them, and clearing each whole
+/// was a tenth of its CPU time (perf: `memset` and page faults).
 pub(crate) struct Memory {
+    /// The allocation, `padded(len)` bytes (dangling when `len` is 0).
+    base: NonNull<u8>,
+    /// The first aligned byte within it.
     ptr: NonNull<u8>,
     len: usize,
+}
+
+/// The alignment of every host buffer (cuMemAlloc's is 256 bytes too).
+const MEMORY_ALIGN: usize = 256;
+
+/// The layout of the allocation behind `len` usable bytes: room to align
+/// them, at the allocator's natural alignment.
+fn padded(len: usize) -> Result<Layout> {
+    len.checked_add(MEMORY_ALIGN - 1)
+        .and_then(|size| Layout::from_size_align(size, std::mem::align_of::<u128>()).ok())
+        .ok_or_else(|| CommError::InvalidArgument(format!("{len} bytes of host memory overflow")))
 }
 
 #[allow(unsafe_code)]
@@ -248,19 +270,24 @@ impl Memory {
     fn zeroed(len: usize) -> Result<Memory> {
         if len == 0 {
             return Ok(Memory {
+                base: NonNull::dangling(),
                 ptr: NonNull::dangling(),
                 len,
             });
         }
-        let layout = Layout::from_size_align(len, 256)
-            .map_err(|e| CommError::InvalidArgument(format!("{len} bytes: {e}")))?;
+        let layout = padded(len)?;
         #[allow(unsafe_code)]
         // SAFETY: a layout of non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(base).ok_or_else(|| {
             CommError::InvalidArgument(format!("cannot allocate {len} bytes of host memory"))
         })?;
-        Ok(Memory { ptr, len })
+        let offset = base.align_offset(MEMORY_ALIGN);
+        #[allow(unsafe_code)]
+        // SAFETY: `offset < MEMORY_ALIGN`, and the allocation holds
+        // `len + MEMORY_ALIGN - 1` bytes: `offset + len` stays inside it.
+        let ptr = unsafe { base.add(offset) };
+        Ok(Memory { base, ptr, len })
     }
 
     fn address(&self) -> u64 {
@@ -271,12 +298,12 @@ impl Memory {
 impl Drop for Memory {
     fn drop(&mut self) {
         if self.len > 0
-            && let Ok(layout) = Layout::from_size_align(self.len, 256)
+            && let Ok(layout) = padded(self.len)
         {
             #[allow(unsafe_code)]
             // SAFETY: allocated in `zeroed` with this layout, freed once.
             unsafe {
-                std::alloc::dealloc(self.ptr.as_ptr(), layout)
+                std::alloc::dealloc(self.base.as_ptr(), layout)
             };
         }
     }
