@@ -12,7 +12,7 @@
 
 use crate::op::ReduceOp;
 pub use gradwire_tensor::ElemType;
-use half::{bf16, f16, slice::HalfFloatSliceExt};
+use half::{bf16, f16};
 use std::fmt;
 
 /// A type a communicator can move and reduce. Sealed.
@@ -110,7 +110,7 @@ pub(crate) mod kernel {
     impl_float!(f64);
 
     /// The half types' conversions to and from the f32 accumulator. f16 uses
-    /// half's slice conversions (F16C instructions where the CPU has them);
+    /// [`crate::f16_convert`] (F16C instructions where the CPU has them);
     /// bf16 is the top half of an f32, so its loops are written here in a
     /// form the compiler vectorises (half's bf16 slice conversions are scalar).
     trait Widen: Copy {
@@ -121,11 +121,11 @@ pub(crate) mod kernel {
     impl Widen for f16 {
         #[inline(always)]
         fn widen(src: &[Self], dst: &mut [f32]) {
-            src.convert_to_f32_slice(dst);
+            crate::f16_convert::widen(src, dst);
         }
         #[inline(always)]
         fn narrow(src: &[f32], dst: &mut [Self]) {
-            dst.convert_from_f32_slice(src);
+            crate::f16_convert::narrow(src, dst);
         }
     }
 

@@ -50,6 +50,7 @@ mod call;
 mod communicator;
 mod element;
 mod error;
+mod f16_convert;
 mod fault;
 mod flight;
 #[cfg(any(feature = "mpi", feature = "nccl"))]

@@ -169,7 +169,8 @@ const POLICY: Policy<'static> = Policy {
     ],
     may_hold_unsafe: &[
         // LocalComm's buffers shared between rank threads, rank_order.rs's
-        // AVX2 dispatch, the MPI and NCCL FFI and NCCL's queued calls.
+        // AVX2 dispatch, f16_convert.rs's F16C loops, the MPI and NCCL FFI
+        // and NCCL's queued calls.
         "crates/gradwire-comm",
         // main's one `env::set_var`, before any thread starts: candle's
         // compute threads shared among in-process ranks.
