@@ -416,7 +416,7 @@ mod tests {
         );
         let bad_link = Link {
             latency_s: -1.0,
-            bytes_per_s: 1.0,
+            ..link()
         };
         refused(
             collective_secs(&call, 8, &bad_link, &Algorithm::Ring),

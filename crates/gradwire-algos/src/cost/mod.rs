@@ -10,7 +10,8 @@
 //! each collective needs. The model has three parts:
 //!
 //! - [`Link`]: alpha and 1/beta, given or fitted from timings
-//!   ([`fit_link`], [`fit_all_reduce`]);
+//!   ([`fit_link`], [`fit_all_reduce`]), and a shaper's [`Burst`] where
+//!   a calibration measured one;
 //! - [`collectives`]: the time of each collective under a
 //!   [`Algorithm`] (ring, tree, two-level hierarchical), from the textbook
 //!   formulas (Thakur, Rabenseifner & Gropp 2005; Sanders, Speck & Träff
@@ -41,12 +42,14 @@
 //! # Ok::<(), gradwire_algos::AlgoError>(())
 //! ```
 
+mod burst;
 pub mod collectives;
 mod fit;
 mod fragments;
 mod loops;
 pub mod strategies;
 
+pub use burst::Burst;
 pub use collectives::{Algorithm, Collective, CollectiveCall, collective_secs};
 pub use fit::{LinkSpread, fit_all_reduce, fit_link, mean, median, spread_of_all_reduce};
 pub use fragments::fragment_ranges;
@@ -58,7 +61,9 @@ pub use strategies::{
 use crate::error::{AlgoError, Result};
 
 /// A point-to-point link in the alpha-beta (Hockney) model: a message of
-/// `n` bytes takes `latency_s + n / bytes_per_s` seconds.
+/// `n` bytes takes `latency_s + n / bytes_per_s` seconds; a shaped link's
+/// [`Burst`] takes some of that off a step's first bytes
+/// ([`predict_step_secs`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Link {
     /// Alpha: seconds per message, whatever its size (NIC, switch and
@@ -66,6 +71,9 @@ pub struct Link {
     pub latency_s: f64,
     /// 1 / beta: bytes per second once a message streams.
     pub bytes_per_s: f64,
+    /// The token bucket of a shaper in front of the link; none
+    /// (`Burst::default()`) for a plain NIC and in every constructor.
+    pub burst: Burst,
 }
 
 impl Link {
@@ -86,7 +94,15 @@ impl Link {
         Ok(Link {
             latency_s,
             bytes_per_s,
+            burst: Burst::default(),
         })
+    }
+
+    /// The same link behind a shaper's token bucket; a field that is not
+    /// finite and non-negative is [`AlgoError::InvalidArgument`].
+    pub fn with_burst(self, burst: Burst) -> Result<Link> {
+        burst.validate()?;
+        Ok(Link { burst, ..self })
     }
 
     /// A link of `bits_per_s` (as tc and NIC data sheets give rates: 10e9
@@ -97,7 +113,8 @@ impl Link {
 
     /// Checks a `Link` built field by field (the fields are public).
     pub fn validate(&self) -> Result<()> {
-        Link::new(self.latency_s, self.bytes_per_s).map(|_| ())
+        Link::new(self.latency_s, self.bytes_per_s)?;
+        self.burst.validate()
     }
 
     /// Seconds for one message of `bytes`: alpha + bytes beta.
@@ -187,7 +204,10 @@ pub(crate) fn per_exchange<T: Copy + Default + std::ops::AddAssign>(
 
 /// Predicted seconds per step: compute + codec + other + the collectives'
 /// time, less what hides under compute:
-/// `compute + codec + other + max(0, comm - overlap * compute)`.
+/// `compute + codec + other + max(0, comm - overlap * compute)`, where
+/// `comm` is the collectives' time less what the link's [`Burst`] saves
+/// when the step's bytes find its bucket refilled (at most one bucket a
+/// step; [`Burst`]'s module says why).
 /// The codec is never hidden (it runs on the same cores, before its
 /// bucket's collective). An exchange that runs under the next `τ` inner
 /// steps ([`CollectiveCall::hidden_steps`], Streaming DiLoCo's) is waited
@@ -206,9 +226,10 @@ pub fn predict_step_secs(
         .copied()
         .filter(|c| c.hidden_steps == 0)
         .collect();
-    let comm = communication_secs(&waited, world, link, algorithm)?;
-    let mut exposed = (comm - step.overlap * step.compute_s).max(0.0);
     let busy = step.compute_s + step.codec_s + step.other_s;
+    let comm = communication_secs(&waited, world, link, algorithm)?;
+    let comm = (comm - burst::credit_secs(&link.burst, &waited, busy)?).max(0.0);
+    let mut exposed = (comm - step.overlap * step.compute_s).max(0.0);
     let hidden: Vec<CollectiveCall> = calls
         .iter()
         .copied()

@@ -132,6 +132,9 @@ fn shaped_report(
                 .map_or("-".into(), project::ProfileLink::describe),
             path.display()
         );
+        if let (Some(burst), Some(timings)) = (&profile.burst, &calibration.burst) {
+            println!("burst: {}", burst.describe(timings.bytes));
+        }
         if let Some((before, after)) = profile.latency_before_after_s {
             println!(
                 "latency: gradwire's all-reduce of {} B took {:.0} us before the runs, {:.0} us \

@@ -14,13 +14,20 @@
 //! rate. The latency size is timed often (its timings are short and
 //! noisy); each rate size eight times, since its mean is kept and a shaped
 //! link's timings come in two modes (`gradwire_algos::cost`'s fit).
+//!
+//! The burst itself is timed apart ([`BurstTimings`]): one all-reduce in
+//! which every rank sends two buckets, back to back (the bucket drained)
+//! and after a pause that refills it, as a training step's compute does.
+//! The difference is what a refilled bucket saves a step
+//! (`gradwire_algos::cost::Burst`); where the cores and not the shaper set
+//! the rate, it is about nothing.
 
 use crate::engine::Backend;
 use crate::error::Result;
-use gradwire_algos::cost::mean;
+use gradwire_algos::cost::{Burst, mean};
 use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The all-reduce timed for the latency, in bytes of f32 (64 entries:
 /// eight per rank at eight ranks).
@@ -38,6 +45,51 @@ const RATE_REPETITIONS: usize = 8;
 /// Buffers rotated through per size, so that no timing reuses the
 /// previous one's cache-warm buffer.
 const ROTATION: usize = 3;
+
+/// Timed repetitions of the burst's all-reduce, each way (after one
+/// untimed).
+const BURST_REPETITIONS: usize = 8;
+
+/// A shaper's token bucket, for [`calibrate`] to time what it saves.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShaperBucket {
+    /// Bytes the bucket holds.
+    pub bytes: usize,
+    /// Seconds of idle link that refill it (its bytes at the shaper's
+    /// rate).
+    pub refill_s: f64,
+}
+
+/// The burst's timings: gradwire's all-reduce of `bytes`, in which each
+/// rank sends twice the bucket, back to back and after a pause of twice
+/// the refill time (and a millisecond).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BurstTimings {
+    /// The shaper's bucket, bytes.
+    pub bucket_bytes: usize,
+    /// Seconds of idle link that refill it.
+    pub refill_s: f64,
+    /// The all-reduce timed, bytes of f32.
+    pub bytes: usize,
+    /// The slowest rank's seconds, each repetition back to back.
+    pub back_to_back: Vec<f64>,
+    /// The same after each pause.
+    pub after_pause: Vec<f64>,
+}
+
+impl BurstTimings {
+    /// What a refilled bucket saves a step: the mean back to back less
+    /// the mean after a pause, at least 0 (`None` without timings).
+    pub fn burst(&self) -> Option<Burst> {
+        let drained = mean(self.back_to_back.iter().copied())?;
+        let refilled = mean(self.after_pause.iter().copied())?;
+        Some(Burst {
+            bytes: self.bucket_bytes as f64,
+            saved_s: (drained - refilled).max(0.0),
+            refill_s: self.refill_s,
+        })
+    }
+}
 
 /// What the all-reduces of a calibration took on this network.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,6 +109,11 @@ pub struct Calibration {
     /// `compare.json` written before this field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency_after: Vec<f64>,
+    /// The shaper's burst, where [`calibrate`] was given a bucket and more
+    /// than one rank (`None` in a `compare.json` written before this
+    /// field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<BurstTimings>,
 }
 
 impl Calibration {
@@ -95,8 +152,14 @@ impl Calibration {
 /// the library's also at `baselines` (the bytes of the baseline runs'
 /// fused all-reduces, eight times each: `MPI_Allreduce` picks its
 /// algorithm by size, so its cost at the size a baseline sends is timed,
-/// not read off a line). Collective: every rank calls it, with the same `baselines`.
-pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibration> {
+/// not read off a line), and, given the shaper's `bucket` on more than
+/// one rank, the burst ([`BurstTimings`]). Collective: every rank calls
+/// it, with the same `baselines` and `bucket`.
+pub fn calibrate<C: Backend>(
+    comm: &C,
+    baselines: &[usize],
+    bucket: Option<ShaperBucket>,
+) -> Result<Calibration> {
     let mut gradwire = Vec::new();
     let mut library = Vec::new();
     let sizes = std::iter::once((LATENCY_BYTES, LATENCY_REPETITIONS, true))
@@ -112,7 +175,7 @@ pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibratio
             if !library_call && !both {
                 continue;
             }
-            let timings = time_all_reduce(comm, bytes, repetitions, library_call)?;
+            let timings = time_all_reduce(comm, bytes, repetitions, library_call, Duration::ZERO)?;
             let into = if library_call {
                 &mut library
             } else {
@@ -121,11 +184,33 @@ pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibratio
             into.extend(timings.into_iter().map(|t| (bytes, t)));
         }
     }
+    let world = comm.world_size();
+    let burst = match bucket {
+        Some(bucket) if world > 1 => Some(time_burst(comm, bucket)?),
+        _ => None,
+    };
     Ok(Calibration {
-        world: comm.world_size(),
+        world,
         gradwire,
         library,
         latency_after: Vec::new(),
+        burst,
+    })
+}
+
+/// [`BurstTimings`] of `bucket` on more than one rank: a ring all-reduce
+/// of `S` bytes sends `2 (W - 1) / W S` a rank, so `S = W / (W - 1)`
+/// buckets (rounded up to whole f32) send two.
+fn time_burst<C: Backend>(comm: &C, bucket: ShaperBucket) -> Result<BurstTimings> {
+    let world = comm.world_size();
+    let bytes = (bucket.bytes * world).div_ceil(world - 1).div_ceil(4) * 4;
+    let pause = Duration::from_secs_f64(2.0 * bucket.refill_s.max(0.0) + 1e-3);
+    Ok(BurstTimings {
+        bucket_bytes: bucket.bytes,
+        refill_s: bucket.refill_s,
+        bytes,
+        back_to_back: time_all_reduce(comm, bytes, BURST_REPETITIONS, false, Duration::ZERO)?,
+        after_pause: time_all_reduce(comm, bytes, BURST_REPETITIONS, false, pause)?,
     })
 }
 
@@ -134,18 +219,26 @@ pub fn calibrate<C: Backend>(comm: &C, baselines: &[usize]) -> Result<Calibratio
 /// that the link the model fits spans them
 /// ([`Calibration::gradwire_timings`]). Collective.
 pub fn recheck_latency<C: Backend>(comm: &C, calibration: &mut Calibration) -> Result<()> {
-    calibration.latency_after = time_all_reduce(comm, LATENCY_BYTES, LATENCY_REPETITIONS, false)?;
+    calibration.latency_after = time_all_reduce(
+        comm,
+        LATENCY_BYTES,
+        LATENCY_REPETITIONS,
+        false,
+        Duration::ZERO,
+    )?;
     Ok(())
 }
 
 /// The slowest rank's seconds of `repetitions` all-reduces of `bytes` of
 /// f32 (after one untimed), gradwire's or the library's, each after a
-/// barrier, over [`ROTATION`] buffers. Collective.
+/// `pause` without traffic and a barrier, over [`ROTATION`] buffers.
+/// Collective.
 fn time_all_reduce<C: Backend>(
     comm: &C,
     bytes: usize,
     repetitions: usize,
     library_call: bool,
+    pause: Duration,
 ) -> Result<Vec<f64>> {
     let len = bytes / 4;
     let mut buffers: Vec<Vec<f32>> = (0..ROTATION)
@@ -154,6 +247,9 @@ fn time_all_reduce<C: Backend>(
     let mut timings = Vec::with_capacity(repetitions);
     for rep in 0..=repetitions {
         let buf = &mut buffers[rep % ROTATION];
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
         comm.barrier()?;
         let started = Instant::now();
         if library_call {
@@ -184,7 +280,7 @@ mod tests {
     fn a_calibration_times_every_size_and_repetition() {
         // A baseline of 6 000 bytes: the library's timed there too.
         let calibrations =
-            gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm, &[6000]))
+            gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm, &[6000], None))
                 .unwrap()
                 .into_iter()
                 .collect::<Result<Vec<_>>>()
@@ -207,6 +303,7 @@ mod tests {
         assert_eq!(calibrations[0], calibrations[1]);
         let c = &calibrations[0];
         assert_eq!(c.latency_before_after(), None);
+        assert_eq!(c.burst, None);
         assert_eq!(c.gradwire_timings(), c.gradwire);
         fit_all_reduce(2, &c.gradwire).unwrap();
         let spread = spread_of_all_reduce(2, &c.gradwire).unwrap().unwrap();
@@ -227,7 +324,7 @@ mod tests {
     #[test]
     fn a_recheck_times_the_latency_size_again() {
         let rechecked = gradwire_comm::local::run(3, |comm: LocalComm| {
-            let mut calibration = calibrate(&comm, &[])?;
+            let mut calibration = calibrate(&comm, &[], None)?;
             recheck_latency(&comm, &mut calibration)?;
             Ok::<_, crate::error::ExperimentError>(calibration)
         })
@@ -250,5 +347,70 @@ mod tests {
         let mean_after = c.latency_after.iter().sum::<f64>() / LATENCY_REPETITIONS as f64;
         assert!((after / mean_after - 1.0).abs() < 1e-12);
         assert!(before > 0.0);
+    }
+
+    /// Given a bucket, every world of more than one rank times an
+    /// all-reduce in which each rank sends at least two buckets (a ring's
+    /// `2 (W - 1) / W` of it), both ways; one rank has no link to time.
+    #[test]
+    fn a_bucket_is_timed_back_to_back_and_after_a_pause() {
+        let bucket = ShaperBucket {
+            bytes: 1001,
+            refill_s: 1e-4,
+        };
+        for world in 1..=4 {
+            let calibrations = gradwire_comm::local::run(world, |comm: LocalComm| {
+                calibrate(&comm, &[], Some(bucket))
+            })
+            .unwrap()
+            .into_iter()
+            .collect::<Result<Vec<_>>>()
+            .unwrap();
+            let c = &calibrations[0];
+            let Some(timings) = &c.burst else {
+                assert_eq!(world, 1, "no burst timed on {world} ranks");
+                continue;
+            };
+            assert!(world > 1, "a burst timed on one rank");
+            assert_eq!((timings.bucket_bytes, timings.refill_s), (1001, 1e-4));
+            assert_eq!(timings.bytes % 4, 0);
+            let sent = gradwire_algos::Traffic::all_reduce(timings.bytes, world).sent;
+            assert!(sent >= 2 * 1001, "{world} ranks send {sent} bytes");
+            // Not a whole f32 more than needed.
+            let less = gradwire_algos::Traffic::all_reduce(timings.bytes - 4, world).sent;
+            assert!(
+                less < 2 * 1001,
+                "{world} ranks: {} bytes is not the least",
+                timings.bytes
+            );
+            for t in [&timings.back_to_back, &timings.after_pause] {
+                assert_eq!(t.len(), BURST_REPETITIONS);
+                assert!(t.iter().all(|t| *t > 0.0 && t.is_finite()));
+            }
+            let burst = timings.burst().unwrap();
+            assert_eq!((burst.bytes, burst.refill_s), (1001.0, 1e-4));
+            assert!(burst.saved_s >= 0.0 && burst.saved_s.is_finite());
+            assert_eq!(calibrations[1].burst.as_ref(), Some(timings));
+        }
+    }
+
+    /// The saving is the mean drained less the mean refilled, never
+    /// below 0; without timings there is none.
+    #[test]
+    fn a_burst_saves_the_difference_of_the_means() {
+        let mut timings = BurstTimings {
+            bucket_bytes: 98_304,
+            refill_s: 0.008,
+            bytes: 131_072,
+            back_to_back: vec![0.016, 0.018],
+            after_pause: vec![0.009, 0.011],
+        };
+        let burst = timings.burst().unwrap();
+        assert!((burst.saved_s - 0.007).abs() < 1e-12, "{burst:?}");
+        assert_eq!((burst.bytes, burst.refill_s), (98_304.0, 0.008));
+        timings.after_pause = vec![0.02];
+        assert_eq!(timings.burst().unwrap().saved_s, 0.0);
+        timings.after_pause.clear();
+        assert_eq!(timings.burst(), None);
     }
 }

@@ -82,13 +82,13 @@ impl CompareArgs {
                     calibration: None,
                 }))
             }
-            BackendKind::Mpi => run_mpi(
-                &configs,
-                &data,
-                self.network.link_rate.is_some(),
-                started,
-                observer,
-            ),
+            BackendKind::Mpi => {
+                let bucket = self
+                    .network
+                    .link_rate
+                    .map(|bits_per_s| crate::network::Rate { bits_per_s }.bucket());
+                run_mpi(&configs, &data, bucket, started, observer)
+            }
             BackendKind::Nccl => Err(ExperimentError::Usage(
                 "compare runs on --backend local or mpi (or --network)".into(),
             )),
@@ -97,14 +97,14 @@ impl CompareArgs {
 }
 
 /// This process's part of a comparison under MPI (one run after the other,
-/// each on a new duplicate of the world); on a shaped network (`shaped`)
-/// the link is calibrated first, and its latency timed again last. Rank 0
-/// returns the reports.
+/// each on a new duplicate of the world); on a shaped network (given its
+/// token `bucket`) the link is calibrated first (the bucket's burst too),
+/// and its latency timed again last. Rank 0 returns the reports.
 #[cfg(feature = "mpi")]
 fn run_mpi<'o>(
     configs: &[TrainConfig],
     data: &Dataset,
-    shaped: bool,
+    bucket: Option<super::ShaperBucket>,
     started: impl FnOnce(usize, &[TrainConfig]),
     observer: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
 ) -> Result<Option<Compared>> {
@@ -114,10 +114,10 @@ fn run_mpi<'o>(
     if rank == 0 {
         started(world.world_size(), configs);
     }
-    let mut calibration = if shaped {
+    let mut calibration = if let Some(bucket) = bucket {
         if rank == 0 {
             eprintln!(
-                "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's (MPI's also at the baselines' sizes)"
+                "calibrating the links: all-reduces of 256 B (latency) and 1 to 16 MiB (rate), gradwire's and MPI's (MPI's also at the baselines' sizes), and the shaper's burst"
             );
         }
         let baselines = configs
@@ -125,7 +125,7 @@ fn run_mpi<'o>(
             .filter(|c| c.baseline)
             .map(crate::project::baseline_bytes)
             .collect::<Result<Vec<usize>>>()?;
-        Some(super::calibrate(&world, &baselines)?)
+        Some(super::calibrate(&world, &baselines, Some(bucket))?)
     } else {
         None
     };
@@ -145,7 +145,7 @@ fn run_mpi<'o>(
 fn run_mpi<'o>(
     _: &[TrainConfig],
     _: &Dataset,
-    _: bool,
+    _: Option<super::ShaperBucket>,
     _: impl FnOnce(usize, &[TrainConfig]),
     _: impl Fn(usize, &TrainConfig) -> Box<dyn Observer + 'o>,
 ) -> Result<Option<Compared>> {

@@ -140,7 +140,9 @@ mod calibrate;
 mod command;
 mod shaped;
 
-pub use calibrate::{Calibration, LATENCY_BYTES, RATE_BYTES, calibrate, recheck_latency};
+pub use calibrate::{
+    BurstTimings, Calibration, LATENCY_BYTES, RATE_BYTES, ShaperBucket, calibrate, recheck_latency,
+};
 pub use command::{CompareArgs, Compared};
 pub use shaped::{ShapedRow, shaped_table};
 

@@ -99,8 +99,18 @@ impl Rate {
     /// least 96 KiB, more than a GSO super-packet (64 KiB), which tbf
     /// would otherwise drop. (The qdisc watchdog runs on high-resolution
     /// timers: no need for a timer tick's worth.)
-    fn burst_bytes(self) -> u64 {
+    pub(crate) fn burst_bytes(self) -> u64 {
         (self.bits_per_s / 8 / 2000).max(96 * 1024)
+    }
+
+    /// The token bucket's depth and the seconds an idle link takes to
+    /// refill it at this rate, for the calibration to time its burst.
+    pub(crate) fn bucket(self) -> crate::compare::ShaperBucket {
+        let bytes = self.burst_bytes();
+        crate::compare::ShaperBucket {
+            bytes: bytes as usize,
+            refill_s: (8 * bytes) as f64 / self.bits_per_s.max(1) as f64,
+        }
     }
 }
 
@@ -359,5 +369,9 @@ mod tests {
             Rate::parse("25gbit").unwrap().burst_bytes(),
             25_000_000_000 / 8 / 2000
         );
+        // 96 KiB at 100 Mbit/s: 7.9 ms to refill.
+        let bucket = Rate::parse("100mbit").unwrap().bucket();
+        assert_eq!(bucket.bytes, 96 * 1024);
+        assert!((bucket.refill_s - 8.0 * 98_304.0 / 1e8).abs() < 1e-15);
     }
 }

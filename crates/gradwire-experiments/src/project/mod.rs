@@ -27,7 +27,7 @@ pub use models::{
     resnet18_cifar_shapes,
 };
 pub use plot::write_plots;
-pub use profile::{Profile, ProfileLink, ProfileSpread, ProfileStrategy};
+pub use profile::{Profile, ProfileBurst, ProfileLink, ProfileSpread, ProfileStrategy};
 pub use report::{print_report, published_comparison};
 pub use validate::{
     LATENCY_WARNING, MODEL_WARNING, baseline_bytes, collectives_of, model_warnings, predictions,

@@ -71,6 +71,36 @@ impl ProfileLink {
     }
 }
 
+/// A shaper's burst as the calibration timed it
+/// ([`crate::compare::BurstTimings`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ProfileBurst {
+    /// The bucket, bytes.
+    pub bucket_bytes: f64,
+    /// Mean seconds of the all-reduce timed back to back.
+    pub back_to_back_s: f64,
+    /// Mean seconds of the same after a pause that refills the bucket.
+    pub after_pause_s: f64,
+    /// What a refilled bucket saves a step (the difference, at least 0).
+    pub saved_s: f64,
+}
+
+impl ProfileBurst {
+    /// `a refilled bucket of 96 KiB saves 7.1 ms (an all-reduce of 128 KiB:
+    /// 16.1 ms back to back, 9.0 ms after a pause)`.
+    pub fn describe(&self, bytes: usize) -> String {
+        format!(
+            "a refilled bucket of {:.0} KiB saves {:.1} ms a step (an all-reduce of {:.0} KiB: \
+             {:.1} ms back to back, {:.1} ms after a pause)",
+            self.bucket_bytes / 1024.0,
+            self.saved_s * 1e3,
+            bytes as f64 / 1024.0,
+            self.back_to_back_s * 1e3,
+            self.after_pause_s * 1e3
+        )
+    }
+}
+
 /// One strategy of a shaped run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileStrategy {
@@ -122,6 +152,11 @@ pub struct Profile {
     /// after (a profile written before, or no calibration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_before_after_s: Option<(f64, f64)>,
+    /// The shaper's burst, which every prediction of the run counts
+    /// (`gradwire_algos::cost::Burst`); `None` where the calibration did
+    /// not time it (a profile written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<ProfileBurst>,
     /// One entry per strategy.
     pub strategies: Vec<ProfileStrategy>,
 }

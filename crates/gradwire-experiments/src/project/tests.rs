@@ -155,6 +155,12 @@ fn profile() -> Profile {
         },
         library_link: None,
         latency_before_after_s: Some((60e-6, 75e-6)),
+        burst: Some(ProfileBurst {
+            bucket_bytes: 98_304.0,
+            back_to_back_s: 0.016,
+            after_pause_s: 0.009,
+            saved_s: 0.007,
+        }),
         strategies: vec![s("dense", 0.0, Some(400)), s("topk 1 %", 0.004, Some(500))],
     }
 }

@@ -6,7 +6,7 @@
 //! the measured one. The result is the run's [`Profile`], which `gradwire
 //! project --profile` scales to other models and worlds.
 
-use super::{Profile, ProfileLink, ProfileStrategy, Selection, entry_of};
+use super::{Profile, ProfileBurst, ProfileLink, ProfileStrategy, Selection, entry_of};
 use crate::compare::{Calibration, ShapedRow};
 use crate::config::TrainConfig;
 use crate::error::{ExperimentError, Result};
@@ -14,7 +14,8 @@ use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
-    fit_all_reduce, predict_step_secs, sent_over_steps, spread_of_all_reduce, step_collectives,
+    fit_all_reduce, mean, predict_step_secs, sent_over_steps, spread_of_all_reduce,
+    step_collectives,
 };
 use gradwire_compress::SparseCodec;
 use gradwire_compress::select::SAMPLED_TOP_K_SLACK;
@@ -169,7 +170,8 @@ pub fn warm_up_of(
 
 /// The profile of a shaped comparison: the links fitted to `calibration`
 /// (gradwire's all-reduce for gradwire's strategies, the library's for the
-/// baseline), and per run its measured split and the model's prediction
+/// baseline), both behind the shaper's burst where the calibration timed
+/// it, and per run its measured split and the model's prediction
 /// (ring algorithm, no overlap: the CLI computes every gradient first; the
 /// baseline's one all-reduce at its timing where the calibration timed the
 /// library at that size; a data-dependent selection as the run measured it,
@@ -182,8 +184,13 @@ pub fn profile_of(
 ) -> Result<Profile> {
     let world = calibration.world;
     let gradwire_timings = calibration.gradwire_timings();
-    let gradwire = fit_all_reduce(world, &gradwire_timings)?;
-    let library = fit_all_reduce(world, &calibration.library)?;
+    let timed_burst = calibration
+        .burst
+        .as_ref()
+        .and_then(|b| Some((b, b.burst()?)));
+    let burst = timed_burst.map(|(_, burst)| burst).unwrap_or_default();
+    let gradwire = fit_all_reduce(world, &gradwire_timings)?.with_burst(burst)?;
+    let library = fit_all_reduce(world, &calibration.library)?.with_burst(burst)?;
     let gradwire_spread = spread_of_all_reduce(world, &gradwire_timings)?;
     let library_spread = spread_of_all_reduce(world, &calibration.library)?;
     let mut strategies = Vec::new();
@@ -259,6 +266,12 @@ pub fn profile_of(
         link: ProfileLink::of(&gradwire, gradwire_spread),
         library_link: Some(ProfileLink::of(&library, library_spread)),
         latency_before_after_s: calibration.latency_before_after(),
+        burst: timed_burst.map(|(timings, burst)| ProfileBurst {
+            bucket_bytes: burst.bytes,
+            back_to_back_s: mean(timings.back_to_back.iter().copied()).unwrap_or(0.0),
+            after_pause_s: mean(timings.after_pause.iter().copied()).unwrap_or(0.0),
+            saved_s: burst.saved_s,
+        }),
         strategies,
     })
 }

@@ -216,6 +216,7 @@ fn the_profile_predicts_a_run_whose_network_matches_the_link() {
         gradwire: samples.clone(),
         library: samples,
         latency_after: Vec::new(),
+        burst: None,
     };
     // Streaming DiLoCo's exchange hides under its next inner steps: what
     // shows of it depends on the steps' time (`predict_step_secs`' own
@@ -302,6 +303,7 @@ fn a_latency_rechecked_after_the_runs_joins_the_fit_and_warns_when_it_moved() {
             gradwire: gradwire.clone(),
             library: gradwire.clone(),
             latency_after: vec![ring(LATENCY_BYTES, latency_after); 15],
+            burst: None,
         };
         let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
         let warned = model_warnings(&profile, &runs)
@@ -325,4 +327,63 @@ fn a_latency_rechecked_after_the_runs_joins_the_fit_and_warns_when_it_moved() {
     assert!(60e-6 < fitted && fitted < 150e-6, "{fitted}");
     // Within the bound (20 % more): no warning.
     assert!(!moved(60e-6).1);
+}
+
+/// A burst the calibration timed takes what a refilled bucket saves off
+/// the prediction of every step that sends a bucket or more (dense's),
+/// less off those that send less or once a round, never more; the
+/// profile reports it.
+#[test]
+fn a_timed_burst_takes_its_saving_off_the_predictions() {
+    use crate::compare::BurstTimings;
+    let world = 3;
+    let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
+        .iter()
+        .map(|&b| (b, 4.0 * (50e-6 + b as f64 / 3.0 / 1.25e8)))
+        .collect();
+    let mut runs: Vec<RunReport> = runs(world, 1).into_iter().map(|(r, _)| r).collect();
+    for run in &mut runs {
+        for epoch in &mut run.epochs {
+            epoch.network_secs = Some(epoch.combine_secs);
+        }
+    }
+    let profile = |burst: Option<BurstTimings>| {
+        let calibration = Calibration {
+            world,
+            gradwire: samples.clone(),
+            library: samples.clone(),
+            latency_after: Vec::new(),
+            burst,
+        };
+        profile_of(&runs, &calibration, 1_000_000_000).unwrap()
+    };
+    let plain = profile(None);
+    assert_eq!(plain.burst, None);
+    let shaped = profile(Some(BurstTimings {
+        bucket_bytes: 1000,
+        refill_s: 0.0,
+        bytes: 1500,
+        back_to_back: vec![300e-6, 310e-6],
+        after_pause: vec![285e-6, 285e-6],
+    }));
+    let burst = shaped.burst.unwrap();
+    assert!((burst.saved_s - 20e-6).abs() < 1e-15, "{burst:?}");
+    assert_eq!(
+        burst.describe(1500),
+        "a refilled bucket of 1 KiB saves 0.0 ms a step (an all-reduce of 1 KiB: 0.3 ms back \
+         to back, 0.3 ms after a pause)"
+    );
+    assert_eq!(plain.strategies.len(), shaped.strategies.len());
+    for (p, s) in plain.strategies.iter().zip(&shaped.strategies) {
+        let saved = p.predicted_s_per_step - s.predicted_s_per_step;
+        assert!(
+            (-1e-15..=20e-6 + 1e-15).contains(&saved),
+            "{}: {saved}",
+            p.label
+        );
+        if p.label == "dense" {
+            assert!((saved - 20e-6).abs() < 1e-12, "dense saves {saved}");
+        }
+    }
+    assert!(plain.strategies.iter().any(|s| s.label == "dense"));
 }
