@@ -21,7 +21,7 @@
 //! refill_s)`, at most one bucket a step ([`credit_secs`]).
 
 use super::collectives::CollectiveCall;
-use crate::error::{AlgoError, Result};
+use crate::error::Result;
 
 /// A link's token bucket, as a calibration measured it
 /// ([`Link::with_burst`](super::Link::with_burst)); the default is none.
@@ -43,18 +43,9 @@ impl Burst {
     /// Checks that every field is finite and non-negative;
     /// [`AlgoError::InvalidArgument`] names the field that is not.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("bytes", self.bytes),
-            ("saved time", self.saved_s),
-            ("refill time", self.refill_s),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(AlgoError::InvalidArgument(format!(
-                    "a burst's {name} must be finite and at least 0, got {v}"
-                )));
-            }
-        }
-        Ok(())
+        super::at_least_zero("a burst's bytes", "", self.bytes)?;
+        super::at_least_zero("a burst's saved time", " s", self.saved_s)?;
+        super::at_least_zero("a burst's refill time", " s", self.refill_s)
     }
 }
 

@@ -81,11 +81,7 @@ impl Link {
     /// a non-finite value, a rate of zero or less or a negative latency is
     /// [`AlgoError::InvalidArgument`].
     pub fn new(latency_s: f64, bytes_per_s: f64) -> Result<Link> {
-        if !(latency_s.is_finite() && latency_s >= 0.0) {
-            return Err(AlgoError::InvalidArgument(format!(
-                "a link's latency must be finite and at least 0 s, got {latency_s}"
-            )));
-        }
+        at_least_zero("a link's latency", " s", latency_s)?;
         if !(bytes_per_s.is_finite() && bytes_per_s > 0.0) {
             return Err(AlgoError::InvalidArgument(format!(
                 "a link's rate must be finite and positive, got {bytes_per_s} bytes/s"
@@ -144,17 +140,9 @@ impl StepModel {
     /// Checks that every time is finite and non-negative and `overlap` is
     /// in `[0, 1]`.
     pub fn validate(&self) -> Result<()> {
-        for (name, v) in [
-            ("compute", self.compute_s),
-            ("codec", self.codec_s),
-            ("other", self.other_s),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(AlgoError::InvalidArgument(format!(
-                    "the {name} time must be finite and at least 0 s, got {v}"
-                )));
-            }
-        }
+        at_least_zero("the compute time", " s", self.compute_s)?;
+        at_least_zero("the codec time", " s", self.codec_s)?;
+        at_least_zero("the other time", " s", self.other_s)?;
         if !(0.0..=1.0).contains(&self.overlap) {
             return Err(AlgoError::InvalidArgument(format!(
                 "the overlap must be in [0, 1], got {}",
@@ -242,6 +230,17 @@ pub fn predict_step_secs(
     Ok(step.compute_s + step.codec_s + step.other_s + exposed)
 }
 
+/// `Ok` for a finite `v` of at least 0, else [`AlgoError::InvalidArgument`]
+/// saying that `what` must be one (in `unit`).
+pub(crate) fn at_least_zero(what: &str, unit: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        return Ok(());
+    }
+    Err(AlgoError::InvalidArgument(format!(
+        "{what} must be finite and at least 0{unit}, got {v}"
+    )))
+}
+
 /// A codec time measured on `measured_params` parameters, scaled to
 /// `target_params`: every codec gradwire has is linear in the number of
 /// entries (a cast, a selection by radix passes, a quantization; PowerSGD's
@@ -253,11 +252,7 @@ pub fn scale_codec_secs(
     measured_params: usize,
     target_params: usize,
 ) -> Result<f64> {
-    if !(measured_s.is_finite() && measured_s >= 0.0) {
-        return Err(AlgoError::InvalidArgument(format!(
-            "a codec time must be finite and at least 0 s, got {measured_s}"
-        )));
-    }
+    at_least_zero("a codec time", " s", measured_s)?;
     if measured_params == 0 {
         return Err(AlgoError::InvalidArgument(
             "a codec time measured on 0 parameters cannot be scaled".into(),
