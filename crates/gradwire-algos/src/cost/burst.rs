@@ -41,7 +41,8 @@ pub struct Burst {
 
 impl Burst {
     /// Checks that every field is finite and non-negative;
-    /// [`AlgoError::InvalidArgument`] names the field that is not.
+    /// [`AlgoError::InvalidArgument`](crate::AlgoError::InvalidArgument)
+    /// names the field that is not.
     pub fn validate(&self) -> Result<()> {
         super::at_least_zero("a burst's bytes", "", self.bytes)?;
         super::at_least_zero("a burst's saved time", " s", self.saved_s)?;

@@ -23,7 +23,7 @@
 //! the rate, it is about nothing.
 
 use crate::engine::Backend;
-use crate::error::Result;
+use crate::error::{ExperimentError, Result};
 use gradwire_algos::cost::{Burst, mean};
 use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
@@ -58,6 +58,20 @@ pub struct ShaperBucket {
     /// Seconds of idle link that refill it (its bytes at the shaper's
     /// rate).
     pub refill_s: f64,
+}
+
+impl ShaperBucket {
+    /// Checks that the bucket holds at most 1 GiB and refills in 0 to
+    /// 3600 s (a finite time); [`ExperimentError::Usage`] says which.
+    pub fn validate(&self) -> Result<()> {
+        if self.bytes > 1 << 30 || !(0.0..=3600.0).contains(&self.refill_s) {
+            return Err(ExperimentError::Usage(format!(
+                "a shaper's bucket of {} bytes refilled in {} s: give at most 1 GiB and 0 to 3600 s",
+                self.bytes, self.refill_s
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The burst's timings: gradwire's all-reduce of `bytes`, in which each
@@ -153,13 +167,18 @@ impl Calibration {
 /// fused all-reduces, eight times each: `MPI_Allreduce` picks its
 /// algorithm by size, so its cost at the size a baseline sends is timed,
 /// not read off a line), and, given the shaper's `bucket` on more than
-/// one rank, the burst ([`BurstTimings`]). Collective: every rank calls
-/// it, with the same `baselines` and `bucket`.
+/// one rank, the burst ([`BurstTimings`]). A `bucket` that does not
+/// validate ([`ShaperBucket::validate`]) is refused before anything is
+/// timed. Collective: every rank calls it, with the same `baselines` and
+/// `bucket`.
 pub fn calibrate<C: Backend>(
     comm: &C,
     baselines: &[usize],
     bucket: Option<ShaperBucket>,
 ) -> Result<Calibration> {
+    if let Some(bucket) = &bucket {
+        bucket.validate()?;
+    }
     let mut gradwire = Vec::new();
     let mut library = Vec::new();
     let sizes = std::iter::once((LATENCY_BYTES, LATENCY_REPETITIONS, true))
@@ -204,7 +223,7 @@ pub fn calibrate<C: Backend>(
 fn time_burst<C: Backend>(comm: &C, bucket: ShaperBucket) -> Result<BurstTimings> {
     let world = comm.world_size();
     let bytes = (bucket.bytes * world).div_ceil(world - 1).div_ceil(4) * 4;
-    let pause = Duration::from_secs_f64(2.0 * bucket.refill_s.max(0.0) + 1e-3);
+    let pause = Duration::from_secs_f64(2.0 * bucket.refill_s + 1e-3);
     Ok(BurstTimings {
         bucket_bytes: bucket.bytes,
         refill_s: bucket.refill_s,
@@ -412,5 +431,26 @@ mod tests {
         assert_eq!(timings.burst().unwrap().saved_s, 0.0);
         timings.after_pause.clear();
         assert_eq!(timings.burst(), None);
+    }
+
+    /// A bucket past 1 GiB or refilled in a time that is not a finite
+    /// number of seconds up to an hour is a usage error on every rank,
+    /// before anything is timed.
+    #[test]
+    fn a_bad_bucket_is_a_usage_error() {
+        for (bytes, refill_s) in [
+            ((1 << 30) + 1, 0.01),
+            (1000, f64::NAN),
+            (1000, -1.0),
+            (1000, f64::INFINITY),
+        ] {
+            let bad = ShaperBucket { bytes, refill_s };
+            for result in
+                gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm, &[], Some(bad)))
+                    .unwrap()
+            {
+                crate::error::assert_usage(result, "a shaper's bucket of");
+            }
+        }
     }
 }
