@@ -56,8 +56,9 @@ impl Burst {
 /// exchange)`, [`CollectiveCall::exchange`]) finds the bucket refilled by
 /// the `period` steps since its last turn, and saves its share of the
 /// bucket once every `period` steps; the sum is at most one bucket a step.
+/// `burst` is the link's, which [`predict_step_secs`](super::predict_step_secs)
+/// has validated with each call's time.
 pub(super) fn credit_secs(burst: &Burst, calls: &[CollectiveCall], busy_s: f64) -> Result<f64> {
-    burst.validate()?;
     if burst.bytes <= 0.0 || burst.saved_s <= 0.0 {
         return Ok(0.0);
     }
@@ -220,6 +221,12 @@ mod tests {
             refused(link.with_burst(burst), what);
             let set = Link { burst, ..link };
             refused(set.validate(), what);
+            // A link set field by field is refused by the prediction too.
+            let calls = [CollectiveCall::all_reduce(40_000, 4)];
+            refused(
+                predict_step_secs(&step(0.05), &calls, 4, &set, &Algorithm::Ring),
+                what,
+            );
         }
     }
 }

@@ -132,8 +132,8 @@ fn shaped_report(
                 .map_or("-".into(), project::ProfileLink::describe),
             path.display()
         );
-        if let (Some(burst), Some(timings)) = (&profile.burst, &calibration.burst) {
-            println!("burst: {}", burst.describe(timings.bytes));
+        if let Some(burst) = &profile.burst {
+            println!("burst: {}", burst.describe());
         }
         if let Some((before, after)) = profile.latency_before_after_s {
             println!(

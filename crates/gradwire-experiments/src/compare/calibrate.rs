@@ -18,13 +18,13 @@
 //! The burst itself is timed apart ([`BurstTimings`]): one all-reduce in
 //! which every rank sends two buckets, back to back (the bucket drained)
 //! and after a pause that refills it, as a training step's compute does.
-//! The difference is what a refilled bucket saves a step
-//! (`gradwire_algos::cost::Burst`); where the cores and not the shaper set
+//! The difference of the means is what a refilled bucket saves a step
+//! (`crate::project::ProfileBurst`, `gradwire_algos::cost::Burst`); where the cores and not the shaper set
 //! the rate, it is about nothing.
 
 use crate::engine::Backend;
 use crate::error::{ExperimentError, Result};
-use gradwire_algos::cost::{Burst, mean};
+use gradwire_algos::cost::mean;
 use gradwire_comm::ReduceOp;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -89,20 +89,6 @@ pub struct BurstTimings {
     pub back_to_back: Vec<f64>,
     /// The same after each pause.
     pub after_pause: Vec<f64>,
-}
-
-impl BurstTimings {
-    /// What a refilled bucket saves a step: the mean back to back less
-    /// the mean after a pause, at least 0 (`None` without timings).
-    pub fn burst(&self) -> Option<Burst> {
-        let drained = mean(self.back_to_back.iter().copied())?;
-        let refilled = mean(self.after_pause.iter().copied())?;
-        Some(Burst {
-            bytes: self.bucket_bytes as f64,
-            saved_s: (drained - refilled).max(0.0),
-            refill_s: self.refill_s,
-        })
-    }
 }
 
 /// What the all-reduces of a calibration took on this network.
@@ -412,32 +398,12 @@ mod tests {
                 assert_eq!(t.len(), BURST_REPETITIONS);
                 assert!(t.iter().all(|t| *t > 0.0 && t.is_finite()));
             }
-            let burst = timings.burst().unwrap();
-            assert_eq!((burst.bytes, burst.refill_s), (1001.0, 1e-4));
-            assert!(burst.saved_s >= 0.0 && burst.saved_s.is_finite());
+            let burst = crate::project::ProfileBurst::of(timings).unwrap();
+            assert_eq!(burst.all_reduce_bytes, timings.bytes);
+            assert!(burst.saved_s() >= 0.0 && burst.saved_s().is_finite());
             // Every rank records the slowest rank's times.
             assert_eq!(&calibrations[1], timings);
         }
-    }
-
-    /// The saving is the mean drained less the mean refilled, never
-    /// below 0; without timings there is none.
-    #[test]
-    fn a_burst_saves_the_difference_of_the_means() {
-        let mut timings = BurstTimings {
-            bucket_bytes: 98_304,
-            refill_s: 0.008,
-            bytes: 131_072,
-            back_to_back: vec![0.016, 0.018],
-            after_pause: vec![0.009, 0.011],
-        };
-        let burst = timings.burst().unwrap();
-        assert!((burst.saved_s - 0.007).abs() < 1e-12, "{burst:?}");
-        assert_eq!((burst.bytes, burst.refill_s), (98_304.0, 0.008));
-        timings.after_pause = vec![0.02];
-        assert_eq!(timings.burst().unwrap().saved_s, 0.0);
-        timings.after_pause.clear();
-        assert_eq!(timings.burst(), None);
     }
 
     /// A bucket past 1 GiB or refilled in a time that is not a finite

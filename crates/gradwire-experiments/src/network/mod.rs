@@ -99,7 +99,7 @@ impl Rate {
     /// least 96 KiB, more than a GSO super-packet (64 KiB), which tbf
     /// would otherwise drop. (The qdisc watchdog runs on high-resolution
     /// timers: no need for a timer tick's worth.)
-    pub(crate) fn burst_bytes(self) -> u64 {
+    fn burst_bytes(self) -> u64 {
         (self.bits_per_s / 8 / 2000).max(96 * 1024)
     }
 

@@ -72,29 +72,58 @@ impl ProfileLink {
 }
 
 /// A shaper's burst as the calibration timed it
-/// ([`crate::compare::BurstTimings`]).
+/// ([`crate::compare::BurstTimings`]), by the means of its timings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ProfileBurst {
     /// The bucket, bytes.
-    pub bucket_bytes: f64,
+    pub bucket_bytes: usize,
+    /// Seconds of idle link that refill it.
+    pub refill_s: f64,
+    /// The all-reduce timed, bytes of f32.
+    pub all_reduce_bytes: usize,
     /// Mean seconds of the all-reduce timed back to back.
     pub back_to_back_s: f64,
     /// Mean seconds of the same after a pause that refills the bucket.
     pub after_pause_s: f64,
-    /// What a refilled bucket saves a step (the difference, at least 0).
-    pub saved_s: f64,
 }
 
 impl ProfileBurst {
-    /// `a refilled bucket of 96 KiB saves 7.1 ms (an all-reduce of 128 KiB:
-    /// 16.1 ms back to back, 9.0 ms after a pause)`.
-    pub fn describe(&self, bytes: usize) -> String {
+    /// The means of `timings` (`None` where either way has no timing).
+    pub fn of(timings: &crate::compare::BurstTimings) -> Option<ProfileBurst> {
+        use gradwire_algos::cost::mean;
+        Some(ProfileBurst {
+            bucket_bytes: timings.bucket_bytes,
+            refill_s: timings.refill_s,
+            all_reduce_bytes: timings.bytes,
+            back_to_back_s: mean(timings.back_to_back.iter().copied())?,
+            after_pause_s: mean(timings.after_pause.iter().copied())?,
+        })
+    }
+
+    /// What a refilled bucket saves a step: the mean back to back less the
+    /// mean after a pause, at least 0.
+    pub fn saved_s(&self) -> f64 {
+        (self.back_to_back_s - self.after_pause_s).max(0.0)
+    }
+
+    /// The cost model's form of it.
+    pub fn burst(&self) -> gradwire_algos::cost::Burst {
+        gradwire_algos::cost::Burst {
+            bytes: self.bucket_bytes as f64,
+            saved_s: self.saved_s(),
+            refill_s: self.refill_s,
+        }
+    }
+
+    /// `a refilled bucket of 96 KiB saves 7.1 ms a step (an all-reduce of
+    /// 128 KiB: 16.1 ms back to back, 9.0 ms after a pause)`.
+    pub fn describe(&self) -> String {
         format!(
             "a refilled bucket of {:.0} KiB saves {:.1} ms a step (an all-reduce of {:.0} KiB: \
              {:.1} ms back to back, {:.1} ms after a pause)",
-            self.bucket_bytes / 1024.0,
-            self.saved_s * 1e3,
-            bytes as f64 / 1024.0,
+            self.bucket_bytes as f64 / 1024.0,
+            self.saved_s() * 1e3,
+            self.all_reduce_bytes as f64 / 1024.0,
             self.back_to_back_s * 1e3,
             self.after_pause_s * 1e3
         )

@@ -156,10 +156,11 @@ fn profile() -> Profile {
         library_link: None,
         latency_before_after_s: Some((60e-6, 75e-6)),
         burst: Some(ProfileBurst {
-            bucket_bytes: 98_304.0,
+            bucket_bytes: 98_304,
+            refill_s: 0.008,
+            all_reduce_bytes: 131_072,
             back_to_back_s: 0.016,
             after_pause_s: 0.009,
-            saved_s: 0.007,
         }),
         strategies: vec![s("dense", 0.0, Some(400)), s("topk 1 %", 0.004, Some(500))],
     }
@@ -387,4 +388,32 @@ fn print_the_default_projection() {
         ..parsed_args(&extra)
     })
     .unwrap();
+}
+
+/// A burst's saving is the mean back to back less the mean after a pause,
+/// never below 0, and the cost model's burst carries it with the bucket;
+/// without timings either way there is none.
+#[test]
+fn a_burst_saves_the_difference_of_the_means() {
+    let mut timings = crate::compare::BurstTimings {
+        bucket_bytes: 98_304,
+        refill_s: 0.008,
+        bytes: 131_072,
+        back_to_back: vec![0.016, 0.018],
+        after_pause: vec![0.009, 0.011],
+    };
+    let burst = ProfileBurst::of(&timings).unwrap();
+    assert!((burst.saved_s() - 0.007).abs() < 1e-12, "{burst:?}");
+    let model = burst.burst();
+    assert_eq!((model.bytes, model.refill_s), (98_304.0, 0.008));
+    assert!((model.saved_s - 0.007).abs() < 1e-12);
+    assert_eq!(
+        burst.describe(),
+        "a refilled bucket of 96 KiB saves 7.0 ms a step (an all-reduce of 128 KiB: 17.0 ms \
+         back to back, 10.0 ms after a pause)"
+    );
+    timings.after_pause = vec![0.02];
+    assert_eq!(ProfileBurst::of(&timings).unwrap().saved_s(), 0.0);
+    timings.after_pause.clear();
+    assert_eq!(ProfileBurst::of(&timings), None);
 }

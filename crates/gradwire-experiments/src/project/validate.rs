@@ -14,8 +14,7 @@ use crate::model::Model;
 use crate::train::RunReport;
 use gradwire_algos::cost::{
     Algorithm, Bucketing, CollectiveCall, StepModel, StrategySpec, communication_secs,
-    fit_all_reduce, mean, predict_step_secs, sent_over_steps, spread_of_all_reduce,
-    step_collectives,
+    fit_all_reduce, predict_step_secs, sent_over_steps, spread_of_all_reduce, step_collectives,
 };
 use gradwire_compress::SparseCodec;
 use gradwire_compress::select::SAMPLED_TOP_K_SLACK;
@@ -184,11 +183,8 @@ pub fn profile_of(
 ) -> Result<Profile> {
     let world = calibration.world;
     let gradwire_timings = calibration.gradwire_timings();
-    let timed_burst = calibration
-        .burst
-        .as_ref()
-        .and_then(|b| Some((b, b.burst()?)));
-    let burst = timed_burst.map(|(_, burst)| burst).unwrap_or_default();
+    let timed_burst = calibration.burst.as_ref().and_then(ProfileBurst::of);
+    let burst = timed_burst.map(|b| b.burst()).unwrap_or_default();
     let gradwire = fit_all_reduce(world, &gradwire_timings)?.with_burst(burst)?;
     let library = fit_all_reduce(world, &calibration.library)?.with_burst(burst)?;
     let gradwire_spread = spread_of_all_reduce(world, &gradwire_timings)?;
@@ -266,12 +262,7 @@ pub fn profile_of(
         link: ProfileLink::of(&gradwire, gradwire_spread),
         library_link: Some(ProfileLink::of(&library, library_spread)),
         latency_before_after_s: calibration.latency_before_after(),
-        burst: timed_burst.map(|(timings, burst)| ProfileBurst {
-            bucket_bytes: burst.bytes,
-            back_to_back_s: mean(timings.back_to_back.iter().copied()).unwrap_or(0.0),
-            after_pause_s: mean(timings.after_pause.iter().copied()).unwrap_or(0.0),
-            saved_s: burst.saved_s,
-        }),
+        burst: timed_burst,
         strategies,
     })
 }

@@ -367,9 +367,9 @@ fn a_timed_burst_takes_its_saving_off_the_predictions() {
         after_pause: vec![285e-6, 285e-6],
     }));
     let burst = shaped.burst.unwrap();
-    assert!((burst.saved_s - 20e-6).abs() < 1e-15, "{burst:?}");
+    assert!((burst.saved_s() - 20e-6).abs() < 1e-15, "{burst:?}");
     assert_eq!(
-        burst.describe(1500),
+        burst.describe(),
         "a refilled bucket of 1 KiB saves 0.0 ms a step (an all-reduce of 1 KiB: 0.3 ms back \
          to back, 0.3 ms after a pause)"
     );
