@@ -5,9 +5,11 @@
 // Payload: chunks of GW_QUANT_CHUNK (512) entries, each a header (sign and
 // QSGD: one f32 scale; min-max: the f32 minimum then the f32 maximum, all
 // little-endian) followed by the codes (sign: one bit per entry, eight to a
-// byte, 1 for a non-negative entry; QSGD: one i8 level per entry; min-max:
-// one u8 step per entry). Chunk c starts at c * stride (68, 516, 520 bytes);
-// only the last chunk may be shorter.
+// byte, 1 for a non-negative entry; QSGD: one i8 level per entry, or with at
+// most 7 levels two's-complement nibbles, entry 2j in the low half of byte j
+// and an odd chunk's last high half zero; min-max: one u8 step per entry).
+// Chunk c starts at c * stride (68, 516 or 260, 520 bytes); only the last
+// chunk may be shorter.
 //
 // QSGD's scale is the chunk's 2-norm (the paper's), its squares summed in
 // f64 in the CPU's lanes and order, or with max_norm its largest magnitude.
@@ -54,9 +56,28 @@
 // Header bytes of a chunk.
 __device__ constexpr gw_u64 quant_header(int q) { return q == GW_QUANT_MINMAX ? 8u : 4u; }
 
-// Bytes of a whole chunk: the header and 512 codes (64 bytes of signs).
-__device__ constexpr gw_u64 quant_stride(int q) {
-    return quant_header(q) + (q == GW_QUANT_SIGN ? GW_QUANT_CHUNK / 8u : GW_QUANT_CHUNK);
+// The most QSGD levels that 4 bits an entry hold (quant.rs's
+// QSGD_NIBBLE_LEVELS).
+#define GW_QSGD_NIBBLE_LEVELS 7u
+
+// Bytes of a whole chunk: the header and 512 codes (64 bytes of signs, 256
+// of QSGD's nibbles when `levels` is at most GW_QSGD_NIBBLE_LEVELS).
+__device__ constexpr gw_u64 quant_stride(int q, gw_u32 levels = 0u) {
+    return quant_header(q) +
+           (q == GW_QUANT_SIGN ? GW_QUANT_CHUNK / 8u
+            : q == GW_QUANT_QSGD && levels <= GW_QSGD_NIBBLE_LEVELS ? GW_QUANT_CHUNK / 2u
+                                                                   : GW_QUANT_CHUNK);
+}
+
+// Entry j's QSGD level in a chunk's codes: an i8, or with nibbles the
+// sign-extended low (even j) or high (odd j) half of byte j / 2.
+__device__ __forceinline__ int quant_qsgd_code(const gw_u8* codes, gw_u32 j, gw_u32 levels) {
+    if (levels <= GW_QSGD_NIBBLE_LEVELS) {
+        const int byte = (int)codes[j / 2u];
+        const int nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xf;
+        return nibble < 8 ? nibble : nibble - 16;
+    }
+    return (int)(signed char)codes[j];
 }
 
 __device__ __forceinline__ float gw_abs(float x) { return __uint_as_float(gw_key(x)); }
@@ -91,6 +112,25 @@ __device__ __forceinline__ gw_u32 quant_hash32(gw_u64 key, gw_u32 i) {
     return quant_fmix(quant_fmix(i ^ (gw_u32)key) ^ (gw_u32)(key >> 32));
 }
 
+// quant.rs's QSGD level of entry j (of the chunk starting at `first`) of
+// value v: (|v| * inverse).min(1.0) * levels plus a uniform draw, floored,
+// at most `levels`, with v's sign.
+__device__ __forceinline__ int quant_qsgd_level(float v, float inverse, gw_u32 levels, gw_u64 key,
+                                                gw_u64 first, gw_u32 j) {
+    // (|v| * inverse).min(1.0) * s: a NaN (0 * inf, when the scale is a
+    // tiny subnormal) becomes 1, as in Rust.
+    const float ratio = gw_abs(v) * inverse;
+    const float exact = (ratio < 1.0f ? ratio : 1.0f) * (float)levels;
+    // 24 random bits: a uniform in [0, 1) (times 2^-24, exact).
+    const gw_u32 h = quant_hash32(key, (gw_u32)first ^ j);
+    const float u = (float)(h >> 8) * 5.9604644775390625e-8f;
+    // floor(exact + u) through a saturating conversion to i32, as Rust's
+    // `as i32`, then at most `levels`.
+    int level = __float2int_rz(exact + u);
+    level = level < (int)levels ? level : (int)levels;
+    return v < 0.0f ? -level : level;
+}
+
 // Encodes the chunks of x (n finite f32) into `payload`, which holds the
 // encoded length. `levels` (1..=127), `max_norm` (QSGD's scale: 0 the
 // chunk's 2-norm, else its largest magnitude) and `key` are QSGD's.
@@ -117,7 +157,7 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
         const gw_u32 len = (gw_u32)(n - first < GW_QUANT_CHUNK ? n - first : GW_QUANT_CHUNK);
         // Entries [0, whole) are the whole eights, [whole, len) the remainder.
         const gw_u32 whole = len / GW_QUANT_LANES * GW_QUANT_LANES;
-        gw_u8* out = payload + c * quant_stride(Q);
+        gw_u8* out = payload + c * quant_stride(Q, levels);
         for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
             xs[j] = x[first + j];
         }
@@ -251,21 +291,23 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
             }
         } else if (Q == GW_QUANT_QSGD) {
             const float inverse = param_f32[0];
-            const float s = (float)levels;
-            for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
-                const float v = xs[j];
-                // (|v| * inverse).min(1.0) * s: a NaN (0 * inf, when the
-                // scale is a tiny subnormal) becomes 1, as in Rust.
-                const float ratio = gw_abs(v) * inverse;
-                const float exact = (ratio < 1.0f ? ratio : 1.0f) * s;
-                // 24 random bits: a uniform in [0, 1) (times 2^-24, exact).
-                const gw_u32 h = quant_hash32(key, (gw_u32)first ^ j);
-                const float u = (float)(h >> 8) * 5.9604644775390625e-8f;
-                // floor(exact + u) through a saturating conversion to i32,
-                // as Rust's `as i32`, then at most `levels`.
-                int level = __float2int_rz(exact + u);
-                level = level < (int)levels ? level : (int)levels;
-                codes[j] = (gw_u8)(v < 0.0f ? -level : level);
+            if (levels <= GW_QSGD_NIBBLE_LEVELS) {
+                // One thread per byte: entries 2b and 2b + 1 (or zero past
+                // the chunk's end) in its low and high halves.
+                const gw_u32 bytes = (len + 1u) / 2u;
+                for (gw_u32 b = threadIdx.x; b < bytes; b += GW_BLOCK) {
+                    const gw_u32 j = 2u * b;
+                    const int low = quant_qsgd_level(xs[j], inverse, levels, key, first, j);
+                    const int high =
+                        j + 1u < len ? quant_qsgd_level(xs[j + 1u], inverse, levels, key, first,
+                                                        j + 1u)
+                                     : 0;
+                    codes[b] = (gw_u8)((low & 0xf) | ((high & 0xf) << 4));
+                }
+            } else {
+                for (gw_u32 j = threadIdx.x; j < len; j += GW_BLOCK) {
+                    codes[j] = (gw_u8)quant_qsgd_level(xs[j], inverse, levels, key, first, j);
+                }
             }
         } else {
             if (wide == 0) {
@@ -321,11 +363,15 @@ extern "C" __global__ void quant_qsgd_check(const gw_u8* payload, gw_u64 n, gw_u
     GW_FOR_EACH(i, n) {
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
-        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD);
-        const int q = (int)(signed char)chunk[4 + j];
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD, levels);
+        const int q = quant_qsgd_code(chunk + 4, j, levels);
         const int magnitude = q < 0 ? -q : q;
         const bool bad_scale = j == 0u && !gw_is_finite(gw_read_f32_le(chunk));
-        if (bad_scale || magnitude > (int)levels) {
+        // The last entry of an odd chunk (only the last chunk can be odd)
+        // shares its byte with a padding nibble, which must be zero.
+        const bool bad_padding = levels <= GW_QSGD_NIBBLE_LEVELS && i + 1u == n && j % 2u == 0u &&
+                                 (chunk[4 + j / 2u] >> 4) != 0u;
+        if (bad_scale || magnitude > (int)levels || bad_padding) {
             gw_first_index(first_bad, c);
         }
     }
@@ -367,9 +413,9 @@ extern "C" __global__ void quant_qsgd_decode_f32(const gw_u8* payload, gw_u64 n,
     GW_FOR_EACH(i, n) {
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
-        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_QSGD, levels);
         const float unit = gw_read_f32_le(chunk) / (float)levels;
-        const int q = (int)(signed char)chunk[4 + j];
+        const int q = quant_qsgd_code(chunk + 4, j, levels);
         quant_put(out, i, (float)q * unit, add);
     }
 }

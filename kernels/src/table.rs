@@ -346,9 +346,11 @@ pub mod quant {
         payload(s.arg(1)?, 4, 1)
     }
 
-    /// A QSGD payload: a 4-byte scale per chunk, a byte per entry.
+    /// A QSGD payload: a 4-byte scale per chunk, a nibble per entry up to
+    /// 7 levels (argument 2 of each QSGD kernel), else a byte.
     fn qsgd(s: &LaunchShape<'_>) -> Option<u64> {
-        payload(s.arg(1)?, 4, 8)
+        let bits = if s.arg(2)? <= 7 { 4 } else { 8 };
+        payload(s.arg(1)?, 4, bits)
     }
 
     /// A min-max payload: 8 header bytes per chunk, a byte per entry.

@@ -10,9 +10,13 @@
 //!   of [`QUANT_CHUNK`] entries (the paper's bucket) has a scale, by default
 //!   the paper's bucket 2-norm ([`QsgdNorm::L2`]; its largest magnitude
 //!   with [`QsgdNorm::Max`], the variant most implementations ship), and
-//!   each entry an `i8` level in `-s..=s` of `|v| / scale`, rounded
+//!   each entry a level in `-s..=s` of `|v| / scale`, rounded
 //!   stochastically (seeded, counter-based: entry `i` of a stream draws
-//!   from a hash of `i`), so the decoded value is unbiased. The 2-norm is
+//!   from a hash of `i`), so the decoded value is unbiased. The levels
+//!   take 4 bits an entry when `s` is at most 7 ([`QSGD_NIBBLE_LEVELS`]:
+//!   two's-complement nibbles, entry `2j` in the low half of byte `j`, an
+//!   odd chunk's last high half zero), else 8 (an `i8`): 4-bit
+//!   pseudo-gradients, as Streaming DiLoCo's. The 2-norm is
 //!   summed in f64 in a fixed order (eight lanes, then the rest), so the
 //!   device forms give the same bits; a chunk whose 2-norm overflows f32
 //!   is scaled by its largest magnitude instead (still unbiased).
@@ -34,13 +38,18 @@ use crate::error::{CompressError, Result};
 /// experiments): a scale costs 4 or 8 bytes per 512 entries.
 pub const QUANT_CHUNK: usize = 512;
 
+/// The most QSGD levels per sign that 4 bits an entry hold (a nibble's
+/// `-7..=7`; its -8 is never written and refused on decoding).
+pub const QSGD_NIBBLE_LEVELS: u8 = 7;
+
 /// How entries are quantized (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quantizer {
     /// One bit per entry and the mean magnitude as the scale.
     Sign,
-    /// QSGD with `levels` levels per sign (1 to 127: 127 is 8 bits), each
-    /// chunk scaled by its `norm`, stochastic rounding from `seed`.
+    /// QSGD with `levels` levels per sign (1 to 127: up to 7 take 4 bits
+    /// an entry, more take 8), each chunk scaled by its `norm`, stochastic
+    /// rounding from `seed`.
     Qsgd {
         /// Levels per sign.
         levels: u8,
@@ -83,7 +92,7 @@ impl Quantizer {
     pub fn chunk_bytes(&self) -> usize {
         match self {
             Quantizer::Sign => 4 + QUANT_CHUNK / 8,
-            Quantizer::Qsgd { .. } => 4 + QUANT_CHUNK,
+            Quantizer::Qsgd { levels, .. } => 4 + QUANT_CHUNK / qsgd_entries_per_byte(*levels),
             Quantizer::MinMaxU8 => 8 + QUANT_CHUNK,
         }
     }
@@ -105,7 +114,11 @@ impl Quantizer {
         match self {
             // Chunks of 512 hold whole bytes of signs.
             Quantizer::Sign => 4 * chunks + n.div_ceil(8),
-            Quantizer::Qsgd { .. } => 4 * chunks + n,
+            // Chunks of 512 hold whole bytes of nibbles: only the last
+            // may end with half a byte.
+            Quantizer::Qsgd { levels, .. } => {
+                4 * chunks + n.div_ceil(qsgd_entries_per_byte(*levels))
+            }
             Quantizer::MinMaxU8 => 8 * chunks + n,
         }
     }
@@ -180,21 +193,32 @@ impl Quantizer {
                 }
             }
             Quantizer::Qsgd { levels, .. } => {
+                let nibbles = qsgd_entries_per_byte(levels) == 2;
                 for (out, chunk) in out
                     .chunks_mut(QUANT_CHUNK)
                     .zip(payload.chunks(self.chunk_bytes()))
                 {
                     let scale = read_scale(chunk, 0)?;
                     let codes = &chunk[4..];
-                    if let Some(&bad) = codes.iter().find(|&&q| (q as i8).unsigned_abs() > levels) {
+                    let level = |i: usize| qsgd_code(codes, i, nibbles);
+                    if let Some(bad) = (0..out.len())
+                        .map(level)
+                        .find(|q| q.unsigned_abs() > levels)
+                    {
                         return Err(CompressError::Corrupt(format!(
-                            "QSGD level {} beyond {levels}",
-                            bad as i8
+                            "QSGD level {bad} beyond {levels}"
                         )));
                     }
+                    // An odd chunk's last byte holds one entry: its other
+                    // half is zero, so a payload has one spelling.
+                    if nibbles && out.len() % 2 == 1 && codes[out.len() / 2] >> 4 != 0 {
+                        return Err(CompressError::Corrupt(
+                            "a QSGD payload's padding nibble is not zero".into(),
+                        ));
+                    }
                     let unit = scale / f32::from(levels);
-                    for (o, &q) in out.iter_mut().zip(codes) {
-                        put(o, f32::from(q as i8) * unit);
+                    for (i, o) in out.iter_mut().enumerate() {
+                        put(o, f32::from(level(i)) * unit);
                     }
                 }
             }
@@ -410,21 +434,62 @@ fn qsgd_scale(x: &[f32], norm: QsgdNorm, largest: u32) -> f32 {
 
 /// One chunk of scale `scale` (its entries from `first` on in
 /// the stream `key`): the scale, then each entry's level, rounded up with
-/// probability equal to the fraction (unbiased).
+/// probability equal to the fraction (unbiased), in a byte or, for at
+/// most [`QSGD_NIBBLE_LEVELS`] levels, in half of one.
 #[inline(always)]
 fn encode_qsgd(x: &[f32], scale: f32, levels: u8, key: u64, first: u64, out: &mut [u8]) {
     out[..4].copy_from_slice(&scale.to_le_bytes());
     let s = f32::from(levels);
     // |v| / scale first: at most 1, even when scale is subnormal.
     let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    for (i, (o, &v)) in out[4..].iter_mut().zip(x).enumerate() {
+    let level = |i: usize, v: f32| {
         let exact = (v.abs() * inverse).min(1.0) * s;
         // 24 random bits: a uniform in [0, 1).
         let u = (hash32(key, first as u32 ^ i as u32) >> 8) as f32 * (1.0 / (1u32 << 24) as f32);
         // floor(exact + u): up with probability frac(exact); through i32,
         // whose conversion vectorises.
         let level = ((exact + u) as i32).min(i32::from(levels)) as i8;
-        *o = (if v < 0.0 { -level } else { level }) as u8;
+        if v < 0.0 { -level } else { level }
+    };
+    let codes = &mut out[4..];
+    if qsgd_entries_per_byte(levels) == 1 {
+        for (i, (o, &v)) in codes.iter_mut().zip(x).enumerate() {
+            *o = level(i, v) as u8;
+        }
+        return;
+    }
+    // The levels of the whole chunk first (the loop above, which
+    // vectorises), then packed two to a byte.
+    let mut levels_of = [0i8; QUANT_CHUNK];
+    for (i, (l, &v)) in levels_of.iter_mut().zip(x).enumerate() {
+        *l = level(i, v);
+    }
+    for (o, pair) in codes.iter_mut().zip(levels_of[..x.len()].chunks(2)) {
+        let high = pair.get(1).copied().unwrap_or(0);
+        *o = (pair[0] as u8 & 0x0f) | ((high as u8) << 4);
+    }
+}
+
+/// Entries a byte of QSGD codes holds with `levels` levels per sign: two
+/// 4-bit levels for at most [`QSGD_NIBBLE_LEVELS`], else one `i8`.
+fn qsgd_entries_per_byte(levels: u8) -> usize {
+    if levels <= QSGD_NIBBLE_LEVELS { 2 } else { 1 }
+}
+
+/// Entry `i`'s level in a chunk's `codes`: an `i8`, or with `nibbles` the
+/// sign-extended low (even `i`) or high (odd `i`) half of byte `i / 2`.
+#[inline(always)]
+fn qsgd_code(codes: &[u8], i: usize, nibbles: bool) -> i8 {
+    if nibbles {
+        let byte = codes[i / 2] as i8;
+        // The nibble in the top half, then an arithmetic shift back down.
+        if i.is_multiple_of(2) {
+            (byte << 4) >> 4
+        } else {
+            byte >> 4
+        }
+    } else {
+        codes[i] as i8
     }
 }
 

@@ -2,11 +2,12 @@
 //! chunk boundaries: the sign keeps every sign and each chunk's mean
 //! magnitude;
 //! min-max uint8 is within half a step of every entry; QSGD is within one
-//! level of every entry and unbiased (measured over seeds); payloads have
-//! the advertised length; corrupt payloads are refused and nothing decodes
-//! to a non-finite value.
+//! level of every entry and unbiased (measured over seeds), its levels in
+//! nibbles (two an entry byte, the layout checked by hand) up to 7 levels;
+//! payloads have the advertised length; corrupt payloads are refused and
+//! nothing decodes to a non-finite value.
 
-use gradwire_compress::quant::QUANT_CHUNK;
+use gradwire_compress::quant::{QSGD_NIBBLE_LEVELS, QUANT_CHUNK};
 use gradwire_compress::{CompressError, QsgdNorm, Quantizer};
 use proptest::prelude::*;
 
@@ -98,6 +99,39 @@ proptest! {
                 prop_assert!(*o == 0.0 || o.signum() == v.signum());
             }
         }
+        let per_entry = if levels <= 7 { n.div_ceil(2) } else { n };
+        prop_assert_eq!(q.encoded_len(n), 4 * n.div_ceil(QUANT_CHUNK) + per_entry);
+    }
+
+    /// Up to 7 levels, a chunk's codes are nibbles: entry 2j in the low half
+    /// of byte j, two's complement, an odd chunk's last high half zero;
+    /// unpacked here by hand, they are the decoded values over a level.
+    #[test]
+    fn qsgd_up_to_7_levels_packs_two_levels_a_byte(
+        n in prop::sample::select(LENGTHS.to_vec()), levels in 1u8..=QSGD_NIBBLE_LEVELS,
+        seed: u64,
+    ) {
+        let q = Quantizer::Qsgd { levels, seed, norm: QsgdNorm::L2 };
+        let x = values(seed, n);
+        let mut payload = vec![0u8; q.encoded_len(n)];
+        q.encode(&x, 3, &mut payload).unwrap();
+        let mut out = vec![0f32; n];
+        q.decode(&payload, &mut out).unwrap();
+        prop_assert_eq!(q.chunk_bytes(), 4 + QUANT_CHUNK / 2);
+        for (chunk, os) in payload.chunks(q.chunk_bytes()).zip(out.chunks(QUANT_CHUNK)) {
+            let unit = f32::from_le_bytes(chunk[..4].try_into().unwrap()) / f32::from(levels);
+            let codes = &chunk[4..];
+            prop_assert_eq!(codes.len(), os.len().div_ceil(2));
+            for (i, o) in os.iter().enumerate() {
+                let nibble = (codes[i / 2] >> (4 * (i % 2))) & 0x0f;
+                let level = if nibble < 8 { i32::from(nibble) } else { i32::from(nibble) - 16 };
+                prop_assert!(level.unsigned_abs() <= u32::from(levels));
+                prop_assert_eq!(*o, level as f32 * unit);
+            }
+            if os.len() % 2 == 1 {
+                prop_assert_eq!(codes[os.len() / 2] >> 4, 0);
+            }
+        }
     }
 }
 
@@ -118,7 +152,7 @@ fn carried_scales(q: Quantizer, x: &[f32]) -> Vec<f32> {
     let mut payload = vec![0u8; q.encoded_len(x.len())];
     q.encode(x, 0, &mut payload).unwrap();
     payload
-        .chunks(4 + QUANT_CHUNK)
+        .chunks(q.chunk_bytes())
         .map(|c| f32::from_le_bytes(c[..4].try_into().unwrap()))
         .collect()
 }
@@ -284,6 +318,11 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
             seed: 1,
             norm: gradwire_compress::QsgdNorm::L2,
         },
+        Quantizer::Qsgd {
+            levels: 7,
+            seed: 1,
+            norm: gradwire_compress::QsgdNorm::L2,
+        },
     ] {
         let mut payload = vec![0u8; q.encoded_len(n)];
         q.encode(&values(5, n), 0, &mut payload).unwrap();
@@ -322,12 +361,37 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
     };
     let mut payload = vec![0u8; q.encoded_len(4)];
     q.encode(&[1.0, -1.0, 0.5, 0.0], 0, &mut payload).unwrap();
+    // Entries 2 and 3 share byte 5 (3 levels: nibbles): 4 in the low half.
     payload[5] = 4;
     let result = q.decode(&payload, &mut [0.0; 4]);
     assert!(
         matches!(&result, Err(CompressError::Corrupt(m)) if m.contains("level 4 beyond 3")),
         "{result:?}"
     );
+    // A nibble's -8, beyond any setting that nibbles hold, in the high half.
+    let q = Quantizer::Qsgd {
+        levels: QSGD_NIBBLE_LEVELS,
+        seed: 0,
+        norm: QsgdNorm::L2,
+    };
+    let mut payload = vec![0u8; q.encoded_len(3)];
+    q.encode(&[1.0, -1.0, 0.5], 0, &mut payload).unwrap();
+    payload[4] = (payload[4] & 0x0f) | 0x80;
+    let result = q.decode(&payload, &mut [0.0; 3]);
+    assert!(
+        matches!(&result, Err(CompressError::Corrupt(m)) if m.contains("level -8 beyond 7")),
+        "{result:?}"
+    );
+    // An odd chunk's padding nibble set: one payload, one spelling.
+    q.encode(&[1.0, -1.0, 0.5], 0, &mut payload).unwrap();
+    payload[5] |= 0x10;
+    let mut out = [9.0f32; 3];
+    let result = q.decode_add(&payload, &mut out);
+    assert!(
+        matches!(&result, Err(CompressError::Corrupt(m)) if m.contains("padding nibble")),
+        "{result:?}"
+    );
+    assert_eq!(out, [9.0; 3], "nothing added from a refused payload");
     let q = Quantizer::MinMaxU8;
     let mut payload = vec![0u8; q.encoded_len(2)];
     q.encode(&[1.0, 2.0], 0, &mut payload).unwrap();

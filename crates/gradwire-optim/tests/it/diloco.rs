@@ -535,6 +535,12 @@ fn with_every_codec_what_the_round_did_not_apply_is_owed_by_the_residuals() {
         OuterCodec::TopK(0.2),
         OuterCodec::Quantized(gradwire_compress::Quantizer::Sign),
         OuterCodec::Quantized(gradwire_compress::Quantizer::MinMaxU8),
+        // 4 bits an entry, as Streaming DiLoCo's pseudo-gradients.
+        OuterCodec::Quantized(gradwire_compress::Quantizer::Qsgd {
+            levels: gradwire_compress::quant::QSGD_NIBBLE_LEVELS,
+            seed: 3,
+            norm: gradwire_compress::QsgdNorm::L2,
+        }),
         OuterCodec::PowerSgd(1),
     ] {
         let world = 3;

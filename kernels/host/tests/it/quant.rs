@@ -1,6 +1,7 @@
 //! `kernels/cuda/quant.cu` on the CPU against gradwire-compress's
 //! quantizers (`gradwire_compress::quant`: 1-bit scaled sign, QSGD with the
-//! 2-norm and the max norm, min-max uint8), each kernel launched as
+//! 2-norm and the max norm, its levels in bytes and, up to 7 levels, in
+//! nibbles, min-max uint8), each kernel launched as
 //! gradwire-compress's CUDA launcher (`cuda/kernels/quant.rs`) launches it:
 //!
 //! - the encoders on the launcher's grid ([`plan::quant_encode`]) give the
@@ -22,7 +23,7 @@
 //!   and outputs, so it passes no windows).
 
 use gradwire_compress::QsgdNorm;
-use gradwire_compress::quant::{QUANT_CHUNK, Quantizer};
+use gradwire_compress::quant::{QSGD_NIBBLE_LEVELS, QUANT_CHUNK, Quantizer};
 use gradwire_kernels::{Blocks, Kernel, MAX_GRID, plan, quant as k};
 use gradwire_kernels_host::{Arg, Error};
 use rand::{Rng, SeedableRng};
@@ -384,8 +385,12 @@ fn arbitrary_payload(q: Quantizer, n: usize, seed: u64) -> Vec<u8> {
             Quantizer::Qsgd { levels, .. } => {
                 chunk[..4].copy_from_slice(&a.to_le_bytes());
                 let l = i16::from(levels);
-                for code in &mut chunk[4..4 + entries] {
-                    *code = rng.random_range(-l..=l) as i8 as u8;
+                if levels <= QSGD_NIBBLE_LEVELS {
+                    // The padding nibble of an odd chunk zero, as decoding asks.
+                    chunk[4..4 + entries.div_ceil(2)].fill(0);
+                }
+                for j in 0..entries {
+                    set_code(chunk, j, rng.random_range(-l..=l) as i8, levels);
                 }
             }
             Quantizer::MinMaxU8 => {
@@ -402,6 +407,20 @@ fn arbitrary_payload(q: Quantizer, n: usize, seed: u64) -> Vec<u8> {
         }
     }
     payload
+}
+
+/// Sets entry `j`'s QSGD code in `chunk` (from its header on) to `level`,
+/// as `levels` lays codes out: a byte, or up to [`QSGD_NIBBLE_LEVELS`] the
+/// low 4 bits of `level` in half of byte `j / 2` (the low half for even
+/// `j`).
+fn set_code(chunk: &mut [u8], j: usize, level: i8, levels: u8) {
+    if levels <= QSGD_NIBBLE_LEVELS {
+        let shift = 4 * (j % 2);
+        let byte = &mut chunk[4 + j / 2];
+        *byte = (*byte & !(0x0f << shift)) | ((level as u8 & 0x0f) << shift);
+    } else {
+        chunk[4 + j] = level as u8;
+    }
 }
 
 #[test]
@@ -450,18 +469,35 @@ fn corrupt_payloads_are_refused_at_the_cpus_chunk() {
             });
             match q {
                 Quantizer::Qsgd { levels, .. } => {
-                    let last_code = 4 + (n - 1) % QUANT_CHUNK;
-                    with("level -128 in the last entry", &|p| {
-                        p[last * stride + last_code] = 0x80;
+                    let last_entry = (n - 1) % QUANT_CHUNK;
+                    // The most negative code: an i8's -128, a nibble's -8.
+                    let lowest = if levels <= QSGD_NIBBLE_LEVELS {
+                        -8
+                    } else {
+                        i8::MIN
+                    };
+                    with("the lowest code in the last entry", &|p| {
+                        set_code(&mut p[last * stride..], last_entry, lowest, levels);
                     });
                     with("level beyond, two chunks", &|p| {
-                        p[last * stride + 4] = levels.wrapping_add(1);
-                        p[last / 2 * stride + last_code] = 0x80;
+                        set_code(
+                            &mut p[last * stride..],
+                            0,
+                            (levels as i8).wrapping_add(1),
+                            levels,
+                        );
+                        set_code(&mut p[last / 2 * stride..], last_entry, lowest, levels);
                     });
                     if levels < 127 {
                         with("level below -levels", &|p| {
-                            p[last * stride + 4 + (n - 1) % QUANT_CHUNK / 2] =
-                                (-(levels as i8) - 1) as u8;
+                            let level = -(levels as i8) - 1;
+                            set_code(&mut p[last * stride..], last_entry / 2, level, levels);
+                        });
+                    }
+                    // An odd last chunk's padding nibble set.
+                    if levels <= QSGD_NIBBLE_LEVELS && (last_entry + 1) % 2 == 1 {
+                        with("a padding nibble set", &|p| {
+                            p[last * stride + 4 + last_entry / 2] |= 0x10;
                         });
                     }
                 }

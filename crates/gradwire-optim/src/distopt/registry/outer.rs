@@ -19,7 +19,9 @@ pub enum OuterCodec {
     Half(HalfPrecision),
     /// The largest entries by magnitude, this share of them.
     TopK(f64),
-    /// 1-bit sign, QSGD or min-max uint8, both ways.
+    /// 1-bit sign, QSGD (4 bits an entry up to 7 levels: `qsgd=7`, as
+    /// Streaming DiLoCo's 4-bit pseudo-gradients) or min-max uint8, both
+    /// ways.
     Quantized(Quantizer),
     /// PowerSGD's low-rank factors of this rank, from the first round.
     PowerSgd(usize),
@@ -60,7 +62,16 @@ impl OuterCodec {
             OuterCodec::TopK(ratio) => Some(format!("topk={ratio}")),
             OuterCodec::Quantized(Quantizer::Sign) => Some("onebit".into()),
             OuterCodec::Quantized(Quantizer::MinMaxU8) => Some("uint8".into()),
-            OuterCodec::Quantized(Quantizer::Qsgd { .. }) => Some("qsgd".into()),
+            OuterCodec::Quantized(Quantizer::Qsgd { levels, norm, .. }) => {
+                let mut text = String::from("qsgd");
+                if levels != super::QSGD_LEVELS {
+                    text += &format!("={levels}");
+                }
+                if norm == QsgdNorm::Max {
+                    text += ":max-norm";
+                }
+                Some(text)
+            }
             OuterCodec::PowerSgd(rank) => Some(format!("powersgd={rank}")),
         }
     }
@@ -79,11 +90,19 @@ impl OuterCodec {
             ("bf16", None) => Ok(OuterCodec::Half(HalfPrecision::BF16)),
             ("onebit", None) => Ok(OuterCodec::Quantized(Quantizer::Sign)),
             ("uint8", None) => Ok(OuterCodec::Quantized(Quantizer::MinMaxU8)),
-            ("qsgd", None) => Ok(OuterCodec::Quantized(Quantizer::Qsgd {
-                levels: super::QSGD_LEVELS,
-                seed: 0,
-                norm: QsgdNorm::L2,
-            })),
+            // The levels' range is the codec's validation.
+            ("qsgd", levels) => levels
+                .map_or(Ok(super::QSGD_LEVELS), |v| {
+                    v.parse::<u8>()
+                        .map_err(|_| format!("{v:?} is not a number of QSGD levels"))
+                })
+                .map(|levels| {
+                    OuterCodec::Quantized(Quantizer::Qsgd {
+                        levels,
+                        seed: 0,
+                        norm: QsgdNorm::L2,
+                    })
+                }),
             ("topk", Some(_)) => number("the ratio").map(OuterCodec::TopK),
             ("powersgd", Some(v)) => v
                 .parse::<usize>()

@@ -168,6 +168,10 @@ fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
         "diloco:8:bf16",
         "diloco:8:onebit",
         "diloco:8:qsgd",
+        "diloco:8:qsgd=7",
+        "streaming-diloco:16:2:tau=2:qsgd=7",
+        "diloco:16:qsgd=7:max-norm",
+        "diloco:16:qsgd:max-norm",
         "diloco:20:topk=0.05",
         "diloco:20:powersgd=4",
         "diloco:4:lr=0.5:momentum=0.8",
@@ -194,6 +198,11 @@ fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
         ("diloco:4:lr=nan", "lr must be positive"),
         ("diloco:4:topk=1.5", "the ratio must be in (0, 1]"),
         ("diloco:4:powersgd=0", "rank"),
+        ("diloco:4:qsgd=0", "QSGD's levels must be 1 to 127, got 0"),
+        (
+            "diloco:4:qsgd=128",
+            "QSGD's levels must be 1 to 127, got 128",
+        ),
     ] {
         let result = text.parse::<StrategyConfig>();
         assert!(
@@ -205,6 +214,10 @@ fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
         "diloco:4:adam:momentum=0.5",
         "diloco:4:nosuch",
         "diloco:4:topk",
+        "diloco:4:qsgd=300",
+        "diloco:4:qsgd=four",
+        "diloco:4:uint8:max-norm",
+        "diloco:4:max-norm",
     ] {
         let result = text.parse::<StrategyConfig>();
         assert!(

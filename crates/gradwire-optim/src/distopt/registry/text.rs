@@ -322,6 +322,14 @@ impl FromStr for StrategyConfig {
                     "momentum",
                     Some(_),
                 ) => *momentum = number32("the outer momentum")?,
+                (
+                    StrategyConfig::DiLoCo(DiLoCoConfig {
+                        codec: OuterCodec::Quantized(Quantizer::Qsgd { norm, .. }),
+                        ..
+                    }),
+                    "max-norm",
+                    None,
+                ) => *norm = QsgdNorm::Max,
                 (StrategyConfig::DiLoCo(config), _, _) => match OuterCodec::parse(key, value) {
                     Some(codec) => config.codec = codec.map_err(bad)?,
                     None => return Err(unknown()),
@@ -364,10 +372,10 @@ impl StrategyConfig {
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
             StrategyConfig::DiLoCo(config) if config.is_streaming() => {
-                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
             StrategyConfig::DiLoCo(_) => {
-                "diloco[:H][:fp16|:bf16|:onebit|:qsgd|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
         }
     }
