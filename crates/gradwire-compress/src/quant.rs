@@ -200,25 +200,54 @@ impl Quantizer {
                 {
                     let scale = read_scale(chunk, 0)?;
                     let codes = &chunk[4..];
-                    let level = |i: usize| qsgd_code(codes, i, nibbles);
-                    if let Some(bad) = (0..out.len())
-                        .map(level)
-                        .find(|q| q.unsigned_abs() > levels)
-                    {
-                        return Err(CompressError::Corrupt(format!(
-                            "QSGD level {bad} beyond {levels}"
-                        )));
+                    // The largest magnitude first (a pass that vectorises),
+                    // the offending level looked for only when it is bad.
+                    let largest = if nibbles {
+                        codes.iter().fold(0u8, |m, &b| {
+                            let (low, high) = nibble_levels(b);
+                            m.max(low.unsigned_abs()).max(high.unsigned_abs())
+                        })
+                    } else {
+                        codes
+                            .iter()
+                            .fold(0u8, |m, &b| m.max((b as i8).unsigned_abs()))
+                    };
+                    if largest > levels {
+                        let level = |i: usize| match nibbles {
+                            true if i.is_multiple_of(2) => nibble_levels(codes[i / 2]).0,
+                            true => nibble_levels(codes[i / 2]).1,
+                            false => codes[i] as i8,
+                        };
+                        return Err(
+                            match (0..out.len())
+                                .map(level)
+                                .find(|q| q.unsigned_abs() > levels)
+                            {
+                                Some(bad) => CompressError::Corrupt(format!(
+                                    "QSGD level {bad} beyond {levels}"
+                                )),
+                                None => padding_not_zero(),
+                            },
+                        );
                     }
                     // An odd chunk's last byte holds one entry: its other
                     // half is zero, so a payload has one spelling.
                     if nibbles && out.len() % 2 == 1 && codes[out.len() / 2] >> 4 != 0 {
-                        return Err(CompressError::Corrupt(
-                            "a QSGD payload's padding nibble is not zero".into(),
-                        ));
+                        return Err(padding_not_zero());
                     }
                     let unit = scale / f32::from(levels);
-                    for (i, o) in out.iter_mut().enumerate() {
-                        put(o, f32::from(level(i)) * unit);
+                    if nibbles {
+                        for (pair, &b) in out.chunks_mut(2).zip(codes) {
+                            let (low, high) = nibble_levels(b);
+                            put(&mut pair[0], f32::from(low) * unit);
+                            if let Some(o) = pair.get_mut(1) {
+                                put(o, f32::from(high) * unit);
+                            }
+                        }
+                    } else {
+                        for (o, &q) in out.iter_mut().zip(codes) {
+                            put(o, f32::from(q as i8) * unit);
+                        }
                     }
                 }
             }
@@ -464,9 +493,9 @@ fn encode_qsgd(x: &[f32], scale: f32, levels: u8, key: u64, first: u64, out: &mu
     for (i, (l, &v)) in levels_of.iter_mut().zip(x).enumerate() {
         *l = level(i, v);
     }
-    for (o, pair) in codes.iter_mut().zip(levels_of[..x.len()].chunks(2)) {
-        let high = pair.get(1).copied().unwrap_or(0);
-        *o = (pair[0] as u8 & 0x0f) | ((high as u8) << 4);
+    // Past x's end the levels are 0: an odd chunk's padding half.
+    for (o, pair) in codes.iter_mut().zip(levels_of.chunks_exact(2)) {
+        *o = (pair[0] as u8 & 0x0f) | ((pair[1] as u8) << 4);
     }
 }
 
@@ -476,21 +505,16 @@ fn qsgd_entries_per_byte(levels: u8) -> usize {
     if levels <= QSGD_NIBBLE_LEVELS { 2 } else { 1 }
 }
 
-/// Entry `i`'s level in a chunk's `codes`: an `i8`, or with `nibbles` the
-/// sign-extended low (even `i`) or high (odd `i`) half of byte `i / 2`.
+/// The levels in the low and high halves of a byte of nibbles, sign-extended
+/// (each nibble moved to the top, then an arithmetic shift back down).
 #[inline(always)]
-fn qsgd_code(codes: &[u8], i: usize, nibbles: bool) -> i8 {
-    if nibbles {
-        let byte = codes[i / 2] as i8;
-        // The nibble in the top half, then an arithmetic shift back down.
-        if i.is_multiple_of(2) {
-            (byte << 4) >> 4
-        } else {
-            byte >> 4
-        }
-    } else {
-        codes[i] as i8
-    }
+fn nibble_levels(byte: u8) -> (i8, i8) {
+    (((byte << 4) as i8) >> 4, (byte as i8) >> 4)
+}
+
+/// A payload whose odd chunk's padding nibble is set.
+fn padding_not_zero() -> CompressError {
+    CompressError::Corrupt("a QSGD payload's padding nibble is not zero".into())
 }
 
 /// One chunk: its minimum and maximum, then each entry's nearest of 256

@@ -289,6 +289,7 @@ pub const CODECS: &[&str] = &[
     "ef-topk",
     "onebit",
     "qsgd",
+    "qsgd4",
     "uint8",
     "powersgd",
 ];
@@ -434,6 +435,17 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                         levels: 127,
                         seed: 7,
                         norm: gradwire_compress::QsgdNorm::L2,
+                    },
+                    &x,
+                    budget,
+                )?,
+                // 4 bits an entry: 7 levels, scaled by the largest
+                // magnitude (DiLoCo's `:qsgd=7:max-norm`).
+                "qsgd4" => quantize_round_trip(
+                    Quantizer::Qsgd {
+                        levels: gradwire_compress::quant::QSGD_NIBBLE_LEVELS,
+                        seed: 7,
+                        norm: gradwire_compress::QsgdNorm::Max,
                     },
                     &x,
                     budget,
