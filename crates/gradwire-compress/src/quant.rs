@@ -226,6 +226,8 @@ impl Quantizer {
                                 Some(bad) => CompressError::Corrupt(format!(
                                     "QSGD level {bad} beyond {levels}"
                                 )),
+                                // No entry's: the padding nibble's, the one
+                                // nibble that is no entry.
                                 None => padding_not_zero(),
                             },
                         );
