@@ -278,6 +278,14 @@ impl AllReduceRow {
     }
 }
 
+/// The 4-bit QSGD of `bench compress` and `bench kernels`: 7 levels,
+/// scaled by the largest magnitude (DiLoCo's `:qsgd=7:max-norm`).
+const QSGD_4BIT: Quantizer = Quantizer::Qsgd {
+    levels: gradwire_compress::quant::QSGD_NIBBLE_LEVELS,
+    seed: 7,
+    norm: gradwire_compress::QsgdNorm::Max,
+};
+
 /// The codecs `gradwire bench compress` knows.
 pub const CODECS: &[&str] = &[
     "f16",
@@ -439,17 +447,7 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                     &x,
                     budget,
                 )?,
-                // 4 bits an entry: 7 levels, scaled by the largest
-                // magnitude (DiLoCo's `:qsgd=7:max-norm`).
-                "qsgd4" => quantize_round_trip(
-                    Quantizer::Qsgd {
-                        levels: gradwire_compress::quant::QSGD_NIBBLE_LEVELS,
-                        seed: 7,
-                        norm: gradwire_compress::QsgdNorm::Max,
-                    },
-                    &x,
-                    budget,
-                )?,
+                "qsgd4" => quantize_round_trip(QSGD_4BIT, &x, budget)?,
                 "uint8" => quantize_round_trip(Quantizer::MinMaxU8, &x, budget)?,
                 "powersgd" => powersgd_step(&x, budget)?,
                 other => {
