@@ -27,7 +27,8 @@
 //! Payloads are little-endian byte strings of a length fixed by the number
 //! of entries ([`Quantizer::encoded_len`]), so a receiver knows every
 //! size in advance. Encoding refuses NaN and infinities; decoding checks the
-//! length, every scale and every level, and never yields a non-finite value.
+//! length, every scale and every level before it writes anything, and never
+//! yields a non-finite value.
 //! The bytes depend on the entries only (every scale is computed in a fixed
 //! order), so the device forms (`cuda::quant_encode` and friends, feature
 //! `cuda`) give the same payloads.
@@ -153,12 +154,14 @@ impl Quantizer {
 
     /// Decodes `payload` (of `out.len()` entries) into `out`. Settings that
     /// [`Quantizer::validate`] refuses are refused here too (with 0 QSGD
-    /// levels a zero code would decode to a NaN), and `out` is untouched.
+    /// levels a zero code would decode to a NaN), and so is a corrupt
+    /// payload, every chunk checked first: on any error `out` is untouched.
     pub fn decode(&self, payload: &[u8], out: &mut [f32]) -> Result<()> {
         self.decode_with(payload, out, |o, v| *o = v)
     }
 
-    /// Decodes `payload` (of `acc.len()` entries) and adds it to `acc`.
+    /// Decodes `payload` (of `acc.len()` entries) and adds it to `acc`;
+    /// on any error `acc` is untouched (as [`Quantizer::decode`]).
     pub fn decode_add(&self, payload: &[u8], acc: &mut [f32]) -> Result<()> {
         self.decode_with(payload, acc, |o, v| *o += v)
     }
@@ -178,6 +181,10 @@ impl Quantizer {
                 out.len()
             )));
         }
+        // Every chunk checked before any entry is written: a corrupt
+        // payload leaves `out` as it was (as the device decoders, whose
+        // check kernel runs first).
+        self.check_chunks(payload, out.len())?;
         match *self {
             Quantizer::Sign => {
                 for (out, chunk) in out
@@ -200,43 +207,6 @@ impl Quantizer {
                 {
                     let scale = read_scale(chunk, 0)?;
                     let codes = &chunk[4..];
-                    // The largest magnitude first (a pass that vectorises),
-                    // the offending level looked for only when it is bad.
-                    let largest = if nibbles {
-                        codes.iter().fold(0u8, |m, &b| {
-                            let (low, high) = nibble_levels(b);
-                            m.max(low.unsigned_abs()).max(high.unsigned_abs())
-                        })
-                    } else {
-                        codes
-                            .iter()
-                            .fold(0u8, |m, &b| m.max((b as i8).unsigned_abs()))
-                    };
-                    if largest > levels {
-                        let level = |i: usize| match nibbles {
-                            true if i.is_multiple_of(2) => nibble_levels(codes[i / 2]).0,
-                            true => nibble_levels(codes[i / 2]).1,
-                            false => codes[i] as i8,
-                        };
-                        return Err(
-                            match (0..out.len())
-                                .map(level)
-                                .find(|q| q.unsigned_abs() > levels)
-                            {
-                                Some(bad) => CompressError::Corrupt(format!(
-                                    "QSGD level {bad} beyond {levels}"
-                                )),
-                                // No entry's: the padding nibble's, the one
-                                // nibble that is no entry.
-                                None => padding_not_zero(),
-                            },
-                        );
-                    }
-                    // An odd chunk's last byte holds one entry: its other
-                    // half is zero, so a payload has one spelling.
-                    if nibbles && out.len() % 2 == 1 && codes[out.len() / 2] >> 4 != 0 {
-                        return Err(padding_not_zero());
-                    }
                     let unit = scale / f32::from(levels);
                     if nibbles {
                         for (pair, &b) in out.chunks_mut(2).zip(codes) {
@@ -259,11 +229,6 @@ impl Quantizer {
                     .zip(payload.chunks(self.chunk_bytes()))
                 {
                     let (min, max) = (read_scale(chunk, 0)?, read_scale(chunk, 4)?);
-                    if min > max {
-                        return Err(CompressError::Corrupt(format!(
-                            "a chunk's minimum {min} above its maximum {max}"
-                        )));
-                    }
                     let codes = &chunk[8..];
                     let step = (max - min) / 255.0;
                     if step.is_finite() {
@@ -287,6 +252,74 @@ impl Quantizer {
         }
         Ok(())
     }
+}
+
+impl Quantizer {
+    /// Refuses a payload of the encoded length for `n` entries that
+    /// decoding would refuse: a non-finite scale, a minimum above its
+    /// maximum, a QSGD level beyond the setting, a set padding nibble.
+    fn check_chunks(&self, payload: &[u8], n: usize) -> Result<()> {
+        for (c, chunk) in payload.chunks(self.chunk_bytes()).enumerate() {
+            let entries = (n - c * QUANT_CHUNK).min(QUANT_CHUNK);
+            match *self {
+                Quantizer::Sign => {
+                    read_scale(chunk, 0)?;
+                }
+                Quantizer::Qsgd { levels, .. } => {
+                    read_scale(chunk, 0)?;
+                    check_qsgd_codes(&chunk[4..], entries, levels)?;
+                }
+                Quantizer::MinMaxU8 => {
+                    let (min, max) = (read_scale(chunk, 0)?, read_scale(chunk, 4)?);
+                    if min > max {
+                        return Err(CompressError::Corrupt(format!(
+                            "a chunk's minimum {min} above its maximum {max}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The codes of a QSGD chunk of `entries` entries: every level within
+/// `levels`, and in nibbles an odd chunk's padding half zero.
+fn check_qsgd_codes(codes: &[u8], entries: usize, levels: u8) -> Result<()> {
+    let nibbles = qsgd_entries_per_byte(levels) == 2;
+    // The largest magnitude first (a pass that vectorises), the offending
+    // level looked for only when it is bad.
+    let largest = if nibbles {
+        codes.iter().fold(0u8, |m, &b| {
+            let (low, high) = nibble_levels(b);
+            m.max(low.unsigned_abs()).max(high.unsigned_abs())
+        })
+    } else {
+        codes
+            .iter()
+            .fold(0u8, |m, &b| m.max((b as i8).unsigned_abs()))
+    };
+    if largest > levels {
+        let level = |i: usize| match nibbles {
+            true if i.is_multiple_of(2) => nibble_levels(codes[i / 2]).0,
+            true => nibble_levels(codes[i / 2]).1,
+            false => codes[i] as i8,
+        };
+        return Err(
+            match (0..entries).map(level).find(|q| q.unsigned_abs() > levels) {
+                Some(bad) => CompressError::Corrupt(format!("QSGD level {bad} beyond {levels}")),
+                // No entry's: the padding nibble's, the one nibble that is
+                // no entry.
+                None => padding_not_zero(),
+            },
+        );
+    }
+    // An odd chunk's last byte holds one entry: its other half is zero, so
+    // a payload has one spelling.
+    if nibbles && entries % 2 == 1 && codes[entries / 2] >> 4 != 0 {
+        return Err(padding_not_zero());
+    }
+    Ok(())
 }
 
 /// [`encode_chunks`] compiled with AVX2 enabled.

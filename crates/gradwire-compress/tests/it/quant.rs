@@ -307,6 +307,62 @@ fn non_finite_inputs_and_bad_settings_are_refused() {
     }
 }
 
+/// A payload corrupt only in its last chunk is refused before any entry
+/// is written: `decode` and `decode_add` leave their output as it was.
+#[test]
+fn a_payload_corrupt_in_a_later_chunk_changes_nothing() {
+    let n = 1031;
+    let q7 = |levels| Quantizer::Qsgd {
+        levels,
+        seed: 2,
+        norm: QsgdNorm::L2,
+    };
+    for q in [Quantizer::Sign, Quantizer::MinMaxU8, q7(100), q7(7)] {
+        let mut payload = vec![0u8; q.encoded_len(n)];
+        q.encode(&values(9, n), 0, &mut payload).unwrap();
+        let last = 2 * q.chunk_bytes();
+        let mut corrupt = payload.clone();
+        match q {
+            // A NaN scale; a level beyond the setting (127 in a byte, -8 in
+            // a nibble).
+            Quantizer::Sign => corrupt[last..last + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            Quantizer::MinMaxU8 => {
+                corrupt[last..last + 4].copy_from_slice(&2.0f32.to_le_bytes());
+                corrupt[last + 4..last + 8].copy_from_slice(&1.0f32.to_le_bytes());
+            }
+            Quantizer::Qsgd { levels, .. } => {
+                corrupt[last + 4 + 3] = if levels > QSGD_NIBBLE_LEVELS {
+                    0x7f
+                } else {
+                    0x88
+                }
+            }
+        }
+        let before = values(4, n);
+        let mut out = before.clone();
+        let result = q.decode(&corrupt, &mut out);
+        assert!(
+            matches!(result, Err(CompressError::Corrupt(_))),
+            "{q:?}: {result:?}"
+        );
+        assert_eq!(
+            out, before,
+            "{q:?}: decode wrote entries of a refused payload"
+        );
+        let result = q.decode_add(&corrupt, &mut out);
+        assert!(
+            matches!(result, Err(CompressError::Corrupt(_))),
+            "{q:?}: {result:?}"
+        );
+        assert_eq!(
+            out, before,
+            "{q:?}: decode_add added entries of a refused payload"
+        );
+        // The intact payload decodes.
+        q.decode(&payload, &mut out).unwrap();
+    }
+}
+
 #[test]
 fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
     let n = 600;
