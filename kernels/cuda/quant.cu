@@ -34,8 +34,9 @@
 // uniform in [0, 1); `key` is mix(seed ^ mix(stream)), computed by the host.
 //
 // Decoding is validated first: quant_<q>_check records the first chunk whose
-// header (a non-finite scale, a minimum above the maximum) or level (beyond
-// `levels`) is bad, and the host refuses the payload before anything is
+// header (a non-finite scale, a minimum above the maximum), level (beyond
+// `levels`) or padding nibble (not zero) is bad, and the host refuses the
+// payload before anything is
 // written; quant_<q>_decode_f32 then writes (add = 0) or adds (add != 0) one
 // entry per thread, grid-stride.
 //
@@ -61,8 +62,9 @@ __device__ constexpr gw_u64 quant_header(int q) { return q == GW_QUANT_MINMAX ? 
 #define GW_QSGD_NIBBLE_LEVELS 7u
 
 // Bytes of a whole chunk: the header and 512 codes (64 bytes of signs, 256
-// of QSGD's nibbles when `levels` is at most GW_QSGD_NIBBLE_LEVELS).
-__device__ constexpr gw_u64 quant_stride(int q, gw_u32 levels = 0u) {
+// of QSGD's nibbles when its `levels` are at most GW_QSGD_NIBBLE_LEVELS;
+// the others pass 0, which they ignore).
+__device__ constexpr gw_u64 quant_stride(int q, gw_u32 levels) {
     return quant_header(q) +
            (q == GW_QUANT_SIGN ? GW_QUANT_CHUNK / 8u
             : q == GW_QUANT_QSGD && levels <= GW_QSGD_NIBBLE_LEVELS ? GW_QUANT_CHUNK / 2u
@@ -352,7 +354,7 @@ extern "C" __global__ void quant_minmax_encode_f32(const float* x, gw_u64 n, gw_
 extern "C" __global__ void quant_sign_check(const gw_u8* payload, gw_u64 n, gw_u64* first_bad) {
     const gw_u64 chunks = (n + GW_QUANT_CHUNK - 1u) / GW_QUANT_CHUNK;
     GW_FOR_EACH(c, chunks) {
-        if (!gw_is_finite(gw_read_f32_le(payload + c * quant_stride(GW_QUANT_SIGN)))) {
+        if (!gw_is_finite(gw_read_f32_le(payload + c * quant_stride(GW_QUANT_SIGN, 0u)))) {
             gw_first_index(first_bad, c);
         }
     }
@@ -381,7 +383,7 @@ extern "C" __global__ void quant_minmax_check(const gw_u8* payload, gw_u64 n,
                                               gw_u64* first_bad) {
     const gw_u64 chunks = (n + GW_QUANT_CHUNK - 1u) / GW_QUANT_CHUNK;
     GW_FOR_EACH(c, chunks) {
-        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX, 0u);
         const float lo = gw_read_f32_le(chunk);
         const float hi = gw_read_f32_le(chunk + 4);
         if (!gw_is_finite(lo) || !gw_is_finite(hi) || lo > hi) {
@@ -401,7 +403,7 @@ extern "C" __global__ void quant_sign_decode_f32(const gw_u8* payload, gw_u64 n,
     GW_FOR_EACH(i, n) {
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
-        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_SIGN);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_SIGN, 0u);
         const float scale = gw_read_f32_le(chunk);
         const gw_u32 byte = chunk[4 + j / 8u];
         quant_put(out, i, (byte >> (j % 8u)) & 1u ? scale : -scale, add);
@@ -425,7 +427,7 @@ extern "C" __global__ void quant_minmax_decode_f32(const gw_u8* payload, gw_u64 
     GW_FOR_EACH(i, n) {
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
-        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_MINMAX, 0u);
         const float lo = gw_read_f32_le(chunk);
         const float hi = gw_read_f32_le(chunk + 4);
         const gw_u32 q = chunk[8 + j];

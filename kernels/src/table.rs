@@ -346,10 +346,20 @@ pub mod quant {
         payload(s.arg(1)?, 4, 1)
     }
 
+    /// The most QSGD levels whose codes are nibbles: quant.cu's
+    /// `GW_QSGD_NIBBLE_LEVELS`, gradwire-compress' `QSGD_NIBBLE_LEVELS`
+    /// (the host suite's settings of 7 and 8 levels pin the three alike).
+    const QSGD_NIBBLE_LEVELS: u64 = 7;
+
     /// A QSGD payload: a 4-byte scale per chunk, a nibble per entry up to
-    /// 7 levels (argument 2 of each QSGD kernel), else a byte.
+    /// [`QSGD_NIBBLE_LEVELS`] levels (argument 2 of each QSGD kernel), else
+    /// a byte.
     fn qsgd(s: &LaunchShape<'_>) -> Option<u64> {
-        let bits = if s.arg(2)? <= 7 { 4 } else { 8 };
+        let bits = if s.arg(2)? <= QSGD_NIBBLE_LEVELS {
+            4
+        } else {
+            8
+        };
         payload(s.arg(1)?, 4, bits)
     }
 

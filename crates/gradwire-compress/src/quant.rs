@@ -252,9 +252,7 @@ impl Quantizer {
         }
         Ok(())
     }
-}
 
-impl Quantizer {
     /// Refuses a payload of the encoded length for `n` entries that
     /// decoding would refuse: a non-finite scale, a minimum above its
     /// maximum, a QSGD level beyond the setting, a set padding nibble.

@@ -9,7 +9,8 @@ use crate::support::{bits, device_or_skip, host_f32, non_finite_input, on_device
 
 const QUANT_LENGTHS: [usize; 8] = [0, 1, 7, 511, 512, 513, 4099, 1_000_003];
 
-fn quantizers() -> [Quantizer; 5] {
+/// 1 and 7 QSGD levels in nibbles, 8 and 127 in bytes.
+fn quantizers() -> [Quantizer; 6] {
     [
         Quantizer::Sign,
         Quantizer::Qsgd {
@@ -20,6 +21,11 @@ fn quantizers() -> [Quantizer; 5] {
         Quantizer::Qsgd {
             levels: 7,
             seed: 42,
+            norm: gradwire_compress::QsgdNorm::L2,
+        },
+        Quantizer::Qsgd {
+            levels: 8,
+            seed: 5,
             norm: gradwire_compress::QsgdNorm::L2,
         },
         Quantizer::Qsgd {
@@ -173,7 +179,9 @@ fn corrupt_quantized_payloads_are_refused_like_the_cpu() {
     if !device_or_skip("corrupt_quantized_payloads_are_refused_like_the_cpu") {
         return;
     }
-    let n = 3000;
+    // Six chunks, the last of 441 entries: odd, so in nibbles its last
+    // byte holds a padding half.
+    let n = 3001;
     let x = values(n, 5, None);
     let base = values(n, 6, None);
     let scale_at = |p: &mut Vec<u8>, at: usize, v: f32| {
@@ -194,13 +202,24 @@ fn corrupt_quantized_payloads_are_refused_like_the_cpu() {
         match q {
             Quantizer::Qsgd { levels, .. } => {
                 let mut p = good.clone();
-                p[2 * stride + 4 + 100] = 0x80; // -128: beyond any levels
+                // -128 in a byte, -8 in the high half of a nibble byte:
+                // beyond any levels either way.
+                p[2 * stride + 4 + 100] = 0x80;
+                // levels + 1 in a byte; in the low nibble 2 for 1 level,
+                // -8 for 7.
                 p[4 * stride + 4] = levels + 1;
-                corrupt.push(("level -128", p));
+                corrupt.push(("the lowest code", p));
                 if levels < 127 {
                     let mut p = good.clone();
+                    // -levels - 1 in a byte or in a low nibble.
                     p[stride + 4 + 17] = (-(levels as i8) - 1) as u8;
                     corrupt.push(("level beyond", p));
+                }
+                if levels <= gradwire_compress::quant::QSGD_NIBBLE_LEVELS {
+                    // Entry 3000, the last, in the low half of its byte.
+                    let mut p = good.clone();
+                    p[5 * stride + 4 + 440 / 2] |= 0x10;
+                    corrupt.push(("a padding nibble set", p));
                 }
             }
             Quantizer::MinMaxU8 => {

@@ -340,24 +340,22 @@ fn a_payload_corrupt_in_a_later_chunk_changes_nothing() {
         }
         let before = values(4, n);
         let mut out = before.clone();
-        let result = q.decode(&corrupt, &mut out);
-        assert!(
-            matches!(result, Err(CompressError::Corrupt(_))),
-            "{q:?}: {result:?}"
-        );
-        assert_eq!(
-            out, before,
-            "{q:?}: decode wrote entries of a refused payload"
-        );
-        let result = q.decode_add(&corrupt, &mut out);
-        assert!(
-            matches!(result, Err(CompressError::Corrupt(_))),
-            "{q:?}: {result:?}"
-        );
-        assert_eq!(
-            out, before,
-            "{q:?}: decode_add added entries of a refused payload"
-        );
+        type Decode = fn(&Quantizer, &[u8], &mut [f32]) -> Result<(), CompressError>;
+        let decoders: [(&str, Decode); 2] = [
+            ("decode", Quantizer::decode),
+            ("decode_add", Quantizer::decode_add),
+        ];
+        for (op, decode) in decoders {
+            let result = decode(&q, &corrupt, &mut out);
+            assert!(
+                matches!(result, Err(CompressError::Corrupt(_))),
+                "{q:?} {op}: {result:?}"
+            );
+            assert_eq!(
+                out, before,
+                "{q:?}: {op} wrote entries of a refused payload"
+            );
+        }
         // The intact payload decodes.
         q.decode(&payload, &mut out).unwrap();
     }
