@@ -278,6 +278,13 @@ mod tests {
     use gradwire_algos::cost::{fit_all_reduce, spread_of_all_reduce};
     use gradwire_comm::LocalComm;
 
+    /// A small bucket that refills fast: the burst's code runs, its time
+    /// is not asked (in-process, no shaper).
+    const TEST_BUCKET: ShaperBucket = ShaperBucket {
+        bytes: 1001,
+        refill_s: 1e-4,
+    };
+
     /// Every size, every repetition, in order, for both all-reduces; the
     /// timings grow with the size (in-process, by memory bandwidth alone:
     /// a fit is possible, what it says of a network is not asked here).
@@ -285,10 +292,7 @@ mod tests {
     fn a_calibration_times_every_size_and_repetition() {
         // A baseline of 6 000 bytes: the library's timed there too, and a
         // shaper's bucket, whose burst is timed last.
-        let bucket = ShaperBucket {
-            bytes: 1001,
-            refill_s: 1e-4,
-        };
+        let bucket = TEST_BUCKET;
         let calibrations =
             gradwire_comm::local::run(2, |comm: LocalComm| calibrate(&comm, &[6000], Some(bucket)))
                 .unwrap()
@@ -367,10 +371,7 @@ mod tests {
     /// W` of it), timed both ways; one rank has no link to time.
     #[test]
     fn a_bucket_is_timed_back_to_back_and_after_a_pause() {
-        let bucket = ShaperBucket {
-            bytes: 1001,
-            refill_s: 1e-4,
-        };
+        let bucket = TEST_BUCKET;
         let alone =
             gradwire_comm::local::run(1, |comm: LocalComm| calibrate(&comm, &[], Some(bucket)))
                 .unwrap();
