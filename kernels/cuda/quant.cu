@@ -1,18 +1,21 @@
 // quant.cu: gradwire-compress's quantizers (quant.rs) on device buffers:
-// 1-bit scaled sign, QSGD and min-max uint8, encode, decode and decode-add,
-// with the CPU's payload layout, byte for byte.
+// 1-bit scaled sign, QSGD, E3M0 and min-max uint8, encode, decode and
+// decode-add, with the CPU's payload layout, byte for byte.
 //
-// Payload: chunks of GW_QUANT_CHUNK (512) entries, each a header (sign and
-// QSGD: one f32 scale; min-max: the f32 minimum then the f32 maximum, all
-// little-endian) followed by the codes (sign: one bit per entry, eight to a
-// byte, 1 for a non-negative entry; QSGD: one i8 level per entry, or with at
-// most 7 levels two's-complement nibbles, entry 2j in the low half of byte j
-// and an odd chunk's last high half zero; min-max: one u8 step per entry).
-// Chunk c starts at c * stride (68, 516 or 260, 520 bytes); only the last
-// chunk may be shorter.
+// Payload: chunks of GW_QUANT_CHUNK (512) entries, each a header (sign,
+// QSGD and E3M0: one f32 scale; min-max: the f32 minimum then the f32
+// maximum, all little-endian) followed by the codes (sign: one bit per
+// entry, eight to a byte, 1 for a non-negative entry; QSGD: one i8 level per
+// entry, or with at most 7 levels two's-complement nibbles, entry 2j in the
+// low half of byte j and an odd chunk's last high half zero; E3M0: nibbles
+// in the same places, bit 3 the sign and bits 0-2 the power e, scale *
+// 2^(e - 7), 0 for zero; min-max: one u8 step per entry). Chunk c starts at
+// c * stride (68, 516 or 260, 260, 520 bytes); only the last chunk may be
+// shorter.
 //
 // QSGD's scale is the chunk's 2-norm (the paper's), its squares summed in
-// f64 in the CPU's lanes and order, or with max_norm its largest magnitude.
+// f64 in the CPU's lanes and order, or with max_norm its largest magnitude;
+// E3M0's is always the largest magnitude.
 //
 // Encoding runs one block per chunk (grid-stride over the chunks, GW_BLOCK
 // threads per block): the chunk is staged in shared memory, then the scale
@@ -29,21 +32,23 @@
 // input is finite: the launcher's caller refuses NaN and infinities first
 // (first_non_finite_f32 of select.cu), as the CPU does.
 //
-// QSGD's stochastic rounding is the CPU's counter-based hash: entry i draws
-// hash32(key, i) (two rounds of the murmur3 finaliser), its top 24 bits as a
-// uniform in [0, 1); `key` is mix(seed ^ mix(stream)), computed by the host.
+// QSGD's and E3M0's stochastic rounding is the CPU's counter-based hash:
+// entry i draws hash32(key, i) (two rounds of the murmur3 finaliser), its
+// top 24 bits as a uniform in [0, 1) (E3M0 compares its top 23 with the
+// mantissa); `key` is mix(seed ^ mix(stream)), computed by the host.
 //
 // Decoding is validated first: quant_<q>_check records the first chunk whose
-// header (a non-finite scale, a minimum above the maximum), level (beyond
-// `levels`) or padding nibble (not zero) is bad, and the host refuses the
-// payload before anything is
-// written; quant_<q>_decode_f32 then writes (add = 0) or adds (add != 0) one
+// header (a non-finite scale, a negative E3M0 scale, a minimum above the
+// maximum), level (beyond `levels`, E3M0's negative zero 8) or padding
+// nibble (not zero) is bad, and the host refuses the payload before
+// anything is written; quant_<q>_decode_f32 then writes (add = 0) or adds (add != 0) one
 // entry per thread, grid-stride.
 //
 // Entries: quant_sign_encode_f32, quant_qsgd_encode_f32,
-// quant_minmax_encode_f32 (GW_BLOCK threads per block), quant_sign_check,
-// quant_qsgd_check, quant_minmax_check, quant_sign_decode_f32,
-// quant_qsgd_decode_f32, quant_minmax_decode_f32 (any launch shape).
+// quant_e3m0_encode_f32, quant_minmax_encode_f32 (GW_BLOCK threads per
+// block), quant_sign_check, quant_qsgd_check, quant_e3m0_check,
+// quant_minmax_check, quant_sign_decode_f32, quant_qsgd_decode_f32,
+// quant_e3m0_decode_f32, quant_minmax_decode_f32 (any launch shape).
 
 #include "gradwire.cuh"
 
@@ -53,6 +58,7 @@
 #define GW_QUANT_SIGN 0
 #define GW_QUANT_QSGD 1
 #define GW_QUANT_MINMAX 2
+#define GW_QUANT_E3M0 3
 
 // Header bytes of a chunk.
 __device__ constexpr gw_u64 quant_header(int q) { return q == GW_QUANT_MINMAX ? 8u : 4u; }
@@ -62,14 +68,20 @@ __device__ constexpr gw_u64 quant_header(int q) { return q == GW_QUANT_MINMAX ? 
 #define GW_QSGD_NIBBLE_LEVELS 7u
 
 // Bytes of a whole chunk: the header and 512 codes (64 bytes of signs, 256
-// of QSGD's nibbles when its `levels` are at most GW_QSGD_NIBBLE_LEVELS;
-// the others pass 0, which they ignore).
+// of E3M0's nibbles and of QSGD's when its `levels` are at most
+// GW_QSGD_NIBBLE_LEVELS; the others pass 0, which they ignore).
 __device__ constexpr gw_u64 quant_stride(int q, gw_u32 levels) {
     return quant_header(q) +
            (q == GW_QUANT_SIGN ? GW_QUANT_CHUNK / 8u
-            : q == GW_QUANT_QSGD && levels <= GW_QSGD_NIBBLE_LEVELS ? GW_QUANT_CHUNK / 2u
-                                                                   : GW_QUANT_CHUNK);
+            : q == GW_QUANT_E3M0 ||
+                    (q == GW_QUANT_QSGD && levels <= GW_QSGD_NIBBLE_LEVELS)
+                ? GW_QUANT_CHUNK / 2u
+                : GW_QUANT_CHUNK);
 }
+
+// E3M0's sign bit, and the bits of 2^-6, its smallest magnitude but zero.
+#define GW_E3M0_NEGATIVE 8u
+#define GW_E3M0_SMALLEST_BITS (121u << 23)
 
 // Entry j's QSGD level in a chunk's codes: an i8, or with nibbles the
 // sign-extended low (even j) or high (odd j) half of byte j / 2.
@@ -133,9 +145,30 @@ __device__ __forceinline__ int quant_qsgd_level(float v, float inverse, gw_u32 l
     return v < 0.0f ? -level : level;
 }
 
+// e3m0.rs's code of entry j (of the chunk starting at `first`) of value v
+// in a chunk of largest magnitude scale > 0: r = |v| / scale (IEEE
+// division, at most 1); from 2^-6 on its exponent's code, one up when the
+// draw's top 23 bits fall below r's mantissa; below, 2^-6 (code 1) when
+// the uniform falls below 64 r, else zero; the sign bit on a non-zero code
+// of a negative v.
+__device__ __forceinline__ gw_u32 quant_e3m0_code(float v, float scale, gw_u64 key,
+                                                  gw_u64 first, gw_u32 j) {
+    const gw_u32 bits = __float_as_uint(gw_abs(v) / scale);
+    const gw_u32 h = quant_hash32(key, (gw_u32)first ^ j);
+    gw_u32 magnitude;
+    if (bits >= GW_E3M0_SMALLEST_BITS) {
+        magnitude = (bits >> 23) - 120u + ((h >> 9) < (bits & 0x7fffffu) ? 1u : 0u);
+    } else {
+        const float u = (float)(h >> 8) * 5.9604644775390625e-8f;
+        magnitude = u < __uint_as_float(bits) * 64.0f ? 1u : 0u;
+    }
+    return magnitude | (v < 0.0f && magnitude != 0u ? GW_E3M0_NEGATIVE : 0u);
+}
+
 // Encodes the chunks of x (n finite f32) into `payload`, which holds the
 // encoded length. `levels` (1..=127), `max_norm` (QSGD's scale: 0 the
-// chunk's 2-norm, else its largest magnitude) and `key` are QSGD's.
+// chunk's 2-norm, else its largest magnitude) are QSGD's, `key` QSGD's and
+// E3M0's.
 template <int Q>
 __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u32 max_norm,
                                   gw_u64 key, gw_u8* payload) {
@@ -172,14 +205,16 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
                     sum = sum + gw_abs(xs[j]);
                 }
                 lane_a[l] = sum;
-            } else if (Q == GW_QUANT_QSGD) {
+            } else if (Q == GW_QUANT_QSGD || Q == GW_QUANT_E3M0) {
                 gw_u32 largest = 0u;
                 double sq = 0.0;
                 for (gw_u32 j = l; j < whole; j += GW_QUANT_LANES) {
                     const gw_u32 k = gw_key(xs[j]);
                     largest = k > largest ? k : largest;
-                    const double v = (double)xs[j];
-                    sq = sq + v * v;
+                    if (Q == GW_QUANT_QSGD) {
+                        const double v = (double)xs[j];
+                        sq = sq + v * v;
+                    }
                 }
                 lane_key[l] = largest;
                 lane_sq[l] = sq;
@@ -220,7 +255,7 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
                     scale = (float)(wide_sum / (double)len);
                 }
                 gw_write_f32_le(out, scale);
-            } else if (Q == GW_QUANT_QSGD) {
+            } else if (Q == GW_QUANT_QSGD || Q == GW_QUANT_E3M0) {
                 gw_u32 largest = 0u;
                 for (gw_u32 l = 0; l < GW_QUANT_LANES; ++l) {
                     const gw_u32 k = lane_key[l];
@@ -231,7 +266,7 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
                     largest = k > largest ? k : largest;
                 }
                 float scale = __uint_as_float(largest);
-                if (max_norm == 0u) {
+                if (Q == GW_QUANT_QSGD && max_norm == 0u) {
                     // quant.rs's qsgd_scale: the lanes in order, then the
                     // remainder, in f64; a 2-norm past f32 keeps the max.
                     double total = 0.0;
@@ -248,7 +283,8 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
                     }
                 }
                 gw_write_f32_le(out, scale);
-                param_f32[0] = scale > 0.0f ? 1.0f / scale : 0.0f;
+                // QSGD's inverse scale; E3M0's scale.
+                param_f32[0] = Q == GW_QUANT_E3M0 ? scale : scale > 0.0f ? 1.0f / scale : 0.0f;
             } else {
                 // The CPU's fold: the running value is kept unless the
                 // next one is strictly smaller / larger.
@@ -311,6 +347,22 @@ __device__ void quant_encode_impl(const float* x, gw_u64 n, gw_u32 levels, gw_u3
                     codes[j] = (gw_u8)quant_qsgd_level(xs[j], inverse, levels, key, first, j);
                 }
             }
+        } else if (Q == GW_QUANT_E3M0) {
+            // One thread per byte, as QSGD's nibbles; a zero scale (every
+            // entry zero) writes zero codes.
+            const float scale = param_f32[0];
+            const gw_u32 bytes = (len + 1u) / 2u;
+            for (gw_u32 b = threadIdx.x; b < bytes; b += GW_BLOCK) {
+                const gw_u32 j = 2u * b;
+                gw_u32 byte = 0u;
+                if (scale > 0.0f) {
+                    byte = quant_e3m0_code(xs[j], scale, key, first, j);
+                    if (j + 1u < len) {
+                        byte |= quant_e3m0_code(xs[j + 1u], scale, key, first, j + 1u) << 4;
+                    }
+                }
+                codes[b] = (gw_u8)byte;
+            }
         } else {
             if (wide == 0) {
                 const float lo = param_f32[0];
@@ -344,6 +396,11 @@ extern "C" __global__ void quant_qsgd_encode_f32(const float* x, gw_u64 n, gw_u3
     quant_encode_impl<GW_QUANT_QSGD>(x, n, levels, max_norm, key, payload);
 }
 
+extern "C" __global__ void quant_e3m0_encode_f32(const float* x, gw_u64 n, gw_u64 key,
+                                                 gw_u8* payload) {
+    quant_encode_impl<GW_QUANT_E3M0>(x, n, 0u, 0u, key, payload);
+}
+
 extern "C" __global__ void quant_minmax_encode_f32(const float* x, gw_u64 n, gw_u8* payload) {
     quant_encode_impl<GW_QUANT_MINMAX>(x, n, 0u, 0u, 0ull, payload);
 }
@@ -374,6 +431,24 @@ extern "C" __global__ void quant_qsgd_check(const gw_u8* payload, gw_u64 n, gw_u
         const bool bad_padding = levels <= GW_QSGD_NIBBLE_LEVELS && i + 1u == n && j % 2u == 0u &&
                                  (chunk[4 + j / 2u] >> 4) != 0u;
         if (bad_scale || magnitude > (int)levels || bad_padding) {
+            gw_first_index(first_bad, c);
+        }
+    }
+}
+
+extern "C" __global__ void quant_e3m0_check(const gw_u8* payload, gw_u64 n, gw_u64* first_bad) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_E3M0, 0u);
+        const gw_u32 byte = chunk[4 + j / 2u];
+        const gw_u32 nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xfu;
+        // The scale: finite, its sign bit clear (-0.0 included).
+        const bool bad_scale =
+            j == 0u && (!gw_is_finite(gw_read_f32_le(chunk)) || (chunk[3] & 0x80u) != 0u);
+        // An odd chunk's padding nibble, as QSGD's.
+        const bool bad_padding = i + 1u == n && j % 2u == 0u && (byte >> 4) != 0u;
+        if (bad_scale || nibble == GW_E3M0_NEGATIVE || bad_padding) {
             gw_first_index(first_bad, c);
         }
     }
@@ -419,6 +494,23 @@ extern "C" __global__ void quant_qsgd_decode_f32(const gw_u8* payload, gw_u64 n,
         const float unit = gw_read_f32_le(chunk) / (float)levels;
         const int q = quant_qsgd_code(chunk + 4, j, levels);
         quant_put(out, i, (float)q * unit, add);
+    }
+}
+
+extern "C" __global__ void quant_e3m0_decode_f32(const gw_u8* payload, gw_u64 n, float* out,
+                                                 int add) {
+    GW_FOR_EACH(i, n) {
+        const gw_u64 c = i / GW_QUANT_CHUNK;
+        const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
+        const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_E3M0, 0u);
+        const gw_u32 byte = chunk[4 + j / 2u];
+        const gw_u32 nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xfu;
+        const gw_u32 e = nibble & 7u;
+        // scale * 2^(e - 7) (the power's bits built exactly), +0.0 for code
+        // 0; negated with the sign bit, as e3m0.rs's table.
+        float v = e == 0u ? 0.0f : gw_read_f32_le(chunk) * __uint_as_float((120u + e) << 23);
+        v = (nibble & GW_E3M0_NEGATIVE) != 0u ? -v : v;
+        quant_put(out, i, v, add);
     }
 }
 

@@ -363,6 +363,11 @@ pub mod quant {
         payload(s.arg(1)?, 4, bits)
     }
 
+    /// An E3M0 payload: a 4-byte scale per chunk, a nibble per entry.
+    fn e3m0(s: &LaunchShape<'_>) -> Option<u64> {
+        payload(s.arg(1)?, 4, 4)
+    }
+
     /// A min-max payload: 8 header bytes per chunk, a byte per entry.
     fn minmax(s: &LaunchShape<'_>) -> Option<u64> {
         payload(s.arg(1)?, 8, 8)
@@ -378,6 +383,10 @@ pub mod quant {
             read(F32, |s| s.arg(1)), value(U64), value(U32), value(U32), value(U64),
             write(U8, qsgd),
         ] Any;
+        // (const float* x, u64 n, u64 key, u8* payload)
+        QUANT_E3M0_ENCODE_F32 = "quant_e3m0_encode_f32" as F32 [
+            read(F32, |s| s.arg(1)), value(U64), value(U64), write(U8, e3m0),
+        ] Any;
         QUANT_MINMAX_ENCODE_F32 = "quant_minmax_encode_f32" as F32 [
             read(F32, |s| s.arg(1)), value(U64), write(U8, minmax),
         ] Any;
@@ -385,6 +394,9 @@ pub mod quant {
         QUANT_SIGN_CHECK = "quant_sign_check" as U8 [read(U8, sign), value(U64), write(U64, one)] Any;
         QUANT_QSGD_CHECK = "quant_qsgd_check" as U8 [
             read(U8, qsgd), value(U64), value(U32), write(U64, one),
+        ] Any;
+        QUANT_E3M0_CHECK = "quant_e3m0_check" as U8 [
+            read(U8, e3m0), value(U64), write(U64, one),
         ] Any;
         QUANT_MINMAX_CHECK = "quant_minmax_check" as U8 [
             read(U8, minmax), value(U64), write(U64, one),
@@ -395,6 +407,9 @@ pub mod quant {
         ] Any;
         QUANT_QSGD_DECODE_F32 = "quant_qsgd_decode_f32" as F32 [
             read(U8, qsgd), value(U64), value(U32), write(F32, |s| s.arg(1)), value(I32),
+        ] Any;
+        QUANT_E3M0_DECODE_F32 = "quant_e3m0_decode_f32" as F32 [
+            read(U8, e3m0), value(U64), write(F32, |s| s.arg(1)), value(I32),
         ] Any;
         QUANT_MINMAX_DECODE_F32 = "quant_minmax_decode_f32" as F32 [
             read(U8, minmax), value(U64), write(F32, |s| s.arg(1)), value(I32),

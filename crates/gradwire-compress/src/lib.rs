@@ -10,7 +10,7 @@
 //! - [`ErrorFeedback`]: the residual memory (SINGA's `corr`), with optional
 //!   DGC momentum correction;
 //! - [`lowrank`]: PowerSGD's low-rank factors (projections, orthonormalisation);
-//! - [`quant`]: 1-bit scaled sign, QSGD and min-max uint8 quantizers;
+//! - [`quant`]: 1-bit scaled sign, QSGD, E3M0 and min-max uint8 quantizers;
 //! - [`wire`]: the validated sparse payload format, `scatter_add` and the
 //!   dense fallback test;
 //! - `cuda` (feature `cuda`): the same codecs, quantizers and error feedback

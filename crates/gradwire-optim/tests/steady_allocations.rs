@@ -401,6 +401,7 @@ fn a_steady_step_allocates_nothing() {
             ),
             false,
         ),
+        (quantized(Quantizer::E3m0 { seed: 1 }, true), false),
         (quantized(Quantizer::MinMaxU8, false), false),
         // 1-bit Adam: dense steps, then the 1-bit moment (in the warm-up).
         (

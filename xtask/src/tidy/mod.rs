@@ -176,7 +176,7 @@ const POLICY: Policy<'static> = Policy {
         // compute threads shared among in-process ranks.
         "crates/gradwire-cli",
         // The streaming-store f16 casts (x86-64 intrinsics) in cast.rs and
-        // quant.rs's AVX2 dispatch.
+        // quant/mod.rs's AVX2 dispatch.
         "crates/gradwire-compress",
         // With the `cuda` feature: the driver probe, byte views of device
         // buffers and kernel launches in cuda_backend/; its root forbids

@@ -22,7 +22,7 @@ use super::{DeviceSelectScratch, refuse_non_finite};
 use crate::error::{CompressError, Result};
 use crate::quant::{QUANT_CHUNK, Quantizer};
 
-/// QSGD's stream key for `stream` (as the CPU mixes the seed), `q`'s
+/// The draws' key for `stream` (QSGD's and E3M0's, as the CPU mixes the seed), `q`'s
 /// settings checked first.
 fn stream_key(q: &Quantizer, stream: u64) -> Result<u64> {
     q.validate()?;

@@ -1,5 +1,5 @@
-//! The quantizers (1-bit sign, QSGD, min-max uint8) on the device against
-//! the CPU's: payload bytes, decoded bits, refusals.
+//! The quantizers (1-bit sign, QSGD, E3M0, min-max uint8) on the device
+//! against the CPU's: payload bytes, decoded bits, refusals.
 
 use gradwire_compress::CompressError;
 use gradwire_compress::cuda::{self, DeviceBytes};
@@ -9,8 +9,8 @@ use crate::support::{bits, device_or_skip, host_f32, non_finite_input, on_device
 
 const QUANT_LENGTHS: [usize; 8] = [0, 1, 7, 511, 512, 513, 4099, 1_000_003];
 
-/// 1 and 7 QSGD levels in nibbles, 8 and 127 in bytes.
-fn quantizers() -> [Quantizer; 6] {
+/// 1 and 7 QSGD levels in nibbles, 8 and 127 in bytes; E3M0.
+fn quantizers() -> [Quantizer; 7] {
     [
         Quantizer::Sign,
         Quantizer::Qsgd {
@@ -33,6 +33,7 @@ fn quantizers() -> [Quantizer; 6] {
             seed: u64::MAX,
             norm: gradwire_compress::QsgdNorm::L2,
         },
+        Quantizer::E3m0 { seed: 13 },
         Quantizer::MinMaxU8,
     ]
 }
@@ -72,6 +73,12 @@ fn quant_inputs(n: usize) -> Vec<(&'static str, Vec<f32>)> {
         map(&|i, _| if i % 3 == 0 { f32::from_bits(1) } else { 0.0 }),
     ));
     inputs.push(("tiny", map(&|_, v| v * 1e-40)));
+    // Ratios to the largest that are powers of two, 1 down to 2^-9:
+    // E3M0's codes exactly, and below its smallest.
+    inputs.push((
+        "powers of two",
+        map(&|i, v| v.signum() * 2f32.powi(-((i % 10) as i32))),
+    ));
     inputs.push((
         "large remainder",
         map(&|i, v| if i >= n / 8 * 8 { v * 1000.0 + 0.1 } else { v }),
@@ -230,6 +237,21 @@ fn corrupt_quantized_payloads_are_refused_like_the_cpu() {
                 let mut p = good.clone();
                 scale_at(&mut p, stride + 4, f32::NAN);
                 corrupt.push(("NaN maximum", p));
+            }
+            Quantizer::E3m0 { .. } => {
+                // A negative zero (8) in the high half of a byte, a
+                // negative scale in a later chunk: the first is refused.
+                let mut p = good.clone();
+                p[2 * stride + 4 + 100] = (p[2 * stride + 4 + 100] & 0x0f) | 0x80;
+                scale_at(&mut p, 4 * stride, -1.0);
+                corrupt.push(("a negative zero", p));
+                let mut p = good.clone();
+                scale_at(&mut p, stride, -0.0);
+                corrupt.push(("a negative zero scale", p));
+                // Entry 3000, the last, in the low half of its byte.
+                let mut p = good.clone();
+                p[5 * stride + 4 + 440 / 2] |= 0x10;
+                corrupt.push(("a padding nibble set", p));
             }
             Quantizer::Sign => {}
         }

@@ -5,13 +5,15 @@
 //! level of every entry and unbiased (measured over seeds), its levels in
 //! nibbles (two an entry byte, the layout checked by hand) up to 7 levels;
 //! payloads have the advertised length; corrupt payloads are refused and
-//! nothing decodes to a non-finite value.
+//! nothing decodes to a non-finite value (E3M0's own properties in
+//! `e3m0.rs`).
 
 use gradwire_compress::quant::{QSGD_NIBBLE_LEVELS, QUANT_CHUNK};
 use gradwire_compress::{CompressError, QsgdNorm, Quantizer};
 use proptest::prelude::*;
 
-fn values(seed: u64, n: usize) -> Vec<f32> {
+/// `n` entries over several orders of magnitude, some exact zeros.
+pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut x = seed | 1;
     (0..n)
         .map(|i| {
@@ -29,7 +31,8 @@ fn values(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn round_trip(q: Quantizer, x: &[f32], stream: u64) -> Vec<f32> {
+/// `x` encoded with `stream` and decoded.
+pub(crate) fn round_trip(q: Quantizer, x: &[f32], stream: u64) -> Vec<f32> {
     let mut payload = vec![0u8; q.encoded_len(x.len())];
     q.encode(x, stream, &mut payload).unwrap();
     let mut out = vec![f32::NAN; x.len()];
@@ -37,7 +40,8 @@ fn round_trip(q: Quantizer, x: &[f32], stream: u64) -> Vec<f32> {
     out
 }
 
-const LENGTHS: &[usize] = &[0, 1, 2, 7, 8, 9, 31, 511, 512, 513, 1031, 4099];
+/// Lengths 0, 1, primes, and around the eights and the chunks.
+pub(crate) const LENGTHS: &[usize] = &[0, 1, 2, 7, 8, 9, 31, 511, 512, 513, 1031, 4099];
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
@@ -252,6 +256,7 @@ fn non_finite_inputs_and_bad_settings_are_refused() {
             seed: 0,
             norm: gradwire_compress::QsgdNorm::L2,
         },
+        Quantizer::E3m0 { seed: 0 },
     ] {
         let mut x = values(3, 40);
         x[13] = f32::INFINITY;
@@ -317,14 +322,20 @@ fn a_payload_corrupt_in_a_later_chunk_changes_nothing() {
         seed: 2,
         norm: QsgdNorm::L2,
     };
-    for q in [Quantizer::Sign, Quantizer::MinMaxU8, q7(100), q7(7)] {
+    for q in [
+        Quantizer::Sign,
+        Quantizer::MinMaxU8,
+        q7(100),
+        q7(7),
+        Quantizer::E3m0 { seed: 2 },
+    ] {
         let mut payload = vec![0u8; q.encoded_len(n)];
         q.encode(&values(9, n), 0, &mut payload).unwrap();
         let last = 2 * q.chunk_bytes();
         let mut corrupt = payload.clone();
         match q {
-            // A NaN scale; a level beyond the setting (127 in a byte, -8 in
-            // a nibble).
+            // A NaN scale; min above max; a level beyond the setting (127
+            // in a byte, -8 in a nibble); E3M0's negative zero.
             Quantizer::Sign => corrupt[last..last + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
             Quantizer::MinMaxU8 => {
                 corrupt[last..last + 4].copy_from_slice(&2.0f32.to_le_bytes());
@@ -337,6 +348,8 @@ fn a_payload_corrupt_in_a_later_chunk_changes_nothing() {
                     0x88
                 }
             }
+            // Two negative zeros.
+            Quantizer::E3m0 { .. } => corrupt[last + 4 + 3] = 0x88,
         }
         let before = values(4, n);
         let mut out = before.clone();
@@ -377,6 +390,7 @@ fn corrupt_payloads_are_refused_and_nothing_decodes_to_non_finite() {
             seed: 1,
             norm: gradwire_compress::QsgdNorm::L2,
         },
+        Quantizer::E3m0 { seed: 1 },
     ] {
         let mut payload = vec![0u8; q.encoded_len(n)];
         q.encode(&values(5, n), 0, &mut payload).unwrap();
@@ -468,21 +482,23 @@ fn extreme_ranges_stay_finite() {
             norm: gradwire_compress::QsgdNorm::L2,
         },
         Quantizer::Sign,
+        Quantizer::E3m0 { seed: 2 },
     ] {
         let out = round_trip(q, &x, 1);
         assert!(out.iter().all(|v| v.is_finite()), "{q:?}: {out:?}");
     }
     // A subnormal scale.
-    let out = round_trip(
+    for q in [
         Quantizer::Qsgd {
             levels: 127,
             seed: 2,
             norm: gradwire_compress::QsgdNorm::L2,
         },
-        &[1e-45, -1e-45, 0.0],
-        3,
-    );
-    assert!(out.iter().all(|v| v.is_finite()));
+        Quantizer::E3m0 { seed: 2 },
+    ] {
+        let out = round_trip(q, &[1e-45, -1e-45, 0.0], 3);
+        assert!(out.iter().all(|v| v.is_finite()), "{q:?}: {out:?}");
+    }
 }
 
 /// Min-max's minimum and maximum are the first of equal zeros met (the

@@ -131,7 +131,7 @@ pub enum BenchCommand {
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "f16,bf16,threshold,topk,sampled-topk,ef-topk,onebit,qsgd,qsgd4,uint8,powersgd"
+            default_value = "f16,bf16,threshold,topk,sampled-topk,ef-topk,onebit,qsgd,qsgd4,e3m0,uint8,powersgd"
         )]
         codecs: Vec<String>,
         /// Elements per call (1M, 16M, ...).

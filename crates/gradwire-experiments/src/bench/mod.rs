@@ -286,6 +286,9 @@ const QSGD_4BIT: Quantizer = Quantizer::Qsgd {
     norm: gradwire_compress::QsgdNorm::Max,
 };
 
+/// The E3M0 of `bench compress` and `bench kernels` (DiLoCo's `:e3m0`).
+const E3M0: Quantizer = Quantizer::E3m0 { seed: 7 };
+
 /// The codecs `gradwire bench compress` knows.
 pub const CODECS: &[&str] = &[
     "f16",
@@ -298,6 +301,7 @@ pub const CODECS: &[&str] = &[
     "onebit",
     "qsgd",
     "qsgd4",
+    "e3m0",
     "uint8",
     "powersgd",
 ];
@@ -448,6 +452,7 @@ pub fn compress(codecs: &[String], elements: &[usize], budget: Budget) -> Result
                     budget,
                 )?,
                 "qsgd4" => quantize_round_trip(QSGD_4BIT, &x, budget)?,
+                "e3m0" => quantize_round_trip(E3M0, &x, budget)?,
                 "uint8" => quantize_round_trip(Quantizer::MinMaxU8, &x, budget)?,
                 "powersgd" => powersgd_step(&x, budget)?,
                 other => {

@@ -267,6 +267,7 @@ pub fn entry_of(config: &TrainConfig, measured: Option<Selection>) -> Result<Str
         StrategyConfig::Quantized { quantizer, .. } => match quantizer {
             Quantizer::Sign => (0.25, BENCH),
             Quantizer::Qsgd { .. } => (0.12, BENCH),
+            Quantizer::E3m0 { .. } => (0.17, BENCH),
             Quantizer::MinMaxU8 => (0.18, BENCH),
         },
         StrategyConfig::OneBitAdam { .. } => (0.25, "as onebit"),

@@ -275,6 +275,8 @@ fn analytic_bytes_equal_what_distopt_sends() {
         "powersgd:4",
         "onebit",
         "qsgd",
+        "qsgd:levels=7",
+        "e3m0",
         "uint8",
         "adasum-grad",
     ];

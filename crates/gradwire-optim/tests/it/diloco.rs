@@ -541,6 +541,8 @@ fn with_every_codec_what_the_round_did_not_apply_is_owed_by_the_residuals() {
             seed: 3,
             norm: gradwire_compress::QsgdNorm::L2,
         }),
+        // Streaming DiLoCo's own 4-bit float.
+        OuterCodec::Quantized(gradwire_compress::Quantizer::E3m0 { seed: 3 }),
         OuterCodec::PowerSgd(1),
     ] {
         let world = 3;

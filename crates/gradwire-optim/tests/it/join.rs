@@ -146,6 +146,7 @@ fn every_averaging_strategy_runs_while_ranks_have_joined() {
         "powersgd:1",
         "uint8",
         "qsgd",
+        "e3m0",
         "onebit",
     ] {
         let strategy: StrategyConfig = text.parse().unwrap();

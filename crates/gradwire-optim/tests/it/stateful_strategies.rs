@@ -74,6 +74,11 @@ fn modes() -> Vec<StrategyConfig> {
             momentum: None,
         },
         StrategyConfig::Quantized {
+            quantizer: Quantizer::E3m0 { seed: 5 },
+            error_feedback: true,
+            momentum: None,
+        },
+        StrategyConfig::Quantized {
             quantizer: Quantizer::MinMaxU8,
             error_feedback: false,
             momentum: None,

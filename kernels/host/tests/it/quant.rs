@@ -1,14 +1,15 @@
 //! `kernels/cuda/quant.cu` on the CPU against gradwire-compress's
 //! quantizers (`gradwire_compress::quant`: 1-bit scaled sign, QSGD with the
 //! 2-norm and the max norm, its levels in bytes and, up to 7 levels, in
-//! nibbles, min-max uint8), each kernel launched as
+//! nibbles, E3M0, min-max uint8), each kernel launched as
 //! gradwire-compress's CUDA launcher (`cuda/kernels/quant.rs`) launches it:
 //!
 //! - the encoders on the launcher's grid ([`plan::quant_encode`]) give the
 //!   CPU's payload byte for byte, over stale payloads, at every length of
 //!   [`LENGTHS`] and around the 512-entry chunks, on inputs of every finite
 //!   class (subnormals, ±0, ties of the rounding, sums and ranges that
-//!   overflow f32, remainders past the eight lanes), for two QSGD streams;
+//!   overflow f32, remainders past the eight lanes, exact powers of two
+//!   around E3M0's smallest), for two streams of QSGD's and E3M0's draws;
 //! - decoding runs the launcher's sequence: the check kernel (the first
 //!   chunk the CPU refuses, found on the CPU chunk by chunk), then, only when
 //!   it passes, the decode kernel into stale values or onto an accumulator:
@@ -54,14 +55,24 @@ fn qsgd() -> [Quantizer; 6] {
     ]
 }
 
-/// Streams of QSGD's draws.
+/// E3M0 with a seed (the others with 0, its only setting).
+const E3M0: Quantizer = Quantizer::E3m0 { seed: 13 };
+
+/// Every quantizer: one setting each but QSGD's (all of [`qsgd`]).
+fn every() -> impl Iterator<Item = Quantizer> {
+    [Quantizer::Sign, Quantizer::MinMaxU8, E3M0]
+        .into_iter()
+        .chain(qsgd())
+}
+
+/// Streams of QSGD's and E3M0's draws.
 const STREAMS: [u64; 2] = [0, 0x1234_5678_9abc];
 
 /// QSGD's levels as the launcher passes them (0 for the others).
 fn levels(q: Quantizer) -> u32 {
     match q {
         Quantizer::Qsgd { levels, .. } => u32::from(levels),
-        Quantizer::Sign | Quantizer::MinMaxU8 => 0,
+        Quantizer::Sign | Quantizer::E3m0 { .. } | Quantizer::MinMaxU8 => 0,
     }
 }
 
@@ -77,6 +88,11 @@ fn kernels(q: Quantizer) -> [&'static Kernel; 3] {
             &k::QUANT_QSGD_ENCODE_F32,
             &k::QUANT_QSGD_CHECK,
             &k::QUANT_QSGD_DECODE_F32,
+        ],
+        Quantizer::E3m0 { .. } => [
+            &k::QUANT_E3M0_ENCODE_F32,
+            &k::QUANT_E3M0_CHECK,
+            &k::QUANT_E3M0_DECODE_F32,
         ],
         Quantizer::MinMaxU8 => [
             &k::QUANT_MINMAX_ENCODE_F32,
@@ -125,6 +141,12 @@ fn encode_on_host(
             Arg::value(key),
             Arg::write_at(&mut payload[..], at),
         ],
+        Quantizer::E3m0 { .. } => vec![
+            Arg::read(&x[..]),
+            Arg::len(n),
+            Arg::value(key),
+            Arg::write_at(&mut payload[..], at),
+        ],
         Quantizer::Sign | Quantizer::MinMaxU8 => vec![
             Arg::read(&x[..]),
             Arg::len(n),
@@ -152,7 +174,7 @@ fn decode_on_host(
     let [_, check, decode] = kernels(q);
     let levels = levels(q);
     let check_blocks = match q {
-        Quantizer::Qsgd { .. } => Blocks::Over(n),
+        Quantizer::Qsgd { .. } | Quantizer::E3m0 { .. } => Blocks::Over(n),
         Quantizer::Sign | Quantizer::MinMaxU8 => Blocks::Over(n.div_ceil(QUANT_CHUNK)),
     };
     let state = (payload.to_vec(), vec![u64::MAX]);
@@ -163,7 +185,7 @@ fn decode_on_host(
             Arg::value(levels),
             Arg::write(&mut first[..]),
         ],
-        Quantizer::Sign | Quantizer::MinMaxU8 => vec![
+        Quantizer::Sign | Quantizer::E3m0 { .. } | Quantizer::MinMaxU8 => vec![
             Arg::read_at(&payload[..], at),
             Arg::len(n),
             Arg::write(&mut first[..]),
@@ -182,7 +204,7 @@ fn decode_on_host(
             Arg::write(&mut out[..]),
             Arg::value(i32::from(add)),
         ],
-        Quantizer::Sign | Quantizer::MinMaxU8 => vec![
+        Quantizer::Sign | Quantizer::E3m0 { .. } | Quantizer::MinMaxU8 => vec![
             Arg::read_at(&payload[..], at),
             Arg::len(n),
             Arg::write(&mut out[..]),
@@ -309,6 +331,12 @@ fn inputs(n: usize) -> Vec<(&'static str, Vec<f32>)> {
             }),
         ),
         ("tiny", map(&|_, v| v * 1e-40)),
+        // Ratios to the largest that are exact powers of two, 1 down to
+        // 2^-9: E3M0's codes exactly, and below its smallest (2^-6).
+        (
+            "powers of two",
+            map(&|i, v| v.signum() * 2f32.powi(-((i % 10) as i32))),
+        ),
         (
             "large remainder",
             map(&|i, v| if i >= n / 8 * 8 { v * 1000.0 + 0.1 } else { v }),
@@ -330,7 +358,7 @@ fn encodes_and_decodes_as_the_cpu(q: Quantizer) {
         let base = floats(n, 7 + n as u64, false);
         for (input, x) in inputs(n) {
             let streams: &[u64] = match q {
-                Quantizer::Qsgd { .. } => &STREAMS,
+                Quantizer::Qsgd { .. } | Quantizer::E3m0 { .. } => &STREAMS,
                 Quantizer::Sign | Quantizer::MinMaxU8 => &STREAMS[..1],
             };
             for &stream in streams {
@@ -367,13 +395,19 @@ fn qsgd_max_norm_encodes_and_decodes_as_the_cpu() {
 }
 
 #[test]
+fn e3m0_encodes_and_decodes_as_the_cpu() {
+    encodes_and_decodes_as_the_cpu(E3M0);
+}
+
+#[test]
 fn minmax_encodes_and_decodes_as_the_cpu() {
     encodes_and_decodes_as_the_cpu(Quantizer::MinMaxU8);
 }
 
 /// A well-formed payload of `n` entries that no encoder need give: random
-/// codes (QSGD's within its levels) under headers of every class: random
-/// finite scales, ±0, subnormals, and min-max pairs that are equal, of
+/// codes (QSGD's within its levels, E3M0's any but its negative zero)
+/// under headers of every class: random finite scales (E3M0's
+/// non-negative), ±0, subnormals, and min-max pairs that are equal, of
 /// opposite zeros, or whose range overflows f32.
 fn arbitrary_payload(q: Quantizer, n: usize, seed: u64) -> Vec<u8> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -394,6 +428,15 @@ fn arbitrary_payload(q: Quantizer, n: usize, seed: u64) -> Vec<u8> {
                 }
                 for j in 0..entries {
                     set_code(chunk, j, rng.random_range(-l..=l) as i8, levels);
+                }
+            }
+            Quantizer::E3m0 { .. } => {
+                chunk[..4].copy_from_slice(&a.abs().to_le_bytes());
+                // Every nibble but 8; the padding zero.
+                chunk[4..4 + entries.div_ceil(2)].fill(0);
+                for j in 0..entries {
+                    let code = rng.random_range(0..15u8);
+                    set_nibble(chunk, j, if code >= 8 { code + 1 } else { code });
                 }
             }
             Quantizer::MinMaxU8 => {
@@ -418,20 +461,23 @@ fn arbitrary_payload(q: Quantizer, n: usize, seed: u64) -> Vec<u8> {
 /// `j`).
 fn set_code(chunk: &mut [u8], j: usize, level: i8, levels: u8) {
     if levels <= QSGD_NIBBLE_LEVELS {
-        let shift = 4 * (j % 2);
-        let byte = &mut chunk[4 + j / 2];
-        *byte = (*byte & !(0x0f << shift)) | ((level as u8 & 0x0f) << shift);
+        set_nibble(chunk, j, level as u8);
     } else {
         chunk[4 + j] = level as u8;
     }
 }
 
+/// Sets entry `j`'s nibble in `chunk` (from its 4-byte header on) to the
+/// low 4 bits of `code`: half of byte `j / 2`, the low half for even `j`.
+fn set_nibble(chunk: &mut [u8], j: usize, code: u8) {
+    let shift = 4 * (j % 2);
+    let byte = &mut chunk[4 + j / 2];
+    *byte = (*byte & !(0x0f << shift)) | ((code & 0x0f) << shift);
+}
+
 #[test]
 fn arbitrary_payloads_decode_as_on_the_cpu() {
-    for q in [Quantizer::Sign, Quantizer::MinMaxU8]
-        .into_iter()
-        .chain(qsgd())
-    {
+    for q in every() {
         for n in lengths() {
             let payload = arbitrary_payload(q, n, 1000 + n as u64);
             let base = floats(n, 2000 + n as u64, false);
@@ -444,10 +490,7 @@ fn arbitrary_payloads_decode_as_on_the_cpu() {
 fn corrupt_payloads_are_refused_at_the_cpus_chunk() {
     let scale_at =
         |p: &mut [u8], at: usize, v: f32| p[at..at + 4].copy_from_slice(&v.to_le_bytes());
-    for q in [Quantizer::Sign, Quantizer::MinMaxU8]
-        .into_iter()
-        .chain(qsgd())
-    {
+    for q in every() {
         for n in [1usize, 513, 3000] {
             let chunks = n.div_ceil(QUANT_CHUNK);
             let last = chunks - 1;
@@ -518,6 +561,30 @@ fn corrupt_payloads_are_refused_at_the_cpus_chunk() {
                         scale_at(p, last / 2 * stride + 4, f32::INFINITY)
                     });
                 }
+                Quantizer::E3m0 { .. } => {
+                    let last_entry = (n - 1) % QUANT_CHUNK;
+                    with("a negative zero in the last entry", &|p| {
+                        set_nibble(&mut p[last * stride..], last_entry, 8);
+                    });
+                    with("a negative zero, then a negative scale", &|p| {
+                        set_nibble(&mut p[last * stride..], 0, 8);
+                        scale_at(p, last / 2 * stride, -1.0);
+                    });
+                    with("a negative zero scale", &|p| {
+                        scale_at(p, last * stride, -0.0)
+                    });
+                    with("the lowest subnormal negative scale", &|p| {
+                        scale_at(p, last / 2 * stride, -f32::from_bits(1))
+                    });
+                    if (last_entry + 1) % 2 == 1 {
+                        with("a padding nibble set", &|p| {
+                            p[last * stride + 4 + last_entry / 2] |= 0x10;
+                        });
+                        with("a padding nibble of 8", &|p| {
+                            p[last * stride + 4 + last_entry / 2] |= 0x80;
+                        });
+                    }
+                }
                 Quantizer::Sign => {}
             }
             let base = floats(n, 6, false);
@@ -568,6 +635,11 @@ fn qsgd_max_norm_past_the_grid() {
 }
 
 #[test]
+fn e3m0_past_the_grid() {
+    past_the_grid(E3M0);
+}
+
+#[test]
 fn minmax_past_the_grid() {
     past_the_grid(Quantizer::MinMaxU8);
 }
@@ -576,10 +648,7 @@ fn minmax_past_the_grid() {
 fn encoders_stride_over_the_chunks_on_smaller_grids() {
     // The loop the launcher's grid takes past MAX_GRID chunks, on every
     // setting: grids smaller than the chunks.
-    for q in [Quantizer::Sign, Quantizer::MinMaxU8]
-        .into_iter()
-        .chain(qsgd())
-    {
+    for q in every() {
         let encode = kernels(q)[0].name();
         for (n, grid) in [(4099, 2), (4099, 4), (2600, 3), (513, 1)] {
             let x = floats(n, 300 + n as u64, false);
@@ -607,10 +676,7 @@ fn encoders_stride_over_the_chunks_on_smaller_grids() {
 #[test]
 fn payloads_at_any_byte_offset() {
     // The kernels read and write the payload's scales byte by byte.
-    for q in [Quantizer::Sign, Quantizer::MinMaxU8]
-        .into_iter()
-        .chain(qsgd())
-    {
+    for q in every() {
         let encode = kernels(q)[0].name();
         for n in [1usize, 513, 1025] {
             let x = floats(n, 400 + n as u64, false);

@@ -1,5 +1,5 @@
 //! The quantizers of `kernels/cuda/quant.cu` on device buffers: 1-bit
-//! scaled sign, QSGD and min-max uint8 ([`Quantizer`]), encoding f32
+//! scaled sign, QSGD, E3M0 and min-max uint8 ([`Quantizer`]), encoding f32
 //! entries into a byte payload ([`DeviceBytes`]) and decoding (or
 //! decode-adding) a payload back, bitwise as gradwire-compress's
 //! `Quantizer::{encode, decode, decode_add}`: the same payload bytes, in
@@ -31,7 +31,7 @@ fn levels(q: Quantizer) -> Result<u32> {
         .map_err(|e| Error::InvalidArgument(e.to_string()))?;
     Ok(match q {
         Quantizer::Qsgd { levels, .. } => u32::from(levels),
-        Quantizer::Sign | Quantizer::MinMaxU8 => 0,
+        Quantizer::Sign | Quantizer::E3m0 { .. } | Quantizer::MinMaxU8 => 0,
     })
 }
 
@@ -128,6 +128,10 @@ pub fn encode(q: Quantizer, key: u64, x: &CudaStorage, payload: &mut DeviceBytes
             .value(levels)
             .value(u32::from(norm == QsgdNorm::Max))
             .value(key),
+        Quantizer::E3m0 { .. } => Launch::new(device, &k::QUANT_E3M0_ENCODE_F32)
+            .read(x)
+            .len(n)
+            .value(key),
         Quantizer::MinMaxU8 => Launch::new(device, &k::QUANT_MINMAX_ENCODE_F32)
             .read(x)
             .len(n),
@@ -137,8 +141,9 @@ pub fn encode(q: Quantizer, key: u64, x: &CudaStorage, payload: &mut DeviceBytes
 
 /// The smallest chunk of `payload` (the encoding of `n` entries) that
 /// gradwire-compress's `Quantizer::decode` refuses: a non-finite scale, a
-/// minimum above its maximum, a QSGD level beyond `levels`. `None` when
-/// every chunk is sound (waits for the stream).
+/// negative E3M0 scale, a minimum above its maximum, a QSGD level beyond
+/// `levels`, E3M0's negative zero, a set padding nibble. `None` when every
+/// chunk is sound (waits for the stream).
 fn first_corrupt_chunk(q: Quantizer, payload: &DeviceBytes, n: usize) -> Result<Option<usize>> {
     let levels = levels(q)?;
     let chunks = n.div_ceil(QUANT_CHUNK);
@@ -158,6 +163,12 @@ fn first_corrupt_chunk(q: Quantizer, payload: &DeviceBytes, n: usize) -> Result<
                 .value(levels),
             n,
         ),
+        Quantizer::E3m0 { .. } => (
+            Launch::new(device, &k::QUANT_E3M0_CHECK)
+                .read(&payload.data)
+                .len(n),
+            n,
+        ),
         Quantizer::MinMaxU8 => (
             Launch::new(device, &k::QUANT_MINMAX_CHECK)
                 .read(&payload.data)
@@ -175,9 +186,9 @@ fn first_corrupt_chunk(q: Quantizer, payload: &DeviceBytes, n: usize) -> Result<
 /// `Quantizer::decode` / `decode_add`.
 ///
 /// The payload is checked first, as the CPU checks it: `Some(chunk)` is
-/// the first chunk the CPU refuses (a non-finite scale, a minimum above
-/// the maximum, a QSGD level beyond `levels`), and then nothing was
-/// written.
+/// the first chunk the CPU refuses (a non-finite or negative scale, a
+/// minimum above its maximum, a level beyond the setting, E3M0's negative
+/// zero, a set padding nibble), and then nothing was written.
 pub fn decode(
     q: Quantizer,
     payload: &DeviceBytes,
@@ -205,6 +216,9 @@ pub fn decode(
             .read(&payload.data)
             .len(n)
             .value(levels),
+        Quantizer::E3m0 { .. } => Launch::new(&device, &k::QUANT_E3M0_DECODE_F32)
+            .read(&payload.data)
+            .len(n),
         Quantizer::MinMaxU8 => Launch::new(&device, &k::QUANT_MINMAX_DECODE_F32)
             .read(&payload.data)
             .len(n),

@@ -59,8 +59,9 @@ pub enum StrategyConfig {
     /// vectors and small matrices travel dense beside them. Dense until
     /// `start_step`. The result is an average.
     PowerSgd(PowerSgdConfig),
-    /// `onebit`, `qsgd`, `uint8`: every entry in 1 bit
-    /// ([`Quantizer::Sign`], EF-SignSGD) or 8 bits (QSGD, min-max uint8),
+    /// `onebit`, `qsgd`, `e3m0`, `uint8`: every entry in 1 bit
+    /// ([`Quantizer::Sign`], EF-SignSGD), 4 bits (E3M0, QSGD up to 7
+    /// levels) or 8 bits (QSGD, min-max uint8),
     /// both ways: a reduce-scatter and an all-gather of quantized chunks
     /// (DeepSpeed's compressed all-reduce, Bagua's ByteGrad), with worker
     /// and server error feedback when `error_feedback` (the 1-bit sign
@@ -232,7 +233,7 @@ pub enum StrategyError {
 /// rank 2 from step 10, 1-bit Adam frozen at step 100), in the order of the
 /// help text. The names, the parser's starting points and the help derive
 /// from it.
-pub const REGISTRY: [StrategyConfig; 18] = [
+pub const REGISTRY: [StrategyConfig; 19] = [
     StrategyConfig::Dense,
     StrategyConfig::Half {
         precision: HalfPrecision::F16,
@@ -283,6 +284,11 @@ pub const REGISTRY: [StrategyConfig; 18] = [
         momentum: None,
     },
     StrategyConfig::Quantized {
+        quantizer: Quantizer::E3m0 { seed: 0 },
+        error_feedback: true,
+        momentum: None,
+    },
+    StrategyConfig::Quantized {
         quantizer: Quantizer::MinMaxU8,
         error_feedback: true,
         momentum: None,
@@ -318,6 +324,7 @@ impl StrategyConfig {
             StrategyConfig::Quantized { quantizer, .. } => match quantizer {
                 Quantizer::Sign => "onebit",
                 Quantizer::Qsgd { .. } => "qsgd",
+                Quantizer::E3m0 { .. } => "e3m0",
                 Quantizer::MinMaxU8 => "uint8",
             },
             StrategyConfig::OneBitAdam { .. } => "onebit-adam",
@@ -381,6 +388,7 @@ impl StrategyConfig {
             "powersgd:1:start=1:min-rate=1",
             "onebit:momentum=0.9",
             "qsgd",
+            "e3m0",
             "uint8",
             "onebit-adam:freeze=2",
             "diloco:2:uint8",
@@ -447,6 +455,15 @@ impl StrategyConfig {
                 momentum,
             } => StrategyConfig::Quantized {
                 quantizer: Quantizer::Qsgd { levels, seed, norm },
+                error_feedback,
+                momentum,
+            },
+            StrategyConfig::Quantized {
+                quantizer: Quantizer::E3m0 { .. },
+                error_feedback,
+                momentum,
+            } => StrategyConfig::Quantized {
+                quantizer: Quantizer::E3m0 { seed },
                 error_feedback,
                 momentum,
             },

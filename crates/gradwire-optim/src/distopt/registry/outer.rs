@@ -19,9 +19,9 @@ pub enum OuterCodec {
     Half(HalfPrecision),
     /// The largest entries by magnitude, this share of them.
     TopK(f64),
-    /// 1-bit sign, QSGD (4 bits an entry up to 7 levels: `qsgd=7`, as
-    /// Streaming DiLoCo's 4-bit pseudo-gradients) or min-max uint8, both
-    /// ways.
+    /// 1-bit sign, QSGD (4 bits an entry up to 7 levels: `qsgd=7`), E3M0
+    /// (Streaming DiLoCo's 4-bit float pseudo-gradients) or min-max uint8,
+    /// both ways.
     Quantized(Quantizer),
     /// PowerSGD's low-rank factors of this rank, from the first round.
     PowerSgd(usize),
@@ -62,6 +62,7 @@ impl OuterCodec {
             OuterCodec::TopK(ratio) => Some(format!("topk={ratio}")),
             OuterCodec::Quantized(Quantizer::Sign) => Some("onebit".into()),
             OuterCodec::Quantized(Quantizer::MinMaxU8) => Some("uint8".into()),
+            OuterCodec::Quantized(Quantizer::E3m0 { .. }) => Some("e3m0".into()),
             OuterCodec::Quantized(Quantizer::Qsgd { levels, norm, .. }) => {
                 let mut text = String::from("qsgd");
                 if levels != super::QSGD_LEVELS {
@@ -90,6 +91,7 @@ impl OuterCodec {
             ("bf16", None) => Ok(OuterCodec::Half(HalfPrecision::BF16)),
             ("onebit", None) => Ok(OuterCodec::Quantized(Quantizer::Sign)),
             ("uint8", None) => Ok(OuterCodec::Quantized(Quantizer::MinMaxU8)),
+            ("e3m0", None) => Ok(OuterCodec::Quantized(Quantizer::E3m0 { seed: 0 })),
             // The levels' range is the codec's validation.
             ("qsgd", levels) => levels
                 .map_or(Ok(super::QSGD_LEVELS), |v| {

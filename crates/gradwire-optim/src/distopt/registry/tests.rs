@@ -27,6 +27,7 @@ fn every_setting_round_trips() {
         "randomk:0.25:seed=9",
         "qsgd:levels=15:seed=3:momentum=0.5:no-ef",
         "qsgd:seed=3:max-norm",
+        "e3m0:seed=3:momentum=0.5:no-ef",
         "powersgd:4:start=0:min-rate=1.5:cold:seed=11:no-ef",
         "onebit-adam:freeze=7:beta1=0.8",
         "adasum-delta:group=2",
@@ -172,6 +173,8 @@ fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
         "streaming-diloco:16:2:tau=2:qsgd=7",
         "diloco:16:qsgd=7:max-norm",
         "diloco:16:qsgd:max-norm",
+        "diloco:16:e3m0",
+        "streaming-diloco:16:2:tau=2:e3m0",
         "diloco:20:topk=0.05",
         "diloco:20:powersgd=4",
         "diloco:4:lr=0.5:momentum=0.8",
@@ -217,6 +220,8 @@ fn diloco_forms_round_trip_and_bad_ones_name_their_cause() {
         "diloco:4:qsgd=300",
         "diloco:4:qsgd=four",
         "diloco:4:uint8:max-norm",
+        "diloco:4:e3m0:max-norm",
+        "diloco:4:e3m0=3",
         "diloco:4:max-norm",
     ] {
         let result = text.parse::<StrategyConfig>();

@@ -83,6 +83,9 @@ impl fmt::Display for StrategyConfig {
                         f.write_str(":max-norm")?;
                     }
                 }
+                if let Quantizer::E3m0 { seed: s } = quantizer {
+                    seed(f, s, 0)?;
+                }
                 if let Some(mu) = momentum {
                     write!(f, ":momentum={mu}")?;
                 }
@@ -244,7 +247,7 @@ impl FromStr for StrategyConfig {
                 }
                 (
                     StrategyConfig::Quantized {
-                        quantizer: Quantizer::Qsgd { seed, .. },
+                        quantizer: Quantizer::Qsgd { seed, .. } | Quantizer::E3m0 { seed },
                         ..
                     },
                     "seed",
@@ -364,6 +367,10 @@ impl StrategyConfig {
                 quantizer: Quantizer::Qsgd { .. },
                 ..
             } => "qsgd[:levels=L][:seed=S][:max-norm][:momentum=M][:ef|:no-ef]",
+            StrategyConfig::Quantized {
+                quantizer: Quantizer::E3m0 { .. },
+                ..
+            } => "e3m0[:seed=S][:momentum=M][:ef|:no-ef]",
             StrategyConfig::Quantized { .. } => "onebit|uint8[:momentum=M][:ef|:no-ef]",
             StrategyConfig::OneBitAdam { .. } => "onebit-adam[:freeze=STEP][:beta1=B]",
             StrategyConfig::AdaSum { .. } => "adasum-grad[:group=G]",
@@ -372,10 +379,10 @@ impl StrategyConfig {
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
             StrategyConfig::DiLoCo(config) if config.is_streaming() => {
-                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
             StrategyConfig::DiLoCo(_) => {
-                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
         }
     }
