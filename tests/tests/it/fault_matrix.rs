@@ -51,9 +51,11 @@ impl Rng {
     }
 }
 
+/// Steps of each scheduled scenario.
+const SCHEDULE_STEPS: usize = 6;
+
 #[test]
 fn random_fault_schedules_keep_ranks_in_step_and_change_nothing_when_they_fail() {
-    const STEPS: usize = 6;
     let mut rng = Rng(0x5EED_F00D_0BAD_CAFE);
     for case in 0..48 {
         let world = 1 + rng.below(8);
@@ -67,81 +69,123 @@ fn random_fault_schedules_keep_ranks_in_step_and_change_nothing_when_they_fail()
             if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
                 continue;
             }
-            schedule.push((rng.below(STEPS - 1), rng.below(world), fault));
+            schedule.push((rng.below(SCHEDULE_STEPS - 1), rng.below(world), fault));
         }
-        let results = local::run_with(world, &LocalConfig::with_timeout(Some(DEADLINE)), |comm| {
-            faults::run_schedule(comm, mode, &schedule, skip, STEPS)
-        })
-        .expect("ranks ran");
-        let records: Vec<_> = results
-            .into_iter()
-            .map(|r| r.expect("no panic").expect("the scenario ran"))
-            .collect();
-        let what = format!(
-            "case {case}: W = {world}, {}, skip {skip}, {schedule:?}",
-            mode
-        );
-        for (rank, r) in records.iter().enumerate() {
-            assert_eq!(
-                r.outcomes, records[0].outcomes,
-                "{what}: rank {rank} differs"
-            );
-        }
-        // A step is done unless a fault is reported at it (the step it was
-        // injected at, or in the outer loops the exchange that carries it).
-        for step in 0..STEPS {
-            if !schedule
-                .iter()
-                .any(|(s, _, _)| faults::reported_at(mode, *s) == step)
-            {
-                assert_eq!(
-                    records[0].outcomes[step],
+        keeps_ranks_in_step(&format!("case {case}"), world, mode, skip, &schedule);
+    }
+}
+
+/// A bad call at the outer loops' very first step, before `θ_global` was
+/// ever taken (a parameter of the wrong shape, on the first rank or the
+/// last), is one fault, carried by its round or fragment: `θ_global` is
+/// taken at the next good call and every later step completes (once, a
+/// streaming rank took the bad call's parameter as its `θ_global` and
+/// failed every later exchange of that fragment).
+#[test]
+fn a_bad_first_call_in_the_outer_loops_is_one_fault() {
+    for text in [
+        "diloco:2:uint8",
+        "streaming-diloco:4:2:tau=1:uint8",
+        "streaming-diloco:4:2:e3m0",
+    ] {
+        let mode: StrategyConfig = text.parse().expect("a registry form");
+        for world in 1..=4 {
+            for rank in [0, world - 1] {
+                let schedule = [(0, rank, Fault::WrongShape)];
+                let outcomes =
+                    keeps_ranks_in_step("a bad first call", world, mode, false, &schedule);
+                let carried = faults::reported_at(mode, 0);
+                assert_ne!(
+                    outcomes[carried],
                     Outcome::Done,
-                    "{what}: step {step}"
-                );
-            }
-        }
-        let partial_update = schedule.iter().any(|(_, _, f)| !f.passes());
-        let restored = schedule.iter().all(|(s, _, f)| f.restores(mode, *s));
-        // Partial averaging and DiLoCo's inner steps keep ranks apart.
-        let apart = matches!(
-            mode,
-            StrategyConfig::Partial { .. } | StrategyConfig::DiLoCo(_)
-        );
-        if !apart && !partial_update {
-            for (rank, r) in records.iter().enumerate() {
-                assert!(
-                    r.params == records[0].params,
-                    "{what}: rank {rank}'s parameters differ"
-                );
-            }
-        }
-        // A failed or skipped step changed nothing: every rank ends as in a
-        // run that never took those steps (partial mode too; in DiLoCo the
-        // failed round's steps).
-        if restored {
-            let omitted: Vec<usize> = (0..STEPS)
-                .filter(|&s| {
-                    (0..STEPS).any(|f| {
-                        records[0].outcomes[f] != Outcome::Done
-                            && faults::steps_lost(mode, f).contains(&s)
-                    })
-                })
-                .collect();
-            let clean =
-                local::run_with(world, &LocalConfig::with_timeout(Some(DEADLINE)), |comm| {
-                    faults::run_without(comm, mode, skip, &omitted, STEPS)
-                })
-                .expect("ranks ran");
-            for (rank, (r, c)) in records.iter().zip(clean).enumerate() {
-                let c = c.expect("no panic").expect("the clean run ran");
-                assert!(
-                    r.params == c.params,
-                    "{what}: rank {rank} differs from a run without steps {omitted:?}"
+                    "{text}, W = {world}: the fault is carried at step {carried}"
                 );
             }
         }
     }
+}
+
+/// Runs `schedule` (step, rank, fault) on `world` ranks in `mode` and
+/// checks the failure model: every rank sees the same outcomes, a step is
+/// done unless a fault is reported at it, and a failed step changed
+/// nothing. Returns the outcomes.
+fn keeps_ranks_in_step(
+    case: &str,
+    world: usize,
+    mode: StrategyConfig,
+    skip: bool,
+    schedule: &[(usize, usize, Fault)],
+) -> Vec<Outcome> {
+    const STEPS: usize = SCHEDULE_STEPS;
+    let results = local::run_with(world, &LocalConfig::with_timeout(Some(DEADLINE)), |comm| {
+        faults::run_schedule(comm, mode, schedule, skip, STEPS)
+    })
+    .expect("ranks ran");
+    let mut records: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("no panic").expect("the scenario ran"))
+        .collect();
+    let what = format!("{case}: W = {world}, {mode}, skip {skip}, {schedule:?}");
+    for (rank, r) in records.iter().enumerate() {
+        assert_eq!(
+            r.outcomes, records[0].outcomes,
+            "{what}: rank {rank} differs"
+        );
+    }
+    // A step is done unless a fault is reported at it (the step it was
+    // injected at, or in the outer loops the exchange that carries it).
+    for step in 0..STEPS {
+        if !schedule
+            .iter()
+            .any(|(s, _, _)| faults::reported_at(mode, *s) == step)
+        {
+            assert_eq!(
+                records[0].outcomes[step],
+                Outcome::Done,
+                "{what}: step {step}"
+            );
+        }
+    }
+    let partial_update = schedule.iter().any(|(_, _, f)| !f.passes());
+    let restored = schedule.iter().all(|(s, _, f)| f.restores(mode, *s));
+    // Partial averaging and DiLoCo's inner steps keep ranks apart.
+    let apart = matches!(
+        mode,
+        StrategyConfig::Partial { .. } | StrategyConfig::DiLoCo(_)
+    );
+    if !apart && !partial_update {
+        for (rank, r) in records.iter().enumerate() {
+            assert!(
+                r.params == records[0].params,
+                "{what}: rank {rank}'s parameters differ"
+            );
+        }
+    }
+    // A failed or skipped step changed nothing: every rank ends as in a
+    // run that never took those steps (partial mode too; in DiLoCo the
+    // failed round's steps).
+    if restored {
+        let omitted: Vec<usize> = (0..STEPS)
+            .filter(|&s| {
+                (0..STEPS).any(|f| {
+                    records[0].outcomes[f] != Outcome::Done
+                        && faults::steps_lost(mode, f).contains(&s)
+                })
+            })
+            .collect();
+        let clean = local::run_with(world, &LocalConfig::with_timeout(Some(DEADLINE)), |comm| {
+            faults::run_without(comm, mode, skip, &omitted, STEPS)
+        })
+        .expect("ranks ran");
+        for (rank, (r, c)) in records.iter().zip(clean).enumerate() {
+            let c = c.expect("no panic").expect("the clean run ran");
+            assert!(
+                r.params == c.params,
+                "{what}: rank {rank} differs from a run without steps {omitted:?}"
+            );
+        }
+    }
+    records.swap_remove(0).outcomes
 }
 
 /// A rank that panics, drops its communicator, or whose strategy panics is

@@ -8,7 +8,12 @@
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
-//! must start from the same values, as in any data-parallel run).
+//! must start from the same values, as in any data-parallel run) whose
+//! call gives every declared parameter with its shape and device: a bad
+//! first call is that rank's fault, changes nothing and leaves `θ_global`
+//! to the next good call, whose parameters are still the starting values
+//! (a rank with a fault takes no local update, and the round or fragment
+//! that carries it is skipped on every rank).
 //!
 //! A round is the unit of the failure model, and its inner steps make no
 //! collective at all: a rank whose inner step fails (a non-finite gradient,
@@ -121,8 +126,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 
     /// The local update of an inner step (none once this rank has a fault
     /// not yet carried, which this step's own fault then becomes), with
-    /// `θ_global` taken from the parameters at the first step. No
-    /// collective.
+    /// `θ_global` taken from the parameters at the first step whose
+    /// targets are all sound. No collective.
     pub(super) fn inner_step(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
@@ -132,7 +137,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             buckets: self.buckets.len(),
             ..StepStats::default()
         };
-        if self.outer.global.len() != targets.len() {
+        if self.outer.global.len() != targets.len()
+            && targets
+                .iter()
+                .zip(&self.params)
+                .all(|(t, spec)| t.as_deref().is_some_and(|t| spec.check_param(t).is_ok()))
+        {
             copy_into(
                 &mut self.outer.global,
                 targets.iter().flatten().map(|t| &**t),

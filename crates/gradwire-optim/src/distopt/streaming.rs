@@ -276,7 +276,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         };
         for b in self.fragment_buckets(fragment) {
             for i in self.buckets[b].clone() {
-                let global = &self.outer.global[i];
+                // Without θ_global yet (every call so far bad, so this
+                // fragment was lost) the parameters are the starting ones.
+                let Some(global) = self.outer.global.get(i) else {
+                    continue;
+                };
                 // A target the call got wrong is not one of ours.
                 let Some(param) = targets[i].as_deref_mut() else {
                     continue;
@@ -326,22 +330,30 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let range = self.buckets[b].clone();
             let mut deltas = std::mem::take(&mut self.local.buckets[b]);
             // A rank with a fault sends nothing (its targets may be the bad
-            // call's); one that cannot form its differences posts that
+            // call's); one that cannot form its differences (none without
+            // θ_global, which only a rank with a fault lacks) posts that
             // instead, in place of this bucket's combination and the next.
-            if fault.is_none()
-                && let Err(e) = differences_into(
-                    &mut deltas,
-                    &self.outer.global[range.clone()],
-                    &targets[range],
-                )
-            {
-                let kind = gradwire_algos::FaultKind::Other;
-                fault = Some(kind);
-                // Recorded as `record` does (the lock holds the exchange).
-                self.fault.get_or_insert(super::LocalFault {
-                    kind,
-                    detail: e.to_string(),
-                });
+            if fault.is_none() {
+                let formed = if self.outer.global.len() == self.params.len() {
+                    differences_into(
+                        &mut deltas,
+                        &self.outer.global[range.clone()],
+                        &targets[range],
+                    )
+                } else {
+                    Err(crate::OptimError::InvalidArgument(
+                        "no global parameters yet: no step has given them all".into(),
+                    ))
+                };
+                if let Err(e) = formed {
+                    let kind = gradwire_algos::FaultKind::Other;
+                    fault = Some(kind);
+                    // Recorded as `record` does (the lock holds the exchange).
+                    self.fault.get_or_insert(super::LocalFault {
+                        kind,
+                        detail: e.to_string(),
+                    });
+                }
             }
             let strategy = self.strategies[b].take().unwrap_or_else(|| {
                 let len = self.bucket_lens[b].iter().sum();
