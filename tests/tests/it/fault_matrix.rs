@@ -105,6 +105,25 @@ fn a_bad_first_call_in_the_outer_loops_is_one_fault() {
     }
 }
 
+/// A push under an unknown name at the gradient loop's first step on rank
+/// 0, whose pushes give the bucket order, decides no order: the step fails
+/// on every rank and the next one decides, so stateful codecs, whose
+/// chunks follow the buckets, end bitwise as a run that never took the
+/// failed step (once, the failed step's order, the unknown push's
+/// parameter last, stayed for the run).
+#[test]
+fn a_failed_first_step_decides_no_bucket_order() {
+    for text in ["e3m0", "topk:0.3", "powersgd:1:start=1:min-rate=1"] {
+        let mode: StrategyConfig = text.parse().expect("a registry form");
+        for world in 1..=4 {
+            let schedule = [(0, 0, Fault::UnknownName)];
+            let outcomes =
+                keeps_ranks_in_step("a failed first step", world, mode, false, &schedule);
+            assert_ne!(outcomes[0], Outcome::Done, "{text}, W = {world}");
+        }
+    }
+}
+
 /// Runs `schedule` (step, rank, fault) on `world` ranks in `mode` and
 /// checks the failure model: every rank sees the same outcomes, a step is
 /// done unless a fault is reported at it, and a failed step changed

@@ -4,7 +4,11 @@
 //! rank 0's push order (the parameters it did not push after them, in
 //! declared order) is broadcast, and every rank re-plans its buckets over
 //! the parameters in that order (SINGA's rule, alike on every rank), then
-//! the step goes on with them and later steps overlap as usual. An order
+//! the step goes on with them and later steps overlap as usual. A step
+//! that rank 0 has already failed (a push under an unknown name leaves a
+//! parameter out of its order) decides nothing: rank 0 broadcasts no
+//! order, the step runs on the declared buckets and fails on every rank,
+//! and the next step decides, as if the failed one had never run. An order
 //! equal to the declared one changes nothing: the run is bitwise the
 //! declared order's. [`BucketOrder::Declared`] keeps the declared order
 //! (the user fixed it). Only the gradient loop rebuilds: the local-step,
@@ -23,6 +27,10 @@ use crate::optimizer::Optimizer;
 use gradwire_comm::{Communicator, JobSlot};
 use std::ops::Range;
 use std::sync::Arc;
+
+/// What rank 0 broadcasts in place of an order it cannot give (no
+/// parameter index).
+const NO_ORDER: u64 = u64::MAX;
 
 /// Parameters in some order, their element counts, their buckets.
 type Plan = (Vec<ParamSpec>, Vec<usize>, Vec<Range<usize>>);
@@ -63,26 +71,49 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     }
 
     /// At the first step's `finish` (before anything is taken or sent):
-    /// rank 0's order, broadcast, and the buckets re-planned to it. A
-    /// failure is every rank's (the broadcast's, or the same plan refused
-    /// on every rank).
+    /// rank 0's order, broadcast, and the buckets re-planned to it; or, if
+    /// rank 0 has a fault already, [`NO_ORDER`] and nothing decided (the
+    /// step fails on every rank). A failure is every rank's (the
+    /// broadcast's, or the same plan refused on every rank).
     pub(super) fn decide_order(&mut self) -> Result<()> {
         if self.order.decided {
             return Ok(());
         }
-        self.order.decided = true;
         let n = self.params.len();
-        let mut order: Vec<u64> = std::mem::take(&mut self.order.pushed)
-            .into_iter()
-            .chain((0..n).filter(|&i| !self.order.seen[i]))
-            .map(|i| i as u64)
-            .collect();
-        self.order.seen = Vec::new();
+        let mut order: Vec<u64> = if self.rank() == 0 && self.fault.is_some() && n > 0 {
+            vec![NO_ORDER; n]
+        } else {
+            self.order
+                .pushed
+                .iter()
+                .copied()
+                .chain((0..n).filter(|&i| !self.order.seen[i]))
+                .map(|i| i as u64)
+                .collect()
+        };
+        self.order.pushed.clear();
+        self.order.seen.fill(false);
         self.comm
             .broadcast(&mut order, 0)
             .map_err(gradwire_algos::AlgoError::from)?;
+        if order.first() == Some(&NO_ORDER) {
+            return Ok(());
+        }
+        self.order.decided = true;
+        self.order.seen = Vec::new();
+        self.forget_undecided_strategies();
         let order: Vec<usize> = order.into_iter().map(|i| i as usize).collect();
         self.reorder(&order)
+    }
+
+    /// Drops the strategies of the steps before the order was decided.
+    /// Every one of them failed (or was skipped) on every rank, rank 0
+    /// having had no order to give, so what their launches made holds
+    /// nothing a new strategy would not: the buckets may be re-planned.
+    fn forget_undecided_strategies(&mut self) {
+        if self.in_flight.is_empty() {
+            self.strategies.iter_mut().for_each(|s| *s = None);
+        }
     }
 
     /// Re-plans the buckets over the parameters in `order` (engine
@@ -202,6 +233,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     ) -> Result<()> {
         let order = self.order_of(ckpt.state.values.get("bucket_order"))?;
         let undecided = !self.order.decided;
+        if undecided {
+            self.forget_undecided_strategies();
+        }
         if order.iter().enumerate().any(|(k, &i)| k != i) {
             if !undecided {
                 return Err(OptimError::StateMismatch(
