@@ -83,12 +83,18 @@ __device__ constexpr gw_u64 quant_stride(int q, gw_u32 levels) {
 #define GW_E3M0_NEGATIVE 8u
 #define GW_E3M0_SMALLEST_BITS (121u << 23)
 
-// Entry j's QSGD level in a chunk's codes: an i8, or with nibbles the
-// sign-extended low (even j) or high (odd j) half of byte j / 2.
+// Entry j's nibble in a chunk's 4-bit codes: the low (even j) or high (odd
+// j) half of byte j / 2.
+__device__ __forceinline__ gw_u32 quant_nibble(const gw_u8* codes, gw_u32 j) {
+    const gw_u32 byte = codes[j / 2u];
+    return (j % 2u == 0u ? byte : byte >> 4) & 0xfu;
+}
+
+// Entry j's QSGD level in a chunk's codes: an i8, or with nibbles its
+// nibble sign-extended.
 __device__ __forceinline__ int quant_qsgd_code(const gw_u8* codes, gw_u32 j, gw_u32 levels) {
     if (levels <= GW_QSGD_NIBBLE_LEVELS) {
-        const int byte = (int)codes[j / 2u];
-        const int nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xf;
+        const int nibble = (int)quant_nibble(codes, j);
         return nibble < 8 ? nibble : nibble - 16;
     }
     return (int)(signed char)codes[j];
@@ -441,13 +447,12 @@ extern "C" __global__ void quant_e3m0_check(const gw_u8* payload, gw_u64 n, gw_u
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
         const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_E3M0, 0u);
-        const gw_u32 byte = chunk[4 + j / 2u];
-        const gw_u32 nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xfu;
+        const gw_u32 nibble = quant_nibble(chunk + 4, j);
         // The scale: finite, its sign bit clear (-0.0 included).
         const bool bad_scale =
             j == 0u && (!gw_is_finite(gw_read_f32_le(chunk)) || (chunk[3] & 0x80u) != 0u);
         // An odd chunk's padding nibble, as QSGD's.
-        const bool bad_padding = i + 1u == n && j % 2u == 0u && (byte >> 4) != 0u;
+        const bool bad_padding = i + 1u == n && j % 2u == 0u && (chunk[4 + j / 2u] >> 4) != 0u;
         if (bad_scale || nibble == GW_E3M0_NEGATIVE || bad_padding) {
             gw_first_index(first_bad, c);
         }
@@ -503,8 +508,7 @@ extern "C" __global__ void quant_e3m0_decode_f32(const gw_u8* payload, gw_u64 n,
         const gw_u64 c = i / GW_QUANT_CHUNK;
         const gw_u32 j = (gw_u32)(i % GW_QUANT_CHUNK);
         const gw_u8* chunk = payload + c * quant_stride(GW_QUANT_E3M0, 0u);
-        const gw_u32 byte = chunk[4 + j / 2u];
-        const gw_u32 nibble = (j % 2u == 0u ? byte : byte >> 4) & 0xfu;
+        const gw_u32 nibble = quant_nibble(chunk + 4, j);
         const gw_u32 e = nibble & 7u;
         // scale * 2^(e - 7) (the power's bits built exactly), +0.0 for code
         // 0; negated with the sign bit, as e3m0.rs's table.

@@ -10,7 +10,7 @@ use gradwire_compress::quant::QUANT_CHUNK;
 use gradwire_compress::{CompressError, Quantizer};
 use proptest::prelude::*;
 
-use crate::quant::{LENGTHS, round_trip, values};
+use crate::quant::{LENGTHS, round_trip, sum_over_streams, values};
 
 /// The magnitudes E3M0 has, as fractions of the scale, in f64: 0 and
 /// `2^-6 ..= 1`.
@@ -105,12 +105,7 @@ fn e3m0_is_unbiased_over_seeds() {
     let x = values(13, n);
     let q = Quantizer::E3m0 { seed: 99 };
     let trials = 3000;
-    let mut sum = vec![0f64; n];
-    for stream in 0..trials {
-        for (s, o) in sum.iter_mut().zip(round_trip(q, &x, stream)) {
-            *s += f64::from(o);
-        }
-    }
+    let sum = sum_over_streams(q, &x, trials);
     for (c, (xs, ss)) in x
         .chunks(QUANT_CHUNK)
         .zip(sum.chunks(QUANT_CHUNK))

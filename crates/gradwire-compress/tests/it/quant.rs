@@ -31,6 +31,18 @@ pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The sums of `x`'s round trips over streams `0..trials`, entry by entry
+/// (in f64): a stochastic quantizer's mean is this over `trials`.
+pub(crate) fn sum_over_streams(q: Quantizer, x: &[f32], trials: u64) -> Vec<f64> {
+    let mut sum = vec![0f64; x.len()];
+    for stream in 0..trials {
+        for (s, o) in sum.iter_mut().zip(round_trip(q, x, stream)) {
+            *s += f64::from(o);
+        }
+    }
+    sum
+}
+
 /// `x` encoded with `stream` and decoded.
 pub(crate) fn round_trip(q: Quantizer, x: &[f32], stream: u64) -> Vec<f32> {
     let mut payload = vec![0u8; q.encoded_len(x.len())];
@@ -221,12 +233,7 @@ fn qsgd_is_unbiased_with(norm: QsgdNorm) {
         norm,
     };
     let trials = 3000;
-    let mut sum = vec![0f64; n];
-    for stream in 0..trials {
-        for (s, o) in sum.iter_mut().zip(round_trip(q, &x, stream)) {
-            *s += f64::from(o);
-        }
-    }
+    let sum = sum_over_streams(q, &x, trials);
     for (c, (xs, ss)) in x
         .chunks(QUANT_CHUNK)
         .zip(sum.chunks(QUANT_CHUNK))
