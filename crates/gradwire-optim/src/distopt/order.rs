@@ -17,7 +17,10 @@
 //! The engine's parameter index is then a position in the bucket order;
 //! `declared` maps it back for the front ends, which speak declaration
 //! indices. A checkpoint records the order (`bucket_order`, names), and a
-//! restore re-plans to it before the state is loaded.
+//! restore re-plans to it before the state is loaded; a checkpoint taken
+//! before any step decided the order says so (`bucket_order_undecided`),
+//! and an engine that restores it before its own first step still decides
+//! at its next one.
 
 use super::bucket::{BucketBuffers, plan_buckets};
 use super::{BucketOrder, Engine, ParamSpec, StateDict, TrainingLoop, strategies};
@@ -31,6 +34,10 @@ use std::sync::Arc;
 /// What rank 0 broadcasts in place of an order it cannot give (no
 /// parameter index).
 const NO_ORDER: u64 = u64::MAX;
+
+/// The checkpoint value (`true`) of an engine whose order no step has
+/// decided yet: one that restores it, undecided itself, stays so.
+pub(super) const UNDECIDED_ORDER: &str = "bucket_order_undecided";
 
 /// Parameters in some order, their element counts, their buckets.
 type Plan = (Vec<ParamSpec>, Vec<usize>, Vec<Range<usize>>);
@@ -233,6 +240,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     ) -> Result<()> {
         let order = self.order_of(ckpt.state.values.get("bucket_order"))?;
         let undecided = !self.order.decided;
+        let saved_undecided = ckpt
+            .state
+            .values
+            .get(UNDECIDED_ORDER)
+            .and_then(serde_json::Value::as_bool)
+            == Some(true);
         if undecided {
             self.forget_undecided_strategies();
         }
@@ -244,7 +257,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
             self.reorder(&order)?;
         }
-        self.order.decided = true;
+        // A checkpoint of an undecided engine leaves an undecided one to
+        // decide at its next step (its order is the declared one).
+        self.order.decided = !(undecided && saved_undecided);
         let restored = restore(self);
         if restored.is_err() && undecided {
             // As it was: the fresh strategies go, the order comes back.

@@ -3,6 +3,7 @@
 //! one [`Checkpoint`]; and a run's checkpoints resharded for another world
 //! size.
 
+use super::order::UNDECIDED_ORDER;
 use super::{Engine, StrategyConfig, TrainingLoop, strategies};
 use crate::checkpoint::Checkpoint;
 use crate::error::{OptimError, Result};
@@ -57,6 +58,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if !self.in_declared_order() {
             dict.values
                 .insert("bucket_order".into(), self.order_names().into());
+        }
+        if !self.order.decided {
+            // No step has decided the order (none ran, or every one failed
+            // on rank 0): an engine that resumes from here decides at its
+            // next step, as this one would.
+            dict.values.insert(UNDECIDED_ORDER.into(), true.into());
         }
         if let Some(dimreduce) = &self.dimreduce {
             let state = dimreduce.state();

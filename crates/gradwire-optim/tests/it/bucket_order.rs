@@ -215,6 +215,29 @@ fn a_checkpoint_keeps_the_order_and_resumes_bitwise() {
     }
 }
 
+/// A checkpoint taken before any step decided the order: the resumed run
+/// decides at its first step, as the straight run did (once, the restore
+/// fixed the declared order).
+#[test]
+fn a_checkpoint_before_the_order_is_decided_resumes_bitwise() {
+    let strategy: StrategyConfig = "topk:0.3".parse().unwrap();
+    for world in 1..=3 {
+        let straight = pushed(world, strategy, 0..3, None);
+        let saved: Vec<_> = pushed(world, strategy, 0..0, None)
+            .into_iter()
+            .map(|(bits, _, ckpt)| (bits, ckpt))
+            .collect();
+        let resumed = pushed(world, strategy, 0..3, Some(&saved));
+        for (rank, (a, b)) in straight.iter().zip(&resumed).enumerate() {
+            assert_eq!(b.1, names(&push_order(0)), "W = {world}, rank {rank}");
+            assert_eq!(
+                a.0, b.0,
+                "W = {world}, rank {rank}: the resumed run differs"
+            );
+        }
+    }
+}
+
 /// At another world size: the new ranks take up the saved order with the
 /// resharded state, and train on alike.
 #[test]
