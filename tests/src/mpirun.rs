@@ -80,6 +80,10 @@ pub fn run(mpirun: &Path, binary: &Path, args: &[&str], world: usize, limit: Dur
         .args(["--mca", "btl", "self,vader"])
         .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
         .args(["--mca", "mpi_yield_when_idle", "1"])
+        // No topology shared through memory mapped at the biggest hole of
+        // the address space: as in the shaped runs' launcher, an Open MPI
+        // daemon once crashed writing it (the hole met its stack).
+        .args(["--mca", "rtc_hwloc_vmhole", "none"])
         .arg(binary)
         .args(args)
         .stdin(Stdio::null())

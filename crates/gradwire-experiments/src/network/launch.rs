@@ -199,6 +199,13 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
         // ranks share this machine's cores and would busy-poll in every
         // blocking call, taking the cores the others compute and send on.
         .args(["--mca", "mpi_yield_when_idle", "1"])
+        // No topology shared through memory mapped at "the biggest hole"
+        // of the address space: a daemon crashed in
+        // hwloc_shmem_topology_write (SIGSEGV at a stack address, the hole
+        // having met its stack; once in a shaped run, 2026-11-28), and the
+        // ranks bind nowhere, so each reading its own topology costs
+        // nothing that matters.
+        .args(["--mca", "rtc_hwloc_vmhole", "none"])
         .args(["--mca", "btl_tcp_if_include", SUBNET])
         .args(["--mca", "oob_tcp_if_include", SUBNET])
         // gradwire's all-reduce is an MPI_Alltoallv then an
