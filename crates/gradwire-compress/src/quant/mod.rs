@@ -136,6 +136,16 @@ impl Quantizer {
         }
     }
 
+    /// The same quantizer drawing from `seed` (QSGD's and E3M0's rounding;
+    /// the deterministic quantizers as they are).
+    pub fn with_seed(self, seed: u64) -> Quantizer {
+        match self {
+            Quantizer::Qsgd { levels, norm, .. } => Quantizer::Qsgd { levels, seed, norm },
+            Quantizer::E3m0 { .. } => Quantizer::E3m0 { seed },
+            Quantizer::Sign | Quantizer::MinMaxU8 => self,
+        }
+    }
+
     /// The bytes `n` entries encode to.
     pub fn encoded_len(&self, n: usize) -> usize {
         let chunks = n.div_ceil(QUANT_CHUNK);

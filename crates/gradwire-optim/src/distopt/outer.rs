@@ -8,12 +8,12 @@
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
-//! must start from the same values, as in any data-parallel run) whose
-//! call gives every declared parameter with its shape and device: a bad
-//! first call is that rank's fault, changes nothing and leaves `θ_global`
-//! to the next good call, whose parameters are still the starting values
-//! (a rank with a fault takes no local update, and the round or fragment
-//! that carries it is skipped on every rank).
+//! must start from the same values, as in any data-parallel run) at
+//! which this rank has no fault: a bad first call (a parameter of the
+//! wrong shape) changes nothing and leaves `θ_global` to the next step
+//! without one, whose parameters are still the starting values (a rank
+//! with a fault takes no local update, and the round or fragment that
+//! carries it is skipped on every rank).
 //!
 //! A round is the unit of the failure model, and its inner steps make no
 //! collective at all: a rank whose inner step fails (a non-finite gradient,
@@ -126,8 +126,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 
     /// The local update of an inner step (none once this rank has a fault
     /// not yet carried, which this step's own fault then becomes), with
-    /// `θ_global` taken from the parameters at the first step whose
-    /// targets are all sound. No collective.
+    /// `θ_global` taken from the parameters at the first step without a
+    /// fault (every target given, of its declared shape: `take_targets`
+    /// records any other call as one). No collective.
     pub(super) fn inner_step(
         &mut self,
         targets: &mut [Option<&mut Tensor>],
@@ -138,10 +139,8 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             ..StepStats::default()
         };
         if self.outer.global.len() != targets.len()
-            && targets
-                .iter()
-                .zip(&self.params)
-                .all(|(t, spec)| t.as_deref().is_some_and(|t| spec.check_param(t).is_ok()))
+            && self.fault.is_none()
+            && self.outer.fault.is_none()
         {
             copy_into(
                 &mut self.outer.global,

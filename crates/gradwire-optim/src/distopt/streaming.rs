@@ -334,16 +334,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             // θ_global, which only a rank with a fault lacks) posts that
             // instead, in place of this bucket's combination and the next.
             if fault.is_none() {
-                let formed = if self.outer.global.len() == self.params.len() {
-                    differences_into(
-                        &mut deltas,
-                        &self.outer.global[range.clone()],
-                        &targets[range],
-                    )
-                } else {
-                    Err(crate::OptimError::InvalidArgument(
+                let formed = match self.outer.global.get(range.clone()) {
+                    Some(global) => differences_into(&mut deltas, global, &targets[range]),
+                    None => Err(crate::OptimError::InvalidArgument(
                         "no global parameters yet: no step has given them all".into(),
-                    ))
+                    )),
                 };
                 if let Err(e) = formed {
                     let kind = gradwire_algos::FaultKind::Other;

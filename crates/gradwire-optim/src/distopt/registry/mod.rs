@@ -437,7 +437,7 @@ impl StrategyConfig {
     }
 
     /// The same strategy drawing from `seed` wherever it draws at random
-    /// (random-k's indices, QSGD's rounding, PowerSGD's fresh `Q`s): the
+    /// (random-k's indices, QSGD's and E3M0's rounding, PowerSGD's fresh `Q`s): the
     /// run's seed, which the printed form leaves out when it is 0
     /// (PowerSGD's: its default).
     pub fn with_seed(self, seed: u64) -> StrategyConfig {
@@ -450,20 +450,11 @@ impl StrategyConfig {
                 error_feedback,
             },
             StrategyConfig::Quantized {
-                quantizer: Quantizer::Qsgd { levels, norm, .. },
+                quantizer,
                 error_feedback,
                 momentum,
             } => StrategyConfig::Quantized {
-                quantizer: Quantizer::Qsgd { levels, seed, norm },
-                error_feedback,
-                momentum,
-            },
-            StrategyConfig::Quantized {
-                quantizer: Quantizer::E3m0 { .. },
-                error_feedback,
-                momentum,
-            } => StrategyConfig::Quantized {
-                quantizer: Quantizer::E3m0 { seed },
+                quantizer: quantizer.with_seed(seed),
                 error_feedback,
                 momentum,
             },
