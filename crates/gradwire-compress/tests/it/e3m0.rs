@@ -74,12 +74,12 @@ proptest! {
                 prop_assert_eq!(f64::from(o), sign * magnitude, "entry {} nibble {}", i, nibble);
                 prop_assert!(o == 0.0 || (o < 0.0) == (v < 0.0), "{} decoded {}", v, o);
                 if scale > 0.0 {
-                    // The ratio's f32 division may round across a power
-                    // of two: the neighbours of the ratio an ulp either way.
-                    let r = f64::from(v.abs()) / f64::from(scale);
-                    let ulp = f64::from(f32::EPSILON);
-                    let (below, _) = neighbours(r * (1.0 - ulp));
-                    let (_, above) = neighbours((r * (1.0 + ulp)).min(1.0));
+                    // The format's ratio is the f32 quotient (IEEE division,
+                    // correctly rounded): an entry an ulp below a power of
+                    // two of the scale may have the power itself as its
+                    // ratio, and then decodes to it exactly.
+                    let r = f64::from(v.abs() / scale);
+                    let (below, above) = neighbours(r);
                     let m = magnitude / f64::from(scale);
                     prop_assert!(
                         m == below || m == above,
