@@ -16,7 +16,9 @@
 //! parameters of a run without the fault step ([`run_without`]: the failed
 //! step changed nothing; in DiLoCo, without the fault's round:
 //! [`steps_lost`]). `gradwire faults` ([`FaultsArgs`]) prints it as a
-//! table.
+//! table. [`run_schedule`] runs any schedule of faults, and
+//! [`run_schedule_resumed`] the same with every rank's front end replaced
+//! by one restored from its checkpoint between two steps.
 
 mod command;
 mod report;
@@ -26,7 +28,7 @@ mod scenario;
 pub use command::FaultsArgs;
 pub use report::{Report, TerminalReport, table, terminal_table};
 pub use run::{run_local, run_local_terminal, run_on, run_share_on};
-pub use scenario::{run_scenario, run_schedule, run_without};
+pub use scenario::{run_scenario, run_schedule, run_schedule_resumed, run_without};
 
 use gradwire_algos::FaultKind;
 use gradwire_optim::{OptimError, StrategyConfig};

@@ -146,7 +146,31 @@ pub fn run_schedule<C: Communicator + 'static>(
     skip_non_finite: bool,
     steps: usize,
 ) -> gradwire_optim::Result<RankRecord> {
-    run_steps(comm, mode, schedule, skip_non_finite, steps, &[])
+    run_steps(comm, mode, schedule, skip_non_finite, steps, &[], None)
+}
+
+/// [`run_schedule`] with the front end replaced before step `resume_at`
+/// by a new one restored from its checkpoint's bytes (every rank at once): a run
+/// that must end bitwise as the one without the restore, whatever the
+/// schedule left pending (a fault kept for a round's end, a fragment in
+/// flight, an undecided bucket order).
+pub fn run_schedule_resumed<C: Communicator + 'static>(
+    comm: C,
+    mode: StrategyConfig,
+    schedule: &[(usize, usize, Fault)],
+    skip_non_finite: bool,
+    steps: usize,
+    resume_at: usize,
+) -> gradwire_optim::Result<RankRecord> {
+    run_steps(
+        comm,
+        mode,
+        schedule,
+        skip_non_finite,
+        steps,
+        &[],
+        Some(resume_at),
+    )
 }
 
 /// The same run without faults and with the steps `omitted` not taken at
@@ -160,7 +184,7 @@ pub fn run_without<C: Communicator + 'static>(
     omitted: &[usize],
     steps: usize,
 ) -> gradwire_optim::Result<RankRecord> {
-    run_steps(comm, mode, &[], skip_non_finite, steps, omitted)
+    run_steps(comm, mode, &[], skip_non_finite, steps, omitted, None)
 }
 
 fn run_steps<C: Communicator + 'static>(
@@ -170,6 +194,7 @@ fn run_steps<C: Communicator + 'static>(
     skip_non_finite: bool,
     steps: usize,
     omitted: &[usize],
+    resume_at: Option<usize>,
 ) -> gradwire_optim::Result<RankRecord> {
     let rank = comm.rank();
     let fault_at = |step: usize| {
@@ -179,14 +204,6 @@ fn run_steps<C: Communicator + 'static>(
             .map_or(Fault::None, |(_, _, f)| *f)
     };
     let specs: Vec<ParamSpec> = PARAMS.iter().map(|(n, s)| ParamSpec::new(*n, *s)).collect();
-    let optimizer = FaultyOptimizer {
-        inner: Sgd::new(SgdConfig {
-            lr: gradwire_optim::Schedule::Constant { value: 0.1 },
-            momentum: gradwire_optim::Schedule::Constant { value: 0.9 },
-            ..SgdConfig::default()
-        })?,
-        armed: false,
-    };
     let strategy_armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let config = DistOptConfig {
         // DimReduce starts dense and is entered below.
@@ -194,18 +211,6 @@ fn run_steps<C: Communicator + 'static>(
         fusion_threshold: FUSION_THRESHOLD,
         skip_non_finite,
         ..DistOptConfig::default()
-    };
-    let mut dist = match adasum_group(mode) {
-        // AdaSum as the engine prepares it, wrapped so that it panics on demand.
-        Some(group) => {
-            let inner = AdaSum::grouped(&comm, group).map_err(OptimError::from)?;
-            let strategy = PanickingStrategy {
-                inner,
-                armed: std::sync::Arc::clone(&strategy_armed),
-            };
-            AnyLoop::with_strategy(optimizer, comm, specs.clone(), config, strategy)?
-        }
-        None => AnyLoop::new(optimizer, comm, specs.clone(), config)?,
     };
     let mut params: Vec<Tensor> = specs
         .iter()
@@ -217,15 +222,37 @@ fn run_steps<C: Communicator + 'static>(
             )
         })
         .collect::<Result<_, _>>()?;
-    if mode == StrategyConfig::DimReduce {
-        // Two components over the whole model, the same on every rank.
-        let total: usize = params.iter().map(Tensor::len).sum();
-        let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
-        let pca = Pca::fit(&snapshots, 2).map_err(OptimError::from)?;
+    // Two DimReduce components over the whole model, the same on every rank.
+    let total: usize = params.iter().map(Tensor::len).sum();
+    let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
+    let front_end = |comm: C| -> gradwire_optim::Result<AnyLoop<FaultyOptimizer, C>> {
+        let optimizer = FaultyOptimizer {
+            inner: Sgd::new(SgdConfig {
+                lr: gradwire_optim::Schedule::Constant { value: 0.1 },
+                momentum: gradwire_optim::Schedule::Constant { value: 0.9 },
+                ..SgdConfig::default()
+            })?,
+            armed: false,
+        };
+        let mut dist = match adasum_group(mode) {
+            // AdaSum as the engine prepares it, wrapped so that it panics on demand.
+            Some(group) => {
+                let inner = AdaSum::grouped(&comm, group).map_err(OptimError::from)?;
+                let strategy = PanickingStrategy {
+                    inner,
+                    armed: std::sync::Arc::clone(&strategy_armed),
+                };
+                AnyLoop::with_strategy(optimizer, comm, specs.clone(), config.clone(), strategy)?
+            }
+            None => AnyLoop::new(optimizer, comm, specs.clone(), config.clone())?,
+        };
         if let Some(dimreduce) = dist.dimreduce_mut() {
+            let pca = Pca::fit(&snapshots, 2).map_err(OptimError::from)?;
             dimreduce.start(&pca, DimReduceConfig::default())?;
         }
-    }
+        Ok(dist)
+    };
+    let mut dist = front_end(comm)?;
     let mut record = RankRecord {
         outcomes: Vec::new(),
         times: Vec::new(),
@@ -236,6 +263,13 @@ fn run_steps<C: Communicator + 'static>(
             record.times.push(Duration::ZERO);
             record.outcomes.push(Outcome::Skipped);
             continue;
+        }
+        if resume_at == Some(step) {
+            // A new front end on the same communicator, from the old one's
+            // checkpoint read back from the bytes a file holds.
+            let bytes = gradwire_optim::checkpoint::to_bytes(&dist.checkpoint()?)?;
+            dist = front_end(dist.into_comm())?;
+            dist.restore(&gradwire_optim::checkpoint::from_bytes(&bytes)?)?;
         }
         let fault = fault_at(step);
         let inject = fault != Fault::None;
