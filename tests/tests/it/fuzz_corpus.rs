@@ -13,15 +13,21 @@ mod checkpoint;
 mod decode;
 #[path = "../../../fuzz/checks/pca.rs"]
 mod pca;
+#[path = "../../../fuzz/checks/quant.rs"]
+mod quant;
+#[path = "../../../fuzz/checks/strategy.rs"]
+mod strategy;
 
 /// A target's checks of one input (a failed check panics).
 type Check = fn(&[u8]);
 
 /// Every fuzz target by name, with its check.
-const TARGETS: [(&str, Check); 3] = [
+const TARGETS: [(&str, Check); 5] = [
     ("checkpoint", checkpoint::check),
     ("decode", decode::check),
     ("pca", pca::check),
+    ("quant", quant::check),
+    ("strategy", strategy::check),
 ];
 
 fn fuzz_dir() -> PathBuf {
