@@ -189,8 +189,11 @@ macro_rules! shared_calls {
             /// and the parameters (`param/<name>`) rank 0's in a gradient
             /// loop, where every rank holds the same, and their mean in a
             /// loop of local steps; DimReduce's residual momentum, sharded
-            /// by rank, whole (each rank's restore keeps its slice).
-            /// Changes nothing; pass the result to `restore`.
+            /// by rank, whole (each rank's restore keeps its slice); in
+            /// DiLoCo, a fault any old rank had not yet carried, which
+            /// then ends the resumed round on every rank as it would have
+            /// ended the saved one. Changes nothing; pass the result to
+            /// `restore`.
             pub fn resharded(&self, saved: &[Checkpoint]) -> Result<Checkpoint> {
                 self.engine().resharded(saved)
             }

@@ -287,6 +287,15 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
                 }
             }
         }
+        if let StrategyConfig::DiLoCo(_) = self.config.strategy {
+            // A rank's fault not yet carried fails (or skips) its round on
+            // every rank of the run that saved it: the resumed round
+            // carries it too, on every new rank (the lowest old rank's;
+            // rank 0's checkpoint alone used to decide).
+            if let Some(fault) = saved.iter().find_map(|c| c.state.values.get(OUTER_FAULT)) {
+                out.state.values.insert(OUTER_FAULT.into(), fault.clone());
+            }
+        }
         Ok(out)
     }
 }

@@ -481,6 +481,78 @@ fn a_round_with_a_pending_fault_resumes_bitwise() {
     }
 }
 
+/// A checkpoint set taken in the middle of a round in which rank 2 (not
+/// rank 0) already failed, resumed at another world size: the resumed
+/// round carries that fault on every new rank and is skipped alike, the
+/// parameters back to the round's start (the initial values), as the run
+/// that saved it would have skipped it (once, rank 0's checkpoint alone
+/// decided, and the round completed with rank 2's stalled parameters in
+/// the mean).
+#[test]
+fn a_pending_fault_of_any_rank_survives_a_resume_at_another_size() {
+    let strategy = diloco(
+        4,
+        OuterCodec::Dense,
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+    );
+    let dist_config = DistOptConfig {
+        skip_non_finite: true,
+        ..config(strategy)
+    };
+    let inner = || Sgd::new(SgdConfig::default().lr(INNER_LR).momentum(0.9)).unwrap();
+    let old = 3;
+    let saved: Vec<gradwire_optim::checkpoint::Checkpoint> = local::run(old, |comm: LocalComm| {
+        let rank = comm.rank();
+        let mut dist = LocalSteps::new(inner(), comm, specs(), dist_config.clone())?;
+        let mut w = tensors(&initial().concat());
+        for s in 0..2 {
+            step(&mut dist, &mut w, old, rank == 2 && s == 1)?;
+        }
+        let mut ckpt = dist.checkpoint()?;
+        let names = names();
+        ckpt.set_parameters(names.iter().map(String::as_str).zip(w.iter()));
+        Ok::<_, OptimError>(ckpt)
+    })
+    .unwrap()
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    let pending =
+        |c: &gradwire_optim::checkpoint::Checkpoint| c.state.values.contains_key("outer/fault");
+    assert!(
+        !pending(&saved[0]) && pending(&saved[2]),
+        "only rank 2 holds the fault"
+    );
+    let start = initial().concat();
+    for new in [1, 2, 4] {
+        let seen = local::run(new, |comm: LocalComm| {
+            let mut dist = LocalSteps::new(inner(), comm, specs(), dist_config.clone())?;
+            let own = dist.resharded(&saved)?;
+            dist.restore(&own)?;
+            let names = names();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let mut w = tensors(&own.flat_parameters(&names)?);
+            let mut skipped = Vec::new();
+            for _ in 2..4 {
+                skipped.push(step(&mut dist, &mut w, new, false)?.non_finite);
+            }
+            Ok::<_, OptimError>((skipped, flat(&w)))
+        })
+        .unwrap();
+        for (rank, r) in seen.into_iter().enumerate() {
+            let (skipped, w) = r.unwrap_or_else(|e| panic!("W = {old} -> {new}, rank {rank}: {e}"));
+            assert_eq!(skipped, [false, true], "W = {old} -> {new}, rank {rank}");
+            assert_eq!(
+                w, start,
+                "W = {old} -> {new}, rank {rank}: the skipped round's start"
+            );
+        }
+    }
+}
+
 /// One rank's round: its parameters before it, after its local step, and
 /// its checkpoint after it.
 type Round = (Vec<f32>, Vec<f32>, gradwire_optim::checkpoint::Checkpoint);
