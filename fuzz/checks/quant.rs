@@ -41,7 +41,7 @@ pub fn check(data: &[u8]) {
         return;
     };
     let q = quantizer(*selector, *levels);
-    // Up to 2047 entries: four chunks of 512 and a partial one.
+    // Up to 2047 entries: three whole chunks of 512 and a partial fourth.
     let n = usize::from(u16::from_le_bytes([*n_low, *n_high]) % 2048);
     let payload = &payload[..payload.len().min(q.encoded_len(n))];
     let sentinel: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
