@@ -45,14 +45,17 @@ pub fn check(data: &[u8]) {
     let n = usize::from(u16::from_le_bytes([*n_low, *n_high]) % 2048);
     let payload = &payload[..payload.len().min(q.encoded_len(n))];
     let sentinel: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+    let untouched = |v: &[f32]| {
+        v.iter()
+            .zip(&sentinel)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    };
     let mut out = sentinel.clone();
     match q.decode(payload, &mut out) {
         Err(e) => {
             assert!(matches!(e, CompressError::Corrupt(_)), "{q:?}: {e}");
             assert!(
-                out.iter()
-                    .zip(&sentinel)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                untouched(&out),
                 "{q:?}: a refused payload wrote to the output"
             );
             let mut acc = sentinel.clone();
@@ -60,12 +63,7 @@ pub fn check(data: &[u8]) {
                 q.decode_add(payload, &mut acc).is_err(),
                 "{q:?}: decode_add accepted"
             );
-            assert!(
-                acc.iter()
-                    .zip(&sentinel)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{q:?}: a refused payload was added"
-            );
+            assert!(untouched(&acc), "{q:?}: a refused payload was added");
         }
         Ok(()) => {
             assert_eq!(

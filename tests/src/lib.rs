@@ -16,7 +16,10 @@
 //!   on 1 to 8 workers against one process; the conformance suite's
 //!   `candle_training` case runs it on every backend.
 //! - `fault_matrix.rs`: DistOpt under injected faults (gradwire-experiments'
-//!   fault matrix), every mode, 1 to 8 ranks.
+//!   fault matrix), every mode, 1 to 8 ranks, random fault schedules, and
+//!   checkpoints restored between any two steps of them.
+//! - `fuzz_corpus.rs`: the fuzz targets' committed corpus through their
+//!   checks (`fuzz/checks/`).
 //! - `mpi_faults.rs` (feature `mpi`): MpiComm's failure model under
 //!   `mpirun` (deadlines, a killed rank); [`mpirun`] starts it and
 //!   `conformance_mpi.rs`.

@@ -65,8 +65,10 @@ pub struct Run {
 
 /// Runs `binary args` as `world` ranks on this host (shared memory only,
 /// the single-copy mechanism off: containers often forbid the
-/// cross-process reads it uses), killed after `limit`. The ranks yield
-/// while they wait: with fewer ranks than cores Open MPI would busy-poll
+/// cross-process reads it uses), killed after `limit`, with the options
+/// of ranks that share the cores
+/// ([`gradwire_experiments::network::OPEN_MPI_SHARED_CORES`]). The ranks
+/// yield while they wait: with fewer ranks than cores Open MPI would busy-poll
 /// in every blocking call, and `cargo xtask test` runs another test
 /// binary beside this one (run beside gradwire-cli's tests, the two took
 /// 7 % less CPU, one run each).
@@ -79,11 +81,7 @@ pub fn run(mpirun: &Path, binary: &Path, args: &[&str], world: usize, limit: Dur
         .args(["--oversubscribe", "-np", &world.to_string()])
         .args(["--mca", "btl", "self,vader"])
         .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .args(["--mca", "mpi_yield_when_idle", "1"])
-        // No topology shared through memory mapped at the biggest hole of
-        // the address space: as in the shaped runs' launcher, an Open MPI
-        // daemon once crashed writing it (the hole met its stack).
-        .args(["--mca", "rtc_hwloc_vmhole", "none"])
+        .args(gradwire_experiments::network::OPEN_MPI_SHARED_CORES)
         .arg(binary)
         .args(args)
         .stdin(Stdio::null())

@@ -56,6 +56,25 @@ impl Rng {
 /// Steps of each scheduled scenario.
 const SCHEDULE_STEPS: usize = 6;
 
+/// Up to `count` random faults `mode` takes (the draws of the others are
+/// dropped), each at a step below `steps` on a rank below `world`.
+fn random_faults(
+    rng: &mut Rng,
+    mode: StrategyConfig,
+    world: usize,
+    count: usize,
+    steps: usize,
+) -> Vec<(usize, usize, Fault)> {
+    let mut schedule = Vec::new();
+    for _ in 0..count {
+        let fault = Fault::ALL[1 + rng.below(Fault::ALL.len() - 1)];
+        if fault.injectable_in(mode) {
+            schedule.push((rng.below(steps), rng.below(world), fault));
+        }
+    }
+    schedule
+}
+
 #[test]
 fn random_fault_schedules_keep_ranks_in_step_and_change_nothing_when_they_fail() {
     let mut rng = Rng(0x5EED_F00D_0BAD_CAFE);
@@ -64,15 +83,9 @@ fn random_fault_schedules_keep_ranks_in_step_and_change_nothing_when_they_fail()
         let examples = StrategyConfig::examples();
         let mode = examples[rng.below(examples.len())];
         let skip = rng.below(2) == 0;
-        let mut schedule = Vec::new();
-        for _ in 0..rng.below(4) {
-            // Faults at any step but the last, on any rank.
-            let fault = Fault::ALL[1 + rng.below(Fault::ALL.len() - 1)];
-            if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
-                continue;
-            }
-            schedule.push((rng.below(SCHEDULE_STEPS - 1), rng.below(world), fault));
-        }
+        // Up to three faults at any step but the last.
+        let count = rng.below(4);
+        let schedule = random_faults(&mut rng, mode, world, count, SCHEDULE_STEPS - 1);
         keeps_ranks_in_step(&format!("case {case}"), world, mode, skip, &schedule);
     }
 }
@@ -248,14 +261,8 @@ fn a_checkpoint_between_any_two_steps_of_a_faulty_run_resumes_bitwise() {
 fn resumes_bitwise(case: usize, rng: &mut Rng, mode: StrategyConfig) {
     let world = 1 + rng.below(6);
     let skip = rng.below(2) == 0;
-    let mut schedule = Vec::new();
-    for _ in 0..1 + rng.below(3) {
-        let fault = Fault::ALL[1 + rng.below(Fault::ALL.len() - 1)];
-        if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
-            continue;
-        }
-        schedule.push((rng.below(SCHEDULE_STEPS), rng.below(world), fault));
-    }
+    let count = 1 + rng.below(3);
+    let schedule = random_faults(rng, mode, world, count, SCHEDULE_STEPS);
     let resume_at = match schedule.first() {
         Some(&(step, _, _)) if rng.below(2) == 0 => (step + 1) % SCHEDULE_STEPS,
         _ => rng.below(SCHEDULE_STEPS),

@@ -133,6 +133,12 @@ impl Fault {
         }
     }
 
+    /// Whether the fault can be injected in `mode`: all but the optimizer
+    /// fault in DimReduce mode, which steps without the optimizer.
+    pub fn injectable_in(self, mode: StrategyConfig) -> bool {
+        !(mode == StrategyConfig::DimReduce && self == Fault::OptimizerError)
+    }
+
     /// Whether the run goes on from the fault with every rank's parameters
     /// still equal (everything but an optimizer error, after which the
     /// failing rank's update may be partial).
@@ -241,14 +247,13 @@ pub(crate) fn adasum_group(strategy: StrategyConfig) -> Option<Option<usize>> {
 }
 
 /// The scenarios of the matrix: every strategy of the registry's examples
-/// and every fault (the non-finite ones
-/// with and without `skip_non_finite`), less the optimizer fault in
-/// DimReduce mode, which steps without the optimizer.
+/// and every fault it takes ([`Fault::injectable_in`]; the non-finite
+/// ones with and without `skip_non_finite`).
 pub fn scenarios() -> Vec<(StrategyConfig, Fault, bool)> {
     let mut all = Vec::new();
     for mode in StrategyConfig::examples() {
         for fault in Fault::ALL {
-            if mode == StrategyConfig::DimReduce && fault == Fault::OptimizerError {
+            if !fault.injectable_in(mode) {
                 continue;
             }
             all.push((mode, fault, true));

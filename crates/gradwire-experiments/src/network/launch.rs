@@ -155,6 +155,23 @@ pub fn run_shaped(rate: &str, world: usize, out: Option<&Path>) -> Result<()> {
     )
 }
 
+/// The `mpirun` options of ranks that share this machine's cores (the
+/// shaped runs' and the MPI test suites'): the ranks yield while they
+/// wait, where Open MPI would busy-poll in every blocking call and take
+/// the cores the others compute and send on; and no topology shared
+/// through memory mapped at "the biggest hole" of the address space (a
+/// daemon crashed in hwloc_shmem_topology_write, SIGSEGV at a stack
+/// address, the hole having met its stack; once, 2026-11-28): each
+/// process reads the topology itself instead.
+pub const OPEN_MPI_SHARED_CORES: [&str; 6] = [
+    "--mca",
+    "mpi_yield_when_idle",
+    "1",
+    "--mca",
+    "rtc_hwloc_vmhole",
+    "none",
+];
+
 /// Runs `launch` as one rank per namespace of `net` and waits for it. Its
 /// output (rank 0's progress and tables) goes to this process's stdout and
 /// stderr as it comes. An error if mpirun is missing, the job fails, or
@@ -196,16 +213,8 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
         .arg("orte_tmpdir_base")
         .arg(dir.path())
         // Every "host" has one slot, so Open MPI does not see that the
-        // ranks share this machine's cores and would busy-poll in every
-        // blocking call, taking the cores the others compute and send on.
-        .args(["--mca", "mpi_yield_when_idle", "1"])
-        // No topology shared through memory mapped at "the biggest hole"
-        // of the address space: a daemon crashed in
-        // hwloc_shmem_topology_write (SIGSEGV at a stack address, the hole
-        // having met its stack; once in a shaped run, 2026-11-28), and the
-        // ranks bind nowhere, so each reading its own topology costs
-        // nothing that matters.
-        .args(["--mca", "rtc_hwloc_vmhole", "none"])
+        // ranks share this machine's cores.
+        .args(OPEN_MPI_SHARED_CORES)
         .args(["--mca", "btl_tcp_if_include", SUBNET])
         .args(["--mca", "oob_tcp_if_include", SUBNET])
         // gradwire's all-reduce is an MPI_Alltoallv then an

@@ -26,7 +26,7 @@ use std::process::Command;
 
 mod launch;
 
-pub use launch::{MpiLaunch, NetworkArgs, run_shaped, run_under_mpi};
+pub use launch::{MpiLaunch, NetworkArgs, OPEN_MPI_SHARED_CORES, run_shaped, run_under_mpi};
 
 /// The subnet of every run's bridge (private to its namespaces).
 pub const SUBNET: &str = "10.77.0.0/24";
