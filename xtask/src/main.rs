@@ -84,7 +84,8 @@ Tasks:
                        GPU and no Rust toolchain (suites with GRADWIRE_REQUIRE_GPU=1,
                        compute-sanitizer, the GPU benches).
   compare [-- <args>...]
-                       the main job: ensure system packages as `test` does, then
+                       the main job: build the CLI while the packages it runs with
+                       (a font, fortunes) install, then run
                        `gradwire compare` (dev profile, hot crates at opt-level 3;
                        every strategy on the digits MLP, one table, plots in
                        target/gradwire-compare).
@@ -328,10 +329,12 @@ fn test(test_args: &[String]) -> Result {
 /// build, 15 s of training instead of 5, but a build from nothing about a
 /// minute shorter on 2 cores (2 min 37 s against 3 min 32 s, measured on
 /// the commit that set the profiles), and the build scripts and proc
-/// macros that `cargo xtask test` leaves.
+/// macros that `cargo xtask test` leaves. The packages it runs with (a
+/// font, a text) install while the CLI builds, which needs none of them;
+/// then the binary runs from the workspace root, as `cargo run` would.
 fn compare(args: &[String]) -> Result {
-    step("system packages", || packages::ensure(packages::REQUIRED))?;
-    step("gradwire compare", || {
+    let installing = packages::Background::start(packages::FOR_THE_MAIN_JOB);
+    let built = step("build gradwire (dev profile)", || {
         let mut command = cargo();
         // The main job builds once: without incremental caches (cargo's
         // default for the dev profile) a fresh build of the CLI took 136
@@ -340,17 +343,26 @@ fn compare(args: &[String]) -> Result {
         if env::var_os("CARGO_INCREMENTAL").is_none() {
             command.env("CARGO_INCREMENTAL", "0");
         }
-        run(command
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "gradwire-cli",
-                "--bin",
-                "gradwire",
-                "--",
-                "compare",
-            ])
+        run(command.args([
+            "build",
+            "--quiet",
+            "-p",
+            "gradwire-cli",
+            "--bin",
+            "gradwire",
+        ]))
+    });
+    // Waited for even when the build failed: dpkg must not be cut short.
+    let installed = installing.finish("system packages");
+    built?;
+    installed?;
+    step("gradwire compare", || {
+        let binary = gpu::target_dir()
+            .join("debug")
+            .join(format!("gradwire{}", env::consts::EXE_SUFFIX));
+        run(Command::new(binary)
+            .current_dir(workspace_root())
+            .arg("compare")
             .args(args))
     })
 }

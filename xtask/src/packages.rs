@@ -32,6 +32,13 @@ pub(crate) const REQUIRED: &[&str] = &[
     "fortunes",
 ];
 
+/// The packages of [`REQUIRED`] that the main job (`cargo xtask compare`)
+/// runs with: the font of its plots and the transformer's text (for
+/// `-- --model gpt`). Its build needs none of them, so they install while
+/// the CLI builds (on a fresh machine, [`REQUIRED`] before the build took
+/// tens of seconds of apt-get, Open MPI and libclang the most of it).
+pub(crate) const FOR_THE_MAIN_JOB: &[&str] = &["fonts-dejavu-core", "fortunes"];
+
 /// The packages of [`REQUIRED`] that a build with default features needs:
 /// gradwire-kernels-host's build script compiles the CUDA kernels with the
 /// host's C++ compiler.
@@ -169,10 +176,14 @@ fn missing(packages: &[&'static str]) -> io::Result<Vec<&'static str>> {
 
 #[cfg(test)]
 mod tests {
-    /// What the default build needs first is part of what is required.
+    /// What the default build needs first, and what the main job runs
+    /// with, are part of what is required.
     #[test]
-    fn the_default_build_s_packages_are_required() {
-        for package in super::FOR_THE_DEFAULT_BUILD {
+    fn the_default_build_s_and_the_main_job_s_packages_are_required() {
+        for package in super::FOR_THE_DEFAULT_BUILD
+            .iter()
+            .chain(super::FOR_THE_MAIN_JOB)
+        {
             assert!(super::REQUIRED.contains(package), "{package}");
         }
     }
