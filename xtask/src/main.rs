@@ -333,6 +333,13 @@ fn test(test_args: &[String]) -> Result {
 /// font, a text) install while the CLI builds, which needs none of them;
 /// then the binary runs from the workspace root, as `cargo run` would.
 fn compare(args: &[String]) -> Result {
+    // Without root nothing can be installed: a missing package is the
+    // error at once, not after the build.
+    if !is_root() {
+        step("system packages", || {
+            packages::ensure(packages::FOR_THE_MAIN_JOB)
+        })?;
+    }
     let installing = packages::Background::start(packages::FOR_THE_MAIN_JOB);
     let built = step("build gradwire (dev profile)", || {
         let mut command = cargo();
