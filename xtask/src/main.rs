@@ -329,18 +329,21 @@ fn test(test_args: &[String]) -> Result {
 /// build, 15 s of training instead of 5, but a build from nothing about a
 /// minute shorter on 2 cores (2 min 37 s against 3 min 32 s, measured on
 /// the commit that set the profiles), and the build scripts and proc
-/// macros that `cargo xtask test` leaves. The packages it runs with (a
-/// font, a text) install while the CLI builds, which needs none of them;
-/// then the binary runs from the workspace root, as `cargo run` would.
+/// macros that `cargo xtask test` leaves. As root, the packages it runs
+/// with (a font, a text) install while the CLI builds, which needs none
+/// of them; then the binary cargo reports runs from the workspace root,
+/// as `cargo run` would.
 fn compare(args: &[String]) -> Result {
-    // Without root nothing can be installed: a missing package is the
-    // error at once, not after the build.
-    if !is_root() {
+    // As root the packages install while the CLI builds; otherwise nothing
+    // can be installed, and a missing one is the error at once.
+    let installing = if is_root() {
+        Some(packages::Background::start(packages::FOR_THE_MAIN_JOB))
+    } else {
         step("system packages", || {
             packages::ensure(packages::FOR_THE_MAIN_JOB)
         })?;
-    }
-    let installing = packages::Background::start(packages::FOR_THE_MAIN_JOB);
+        None
+    };
     let built = step("build gradwire (dev profile)", || {
         let mut command = cargo();
         // The main job builds once: without incremental caches (cargo's
@@ -350,24 +353,28 @@ fn compare(args: &[String]) -> Result {
         if env::var_os("CARGO_INCREMENTAL").is_none() {
             command.env("CARGO_INCREMENTAL", "0");
         }
-        run(command.args([
+        command.args([
             "build",
             "--quiet",
             "-p",
             "gradwire-cli",
             "--bin",
             "gradwire",
-        ]))
+        ]);
+        // Where cargo put it, as it reports it (wherever the target
+        // directory is configured).
+        artifacts::built(&mut command)?
+            .into_iter()
+            .find(|e| e.target == "gradwire" && !e.test)
+            .map(|e| e.path)
+            .ok_or_else(|| "the build reported no gradwire binary".to_string())
     });
     // Waited for even when the build failed: dpkg must not be cut short.
-    let installed = installing.finish("system packages");
-    built?;
+    let installed = installing.map_or(Ok(()), |i| i.finish("system packages"));
+    let binary = built?;
     installed?;
     step("gradwire compare", || {
-        let binary = gpu::target_dir()
-            .join("debug")
-            .join(format!("gradwire{}", env::consts::EXE_SUFFIX));
-        run(Command::new(binary)
+        run(Command::new(&binary)
             .current_dir(workspace_root())
             .arg("compare")
             .args(args))
@@ -376,7 +383,7 @@ fn compare(args: &[String]) -> Result {
 
 /// Runs one named step: prints a `==> name` header, runs `body`, prints how
 /// long it took, and names the step in the error if it failed.
-fn step(name: &str, body: impl FnOnce() -> Result) -> Result {
+fn step<T>(name: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
     println!("==> {name}");
     let start = Instant::now();
     let result = body();
