@@ -222,9 +222,7 @@ fn run_steps<C: Communicator + 'static>(
             )
         })
         .collect::<Result<_, _>>()?;
-    // Two DimReduce components over the whole model, the same on every rank.
     let total: usize = params.iter().map(Tensor::len).sum();
-    let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
     let front_end = |comm: C| -> gradwire_optim::Result<AnyLoop<FaultyOptimizer, C>> {
         let optimizer = FaultyOptimizer {
             inner: Sgd::new(SgdConfig {
@@ -247,6 +245,8 @@ fn run_steps<C: Communicator + 'static>(
             None => AnyLoop::new(optimizer, comm, specs.clone(), config.clone())?,
         };
         if let Some(dimreduce) = dist.dimreduce_mut() {
+            // Two components over the whole model, the same on every rank.
+            let snapshots: Vec<Vec<f32>> = (0..4).map(|s| gradient(7, s, 0, total)).collect();
             let pca = Pca::fit(&snapshots, 2).map_err(OptimError::from)?;
             dimreduce.start(&pca, DimReduceConfig::default())?;
         }
