@@ -33,6 +33,15 @@
 //! ```
 
 #![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 // `deny`, not `forbid`: ndarray's `s!` expands to an `unsafe` block under
 // `#[allow(unsafe_code)]`, which `forbid` rejects. No unsafe code of our own.
 #![deny(unsafe_code)]

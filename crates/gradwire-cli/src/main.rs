@@ -6,6 +6,15 @@
 //! where the work is, and prints what it returns.
 
 #![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 #![deny(unsafe_code)]
 
 use clap::{Parser, Subcommand};

@@ -37,6 +37,15 @@
 //! ```
 
 #![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 // Without CUDA there is no unsafe code at all; with it, only `cuda_backend/`
 // opts in, item by item with a SAFETY comment: the driver probe and byte views
 // in `driver.rs`, and the kernel launches of `ops.rs`, `collective.rs` and

@@ -48,6 +48,15 @@
 //! the `gradwire` command line (crate gradwire-cli) runs them all side by side.
 
 #![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )
+)]
 #![forbid(unsafe_code)]
 
 pub use gradwire_tensor as tensor;

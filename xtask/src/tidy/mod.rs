@@ -11,6 +11,8 @@
 //!   `#![deny(missing_docs)]`, and `#![forbid(unsafe_code)]` unless
 //!   [`POLICY`] lists the crate as one that holds unsafe code (each with its
 //!   reason); a listed crate must still hold some, so the list stays true;
+//! - the crate roots under `crates/` deny `unwrap`, `expect`, `panic!` and
+//!   `unreachable!` outside tests ([`DENY_PANICS`], which clippy enforces);
 //! - only the files of [`POLICY`]'s FFI list name raw foreign bindings
 //!   (rsmpi's `mpi::ffi`, `mpi_sys`, cudarc's `sys` and `result` modules);
 //!   everything else calls the checked wrappers of the FFI layer.
@@ -50,6 +52,14 @@ const RULE_DENY_UNSAFE: &str = "crate root must contain `#![deny(unsafe_code)]`"
 /// Rule for the crates listed as holding unsafe code.
 const RULE_STALE_UNSAFE: &str = "crate is listed in tidy's POLICY.may_hold_unsafe but its sources \
      hold no `unsafe`: remove it from the list and forbid unsafe code";
+/// Rule for the crate roots of the libraries and the binary (tidy's
+/// POLICY.deny_panics_under).
+const RULE_DENY_PANICS: &str = "crate root must contain `#![cfg_attr(not(test), deny(clippy::unwrap_used, \
+     clippy::expect_used, clippy::panic, clippy::unreachable))]`: a library reports bad input as an \
+     error, never by panicking";
+/// The attribute of [`RULE_DENY_PANICS`].
+const DENY_PANICS: &str = "#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, \
+     clippy::panic, clippy::unreachable))]";
 /// Rule for library code outside gradwire-algos.
 const RULE_STRATEGY_IMPL: &str = "only gradwire-algos (and tidy's POLICY.strategy_impls) may \
      implement `Strategy` in library code: a strategy is a module of gradwire-algos, not an \
@@ -137,6 +147,9 @@ struct Policy<'a> {
     strategy_home: &'a str,
     /// The other library files that may implement `Strategy`.
     strategy_impls: &'a [&'a str],
+    /// The folder whose members' crate roots deny panicking calls outside
+    /// tests ([`RULE_DENY_PANICS`]).
+    deny_panics_under: &'a str,
 }
 
 /// This workspace's policy.
@@ -200,6 +213,9 @@ const POLICY: Policy<'static> = Policy {
         // The fault matrix's injected fault: a strategy that panics.
         "crates/gradwire-experiments/src/faults/scenario.rs",
     ],
+    // The libraries and the binary; not xtask, the test harness, the
+    // kernels' host build or the fuzz checks, whose failures are panics.
+    deny_panics_under: "crates/",
 };
 
 #[test]
@@ -283,9 +299,12 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
         } else {
             Some(("#![forbid(unsafe_code)]", RULE_FORBID_UNSAFE))
         };
-        if let Some((attribute, rule)) = required {
+        let denies_panics = member_name
+            .starts_with(policy.deny_panics_under)
+            .then_some((DENY_PANICS, RULE_DENY_PANICS));
+        for (attribute, rule) in required.into_iter().chain(denies_panics) {
             for crate_root in CRATE_ROOTS.iter().map(|r| member.join(r)) {
-                if crate_root.is_file() && !has_inner_attribute(&read(&crate_root), attribute) {
+                if crate_root.is_file() && !has_attribute(&read(&crate_root), attribute) {
                     problems.push(format!("{}: {rule}", relative(root, &crate_root)));
                 }
             }
@@ -354,6 +373,19 @@ fn check_file(text: &str, is_crate_root: bool) -> Vec<&'static str> {
 /// Whether some line of `text` is exactly `attribute` (surrounding blanks aside).
 fn has_inner_attribute(text: &str, attribute: &str) -> bool {
     text.lines().any(|line| line.trim() == attribute)
+}
+
+/// Whether `text` holds `attribute` as rustfmt may lay it out: over any
+/// number of lines, with a trailing comma in a list.
+fn has_attribute(text: &str, attribute: &str) -> bool {
+    let squeezed = |s: &str| -> String {
+        let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        s.replace(",)", ")")
+    };
+    code_of(text)
+        .split("#!")
+        .skip(1)
+        .any(|tail| squeezed(&format!("#!{tail}")).starts_with(&squeezed(attribute)))
 }
 
 /// Whether the first line of `text` that is neither blank nor a generated-file

@@ -35,6 +35,30 @@ fn file_rules() {
 }
 
 #[test]
+fn attributes_are_found_as_rustfmt_lays_them_out() {
+    let attribute = "#![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]";
+    assert!(has_attribute(
+        &format!("//! Docs.\n{attribute}\n"),
+        attribute
+    ));
+    let laid_out = "#![cfg_attr(\n    not(test),\n    deny(\n        clippy::panic,\n        clippy::unreachable,\n    )\n)]\n";
+    assert!(has_attribute(laid_out, attribute));
+
+    assert!(!has_attribute(
+        "// #![cfg_attr(not(test), deny(clippy::panic, clippy::unreachable))]\n",
+        attribute
+    ));
+    assert!(!has_attribute(
+        "#![cfg_attr(not(test), deny(clippy::panic))]\n",
+        attribute
+    ));
+    assert!(!has_attribute(
+        "#![deny(clippy::panic, clippy::unreachable)]\n",
+        attribute
+    ));
+}
+
+#[test]
 fn code_is_told_from_comments_and_literals() {
     assert_eq!(code_of("a // b\nc /* d /* e */ f */ g\n"), "a \nc   g\n");
     assert_eq!(code_of("f(\"unsafe // {\\\" x\", y)"), "f(\"\", y)");
@@ -212,7 +236,8 @@ default-members = ["crates/*"]
 #[test]
 fn tidy_workspace_passes() {
     let tree = TempTree::new("tidy");
-    let root_file = "//! Docs.\n#![deny(missing_docs)]\n#![forbid(unsafe_code)]\n";
+    let root_file =
+        &format!("//! Docs.\n#![deny(missing_docs)]\n{DENY_PANICS}\n#![forbid(unsafe_code)]\n");
     tree.write("Cargo.toml", "[workspace]\nmembers = [\"crates/*\"]\n");
     tree.write("ARCHITECTURE.md", &format!("{INVARIANT_MARKER} tidy.\n"));
     tree.write("crates/safe/Cargo.toml", "");
@@ -220,7 +245,7 @@ fn tidy_workspace_passes() {
     tree.write("crates/ffi/Cargo.toml", "");
     tree.write(
         "crates/ffi/src/lib.rs",
-        "//! Docs.\n#![deny(missing_docs)]\n",
+        &format!("//! Docs.\n#![deny(missing_docs)]\n{DENY_PANICS}\n"),
     );
     tree.write(
         "crates/ffi/src/sys.rs",
@@ -242,6 +267,7 @@ fn tidy_workspace_passes() {
         deny_unsafe: &[],
         strategy_home: "crates/algos",
         strategy_impls: &[],
+        deny_panics_under: "crates/",
     };
     assert_eq!(check_workspace(&tree.0, &policy), Vec::<String>::new());
 }
@@ -249,7 +275,8 @@ fn tidy_workspace_passes() {
 #[test]
 fn untidy_workspace_is_reported() {
     let tree = TempTree::new("untidy");
-    let root_file = "//! Docs.\n#![deny(missing_docs)]\n#![forbid(unsafe_code)]\n";
+    let root_file =
+        &format!("//! Docs.\n#![deny(missing_docs)]\n{DENY_PANICS}\n#![forbid(unsafe_code)]\n");
     let spec = concat!("SPEC", " §");
     tree.write(
         "Cargo.toml",
@@ -331,6 +358,7 @@ fn untidy_workspace_is_reported() {
         deny_unsafe: &["crates/denies"],
         strategy_home: "crates/algos",
         strategy_impls: &["crates/good/src/module/inner.rs"],
+        deny_panics_under: "crates/",
     };
 
     let design = concat!("DESIGN", ".md");
@@ -346,9 +374,12 @@ fn untidy_workspace_is_reported() {
             format!("crates/bad/src/util.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/tests/common/mod.rs: {RULE_MODULE_DOC}"),
             format!("crates/bad/src/lib.rs: {RULE_FORBID_UNSAFE}"),
+            format!("crates/bad/src/lib.rs: {RULE_DENY_PANICS}"),
             format!("crates/denies/src/lib.rs: {RULE_DENY_UNSAFE}"),
             format!("crates/ffi/src/stray.rs: {RULE_FFI}"),
+            format!("crates/ffi/src/lib.rs: {RULE_DENY_PANICS}"),
             format!("crates/listed: {RULE_STALE_UNSAFE}"),
+            format!("crates/listed/src/lib.rs: {RULE_DENY_PANICS}"),
             format!("tool/src/main.rs: {RULE_DENY_MISSING_DOCS}"),
             format!("tool/src/main.rs: {RULE_FORBID_UNSAFE}"),
             format!("crates/good/src/lib.rs: {RULE_STALE_FFI}"),

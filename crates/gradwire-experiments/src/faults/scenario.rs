@@ -99,6 +99,8 @@ struct PanickingStrategy<C: Communicator> {
 }
 
 impl<C: Communicator + 'static> gradwire_optim::Strategy<C> for PanickingStrategy<C> {
+    // The fault the matrix injects: a strategy that panics.
+    #[allow(clippy::panic)]
     fn combine(
         &mut self,
         comm: &C,
@@ -303,6 +305,8 @@ fn run_steps<C: Communicator + 'static>(
             let _ = dist.push(name, Tensor::from_vec(g, shape)?);
         }
         match fault {
+            // The fault the matrix injects: a rank that panics.
+            #[allow(clippy::panic)]
             Fault::RankPanics => panic!("injected panic on rank {rank}"),
             // The early return drops the front end, and with it the communicator.
             Fault::DropsCommunicator => return Ok(record),
