@@ -137,7 +137,10 @@ pub enum OuterOptimizer {
 
 /// DiLoCo's outer learning rate.
 pub const DILOCO_LR: f32 = 0.7;
-/// DiLoCo's outer momentum.
+/// DiLoCo's outer momentum, for rounds of many inner steps: with it a step
+/// can reach `lr / (1 - μ)` = 7 times the mean pseudo-gradient, which
+/// overshoots with short rounds (on the README's transformer, H = 4 ends
+/// far behind with 0.9 and ahead of plain averaging with 0.5).
 pub const DILOCO_MOMENTUM: f32 = 0.9;
 /// The outer Adam's default learning rate.
 pub const OUTER_ADAM_LR: f32 = 1e-3;
