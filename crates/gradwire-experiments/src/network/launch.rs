@@ -188,7 +188,14 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
         path: "(temporary directory)".into(),
         source,
     })?;
-    let agent = write_agent(net, dir.path())?;
+    // Open MPI's session directories: each "host" its own, as real hosts
+    // have (the agent mounts a tmpfs over it in every other namespace).
+    let sessions = dir.path().join("sessions");
+    std::fs::create_dir(&sessions).map_err(|source| ExperimentError::Io {
+        path: sessions.display().to_string(),
+        source,
+    })?;
+    let agent = write_agent(net, dir.path(), &sessions)?;
     let hosts: Vec<String> = (0..net.world())
         .map(|r| format!("{}:1", net.address(r)))
         .collect();
@@ -205,13 +212,16 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
         .arg("plm_rsh_agent")
         .arg(&agent)
         .args(["--mca", "btl", "tcp,self"])
-        // Its own session directory, removed with `dir`: every daemon of
+        // Its own session directories, removed with `dir`: every daemon of
         // every run otherwise shares /tmp/ompi.<host>.<uid>, and one left
         // by an earlier run (or being removed by an ending one) failed a
-        // daemon's start (`orte_session_dir failed`).
+        // daemon's start (`orte_session_dir failed`). The namespaces share
+        // one host name, so the daemons of one run would share one too
+        // (and about one run in eight of 4 ranks failed so): the agent
+        // gives each its own.
         .arg("--mca")
         .arg("orte_tmpdir_base")
-        .arg(dir.path())
+        .arg(&sessions)
         // Every "host" has one slot, so Open MPI does not see that the
         // ranks share this machine's cores.
         .args(OPEN_MPI_SHARED_CORES)
@@ -245,8 +255,8 @@ pub fn run_under_mpi(net: &ShapedNetwork, launch: &MpiLaunch) -> Result<()> {
 }
 
 /// The rsh agent: Open MPI calls it as `agent <host> <command...>`; it runs
-/// the command in the host's namespace.
-fn write_agent(net: &ShapedNetwork, dir: &Path) -> Result<PathBuf> {
+/// the command in the host's namespace, over a `sessions` of its own.
+fn write_agent(net: &ShapedNetwork, dir: &Path, sessions: &Path) -> Result<PathBuf> {
     use std::fmt::Write as _;
     let mut script = String::from(
         "#!/bin/sh\n# gradwire: Open MPI's rsh agent into a shaped network's namespaces.\n\
@@ -260,9 +270,14 @@ fn write_agent(net: &ShapedNetwork, dir: &Path) -> Result<PathBuf> {
             net.namespace(rank)
         );
     }
-    script.push_str(
-        "  *) echo \"gradwire agent: unknown host $host\" >&2; exit 1 ;;\nesac\n\
-         exec ip netns exec \"$ns\" sh -c \"$*\"\n",
+    script.push_str("  *) echo \"gradwire agent: unknown host $host\" >&2; exit 1 ;;\nesac\n");
+    // `ip netns exec` runs in a mount namespace of its own: the tmpfs is
+    // this daemon's alone, and goes with it. The command is a shell list
+    // (Open MPI's `PATH=...; export PATH; ... orted ...`).
+    let _ = writeln!(
+        script,
+        "exec ip netns exec \"$ns\" sh -c \"mount -t tmpfs gradwire-session '{}' || exit 1; $*\"",
+        sessions.display()
     );
     let path = dir.join("netns-agent.sh");
     let io = |source| ExperimentError::Io {
