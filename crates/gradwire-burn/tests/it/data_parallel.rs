@@ -103,6 +103,7 @@ fn w_workers_equal_one_process_on_the_global_batch() {
 #[test]
 fn every_strategy_trains_in_its_loop() {
     const WORLD: usize = 3;
+    const STEPS: usize = 5;
     for strategy in StrategyConfig::examples() {
         if strategy
             == (StrategyConfig::Partial {
@@ -122,7 +123,7 @@ fn every_strategy_trains_in_its_loop() {
             };
             let mut dp = DataParallel::new(&model, sgd(), comm, dist)?;
             dp.broadcast_parameters(&mut model, 0)?;
-            for step in 0..4 {
+            for step in 0..STEPS {
                 let mine = batch(step, rank * SHARD..(rank + 1) * SHARD, &device);
                 let loss = model.loss(&mine);
                 dp.backward_step(LR, &mut model, &loss)?;
@@ -143,11 +144,12 @@ fn every_strategy_trains_in_its_loop() {
         let replicas = match strategy.training_loop() {
             TrainingLoop::Gradients | TrainingLoop::DimReduce => true,
             // AdaSum by delta weight every step; DiLoCo at the end of a
-            // round (the registry's example: 2 steps, so 4 end one).
+            // round (the registry's example: one warm-up round, then
+            // rounds of 2 steps, so 5 end one).
             TrainingLoop::LocalSteps => match strategy {
                 StrategyConfig::DeltaWeight { .. } => true,
                 StrategyConfig::DiLoCo(diloco) => {
-                    diloco.fragments == 1 && 4 % diloco.sync_every == 0
+                    !diloco.is_streaming() && diloco.round_of(STEPS as u64 - 1).end == STEPS as u64
                 }
                 _ => false,
             },

@@ -36,14 +36,14 @@ use std::time::Duration;
 
 /// The steps a failure at `step` loses in `mode`, which a run without
 /// them ([`run_without`]) must not take to end bitwise the same: that
-/// step, or in DiLoCo the whole round it belongs to (a failed round puts
+/// step, or in DiLoCo the whole round it belongs to (one step in the
+/// warm-up; a failed round puts
 /// every rank back at the round's start, inner optimizer included).
 pub fn steps_lost(mode: StrategyConfig, step: usize) -> std::ops::Range<usize> {
     match mode {
         StrategyConfig::DiLoCo(config) => {
-            let h = (config.sync_every as usize).max(1);
-            let start = step / h * h;
-            start..start + h
+            let round = config.round_of(step as u64);
+            round.start as usize..round.end as usize
         }
         _ => step..step + 1,
     }

@@ -7,6 +7,10 @@
 //! bucket, waited for at once), the outer optimizer applies their
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
+//! The first [`DiLoCoConfig::warmup`] rounds are of one inner step each,
+//! their mean applied as it is (`θ_global -= Δ`), before the outer
+//! optimizer's first step: post-local SGD's synchronous start.
+//!
 //! `θ_global` is taken from the parameters at the first step (every rank
 //! must start from the same values, as in any data-parallel run) at
 //! which this rank has no fault: a bad first call (a parameter of the
@@ -96,7 +100,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             self.snapshot_inner_optimizer(&local);
         }
         let mut stats = self.inner_step(targets, local);
-        if self.outer.inner + 1 < u64::from(config.sync_every) {
+        if self.outer.inner + 1 < self.round_length(config) {
             self.outer.inner += 1;
             self.optimizer.step();
             return Ok(stats);
@@ -122,6 +126,34 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         // A fault of the round is posted in place of the first combination.
         self.end_round(targets, config, stats)
+    }
+
+    /// Whether the current round is one of the warm-up's
+    /// ([`DiLoCoConfig::warmup`]): the rounds completed say, the same on
+    /// every rank and in the checkpoints.
+    fn in_warmup(&self, config: DiLoCoConfig) -> bool {
+        self.outer.rounds < u64::from(config.warmup)
+    }
+
+    /// The inner steps of the current round: one in the warm-up, else H.
+    fn round_length(&self, config: DiLoCoConfig) -> u64 {
+        if self.in_warmup(config) {
+            1
+        } else {
+            u64::from(config.sync_every)
+        }
+    }
+
+    /// A warm-up round's end: the mean pseudo-gradient in `local.buckets`
+    /// applied as it is, `θ_global -= Δ`, so that `θ_global` becomes the
+    /// mean of the ranks' parameters (as the codec carried them).
+    fn warmup_step(&mut self) -> Result<()> {
+        for b in 0..self.buckets.len() {
+            for (k, i) in self.buckets[b].clone().enumerate() {
+                self.outer.global[i].axpy(-1.0, &self.local.buckets[b][k])?;
+            }
+        }
+        Ok(())
     }
 
     /// The local update of an inner step (none once this rank has a fault
@@ -214,7 +246,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             self.skip_round(targets)?;
             return self.round_lost(lost, stats);
         }
-        self.outer_step(config, 0)?;
+        if self.in_warmup(config) {
+            self.warmup_step()?;
+        } else {
+            self.outer_step(config, 0)?;
+        }
         overwrite(targets, &self.outer.global)?;
         stats.updated = targets.iter().flatten().count();
         self.outer.inner = 0;

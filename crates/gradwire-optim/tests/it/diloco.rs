@@ -38,16 +38,31 @@ pub(crate) fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
 /// The reference: `rounds` rounds of `h` inner plain-SGD steps on `world`
 /// ranks; θ_global after each round.
 fn reference(world: usize, h: usize, rounds: usize, outer: OuterOptimizer) -> Vec<Vec<f64>> {
+    reference_after_warmup(world, 0, h, rounds, outer)
+}
+
+/// [`reference`] after `warmup` rounds of one inner step each whose mean
+/// Δ is applied as it is (`θ_global -= Δ`: post-local SGD's synchronous
+/// start), the outer optimizer counting its steps from the first round
+/// after them; θ_global after each round, the warm-up's included.
+fn reference_after_warmup(
+    world: usize,
+    warmup: usize,
+    h: usize,
+    rounds: usize,
+    outer: OuterOptimizer,
+) -> Vec<Vec<f64>> {
     let mut global: Vec<f64> = initial().into_iter().flatten().map(f64::from).collect();
     let d = global.len();
     let (mut b, mut m, mut v) = (vec![0.0; d], vec![0.0; d], vec![0.0; d]);
     let shard = BATCH / world;
     let mut out = Vec::new();
-    for round in 1..=rounds {
+    for warm in (0..warmup).map(|_| true).chain((0..rounds).map(|_| false)) {
+        let steps = if warm { 1 } else { h };
         let mut delta = vec![0.0; d];
         for rank in 0..world {
             let mut w = global.clone();
-            for _ in 0..h {
+            for _ in 0..steps {
                 let g = gradient64(&w, rank * shard..(rank + 1) * shard);
                 for (wj, gj) in w.iter_mut().zip(g) {
                     *wj -= INNER_LR * gj;
@@ -58,6 +73,11 @@ fn reference(world: usize, h: usize, rounds: usize, outer: OuterOptimizer) -> Ve
             }
         }
         match outer {
+            _ if warm => {
+                for j in 0..d {
+                    global[j] -= delta[j];
+                }
+            }
             OuterOptimizer::Nesterov { lr, momentum } => {
                 let (lr, mu) = (f64::from(lr), f64::from(momentum));
                 for j in 0..d {
@@ -67,7 +87,8 @@ fn reference(world: usize, h: usize, rounds: usize, outer: OuterOptimizer) -> Ve
             }
             OuterOptimizer::Adam { lr } => {
                 let (lr, b1, b2, eps) = (f64::from(lr), 0.9, 0.999, 1e-8);
-                let t = round as i32;
+                // The outer optimizer's step count, from its first round.
+                let t = (out.len() + 1 - warmup) as i32;
                 for j in 0..d {
                     m[j] = b1 * m[j] + (1.0 - b1) * delta[j];
                     v[j] = b2 * v[j] + (1.0 - b2) * delta[j] * delta[j];
@@ -265,6 +286,46 @@ fn diloco_follows_the_papers_rules_on_1_to_4_ranks() {
                 for (j, (g, w)) in got.iter().zip(want).enumerate() {
                     // f32 arithmetic over h inner steps and the outer step.
                     let tol = 1e-5 * scale * (h * (round + 1)) as f64;
+                    assert!(
+                        (f64::from(*g) - w).abs() <= tol,
+                        "{what}, round {round}, entry {j}: {g} against {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_warm_up_of_one_step_rounds_then_the_papers_rules_on_1_to_4_ranks() {
+    let (warmup, h, rounds) = (3usize, 2usize, 3usize);
+    for outer in [
+        OuterOptimizer::Nesterov {
+            lr: 0.7,
+            momentum: 0.9,
+        },
+        OuterOptimizer::Adam { lr: 0.01 },
+    ] {
+        for world in 1..=4 {
+            let what = format!("warm-up {warmup}, {outer:?}, W = {world}");
+            let want = reference_after_warmup(world, warmup, h, rounds, outer);
+            let strategy = StrategyConfig::DiLoCo(DiLoCoConfig {
+                warmup: warmup as u32,
+                ..match diloco(h as u32, OuterCodec::Dense, outer) {
+                    StrategyConfig::DiLoCo(config) => config,
+                    _ => unreachable!(),
+                }
+            });
+            let got = run(world, strategy, warmup + h * rounds);
+            // The warm-up's rounds end at every step, then every h steps.
+            let ends = (0..warmup).chain((1..=rounds).map(|r| warmup + r * h - 1));
+            for (round, (want, end)) in want.iter().zip(ends).enumerate() {
+                for rank in 1..world {
+                    assert_eq!(got[rank][end], got[0][end], "{what}: rank {rank}");
+                }
+                let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let tol = 1e-5 * scale * (end + 1) as f64;
+                for (j, (g, w)) in got[0][end].iter().zip(want).enumerate() {
                     assert!(
                         (f64::from(*g) - w).abs() <= tol,
                         "{what}, round {round}, entry {j}: {g} against {w}"

@@ -28,7 +28,8 @@ pub struct CostAssumptions {
 impl StrategyConfig {
     /// What the strategy sends per step, for the cost model
     /// ([`gradwire_algos::cost::step_collectives`]): its compressed stage
-    /// (after PowerSGD's start step and 1-bit Adam's freeze), with what
+    /// (after PowerSGD's start step, 1-bit Adam's freeze and DiLoCo's
+    /// warm-up, whose rounds of one step are a transient), with what
     /// `assumptions` says of the settings the value does not decide;
     /// DiLoCo's round with its codec's calls once every `H` steps; partial
     /// averaging's buckets in turn; delta weight's AdaSum of the weight

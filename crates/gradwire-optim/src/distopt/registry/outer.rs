@@ -1,4 +1,4 @@
-//! DiLoCo's settings (`diloco:H[:CODEC][:adam][:lr=LR][:momentum=M]`): how
+//! DiLoCo's settings (`diloco:H[:CODEC][:adam][:lr=LR][:momentum=M][:warmup=N]`): how
 //! often the workers synchronise, what carries the pseudo-gradient, and the
 //! outer optimizer that applies it to the global parameters
 //! (`../outer.rs` runs the loop).
@@ -174,6 +174,16 @@ pub struct DiLoCoConfig {
     pub codec: OuterCodec,
     /// What applies it.
     pub outer: OuterOptimizer,
+    /// DiLoCo (not streaming): the first `warmup` rounds are of one inner
+    /// step each, their mean pseudo-gradient applied as it is
+    /// (`θ_global -= Δ`, no outer optimizer, whose state starts after
+    /// them): post-local SGD's synchronous start (Lin et al., 2020), which
+    /// with an inner SGD and dense pseudo-gradients *is* synchronous
+    /// training. Each of its steps is an exchange through the codec. On the
+    /// README's transformer 64 of 320 steps took DiLoCo's loss from 5.7 %
+    /// to 2.3 % above synchronous training's, at 4 times the bytes. 0:
+    /// none.
+    pub warmup: u32,
 }
 
 impl DiLoCoConfig {
@@ -189,6 +199,7 @@ impl DiLoCoConfig {
             lr: DILOCO_LR,
             momentum: DILOCO_MOMENTUM,
         },
+        warmup: 0,
     };
 
     /// The registry's streaming defaults: H = 50 in 2 fragments, merged at
@@ -209,8 +220,21 @@ impl DiLoCoConfig {
         self.sync_every / self.fragments.max(1)
     }
 
+    /// The inner steps (counting from 0) of the round that holds inner step
+    /// `step` where no round is skipped: one step in the warm-up, then H
+    /// (a skipped round is taken again, so it moves the later ones).
+    pub fn round_of(&self, step: u64) -> std::ops::Range<u64> {
+        let warmup = u64::from(self.warmup);
+        if step < warmup {
+            return step..step + 1;
+        }
+        let h = u64::from(self.sync_every.max(1));
+        let start = warmup + (step - warmup) / h * h;
+        start..start + h
+    }
+
     /// Checks every setting: at least one inner step, H a multiple of F,
-    /// τ below H / F, α in [0, 1], a positive finite learning rate, a
+    /// τ below H / F, α in [0, 1], no warm-up in Streaming DiLoCo, a positive finite learning rate, a
     /// momentum in [0, 1), and the codec's own settings.
     pub fn validate(&self) -> Result<(), String> {
         if self.sync_every == 0 {
@@ -228,6 +252,12 @@ impl DiLoCoConfig {
                 self.delay,
                 self.stride()
             ));
+        }
+        if self.warmup > 0 && self.is_streaming() {
+            return Err(
+                "a warm-up is DiLoCo's: Streaming DiLoCo's fragments start staggered from the first step"
+                    .into(),
+            );
         }
         if !(0.0..=1.0).contains(&self.alpha) {
             return Err(format!("alpha must be in [0, 1], got {}", self.alpha));

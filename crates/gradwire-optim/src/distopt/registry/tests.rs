@@ -35,6 +35,7 @@ fn every_setting_round_trips() {
         "fp16:clip=0.25",
         "threshold:0.001",
         "sampled-topk:0.001:no-ef",
+        "diloco:4:e3m0:warmup=100:adam",
     ];
     for text in seeded {
         let s: StrategyConfig = text.parse().unwrap();
@@ -115,6 +116,8 @@ fn bad_text_names_its_cause() {
         "powersgd:0.5",
         "qsgd:levels=300",
         "randomk:0.1:seed=-1",
+        "diloco:4:warmup=-1",
+        "diloco:4:warmup",
     ] {
         assert!(
             matches!(
@@ -135,6 +138,7 @@ fn bad_text_names_its_cause() {
         "onebit:momentum=1",
         "onebit-adam:beta1=1",
         "adasum-grad:group=0",
+        "streaming-diloco:4:2:warmup=2",
     ] {
         assert!(
             matches!(

@@ -123,6 +123,9 @@ impl fmt::Display for StrategyConfig {
                 if let Some(codec) = config.codec.text() {
                     write!(f, ":{codec}")?;
                 }
+                if config.warmup > 0 {
+                    write!(f, ":warmup={}", config.warmup)?;
+                }
                 match config.outer {
                     OuterOptimizer::Nesterov { lr, momentum } => {
                         if lr.to_bits() != DILOCO_LR.to_bits() {
@@ -296,6 +299,10 @@ impl FromStr for StrategyConfig {
                     config.delay = u32::try_from(integer("the delay")?)
                         .map_err(|_| bad(format!("{part:?} is too large a delay")))?
                 }
+                (StrategyConfig::DiLoCo(config), "warmup", Some(_)) => {
+                    config.warmup = u32::try_from(integer("the warm-up")?)
+                        .map_err(|_| bad(format!("{part:?} is too long a warm-up")))?
+                }
                 (StrategyConfig::DiLoCo(config), "alpha", Some(_)) => {
                     config.alpha = number32("alpha")?
                 }
@@ -382,7 +389,7 @@ impl StrategyConfig {
                 "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
             }
             StrategyConfig::DiLoCo(_) => {
-                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N][:adam][:lr=LR][:momentum=M]"
             }
         }
     }
