@@ -4,7 +4,8 @@
 //! its shard from θ_global, Δ = mean_i (θ_global - θ_i), and the outer
 //! optimizer (SGD with Nesterov momentum as PyTorch's, or Adam) applies Δ to
 //! θ_global, from which every rank goes on. Worlds of 1 to 4 ranks, several
-//! rounds, every rank bitwise equal after each round; with H = 1, dense and
+//! rounds, every rank bitwise equal after each round, with and without a
+//! warm-up of one-step rounds applied as they are; with H = 1, dense and
 //! an outer SGD of lr 1 without momentum, the loop is synchronous
 //! data-parallel SGD; with every codec, what a round did not apply is owed
 //! by the residuals (no mass lost); a round resumes bitwise from a
@@ -35,17 +36,12 @@ pub(crate) fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
     g
 }
 
-/// The reference: `rounds` rounds of `h` inner plain-SGD steps on `world`
-/// ranks; θ_global after each round.
-fn reference(world: usize, h: usize, rounds: usize, outer: OuterOptimizer) -> Vec<Vec<f64>> {
-    reference_after_warmup(world, 0, h, rounds, outer)
-}
-
-/// [`reference`] after `warmup` rounds of one inner step each whose mean
-/// Δ is applied as it is (`θ_global -= Δ`: post-local SGD's synchronous
-/// start), the outer optimizer counting its steps from the first round
-/// after them; θ_global after each round, the warm-up's included.
-fn reference_after_warmup(
+/// The reference: `warmup` rounds of one inner plain-SGD step each whose
+/// mean Δ is applied as it is (`θ_global -= Δ`: post-local SGD's
+/// synchronous start), then `rounds` rounds of `h` inner steps with the
+/// outer optimizer (counting its steps from its first round) on `world`
+/// ranks; θ_global after each round, the warm-up's included.
+fn reference(
     world: usize,
     warmup: usize,
     h: usize,
@@ -259,46 +255,19 @@ pub(crate) fn run_with(
 
 #[test]
 fn diloco_follows_the_papers_rules_on_1_to_4_ranks() {
-    let (h, rounds) = (3usize, 4usize);
-    for outer in [
-        OuterOptimizer::Nesterov {
-            lr: 0.7,
-            momentum: 0.9,
-        },
-        OuterOptimizer::Adam { lr: 0.01 },
-    ] {
-        for world in 1..=4 {
-            let what = format!("{outer:?}, W = {world}");
-            let want = reference(world, h, rounds, outer);
-            let got = run(
-                world,
-                diloco(h as u32, OuterCodec::Dense, outer),
-                h * rounds,
-            );
-            for (round, want) in want.iter().enumerate() {
-                // Every rank goes on from θ_global: equal at a round's end.
-                let end = (round + 1) * h - 1;
-                for rank in 1..world {
-                    assert_eq!(got[rank][end], got[0][end], "{what}: rank {rank}");
-                }
-                let got = &got[0][end];
-                let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-                for (j, (g, w)) in got.iter().zip(want).enumerate() {
-                    // f32 arithmetic over h inner steps and the outer step.
-                    let tol = 1e-5 * scale * (h * (round + 1)) as f64;
-                    assert!(
-                        (f64::from(*g) - w).abs() <= tol,
-                        "{what}, round {round}, entry {j}: {g} against {w}"
-                    );
-                }
-            }
-        }
-    }
+    follows_the_reference(0, 3, 4);
 }
 
 #[test]
 fn a_warm_up_of_one_step_rounds_then_the_papers_rules_on_1_to_4_ranks() {
-    let (warmup, h, rounds) = (3usize, 2usize, 3usize);
+    follows_the_reference(3, 2, 3);
+}
+
+/// `warmup` rounds of one step, then `rounds` of `h`, with each outer
+/// optimizer on 1 to 4 ranks, against [`reference`]: every
+/// rank bitwise equal at each round's end, and within f32's rounding of
+/// the reference.
+fn follows_the_reference(warmup: usize, h: usize, rounds: usize) {
     for outer in [
         OuterOptimizer::Nesterov {
             lr: 0.7,
@@ -308,21 +277,22 @@ fn a_warm_up_of_one_step_rounds_then_the_papers_rules_on_1_to_4_ranks() {
     ] {
         for world in 1..=4 {
             let what = format!("warm-up {warmup}, {outer:?}, W = {world}");
-            let want = reference_after_warmup(world, warmup, h, rounds, outer);
+            let want = reference(world, warmup, h, rounds, outer);
             let strategy = StrategyConfig::DiLoCo(DiLoCoConfig {
+                sync_every: h as u32,
+                outer,
                 warmup: warmup as u32,
-                ..match diloco(h as u32, OuterCodec::Dense, outer) {
-                    StrategyConfig::DiLoCo(config) => config,
-                    _ => unreachable!(),
-                }
+                ..DiLoCoConfig::DEFAULT
             });
             let got = run(world, strategy, warmup + h * rounds);
             // The warm-up's rounds end at every step, then every h steps.
             let ends = (0..warmup).chain((1..=rounds).map(|r| warmup + r * h - 1));
             for (round, (want, end)) in want.iter().zip(ends).enumerate() {
+                // Every rank goes on from θ_global: equal at a round's end.
                 for rank in 1..world {
                     assert_eq!(got[rank][end], got[0][end], "{what}: rank {rank}");
                 }
+                // f32 arithmetic over the steps and the outer steps so far.
                 let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
                 let tol = 1e-5 * scale * (end + 1) as f64;
                 for (j, (g, w)) in got[0][end].iter().zip(want).enumerate() {
