@@ -52,14 +52,21 @@ pub fn steps_lost(mode: StrategyConfig, step: usize) -> std::ops::Range<usize> {
 /// The step (counting from 0) at which every rank learns of a fault
 /// injected at `step`: that step in every mode whose steps carry their
 /// faults, DiLoCo's round end, or in Streaming DiLoCo the merge of the
-/// next fragment to leave (`τ` steps after it leaves, every `H / F`).
+/// next fragment to leave (`τ` steps after it leaves, every `H / F` after
+/// the warm-up's rounds of one step).
 pub fn reported_at(mode: StrategyConfig, step: usize) -> usize {
     match mode {
         StrategyConfig::DiLoCo(config) if config.is_streaming() => {
+            let warmup = config.warmup as usize;
+            if step < warmup {
+                // A warm-up round: every fragment, at once.
+                return step;
+            }
             let stride = (config.stride() as usize).max(1);
-            // The inner step count, from 1, after which the next one leaves.
-            let leaves = (step + 1).div_ceil(stride) * stride;
-            leaves + config.delay as usize - 1
+            // The inner step count after the warm-up, from 1, after which
+            // the next one leaves.
+            let leaves = (step + 1 - warmup).div_ceil(stride) * stride;
+            warmup + leaves + config.delay as usize - 1
         }
         StrategyConfig::DiLoCo(_) => steps_lost(mode, step).end - 1,
         _ => step,

@@ -9,7 +9,8 @@
 //!
 //! The first [`DiLoCoConfig::warmup`] rounds are of one inner step each,
 //! their mean applied as it is (`θ_global -= Δ`), before the outer
-//! optimizer's first step: post-local SGD's synchronous start.
+//! optimizer's first step: post-local SGD's synchronous start (in
+//! Streaming DiLoCo too: every fragment at once, the stagger after).
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
 //! must start from the same values, as in any data-parallel run) at
@@ -93,7 +94,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         local: LocalUpdate<'_>,
         config: DiLoCoConfig,
     ) -> Result<StepStats> {
-        if config.is_streaming() {
+        // A warm-up round exchanges every fragment at once; Streaming
+        // DiLoCo's stagger starts after it.
+        if config.is_streaming() && !self.in_warmup(config) {
             return self.finish_streaming(targets, local, config);
         }
         if self.outer.inner == 0 {
@@ -237,11 +240,11 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         config: DiLoCoConfig,
         mut stats: StepStats,
     ) -> Result<StepStats> {
-        // Every bucket is fragment 0: the round's exchange is Streaming
-        // DiLoCo's, of one fragment, waited for at once. This rank's fault
+        // The round's exchange is Streaming DiLoCo's, of every bucket (in
+        // DiLoCo all fragment 0), waited for at once. This rank's fault
         // of the round is posted in place of each bucket's combination.
         let fault = self.fault.as_ref().map(|f| f.kind);
-        self.launch_fragment(targets, 0, self.outer.rounds, fault)?;
+        self.launch_fragment(targets, None, self.outer.rounds, fault)?;
         if let Err(lost) = self.take_exchange(&mut stats) {
             self.skip_round(targets)?;
             return self.round_lost(lost, stats);

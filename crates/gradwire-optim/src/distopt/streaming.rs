@@ -232,7 +232,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let fragment = (launch % fragments) as usize;
             // The fault this rank kept since the last exchange rides this one.
             let fault = self.outer.fault.take().map(|f| f.kind);
-            self.launch_fragment(targets, fragment, launch - 1, fault)?;
+            self.launch_fragment(targets, Some(fragment), launch - 1, fault)?;
             self.outer.pending = Some(PendingMerge {
                 fragment: fragment as u32,
                 merge_at: t + u64::from(config.delay),
@@ -308,14 +308,15 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 }
 
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
-    /// Starts fragment `fragment`'s exchange on the communication thread:
+    /// Starts fragment `fragment`'s exchange (`None`: every bucket's, a
+    /// DiLoCo round or a warm-up round) on the communication thread:
     /// each of its buckets' pseudo-gradients `θ_global - θ_local` (in
     /// tensors kept from exchange to exchange) combined by the bucket's
     /// strategy in a job of its own, or `fault` posted in its place.
     pub(super) fn launch_fragment(
         &mut self,
         targets: &[Option<&mut Tensor>],
-        fragment: usize,
+        fragment: Option<usize>,
         step: u64,
         mut fault: Option<gradwire_algos::FaultKind>,
     ) -> Result<()> {
@@ -324,7 +325,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         }
         let mut ex = self.fragment_exchange.lock();
         for b in 0..self.buckets.len() {
-            if self.bucket_fragment[b] != fragment {
+            if fragment.is_some_and(|p| self.bucket_fragment[b] != p) {
                 continue;
             }
             let range = self.buckets[b].clone();

@@ -64,10 +64,13 @@ fn fragment_of_entries(fragments: usize) -> Vec<usize> {
 }
 
 /// The reference: every rank's flat parameters after each of `steps`
-/// inner steps of plain SGD, with the fragments' exchanges and merges as
-/// the paper has them and an outer SGD with Nesterov momentum.
+/// inner steps of plain SGD: `warmup` steps each followed by every rank
+/// taking the mean of the parameters (`θ_global -= mean Δ`), then the
+/// fragments' exchanges and merges as the paper has them, counted from
+/// the warm-up's end, with an outer SGD with Nesterov momentum.
 fn reference(
     world: usize,
+    warmup: usize,
     (h, fragments, delay, alpha): (usize, usize, usize, f64),
     steps: usize,
 ) -> Vec<Vec<Vec<f64>>> {
@@ -81,13 +84,24 @@ fn reference(
     // (fragment, merge at, mean pseudo-gradient)
     let mut pending: Option<(usize, usize, Vec<f64>)> = None;
     let mut out = Vec::new();
-    for t in 1..=steps {
+    for step in 1..=steps {
         for (rank, w) in w.iter_mut().enumerate() {
             let g = gradient64(w, rank * shard..(rank + 1) * shard);
             for (wj, gj) in w.iter_mut().zip(g) {
                 *wj -= INNER_LR * gj;
             }
         }
+        if step <= warmup {
+            for j in 0..d {
+                global[j] -= w.iter().map(|w| global[j] - w[j]).sum::<f64>() / world as f64;
+            }
+            for w in w.iter_mut() {
+                w.copy_from_slice(&global);
+            }
+            out.push(w.clone());
+            continue;
+        }
+        let t = step - warmup;
         let merge = |(p, _, delta): (usize, usize, Vec<f64>),
                      global: &mut [f64],
                      momentum: &mut [f64],
@@ -103,7 +117,7 @@ fn reference(
         if delay > 0 && pending.as_ref().is_some_and(|m| m.1 == t) {
             merge(pending.take().unwrap(), &mut global, &mut momentum, &mut w);
         }
-        if t % stride == 0 {
+        if t.is_multiple_of(stride) {
             let p = (t / stride) % fragments;
             let mut delta = vec![0.0; d];
             for j in (0..d).filter(|&j| of[j] == p) {
@@ -126,6 +140,17 @@ fn run(world: usize, strategy: StrategyConfig, steps: usize) -> Vec<Vec<Vec<f32>
 
 #[test]
 fn streaming_follows_the_papers_rules_for_2_to_4_fragments_and_delays_0_to_2() {
+    follows_the_reference(0);
+}
+
+#[test]
+fn a_warm_up_of_one_step_rounds_then_the_papers_rules() {
+    follows_the_reference(3);
+}
+
+/// `warmup` rounds of one step (every fragment at once), then Streaming
+/// DiLoCo at several settings on 1 to 3 ranks, against [`reference`].
+fn follows_the_reference(warmup: usize) {
     let settings = [
         (4, 2, 0, 0.0),
         (4, 2, 1, 0.0),
@@ -136,14 +161,19 @@ fn streaming_follows_the_papers_rules_for_2_to_4_fragments_and_delays_0_to_2() {
     ];
     for (h, f, tau, alpha) in settings {
         for world in 1..=3 {
-            let what = format!("H = {h}, F = {f}, tau = {tau}, alpha = {alpha}, W = {world}");
-            let steps = 2 * h + tau + 1;
-            let want = reference(world, (h, f, tau, f64::from(alpha)), steps);
-            let got = run(
-                world,
-                streaming(h as u32, f as u32, tau as u32, alpha),
-                steps,
+            let what = format!(
+                "warm-up {warmup}, H = {h}, F = {f}, tau = {tau}, alpha = {alpha}, W = {world}"
             );
+            let steps = warmup + 2 * h + tau + 1;
+            let want = reference(world, warmup, (h, f, tau, f64::from(alpha)), steps);
+            let strategy = match streaming(h as u32, f as u32, tau as u32, alpha) {
+                StrategyConfig::DiLoCo(config) => StrategyConfig::DiLoCo(DiLoCoConfig {
+                    warmup: warmup as u32,
+                    ..config
+                }),
+                other => other,
+            };
+            let got = run(world, strategy, steps);
             let of = fragment_of_entries(f);
             for t in 0..steps {
                 let scale = want[t][0].iter().fold(1.0f64, |m, v| m.max(v.abs()));
@@ -157,13 +187,19 @@ fn streaming_follows_the_papers_rules_for_2_to_4_fragments_and_delays_0_to_2() {
                         );
                     }
                 }
-                // A fragment merged with the global values alone is the
-                // same bits on every rank.
-                let merged = t + 1 > tau && (t + 1 - tau) % (h / f) == 0;
-                if merged && alpha == 0.0 {
-                    let p = ((t + 1 - tau) / (h / f)) % f;
+                // A warm-up step leaves every rank at the mean, and a
+                // fragment merged with the global values alone is the same
+                // bits on every rank.
+                let same: Option<Option<usize>> = match t.checked_sub(warmup) {
+                    None => Some(None),
+                    Some(s) => {
+                        let merged = s + 1 > tau && (s + 1 - tau) % (h / f) == 0;
+                        (merged && alpha == 0.0).then(|| Some(((s + 1 - tau) / (h / f)) % f))
+                    }
+                };
+                if let Some(fragment) = same {
                     for rank in 1..world {
-                        for j in (0..of.len()).filter(|&j| of[j] == p) {
+                        for j in (0..of.len()).filter(|&j| fragment.is_none_or(|p| of[j] == p)) {
                             assert_eq!(
                                 got[rank][t][j].to_bits(),
                                 got[0][t][j].to_bits(),

@@ -174,8 +174,9 @@ pub struct DiLoCoConfig {
     pub codec: OuterCodec,
     /// What applies it.
     pub outer: OuterOptimizer,
-    /// DiLoCo (not streaming): the first `warmup` rounds are of one inner
-    /// step each, their mean pseudo-gradient applied as it is
+    /// The first `warmup` rounds are of one inner step each (in Streaming
+    /// DiLoCo every fragment at once; its stagger starts after them),
+    /// their mean pseudo-gradient applied as it is
     /// (`θ_global -= Δ`, no outer optimizer, whose state starts after
     /// them): post-local SGD's synchronous start (Lin et al., 2020), which
     /// with an inner SGD and dense pseudo-gradients *is* synchronous
@@ -222,7 +223,8 @@ impl DiLoCoConfig {
 
     /// The inner steps (counting from 0) of the round that holds inner step
     /// `step` where no round is skipped: one step in the warm-up, then H
-    /// (a skipped round is taken again, so it moves the later ones).
+    /// (a skipped round is taken again, so it moves the later ones; in
+    /// Streaming DiLoCo, each fragment's round).
     pub fn round_of(&self, step: u64) -> std::ops::Range<u64> {
         let warmup = u64::from(self.warmup);
         if step < warmup {
@@ -234,7 +236,7 @@ impl DiLoCoConfig {
     }
 
     /// Checks every setting: at least one inner step, H a multiple of F,
-    /// τ below H / F, α in [0, 1], no warm-up in Streaming DiLoCo, a positive finite learning rate, a
+    /// τ below H / F, α in [0, 1], a positive finite learning rate, a
     /// momentum in [0, 1), and the codec's own settings.
     pub fn validate(&self) -> Result<(), String> {
         if self.sync_every == 0 {
@@ -252,12 +254,6 @@ impl DiLoCoConfig {
                 self.delay,
                 self.stride()
             ));
-        }
-        if self.warmup > 0 && self.is_streaming() {
-            return Err(
-                "a warm-up is DiLoCo's: Streaming DiLoCo's fragments start staggered from the first step"
-                    .into(),
-            );
         }
         if !(0.0..=1.0).contains(&self.alpha) {
             return Err(format!("alpha must be in [0, 1], got {}", self.alpha));

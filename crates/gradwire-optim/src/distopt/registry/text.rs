@@ -386,7 +386,7 @@ impl StrategyConfig {
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
             StrategyConfig::DiLoCo(config) if config.is_streaming() => {
-                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:adam][:lr=LR][:momentum=M]"
+                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N][:adam][:lr=LR][:momentum=M]"
             }
             StrategyConfig::DiLoCo(_) => {
                 "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N][:adam][:lr=LR][:momentum=M]"
