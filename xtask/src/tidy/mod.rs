@@ -364,28 +364,21 @@ fn check_file(text: &str, is_crate_root: bool) -> Vec<&'static str> {
     if !has_module_doc(text) {
         broken.push(RULE_MODULE_DOC);
     }
-    if is_crate_root && !has_inner_attribute(text, "#![deny(missing_docs)]") {
+    if is_crate_root && !has_attribute(text, "#![deny(missing_docs)]") {
         broken.push(RULE_DENY_MISSING_DOCS);
     }
     broken
 }
 
-/// Whether some line of `text` is exactly `attribute` (surrounding blanks aside).
-fn has_inner_attribute(text: &str, attribute: &str) -> bool {
-    text.lines().any(|line| line.trim() == attribute)
-}
-
-/// Whether `text` holds `attribute` as rustfmt may lay it out: over any
-/// number of lines, with a trailing comma in a list.
+/// Whether the code of `text` (comments and literals aside) holds
+/// `attribute`, laid out as rustfmt may: on one line or over several, with
+/// a trailing comma in a list.
 fn has_attribute(text: &str, attribute: &str) -> bool {
     let squeezed = |s: &str| -> String {
         let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
         s.replace(",)", ")")
     };
-    code_of(text)
-        .split("#!")
-        .skip(1)
-        .any(|tail| squeezed(&format!("#!{tail}")).starts_with(&squeezed(attribute)))
+    squeezed(&code_of(text)).contains(&squeezed(attribute))
 }
 
 /// Whether the first line of `text` that is neither blank nor a generated-file
