@@ -361,6 +361,44 @@ mod tests {
         assert_eq!(Share::WHOLE.range(5), 0..5);
     }
 
+    /// Worked by hand from the rules: a DiLoCo round of H = 2 after one
+    /// warm-up round of one step; Streaming DiLoCo with H = 4 in 2
+    /// fragments (one leaving every 2 steps), τ = 1, after 3 warm-up steps.
+    #[test]
+    fn a_fault_is_lost_with_its_round_and_learnt_at_its_end() {
+        let diloco = |warmup| {
+            StrategyConfig::DiLoCo(gradwire_optim::DiLoCoConfig {
+                sync_every: 2,
+                warmup,
+                ..gradwire_optim::DiLoCoConfig::DEFAULT
+            })
+        };
+        let lost = |mode, steps: &[usize]| -> Vec<std::ops::Range<usize>> {
+            steps.iter().map(|&s| steps_lost(mode, s)).collect()
+        };
+        let at = |mode, steps: &[usize]| -> Vec<usize> {
+            steps.iter().map(|&s| reported_at(mode, s)).collect()
+        };
+        assert_eq!(lost(diloco(0), &[0, 1, 2]), [0..2, 0..2, 2..4]);
+        assert_eq!(at(diloco(0), &[0, 1, 2]), [1, 1, 3]);
+        assert_eq!(lost(diloco(1), &[0, 1, 2, 3]), [0..1, 1..3, 1..3, 3..5]);
+        assert_eq!(at(diloco(1), &[0, 1, 2, 3]), [0, 2, 2, 4]);
+        let streaming = |warmup| {
+            StrategyConfig::DiLoCo(gradwire_optim::DiLoCoConfig {
+                sync_every: 4,
+                fragments: 2,
+                delay: 1,
+                warmup,
+                ..gradwire_optim::DiLoCoConfig::DEFAULT
+            })
+        };
+        // A fault rides the next fragment to leave, merged a step later.
+        assert_eq!(at(streaming(0), &[0, 1, 2]), [2, 2, 4]);
+        assert_eq!(at(streaming(3), &[0, 2, 3, 4, 5]), [0, 2, 5, 5, 7]);
+        assert_eq!(steps_lost(StrategyConfig::Dense, 3), 3..4);
+        assert_eq!(reported_at(StrategyConfig::Dense, 3), 3);
+    }
+
     #[test]
     fn shares_parse_and_refuse_what_names_none() {
         assert_eq!(
