@@ -1,4 +1,4 @@
-//! DiLoCo's settings (`diloco:H[:CODEC][:adam][:lr=LR][:momentum=M][:warmup=N]`): how
+//! DiLoCo's settings (`diloco:H[:CODEC][:warmup=N][:adam][:lr=LR][:momentum=M]`): how
 //! often the workers synchronise, what carries the pseudo-gradient, and the
 //! outer optimizer that applies it to the global parameters
 //! (`../outer.rs` runs the loop).
