@@ -243,7 +243,7 @@ impl<C: Communicator + 'static> DataParallel<C> {
         module: &mut M,
         grads: GradientsParams,
     ) -> Result<StepStats> {
-        if self.sync.training_loop() == TrainingLoop::LocalSteps {
+        if self.sync.current_loop() == TrainingLoop::LocalSteps {
             return self.step_locally(lr.into(), module, grads);
         }
         let combined = self.reduce(module, grads)?;

@@ -332,7 +332,7 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
     /// needs the loss ([`DataParallel::step_dimreduce`]): this one fails on
     /// every worker alike.
     pub fn step(&mut self, grads: GradStore) -> Result<StepStats> {
-        if self.sync.training_loop() == TrainingLoop::LocalSteps {
+        if self.sync.current_loop() == TrainingLoop::LocalSteps {
             let Some((grads, failure)) = self.accumulation.add(&self.vars, grads) else {
                 self.last = StepStats {
                     accumulated: true,

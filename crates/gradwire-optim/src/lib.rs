@@ -53,7 +53,7 @@ pub use distopt::{
     DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, DimReduceOpt, DistOpt, DistOptConfig, LocalSteps,
     ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
     ParamSpec, QSGD_LEVELS, REGISTRY, SkipVote, StateDict, StepStats, StepStraggler, Strategy,
-    StrategyConfig, StrategyError, TrainingLoop,
+    StrategyConfig, StrategyError, TrainingLoop, WarmupBy,
 };
 pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};

@@ -21,7 +21,7 @@ use gradwire_algos::{HalfPrecision, PowerSgdConfig};
 use gradwire_comm::{Communicator, LocalComm, local};
 use gradwire_compress::{Quantizer, SparseCodec};
 use gradwire_optim::{
-    DiLoCoConfig, DistOptConfig, GradSync, OuterCodec, ParamSpec, StrategyConfig,
+    DiLoCoConfig, DistOptConfig, GradSync, OuterCodec, ParamSpec, StrategyConfig, WarmupBy,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -475,9 +475,13 @@ fn a_steady_step_allocates_nothing() {
         OuterCodec::TopK(0.05),
         OuterCodec::Quantized(Quantizer::Sign),
     ] {
+        // A warm-up step by gradients first: the rounds after it allocate
+        // nothing either.
         let plain = DiLoCoConfig {
             sync_every: 2,
             codec,
+            warmup: 1,
+            warmup_by: WarmupBy::Gradients,
             ..DiLoCoConfig::DEFAULT
         };
         // Two fragments (one per parameter), one leaving every 2 steps and

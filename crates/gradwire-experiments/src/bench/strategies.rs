@@ -160,7 +160,6 @@ fn run(
             .collect();
         // DiLoCo's parameters, stepped by a plain SGD of the caller's.
         let mut params: Vec<Vec<f32>> = grads.clone();
-        let local = matches!(mode, StrategyConfig::DiLoCo(_));
         let (mut bytes, mut secs) = (0u64, 0f64);
         for step in 0..warm + steps {
             for (k, g) in grads.iter_mut().enumerate() {
@@ -168,7 +167,8 @@ fn run(
             }
             sync.comm().barrier()?;
             let start = Instant::now();
-            let stats = if local {
+            // DiLoCo's warm-up by gradients combines gradients.
+            let stats = if sync.current_loop() == TrainingLoop::LocalSteps {
                 let mut views: Vec<&mut [f32]> =
                     params.iter_mut().map(|p| p.as_mut_slice()).collect();
                 sync.step_locally(&mut views[..], |targets| {
@@ -186,7 +186,15 @@ fn run(
                 }
                 let mut views: Vec<&mut [f32]> =
                     grads.iter_mut().map(|g| g.as_mut_slice()).collect();
-                sync.finish(&mut views)?
+                let stats = sync.finish(&mut views)?;
+                if sync.training_loop() == TrainingLoop::LocalSteps {
+                    for (p, g) in params.iter_mut().zip(&grads) {
+                        for (p, g) in p.iter_mut().zip(g) {
+                            *p -= 0.1 * g;
+                        }
+                    }
+                }
+                stats
             };
             if step >= warm {
                 secs += start.elapsed().as_secs_f64();

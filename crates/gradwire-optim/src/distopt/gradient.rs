@@ -132,7 +132,7 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         &mut self,
         mut apply: impl FnMut(usize, Tensor) -> Result<()>,
     ) -> Result<StepStats> {
-        if self.config.strategy.training_loop() != TrainingLoop::Gradients {
+        if self.current_loop() != TrainingLoop::Gradients {
             self.record(
                 FaultKind::InvalidArgument,
                 &format!(
@@ -144,8 +144,14 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // The front ends speak declaration indices (taken out for the
         // step, no copy).
         let declared = std::mem::take(&mut self.order.declared);
-        let result =
-            self.apply_reduced(|_, _, i, grad| apply(declared.get(i).copied().unwrap_or(i), grad));
+        let mut apply =
+            |_: &mut O, _: &str, i: usize, grad| apply(declared.get(i).copied().unwrap_or(i), grad);
+        let result = match self.config.strategy {
+            StrategyConfig::DiLoCo(config) if self.in_gradient_warmup(config) => {
+                self.gradient_round(&mut apply)
+            }
+            _ => self.apply_reduced(&mut apply),
+        };
         self.order.declared = declared;
         result
     }

@@ -81,6 +81,7 @@ mod spec;
 mod state;
 mod strategies;
 mod streaming;
+mod warmup;
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
@@ -99,7 +100,7 @@ use gradwire_tensor::Tensor;
 pub use registry::{
     CostAssumptions, DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1,
     ONEBIT_ADAM_FREEZE_STEP, OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, REGISTRY,
-    StrategyConfig, StrategyError, TrainingLoop,
+    StrategyConfig, StrategyError, TrainingLoop, WarmupBy,
 };
 pub use spec::ParamSpec;
 use std::collections::HashMap;
@@ -388,6 +389,18 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// The training loop the engine runs.
     pub(crate) fn training_loop(&self) -> TrainingLoop {
         self.training_loop
+    }
+
+    /// The loop the next step takes: the current strategy's (dense in
+    /// DimReduce's first stage), but the gradients' in DiLoCo's warm-up by
+    /// gradients ([`WarmupBy::Gradients`]).
+    pub(crate) fn current_loop(&self) -> TrainingLoop {
+        match self.config.strategy {
+            StrategyConfig::DiLoCo(config) if self.in_gradient_warmup(config) => {
+                TrainingLoop::Gradients
+            }
+            strategy => strategy.training_loop(),
+        }
     }
 
     /// Whether DimReduce's first stage is over ([`Engine::start_dimreduce`]).

@@ -8,9 +8,7 @@
 //! average to `θ_global`, and every rank goes on from `θ_global`.
 //!
 //! The first [`DiLoCoConfig::warmup`] rounds are of one inner step each,
-//! their mean applied as it is (`θ_global -= Δ`), before the outer
-//! optimizer's first step: post-local SGD's synchronous start (in
-//! Streaming DiLoCo too: every fragment at once, the stagger after).
+//! before the outer optimizer's first step (`warmup.rs`).
 //!
 //! `θ_global` is taken from the parameters at the first step (every rank
 //! must start from the same values, as in any data-parallel run) at
@@ -35,6 +33,7 @@
 //! the caller's optimizer: only the parameters go back.
 
 use super::local_step::{LocalUpdate, copy_into, overwrite};
+use super::warmup::Sent;
 use super::{DiLoCoConfig, Engine, LocalFault, OuterOptimizer, StepStats};
 use crate::any::AnyOptimizer;
 use crate::error::Result;
@@ -99,6 +98,23 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if config.is_streaming() && !self.in_warmup(config) {
             return self.finish_streaming(targets, local, config);
         }
+        if self.in_gradient_warmup(config) {
+            if let LocalUpdate::Caller(_) = local {
+                // Posted in place of the step's combination.
+                self.record(
+                    FaultKind::InvalidArgument,
+                    &"a step of DiLoCo's warm-up by gradients combines the gradients \
+                      (GradSync::current_loop is Gradients): end it with GradSync::finish",
+                );
+            }
+            return self.gradient_round(|optimizer, name, i, mean| {
+                match targets.get_mut(i).and_then(Option::as_deref_mut) {
+                    Some(param) => optimizer.update(name, param, &mean),
+                    // A rank missing one posted that fault: not reached.
+                    None => Ok(()),
+                }
+            });
+        }
         if self.outer.inner == 0 {
             self.snapshot_inner_optimizer(&local);
         }
@@ -131,13 +147,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         self.end_round(targets, config, stats)
     }
 
-    /// Whether the current round is one of the warm-up's
-    /// ([`DiLoCoConfig::warmup`]): the rounds completed say, the same on
-    /// every rank and in the checkpoints.
-    fn in_warmup(&self, config: DiLoCoConfig) -> bool {
-        self.outer.rounds < u64::from(config.warmup)
-    }
-
     /// The inner steps of the current round: one in the warm-up, else H.
     fn round_length(&self, config: DiLoCoConfig) -> u64 {
         if self.in_warmup(config) {
@@ -145,18 +154,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         } else {
             u64::from(config.sync_every)
         }
-    }
-
-    /// A warm-up round's end: the mean pseudo-gradient in `local.buckets`
-    /// applied as it is, `θ_global -= Δ`, so that `θ_global` becomes the
-    /// mean of the ranks' parameters (as the codec carried them).
-    fn warmup_step(&mut self) -> Result<()> {
-        for b in 0..self.buckets.len() {
-            for (k, i) in self.buckets[b].clone().enumerate() {
-                self.outer.global[i].axpy(-1.0, &self.local.buckets[b][k])?;
-            }
-        }
-        Ok(())
     }
 
     /// The local update of an inner step (none once this rank has a fault
@@ -244,7 +241,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // DiLoCo all fragment 0), waited for at once. This rank's fault
         // of the round is posted in place of each bucket's combination.
         let fault = self.fault.as_ref().map(|f| f.kind);
-        self.launch_fragment(targets, None, self.outer.rounds, fault)?;
+        self.launch_fragment(
+            Sent::PseudoGradients(targets),
+            None,
+            self.outer.rounds,
+            fault,
+        )?;
         if let Err(lost) = self.take_exchange(&mut stats) {
             self.skip_round(targets)?;
             return self.round_lost(lost, stats);

@@ -30,8 +30,9 @@
 //! DiLoCo's whole round, a fragment is not all the parameters it updated).
 
 use super::bucket::{BucketBuffers, BucketJob, BucketOutput, BucketTask, first_non_finite};
-use super::local_step::{LocalUpdate, differences_into};
+use super::local_step::LocalUpdate;
 use super::outer::Lost;
+use super::warmup::Sent;
 use super::{DiLoCoConfig, Engine, StepStats};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
@@ -232,7 +233,12 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let fragment = (launch % fragments) as usize;
             // The fault this rank kept since the last exchange rides this one.
             let fault = self.outer.fault.take().map(|f| f.kind);
-            self.launch_fragment(targets, Some(fragment), launch - 1, fault)?;
+            self.launch_fragment(
+                Sent::PseudoGradients(targets),
+                Some(fragment),
+                launch - 1,
+                fault,
+            )?;
             self.outer.pending = Some(PendingMerge {
                 fragment: fragment as u32,
                 merge_at: t + u64::from(config.delay),
@@ -310,12 +316,13 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
 impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
     /// Starts fragment `fragment`'s exchange (`None`: every bucket's, a
     /// DiLoCo round or a warm-up round) on the communication thread:
-    /// each of its buckets' pseudo-gradients `θ_global - θ_local` (in
-    /// tensors kept from exchange to exchange) combined by the bucket's
-    /// strategy in a job of its own, or `fault` posted in its place.
+    /// what each of its buckets sends (`sent`: the pseudo-gradients
+    /// `θ_global - θ_local`, or the warm-up's gradients, in tensors kept
+    /// from exchange to exchange) combined by the bucket's strategy in a
+    /// job of its own, or `fault` posted in its place.
     pub(super) fn launch_fragment(
         &mut self,
-        targets: &[Option<&mut Tensor>],
+        sent: Sent<'_, '_>,
         fragment: Option<usize>,
         step: u64,
         mut fault: Option<gradwire_algos::FaultKind>,
@@ -323,33 +330,22 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         if self.local.buckets.len() != self.buckets.len() {
             self.local.buckets.resize_with(self.buckets.len(), Vec::new);
         }
-        let mut ex = self.fragment_exchange.lock();
         for b in 0..self.buckets.len() {
             if fragment.is_some_and(|p| self.bucket_fragment[b] != p) {
                 continue;
             }
-            let range = self.buckets[b].clone();
-            let mut deltas = std::mem::take(&mut self.local.buckets[b]);
+            let mut values = std::mem::take(&mut self.local.buckets[b]);
             // A rank with a fault sends nothing (its targets may be the bad
-            // call's); one that cannot form its differences (none without
-            // θ_global, which only a rank with a fault lacks) posts that
-            // instead, in place of this bucket's combination and the next.
-            if fault.is_none() {
-                let formed = match self.outer.global.get(range.clone()) {
-                    Some(global) => differences_into(&mut deltas, global, &targets[range]),
-                    None => Err(crate::OptimError::InvalidArgument(
-                        "no global parameters yet: no step has given them all".into(),
-                    )),
-                };
-                if let Err(e) = formed {
-                    let kind = gradwire_algos::FaultKind::Other;
-                    fault = Some(kind);
-                    // Recorded as `record` does (the lock holds the exchange).
-                    self.fault.get_or_insert(super::LocalFault {
-                        kind,
-                        detail: e.to_string(),
-                    });
-                }
+            // call's); one that cannot form what it sends (no pseudo-
+            // gradients without θ_global, which only a rank with a fault
+            // lacks) posts that instead, in place of this bucket's
+            // combination and the next.
+            if fault.is_none()
+                && let Err(e) = self.sent_into(&mut values, b, &sent)
+            {
+                let kind = gradwire_algos::FaultKind::Other;
+                fault = Some(kind);
+                self.record(kind, &e);
             }
             let strategy = self.strategies[b].take().unwrap_or_else(|| {
                 let len = self.bucket_lens[b].iter().sum();
@@ -365,9 +361,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             );
             let launched = self
                 .comm
-                .run_job(&mut self.slots[b], BucketTask::new(job, deltas, strategy))
+                .run_job(&mut self.slots[b], BucketTask::new(job, values, strategy))
                 .map_err(AlgoError::from);
-            ex.running.push((b, launched));
+            self.fragment_exchange.lock().running.push((b, launched));
         }
         Ok(())
     }

@@ -149,6 +149,16 @@ impl<C: Communicator + 'static> GradSync<C> {
         self.dist.training_loop()
     }
 
+    /// The loop the next step takes, the same on every rank, which a front
+    /// end that serves every strategy asks at each step:
+    /// [`GradSync::training_loop`], but [`TrainingLoop::Gradients`] (end
+    /// the step with [`GradSync::finish`]) in DimReduce's first stage and
+    /// during DiLoCo's warm-up by gradients
+    /// ([`crate::WarmupBy::Gradients`]).
+    pub fn current_loop(&self) -> TrainingLoop {
+        self.dist.current_loop()
+    }
+
     fn around(dist: Engine<Passthrough, C>, specs: Vec<ParamSpec>) -> Self {
         let pool = specs.iter().map(|_| None).collect();
         GradSync {

@@ -14,7 +14,7 @@
 use gradwire_comm::{Communicator, FaultKind, LocalComm, local};
 use gradwire_optim::{
     DiLoCoConfig, DistOpt, DistOptConfig, LocalSteps, OptimError, OuterCodec, OuterOptimizer, Sgd,
-    SgdConfig, StepStats, StrategyConfig,
+    SgdConfig, StepStats, StrategyConfig, WarmupBy,
 };
 use gradwire_tensor::Tensor;
 
@@ -36,34 +36,66 @@ pub(crate) fn gradient64(w: &[f64], range: std::ops::Range<usize>) -> Vec<f64> {
     g
 }
 
-/// The reference: `warmup` rounds of one inner plain-SGD step each whose
-/// mean Δ is applied as it is (`θ_global -= Δ`: post-local SGD's
-/// synchronous start), then `rounds` rounds of `h` inner steps with the
-/// outer optimizer (counting its steps from its first round) on `world`
-/// ranks; θ_global after each round, the warm-up's included.
+/// The reference: `warmup` rounds of one inner step each, then `rounds`
+/// rounds of `h` inner steps with the outer optimizer (counting its steps
+/// from its first round) on `world` ranks; every rank's parameters after
+/// each step (at a round's end, θ_global). The inner optimizer is SGD with
+/// momentum `inner_momentum` as PyTorch's (`b = μ b + g`, `w -= lr b`),
+/// each rank's buffer its own and kept from round to round. A warm-up
+/// round by parameters is one inner step on every rank whose mean Δ is
+/// applied as it is (`θ_global -= Δ`: post-local SGD's start); by
+/// gradients, one step of synchronous SGD: the mean gradient at θ_global,
+/// the same on every rank, into every rank's buffer.
 fn reference(
     world: usize,
     warmup: usize,
+    by: WarmupBy,
     h: usize,
     rounds: usize,
     outer: OuterOptimizer,
-) -> Vec<Vec<f64>> {
+    inner_momentum: f64,
+) -> Vec<Vec<Vec<f64>>> {
     let mut global: Vec<f64> = initial().into_iter().flatten().map(f64::from).collect();
     let d = global.len();
     let (mut b, mut m, mut v) = (vec![0.0; d], vec![0.0; d], vec![0.0; d]);
+    let mut buffers = vec![vec![0.0; d]; world];
     let shard = BATCH / world;
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<Vec<f64>>> = Vec::new();
+    let mut outer_steps = 0;
     for warm in (0..warmup).map(|_| true).chain((0..rounds).map(|_| false)) {
-        let steps = if warm { 1 } else { h };
-        let mut delta = vec![0.0; d];
-        for rank in 0..world {
-            let mut w = global.clone();
-            for _ in 0..steps {
-                let g = gradient64(&w, rank * shard..(rank + 1) * shard);
-                for (wj, gj) in w.iter_mut().zip(g) {
-                    *wj -= INNER_LR * gj;
+        if warm && by == WarmupBy::Gradients {
+            let mut mean = vec![0.0; d];
+            for rank in 0..world {
+                let g = gradient64(&global, rank * shard..(rank + 1) * shard);
+                for (mj, gj) in mean.iter_mut().zip(g) {
+                    *mj += gj / world as f64;
                 }
             }
+            for buffer in &mut buffers {
+                for (bj, gj) in buffer.iter_mut().zip(&mean) {
+                    *bj = inner_momentum * *bj + gj;
+                }
+            }
+            for (wj, bj) in global.iter_mut().zip(&buffers[0]) {
+                *wj -= INNER_LR * bj;
+            }
+            out.push(vec![global.clone(); world]);
+            continue;
+        }
+        let steps = if warm { 1 } else { h };
+        let mut ws = vec![global.clone(); world];
+        for _ in 0..steps {
+            for (rank, (w, buffer)) in ws.iter_mut().zip(&mut buffers).enumerate() {
+                let g = gradient64(w, rank * shard..(rank + 1) * shard);
+                for ((wj, bj), gj) in w.iter_mut().zip(buffer.iter_mut()).zip(g) {
+                    *bj = inner_momentum * *bj + gj;
+                    *wj -= INNER_LR * *bj;
+                }
+            }
+            out.push(ws.clone());
+        }
+        let mut delta = vec![0.0; d];
+        for w in &ws {
             for j in 0..d {
                 delta[j] += (global[j] - w[j]) / world as f64;
             }
@@ -84,7 +116,8 @@ fn reference(
             OuterOptimizer::Adam { lr } => {
                 let (lr, b1, b2, eps) = (f64::from(lr), 0.9, 0.999, 1e-8);
                 // The outer optimizer's step count, from its first round.
-                let t = (out.len() + 1 - warmup) as i32;
+                outer_steps += 1;
+                let t = outer_steps;
                 for j in 0..d {
                     m[j] = b1 * m[j] + (1.0 - b1) * delta[j];
                     v[j] = b2 * v[j] + (1.0 - b2) * delta[j] * delta[j];
@@ -94,7 +127,10 @@ fn reference(
                 }
             }
         }
-        out.push(global.clone());
+        // Every rank goes on from θ_global.
+        if let Some(last) = out.last_mut() {
+            *last = vec![global.clone(); world];
+        }
     }
     out
 }
@@ -237,8 +273,19 @@ pub(crate) fn run_with(
     dist_config: DistOptConfig,
     steps: usize,
 ) -> Vec<Vec<Vec<f32>>> {
+    run_inner(world, dist_config, steps, 0.0)
+}
+
+/// [`run_with`] with an inner SGD of momentum `inner_momentum`.
+fn run_inner(
+    world: usize,
+    dist_config: DistOptConfig,
+    steps: usize,
+    inner_momentum: f64,
+) -> Vec<Vec<Vec<f32>>> {
     local::run(world, |comm: LocalComm| {
-        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), dist_config.clone())?;
+        let inner = Sgd::new(SgdConfig::default().lr(INNER_LR).momentum(inner_momentum))?;
+        let mut dist = LocalSteps::new(inner, comm, specs(), dist_config.clone())?;
         let mut w = tensors(&initial().concat());
         let mut after = Vec::new();
         for _ in 0..steps {
@@ -255,19 +302,54 @@ pub(crate) fn run_with(
 
 #[test]
 fn diloco_follows_the_papers_rules_on_1_to_4_ranks() {
-    follows_the_reference(0, 3, 4);
+    follows_the_reference(0, WarmupBy::Parameters, 3, 4, 0.0);
 }
 
 #[test]
 fn a_warm_up_of_one_step_rounds_then_the_papers_rules_on_1_to_4_ranks() {
-    follows_the_reference(3, 2, 3);
+    follows_the_reference(3, WarmupBy::Parameters, 2, 3, 0.0);
 }
 
-/// `warmup` rounds of one step, then `rounds` of `h`, with each outer
-/// optimizer on 1 to 4 ranks, against [`reference`]: every
-/// rank bitwise equal at each round's end, and within f32's rounding of
-/// the reference.
-fn follows_the_reference(warmup: usize, h: usize, rounds: usize) {
+/// With an inner momentum, the warm-up by gradients (one buffer, the mean
+/// gradient's, on every rank) and by parameters (each rank's own buffer)
+/// part at the first inner step after the warm-up: each is checked
+/// against its own reference, which differ there.
+#[test]
+fn a_warm_up_by_gradients_is_synchronous_sgd_then_the_papers_rules_on_1_to_4_ranks() {
+    follows_the_reference(3, WarmupBy::Gradients, 2, 3, 0.9);
+    follows_the_reference(3, WarmupBy::Parameters, 2, 3, 0.9);
+    let outer = OuterOptimizer::Nesterov {
+        lr: 0.7,
+        momentum: 0.9,
+    };
+    let by = |by| reference(3, 3, by, 2, 3, outer, 0.9);
+    let (gradients, parameters) = (by(WarmupBy::Gradients), by(WarmupBy::Parameters));
+    // Rank 0 after the first inner step of the first round (step 3).
+    let apart = gradients[3][0]
+        .iter()
+        .zip(&parameters[3][0])
+        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    // Ten times the tolerance `follows_the_reference` grants at step 3.
+    let scale = gradients[3][0].iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let tol = 1e-5 * scale * 4.0;
+    assert!(
+        apart > 10.0 * tol,
+        "the two warm-ups are {apart} apart (tolerance {tol}): the test would not tell them apart"
+    );
+}
+
+/// `warmup` rounds of one step (combined as `by` says), then `rounds` of
+/// `h`, with each outer optimizer on 1 to 4 ranks and an inner SGD of
+/// momentum `inner_momentum`, against [`reference`]: every rank within
+/// f32's rounding of the reference after every step, and bitwise equal to
+/// the others at each round's end.
+fn follows_the_reference(
+    warmup: usize,
+    by: WarmupBy,
+    h: usize,
+    rounds: usize,
+    inner_momentum: f64,
+) {
     for outer in [
         OuterOptimizer::Nesterov {
             lr: 0.7,
@@ -276,30 +358,37 @@ fn follows_the_reference(warmup: usize, h: usize, rounds: usize) {
         OuterOptimizer::Adam { lr: 0.01 },
     ] {
         for world in 1..=4 {
-            let what = format!("warm-up {warmup}, {outer:?}, W = {world}");
-            let want = reference(world, warmup, h, rounds, outer);
+            let what = format!("warm-up {warmup} by {by:?}, {outer:?}, W = {world}");
+            let want = reference(world, warmup, by, h, rounds, outer, inner_momentum);
             let strategy = StrategyConfig::DiLoCo(DiLoCoConfig {
                 sync_every: h as u32,
                 outer,
                 warmup: warmup as u32,
+                warmup_by: by,
                 ..DiLoCoConfig::DEFAULT
             });
-            let got = run(world, strategy, warmup + h * rounds);
+            let got = run_inner(world, config(strategy), warmup + h * rounds, inner_momentum);
+            assert_eq!(want.len(), warmup + h * rounds);
             // The warm-up's rounds end at every step, then every h steps.
-            let ends = (0..warmup).chain((1..=rounds).map(|r| warmup + r * h - 1));
-            for (round, (want, end)) in want.iter().zip(ends).enumerate() {
-                // Every rank goes on from θ_global: equal at a round's end.
-                for rank in 1..world {
-                    assert_eq!(got[rank][end], got[0][end], "{what}: rank {rank}");
+            let mut ends = (0..warmup).chain((1..=rounds).map(|r| warmup + r * h - 1));
+            for (step, want) in want.iter().enumerate() {
+                for (rank, want) in want.iter().enumerate() {
+                    // f32 arithmetic over the steps and the outer steps so far.
+                    let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                    let tol = 1e-5 * scale * (step + 1) as f64;
+                    for (j, (g, w)) in got[rank][step].iter().zip(want).enumerate() {
+                        assert!(
+                            (f64::from(*g) - w).abs() <= tol,
+                            "{what}, step {step}, rank {rank}, entry {j}: {g} against {w}"
+                        );
+                    }
                 }
-                // f32 arithmetic over the steps and the outer steps so far.
-                let scale = want.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-                let tol = 1e-5 * scale * (end + 1) as f64;
-                for (j, (g, w)) in got[0][end].iter().zip(want).enumerate() {
-                    assert!(
-                        (f64::from(*g) - w).abs() <= tol,
-                        "{what}, round {round}, entry {j}: {g} against {w}"
-                    );
+                // Every rank goes on from θ_global: equal at a round's end.
+                if ends.clone().next() == Some(step) {
+                    ends.next();
+                    for rank in 1..world {
+                        assert_eq!(got[rank][step], got[0][step], "{what}: rank {rank}");
+                    }
                 }
             }
         }
@@ -459,6 +548,40 @@ fn a_non_finite_inner_step_skips_its_round_alike_and_changes_nothing() {
                 } else if round_end {
                     unreachable!("{what}");
                 }
+            }
+        }
+    }
+}
+
+/// Rank 1's gradient holds a NaN at the second step of a warm-up by
+/// gradients (3 steps, then rounds of 2, an inner momentum of 0.9):
+/// every rank skips (or fails) that step alike before anything changes
+/// (the parameters, the inner momentum, the codec's residuals, the steps
+/// counted), so the run goes on as one without it: after it, step `s` is
+/// step `s - 1` of a run without faults.
+#[test]
+fn a_non_finite_gradient_in_the_warm_up_by_gradients_is_skipped_alike_and_changes_nothing() {
+    let strategy = StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: 2,
+        warmup: 3,
+        warmup_by: WarmupBy::Gradients,
+        codec: OuterCodec::Quantized(gradwire_compress::Quantizer::MinMaxU8),
+        ..DiLoCoConfig::DEFAULT
+    });
+    let world = 3;
+    let clean = run_poisoned(world, strategy, true, 8, |_, _| false);
+    for skip in [true, false] {
+        let seen = run_poisoned(world, strategy, skip, 9, |rank, s| rank == 1 && s == 1);
+        for rank in 0..world {
+            for (s, (w, outcome)) in seen[rank].iter().enumerate() {
+                let what = format!("skip_non_finite {skip}, rank {rank}, step {s}");
+                let (want_w, want_outcome) = match s {
+                    0 => (&clean[rank][0].0, Some(false)),
+                    1 => (&clean[rank][0].0, if skip { Some(true) } else { None }),
+                    _ => (&clean[rank][s - 1].0, clean[rank][s - 1].1),
+                };
+                assert_eq!(*outcome, want_outcome, "{what}");
+                assert_eq!(w, want_w, "{what}");
             }
         }
     }

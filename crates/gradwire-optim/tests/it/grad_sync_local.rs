@@ -221,6 +221,119 @@ fn a_failing_local_step_or_a_nan_ends_the_step_alike_on_every_rank() {
     }
 }
 
+/// DiLoCo (rounds of 2) after a warm-up of 2 steps by gradients, with the
+/// caller's own SGD: the loop `current_loop` names at each step, the
+/// warm-up's steps through `finish` (the caller's optimizer stepping with
+/// the mean gradients it writes), the rounds' through `step_locally`.
+/// With `misuse`, the first step is tried with `step_locally` first, which
+/// fails on every rank and changes nothing. Every rank's parameters, and
+/// the loop of each step.
+fn through_grad_sync_warming_up(
+    comm: LocalComm,
+    misuse: bool,
+) -> Result<(Vec<Vec<f32>>, Vec<TrainingLoop>)> {
+    let rank = comm.rank();
+    let specs = specs();
+    let mut sync = GradSync::new(comm, specs.clone(), config(warming_up()))?;
+    assert_eq!(sync.training_loop(), TrainingLoop::LocalSteps);
+    let mut own = sgd();
+    let mut params: Vec<Vec<f32>> = specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| initial(k, s.shape.iter().product()))
+        .collect();
+    let mut loops = Vec::new();
+    for step in 0..STEPS {
+        let mut grads: Vec<Vec<f32>> = specs
+            .iter()
+            .enumerate()
+            .map(|(k, s)| gradient(rank, step, k, s.shape.iter().product()))
+            .collect();
+        loops.push(sync.current_loop());
+        if misuse && step == 0 {
+            for (k, g) in grads.iter().enumerate() {
+                sync.push(k, g)?;
+            }
+            let before = params.clone();
+            let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+            let err = sync
+                .step_locally(&mut slices[..], |p| {
+                    p[0][0] += 1.0;
+                    Ok(())
+                })
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    OptimError::Fault(Fault {
+                        kind: FaultKind::InvalidArgument,
+                        ..
+                    })
+                ),
+                "{err}"
+            );
+            assert_eq!(
+                bits(&params),
+                bits(&before),
+                "a refused step changes nothing"
+            );
+            assert_eq!(sync.current_loop(), TrainingLoop::Gradients);
+        }
+        for (k, g) in grads.iter().enumerate() {
+            sync.push(k, g)?;
+        }
+        if sync.current_loop() == TrainingLoop::Gradients {
+            let mut means: Vec<&mut [f32]> = grads.iter_mut().map(Vec::as_mut_slice).collect();
+            sync.finish(&mut means)?;
+            for ((spec, values), g) in specs.iter().zip(params.iter_mut()).zip(&grads) {
+                own.update_slice(&spec.name, &spec.shape, values, g)?;
+            }
+            own.step();
+        } else {
+            let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+            sync.step_locally(&mut slices[..], |p| {
+                for ((spec, values), g) in specs.iter().zip(p.iter_mut()).zip(&grads) {
+                    own.update_slice(&spec.name, &spec.shape, values, g)?;
+                }
+                own.step();
+                Ok(())
+            })?;
+        }
+    }
+    Ok((params, loops))
+}
+
+/// `diloco:2:uint8:grad-warmup=2`.
+fn warming_up() -> StrategyConfig {
+    "diloco:2:uint8:grad-warmup=2".parse().expect("a strategy")
+}
+
+/// The caller's optimizer through GradSync gives LocalSteps' results
+/// bitwise in DiLoCo with a warm-up by gradients: `finish` for the two
+/// warm-up steps (`current_loop` says so, on every rank alike), then
+/// `step_locally`; `step_locally` in the warm-up is refused on every rank
+/// and changes nothing.
+#[test]
+fn the_callers_step_takes_the_warm_up_by_gradients_through_finish() {
+    for world in 1..=4 {
+        let want = local::run(world, |c| through_local_steps(c, warming_up())).unwrap();
+        for misuse in [false, true] {
+            let got = local::run(world, |c| through_grad_sync_warming_up(c, misuse)).unwrap();
+            for (rank, (w, g)) in want.iter().zip(got).enumerate() {
+                let (w, (g, loops)) = (w.as_ref().unwrap(), g.unwrap());
+                let gradients = TrainingLoop::Gradients;
+                let local = TrainingLoop::LocalSteps;
+                assert_eq!(loops, [gradients, gradients, local, local, local]);
+                assert_eq!(
+                    bits(&g),
+                    bits(w),
+                    "W = {world}, rank {rank}, misuse {misuse}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn modes_and_buffers_that_cannot_work_are_refused() {
     local::run(2, |comm| {

@@ -17,7 +17,7 @@
 
 pub use cost::CostAssumptions;
 pub use outer::{
-    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, OUTER_ADAM_LR, OuterCodec, OuterOptimizer,
+    DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, OUTER_ADAM_LR, OuterCodec, OuterOptimizer, WarmupBy,
 };
 
 use gradwire_algos::{HalfPrecision, PowerSgdConfig};
@@ -365,7 +365,8 @@ impl StrategyConfig {
     /// One example of every registered strategy, with settings that make
     /// each one compress even a model of a few small tensors (top-k 30 %,
     /// PowerSGD at rank 1 from the second step on any matrix, 1-bit Adam
-    /// frozen at step 2, DiLoCo after one warm-up round): what the registry
+    /// frozen at step 2, DiLoCo after a warm-up step by gradients and
+    /// Streaming DiLoCo after one by parameters): what the registry
     /// test, the fault matrix and
     /// `gradwire bench strategies` walk. [`StrategyConfig::Custom`] is not
     /// among them. (Every one of them parses: the registry's test checks
@@ -389,8 +390,8 @@ impl StrategyConfig {
             "e3m0",
             "uint8",
             "onebit-adam:freeze=2",
-            "diloco:2:uint8:warmup=1",
-            "streaming-diloco:4:2:tau=1:uint8",
+            "diloco:2:uint8:grad-warmup=1",
+            "streaming-diloco:4:2:tau=1:uint8:warmup=1",
         ]
         .into_iter()
         .filter_map(|text| text.parse::<StrategyConfig>().ok())

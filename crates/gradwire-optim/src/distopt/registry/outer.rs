@@ -1,4 +1,4 @@
-//! DiLoCo's settings (`diloco:H[:CODEC][:warmup=N][:adam][:lr=LR][:momentum=M]`): how
+//! DiLoCo's settings (`diloco:H[:CODEC][:warmup=N|:grad-warmup=N][:adam][:lr=LR][:momentum=M]`): how
 //! often the workers synchronise, what carries the pseudo-gradient, and the
 //! outer optimizer that applies it to the global parameters
 //! (`../outer.rs` runs the loop).
@@ -176,15 +176,36 @@ pub struct DiLoCoConfig {
     pub outer: OuterOptimizer,
     /// The first `warmup` rounds are of one inner step each (in Streaming
     /// DiLoCo every fragment at once; its stagger starts after them),
-    /// their mean pseudo-gradient applied as it is
-    /// (`θ_global -= Δ`, no outer optimizer, whose state starts after
-    /// them): post-local SGD's synchronous start (Lin et al., 2020), which
-    /// with an inner SGD and dense pseudo-gradients *is* synchronous
-    /// training. Each of its steps is an exchange through the codec. On the
-    /// README's transformer 64 of 320 steps took DiLoCo's loss from 5.7 %
-    /// to 2.3 % above synchronous training's, at 4 times the bytes. 0:
-    /// none.
+    /// combined as `warmup_by` says, before the outer optimizer's first
+    /// step (whose state starts after them). Each of its steps is an
+    /// exchange through the codec. On the README's transformer 64 of 320
+    /// steps took DiLoCo's loss from 5.7 % to 2.3 % above synchronous
+    /// training's by parameters, at 4 times the bytes. 0: none.
     pub warmup: u32,
+    /// What the warm-up's steps average.
+    pub warmup_by: WarmupBy,
+}
+
+/// What DiLoCo's warm-up steps ([`DiLoCoConfig::warmup`]) average.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WarmupBy {
+    /// The parameters after one local step (`warmup=N`): the mean
+    /// pseudo-gradient applied as it is (`θ_global -= Δ`), post-local
+    /// SGD's synchronous start (Lin et al., 2020), which with an inner SGD
+    /// and dense pseudo-gradients *is* synchronous training; with an
+    /// adaptive inner optimizer each rank's state stays its own. Any inner
+    /// step, gradwire's optimizer or the caller's.
+    #[default]
+    Parameters,
+    /// The gradients (`grad-warmup=N`): each step is synchronous
+    /// data-parallel training, the mean gradient (through the codec) given
+    /// to the inner optimizer on every rank, so its state is the same on
+    /// every rank when the rounds begin (DiLoCo's start from a
+    /// synchronously trained model). A gradient no rank pushed counts as
+    /// zeros. With the caller's own optimizer these steps are gradient
+    /// steps ([`crate::GradSync::current_loop`] says when):
+    /// [`crate::GradSync::finish`] in place of `step_locally`.
+    Gradients,
 }
 
 impl DiLoCoConfig {
@@ -201,6 +222,7 @@ impl DiLoCoConfig {
             momentum: DILOCO_MOMENTUM,
         },
         warmup: 0,
+        warmup_by: WarmupBy::Parameters,
     };
 
     /// The registry's streaming defaults: H = 50 in 2 fragments, merged at

@@ -37,6 +37,8 @@ fn every_setting_round_trips() {
         "sampled-topk:0.001:no-ef",
         "diloco:4:e3m0:warmup=100:adam",
         "streaming-diloco:4:2:tau=1:uint8:warmup=3",
+        "diloco:8:qsgd:grad-warmup=5:lr=0.5",
+        "streaming-diloco:4:2:e3m0:grad-warmup=2",
     ];
     for text in seeded {
         let s: StrategyConfig = text.parse().unwrap();
@@ -119,6 +121,8 @@ fn bad_text_names_its_cause() {
         "randomk:0.1:seed=-1",
         "diloco:4:warmup=-1",
         "diloco:4:warmup",
+        "diloco:4:grad-warmup",
+        "diloco:4:grad-warmup=x",
     ] {
         assert!(
             matches!(

@@ -6,6 +6,7 @@
 use super::{
     DILOCO_LR, DILOCO_MOMENTUM, DiLoCoConfig, ONEBIT_ADAM_BETA1, ONEBIT_ADAM_FREEZE_STEP,
     OUTER_ADAM_LR, OuterCodec, OuterOptimizer, QSGD_LEVELS, StrategyConfig, StrategyError,
+    WarmupBy,
 };
 use gradwire_algos::PowerSgdConfig;
 use gradwire_compress::{QsgdNorm, Quantizer, SparseCodec};
@@ -124,7 +125,11 @@ impl fmt::Display for StrategyConfig {
                     write!(f, ":{codec}")?;
                 }
                 if config.warmup > 0 {
-                    write!(f, ":warmup={}", config.warmup)?;
+                    let key = match config.warmup_by {
+                        WarmupBy::Parameters => "warmup",
+                        WarmupBy::Gradients => "grad-warmup",
+                    };
+                    write!(f, ":{key}={}", config.warmup)?;
                 }
                 match config.outer {
                     OuterOptimizer::Nesterov { lr, momentum } => {
@@ -299,9 +304,13 @@ impl FromStr for StrategyConfig {
                     config.delay = u32::try_from(integer("the delay")?)
                         .map_err(|_| bad(format!("{part:?} is too large a delay")))?
                 }
-                (StrategyConfig::DiLoCo(config), "warmup", Some(_)) => {
+                (StrategyConfig::DiLoCo(config), "warmup" | "grad-warmup", Some(_)) => {
                     config.warmup = u32::try_from(integer("the warm-up")?)
-                        .map_err(|_| bad(format!("{part:?} is too long a warm-up")))?
+                        .map_err(|_| bad(format!("{part:?} is too long a warm-up")))?;
+                    config.warmup_by = match key {
+                        "warmup" => WarmupBy::Parameters,
+                        _ => WarmupBy::Gradients,
+                    };
                 }
                 (StrategyConfig::DiLoCo(config), "alpha", Some(_)) => {
                     config.alpha = number32("alpha")?
@@ -386,10 +395,10 @@ impl StrategyConfig {
             StrategyConfig::Partial { .. } => "partial[:state]",
             StrategyConfig::DimReduce => "dimreduce",
             StrategyConfig::DiLoCo(config) if config.is_streaming() => {
-                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N][:adam][:lr=LR][:momentum=M]"
+                "streaming-diloco[:H][:F][:tau=T][:alpha=A][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N|:grad-warmup=N][:adam][:lr=LR][:momentum=M]"
             }
             StrategyConfig::DiLoCo(_) => {
-                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N][:adam][:lr=LR][:momentum=M]"
+                "diloco[:H][:fp16|:bf16|:onebit|:qsgd[=L][:max-norm]|:e3m0|:uint8|:topk=R|:powersgd=R][:warmup=N|:grad-warmup=N][:adam][:lr=LR][:momentum=M]"
             }
         }
     }
