@@ -254,29 +254,7 @@ fn through_grad_sync_warming_up(
             for (k, g) in grads.iter().enumerate() {
                 sync.push(k, g)?;
             }
-            let before = params.clone();
-            let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
-            let err = sync
-                .step_locally(&mut slices[..], |p| {
-                    p[0][0] += 1.0;
-                    Ok(())
-                })
-                .unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    OptimError::Fault(Fault {
-                        kind: FaultKind::InvalidArgument,
-                        ..
-                    })
-                ),
-                "{err}"
-            );
-            assert_eq!(
-                bits(&params),
-                bits(&before),
-                "a refused step changes nothing"
-            );
+            step_locally_is_refused(&mut sync, &mut params);
             assert_eq!(sync.current_loop(), TrainingLoop::Gradients);
         }
         for (k, g) in grads.iter().enumerate() {
@@ -301,6 +279,34 @@ fn through_grad_sync_warming_up(
         }
     }
     Ok((params, loops))
+}
+
+/// A `step_locally` whose closure changes `params` fails on every rank
+/// with a fault of kind `InvalidArgument`, and `params` stay as they were.
+fn step_locally_is_refused(sync: &mut GradSync<LocalComm>, params: &mut [Vec<f32>]) {
+    let before = params.to_vec();
+    let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
+    let err = sync
+        .step_locally(&mut slices[..], |p| {
+            p[0][0] += 1.0;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OptimError::Fault(Fault {
+                kind: FaultKind::InvalidArgument,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        bits(params),
+        bits(&before),
+        "a refused step changes nothing"
+    );
 }
 
 /// `diloco:2:uint8:grad-warmup=2`.
@@ -344,26 +350,8 @@ fn modes_and_buffers_that_cannot_work_are_refused() {
         // Partial averaging of the state without the optimizer's buffers:
         // the step fails on every rank, and the parameters stay.
         let mut without_state = GradSync::new(other, specs(), config(average_state)).unwrap();
-        let mut params = [vec![1f32; 1], vec![2f32; 13], vec![3f32; 28]];
-        let before = params.clone();
-        let mut slices: Vec<&mut [f32]> = params.iter_mut().map(Vec::as_mut_slice).collect();
-        let err = without_state
-            .step_locally(&mut slices[..], |p| {
-                p[0][0] = 9.0;
-                Ok(())
-            })
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                OptimError::Fault(Fault {
-                    kind: FaultKind::InvalidArgument,
-                    ..
-                })
-            ),
-            "{err}"
-        );
-        assert_eq!(params, before);
+        let mut params = vec![vec![1f32; 1], vec![2f32; 13], vec![3f32; 28]];
+        step_locally_is_refused(&mut without_state, &mut params);
         let mut sync = GradSync::new(comm, specs(), config(StrategyConfig::Dense)).unwrap();
         assert_eq!(sync.training_loop(), TrainingLoop::Gradients);
         let mut params = [vec![0f32; 1], vec![0f32; 13], vec![0f32; 28]];
