@@ -40,6 +40,15 @@ fn initial(k: usize, n: usize) -> Vec<f32> {
     (0..n).map(|i| ((k * 31 + i) as f32 * 0.37).cos()).collect()
 }
 
+/// Every declared parameter's starting values.
+fn initial_params(specs: &[ParamSpec]) -> Vec<Vec<f32>> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(k, s)| initial(k, s.shape.iter().product()))
+        .collect()
+}
+
 fn gradient(rank: usize, step: usize, k: usize, n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (((rank * 13 + step * 7 + k * 5 + i) as f32) * 0.61).sin() * 0.2)
@@ -101,11 +110,7 @@ fn through_grad_sync(
     };
     assert_eq!(sync.training_loop(), TrainingLoop::LocalSteps);
     let mut own = sgd();
-    let mut params: Vec<Vec<f32>> = specs
-        .iter()
-        .enumerate()
-        .map(|(k, s)| initial(k, s.shape.iter().product()))
-        .collect();
+    let mut params = initial_params(&specs);
     let mut outcomes = Vec::new();
     for step in 0..STEPS {
         let grads: Vec<Vec<f32>> = specs
@@ -237,11 +242,7 @@ fn through_grad_sync_warming_up(
     let mut sync = GradSync::new(comm, specs.clone(), config(warming_up()))?;
     assert_eq!(sync.training_loop(), TrainingLoop::LocalSteps);
     let mut own = sgd();
-    let mut params: Vec<Vec<f32>> = specs
-        .iter()
-        .enumerate()
-        .map(|(k, s)| initial(k, s.shape.iter().product()))
-        .collect();
+    let mut params = initial_params(&specs);
     let mut loops = Vec::new();
     for step in 0..STEPS {
         let mut grads: Vec<Vec<f32>> = specs
