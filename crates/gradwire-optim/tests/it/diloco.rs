@@ -4,12 +4,15 @@
 //! its shard from θ_global, Δ = mean_i (θ_global - θ_i), and the outer
 //! optimizer (SGD with Nesterov momentum as PyTorch's, or Adam) applies Δ to
 //! θ_global, from which every rank goes on. Worlds of 1 to 4 ranks, several
-//! rounds, every rank bitwise equal after each round, with and without a
-//! warm-up of one-step rounds applied as they are; with H = 1, dense and
-//! an outer SGD of lr 1 without momentum, the loop is synchronous
-//! data-parallel SGD; with every codec, what a round did not apply is owed
-//! by the residuals (no mass lost); a round resumes bitwise from a
-//! checkpoint taken mid-round; a non-finite inner step is skipped alike.
+//! rounds, every rank within rounding of the reference after every step
+//! and bitwise equal to the others after each round, with and without a
+//! warm-up (one-step rounds applied as they are, or synchronous SGD steps
+//! by gradients, an inner momentum telling the two apart); with H = 1,
+//! dense and an outer SGD of lr 1 without momentum, the loop is
+//! synchronous data-parallel SGD; with every codec, what a round did not
+//! apply is owed by the residuals (no mass lost); a round, and the warm-up
+//! by gradients, resume bitwise from a checkpoint; a non-finite inner
+//! step, or warm-up step, is skipped alike.
 
 use gradwire_comm::{Communicator, FaultKind, LocalComm, local};
 use gradwire_optim::{
@@ -441,30 +444,58 @@ fn a_round_resumes_bitwise_from_a_checkpoint_taken_mid_round() {
             momentum: 0.9,
         },
     );
+    resumes_bitwise(strategy, 0.0, 6, 10);
+}
+
+/// In the warm-up by gradients (top-k's residuals and the inner momentum
+/// carried across it), and at its last step (θ_global not yet taken
+/// again), a checkpoint resumes bitwise.
+#[test]
+fn the_warm_up_by_gradients_resumes_bitwise_from_a_checkpoint() {
+    let strategy = StrategyConfig::DiLoCo(DiLoCoConfig {
+        sync_every: 2,
+        codec: OuterCodec::TopK(0.3),
+        warmup: 3,
+        warmup_by: WarmupBy::Gradients,
+        ..DiLoCoConfig::DEFAULT
+    });
+    for at in [1, 3] {
+        resumes_bitwise(strategy, 0.9, at, 8);
+    }
+}
+
+/// `steps` steps of `strategy` (an inner SGD of momentum `inner_momentum`)
+/// on 3 ranks, checkpointed after step `at` and resumed on a loop made
+/// afresh: every rank's parameters after each later step bitwise those of
+/// the run without the resume.
+fn resumes_bitwise(strategy: StrategyConfig, inner_momentum: f64, at: usize, steps: usize) {
     let world = 3;
-    let straight = run(world, strategy, 10);
-    let resumed: Vec<Vec<f32>> = local::run(world, |comm: LocalComm| {
+    let inner = || Sgd::new(SgdConfig::default().lr(INNER_LR).momentum(inner_momentum));
+    let straight = run_inner(world, config(strategy), steps, inner_momentum);
+    let resumed = local::run(world, |comm: LocalComm| {
         let comm2 = comm.split(Some(0), comm.rank() as i64)?.expect("a member");
-        let mut dist = LocalSteps::new(inner_sgd(), comm, specs(), config(strategy))?;
+        let mut dist = LocalSteps::new(inner()?, comm, specs(), config(strategy))?;
         let mut w = tensors(&initial().concat());
-        for _ in 0..6 {
+        for _ in 0..at {
             step(&mut dist, &mut w, world, false)?;
         }
         let (mut again, mut w) =
-            checkpoint_and_resume(dist, &w, comm2, config(strategy), inner_sgd())?;
+            checkpoint_and_resume(dist, &w, comm2, config(strategy), inner()?)?;
         let mut after = Vec::new();
-        for _ in 6..10 {
+        for _ in at..steps {
             step(&mut again, &mut w, world, false)?;
             after.push(flat(&w));
         }
         Ok::<_, OptimError>(after)
     })
-    .unwrap()
-    .into_iter()
-    .map(|r| r.unwrap())
-    .next()
     .unwrap();
-    assert_eq!(resumed, straight[0][6..10].to_vec());
+    for (rank, resumed) in resumed.into_iter().enumerate() {
+        assert_eq!(
+            resumed.unwrap(),
+            straight[rank][at..steps].to_vec(),
+            "{strategy}, resumed after step {at}, rank {rank}"
+        );
+    }
 }
 
 /// What one rank saw at each step of a run in which some steps' gradients
