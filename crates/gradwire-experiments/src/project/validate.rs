@@ -18,7 +18,7 @@ use gradwire_algos::cost::{
 };
 use gradwire_compress::SparseCodec;
 use gradwire_compress::select::SAMPLED_TOP_K_SLACK;
-use gradwire_optim::StrategyConfig;
+use gradwire_optim::{DiLoCoConfig, StrategyConfig};
 
 /// The parameter shapes of `config`'s model, in declaration order
 /// (DistOpt's): what [`collectives_of`] and [`warm_up_of`] plan with.
@@ -60,12 +60,16 @@ pub fn collectives_of(
     let Ok(entry) = entry_of(config, measured) else {
         return Ok(None);
     };
-    Ok(Some(step_collectives(
-        &entry.spec,
-        shapes,
-        config.world,
-        &bucketing_of(config),
-    )?))
+    let mut calls = step_collectives(&entry.spec, shapes, config.world, &bucketing_of(config))?;
+    // DiLoCo's rounds begin after its warm-up's one-step rounds
+    // ([`warm_up_of`]).
+    if let StrategyConfig::DiLoCo(diloco) = config.strategy {
+        let warmup = u64::from(diloco.warmup);
+        for call in &mut calls {
+            *call = call.first_counted_at(call.first_step + warmup);
+        }
+    }
+    Ok(Some(calls))
 }
 
 /// The bytes of the baseline's one fused all-reduce for parameters of
@@ -142,7 +146,9 @@ pub fn selection_of(run: &RunReport, shapes: &[Vec<usize>]) -> Result<Option<Sel
 /// The steps a run of `config` takes before its strategy's steady state,
 /// and what each of them sends: PowerSGD's dense steps before its start
 /// step, 1-bit Adam's uncompressed Adam before the freeze, DimReduce's
-/// dense epochs (`steps_per_epoch` steps each). `None` when it has none.
+/// dense epochs (`steps_per_epoch` steps each), DiLoCo's warm-up (every
+/// bucket through the codec each step, by parameters or by gradients
+/// alike). `None` when it has none.
 pub fn warm_up_of(
     config: &TrainConfig,
     shapes: &[Vec<usize>],
@@ -158,6 +164,22 @@ pub fn warm_up_of(
             (config.dense_epochs() * steps_per_epoch) as u64,
             StrategySpec::Dense,
         ),
+        StrategyConfig::DiLoCo(diloco) => {
+            // A round of one step, every fragment at once.
+            let round = DiLoCoConfig {
+                sync_every: 1,
+                fragments: 1,
+                delay: 0,
+                alpha: 0.0,
+                warmup: 0,
+                ..diloco
+            };
+            let warm = TrainConfig {
+                strategy: StrategyConfig::DiLoCo(round),
+                ..config.clone()
+            };
+            (u64::from(diloco.warmup), entry_of(&warm, None)?.spec)
+        }
         _ => return Ok(None),
     };
     if steps == 0 {

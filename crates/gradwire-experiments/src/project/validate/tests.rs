@@ -21,10 +21,11 @@ impl Observer for PerStep {
 
 /// Every strategy the CLI runs, on small runs of several buckets each:
 /// PowerSGD with some dense steps first (the model mixes them in), DiLoCo
-/// and Streaming DiLoCo once a round (a fragment at its merge), partial
+/// and Streaming DiLoCo once a round (a fragment at its merge), after a
+/// warm-up of one-step rounds by parameters or by gradients, partial
 /// averaging one bucket a step, delta weight, the threshold and sampled
 /// top-k (their selections depend on the data).
-const ENTRIES: [&str; 18] = [
+const ENTRIES: [&str; 21] = [
     "baseline",
     "baseline:bf16",
     "dense",
@@ -38,6 +39,9 @@ const ENTRIES: [&str; 18] = [
     "diloco:2:topk=0.05",
     "diloco:4:powersgd=2",
     "streaming-diloco:4:2:tau=1",
+    "diloco:3:uint8:warmup=2",
+    "diloco:2:topk=0.05:grad-warmup=3",
+    "streaming-diloco:4:2:tau=1:grad-warmup=2",
     "partial",
     "partial:state",
     "adasum-delta",
