@@ -3,8 +3,9 @@
 //! combined across the workers before the optimizer steps (the gradient
 //! strategies); the optimizer's local step followed by the averaging of
 //! the parameters (`partial`) or the combination of the weight changes
-//! (`adasum-delta`, DiLoCo); or DimReduce (a dense first stage, then
-//! DimReduce's own update with the line search through the caller's loss).
+//! (`adasum-delta`, DiLoCo, after a warm-up by gradients that combines
+//! gradients); or DimReduce (a dense first stage, then DimReduce's own
+//! update with the line search through the caller's loss).
 //!
 //! The module is passed as `&mut M` and replaced by its next state only
 //! when a step completes: a step that fails (on this worker or any other)
@@ -225,12 +226,13 @@ impl<C: Communicator + 'static> DataParallel<C> {
         Ok((steps, total))
     }
 
-    /// One step of `module` with this worker's gradients `grads`, in the
-    /// strategy's loop, at learning rate `lr`. A gradient strategy (and
-    /// DimReduce's first stage): the gradients combined across the
-    /// workers, then the optimizer's step with them (none after a skipped
-    /// step); a failure leaves `module` and the optimizer as they were.
-    /// Local steps (`partial`, `adasum-delta`): the optimizer steps first
+    /// One step of `module` with this worker's gradients `grads`, in this
+    /// step's loop ([`GradSync::current_loop`]), at learning rate `lr`. A
+    /// gradient strategy (and DimReduce's first stage, and DiLoCo's
+    /// warm-up by gradients): the gradients combined across the workers,
+    /// then the optimizer's step with them (none after a skipped step); a
+    /// failure leaves `module` and the optimizer as they were. Local steps
+    /// (`partial`, `adasum-delta`, DiLoCo's rounds): the optimizer steps first
     /// with this worker's own gradients, then the parameters, or their
     /// changes, are combined ([`GradSync::step_locally`]; the gradients
     /// are only checked for NaN and infinities). After

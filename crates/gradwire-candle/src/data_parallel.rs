@@ -4,8 +4,9 @@
 //! strategies); the optimizer's local step followed by the averaging of
 //! parameters (`partial`, with the optimizer's state too for
 //! `partial:state`) or the combination of the weight changes
-//! (`adasum-delta`); or DimReduce (a dense first stage, then DimReduce's
-//! own update with the line search through the caller's loss).
+//! (`adasum-delta`, DiLoCo, after a warm-up by gradients that combines
+//! gradients); or DimReduce (a dense first stage, then DimReduce's own
+//! update with the line search through the caller's loss).
 
 use crate::accumulate::LocalAccumulation;
 use crate::optim::DataParallelOptimizer;
@@ -320,11 +321,12 @@ impl<O: DataParallelOptimizer, C: Communicator + 'static> DataParallel<O, C> {
         Ok((steps, total))
     }
 
-    /// One step with this worker's gradients `grads`, in the strategy's
-    /// loop. A gradient strategy (and DimReduce's first stage): the
-    /// gradients combined across the workers, then the optimizer's step
-    /// with them (none after a skipped step). Local steps (`partial`,
-    /// `adasum-delta`): the optimizer steps first with this worker's own
+    /// One step with this worker's gradients `grads`, in this step's loop
+    /// ([`GradSync::current_loop`]). A gradient strategy (and DimReduce's
+    /// first stage, and DiLoCo's warm-up by gradients): the gradients
+    /// combined across the workers, then the optimizer's step with them
+    /// (none after a skipped step). Local steps (`partial`, `adasum-delta`,
+    /// DiLoCo's rounds): the optimizer steps first with this worker's own
     /// gradients, then the parameters (and with `partial:state` the
     /// optimizer's buffers), or their changes, are combined
     /// ([`GradSync::step_locally`]; the gradients are only checked for NaN

@@ -171,22 +171,37 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         let track = self.comm.timeline().cloned();
         let optimizer_span = span(track.as_ref(), "optimizer", "optimizer", None);
         let mut reduced = std::mem::take(&mut self.scratch.reduced);
-        let mut failure = None;
-        for (i, grad, _) in reduced.drain(..) {
-            if failure.is_none() {
-                let name = self.params[i].name.as_str();
-                match apply(&mut self.optimizer, name, i, grad) {
-                    Ok(()) => stats.updated += 1,
-                    Err(e) => failure = Some(e.to_string()),
-                }
-            }
-        }
+        let failure = self.apply_each(
+            reduced.drain(..).map(|(i, grad, _)| (i, grad)),
+            &mut apply,
+            &mut stats,
+        );
         self.scratch.reduced = reduced;
         // The agreement on the outcome is a collective of its own.
         drop(optimizer_span);
         self.agree_after(FaultKind::Optimizer, failure, &mut stats)?;
         self.optimizer.step();
         Ok(stats)
+    }
+
+    /// `apply(optimizer, name, index, value)` for each `(index, value)` of
+    /// `values` until one fails, each success counted in `stats.updated`:
+    /// the failure's description, for the agreement that follows (the
+    /// gradient modes' update, and DiLoCo's warm-up by gradients').
+    pub(super) fn apply_each(
+        &mut self,
+        values: impl IntoIterator<Item = (usize, Tensor)>,
+        apply: &mut impl FnMut(&mut O, &str, usize, Tensor) -> Result<()>,
+        stats: &mut StepStats,
+    ) -> Option<String> {
+        for (i, value) in values {
+            let name = self.params[i].name.as_str();
+            if let Err(e) = apply(&mut self.optimizer, name, i, value) {
+                return Some(e.to_string());
+            }
+            stats.updated += 1;
+        }
+        None
     }
 
     /// The start of a step's last micro-batch: this rank's arrival, the

@@ -75,32 +75,6 @@ pub(super) fn differences_into(
     Ok(())
 }
 
-/// `values` made to hold `grads`, a missing gradient as zeros of its
-/// declaration (in the tensors already there: no allocation once they
-/// exist): what DiLoCo's warm-up by gradients sends.
-pub(super) fn gradients_into(
-    values: &mut Vec<Tensor>,
-    grads: &[Option<Tensor>],
-    specs: &[super::ParamSpec],
-) -> Result<()> {
-    values.truncate(grads.len());
-    for (k, (grad, spec)) in grads.iter().zip(specs).enumerate() {
-        let zeros;
-        let grad = match grad {
-            Some(grad) => grad,
-            None => {
-                zeros = Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?;
-                &zeros
-            }
-        };
-        match values.get_mut(k) {
-            Some(value) => value.clone_from(grad),
-            None => values.push(grad.clone()),
-        }
-    }
-    Ok(())
-}
-
 /// Every present target overwritten with its value in `values` (in
 /// order): a local-step mode's parameters put back after a failed step, or
 /// made DiLoCo's global ones.

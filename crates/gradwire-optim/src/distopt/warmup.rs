@@ -16,7 +16,6 @@
 //! parameters at the first step of the rounds (`outer.rs`'s `inner_step`,
 //! which leaves it to the first step without a fault, as at the start).
 
-use super::local_step::gradients_into;
 use super::{DiLoCoConfig, Engine, StepStats, WarmupBy};
 use crate::error::Result;
 use crate::optimizer::Optimizer;
@@ -74,9 +73,6 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
         // Taken again from the parameters when the rounds begin.
         self.outer.global.clear();
         let grads = self.take_local_grads();
-        if self.fault.is_none() {
-            self.fault = self.outer.fault.take();
-        }
         if self.buckets.is_empty() {
             self.local.grads = grads;
             // Nothing to combine: an agreement of its own.
@@ -95,14 +91,9 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             let mut failure = None;
             for b in 0..self.buckets.len() {
                 let means = std::mem::take(&mut self.local.buckets[b]);
-                for (i, mean) in self.buckets[b].clone().zip(means) {
-                    if failure.is_none() {
-                        let name = self.params[i].name.as_str();
-                        match apply(&mut self.optimizer, name, i, mean) {
-                            Ok(()) => stats.updated += 1,
-                            Err(e) => failure = Some(e.to_string()),
-                        }
-                    }
+                let range = self.buckets[b].clone();
+                if failure.is_none() {
+                    failure = self.apply_each(range.zip(means), &mut apply, &mut stats);
                 }
             }
             self.agree_after(FaultKind::Optimizer, failure, &mut stats)?;
@@ -136,4 +127,30 @@ impl<O: Optimizer, C: Communicator + 'static> Engine<O, C> {
             }
         }
     }
+}
+
+/// `values` made to hold `grads`, a missing gradient as zeros of its
+/// declaration (in the tensors already there: no allocation once they
+/// exist, but for a missing gradient's zeros).
+fn gradients_into(
+    values: &mut Vec<Tensor>,
+    grads: &[Option<Tensor>],
+    specs: &[super::ParamSpec],
+) -> Result<()> {
+    values.truncate(grads.len());
+    for (k, (grad, spec)) in grads.iter().zip(specs).enumerate() {
+        let zeros;
+        let grad = match grad {
+            Some(grad) => grad,
+            None => {
+                zeros = Tensor::zeros(spec.shape.clone(), spec.dtype, spec.device)?;
+                &zeros
+            }
+        };
+        match values.get_mut(k) {
+            Some(value) => value.clone_from(grad),
+            None => values.push(grad.clone()),
+        }
+    }
+    Ok(())
 }
