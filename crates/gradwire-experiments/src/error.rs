@@ -12,6 +12,16 @@ pub enum ExperimentError {
     /// A checkpoint directory that does not fit this run.
     #[error("cannot resume: {0}")]
     Resume(String),
+    /// Another rank failed at a step every rank takes alike (writing its
+    /// checkpoint, evaluating the model); that rank's own error is in its
+    /// output. No rank goes on alone.
+    #[error("rank {rank} could not {what}")]
+    Peer {
+        /// The lowest rank that failed.
+        rank: usize,
+        /// What it could not do ("write its checkpoint of epoch 3").
+        what: String,
+    },
     /// Training failed in the optimizer or DistOpt.
     #[error(transparent)]
     Optim(#[from] gradwire_optim::OptimError),

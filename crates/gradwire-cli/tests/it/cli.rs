@@ -167,6 +167,7 @@ fn without_timings(records: &[Value]) -> Vec<Value> {
                 "compute_secs",
                 "comm_secs",
                 "wall_secs",
+                "eval_secs",
                 "combine_secs",
                 "coordination_secs",
                 "network_secs",

@@ -115,7 +115,7 @@ pub fn table(runs: &[RunReport]) -> Table {
         format!("epochs to {target}"),
         "MB sent / worker".into(),
         "vs dense".into(),
-        "wall s".into(),
+        "train s".into(),
     ]);
     let quality = |m: Option<f64>| m.map_or("-".to_string(), |m| target.show(m));
     for r in runs {

@@ -22,10 +22,11 @@ const TOP: i32 = 56;
 const BOTTOM: i32 = 110;
 
 /// What each colour means, in the legend's order.
-fn palette() -> [(&'static str, RGBColor); 11] {
+fn palette() -> [(&'static str, RGBColor); 12] {
     [
         ("finish (wait, update)", RGBColor(225, 225, 225)),
         ("forward, backward", RGBColor(100, 149, 237)),
+        ("evaluation", RGBColor(188, 189, 34)),
         ("wait for buckets", RGBColor(255, 190, 190)),
         ("optimizer", RGBColor(32, 178, 170)),
         ("bucket job", RGBColor(255, 230, 160)),
@@ -42,6 +43,7 @@ fn colour_of(e: &TraceEvent) -> RGBColor {
     let key = match e.cat.as_str() {
         "step" => "finish (wait, update)",
         "compute" => "forward, backward",
+        "evaluate" => "evaluation",
         "wait" => "wait for buckets",
         "optimizer" => "optimizer",
         "bucket" => "bucket job",

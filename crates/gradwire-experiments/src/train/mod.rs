@@ -380,9 +380,9 @@ impl Run<'_> {
         // engine's own spans (a shared track: the clone allocates nothing).
         let track = engine.comm().timeline().cloned();
         // The last collective every rank took part in outside the steps:
-        // what a rank does after it (rank 0's evaluation, an epoch's
-        // bookkeeping) delays its arrival at the next exchange as its
-        // steps do, so it counts in the first step's busy time.
+        // what a rank does after it (an epoch's bookkeeping) delays its
+        // arrival at the next exchange as its steps do, so it counts in
+        // the first step's busy time.
         let mut synced = Instant::now();
         let mut calls_since_sync = engine.comm().time_in_calls();
         for epoch in start_epoch..config.epochs {
@@ -535,17 +535,34 @@ impl Run<'_> {
                 straggler(&per_rank)
             };
             tally.coordination += in_calls_since(calls_at_end, engine.comm()).unwrap_or_default();
-            (synced, calls_since_sync) = (Instant::now(), engine.comm().time_in_calls());
             bytes_total += tally.sent;
+            // The epoch's training ends here. Rank 0's evaluation is a
+            // pause no epoch's clock counts (a time to accuracy counts the
+            // training, not its measurement, which a run may do as rarely
+            // as it likes): every rank waits for it in `agree`, so no
+            // rank's steps run beside it either.
+            let wall = began.elapsed();
+            let network = in_calls_since(calls_before, engine.comm());
+            let waiting = waiting_before
+                .zip(engine.comm().time_waiting())
+                .map(|(before, now)| now.saturating_sub(before).as_secs_f64());
+            let evaluating = Instant::now();
             // Partial averaging leaves the models apart: rank 0's is shown.
-            let tested = if rank == 0 {
-                model.evaluate(data)?
-            } else {
-                Evaluation {
-                    loss: 0.0,
-                    accuracy: 0.0,
+            let tested = {
+                let _evaluate = span(track.as_ref(), "evaluate", "test set", None);
+                if rank == 0 {
+                    model.evaluate(data).map(Some)
+                } else {
+                    Ok(None)
                 }
             };
+            let tested =
+                agree(engine.comm(), tested, "evaluate the model")?.unwrap_or(Evaluation {
+                    loss: 0.0,
+                    accuracy: 0.0,
+                });
+            let eval_secs = evaluating.elapsed().as_secs_f64();
+            (synced, calls_since_sync) = (Instant::now(), engine.comm().time_in_calls());
             // The steps the job took this epoch (with uneven shards, this
             // rank's own and those it took part in after joining).
             let steps = tally.steps + tally.joined;
@@ -561,14 +578,13 @@ impl Run<'_> {
                 compression: dense_so_far as f64 / bytes_total.max(1) as f64,
                 compute_secs: tally.compute.as_secs_f64(),
                 comm_secs: tally.comm.as_secs_f64(),
-                wall_secs: began.elapsed().as_secs_f64(),
+                wall_secs: wall.as_secs_f64(),
+                eval_secs,
                 steps,
                 combine_secs: tally.combine.as_secs_f64(),
                 coordination_secs: tally.coordination.as_secs_f64(),
-                network_secs: in_calls_since(calls_before, engine.comm()).map(|d| d.as_secs_f64()),
-                waiting_secs: waiting_before
-                    .zip(engine.comm().time_waiting())
-                    .map(|(before, now)| now.saturating_sub(before).as_secs_f64()),
+                network_secs: network.map(|d| d.as_secs_f64()),
+                waiting_secs: waiting,
                 busy_secs: (!slowest.is_empty()).then_some(busy),
                 slowest_busy_secs: (!slowest.is_empty()).then(|| slowest.iter().sum()),
                 straggler: waited_for,

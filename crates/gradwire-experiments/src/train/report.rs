@@ -118,8 +118,15 @@ pub struct EpochRecord {
     pub compute_secs: f64,
     /// Seconds waiting for communication in `finish`.
     pub comm_secs: f64,
-    /// Seconds for the whole epoch.
+    /// Seconds the epoch's training took: its steps and its closing
+    /// collectives, not the evaluation after it (`eval_secs`), which every
+    /// rank waits out before the next epoch starts.
     pub wall_secs: f64,
+    /// Seconds of the evaluation after the epoch (rank 0's, every rank
+    /// waiting); 0 in a record written before it was counted apart (its
+    /// `wall_secs` then include it).
+    #[serde(default)]
+    pub eval_secs: f64,
     /// Steps taken (by the job: with `--uneven-shards`, a rank's own and
     /// those it took part in after joining).
     #[serde(default)]
@@ -253,13 +260,15 @@ impl RunReport {
         self.epochs.last().map_or(1.0, |e| e.compression)
     }
 
-    /// Seconds over all epochs.
+    /// Seconds of training over all epochs (the evaluations after them
+    /// not counted).
     pub fn wall_secs(&self) -> f64 {
         self.epochs.iter().map(|e| e.wall_secs).sum()
     }
 
-    /// Wall-clock seconds from the start until the end of the first epoch
-    /// that reached the run's [`Target`] (time to accuracy, or to loss).
+    /// Wall-clock seconds of training from the start until the end of the
+    /// first epoch that reached the run's [`Target`] (time to accuracy, or
+    /// to loss; the evaluations that tell are not counted).
     pub fn seconds_to_target(&self) -> Option<f64> {
         Some(self.until_target()?.iter().map(|e| e.wall_secs).sum())
     }
