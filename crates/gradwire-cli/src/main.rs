@@ -31,6 +31,16 @@ use std::thread;
 mod commands;
 mod console;
 
+/// mimalloc keeps freed memory for reuse: candle's backward allocates every
+/// gradient afresh each step (a zeroed buffer per parameter, then the sum
+/// into another), which glibc's allocator serves from fresh pages at large
+/// sizes, so that a step of the 4.35 M-parameter MLP (W = 4, two cores) spent
+/// 38 % of its time in page faults; with mimalloc the two epochs of
+/// `gradwire train -w 4 --epochs 2 --hidden 2048,2048 -s diloco:16:uint8`
+/// took 3.9 and 2.7 s instead of 4.7 and 5.0, the same bits.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "gradwire",
