@@ -230,9 +230,14 @@ pub fn profile_of(
             ))
         })?;
         let codec = split.codec.unwrap_or(0.0);
-        // Everything else the step measured: the optimizer's update, the
-        // bucket copies, the evaluation's share.
-        let other = (split.total - split.compute - codec - network).max(0.0);
+        // Everything else the step measured (the optimizer's update, the
+        // bucket copies): the training thread's time outside compute and
+        // its waits for communication. The calls' time is those waits
+        // where nothing overlapped the steps; where an exchange ran under
+        // them (Streaming DiLoCo's) it is more than the steps waited, and
+        // only the waits were the steps'.
+        let waited = (codec + network).min(split.wait + split.coordination);
+        let other = (split.total - split.compute - waited).max(0.0);
         // Rank 0's network time includes waiting in each collective for
         // the last rank; the model's collectives start when it arrives.
         let imbalance = split.imbalance.unwrap_or(0.0);

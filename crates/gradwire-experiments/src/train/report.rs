@@ -307,6 +307,7 @@ impl RunReport {
             total: sum(|e| e.wall_secs),
             compute: sum(|e| e.compute_secs),
             wait: sum(|e| e.comm_secs),
+            coordination,
             // The combining time outside the communicator's calls: the
             // codecs. The calls outside the combining (the votes, the
             // agreements, their waits for the last rank) are not the
@@ -323,12 +324,18 @@ impl RunReport {
 /// A step's time, split (seconds, averaged over a run's steps).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct StepSplit {
-    /// The whole step, wall-clock (evaluation included, per epoch).
+    /// The whole step, wall-clock (the evaluations between epochs not
+    /// counted).
     pub total: f64,
     /// Forward and backward.
     pub compute: f64,
     /// Blocked waiting for communication (what the overlap did not hide).
     pub wait: f64,
+    /// The training thread's own calls outside the combining: the steps'
+    /// votes and agreements and the epochs' closing collectives
+    /// ([`EpochRecord::coordination_secs`]).
+    #[serde(default)]
+    pub coordination: f64,
     /// Compression and decompression (combining outside network calls);
     /// `None` where the backend does not count its calls' time.
     pub codec: Option<f64>,
@@ -341,7 +348,7 @@ pub struct StepSplit {
     /// outside calls less rank 0's ([`EpochRecord::slowest_busy_secs`]:
     /// waits in point-to-point messages), each a lower bound of the
     /// whole (counted from the collective that last synchronised the
-    /// ranks, so rank 0's evaluation between epochs delays it as its steps
+    /// ranks, so what a rank does between epochs delays it as its steps
     /// do).
     #[serde(default)]
     pub imbalance: Option<f64>,
