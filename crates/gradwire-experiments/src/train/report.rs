@@ -147,8 +147,8 @@ pub struct EpochRecord {
     pub network_secs: Option<f64>,
     /// Of `network_secs`, the time this rank waited in the collectives
     /// for the last rank to arrive (each collective's, from the times away
-    /// every rank sends in its header: load imbalance, a rank's evaluation,
-    /// a descheduled process), not the network's; `None` where the backend
+    /// every rank sends in its header: load imbalance, a descheduled
+    /// process), not the network's; `None` where the backend
     /// keeps no count. Point-to-point messages (AdaSum's) exchange no
     /// header: a wait for the sender in them is not in it.
     #[serde(default)]
