@@ -94,6 +94,37 @@ fn model_of(run: &RunReport) -> RunModel {
     (calls, warm)
 }
 
+/// The one-epoch runs on three ranks whose modelled steady calls `keep`
+/// takes.
+fn runs_where(keep: impl Fn(&[CollectiveCall]) -> bool) -> Vec<RunReport> {
+    runs(3, 1)
+        .into_iter()
+        .map(|(r, _)| r)
+        .filter(|r| keep(&model_of(r).0))
+        .collect()
+}
+
+/// A calibration of three ranks whose all-reduces (gradwire's and the
+/// library's) take a ring's time over `link`, at 64 KiB, 1 and 4 MiB.
+fn calibration_over(link: &Link) -> Calibration {
+    let world = 3;
+    let ring = |bytes: usize| {
+        let w = world as f64;
+        2.0 * (w - 1.0) * (link.latency_s + bytes as f64 / w / link.bytes_per_s)
+    };
+    let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
+        .iter()
+        .map(|&b| (b, ring(b)))
+        .collect();
+    Calibration {
+        world,
+        gradwire: samples.clone(),
+        library: samples,
+        latency_after: Vec::new(),
+        burst: None,
+    }
+}
+
 /// `f` of the steady collectives times the steady steps, plus `f` of
 /// the warm-up's times its steps.
 fn over_the_run(run: &RunReport, f: impl Fn(&[CollectiveCall]) -> f64) -> f64 {
@@ -207,29 +238,11 @@ fn accumulated_steps_send_what_the_model_says() {
 fn the_profile_predicts_a_run_whose_network_matches_the_link() {
     let world = 3;
     let link = Link::new(50e-6, 1.25e8).unwrap();
-    let ring = |bytes: usize| {
-        let w = world as f64;
-        2.0 * (w - 1.0) * (link.latency_s + bytes as f64 / w / link.bytes_per_s)
-    };
-    let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
-        .iter()
-        .map(|&b| (b, ring(b)))
-        .collect();
-    let calibration = Calibration {
-        world,
-        gradwire: samples.clone(),
-        library: samples,
-        latency_after: Vec::new(),
-        burst: None,
-    };
+    let calibration = calibration_over(&link);
     // Streaming DiLoCo's exchange hides under its next inner steps: what
     // shows of it depends on the steps' time (`predict_step_secs`' own
     // test); every other run waits for all it sends.
-    let mut runs: Vec<RunReport> = runs(world, 1)
-        .into_iter()
-        .map(|(r, _)| r)
-        .filter(|r| model_of(r).0.iter().all(|c| c.hidden_steps == 0))
-        .collect();
+    let mut runs = runs_where(|calls| calls.iter().all(|c| c.hidden_steps == 0));
     for (k, run) in runs.iter_mut().enumerate() {
         let comm = over_the_run(run, |c| {
             communication_secs(c, world, &link, &Algorithm::Ring).unwrap()
@@ -401,23 +414,8 @@ fn a_timed_burst_takes_its_saving_off_the_predictions() {
 /// before, read the other time as 0 and under-predicted such rows by 14 %).
 #[test]
 fn an_exchange_under_the_steps_leaves_their_other_time_theirs() {
-    let world = 2;
-    let samples: Vec<(usize, f64)> = [1 << 16, 1 << 20, 1 << 22]
-        .iter()
-        .map(|&b| (b, 1e-4 + b as f64 / 1e8))
-        .collect();
-    let calibration = Calibration {
-        world,
-        gradwire: samples.clone(),
-        library: samples,
-        latency_after: Vec::new(),
-        burst: None,
-    };
-    let mut runs: Vec<RunReport> = runs(world, 1)
-        .into_iter()
-        .map(|(r, _)| r)
-        .filter(|r| model_of(r).0.iter().any(|c| c.hidden_steps > 0))
-        .collect();
+    let calibration = calibration_over(&Link::new(50e-6, 1.25e8).unwrap());
+    let mut runs = runs_where(|calls| calls.iter().any(|c| c.hidden_steps > 0));
     assert!(!runs.is_empty(), "the examples hold a Streaming DiLoCo");
     // Per step: 80 ms of compute, 10 waiting, 2 of the training thread's
     // own calls, 20 else; the exchange's calls took 40 on the other thread
@@ -435,21 +433,19 @@ fn an_exchange_under_the_steps_leaves_their_other_time_theirs() {
             (epoch.waiting_secs, epoch.busy_secs, epoch.slowest_busy_secs) = (None, None, None);
         }
     }
-    let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
-    for s in &profile.strategies {
-        assert!(
-            (s.codec_s_per_step - codec).abs() < 1e-9,
-            "{}: {}",
-            s.label,
-            s.codec_s_per_step
-        );
-        assert!(
-            (s.other_s_per_step - other).abs() < 1e-9,
-            "{}: {}",
-            s.label,
-            s.other_s_per_step
-        );
-    }
+    // Every run's profile splits off this codec and other time.
+    let split_as_set = |runs: &[RunReport]| {
+        let profile = profile_of(runs, &calibration, 1_000_000_000).unwrap();
+        for s in &profile.strategies {
+            let (got, want) = ((s.codec_s_per_step, s.other_s_per_step), (codec, other));
+            assert!(
+                (got.0 - want.0).abs() < 1e-9 && (got.1 - want.1).abs() < 1e-9,
+                "{}: codec and other {got:?}, set {want:?}",
+                s.label
+            );
+        }
+    };
+    split_as_set(&runs);
     // Where the steps waited for all of the calls and the codec, those are
     // what is taken off.
     for run in &mut runs {
@@ -459,13 +455,5 @@ fn an_exchange_under_the_steps_leaves_their_other_time_theirs() {
             epoch.wall_secs = (compute + calls + codec + coordination + other) * steps;
         }
     }
-    let profile = profile_of(&runs, &calibration, 1_000_000_000).unwrap();
-    for s in &profile.strategies {
-        assert!(
-            (s.other_s_per_step - other).abs() < 1e-9,
-            "{}: {}",
-            s.label,
-            s.other_s_per_step
-        );
-    }
+    split_as_set(&runs);
 }
