@@ -32,16 +32,18 @@ use gradwire_optim::{
 };
 use std::time::{Duration, Instant};
 
+mod agree;
 mod command;
 mod report;
 mod resume;
 mod straggler;
 mod timeline;
 
+use agree::agree;
 pub use command::TrainArgs;
 pub use report::{EpochRecord, Observer, RunReport, Silent, StepSplit, TARGET_ACCURACY, Target};
 pub use resume::CheckpointPlan;
-use resume::{PCA_FILE, ResumePoint, agree, agree_on_resume, has_checkpoint, prune, saved_config};
+use resume::{PCA_FILE, ResumePoint, agree_on_resume, has_checkpoint, prune, saved_config};
 pub use straggler::{Straggler, straggler};
 pub use timeline::TimelineSummary;
 

@@ -275,28 +275,6 @@ pub(super) fn agree_on_resume<C: Communicator>(comm: &C, dir: &Path) -> Result<R
     }
 }
 
-/// `local`, this rank's outcome of a step every rank takes alike (writing
-/// its checkpoint, resuming from it, rank 0's evaluation), once every rank
-/// knows every rank's: the value if all succeeded; this rank's own error if
-/// it failed; otherwise an [`ExperimentError::Peer`] naming the lowest rank
-/// that failed to `what`. No rank goes on alone.
-pub(super) fn agree<T, C: Communicator>(comm: &C, local: Result<T>, what: &str) -> Result<T> {
-    let mut failed = [if local.is_err() {
-        comm.rank() as u64
-    } else {
-        u64::MAX
-    }];
-    comm.all_reduce(&mut failed, ReduceOp::Min)?;
-    match (local, failed[0]) {
-        (Ok(value), u64::MAX) => Ok(value),
-        (Err(e), _) => Err(e),
-        (Ok(_), rank) => Err(ExperimentError::Peer {
-            rank: rank as usize,
-            what: what.to_owned(),
-        }),
-    }
-}
-
 /// Removes this rank's checkpoint of `epoch` (a set two behind the newest
 /// complete one, no longer a fallback) and its first-format file; rank 0
 /// also removes the files of ranks this world of `world` lacks, of `epoch`

@@ -5,7 +5,7 @@
 //! (`FILE` with the extension `png`), a picture that may fail (no font)
 //! without failing the run: it says so on stderr.
 
-use super::resume::agree;
+use super::agree::agree;
 use crate::error::{ExperimentError, Result};
 use gradwire_comm::{Communicator, Trace};
 use gradwire_optim::OptimError;
