@@ -174,6 +174,33 @@ pub(crate) fn files_with_extensions(dir: &Path, extensions: &[&str], files: &mut
     }
 }
 
+/// Every file and folder under `root` (recursively, skipping
+/// [`SKIPPED_DIRS`]), as paths relative to `root` joined by `/`, a folder's
+/// with a trailing `/`. Tidy's, which only tests build.
+#[cfg(test)]
+pub(crate) fn repository_paths(root: &Path) -> Vec<String> {
+    fn walk(dir: &Path, prefix: &str, paths: &mut Vec<String>) {
+        for path in read_dir(dir) {
+            let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            if path.is_dir() {
+                if !SKIPPED_DIRS.iter().any(|s| name == *s) {
+                    let folder = format!("{prefix}{name}/");
+                    walk(&path, &folder, paths);
+                    paths.push(folder);
+                }
+            } else {
+                paths.push(format!("{prefix}{name}"));
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk(root, "", &mut paths);
+    paths.sort();
+    paths
+}
+
 /// The entries of `dir`; none if it does not exist.
 fn read_dir(dir: &Path) -> Vec<PathBuf> {
     match fs::read_dir(dir) {

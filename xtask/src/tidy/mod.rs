@@ -27,14 +27,19 @@
 //!
 //! Over the whole repository (every `.rs`, `.md` and `.toml` file): no
 //! reference to a specification or design file that lives outside it.
-//! `ARCHITECTURE.md` exists, is at most [`ARCHITECTURE_MAX_BYTES`] bytes and
-//! states its invariants (lines starting with `**Architecture Invariant:**`).
+//! `ARCHITECTURE.md` exists, is at most [`ARCHITECTURE_MAX_BYTES`] bytes,
+//! states its invariants (lines starting with `**Architecture Invariant:**`),
+//! names only paths that exist (every backticked path: a file or folder of
+//! the repository is it or ends with it) and names every file of
+//! [`POLICY`]'s FFI, launch and device-allocation lists, so the map follows
+//! the code and the lists its invariants state.
 //!
 //! `target/` (and `.git/`) directories are skipped. A failure lists every
 //! offending file with the rule it breaks.
 
 use crate::workspace::{
-    code_of, files_with_extensions, is_ident_char, member_patterns, read, workspace_members,
+    code_of, files_with_extensions, is_ident_char, member_patterns, read, repository_paths,
+    workspace_members,
 };
 use std::fs;
 use std::io;
@@ -101,6 +106,18 @@ const RULE_ARCHITECTURE_INVARIANTS: &str =
     "ARCHITECTURE.md must state its invariants (lines starting with `**Architecture Invariant:**`)";
 /// Rule for `ARCHITECTURE.md`'s existence.
 const RULE_ARCHITECTURE_MISSING: &str = "ARCHITECTURE.md must exist";
+/// Rule for the paths `ARCHITECTURE.md` names.
+const RULE_ARCHITECTURE_PATH: &str = "ARCHITECTURE.md names a path that no file or folder of the \
+     repository is or ends with: a map must show what is there";
+/// Rule for the files of tidy's lists that `ARCHITECTURE.md` must name.
+const RULE_ARCHITECTURE_POLICY: &str = "ARCHITECTURE.md must name every file of tidy's \
+     POLICY.ffi_files, launch_files and device_alloc_files (its path below `src/`): its \
+     invariants state those lists";
+/// The extensions that make a backticked token of `ARCHITECTURE.md` a file
+/// name even without a folder.
+const ARCHITECTURE_FILE_EXTENSIONS: &[&str] = &[
+    ".rs", ".cu", ".cuh", ".h", ".toml", ".md", ".sh", ".py", ".txt",
+];
 /// Rule for the workspace manifest's test profile.
 const RULE_TEST_PROFILE: &str = "the test profile may set package levels only (`[profile.test.package.<name>]`): \
      a setting of its own makes the test build compile again the build scripts and proc macros \
@@ -345,11 +362,34 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
             .map(|rule| format!("Cargo.toml: {rule}")),
     );
     match fs::read_to_string(root.join("ARCHITECTURE.md")) {
-        Ok(text) => problems.extend(
-            check_architecture(&text)
-                .into_iter()
-                .map(|rule| format!("ARCHITECTURE.md: {rule}")),
-        ),
+        Ok(text) => {
+            problems.extend(
+                check_architecture(&text)
+                    .into_iter()
+                    .map(|rule| format!("ARCHITECTURE.md: {rule}")),
+            );
+            let paths = repository_paths(root);
+            for named in architecture_paths(&text) {
+                if !paths.iter().any(|path| names_path(path, &named)) {
+                    problems.push(format!(
+                        "ARCHITECTURE.md: {RULE_ARCHITECTURE_PATH} (`{named}`)"
+                    ));
+                }
+            }
+            let listed = policy
+                .ffi_files
+                .iter()
+                .chain(policy.launch_files)
+                .chain(policy.device_alloc_files);
+            for file in listed {
+                let below_src = file.split_once("/src/").map_or(*file, |(_, rest)| rest);
+                if !text.contains(below_src) {
+                    problems.push(format!(
+                        "ARCHITECTURE.md: {RULE_ARCHITECTURE_POLICY} (`{below_src}`)"
+                    ));
+                }
+            }
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             problems.push(format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_MISSING}"));
         }
@@ -515,6 +555,50 @@ fn check_architecture(text: &str) -> Vec<&'static str> {
         broken.push(RULE_ARCHITECTURE_INVARIANTS);
     }
     broken
+}
+
+/// The paths `ARCHITECTURE.md` with contents `text` names: outside its
+/// fenced blocks, the backticked tokens holding a `/` (not a comment's
+/// `//`) or ending in one of [`ARCHITECTURE_FILE_EXTENSIONS`] after a name,
+/// without a pattern's `*`, `<`, `>`, `{` or `}`; each once, in order.
+fn architecture_paths(text: &str) -> Vec<String> {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    let mut named: Vec<String> = Vec::new();
+    for (k, token) in prose.split('`').enumerate() {
+        let is_path = k % 2 == 1
+            && !token.is_empty()
+            && !token.contains(char::is_whitespace)
+            && !token.contains(['*', '<', '>', '{', '}'])
+            && !token.starts_with("//")
+            && (token.contains('/')
+                || (!token.starts_with('.')
+                    && ARCHITECTURE_FILE_EXTENSIONS
+                        .iter()
+                        .any(|ext| token.ends_with(ext))));
+        if is_path && !named.iter().any(|n| n == token) {
+            named.push(token.to_string());
+        }
+    }
+    named
+}
+
+/// Whether the repository path `path` (a folder's with a trailing `/`) is
+/// what `named` names: the same path, or one ending in `/` + `named`; a
+/// folder named with or without its `/`.
+fn names_path(path: &str, named: &str) -> bool {
+    let suffix = format!("/{named}");
+    [path, path.strip_suffix('/').unwrap_or(path)]
+        .iter()
+        .any(|p| *p == named || p.ends_with(&suffix))
 }
 
 /// The rules the workspace manifest with contents `manifest` breaks: a

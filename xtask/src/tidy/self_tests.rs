@@ -234,12 +234,40 @@ default-members = ["crates/*"]
 }
 
 #[test]
+fn architecture_paths_are_its_backticked_paths() {
+    let text = "`src/lib.rs` and `crates/x/` (twice: `src/lib.rs`), `gradwire.cuh`, `.ci/run`;\n\
+        not `.rs`, `//!`, `kernels/ptx/*.ptx`, `corpus/<target>`, `Tensor`, `a b/c`.\n\
+        ```\n`in/a/fence.rs`\n```\nand after it `README.md`.\n";
+    assert_eq!(
+        architecture_paths(text),
+        [
+            "src/lib.rs",
+            "crates/x/",
+            "gradwire.cuh",
+            ".ci/run",
+            "README.md"
+        ]
+    );
+    assert!(names_path("crates/x/src/lib.rs", "src/lib.rs"));
+    assert!(names_path("crates/x/", "crates/x"));
+    assert!(names_path("crates/x/", "x/"));
+    assert!(!names_path("crates/xsrc/lib.rs", "src/lib.rs"));
+    assert!(!names_path("crates/x/src/lib.rs", "lib"));
+}
+
+#[test]
 fn tidy_workspace_passes() {
     let tree = TempTree::new("tidy");
     let root_file =
         &format!("//! Docs.\n#![deny(missing_docs)]\n{DENY_PANICS}\n#![forbid(unsafe_code)]\n");
     tree.write("Cargo.toml", "[workspace]\nmembers = [\"crates/*\"]\n");
-    tree.write("ARCHITECTURE.md", &format!("{INVARIANT_MARKER} tidy.\n"));
+    tree.write(
+        "ARCHITECTURE.md",
+        &format!(
+            "`crates/safe` and `crates/ffi/`: FFI in `sys.rs`, launches in `src/launch.rs`, \
+             allocations in `alloc.rs`.\n\n{INVARIANT_MARKER} tidy.\n"
+        ),
+    );
     tree.write("crates/safe/Cargo.toml", "");
     tree.write("crates/safe/src/lib.rs", root_file);
     tree.write("crates/ffi/Cargo.toml", "");
@@ -284,7 +312,11 @@ fn untidy_workspace_is_reported() {
     );
     tree.write(
         "ARCHITECTURE.md",
-        &format!("# Architecture\n\nSee {}.\n", concat!("DESIGN", ".md")),
+        &format!(
+            "# Architecture\n\nSee {}. FFI: `sys.rs`, `good/src/lib.rs`; gone: \
+             `crates/gone/`, `src/gone.rs`.\n",
+            concat!("DESIGN", ".md")
+        ),
     );
     tree.write("README.md", "# Readme\n");
     tree.write("crates/good/Cargo.toml", "");
@@ -389,6 +421,10 @@ fn untidy_workspace_is_reported() {
             format!("ARCHITECTURE.md: {RULE_OUTSIDE_REFERENCE} (`{design}`)"),
             format!("crates/bad/Cargo.toml: {RULE_OUTSIDE_REFERENCE} (`{spec}`)"),
             format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_INVARIANTS}"),
+            format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_PATH} (`crates/gone/`)"),
+            format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_PATH} (`src/gone.rs`)"),
+            format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_POLICY} (`module/inner.rs`)"),
+            format!("ARCHITECTURE.md: {RULE_ARCHITECTURE_POLICY} (`counted.rs`)"),
         ]
     );
 }
