@@ -176,7 +176,7 @@ pub(crate) fn files_with_extensions(dir: &Path, extensions: &[&str], files: &mut
 
 /// Every file and folder under `root` (recursively, skipping
 /// [`SKIPPED_DIRS`]), as paths relative to `root` joined by `/`, a folder's
-/// with a trailing `/`. Tidy's, which only tests build.
+/// with a trailing `/`, sorted. Tidy's, which only tests build.
 #[cfg(test)]
 pub(crate) fn repository_paths(root: &Path) -> Vec<String> {
     fn walk(dir: &Path, prefix: &str, paths: &mut Vec<String>) {

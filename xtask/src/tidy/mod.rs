@@ -347,12 +347,17 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
             problems.push(format!("{listed}: {RULE_STALE_STRATEGY_IMPL}"));
         }
     }
-    let mut text_files = Vec::new();
-    files_with_extensions(root, TEXT_EXTENSIONS, &mut text_files);
-    text_files.sort();
-    for file in text_files {
-        if let Some(found) = outside_reference(&read(&file)) {
-            let shown = relative(root, &file);
+    // One walk of the repository serves the text files' rule and the
+    // paths ARCHITECTURE.md may name.
+    let paths = repository_paths(root);
+    let text_files = paths.iter().filter(|path| {
+        !path.ends_with('/')
+            && path
+                .rsplit_once('.')
+                .is_some_and(|(_, ext)| TEXT_EXTENSIONS.contains(&ext))
+    });
+    for shown in text_files {
+        if let Some(found) = outside_reference(&read(&root.join(shown))) {
             problems.push(format!("{shown}: {RULE_OUTSIDE_REFERENCE} (`{found}`)"));
         }
     }
@@ -368,7 +373,6 @@ fn check_workspace(root: &Path, policy: &Policy<'_>) -> Vec<String> {
                     .into_iter()
                     .map(|rule| format!("ARCHITECTURE.md: {rule}")),
             );
-            let paths = repository_paths(root);
             for named in architecture_paths(&text) {
                 if !paths.iter().any(|path| names_path(path, &named)) {
                     problems.push(format!(

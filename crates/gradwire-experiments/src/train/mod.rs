@@ -550,13 +550,11 @@ impl Run<'_> {
                 .map(|(before, now)| now.saturating_sub(before).as_secs_f64());
             let evaluating = Instant::now();
             // Partial averaging leaves the models apart: rank 0's is shown.
-            let tested = {
+            let tested = if rank == 0 {
                 let _evaluate = span(track.as_ref(), "evaluate", "test set", None);
-                if rank == 0 {
-                    model.evaluate(data).map(Some)
-                } else {
-                    Ok(None)
-                }
+                model.evaluate(data).map(Some)
+            } else {
+                Ok(None)
             };
             let tested =
                 agree(engine.comm(), tested, "evaluate the model")?.unwrap_or(Evaluation {
