@@ -42,6 +42,7 @@ mod error;
 pub mod grad_sync;
 mod micro_batches;
 mod onebit_adam;
+mod optim;
 mod optimizer;
 mod rules;
 mod schedule;
@@ -59,7 +60,8 @@ pub use error::{OptimError, Result};
 pub use grad_sync::{GradSync, ParamAccess, ParamRef};
 pub use micro_batches::MicroBatches;
 pub use onebit_adam::{OneBitAdam, OneBitAdamConfig, OneBitAdamRule, OneBitAdamValues};
-pub use optimizer::{Optim, Optimizer, StateBuffers, UpdateRule};
+pub use optim::Optim;
+pub use optimizer::{Optimizer, StateBuffers, UpdateRule};
 #[cfg(feature = "cuda")]
 pub use rules::cuda::UpdateKernel;
 pub use rules::{

@@ -18,7 +18,8 @@
 
 use crate::distopt::StrategyConfig;
 use crate::error::{OptimError, Result};
-use crate::optimizer::{Optim, UpdateRule};
+use crate::optim::Optim;
+use crate::optimizer::UpdateRule;
 use crate::rules::{AdamConfig, AdamValues, adam_apply, adam_validate, adam_values};
 use crate::schedule::Schedule;
 use serde::{Deserialize, Serialize};

@@ -75,7 +75,7 @@ enum Rule {
     },
 }
 
-/// A schedule's value at a step as the rules use it (rules.rs `value_at`).
+/// A schedule's value at a step as the rules use it (`rules/mod.rs`'s `value_at`).
 fn f(v: f64) -> f32 {
     v as f32
 }
