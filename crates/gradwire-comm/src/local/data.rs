@@ -245,13 +245,22 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     }
 }
 
-/// Broadcast: a non-root rank copies the root's buffer into its own.
+/// Broadcast: rank `rank` (not the root) copies the root's buffer into its
+/// own, writing through its own post: the caller's `&mut` is not used while
+/// the round runs, so the root's pointer, which its peers read, stays valid
+/// (reborrowing the root's `&mut` would invalidate it under Rust's aliasing
+/// rules, which Miri checks).
 ///
 /// # Safety
-/// A resolved broadcast round: the root's `recv` is a live `[T; len]`.
-pub(crate) unsafe fn broadcast<T: Element>(posts: &[Post], root: usize, buf: &mut [T]) {
-    // SAFETY: the root's buffer is only read during the round.
-    buf.copy_from_slice(unsafe { view(posts[root].recv.0, 0, buf.len()) });
+/// A resolved broadcast round: every post's `recv` is a live `[T; len]`, and
+/// `rank != root`.
+pub(crate) unsafe fn broadcast<T: Element>(posts: &[Post], root: usize, rank: usize) {
+    let len = posts[root].len;
+    // SAFETY: the root's buffer is only read during the round; this rank's
+    // is written by this rank only, and is not the root's.
+    unsafe {
+        view_mut::<T>(posts[rank].recv.0, 0, len).copy_from_slice(view(posts[root].recv.0, 0, len))
+    };
 }
 
 /// All-gather: copies every rank's send buffer into this rank's receive

@@ -307,11 +307,13 @@ impl Communicator for LocalComm {
             ..Post::new(Kind::Broadcast)
         };
         let rank = self.rank;
+        // From here on `buf` is touched only through the post (see
+        // `data::broadcast`).
         self.own_data_round(post, |posts| {
             if rank != root {
                 // SAFETY: validated round; the root's buffer is only read, and
                 // this rank's buffer is written only by this rank.
-                unsafe { data::broadcast(posts, root, buf) }
+                unsafe { data::broadcast::<T>(posts, root, rank) }
             }
         })
     }
