@@ -7,7 +7,9 @@
 //! linted with the rest), the workspace tests (the `runner` module), the
 //! PTX assembly check and the docs, stopping at the first failing step, and
 //! ends with the count of GPU tests that skipped (see the `skips` module).
-//! `cargo xtask ptx` regenerates the kernels' PTX (see the `gpu` module).
+//! `cargo xtask ptx` regenerates the kernels' PTX (see the `gpu` module);
+//! `cargo xtask miri` runs the tests of the unsafe CPU code under Miri
+//! (see the `miri` module).
 //!
 //! This crate deliberately uses only std, so it builds on a bare machine before
 //! any system package is installed.
@@ -18,6 +20,7 @@
 mod artifacts;
 mod bundle;
 mod gpu;
+mod miri;
 mod packages;
 mod runner;
 mod skips;
@@ -90,6 +93,12 @@ Tasks:
                        every strategy on the digits MLP, one table, plots in
                        target/gradwire-compare).
                        <args> go to `gradwire compare`, e.g. `-- --epochs 30`.
+  miri [-- <args>...]  the tests of the code whose unsafe runs on the CPU (LocalComm's
+                       data phase, NcclComm over its host transport, the block
+                       reductions, the AVX2 quantizers) under Miri, which checks the
+                       aliasing rules, data races and memory accesses; needs a nightly
+                       toolchain with miri and rust-src (not on CI's machines, so not a
+                       step of `test`). <args> go to the test binaries.
   help                 print this help
 ";
 
@@ -123,6 +132,11 @@ fn main() -> ExitCode {
             [other, ..] => {
                 return usage_error(&format!("unexpected argument `{other}` to `gpu-bundle`"));
             }
+        },
+        Some("miri") => match &args[1..] {
+            [] => miri::miri(&[]),
+            [dashes, rest @ ..] if dashes == "--" => miri::miri(rest),
+            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `miri`")),
         },
         Some("compare") => match &args[1..] {
             [] => compare(&[]),
