@@ -69,11 +69,12 @@ const SUITES: &[Suite] = &[
         package: "gradwire-tests",
         features: "nccl",
         target: &["--test", "it"],
+        // The fabric copies through one collective path and one
+        // point-to-point path: a case of each. A case runs worlds 1 to 4
+        // under both reductions, with NcclComm's owner, watchdog and lane
+        // threads: all_gather took 13 minutes under Miri (2026-11-29).
         filters: &[
-            "conformance_nccl_host::all_reduce_floats",
             "conformance_nccl_host::broadcast",
-            "conformance_nccl_host::all_gather",
-            "conformance_nccl_host::reduce_scatter",
             "conformance_nccl_host::point_to_point",
         ],
         skip: &[],
@@ -94,7 +95,9 @@ const SUITES: &[Suite] = &[
         features: "",
         target: &["--test", "it"],
         filters: &["quant::"],
-        skip: &[],
+        // 6,000 encodings of 700 entries: a statistical test, whose
+        // encoding the others run too.
+        skip: &["qsgd_is_unbiased_over_seeds"],
         avx2: true,
     },
 ];
