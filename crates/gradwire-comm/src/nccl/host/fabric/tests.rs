@@ -1,7 +1,8 @@
 //! The fabric's unit tests: NCCL's rules as the host transport enforces
 //! them (joins and splits in progress until every rank arrives, a first
 //! transfer until its peer asks too, a self-send with its receive in the
-//! group, one order of collectives on every rank).
+//! group, one order of collectives on every rank), and data moved through
+//! both of its copy paths between rank threads.
 
 use super::*;
 
@@ -124,4 +125,89 @@ fn differing_collectives_break_the_communicator_on_every_rank() {
     assert!(is_invalid_usage(&r0), "{r0:?}");
     assert!(is_invalid_usage(&r1), "{r1:?}");
     assert!(is_invalid_usage(&fabric.async_error()));
+}
+
+/// Both of the fabric's copy paths move data between rank threads at the
+/// addresses the ranks posted: a collective (an all-reduce, its result
+/// copied to every rank, a broadcast from the last rank) and a group of
+/// sends and receives around a ring (each send copied into its peer's
+/// receive by whichever rank matched them). `cargo xtask miri` runs it,
+/// where an address that outlived its borrow would be an error.
+#[test]
+fn data_moves_through_both_copy_paths_between_rank_threads() {
+    const LEN: usize = 5;
+    let world = 3;
+    let fabric = joined(world);
+    let native = Native {
+        elem: ElemType::F32,
+        op: ReduceOp::Sum,
+    };
+    let input = |rank: usize| -> [f32; LEN] { std::array::from_fn(|i| (10 * rank + i) as f32) };
+    let mut inputs: Vec<[f32; LEN]> = (0..world).map(input).collect();
+    let mut sums = vec![[0f32; LEN]; world];
+    let mut broadcast = vec![[-1f32; LEN]; world];
+    let mut received = vec![[0f32; LEN]; world];
+    let address = |v: &mut [f32; LEN]| v.as_mut_ptr().expose_provenance() as u64;
+    std::thread::scope(|scope| {
+        let per_rank = inputs
+            .iter_mut()
+            .zip(&mut sums)
+            .zip(&mut broadcast)
+            .zip(&mut received);
+        let ranks: Vec<_> = per_rank
+            .enumerate()
+            .map(|(rank, (((input, sum), broadcast), received))| {
+                let fabric = &fabric;
+                scope.spawn(move || {
+                    let (send, sum, broadcast, received) = (
+                        address(input),
+                        address(sum),
+                        address(broadcast),
+                        address(received),
+                    );
+                    let all_reduce = Collective::AllReduce { count: LEN, native };
+                    let from_last = Collective::Broadcast {
+                        bytes: 4 * LEN,
+                        root: world - 1,
+                    };
+                    let to = Transfer {
+                        peer: (rank + 1) % world,
+                        ptr: send,
+                        bytes: 4 * LEN,
+                    };
+                    let from = Transfer {
+                        peer: (rank + world - 1) % world,
+                        ptr: received,
+                        bytes: 4 * LEN,
+                    };
+                    #[allow(unsafe_code)]
+                    // SAFETY: LEN f32 at every address, this thread's own
+                    // buffers, alive for the scope and touched by nothing else
+                    // until the calls return.
+                    unsafe {
+                        fabric.collective(rank, all_reduce, send, sum)?;
+                        fabric.collective(rank, from_last, send, broadcast)?;
+                        fabric.group(rank, &[to], &[from])
+                    }
+                })
+            })
+            .collect();
+        for (rank, handle) in ranks.into_iter().enumerate() {
+            let done = handle
+                .join()
+                .unwrap_or_else(|_| panic!("rank {rank} panicked"));
+            done.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        }
+    });
+    let total: [f32; LEN] = std::array::from_fn(|i| (0..world).map(|r| input(r)[i]).sum());
+    for rank in 0..world {
+        assert_eq!(inputs[rank], input(rank), "rank {rank}'s input unchanged");
+        assert_eq!(sums[rank], total, "rank {rank}'s sum");
+        assert_eq!(broadcast[rank], input(world - 1), "rank {rank}'s broadcast");
+        assert_eq!(
+            received[rank],
+            input((rank + world - 1) % world),
+            "rank {rank} received its left neighbour's input"
+        );
+    }
 }
