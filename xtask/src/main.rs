@@ -107,45 +107,41 @@ type Result<T = ()> = std::result::Result<T, String>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        None | Some("help" | "--help" | "-h") => {
+    let (task, rest) = match args.split_first() {
+        Some((task, rest)) => (task.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let result = match task {
+        "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
         }
-        Some("test") => match &args[1..] {
-            [] => test(&[]),
-            [dashes, rest @ ..] if dashes == "--" => test(rest),
-            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `test`")),
-        },
-        Some("ptx") => match &args[1..] {
-            [] => step("cargo xtask ptx", gpu::ptx),
-            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `ptx`")),
-        },
-        Some("ptxas") => match &args[1..] {
-            [] => step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas),
-            [other, ..] => {
-                return usage_error(&format!("unexpected argument `{other}` to `ptxas`"));
+        // Tasks that pass what follows `--` on to what they run.
+        "test" | "miri" | "compare" => {
+            let passed = match rest {
+                [] => rest,
+                [dashes, passed @ ..] if dashes == "--" => passed,
+                [other, ..] => {
+                    return usage_error(&format!("unexpected argument `{other}` to `{task}`"));
+                }
+            };
+            match task {
+                "test" => test(passed),
+                "miri" => miri::miri(passed),
+                _ => compare(passed),
             }
-        },
-        Some("gpu-bundle") => match &args[1..] {
-            [] => step("cargo xtask gpu-bundle", bundle::gpu_bundle),
-            [other, ..] => {
-                return usage_error(&format!("unexpected argument `{other}` to `gpu-bundle`"));
+        }
+        "ptx" | "ptxas" | "gpu-bundle" => {
+            if let Some(other) = rest.first() {
+                return usage_error(&format!("unexpected argument `{other}` to `{task}`"));
             }
-        },
-        Some("miri") => match &args[1..] {
-            [] => miri::miri(&[]),
-            [dashes, rest @ ..] if dashes == "--" => miri::miri(rest),
-            [other, ..] => return usage_error(&format!("unexpected argument `{other}` to `miri`")),
-        },
-        Some("compare") => match &args[1..] {
-            [] => compare(&[]),
-            [dashes, rest @ ..] if dashes == "--" => compare(rest),
-            [other, ..] => {
-                return usage_error(&format!("unexpected argument `{other}` to `compare`"));
+            match task {
+                "ptx" => step("cargo xtask ptx", gpu::ptx),
+                "ptxas" => step("ptxas (sm_70, sm_80, sm_90)", gpu::ptxas),
+                _ => step("cargo xtask gpu-bundle", bundle::gpu_bundle),
             }
-        },
-        Some(other) => return usage_error(&format!("unknown task `{other}`")),
+        }
+        other => return usage_error(&format!("unknown task `{other}`")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

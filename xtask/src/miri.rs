@@ -13,9 +13,9 @@
 //! they are missing. Miri interprets the program, a hundred times slower or
 //! more: each suite runs a chosen part of its tests, with two cases per
 //! property test (`PROPTEST_CASES`); the AVX2 forms of the block reductions
-//! and the quantizers run in a build of their own with AVX2 enabled (Miri
-//! cannot run F16C's conversions, so the half casts run their portable form
-//! only).
+//! and the quantizers run in a build of their own with AVX2 enabled. No
+//! suite takes the f16 conversions: their `unsafe` is F16C's, which Miri
+//! cannot run.
 
 use crate::{Result, run, step, workspace_root};
 use std::process::Command;

@@ -5,11 +5,11 @@
 //! Each kernel runs on the grid its launcher in
 //! `gradwire-compress/src/cuda/kernels/feedback.rs` computes (all are
 //! grid-stride launches, `Blocks::Over`), in both thread orders, and the
-//! steps of `CudaErrorFeedback` (`gradwire-compress/src/cuda.rs`) run as it
+//! steps of `CudaErrorFeedback` (`gradwire-compress/src/cuda/cuda.rs`) run as it
 //! sequences them: the gradient's refusal (`first_non_finite_f32`),
 //! `ef_accumulate_f32` or `ef_accumulate_momentum_f32` with the reset on
 //! overflow, the selection (threshold, top-k, sampled top-k: the select.cu
-//! pipelines of `select.rs`) and `ef_zero_selected`; or the accumulation and
+//! pipelines of `cuda/kernels/select.rs`) and `ef_zero_selected`; or the accumulation and
 //! `ef_cast_f32_<f16|bf16>`. After every step the sent entries, the cast
 //! payload, the residual, the velocity and the error (index and value) must
 //! equal the CPU's bitwise, on `LENGTHS`, with subnormals, ±0, overflow to
